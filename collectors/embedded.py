@@ -1,0 +1,170 @@
+"""A real ClickHouse server (HTTP + native TCP) from chdb-core, in a process of its own.
+
+chdb's clickhouse-local opens the server listeners only for the duration of one full
+`chdb._chdb.query(..., path=DATA_DIR)` call, reading ports and listen_host from `config.xml` in the
+current directory (design §4). So the server process writes that config, runs one statement that
+starts the listeners and then sleeps for ever, and is stopped with SIGTERM. This relies on a private
+chdb entry point: chdb-core is pinned exactly and this module is the only place that knows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+_CONFIG = """<clickhouse>
+  <listen_host>{host}</listen_host>
+  <http_port>{http_port}</http_port>
+  <tcp_port>{tcp_port}</tcp_port>
+  <logger><level>warning</level><console>1</console></logger>
+</clickhouse>
+"""
+# sleep() is capped at 3 s per block; one row per block keeps the statement alive ~95 years, and
+# the filter keeps it from producing output. The HTTP interface inherits this statement's output
+# format as its default, so it must be ClickHouse's usual HTTP default, TabSeparated.
+_SERVE_SQL = (
+    "SYSTEM START LISTEN HTTP; SYSTEM START LISTEN TCP; "
+    "SELECT number FROM numbers(1000000000) WHERE sleep(3) != 0 "
+    "SETTINGS max_block_size = 1, max_execution_time = 0"
+)
+
+
+class EmbeddedClickHouseError(RuntimeError):
+    pass
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def ping(url: str, timeout_s: float = 0.5) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/ping", timeout=timeout_s) as r:
+            return r.read().strip() == b"Ok."
+    except OSError:
+        return False
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent dies, so a crashed test or demo leaves no server."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def serve_forever(data_dir: str, http_port: int, tcp_port: int, host: str = LOOPBACK) -> None:
+    """Body of the server process: blocks until SIGTERM/SIGINT."""
+    import chdb._chdb as chdb_native  # private entry point, see module docstring
+
+    run_dir = Path(data_dir).resolve() / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.xml").write_text(_CONFIG.format(host=host, http_port=http_port, tcp_port=tcp_port))
+    os.chdir(run_dir)
+    db_path = str(Path(data_dir).resolve() / "db")
+    # The statement blocks in C; it runs on a worker so that the main thread stays in Python and
+    # can act on SIGTERM/SIGINT (Python signal handlers run only on the main thread).
+    worker = threading.Thread(target=chdb_native.query, args=(_SERVE_SQL, "TabSeparated"),
+                              kwargs={"path": db_path}, daemon=True)
+    worker.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: os._exit(0))
+    while worker.is_alive():
+        worker.join(0.2)
+    raise SystemExit("embedded ClickHouse statement ended unexpectedly")
+
+
+@dataclass(slots=True)
+class EmbeddedClickHouse:
+    """Start/stop handle. `url` is what clickhouse-connect and every other part use."""
+
+    data_dir: str
+    http_port: int = 0
+    tcp_port: int = 0
+    host: str = LOOPBACK
+    log_path: str | None = None
+    _proc: subprocess.Popen | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    def start(self, timeout_s: float = 30.0) -> "EmbeddedClickHouse":
+        self.http_port = self.http_port or free_port(self.host)
+        self.tcp_port = self.tcp_port or free_port(self.host)
+        for port in (self.http_port, self.tcp_port):
+            if port_in_use(port, self.host):
+                raise EmbeddedClickHouseError(f"port {port} on {self.host} is already in use")
+        Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+        log_path = self.log_path or str(Path(self.data_dir) / "clickhouse.log")
+        cmd = [sys.executable, "-m", "collectors.embedded", self.data_dir,
+               str(self.http_port), str(self.tcp_port), self.host]
+        with open(log_path, "ab") as log:
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True, env=_child_env())
+        self._wait_ready(timeout_s, log_path)
+        return self
+
+    def _wait_ready(self, timeout_s: float, log_path: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            if ping(self.url):
+                return
+            time.sleep(0.05)
+        self.stop()
+        tail = Path(log_path).read_text(errors="replace")[-2000:] if Path(log_path).exists() else ""
+        raise EmbeddedClickHouseError(f"embedded ClickHouse did not answer /ping on {self.url}:\n{tail}")
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def __enter__(self) -> "EmbeddedClickHouse":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
+
+
+if __name__ == "__main__":
+    _die_with_parent()
+    serve_forever(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

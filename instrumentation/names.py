@@ -1,0 +1,136 @@
+"""Span names, attribute keys and metric names: the one source of truth of the data contract.
+
+Every producer (server, client), the analysis SQL and the dashboards import names from here.
+Changing a value here changes the contract: update README, dashboards and tests together.
+"""
+
+# --- span names -----------------------------------------------------------------------------
+SPAN_INGRESS = "llm.ingress"
+SPAN_QUEUE = "llm.queue"
+SPAN_PREFILL = "llm.prefill"
+SPAN_PREFILL_CHUNK = "llm.prefill.chunk"
+SPAN_FIRST_TOKEN = "llm.first_token"
+SPAN_DECODE = "llm.decode"
+SPAN_DELIVERY = "llm.delivery"
+SPAN_ENGINE_STEP = "llm.engine_step"
+
+PHASE_SPANS = (SPAN_INGRESS, SPAN_QUEUE, SPAN_PREFILL, SPAN_FIRST_TOKEN, SPAN_DECODE, SPAN_DELIVERY)
+
+OP_TEXT_COMPLETION = "text_completion"
+OP_CHAT = "chat"
+
+
+def root_span_name(operation: str, model: str) -> str:
+    """`{gen_ai.operation.name} {model}`, the name of both the SERVER and the CLIENT span."""
+    return f"{operation} {model}"
+
+
+# --- client span events ---------------------------------------------------------------------
+EVENT_FIRST_CHUNK = "first_chunk"
+EVENT_FIRST_OUTPUT = "first_output"
+EVENT_LAST_CHUNK = "last_chunk"
+EVENT_TOKEN = "token"  # per-token events on llm.decode, only with PHASELENS_TOKEN_EVENTS=1
+
+# --- GenAI semantic conventions -------------------------------------------------------------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # content: only with capture opt-in
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+
+PROVIDER_PHASELENS = "phaselens"
+
+# --- de-facto engine keys shared by vLLM, SGLang and TensorRT-LLM (seconds, float) ----------
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
+LATENCY_E2E = "gen_ai.latency.e2e"
+LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
+LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode"
+LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference"
+
+# --- phaselens keys -------------------------------------------------------------------------
+# Server view (durations in ms, one clock)
+PL_INGRESS_MS = "phaselens.ingress_ms"
+PL_QUEUE_MS = "phaselens.queue_ms"
+PL_PREFILL_MS = "phaselens.prefill_ms"
+PL_FIRST_TOKEN_MS = "phaselens.first_token_ms"
+PL_DECODE_MS = "phaselens.decode_ms"
+PL_DELIVERY_MS = "phaselens.delivery_ms"
+PL_SERVER_TTFT_MS = "phaselens.server.ttft_ms"
+PL_SERVER_TPOT_MS = "phaselens.server.tpot_ms"
+PL_PREFILL_CHUNKS = "phaselens.prefill.chunks"
+PL_CHUNK_INDEX = "phaselens.prefill.chunk_index"
+PL_CHUNK_TOKENS = "phaselens.prefill.chunk_tokens"
+PL_CACHED_TOKENS = "phaselens.prefill.cached_tokens"
+PL_QUEUE_WAIT_INDEX = "phaselens.queue.wait_index"  # 0 first wait, >0 after a preemption
+PL_PREEMPTIONS = "phaselens.preemptions"
+PL_DECODE_TOKENS = "phaselens.decode.tokens"
+PL_DECODE_STEPS = "phaselens.decode.steps"
+PL_ITL_P50_MS = "phaselens.decode.itl_p50_ms"
+PL_ITL_P99_MS = "phaselens.decode.itl_p99_ms"
+PL_ITL_MAX_MS = "phaselens.decode.itl_max_ms"
+PL_STALL_MS = "phaselens.decode.stall_ms"
+PL_FINISH_REASON = "phaselens.finish_reason"
+PL_CLIENT_DISCONNECTED = "phaselens.client_disconnected"
+# wall/mono anchor of the emitting process, for the clock-offset diagnostic only
+PL_RECEIVED_WALL_NS = "phaselens.server.received_wall_ns"
+PL_RESPONDED_WALL_NS = "phaselens.server.responded_wall_ns"
+
+# Engine step
+PL_STEP_INDEX = "phaselens.step.index"
+PL_STEP_NUM_SEQS = "phaselens.step.num_seqs"
+PL_STEP_PREFILL_TOKENS = "phaselens.step.prefill_tokens"
+PL_STEP_DECODE_TOKENS = "phaselens.step.decode_tokens"
+PL_STEP_KV_BLOCKS_USED = "phaselens.step.kv_blocks_used"
+PL_STEP_KV_BLOCKS_TOTAL = "phaselens.step.kv_blocks_total"
+PL_STEP_PREEMPTIONS = "phaselens.step.preemptions"
+PL_STEP_QUEUE_DEPTH = "phaselens.step.queue_depth"
+
+# Client view (durations in ms, client monotonic clock)
+PL_CLIENT_TTFT_MS = "phaselens.client.ttft_ms"
+PL_CLIENT_TTFO_MS = "phaselens.client.ttfo_ms"
+PL_CLIENT_TPOT_MS = "phaselens.client.tpot_ms"
+PL_CLIENT_E2E_MS = "phaselens.client.e2e_ms"
+PL_CLIENT_ITL_P50_MS = "phaselens.client.itl_p50_ms"
+PL_CLIENT_ITL_P99_MS = "phaselens.client.itl_p99_ms"
+PL_CLIENT_ITL_MAX_MS = "phaselens.client.itl_max_ms"
+PL_CLIENT_ITL_TOKEN_P50_MS = "phaselens.client.itl_per_token_p50_ms"
+PL_CLIENT_ITL_TOKEN_P99_MS = "phaselens.client.itl_per_token_p99_ms"
+PL_CLIENT_CHUNKS = "phaselens.client.chunks"
+PL_CLIENT_COUNTED_TOKENS = "phaselens.client.counted_tokens"
+PL_CLIENT_USAGE_MISMATCH = "phaselens.client.usage_mismatch"
+PL_CLIENT_INTENDED_DELAY_MS = "phaselens.client.schedule_lag_ms"
+PL_CLIENT_SENT_WALL_NS = "phaselens.client.sent_wall_ns"
+PL_CLIENT_DONE_WALL_NS = "phaselens.client.done_wall_ns"
+
+# --- metrics (GenAI semconv, seconds) -------------------------------------------------------
+METRIC_SERVER_TTFT = "gen_ai.server.time_to_first_token"
+METRIC_SERVER_TPOT = "gen_ai.server.time_per_output_token"
+METRIC_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
+METRIC_CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"
+
+BUCKETS_TTFT_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+BUCKETS_TPOT_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5)
+BUCKETS_DURATION_S = tuple(0.01 * 2**i for i in range(14))  # 0.01 … 81.92, doubling
+
+# --- environment switches -------------------------------------------------------------------
+ENV_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+ENV_TOKEN_EVENTS = "PHASELENS_TOKEN_EVENTS"

@@ -1,0 +1,1 @@
+"""phaselens: the `phaselens` command. Subcommands live in `phaselens.commands`, one module each."""

@@ -1,0 +1,5 @@
+import sys
+
+from phaselens.cli import main
+
+sys.exit(main())

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sets up phaselens in ./.venv on a fresh machine. `--test` adds the test tools (and Debian's
+# chromium, used to check that the HTML report renders).
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+# The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
+.venv/bin/pip install -q torch==2.13.0
+if [[ "${1:-}" == "--test" ]]; then
+    .venv/bin/pip install -q -e '.[test]'
+    if ! command -v chromium >/dev/null; then
+        (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the report-rendering test will be skipped" >&2
+    fi
+else
+    .venv/bin/pip install -q -e .
+fi
