@@ -15,6 +15,7 @@ SPAN_DELIVERY = "llm.delivery"
 SPAN_ENGINE_STEP = "llm.engine_step"
 
 PHASE_SPANS = (SPAN_INGRESS, SPAN_QUEUE, SPAN_PREFILL, SPAN_FIRST_TOKEN, SPAN_DECODE, SPAN_DELIVERY)
+SERVER_SCOPE = "phaselens.instrumentation"  # tracer/meter scope (ScopeName) of the server spans
 
 OP_TEXT_COMPLETION = "text_completion"
 OP_CHAT = "chat"
@@ -54,6 +55,10 @@ GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
 ERROR_TYPE = "error.type"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+URL_PATH = "url.path"
+ERROR_CLIENT_DISCONNECTED = "client_disconnected"  # error.type value: the client went away
 
 PROVIDER_PHASELENS = "phaselens"
 
@@ -80,6 +85,7 @@ PL_PREFILL_CHUNKS = "phaselens.prefill.chunks"
 PL_CHUNK_INDEX = "phaselens.prefill.chunk_index"
 PL_CHUNK_TOKENS = "phaselens.prefill.chunk_tokens"
 PL_CACHED_TOKENS = "phaselens.prefill.cached_tokens"
+PL_PREFILL_RECOMPUTE = "phaselens.prefill.recompute"  # chunk re-run after a preemption, inside decode
 PL_QUEUE_WAIT_INDEX = "phaselens.queue.wait_index"  # 0 first wait, >0 after a preemption
 PL_PREEMPTIONS = "phaselens.preemptions"
 PL_DECODE_TOKENS = "phaselens.decode.tokens"
@@ -88,6 +94,7 @@ PL_ITL_P50_MS = "phaselens.decode.itl_p50_ms"
 PL_ITL_P99_MS = "phaselens.decode.itl_p99_ms"
 PL_ITL_MAX_MS = "phaselens.decode.itl_max_ms"
 PL_STALL_MS = "phaselens.decode.stall_ms"
+PL_TOKEN_COUNT = "phaselens.token.count"  # on a per-token event: tokens that step gave
 PL_FINISH_REASON = "phaselens.finish_reason"
 PL_CLIENT_DISCONNECTED = "phaselens.client_disconnected"
 # wall/mono anchor of the emitting process, for the clock-offset diagnostic only
@@ -103,6 +110,7 @@ PL_STEP_KV_BLOCKS_USED = "phaselens.step.kv_blocks_used"
 PL_STEP_KV_BLOCKS_TOTAL = "phaselens.step.kv_blocks_total"
 PL_STEP_PREEMPTIONS = "phaselens.step.preemptions"
 PL_STEP_QUEUE_DEPTH = "phaselens.step.queue_depth"
+PL_STEP_DURATION_MS = "phaselens.step.duration_ms"
 
 # Client view (durations in ms, client monotonic clock)
 PL_CLIENT_TTFT_MS = "phaselens.client.ttft_ms"
@@ -126,6 +134,8 @@ METRIC_SERVER_TTFT = "gen_ai.server.time_to_first_token"
 METRIC_SERVER_TPOT = "gen_ai.server.time_per_output_token"
 METRIC_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
 METRIC_CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"
+METRIC_TELEMETRY_DROPPED = "phaselens.telemetry.dropped"  # counter: records/spans phaselens lost
+PL_TELEMETRY_DROP_REASON = "phaselens.telemetry.reason"  # its attribute: what was lost where
 
 BUCKETS_TTFT_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
 BUCKETS_TPOT_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5)

@@ -1,0 +1,45 @@
+"""Monotonic → wall time through one anchor per process (design §1).
+
+Every duration phaselens reports is a difference of two monotonic stamps taken in one process. Wall
+time is needed only to place spans on a timeline, and it is derived, never read per stamp:
+
+    wall_ns = anchor_wall_ns + (mono_ns − anchor_mono_ns)
+
+The anchor is read once, so an NTP step (or any wall-clock jump) after it cannot bend a duration:
+two spans 5 ms apart on the monotonic clock are 5 ms apart on the exported timeline too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+ClockNs = Callable[[], int]
+
+
+@dataclass(slots=True, frozen=True)
+class ClockAnchor:
+    """One (monotonic, wall) pair read back to back; converts monotonic ns to wall ns."""
+
+    mono_ns: int
+    wall_ns: int
+
+    @classmethod
+    def capture(cls, mono_ns: ClockNs = time.monotonic_ns, wall_ns: ClockNs = time.time_ns) -> "ClockAnchor":
+        return cls(mono_ns=mono_ns(), wall_ns=wall_ns())
+
+    def to_wall_ns(self, mono_ns: int) -> int:
+        """wall_ns = anchor_wall_ns + (mono_ns − anchor_mono_ns)."""
+        return self.wall_ns + (mono_ns - self.mono_ns)
+
+
+_process_anchor: ClockAnchor | None = None
+
+
+def process_anchor() -> ClockAnchor:
+    """The anchor of this process for `time.monotonic_ns`, read on first use and then fixed."""
+    global _process_anchor
+    if _process_anchor is None:
+        _process_anchor = ClockAnchor.capture()
+    return _process_anchor

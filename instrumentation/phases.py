@@ -1,0 +1,132 @@
+"""Phase boundaries and budget terms of one request, from its timeline (pure integer math, ns).
+
+Boundaries (monotonic ns of one process):
+    received ─ingress─ enqueued ─queue─ scheduled₀ ─prefill─ prefill_end ─first_token─ first_token
+             ─decode─ last_token ─delivery─ responded
+
+- ingress     = enqueued − received (parse, validate, tokenize).
+- queue       = Σ queue waits that lie before the first token (the first wait, plus any wait after a
+                preemption that happened before the first token).
+- prefill     = (prefill_end − scheduled₀) − queue waits inside that interval, where scheduled₀ ends
+                the first wait and prefill_end is the end of the last prefill chunk before the first
+                token (= scheduled₀ when the loop reported no chunk). The time between being scheduled
+                and a chunk's own start, and between chunks, belongs to prefill unless it is a queue wait.
+- first_token = (first_token − prefill_end) − queue waits inside that interval.
+- So, exactly:  server TTFT = first_token − received = ingress + queue + prefill + first_token.
+- decode      = last_token − first_token (waits after a preemption in decode are inside it and show
+                as ITL stalls; they are also exported as their own llm.queue spans).
+- delivery    = end − last_token, end = responded (or the engine's last stamp when that is later).  e2e = responded − received = TTFT + decode + delivery.
+- server TPOT = (last_token − first_token) / (output_tokens − 1), for output_tokens > 1.
+- ITL         = gaps between consecutive token stamps, starting at the first token (one per decode
+                step that gave the request tokens); p50/p99 by nearest rank.
+- stall       = Σ over ITL gaps g with g > 2·p50 of (g − p50): the time lost against a typical step
+                in gaps at least twice the median (preemption waits, long prefill steps of others…).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .timeline import CHUNK_FIELDS, RequestTimeline
+
+STALL_FACTOR = 2
+
+
+@dataclass(slots=True)
+class Phases:
+    """Budget terms (ns) and span boundaries of one request; 0 / None where a phase did not happen."""
+
+    received_ns: int
+    end_ns: int  # responded; the engine's last stamp when later (it worked on after the client left)
+    enqueued_ns: int = 0
+    scheduled_ns: int = 0
+    prefill_end_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    ingress_ns: int = 0
+    queue_ns: int = 0
+    prefill_ns: int = 0
+    first_token_phase_ns: int = 0
+    decode_ns: int = 0
+    delivery_ns: int = 0
+    waits: list[tuple[int, int]] = field(default_factory=list)
+    initial_chunks: int = 0  # chunks before the first token
+    decode_tokens: int = 0
+    decode_steps: int = 0
+    itl_ns: list[int] = field(default_factory=list)
+
+    @property
+    def ttft_ns(self) -> int:
+        return self.first_token_ns - self.received_ns if self.first_token_ns else 0
+
+    @property
+    def e2e_ns(self) -> int:
+        return self.end_ns - self.received_ns
+
+
+def percentile_nearest_rank(sorted_values: list[int], p: float) -> int:
+    """The value at rank ⌈p·n⌉ (1-based) of an ascending list; 0 for an empty list."""
+    if not sorted_values:
+        return 0
+    rank = max(1, math.ceil(p * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def stall_ns(itl_ns: list[int]) -> int:
+    """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring)."""
+    median = percentile_nearest_rank(sorted(itl_ns), 0.5)
+    return sum(g - median for g in itl_ns if g > STALL_FACTOR * median)
+
+
+def overlap_ns(waits: list[tuple[int, int]], start_ns: int, end_ns: int) -> int:
+    """Total length of the waits inside [start_ns, end_ns]."""
+    return sum(max(0, min(b, end_ns) - max(a, start_ns)) for a, b in waits)
+
+
+def last_stamp_ns(timeline: RequestTimeline) -> int:
+    """The latest stamp a request got: where open phases end when it never responded."""
+    stamps = [timeline.received_ns, timeline.enqueued_ns, timeline.first_token_ns, timeline.finished_ns]
+    stamps.extend(timeline.waits[-1:])
+    stamps.extend(timeline.token_ns[-1:])
+    stamps.extend(timeline.chunks[1::CHUNK_FIELDS][-1:])
+    return max(stamps)
+
+
+def closed_waits(timeline: RequestTimeline, end_ns: int) -> list[tuple[int, int]]:
+    """Queue waits as (start, end) pairs; a wait never ended ends at `end_ns`."""
+    waits = list(timeline.waits)
+    if len(waits) % 2:
+        waits.append(max(end_ns, waits[-1]))
+    return list(zip(waits[0::2], waits[1::2]))
+
+
+def compute_phases(timeline: RequestTimeline) -> Phases:
+    """Phase boundaries and budget terms; the TTFT identity in the module docstring holds exactly."""
+    end_ns = max(timeline.responded_ns, last_stamp_ns(timeline))
+    p = Phases(received_ns=timeline.received_ns, end_ns=end_ns, enqueued_ns=timeline.enqueued_ns)
+    p.waits = closed_waits(timeline, end_ns)
+    if not p.enqueued_ns:
+        return p
+    p.ingress_ns = p.enqueued_ns - p.received_ns
+    ft = p.first_token_ns = timeline.first_token_ns
+    horizon = ft or end_ns
+    p.queue_ns = overlap_ns(p.waits, p.enqueued_ns, horizon)
+    if len(timeline.waits) < 2:
+        return p
+    p.scheduled_ns = timeline.waits[1]
+    chunk_ends = [e for e in timeline.chunks[1::CHUNK_FIELDS] if e <= horizon]
+    p.initial_chunks = len(chunk_ends)
+    p.prefill_end_ns = max([p.scheduled_ns, *chunk_ends])
+    p.prefill_ns = p.prefill_end_ns - p.scheduled_ns - overlap_ns(p.waits, p.scheduled_ns, p.prefill_end_ns)
+    if not ft:
+        return p
+    p.first_token_phase_ns = ft - p.prefill_end_ns - overlap_ns(p.waits, p.prefill_end_ns, ft)
+    p.last_token_ns = timeline.token_ns[-1] if timeline.token_ns else ft
+    p.decode_ns = p.last_token_ns - ft
+    p.delivery_ns = max(0, end_ns - p.last_token_ns)
+    p.decode_tokens = sum(timeline.token_n)
+    p.decode_steps = len(timeline.token_ns)
+    stamps = [ft, *timeline.token_ns]
+    p.itl_ns = [b - a for a, b in zip(stamps, stamps[1:])]
+    return p

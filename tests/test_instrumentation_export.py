@@ -1,0 +1,145 @@
+"""otel_setup from the OTEL_* environment, and a dead collector that must not touch the loop."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
+
+from instrumentation import names
+from instrumentation.export import BatchSettings, CountingBatchSpanProcessor
+from instrumentation.otel_setup import configure
+from instrumentation.server import ServerTelemetry
+
+OTEL_VARS = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL",
+             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+             "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
+
+
+@pytest.fixture()
+def env(monkeypatch):
+    for name in OTEL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    return monkeypatch
+
+
+def exporters_of(providers):
+    processors = providers.tracer_provider._active_span_processor._span_processors
+    return [type(p.exporter) for p in processors]
+
+
+@pytest.mark.parametrize("exporter, protocol, expected", [
+    ("otlp", None, [HttpSpanExporter]),  # the specification's default protocol
+    ("otlp", "grpc", [GrpcSpanExporter]),
+    ("otlp,console", "http/protobuf", [HttpSpanExporter, ConsoleSpanExporter]),
+    ("none", None, []),
+])
+def test_exporters_follow_the_environment(env, exporter, protocol, expected):
+    env.setenv("OTEL_TRACES_EXPORTER", exporter)
+    if protocol:
+        env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    providers = configure("svc", set_global=False)
+    assert exporters_of(providers) == expected
+    providers.shutdown()
+
+
+@pytest.mark.parametrize("variable, value", [("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
+                                             ("OTEL_TRACES_EXPORTER", "zipkinish")])
+def test_bad_settings_are_clear_errors(env, variable, value):
+    env.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable.split("_")[1] if "PROTOCOL" not in variable else "PROTOCOL"):
+        configure("svc", set_global=False)
+
+
+def test_service_name_and_sampler_from_environment(env):
+    env.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert configure("fallback", set_global=False).tracer_provider.resource.attributes["service.name"] == "fallback"
+    env.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test,service.name=from-attrs")
+    resource = configure("fallback", set_global=False).tracer_provider.resource
+    assert resource.attributes["service.name"] == "from-attrs"
+    assert resource.attributes["deployment.environment"] == "test"
+    env.setenv("OTEL_SERVICE_NAME", "from-env")
+    env.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    env.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    provider = configure("fallback", set_global=False).tracer_provider
+    assert provider.resource.attributes["service.name"] == "from-env"
+    assert "0.25" in provider.sampler.get_description()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_collector_does_not_slow_the_loop_and_losses_are_counted(env):
+    env.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.5")
+    env.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "64")
+    env.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "64")
+    env.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+    telemetry = ServerTelemetry.from_env("dead-collector")
+    loop_ns = 0
+    for index in range(100):
+        req = telemetry.request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []})
+        started = time.perf_counter_ns()
+        req.describe(operation=names.OP_TEXT_COMPLETION, model="tiny", request_id=f"r{index}")
+        req.enqueued(); req.scheduled(); req.first_token()
+        for _ in range(20):
+            req.token()
+        req.finished("length")
+        loop_ns += time.perf_counter_ns() - started
+        req.complete(output_tokens=21, finish_reason="length")
+        time.sleep(0.001)
+    # one wait on the exporter (0.5 s timeout, retried) would cost more than the whole bound
+    assert loop_ns < 0.25e9
+    assert telemetry.flush(10)
+    telemetry.shutdown()
+    stats = telemetry.stats()
+    assert stats["spans_built"] == 100 * 7 and stats["export_exported"] == 0
+    assert stats["export_failed"] + stats["export_dropped"] == stats["spans_built"]
+    assert stats["export_dropped"] > 0 and stats["spans_dropped"] >= stats["spans_built"]
+
+
+class FlakyExporter(SpanExporter):
+    """Raises on every other batch: a bug in an exporter must cost spans, never the worker."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def export(self, spans):
+        self.calls += 1
+        if self.calls % 2:
+            raise RuntimeError("exporter bug")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_processor_accounts_for_every_span(env):
+    processor = CountingBatchSpanProcessor(FlakyExporter(), BatchSettings(max_queue_size=10,
+                                                                          max_export_batch_size=5,
+                                                                          schedule_delay_ms=3_600_000))
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    for _ in range(25):  # the worker sleeps: 10 queue, 15 are refused
+        tracer.start_span("s").end()
+    assert processor.counts.dropped == 15
+    provider.shutdown()
+    counts = processor.counts
+    assert (counts.exported, counts.failed, counts.dropped) == (5, 5, 15)
+
+
+def test_bad_batch_setting_is_a_clear_error(env):
+    env.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "lots")
+    with pytest.raises(ValueError, match="OTEL_BSP_MAX_QUEUE_SIZE"):
+        BatchSettings.from_env()
