@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up phaselens in ./.venv on a fresh machine. `--test` adds the test tools (and Debian's
-# chromium, used to check that the HTML report renders).
+# Sets up phaselens in ./.venv on a fresh machine. `--test` adds the test tools and two Debian
+# packages the tests use: chromium (the HTML report renders) and docker-compose (validates the
+# compose file; no Docker engine is needed for `config`).
 set -euo pipefail
 cd "$(dirname "$0")"
 python3 -m venv .venv
@@ -9,8 +10,8 @@ python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
 if [[ "${1:-}" == "--test" ]]; then
     .venv/bin/pip install -q -e '.[test]'
-    if ! command -v chromium >/dev/null; then
-        (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the report-rendering test will be skipped" >&2
+    if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null; then
+        apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null
     fi
 else
     .venv/bin/pip install -q -e .

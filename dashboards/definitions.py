@@ -1,0 +1,233 @@
+"""The three phaselens dashboards, as data. Panel SQL comes only from `analysis.queries.render_grafana`
+(one source of queries: the CLI's `phaselens budget` and the dashboards read the same SQL).
+
+Each panel's description states the question it answers; the README repeats them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from analysis import queries
+from analysis.dialect import GrafanaDialect
+from analysis.schema import FACTS_VIEW
+from collectors.schema import TRACES_TABLE
+from dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
+from dashboards.model import (
+    FORMAT_TABLE, FORMAT_TIME_SERIES, FORMAT_TRACES, dashboard, dashboard_link, datasource_variable,
+    keep_fields, link_override, panel, query_variable, target, textbox_variable,
+)
+
+UID_BUDGET = "phaselens-latency-budget"
+UID_ENGINE = "phaselens-engine"
+UID_TRACE = "phaselens-request-trace"
+DEFAULT_TTFT_SLO_MS = "500"
+DEFAULT_TPOT_SLO_MS = "50"
+TIME_COLUMN = "time"
+
+
+@dataclass(slots=True, frozen=True)
+class Source:
+    """The analysis queries rendered for Grafana against one database (`otel` unless pushed elsewhere)."""
+    database: str = "otel"
+
+    def sql(self, name: str) -> str:
+        return queries.render_grafana(name, database=self.database)
+
+    def target(self, name: str, fmt: int) -> dict:
+        return target(self.sql(name), fmt)
+
+
+def columns(name: str) -> list[str]:
+    return list(queries.PANEL_COLUMNS[name])
+
+
+def series(name: str, *, exclude: tuple[str, ...] = (), only: tuple[str, ...] = ()) -> list[dict]:
+    """`keep_fields` for a time-series panel that shows some of a query's columns."""
+    keep = [c for c in columns(name) if c == TIME_COLUMN or (c in only if only else c not in exclude)]
+    return [keep_fields(keep)] if len(keep) < len(columns(name)) else []
+
+
+def time_series(src: Source, name: str, title: str, description: str, *, unit: str, width: int = 12,
+                height: int = 8, stacked: bool = False, bars: bool = False, transformations: list[dict] | None = None,
+                overrides: list[dict] | None = None) -> dict:
+    custom = {"drawStyle": "bars" if bars else "line", "lineWidth": 1, "fillOpacity": 40 if stacked else 10,
+              "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
+              "showPoints": "never", "spanNulls": False}
+    return panel("timeseries", title, description, [src.target(name, FORMAT_TIME_SERIES)], width=width,
+                 height=height, unit=unit, custom=custom, transformations=transformations, overrides=overrides,
+                 options={"legend": {"displayMode": "table", "placement": "bottom",
+                                     "calcs": ["mean", "max", "lastNotNull"]},
+                          "tooltip": {"mode": "multi", "sort": "desc"}})
+
+
+def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
+    """Columns whose name matches `pattern` (regex) get `unit`, optionally on the right axis."""
+    props = [{"id": "unit", "value": unit}]
+    if right_axis:
+        props.append({"id": "custom.axisPlacement", "value": "right"})
+    return {"matcher": {"id": "byRegexp", "options": pattern}, "properties": props}
+
+
+# --- variables -----------------------------------------------------------------------------------
+# Value lists for the drop-downs; the panel SQL itself is all in analysis.queries.
+
+def service_variable(src: Source) -> dict:
+    d = GrafanaDialect(src.database)
+    return query_variable(
+        "service", "Service",
+        f"SELECT DISTINCT ServiceName FROM {d.table(TRACES_TABLE)} WHERE {d.time_filter('Timestamp')} "
+        "ORDER BY ServiceName",
+        "service.name of the instrumented servers and load generators")
+
+
+def model_variable(src: Source) -> dict:
+    d = GrafanaDialect(src.database)
+    return query_variable(
+        "model", "Model",
+        f"SELECT DISTINCT model FROM {d.table(FACTS_VIEW)} WHERE {d.time_filter('start_time')} "
+        "AND model != '' ORDER BY model",
+        "gen_ai.response.model, else gen_ai.request.model")
+
+
+def slo_variables() -> list[dict]:
+    return [
+        textbox_variable("ttft_slo_ms", "TTFT SLO (ms)", DEFAULT_TTFT_SLO_MS,
+                         "a request meets the SLO when its TTFT is at most this"),
+        textbox_variable("tpot_slo_ms", "TPOT SLO (ms)", DEFAULT_TPOT_SLO_MS,
+                         "...and its TPOT, (e2e - TTFT) / (output tokens - 1), at most this"),
+    ]
+
+
+# --- LLM latency budget --------------------------------------------------------------------------
+
+def _per_token() -> tuple[str, ...]:
+    return tuple(c for c in columns("latency_over_time") if "_tpot_" in c or "_itl_" in c)
+
+
+def budget_panels(src: Source) -> list[dict]:
+    trace_url = (f"/d/{UID_TRACE}/request-trace?var-trace_id=${{__value.raw}}"
+                 "&${datasource:queryparam}&${__url_time_range}")
+    return [
+        panel("barchart", "TTFT budget: p50 / p90 / p99 / mean",
+              "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
+              "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
+              "+ residual. Every term is a duration on one clock; residual = client TTFT - server TTFT "
+              "(network both ways and client overhead).",
+              [src.target("budget_stack", FORMAT_TABLE)], width=10, height=9, unit="ms",
+              custom={"fillOpacity": 80, "lineWidth": 1},
+              options={"orientation": "horizontal", "stacking": "normal", "showValue": "auto",
+                       "xField": columns("budget_stack")[0],
+                       "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}}),
+        time_series(src, "latency_over_time", "TTFT, TTFO and e2e percentiles",
+                    "How long do users wait for the first token (TTFT, client and server view), the first "
+                    "non-reasoning output (TTFO) and the whole response (e2e), over time?",
+                    unit="ms", width=14, height=9,
+                    transformations=series("latency_over_time", exclude=_per_token())),
+        time_series(src, "latency_over_time", "TPOT and ITL percentiles",
+                    "How fast does text stream once it starts? TPOT = (e2e - TTFT) / (output tokens - 1) per "
+                    "request; ITL = the gaps between streamed chunks (p99 within each request). Different "
+                    "statistics, both shown, client and server view.",
+                    unit="ms", transformations=series("latency_over_time", only=_per_token())),
+        time_series(src, "goodput_over_time", "Goodput and SLO attainment",
+                    "How many completed requests per second meet every SLO (TTFT <= $ttft_slo_ms ms and "
+                    "TPOT <= $tpot_slo_ms ms), against all completed requests, and what fraction of "
+                    "requests is that (right axis)?",
+                    unit="reqps", overrides=[unit_override("^slo_attainment$", "percentunit", right_axis=True)]),
+        time_series(src, "throughput_over_time", "Throughput: requests and tokens per second",
+                    "How much work is finished per second: requests (and errors, right axis), input "
+                    "(prompt) and output (generated) tokens? Throughput is not TPOT.",
+                    unit="short",
+                    overrides=[unit_override("^(requests|errors)_per_s$", "reqps", right_axis=True)]),
+        panel("table", "Slowest requests",
+              "Which requests had the longest TTFT, and which phase dominated each? Click a trace id to "
+              "open that request's client and server spans in the Request trace dashboard.",
+              [src.target("slowest_requests", FORMAT_TABLE)], width=24, height=10, unit="ms",
+              overrides=[link_override("trace_id", "Open request trace", trace_url),
+                         unit_override("^(input_tokens|output_tokens|preemptions)$", "none")],
+              options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}}),
+    ]
+
+
+def latency_budget(src: Source) -> dict:
+    return dashboard(
+        UID_BUDGET, "phaselens - LLM latency budget",
+        "Client and server view of every request: TTFT split into phases, percentiles, goodput against "
+        "the SLO variables, throughput, and the slowest requests.",
+        budget_panels(src),
+        [datasource_variable(DATASOURCE_UID, DATASOURCE_NAME), service_variable(src), model_variable(src), *slo_variables()],
+        links=[dashboard_link("phaselens")],
+    )
+
+
+# --- Engine --------------------------------------------------------------------------------------
+
+def engine_panels(src: Source) -> list[dict]:
+    tokens = tuple(c for c in columns("engine_batch_over_time") if "tokens" in c)
+    preempt = tuple(c for c in columns("engine_kv_over_time") if "preempt" in c)
+    return [
+        time_series(src, "engine_batch_over_time", "Batch size per engine step",
+                    "How many sequences does each engine step run together (mean and max per interval), "
+                    "and how many steps run per second (right axis)? Small batches under load point at the "
+                    "scheduler, not the model, as the limit.",
+                    unit="short", transformations=series("engine_batch_over_time", exclude=tokens),
+                    overrides=[unit_override("^steps_per_s$", "short", right_axis=True)]),
+        time_series(src, "engine_batch_over_time", "Prefill vs decode tokens per step",
+                    "How is each step's work split between prompt processing (prefill tokens) and "
+                    "generation (decode tokens)? Prefill-heavy steps are the ones that stall decoding.",
+                    unit="short", stacked=True, bars=True,
+                    transformations=series("engine_batch_over_time", only=tokens)),
+        time_series(src, "engine_kv_over_time", "KV-cache use",
+                    "How full is the KV cache (blocks used / total, mean and max; blocks used on the right "
+                    "axis)? Near 100 % the scheduler must queue or preempt requests.",
+                    unit="percentunit", transformations=series("engine_kv_over_time", exclude=preempt),
+                    overrides=[unit_override("^kv_blocks_used_max$", "short", right_axis=True)]),
+        time_series(src, "engine_kv_over_time", "Preemptions",
+                    "How many running requests are evicted for lack of KV cache? Each one waits in the "
+                    "queue again and recomputes its prefill.",
+                    unit="short", bars=True, transformations=series("engine_kv_over_time", only=preempt)),
+        time_series(src, "decode_stalls_over_time", "Decode stalls caused by prefill",
+                    "How much time do decoding requests lose because a prefill shares their step? A mixed "
+                    "step's stall is its duration beyond the median decode-only step; request stall weights "
+                    "it by the decode tokens delayed. Step counts on the right axis.",
+                    unit="ms",
+                    overrides=[unit_override("^(mixed_steps|decode_steps|delayed_decodes)$", "short",
+                                             right_axis=True)]),
+        time_series(src, "queue_depth_over_time", "Queue depth",
+                    "How many requests wait for admission at each engine step (mean and max)? A growing "
+                    "queue means arrivals exceed capacity, and TTFT grows with it.", unit="short"),
+    ]
+
+
+def engine(src: Source) -> dict:
+    return dashboard(
+        UID_ENGINE, "phaselens - Engine",
+        "The serving loop from the inside: batch composition, KV-cache pressure, preemptions, "
+        "prefill-induced decode stalls and the admission queue, from llm.engine_step spans.",
+        engine_panels(src), [datasource_variable(DATASOURCE_UID, DATASOURCE_NAME), service_variable(src)],
+        links=[dashboard_link("phaselens")],
+    )
+
+
+# --- Request trace -------------------------------------------------------------------------------
+
+def request_trace(src: Source) -> dict:
+    trace = panel("traces", "Request trace",
+                  "What happened to this one request, phase by phase? The client span, the server span "
+                  "and its ingress, queue, prefill, first-token, decode and delivery children on one "
+                  "timeline, found through the trace-id lookup table.",
+                  [src.target("request_trace", FORMAT_TRACES)], width=24, height=22)
+    return dashboard(
+        UID_TRACE, "phaselens - Request trace",
+        "One request's spans, client and server. Enter a trace id, or follow a link from the Slowest "
+        "requests table.",
+        [trace],
+        [datasource_variable(DATASOURCE_UID, DATASOURCE_NAME),
+         textbox_variable("trace_id", "Trace ID", "", "32 hex digits, e.g. from the Slowest requests table")],
+        time_from="now-24h", refresh="", links=[dashboard_link("phaselens")],
+    )
+
+
+def all_dashboards(database: str = "otel") -> list[dict]:
+    src = Source(database)
+    return [latency_budget(src), engine(src), request_trace(src)]
