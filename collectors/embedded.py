@@ -136,6 +136,11 @@ class EmbeddedClickHouse:
         tail = Path(log_path).read_text(errors="replace")[-2000:] if Path(log_path).exists() else ""
         raise EmbeddedClickHouseError(f"embedded ClickHouse did not answer /ping on {self.url}:\n{tail}")
 
+    @property
+    def pid(self) -> int | None:
+        """The server process (for CPU accounting in benchmarks); None when not started."""
+        return self._proc.pid if self._proc is not None else None
+
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

@@ -1,0 +1,74 @@
+"""OTLP/gRPC `TraceService/Export` (and `MetricsService/Export`, counted only: metrics_intake). Registered as a raw-bytes handler: the payload is decoded once
+(validation and rendering) and spooled as received, without a re-serialization."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from collectors.ingest import Ingest, Refused
+from collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
+from collectors.metrics_intake import InvalidMetrics, accept_metrics
+
+_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+_METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+_STATUS = {
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "too_large": grpc.StatusCode.INVALID_ARGUMENT,
+    "unsupported": grpc.StatusCode.INVALID_ARGUMENT,
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
+    "full": grpc.StatusCode.UNAVAILABLE,  # retryable for OTLP exporters
+}
+_EMPTY_RESPONSE = ExportTraceServiceResponse().SerializeToString()
+
+
+class GrpcBindError(OSError):
+    pass
+
+
+def _export_handler(ingest: Ingest, accept, response: bytes):
+    def export(payload: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            ingest.check_auth(dict(context.invocation_metadata()).get("authorization"))
+            accept(payload)
+        except Refused as exc:
+            context.abort(_STATUS[exc.kind], str(exc))
+        return response
+
+    return grpc.unary_unary_rpc_method_handler(
+        export, request_deserializer=None, response_serializer=None)
+
+
+def _accept_metrics(ingest: Ingest):
+    def accept(payload: bytes) -> None:
+        try:
+            accept_metrics(payload, ingest.metrics)
+        except InvalidMetrics as exc:
+            ingest.refuse("invalid", str(exc))
+
+    return accept
+
+
+def start_grpc(ingest: Ingest, host: str, port: int, workers: int = 16) -> tuple[grpc.Server, int]:
+    """Starts the server; returns it and the bound port. Raises GrpcBindError if the port is taken."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+        options=[("grpc.max_receive_message_length", ingest.max_body_bytes),
+                 ("grpc.so_reuseport", 0)],
+    )
+    server.add_generic_rpc_handlers((
+        grpc.method_handlers_generic_handler(
+            _SERVICE, {"Export": _export_handler(ingest, ingest.accept, _EMPTY_RESPONSE)}),
+        grpc.method_handlers_generic_handler(
+            _METRICS_SERVICE, {"Export": _export_handler(ingest, _accept_metrics(ingest), METRICS_RESPONSE)}),
+    ))
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as exc:
+        raise GrpcBindError(f"cannot listen for OTLP/gRPC on {host}:{port}: {exc}") from None
+    if not bound:
+        raise GrpcBindError(f"cannot listen for OTLP/gRPC on {host}:{port} (in use?)")
+    server.start()
+    return server, bound

@@ -1,0 +1,180 @@
+"""OTLP/HTTP: `POST /v1/traces` (protobuf or JSON, gzip or not), `POST /v1/metrics` (counted only,
+see metrics_intake), `GET /metrics`, `GET /health`.
+
+Bodies are capped twice: the bytes on the wire (Content-Length) and the bytes after gzip, which is
+inflated in a stream that stops at the cap, so a gzip bomb is refused without being expanded.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import zlib
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from google.protobuf import json_format
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from collectors import otlp_json
+from collectors.ingest import RETRY_AFTER_S, Ingest, Refused
+from collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
+from collectors.metrics_intake import InvalidMetrics, accept_metrics
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+_HTTP_STATUS = {"invalid": 400, "too_large": 413, "unsupported": 415, "unauthenticated": 401, "full": 503}
+_GRPC_CODE = {"invalid": 3, "too_large": 3, "unsupported": 3, "unauthenticated": 16, "full": 14}
+
+
+def inflate_capped(body: bytes, cap: int) -> bytes:
+    """gzip → bytes, refusing (ValueError) output over `cap` bytes without producing more than cap+1."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, cap + 1)
+    except zlib.error as exc:
+        raise ValueError(f"invalid gzip body: {exc}") from None
+    if len(out) > cap or inflater.unconsumed_tail:
+        raise OverflowError(f"body exceeds {cap} bytes after decompression")
+    if not inflater.eof:
+        raise ValueError("truncated gzip body")
+    return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "phaselens-collector"
+    timeout = 30  # seconds a connection may stall mid-request before its thread gives up
+    collector = None  # set on a subclass per server: the HttpReceiver
+
+    def log_message(self, fmt, *args) -> None:  # quiet: counters tell the story
+        pass
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(200, b'{"status":"ok"}\n', JSON)
+        elif self.path == "/metrics":
+            self._send(200, self.collector.metrics_text().encode(), "text/plain; version=0.0.4")
+        else:
+            self._send(404, b"not found\n", "text/plain")
+
+    def do_POST(self) -> None:
+        route = {"/v1/traces": self._traces, "/v1/metrics": self._metrics}.get(self.path)
+        if route is None:
+            self._drain_or_close()
+            self._send(404, b"not found: OTLP goes to /v1/traces (and /v1/metrics)\n", "text/plain")
+            return
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        try:
+            self.collector.ingest.check_auth(self.headers.get("Authorization"))
+            if content_type not in (PROTOBUF, JSON):
+                self.collector.ingest.refuse("unsupported", f"unsupported Content-Type {content_type!r}; "
+                                             f"use {PROTOBUF} or {JSON}")
+            route(self._read_body(), content_type)
+        except Refused as exc:
+            self._refused(exc, content_type)
+
+    def _traces(self, body: bytes, content_type: str) -> None:
+        if content_type == PROTOBUF:
+            self.collector.ingest.accept(body)
+            self._send(200, ExportTraceServiceResponse().SerializeToString(), PROTOBUF)
+        else:
+            self.collector.ingest.accept(self._parse_json(body).SerializeToString())
+            self._send(200, b"{}", JSON)
+
+    def _metrics(self, body: bytes, content_type: str) -> None:
+        try:
+            if content_type == JSON:
+                body = json_format.Parse(body, ExportMetricsServiceRequest(),
+                                         ignore_unknown_fields=True).SerializeToString()
+            accept_metrics(body, self.collector.ingest.metrics)
+        except (InvalidMetrics, json_format.ParseError, ValueError) as exc:
+            self.collector.ingest.refuse("invalid", str(exc))
+        if content_type == JSON:
+            self._send(200, b"{}", JSON)
+        else:
+            self._send(200, METRICS_RESPONSE, PROTOBUF)
+
+    def _read_body(self) -> bytes:
+        ingest = self.collector.ingest
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            ingest.refuse("invalid", "a Content-Length header is required")
+        if int(length) > ingest.max_body_bytes:
+            self.close_connection = True  # not read: the connection cannot be reused
+            ingest.refuse("too_large", f"body of {length} bytes exceeds {ingest.max_body_bytes}")
+        body = self.rfile.read(int(length))
+        encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+        if encoding == "identity":
+            return body
+        if encoding != "gzip":
+            ingest.refuse("unsupported", f"unsupported Content-Encoding {encoding!r}; use gzip or none")
+        try:
+            return inflate_capped(body, ingest.max_body_bytes)
+        except OverflowError as exc:
+            ingest.refuse("too_large", str(exc))
+        except ValueError as exc:
+            ingest.refuse("invalid", str(exc))
+
+    def _parse_json(self, body: bytes):
+        try:
+            return otlp_json.parse_traces(body)
+        except otlp_json.InvalidJson as exc:
+            self.collector.ingest.refuse("invalid", str(exc))
+
+    def _drain_or_close(self) -> None:
+        length = self.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) <= self.collector.ingest.max_body_bytes:
+            self.rfile.read(int(length))
+        else:
+            self.close_connection = True
+
+    def _refused(self, exc: Refused, content_type: str) -> None:
+        self.close_connection = True  # the body may be unread: do not reuse the connection
+        status = status_pb2.Status(code=_GRPC_CODE[exc.kind], message=str(exc))
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.kind == "full" else {}
+        if exc.kind == "unauthenticated":
+            headers["WWW-Authenticate"] = "Bearer"
+        if content_type == JSON:
+            body = ('{"code":%d,"message":%s}' % (status.code, json.dumps(status.message))).encode()
+            self._send(_HTTP_STATUS[exc.kind], body, JSON, headers)
+        else:
+            self._send(_HTTP_STATUS[exc.kind], status.SerializeToString(), PROTOBUF, headers)
+
+    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
+        self.send_response(code, HTTPStatus(code).phrase)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = False  # a taken port must fail loudly, not be shared
+
+
+class HttpReceiver:
+    """Owns the HTTP server thread; `metrics_text` is supplied by the service."""
+
+    def __init__(self, ingest: Ingest, metrics_text, host: str, port: int):
+        self.ingest, self.metrics_text = ingest, metrics_text
+        handler = type("Handler", (_Handler,), {"collector": self})
+        self._server = _Server((host, port), handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,53 @@
+"""Self-telemetry counters of the collector, rendered in the Prometheus text exposition format."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+
+_PREFIX = "phaselens_collector_"
+_HELP = {
+    "requests_received": "export requests accepted (acknowledged)",
+    "spans_received": "spans accepted and durably spooled",
+    "spans_written": "spans inserted into ClickHouse",
+    "requests_rejected": "export requests refused (bad input, auth, spool full)",
+    "requests_retryable": "export requests answered with a retryable code (spool full)",
+    "insert_retries": "failed ClickHouse inserts that were retried",
+    "spans_dropped": "spans lost: must stay 0",
+    "writer_errors": "unexpected spool writer errors (it resumes from the last pending batch)",
+    "metrics_requests_received": "OTLP metrics export requests accepted",
+    "metric_points_not_stored": "OTLP metric data points counted, not stored (traces only)",
+}
+
+
+@dataclass(slots=True)
+class CollectorMetrics:
+    requests_received: int = 0
+    spans_received: int = 0
+    spans_written: int = 0
+    requests_rejected: int = 0
+    requests_retryable: int = 0
+    insert_retries: int = 0
+    spans_dropped: int = 0
+    writer_errors: int = 0
+    metrics_requests_received: int = 0
+    metric_points_not_stored: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + amount)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+    def prometheus(self, spool_bytes: int) -> str:
+        lines = []
+        for name, value in self.snapshot().items():
+            metric = f"{_PREFIX}{name}_total"
+            lines += [f"# HELP {metric} {_HELP[name]}", f"# TYPE {metric} counter", f"{metric} {value}"]
+        gauge = f"{_PREFIX}spool_bytes"
+        lines += [f"# HELP {gauge} bytes spooled and not yet in ClickHouse", f"# TYPE {gauge} gauge",
+                  f"{gauge} {spool_bytes}"]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,240 @@
+"""Append-only, fsync'd spool of accepted OTLP payloads: what makes an acknowledged export durable.
+
+Layout: `DIR/seg-<n>.log` segments of records `header | payload`, header = magic, payload length,
+span count, crc32 (little endian u32 each). A restart always appends to a new segment, so a torn
+tail (crash mid-write, never acknowledged) only ends the reading of its own segment.
+`DIR/pending` names the batch the writer is inserting (segment, start, end): on restart that exact
+range is replayed first with the same deduplication token (which includes the random spool id in
+`DIR/id`), so nothing is inserted twice.
+
+Group commit: appenders write under a lock, then one of them fsyncs for all that wrote before it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import struct
+import threading
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_HEADER = struct.Struct("<IIII")
+_MAGIC = 0x4F544C50  # "OTLP"
+_SEGMENT = re.compile(r"^seg-(\d{12})\.log$")
+
+
+class SpoolLocked(OSError):
+    """Another process (collector) owns this spool directory."""
+
+
+class SpoolFull(RuntimeError):
+    """Backlog at its byte cap: the receiver answers with a retryable code."""
+
+
+@dataclass(slots=True)
+class Record:
+    segment: int
+    start: int
+    end: int
+    span_count: int
+    payload: bytes
+
+
+@dataclass(slots=True)
+class Pending:
+    segment: int
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class Spool:
+    directory: str
+    max_bytes: int = 1 << 30
+    segment_bytes: int = 64 << 20
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _sync_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _data_ready: threading.Condition = field(init=False)
+    _fd: int = field(default=-1, init=False)
+    _segment: int = field(default=0, init=False)
+    _size: int = field(default=0, init=False)
+    _written_seq: int = field(default=0, init=False)
+    _synced_seq: int = field(default=0, init=False)
+    _durable: tuple[int, int] = field(default=(0, 0), init=False)
+    backlog_bytes: int = field(default=0, init=False)
+    spool_id: str = field(default="", init=False)
+    _lock_fd: int = field(default=-1, init=False)
+
+    def __post_init__(self) -> None:
+        self._data_ready = threading.Condition(threading.Lock())
+        path = Path(self.directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # two writers appending to one spool would corrupt each other's replay
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise SpoolLocked(f"spool {self.directory} is in use by another collector") from None
+        existing = self.segments()
+        pending = self.pending()
+        if pending and pending.segment in existing:
+            # Older segments were fully inserted before the pending batch was marked (a crash
+            # may have kept one from being unlinked): only the pending one onwards is backlog.
+            for segment in [s for s in existing if s < pending.segment]:
+                self.drop_segment(segment)
+            existing = [s for s in existing if s >= pending.segment]
+        self.backlog_bytes = sum(self._path(s).stat().st_size for s in existing)
+        if pending and existing and pending.segment == existing[0]:
+            self.backlog_bytes -= pending.start
+        # Segment numbers are never reused: they are part of the deduplication tokens.
+        self._open_segment(max(existing + [pending.segment if pending else 0]) + 1)
+        self.spool_id = _spool_id(path)
+
+    def _path(self, segment: int) -> Path:
+        return Path(self.directory) / f"seg-{segment:012d}.log"
+
+    def _open_segment(self, segment: int) -> None:
+        self._fd = os.open(self._path(segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._segment, self._size = segment, 0
+        self._durable = (segment, 0)
+        _fsync_dir(self.directory)
+
+    def segments(self) -> list[int]:
+        return sorted(int(m[1]) for p in os.listdir(self.directory) if (m := _SEGMENT.match(p)))
+
+    def append(self, payload: bytes, span_count: int, on_written=None) -> None:
+        """Returns once the record is on disk (fsync'd). Raises SpoolFull at the byte cap.
+        `on_written(segment, start)` runs once the record has its place, before the writer can see it."""
+        record = _HEADER.pack(_MAGIC, len(payload), span_count, zlib.crc32(payload)) + payload
+        with self._lock:
+            if self.backlog_bytes + len(record) > self.max_bytes:
+                raise SpoolFull(f"spool backlog at its cap of {self.max_bytes} bytes")
+            if self._size >= self.segment_bytes:
+                self._roll()
+            os.write(self._fd, record)
+            if on_written is not None:
+                on_written(self._segment, self._size)
+            self._size += len(record)
+            self.backlog_bytes += len(record)
+            self._written_seq += 1
+            mine = self._written_seq
+        self._sync_through(mine)
+
+    def _roll(self) -> None:
+        """Under _lock: seal the current segment (durable) and open the next."""
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._synced_seq = self._written_seq
+        self._open_segment(self._segment + 1)
+
+    def _sync_through(self, seq: int) -> None:
+        with self._sync_lock:
+            if self._synced_seq >= seq:
+                return
+            with self._lock:
+                target, fd, durable = self._written_seq, self._fd, (self._segment, self._size)
+            os.fsync(fd)
+            with self._lock:
+                self._synced_seq = max(self._synced_seq, target)
+                self._durable = max(self._durable, durable)
+        with self._data_ready:
+            self._data_ready.notify_all()
+
+    def wait_for_data(self, timeout_s: float) -> None:
+        with self._data_ready:
+            self._data_ready.wait(timeout_s)
+
+    def durable_end(self, segment: int) -> int | None:
+        """How far `segment` may be read; None when it is sealed (read to its end)."""
+        with self._lock:
+            seg, offset = self._durable
+        return offset if segment == seg else None
+
+    def active_segment(self) -> int:
+        with self._lock:
+            return self._segment
+
+    def read(self, segment: int, start: int, max_spans: int, stop: int | None = None) -> list[Record]:
+        """Valid records from `start`, up to ~max_spans spans, the durable end, or `stop`."""
+        limit = self.durable_end(segment)
+        if stop is not None:
+            limit = stop if limit is None else min(limit, stop)
+        out, spans, offset = [], 0, start
+        with open(self._path(segment), "rb") as f:
+            f.seek(start)
+            while spans < max_spans and (limit is None or offset < limit):
+                header = f.read(_HEADER.size)
+                if len(header) < _HEADER.size:
+                    break
+                magic, length, count, crc = _HEADER.unpack(header)
+                payload = f.read(length) if magic == _MAGIC else b""
+                if magic != _MAGIC or len(payload) < length or zlib.crc32(payload) != crc:
+                    break  # torn tail of a crashed run: never acknowledged
+                end = offset + _HEADER.size + length
+                out.append(Record(segment, offset, end, count, payload))
+                spans, offset = spans + count, end
+        return out
+
+    def token(self, pending: Pending) -> str:
+        """insert_deduplication_token of a batch: the same on every replay, and unique to this
+        spool directory (its random id), so two spools or a recreated one never collide."""
+        return f"phaselens-{self.spool_id}-{pending.segment}-{pending.start}-{pending.end}"
+
+    def pending(self) -> Pending | None:
+        try:
+            seg, start, end = (Path(self.directory) / "pending").read_text().split()
+        except (FileNotFoundError, ValueError):
+            return None
+        return Pending(int(seg), int(start), int(end))
+
+    def mark_pending(self, pending: Pending) -> None:
+        """Durably records the batch about to be inserted (write, fsync, rename)."""
+        tmp = Path(self.directory) / "pending.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{pending.segment} {pending.start} {pending.end}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, Path(self.directory) / "pending")
+
+    def inserted(self, nbytes: int) -> None:
+        with self._lock:
+            self.backlog_bytes -= nbytes
+
+    def drop_segment(self, segment: int) -> None:
+        """A sealed segment whose every record is in ClickHouse."""
+        self._path(segment).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = -1
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = -1
+
+
+def _spool_id(path: Path) -> str:
+    id_file = path / "id"
+    if not id_file.exists():
+        tmp = path / "id.tmp"
+        with open(tmp, "w") as f:
+            f.write(uuid.uuid4().hex)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, id_file)
+        _fsync_dir(str(path))
+    return id_file.read_text().strip()
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,166 @@
+"""Drains the spool into ClickHouse: batches by span count or age, retries with backoff, never drops."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from collectors import render
+from collectors.clickhouse_url import connect
+from collectors.metrics import CollectorMetrics
+from collectors.render_cache import RenderCache
+from collectors.schema import INSERT_COLUMN_TYPES, INSERT_COLUMNS, TRACES_TABLE
+from collectors.spool import Pending, Record, Spool
+
+log = logging.getLogger(__name__)
+
+
+class _Abandoned(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class ClickHouseSink:
+    """Column-oriented inserts into `<database>.otel_traces`, deduplicated by a per-batch token."""
+
+    url: str
+    database: str = "otel"
+    _client: object = field(default=None, init=False)
+
+    def insert(self, columns: list, token: str) -> None:
+        if self._client is None:
+            self._client = connect(self.url, compress=False, autogenerate_session_id=False)
+        try:
+            self._client.insert(
+                TRACES_TABLE, columns, column_names=INSERT_COLUMNS, database=self.database,
+                column_type_names=[t for _, t in INSERT_COLUMN_TYPES], column_oriented=True,
+                settings={"insert_deduplicate": 1, "insert_deduplication_token": token,
+                          "deduplicate_blocks_in_dependent_materialized_views": 1},
+            )
+        except Exception:
+            self.close()  # a fresh connection for the retry
+            raise
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+@dataclass(slots=True)
+class SpoolWriter:
+    spool: Spool
+    sink: ClickHouseSink
+    metrics: CollectorMetrics
+    rendered: RenderCache
+    batch_spans: int = 50_000
+    flush_interval_s: float = 0.2
+    max_backoff_s: float = 5.0
+    _stop: threading.Event = field(default_factory=threading.Event, init=False)
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _waiting_since: float | None = field(default=None, init=False)
+    _inserted: Pending | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="spool-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Drains what is spooled (within timeout_s); whatever is left stays spooled for next start."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.sink.close()
+        return self._thread is None or not self._thread.is_alive()
+
+    def _run(self) -> None:
+        """Drains until stopped. An unexpected error restarts draining from the pending batch
+        (a deduplicated replay) instead of ending the thread with spans stuck in the spool."""
+        while True:
+            try:
+                self._drain()
+                return
+            except _Abandoned:
+                log.warning("stopped with spans still spooled; they are written on the next start")
+                return
+            except Exception:
+                self.metrics.add("writer_errors")
+                log.exception("spool writer failed; resuming from the last pending batch")
+                if self._stop.wait(1.0):
+                    return
+
+    def _drain(self) -> None:
+        segment, offset = self._replay_pending()
+        while True:
+            sealed = segment < self.spool.active_segment()
+            records = self.spool.read(segment, offset, self.batch_spans)
+            if records:
+                if not sealed and self._should_wait(records):
+                    continue
+                self._write(records)
+                offset = records[-1].end
+            elif sealed:
+                self.spool.drop_segment(segment)
+                segment = min((s for s in self.spool.segments() if s > segment), default=segment + 1)
+                offset = 0
+            elif self._stop.is_set():
+                return
+            else:
+                self.spool.wait_for_data(self.flush_interval_s)
+
+    def _replay_pending(self) -> tuple[int, int]:
+        """After a restart: re-insert the batch that was in flight, with its token; then go on."""
+        segments = self.spool.segments()
+        pending = self.spool.pending()
+        if pending is None or pending.segment not in segments:
+            return segments[0], 0
+        if pending != self._inserted:  # not when resuming after an error, once it is in
+            records = self.spool.read(pending.segment, pending.start, 1 << 62, stop=pending.end)
+            if records:
+                self._insert(records, pending)
+        return pending.segment, pending.end
+
+    def _should_wait(self, records: list[Record]) -> bool:
+        """Small batch: wait for more until the oldest has waited flush_interval_s (or stopping)."""
+        if sum(r.span_count for r in records) >= self.batch_spans or self._stop.is_set():
+            return False
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        remaining = self.flush_interval_s - (now - self._waiting_since)
+        if remaining <= 0:
+            return False
+        self.spool.wait_for_data(remaining)
+        return True
+
+    def _write(self, records: list[Record]) -> None:
+        pending = Pending(records[0].segment, records[0].start, records[-1].end)
+        self.spool.mark_pending(pending)
+        self._insert(records, pending)
+        self._waiting_since = None
+
+    def _insert(self, records: list[Record], pending: Pending) -> None:
+        rows: list[tuple] = []
+        for record in records:
+            rendered = self.rendered.pop((record.segment, record.start))
+            if rendered is None:  # after a restart, or past the cache's bound
+                render.add_rows(rows, record.payload)
+            else:
+                rows += rendered
+        columns = render.to_columns(rows)
+        backoff_s = 0.05
+        while True:
+            try:
+                self.sink.insert(columns, self.spool.token(pending))
+                break
+            except Exception as exc:  # ClickHouse down or refusing: keep the batch, retry
+                self.metrics.add("insert_retries")
+                log.warning("insert of %d spans failed (%s); retrying in %.2fs", len(rows), exc, backoff_s)
+                if self._stop.is_set() or self._stop.wait(backoff_s):
+                    raise _Abandoned  # stopping while ClickHouse fails: the batch stays spooled
+                backoff_s = min(backoff_s * 2, self.max_backoff_s)
+        self.metrics.add("spans_written", len(rows))
+        self.spool.inserted(pending.end - pending.start)
+        self._inserted = pending

@@ -1,0 +1,67 @@
+"""`phaselens collector`: OTLP gRPC + HTTP receivers → durable spool → ClickHouse, in the foreground."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from collectors.service import Collector, InsecureBindError, default_spool_dir, tune_gc_for_throughput
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("collector", help="receive OTLP traces and write them to ClickHouse")
+    p.add_argument("--clickhouse", required=True, metavar="URL", help="e.g. http://127.0.0.1:8123")
+    p.add_argument("--database", default="otel")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (non-loopback needs --auth-token or --insecure)")
+    p.add_argument("--grpc-port", type=int, default=4317)
+    p.add_argument("--http-port", type=int, default=4318)
+    p.add_argument("--spool", metavar="DIR", default=None,
+                   help="spool directory, replayed on restart (default: ~/.local/state/phaselens/collector-spool-<grpc port>)")
+    p.add_argument("--auth-token", default=None, help="require 'Authorization: Bearer TOKEN' on both protocols")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback listen address without a token")
+    p.add_argument("--max-spool-bytes", type=int, default=1 << 30, help="backlog cap; beyond it exports get retryable errors")
+    p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="request size cap, after decompression")
+    p.add_argument("--batch-spans", type=int, default=50_000, help="spans per ClickHouse insert (at most)")
+    p.add_argument("--flush-interval", type=float, default=0.2, metavar="SECONDS", help="longest wait before a partial batch is written")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_gc_for_throughput()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    collector = Collector(
+        clickhouse_url=args.clickhouse, database=args.database, host=args.host,
+        grpc_port=args.grpc_port, http_port=args.http_port,
+        spool_dir=args.spool or default_spool_dir(args.grpc_port),
+        auth_token=args.auth_token, insecure=args.insecure, max_spool_bytes=args.max_spool_bytes,
+        max_body_bytes=args.max_body_bytes, batch_spans=args.batch_spans,
+        flush_interval_s=args.flush_interval,
+    )
+    try:
+        collector.start()
+    except (InsecureBindError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"READY collector grpc={collector.grpc_endpoint} http={collector.http_endpoint}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    drained = collector.stop()
+    if not drained:
+        print("warning: ClickHouse unreachable; unwritten spans stay in the spool for the next start",
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    # `python -m phaselens.commands.collector …`: this command alone, without importing every other
+    # command module (some import torch), so tests and the benchmark start it in well under a second.
+    import argparse
+
+    _parser = argparse.ArgumentParser(prog="phaselens")
+    register(_parser.add_subparsers())
+    sys.exit(run(_parser.parse_args(["collector", *sys.argv[1:]])))

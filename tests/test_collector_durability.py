@@ -1,0 +1,142 @@
+"""No acknowledged span is lost or duplicated: ClickHouse down mid-stream, collector SIGKILLed,
+and a replay of an already inserted batch (the deduplication token)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.collector_payloads import export_request
+from collectors import render, schema
+from collectors.clickhouse_url import connect
+from collectors.embedded import EmbeddedClickHouse, free_port
+from collectors.metrics import CollectorMetrics
+from collectors.render_cache import RenderCache
+from collectors.service import Collector
+from collectors.spool import Spool, SpoolLocked
+from collectors.writer import ClickHouseSink, SpoolWriter
+from tests.collector_fixtures import traces_db, wait_rows  # noqa: F401
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _payloads(requests: int, spans: int) -> list[bytes]:
+    return [export_request(spans, time.time_ns()).SerializeToString() for _ in range(requests)]
+
+
+def _export_all(endpoint: str, bodies: list[bytes]) -> None:
+    with grpc.insecure_channel(endpoint) as channel:
+        export = channel.unary_unary(EXPORT)
+        for body in bodies:
+            export(body, timeout=10)
+
+
+def _counts(client, database: str) -> tuple[int, int]:
+    count, unique = client.query(
+        f"SELECT count(), uniqExact(SpanId) FROM {database}.otel_traces").result_rows[0]
+    return int(count), int(unique)
+
+
+def test_clickhouse_down_mid_stream_loses_and_duplicates_nothing(tmp_path):
+    data, http_port, tcp_port = str(tmp_path / "ch"), free_port(), free_port()
+    server = EmbeddedClickHouse(data, http_port=http_port, tcp_port=tcp_port).start()
+    client = connect(server.url)
+    schema.apply(client, schema.statements("durable"))
+    bodies = _payloads(12, 50)
+    with Collector(server.url, database="durable", spool_dir=str(tmp_path / "spool"),
+                   flush_interval_s=0.05) as collector:
+        _export_all(collector.grpc_endpoint, bodies[:6])
+        assert wait_rows(client, "durable", 300) == 300
+        server.stop()
+        _export_all(collector.grpc_endpoint, bodies[6:])  # acknowledged from the spool
+        time.sleep(0.5)
+        assert collector.metrics.snapshot()["insert_retries"] >= 1
+        server = EmbeddedClickHouse(data, http_port=http_port, tcp_port=tcp_port).start()
+        client = connect(server.url)
+        assert wait_rows(client, "durable", 600, timeout_s=30) == 600
+    assert collector.metrics.snapshot()["spans_written"] == 600
+    assert _counts(client, "durable") == (600, 600)
+    server.stop()
+
+
+def _start_collector_process(url: str, database: str, spool: str, flush_s: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phaselens.commands.collector", "--clickhouse", url, "--database", database,
+         "--grpc-port", "0", "--http-port", "0", "--spool", spool, "--flush-interval", flush_s],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("READY collector grpc="), line
+    return proc, line.split("grpc=")[1].split()[0]
+
+
+def test_sigkill_then_restart_replays_every_acknowledged_span_once(clickhouse, ch_client, traces_db, tmp_path):
+    spool = str(tmp_path / "spool")
+    bodies = _payloads(8, 100)
+    proc, endpoint = _start_collector_process(clickhouse.url, traces_db, spool, "0.05")
+    try:
+        _export_all(endpoint, bodies[:4])
+        wait_rows(ch_client, traces_db, 400)
+        _export_all(endpoint, bodies[4:])  # acknowledged; killed before or while they are written
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    proc, _ = _start_collector_process(clickhouse.url, traces_db, spool, "0.05")
+    try:
+        assert wait_rows(ch_client, traces_db, 800, timeout_s=30) == 800
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    assert _counts(ch_client, traces_db) == (800, 800)
+
+
+def test_replay_of_an_inserted_batch_is_deduplicated(clickhouse, ch_client, traces_db, tmp_path):
+    """A crash after the insert but before the next batch: the pending batch is replayed on start
+    with the same insert_deduplication_token, and ClickHouse keeps one copy."""
+    directory = str(tmp_path / "spool")
+    for _ in range(2):  # the second run is the "restart" over the same spool
+        spool = Spool(directory)
+        if not spool.pending():
+            for body in _payloads(3, 40):
+                spool.append(body, render.count_spans(body))
+        writer = SpoolWriter(spool, ClickHouseSink(clickhouse.url, traces_db), CollectorMetrics(),
+                             RenderCache(), flush_interval_s=0.01)
+        writer.start()
+        assert wait_rows(ch_client, traces_db, 120) == 120
+        writer.stop()
+        spool.close()
+    assert spool.pending() is not None  # the replay really happened on the second run
+    assert _counts(ch_client, traces_db) == (120, 120)
+
+
+def test_a_new_spool_never_reuses_an_old_spools_tokens(clickhouse, ch_client, traces_db, tmp_path):
+    """Two spools (e.g. the default temporary one on two runs) write the same positions: their
+    tokens differ, so ClickHouse keeps both batches."""
+    body = _payloads(1, 30)[0]
+    for run in range(2):
+        spool = Spool(str(tmp_path / f"spool-{run}"))
+        spool.append(body if run == 0 else _payloads(1, 30)[0], 30)
+        writer = SpoolWriter(spool, ClickHouseSink(clickhouse.url, traces_db), CollectorMetrics(),
+                             RenderCache(), flush_interval_s=0.01)
+        writer.start()
+        assert wait_rows(ch_client, traces_db, 30 * (run + 1)) == 30 * (run + 1)
+        writer.stop()
+        spool.close()
+    assert _counts(ch_client, traces_db) == (60, 60)
+
+
+def test_one_spool_directory_has_one_owner(tmp_path):
+    first = Spool(str(tmp_path / "spool"))
+    with pytest.raises(SpoolLocked):
+        Spool(str(tmp_path / "spool"))
+    first.close()
+    Spool(str(tmp_path / "spool")).close()  # released on close
