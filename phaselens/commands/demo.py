@@ -1,0 +1,40 @@
+"""`phaselens demo`: ClickHouse + collector + reference server + load, then the budget and a report."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+from phaselens.demo import DEFAULT_RATE, DEFAULT_SLO, DemoOptions, run as run_demo
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="run the whole pipeline on this machine and show where the time went",
+                              description="Starts an embedded ClickHouse, the collector and the reference server, "
+                                          "runs a mixed workload with client spans, prints the latency budget and "
+                                          "goodput, writes an HTML report, and shuts everything down.")
+    p.add_argument("--requests", type=int, default=200, help="measured requests (default 200)")
+    p.add_argument("--rate", type=float, default=DEFAULT_RATE,
+                   help=f"Poisson arrivals, requests/s (default {DEFAULT_RATE:g}: near the tiny model's capacity on 2 cores)")
+    p.add_argument("--model", default="tiny", help="'tiny' (built in, random weights) or a local HF model folder")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--data", metavar="DIR", default=None,
+                   help="keep ClickHouse data, spool and logs here (default: a temporary directory, removed)")
+    p.add_argument("--slo", default=DEFAULT_SLO, metavar="ttft:MS,tpot:MS", help=f"goodput SLOs (default {DEFAULT_SLO})")
+    p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
+    p.add_argument("--keep-running", action="store_true", help="leave everything up afterwards (until Ctrl-C)")
+    p.add_argument("--report", default="phaselens-report.html", metavar="FILE.html", help="where to write the report")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    opts = DemoOptions(requests=args.requests, rate=args.rate, model=args.model, device=args.device,
+                       data_dir=args.data, keep_running=args.keep_running, report_path=args.report,
+                       slo=args.slo, seed=args.seed)
+    try:
+        opts.validate()
+    except ValueError as e:
+        print(f"phaselens demo: {e}", file=sys.stderr)
+        return 2
+    return run_demo(opts, Console())

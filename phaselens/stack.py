@@ -1,0 +1,247 @@
+"""The whole pipeline on one machine: embedded ClickHouse, schema, collector, reference server.
+
+Each long-running part is a child process speaking the `READY <what> <url>` line protocol
+(contract E). Children are started in a session of their own (a terminal's Ctrl-C reaches only the
+orchestrator, which then stops them in order) and with PR_SET_PDEATHSIG, so that they die with the
+orchestrator even when it is SIGKILLed. Stop order is the data-flow order: server (flushes its spans
+to the collector), collector (drains its spool into ClickHouse), ClickHouse.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analysis import schema as analysis_schema
+from analysis.schema import FACTS_VIEW
+from collectors import schema as collector_schema
+from collectors.clickhouse_url import connect
+from collectors.embedded import LOOPBACK, EmbeddedClickHouse, free_port
+
+PR_SET_PDEATHSIG = 1
+SERVER_SERVICE = "phaselens-reference-server"
+CLIENT_SERVICE = "phaselens-loadgen"
+# Spans reach the collector within ~0.2 s instead of the SDK's default 5 s batch delay.
+BSP_SCHEDULE_DELAY_MS = "200"
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """preexec_fn: SIGTERM this child when the orchestrator dies (also by SIGKILL)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def project_env() -> dict[str, str]:
+    """Environment for children: this checkout importable, unbuffered output for the READY line."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass(slots=True)
+class Child:
+    """A child process whose stdout and stderr go to `log_path`."""
+
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    url: str = ""
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def wait_ready(self, timeout_s: float) -> str:
+        """Block until the child printed `READY <what> <url>`; returns the url."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if line.startswith("READY "):
+                    self.url = line.split()[-1].rpartition("=")[2]  # `READY x URL` or `READY x k=URL`
+                    return self.url
+            if self.proc.poll() is not None:
+                raise StackError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            time.sleep(0.05)
+        raise StackError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float) -> int:
+        """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str], stderr=subprocess.STDOUT) -> Child:
+    """Start `python -m phaselens <argv>` in its own session, dying with us; stdout to the log
+    (`stderr` too unless another target is given, e.g. None for the terminal)."""
+    log_path = log_dir / f"{name}.log"
+    parent = os.getpid()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "phaselens", *argv], stdout=log, stderr=stderr,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                preexec_fn=lambda: _die_with_parent(parent))
+    return Child(name, proc, log_path)
+
+
+@dataclass(slots=True)
+class Stack:
+    """ClickHouse + schema + collector + reference server; `with Stack(dir) as s:` or start()/stop().
+
+    `otel_env(service)` is the environment a traced client needs to export to this stack.
+    """
+
+    data_dir: str
+    model: str = "tiny"
+    device: str = "cpu"
+    database: str = "otel"
+    server_args: tuple[str, ...] = ()
+    ready_timeout_s: float = 180.0
+    stop_timeout_s: float = 15.0
+    clickhouse: EmbeddedClickHouse | None = field(default=None, init=False)
+    collector: Child | None = field(default=None, init=False)
+    server: Child | None = field(default=None, init=False)
+    grpc_port: int = field(default=0, init=False)
+    http_port: int = field(default=0, init=False)
+
+    @property
+    def clickhouse_url(self) -> str:
+        return self.clickhouse.url if self.clickhouse else ""
+
+    @property
+    def server_url(self) -> str:
+        return self.server.url if self.server else ""
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        return f"http://{LOOPBACK}:{self.grpc_port}"
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.data_dir) / "logs"
+
+    def start(self, on_phase=lambda phase: None) -> "Stack":
+        """Bring every part up; `on_phase(name)` is called before each step (for progress display)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            on_phase("clickhouse")
+            self.clickhouse = EmbeddedClickHouse(str(Path(self.data_dir) / "clickhouse"),
+                                                 log_path=str(self.log_dir / "clickhouse.log")).start()
+            on_phase("schema")
+            self.apply_schema()
+            # Both import heavy libraries (seconds each): start them together. The server's exporter
+            # retries until the collector listens, and no request is sent before both are READY.
+            on_phase("collector and server")
+            self._spawn_collector()
+            self._spawn_server()
+            self.collector.wait_ready(self.ready_timeout_s)
+            self.server.wait_ready(self.ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def apply_schema(self) -> None:
+        """Contract C: the collector's tables first, then the analysis views."""
+        statements = collector_schema.statements(self.database) + analysis_schema.statements(self.database)
+        with self.client() as client:
+            collector_schema.apply(client, statements)
+
+    def client(self):
+        """A clickhouse-connect client of this stack's ClickHouse (close it, or use `with`)."""
+        return connect(self.clickhouse_url)
+
+    def _spawn_collector(self) -> None:
+        self.grpc_port, self.http_port = free_port(), free_port()
+        spool = Path(self.data_dir) / "spool"
+        argv = ["collector", "--clickhouse", self.clickhouse_url, "--database", self.database,
+                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), "--spool", str(spool)]
+        self.collector = spawn("collector", argv, self.log_dir, project_env())
+
+    def _spawn_server(self) -> None:
+        argv = ["serve", "--model", self.model, "--device", self.device, "--port", "0", *self.server_args]
+        self.server = spawn("server", argv, self.log_dir, self.otel_env(SERVER_SERVICE))
+
+    def served_model(self) -> str:
+        """The model name the server answers to (`tiny`, or a local model folder's base name)."""
+        with urllib.request.urlopen(f"{self.server_url}/v1/models", timeout=10) as r:
+            return json.load(r)["data"][0]["id"]
+
+    def otel_env(self, service_name: str) -> dict[str, str]:
+        """Standard OTEL_* variables pointing at this stack's collector (OTLP/gRPC, traces only)."""
+        env = project_env()
+        env.update({
+            "OTEL_SERVICE_NAME": service_name,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "none",  # the collector receives traces only
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+            "OTEL_BSP_SCHEDULE_DELAY": BSP_SCHEDULE_DELAY_MS,
+        })
+        return env
+
+    def bench(self, argv: list[str], timeout_s: float) -> int:
+        """Run `phaselens bench --url <server> <argv>` with client spans exported to this stack; its
+        progress bar (stderr) shows on the terminal, its tables go to logs/bench.log."""
+        child = spawn("bench", ["bench", "--url", self.server_url, *argv], self.log_dir,
+                      self.otel_env(CLIENT_SERVICE), stderr=None)
+        try:
+            return child.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise StackError(f"bench did not finish in {timeout_s:.0f} s:\n{child.log_tail()}") from None
+        finally:
+            child.stop(self.stop_timeout_s)
+
+    def requests_present(self, trace_ids: list[str]) -> int:
+        """How many of `trace_ids` are queryable with both a client and a server view."""
+        sql = (f"SELECT countIf(has_client AND has_server) FROM {{db:Identifier}}.{FACTS_VIEW} "
+               "WHERE trace_id IN {ids:Array(String)}")
+        with self.client() as client:
+            return int(client.query(sql, parameters={"db": self.database, "ids": trace_ids}).result_rows[0][0])
+
+    def span_rows(self) -> int:
+        """Rows in otel_traces (to see when ingestion has gone quiet)."""
+        sql = f"SELECT count() FROM {{db:Identifier}}.{collector_schema.TRACES_TABLE}"
+        with self.client() as client:
+            return int(client.query(sql, parameters={"db": self.database}).result_rows[0][0])
+
+    def stop(self) -> dict[str, int]:
+        """Stop every part that runs, in data-flow order; returns exit codes by part name."""
+        codes = {}
+        for attr in ("server", "collector"):
+            child = getattr(self, attr)
+            if child is not None:
+                codes[attr] = child.stop(self.stop_timeout_s)
+                setattr(self, attr, None)
+        if self.clickhouse is not None:
+            self.clickhouse.stop(self.stop_timeout_s)
+            self.clickhouse = None
+            codes["clickhouse"] = 0
+        return codes
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
