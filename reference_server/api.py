@@ -1,0 +1,318 @@
+"""OpenAI-compatible HTTP front end (FastAPI) over the engine.
+
+    POST /v1/completions, POST /v1/chat/completions   (stream SSE or not; n=1)
+    GET  /v1/models, GET /health
+
+Each request: parse + validate (400) → tokenize → `describe` → `engine.submit` (503 when the
+waiting queue is full) → stream engine outputs. The engine thread hands outputs to this event
+loop with `call_soon_threadsafe`; a client that goes away aborts its sequence, which frees its KV
+at the engine's next iteration. Errors are always OpenAI-shaped JSON, FastAPI's 422 included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from instrumentation import names
+from instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NullRequestObserver
+
+from reference_server import chat_template
+from reference_server.engine import Engine, QueueFullError
+from reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
+from reference_server.responses import DONE, Envelope, sse
+from reference_server.sequence import SamplingParams, SeqOutput
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(slots=True)
+class ApiSettings:
+    model_name: str
+    reasoning_tokens: int = 0  # chat only: the first N output tokens stream as reasoning_content
+    auth_token: str | None = None  # when set, /v1/* needs `Authorization: Bearer <token>`
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class Untraced(NullRequestObserver):
+    """The request handle when the app runs without telemetry."""
+
+    __slots__ = ()
+
+    def describe(self, **_: Any) -> None: ...
+    def complete(self, **_: Any) -> None: ...
+    def fail(self, error_type: str, status_code: int | None = None) -> None: ...
+
+
+UNTRACED = Untraced()
+
+
+class OutputStream:
+    """Engine thread → this event loop, for one request."""
+
+    __slots__ = ("loop", "queue")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[SeqOutput] = asyncio.Queue()
+
+    def sink(self, out: SeqOutput) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+        except RuntimeError:  # the event loop is closed: the server is gone, nobody listens
+            pass
+
+
+class EventStreamResponse(StreamingResponse):
+    """SSE that always watches for `http.disconnect`. Starlette skips that on ASGI spec 2.4 and only
+    notices a gone client at its next write; a request still queued would keep its place."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as group:
+            async def stream_then_stop() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(stream_then_stop)
+            await self.listen_for_disconnect(receive)
+            group.cancel_scope.cancel()
+        await self.body_iterator.aclose()
+
+
+@dataclass(slots=True)
+class Job:
+    prompt_ids: list[int]
+    params: SamplingParams
+    envelope: Envelope
+    parsed: ParsedRequest
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def create_app(engine: Engine, settings: ApiSettings, telemetry: Any = None):
+    """The ASGI app; wrapped in the telemetry ingress middleware when `telemetry` is given."""
+    app = FastAPI(title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None)
+    routes = _Routes(engine, settings, telemetry)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(bad(f"invalid request: {exc.errors()[:1]}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(ApiError(exc.status_code, str(exc.detail), code=str(exc.status_code)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}", type_="server_error"))
+
+    app.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", routes.chat, methods=["POST"])
+    app.add_api_route("/v1/models", routes.models, methods=["GET"])
+    app.add_api_route("/health", routes.health, methods=["GET"])
+    return telemetry.asgi(app) if telemetry is not None else app
+
+
+class _Routes:
+    def __init__(self, engine: Engine, settings: ApiSettings, telemetry: Any) -> None:
+        self.engine, self.settings, self.telemetry = engine, settings, telemetry
+
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._serve(request, chat=True)
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._authorize(request)
+        except ApiError as error:
+            return error_response(error)
+        card = {"id": self.settings.model_name, "object": "model", "created": 0, "owned_by": "phaselens",
+                "max_model_len": self.engine.max_model_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self) -> Response:
+        blocks = self.engine.blocks
+        return JSONResponse({"status": "ok", "running": self.engine.num_running, "waiting": self.engine.num_waiting,
+                             "kv_blocks_used": blocks.num_used, "kv_blocks_total": blocks.num_blocks})
+
+    async def _serve(self, request: Request, chat: bool) -> Response:
+        handle = self.telemetry.request(request.scope) if self.telemetry is not None else UNTRACED
+        try:
+            self._authorize(request)
+            parsed = (parse_chat if chat else parse_completion)(await self._read_json(request))
+            job = self._prepare(parsed, chat)
+            self._describe(handle, job, chat)
+            stream = OutputStream()
+            seq_id = self._submit(job, handle, stream)
+        except ApiError as error:
+            handle.fail(error_type=error.code or error.type, status_code=error.status)
+            return error_response(error)
+        if parsed.stream:
+            return EventStreamResponse(self._events(job, stream, handle, seq_id), media_type="text/event-stream",
+                                       headers={"Cache-Control": "no-cache"})
+        return await self._respond(request, job, stream, handle, seq_id)
+
+    def _authorize(self, request: Request) -> None:
+        token = self.settings.auth_token
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise ApiError(401, "missing or wrong bearer token", type_="authentication_error", code="invalid_api_key")
+
+    async def _read_json(self, request: Request) -> Any:
+        limit = self.settings.max_body_bytes
+        too_big = ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
+        declared = request.headers.get("content-length") or "0"
+        if not declared.isdigit():
+            raise bad("invalid Content-Length header")
+        if int(declared) > limit:
+            raise too_big
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise too_big
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise bad(f"the body is not valid JSON: {exc}") from None
+
+    def _prepare(self, parsed: ParsedRequest, chat: bool) -> Job:
+        """Tokenize and check lengths against the context; fill the OpenAI defaults."""
+        if parsed.model != self.settings.model_name:
+            raise bad(f"model {parsed.model!r} is not served here (serving {self.settings.model_name!r})",
+                      "model", code="model_not_found")
+        prompt_ids = self._tokenize(parsed, chat)
+        context = self.engine.max_model_len
+        room = context - len(prompt_ids)
+        if room < 1:
+            raise bad(f"the prompt has {len(prompt_ids)} tokens; the context is {context}",
+                      "messages" if chat else "prompt", code="context_length_exceeded")
+        max_tokens = parsed.max_tokens or (room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room))
+        if max_tokens > room:
+            raise bad(f"max_tokens {max_tokens} + prompt {len(prompt_ids)} tokens exceed the context {context}",
+                      "max_tokens", code="context_length_exceeded")
+        params = replace(parsed.sampling, max_tokens=max_tokens,
+                         reasoning_tokens=self.settings.reasoning_tokens if chat else 0)
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        return Job(prompt_ids, params, Envelope(request_id, parsed.model, chat, len(prompt_ids)), parsed)
+
+    def _tokenize(self, parsed: ParsedRequest, chat: bool) -> list[int]:
+        loaded = self.engine.runner.loaded
+        if isinstance(parsed.prompt, list):
+            vocab = loaded.model.config.vocab_size
+            if not all(0 <= t < vocab for t in parsed.prompt):
+                raise bad(f"token ids must be in [0, {vocab})", "prompt")
+            return list(parsed.prompt)
+        if chat:
+            text = chat_template.render(parsed.messages, loaded.tokenizer)
+            return loaded.tokenizer.encode(text, add_special_tokens=False)
+        return loaded.tokenizer.encode(parsed.prompt, add_special_tokens=loaded.add_special_tokens)
+
+    def _describe(self, handle: Any, job: Job, chat: bool) -> None:
+        parsed, params = job.parsed, job.params
+        handle.describe(operation=names.OP_CHAT if chat else names.OP_TEXT_COMPLETION, model=parsed.model,
+                        request_id=job.envelope.request_id, input_tokens=len(job.prompt_ids),
+                        max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+                        top_k=params.top_k, seed=params.seed, stream=parsed.stream,
+                        prompt=parsed.messages if chat else parsed.prompt)
+
+    def _submit(self, job: Job, handle: Any, stream: OutputStream) -> int:
+        try:
+            return self.engine.submit(job.prompt_ids, job.params, observer=handle, sink=stream.sink)
+        except QueueFullError as exc:
+            raise ApiError(503, str(exc), type_="server_overloaded", code="queue_full") from None
+        except ValueError as exc:
+            raise bad(str(exc), "max_tokens", code="context_length_exceeded") from None
+
+    async def _events(self, job: Job, stream: OutputStream, handle: Any, seq_id: int) -> AsyncIterator[bytes]:
+        """SSE body: role chunk (chat), deltas, finish chunk, usage chunk (if asked), [DONE]."""
+        envelope, finished, text = job.envelope, False, []
+        try:
+            if envelope.chat:
+                yield sse(envelope.chunk(role=True))
+            while True:
+                out = await stream.queue.get()
+                if out.finish_reason in (FINISH_ABORT, FINISH_ERROR):
+                    finished = True
+                    yield sse(self._engine_failure(out, handle).body())
+                    return
+                if out.reasoning or out.content:
+                    text.append(out.content)
+                    yield sse(envelope.chunk(out.reasoning, out.content))
+                if out.finish_reason:
+                    break
+            yield sse(envelope.chunk(finish_reason=out.finish_reason))
+            if job.parsed.include_usage:
+                yield sse(envelope.usage_chunk(out))
+            finished = True
+            self._complete(handle, out, "".join(text))
+            yield DONE
+        finally:
+            if not finished:
+                self.engine.abort(seq_id)
+
+    async def _respond(self, request: Request, job: Job, stream: OutputStream, handle: Any, seq_id: int) -> Response:
+        """Non-streaming: wait for the end, unless the client leaves first (then abort)."""
+        collect = asyncio.ensure_future(_collect(stream))
+        gone = asyncio.ensure_future(_disconnected(request))
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not collect.done():
+            collect.cancel()
+            self.engine.abort(seq_id)
+            return Response(status_code=499)
+        reasoning, content, final = collect.result()
+        if final.finish_reason in (FINISH_ABORT, FINISH_ERROR):
+            return error_response(self._engine_failure(final, handle))
+        self._complete(handle, final, content)
+        return JSONResponse(job.envelope.full(reasoning, content, final))
+
+    def _engine_failure(self, out: SeqOutput, handle: Any) -> ApiError:
+        if out.finish_reason == FINISH_ERROR:
+            error = ApiError(500, "the engine failed while running this request", type_="server_error",
+                             code="engine_error")
+        else:
+            error = ApiError(503, "the server is shutting down", type_="server_overloaded", code="shutting_down")
+        handle.fail(error_type=error.code, status_code=error.status)
+        return error
+
+    @staticmethod
+    def _complete(handle: Any, final: SeqOutput, completion: str) -> None:
+        handle.complete(output_tokens=final.output_tokens, finish_reason=final.finish_reason,
+                        cached_tokens=final.cached_tokens, reasoning_tokens=final.reasoning_tokens,
+                        completion=completion)
+
+
+async def _collect(stream: OutputStream) -> tuple[str, str, SeqOutput]:
+    reasoning, content = [], []
+    while True:
+        out = await stream.queue.get()
+        reasoning.append(out.reasoning)
+        content.append(out.content)
+        if out.finish_reason:
+            return "".join(reasoning), "".join(content), out
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

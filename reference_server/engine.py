@@ -1,0 +1,224 @@
+"""The serving loop: one thread running `schedule() → run() → postprocess()` while there is work.
+
+Other threads talk to it only through `submit()` and `abort()` (a locked inbox drained at the top
+of each iteration). Results go out through each sequence's `sink` on the loop thread; the API
+layer's sink hops to its event loop with `call_soon_threadsafe`.
+
+Phase stamps (observer calls) are taken on this thread: `prefill_chunk` spans the step that ran
+the chunk, `first_token`/`token` come after the step's single host sync (`.tolist()`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from instrumentation.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, NULL_REQUEST, NULL_STEP
+from instrumentation.observer import RequestObserver, StepObserver
+
+from reference_server.block_manager import BlockManager
+from reference_server.config import EngineConfig
+from reference_server.detokenizer import TextTracker
+from reference_server.model_runner import ModelRunner
+from reference_server.scheduler import Batch, Scheduler
+from reference_server.sequence import SamplingParams, SeqOutput, Sequence, Sink, _drop
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue holds `max_waiting` requests: the caller should answer 503."""
+
+
+@dataclass(slots=True)
+class EngineStats:
+    steps: int = 0
+    preemptions: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    finished: int = 0
+    aborted: int = 0
+    failed_steps: int = 0
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None,
+                 step_observer: StepObserver = NULL_STEP) -> None:
+        config.validate()
+        self.config = config
+        self.runner = runner or ModelRunner(config)
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.step_observer = step_observer
+        self.stats = EngineStats()
+        self._ids = itertools.count(1)
+        self._live: dict[int, Sequence] = {}
+        self._inbox: deque[Sequence] = deque()
+        self._aborts: deque[int] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def tokenizer(self):
+        return self.runner.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.runner.max_model_len
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._inbox) + len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               observer: RequestObserver = NULL_REQUEST, sink: Sink = _drop) -> int:
+        """Queue a request; returns its id. Raises QueueFullError or ValueError (too long)."""
+        if len(prompt_ids) + params.max_tokens > self.max_model_len or not prompt_ids:
+            raise ValueError(f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) must be "
+                             f"between 1 and the context length {self.max_model_len}")
+        seq = Sequence(seq_id=next(self._ids), token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids),
+                       params=params, observer=observer, sink=sink,
+                       text=TextTracker(self.runner.loaded.decode, params.reasoning_tokens, params.stop),
+                       generator=self.runner.generator_for(params.seed))
+        with self._lock:
+            if self.num_waiting >= self.config.max_waiting:
+                raise QueueFullError(f"waiting queue full ({self.config.max_waiting})")
+            self._inbox.append(seq)
+            observer.enqueued()
+        self._wake.set()
+        return seq.seq_id
+
+    def abort(self, seq_id: int) -> None:
+        """Cancel a request (client went away); its KV is freed at the top of the next iteration."""
+        with self._lock:
+            self._aborts.append(seq_id)
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; every request still in the engine finishes as aborted."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._drain()
+        for seq in list(self._live.values()):
+            self._finish(seq, FINISH_ABORT, SeqOutput())
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._wake.clear()
+            self._drain()
+            if not self.scheduler.has_work():
+                self._wake.wait(0.5)
+                continue
+            try:
+                self.step()
+            except Exception:  # a failed forward must not kill the loop: fail its batch, go on
+                log.exception("engine step failed")
+                self.stats.failed_steps += 1
+                self._fail_running()
+
+    def step(self) -> Batch:
+        """One iteration. Public so tests can drive the engine without the thread."""
+        self._drain()
+        start_ns = time.monotonic_ns()
+        batch = self.scheduler.schedule()
+        if batch.items:
+            ids = self.runner.run(batch)
+            self._postprocess(batch, ids, start_ns, time.monotonic_ns())
+        self.stats.preemptions += batch.preemptions
+        return batch
+
+    def _postprocess(self, batch: Batch, ids: list[int], start_ns: int, run_end_ns: int) -> None:
+        sampled = iter(ids)
+        for item in batch.items:
+            seq = item.seq
+            seq.num_computed += item.num_tokens
+            self.blocks.register_full_blocks(seq)
+            if item.prefill:
+                seq.observer.prefill_chunk(start_ns, run_end_ns, item.num_tokens, item.cached_tokens)
+            if item.samples:
+                self._append_token(seq, next(sampled))
+        self._record_step(batch, start_ns)
+
+    def _append_token(self, seq: Sequence, token_id: int) -> None:
+        seq.token_ids.append(token_id)
+        reason, out = self._check_finish(seq, token_id)
+        if seq.num_output_tokens == 1:
+            seq.observer.first_token()
+        else:
+            seq.observer.token(1)
+        if reason is None:
+            seq.sink(out)
+        else:
+            self._finish(seq, reason, out)
+
+    def _check_finish(self, seq: Sequence, token_id: int) -> tuple[str | None, SeqOutput]:
+        """finish reason (or None) and the text this token releases; EOS adds no text."""
+        out = SeqOutput(new_tokens=1)
+        if token_id in self.runner.loaded.eos_ids and not seq.params.ignore_eos:
+            return FINISH_STOP, out
+        delta = seq.text.push(token_id)
+        out.reasoning, out.content = delta.reasoning, delta.content
+        if delta.stopped:
+            return FINISH_STOP, out
+        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FINISH_LENGTH, out
+        return None, out
+
+    def _finish(self, seq: Sequence, reason: str, out: SeqOutput) -> None:
+        """Free the KV at once, flush held text, tell the observer, then the stream."""
+        self.scheduler.remove(seq)
+        self._live.pop(seq.seq_id, None)
+        if reason in (FINISH_STOP, FINISH_LENGTH):
+            rest = seq.text.finish()
+            out.reasoning += rest.reasoning
+            out.content += rest.content
+        seq.finish_reason = reason
+        out.finish_reason = reason
+        out.output_tokens = seq.num_output_tokens
+        out.reasoning_tokens = min(seq.num_output_tokens, seq.params.reasoning_tokens)
+        out.cached_tokens = seq.cached_tokens
+        self.stats.finished += reason != FINISH_ABORT
+        self.stats.aborted += reason == FINISH_ABORT
+        seq.observer.finished(reason)
+        seq.sink(out)
+
+    def _record_step(self, batch: Batch, start_ns: int) -> None:
+        prefill, decode = batch.prefill_tokens, batch.decode_tokens
+        self.stats.steps += 1
+        self.stats.prefill_tokens += prefill
+        self.stats.decode_tokens += decode
+        self.step_observer.step(start_ns, time.monotonic_ns(), prefill, decode, self.blocks.num_used,
+                                self.blocks.num_blocks, batch.preemptions, self.num_waiting,
+                                [i.seq.observer for i in batch.items])
+
+    def _drain(self) -> None:
+        with self._lock:
+            arrived, self._inbox = self._inbox, deque()
+            aborted, self._aborts = self._aborts, deque()
+        for seq in arrived:
+            self._live[seq.seq_id] = seq
+            self.scheduler.add(seq)
+        for seq_id in aborted:
+            seq = self._live.get(seq_id)
+            if seq is not None:
+                self._finish(seq, FINISH_ABORT, SeqOutput())
+
+    def _fail_running(self) -> None:
+        for seq in list(self.scheduler.running):
+            self._finish(seq, FINISH_ERROR, SeqOutput())

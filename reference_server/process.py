@@ -1,0 +1,104 @@
+"""The `phaselens serve` process: engine + telemetry + HTTP server, READY line, clean shutdown.
+
+Start-up order: load the model → start the engine loop → bind the socket (port 0 picks a free
+one) → serve → print `READY server http://HOST:PORT` once uvicorn accepts. SIGTERM/SIGINT stop
+uvicorn gracefully; then the engine stops (requests still inside finish as aborted) and the
+telemetry flushes its spans. Exit status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+
+import uvicorn
+
+from reference_server.api import ApiSettings, create_app
+from reference_server.config import EngineConfig
+from reference_server.engine import Engine
+
+SERVICE_NAME = "phaselens-server"
+
+
+@dataclass(slots=True)
+class ServeOptions:
+    engine: EngineConfig
+    host: str = "127.0.0.1"
+    port: int = 8000
+    reasoning_tokens: int = 0
+    auth_token: str | None = None
+    insecure: bool = False
+    telemetry: bool = True
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(options: ServeOptions) -> None:
+    """A non-loopback address needs a bearer token, or an explicit --insecure."""
+    if not is_loopback(options.host) and not options.auth_token and not options.insecure:
+        raise ValueError(f"--host {options.host} is not loopback: give --auth-token (or --insecure)")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def serve(options: ServeOptions) -> int:
+    check_exposure(options)
+    engine = Engine(options.engine)  # loads the model: bad flags fail here, before anything starts
+    sock = bind(options.host, options.port)
+    telemetry = _telemetry() if options.telemetry else None
+    if telemetry is not None:
+        engine.step_observer = telemetry.step_observer
+    settings = ApiSettings(model_name=engine.runner.loaded.name, reasoning_tokens=options.reasoning_tokens,
+                           auth_token=options.auth_token)
+    app = create_app(engine, settings, telemetry)
+    engine.start()
+    try:
+        asyncio.run(_run(app, sock))
+    finally:
+        engine.stop()
+        sock.close()
+        if telemetry is not None:
+            telemetry.shutdown()
+    return 0
+
+
+def _telemetry():
+    from instrumentation.server import ServerTelemetry
+
+    return ServerTelemetry.from_env(SERVICE_NAME)
+
+
+async def _run(app, sock: socket.socket) -> None:
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signals it caught after shutdown; keep them from killing us mid-cleanup.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"READY server http://{shown}:{port}", flush=True)
+    await task
+    sys.stdout.flush()

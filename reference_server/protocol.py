@@ -1,0 +1,154 @@
+"""OpenAI request bodies → validated engine parameters; OpenAI-shaped errors.
+
+Only what the engine implements is accepted: `n` must be 1, `best_of`/`logprobs`/`echo`/`tools`
+are refused with a 400 naming the parameter rather than silently ignored. Unknown extra fields
+are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference_server.sequence import SamplingParams
+
+MAX_STOP_STRINGS = 4
+ROLES = ("system", "user", "assistant", "developer", "tool")
+UNSUPPORTED = ("best_of", "echo", "logprobs", "top_logprobs", "tools", "functions", "suffix", "logit_bias")
+
+
+class ApiError(Exception):
+    """Becomes `{"error": {"message", "type", "param", "code"}}` with `status`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param, code=code)
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    """A request body, checked. `prompt` is text, or token ids; `messages` for chat. `sampling`
+    still lacks max_tokens (None here means the default, which depends on the prompt length)."""
+
+    model: str
+    sampling: SamplingParams
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    max_tokens: int | None = None
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(f"{name} must be a number", name)
+    if value < low or value > high or (low_open and value == low):
+        raise bad(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {value}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, low: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"{name} must be an integer", name)
+    if low is not None and value < low:
+        raise bad(f"{name} must be >= {low}, got {value}", name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad("stop must be a non-empty string or a list of them", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
+    return tuple(stops)
+
+
+def _common(body: Any, max_tokens_key: str) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    for name in UNSUPPORTED:
+        if body.get(name) not in (None, False, 0):
+            raise bad(f"{name} is not supported by this server", name)
+    if body.get("n", 1) != 1:
+        raise bad("only n=1 is supported", "n")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model is required", "model")
+    stream = body.get("stream") or False
+    options = body.get("stream_options") or {}
+    if not isinstance(stream, bool) or not isinstance(options, dict):
+        raise bad("stream must be a boolean and stream_options an object", "stream")
+    if options and not stream:
+        raise bad("stream_options is only allowed with stream=true", "stream_options")
+    top_k = _integer(body, "top_k", low=-1)
+    sampling = SamplingParams(
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        top_k=max(top_k or 0, 0),  # -1 (vLLM) and 0 both mean off
+        seed=_integer(body, "seed"),
+        stop=_stop(body),
+        ignore_eos=bool(body.get("ignore_eos", False)),
+    )
+    return ParsedRequest(
+        model=model,
+        sampling=sampling,
+        max_tokens=_integer(body, max_tokens_key, low=1),
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+    )
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    parsed = _common(body, "max_tokens")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    is_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) or is_ids) or not prompt:
+        raise bad("prompt must be a non-empty string or a list of token ids (one prompt per request)", "prompt")
+    parsed.prompt = prompt
+    return parsed
+
+
+def parse_chat(body: Any) -> ParsedRequest:
+    parsed = _common(body, "max_completion_tokens")
+    if parsed.max_tokens is None:
+        parsed.max_tokens = _integer(body, "max_tokens", low=1)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages must be a non-empty list", "messages")
+    parsed.messages = [_message(m, i) for i, m in enumerate(messages)]
+    return parsed
+
+
+def _message(message: Any, index: int) -> dict[str, str]:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        raise bad(f"{param} must be an object with role in {ROLES}", param)
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: only text is understood
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise bad(f"{param}.content: only text parts are supported", f"{param}.content")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise bad(f"{param}.content must be a string", f"{param}.content")
+    return {"role": message["role"], "content": content}

@@ -1,0 +1,150 @@
+"""Iteration-level scheduling: which sequences run this step, and how many tokens each computes.
+
+Every step has a token budget (`max_num_batched_tokens`) and a seat limit (`max_num_seqs`).
+
+- `mixed` (Sarathi-style): running decodes first (1 token each), then the unfinished prefills,
+  then newly admitted prompts fill what is left of the budget in chunks; decodes never stall
+  behind a long prompt.
+- `prefill-first`: any prefill work takes the step (chunks up to the budget); decodes run only in
+  steps without prefill work, so a long prompt stalls every running decode (visible in the spans).
+
+When a decode needs a new block and none is free, the newest running sequence is preempted by
+recompute: its blocks are freed and it goes back to the front of the waiting queue with its
+output so far; re-admission recomputes its KV (often from the prefix cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from reference_server.block_manager import BlockManager
+from reference_server.config import POLICY_MIXED, EngineConfig
+from reference_server.sequence import SeqStatus, Sequence
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens whose KV this step computes
+    prefill: bool
+    cached_tokens: int = 0  # prefix-cache hits of this admission (first chunk only)
+    samples: bool = True  # a decode, or the chunk that ends the prefill: the step yields a token
+
+    @classmethod
+    def prefill_chunk(cls, seq: Sequence, num_tokens: int, cached_tokens: int = 0) -> "ScheduledSeq":
+        ends = seq.num_computed + num_tokens == seq.prefill_target
+        return cls(seq, num_tokens, prefill=True, cached_tokens=cached_tokens, samples=ends)
+
+
+@dataclass(slots=True)
+class Batch:
+    items: list[ScheduledSeq] = field(default_factory=list)
+    preemptions: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(i.num_tokens for i in self.items if i.prefill)
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(i.num_tokens for i in self.items if not i.prefill)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch:
+        batch = Batch()
+        budget = self.config.max_num_batched_tokens
+        if self.config.policy == POLICY_MIXED:
+            budget = self._schedule_decodes(batch, budget)
+            budget = self._schedule_running_prefills(batch, budget)
+            self._admit_waiting(batch, budget)
+            return batch
+        budget = self._schedule_running_prefills(batch, budget)
+        budget = self._admit_waiting(batch, budget)
+        if not batch.items:
+            self._schedule_decodes(batch, budget)
+        return batch
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of the queues and free its KV at once."""
+        if seq.status == SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def _schedule_decodes(self, batch: Batch, budget: int) -> int:
+        for seq in [s for s in self.running if not s.in_prefill]:
+            if budget == 0:
+                break
+            if seq.status != SeqStatus.RUNNING or not self._make_room(seq, batch):
+                continue
+            self.blocks.append(seq)
+            batch.items.append(ScheduledSeq(seq, 1, prefill=False))
+            budget -= 1
+        return budget
+
+    def _make_room(self, seq: Sequence, batch: Batch) -> bool:
+        """Preempt the newest unscheduled sequences until `seq` can grow; False if `seq` itself went."""
+        scheduled = {id(i.seq) for i in batch.items}
+        while not self.blocks.can_append(seq):
+            victims = [s for s in self.running if id(s) not in scheduled]
+            victim = victims[-1]
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, batch: Batch) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        batch.preemptions += 1
+        seq.observer.preempted()
+
+    def _schedule_running_prefills(self, batch: Batch, budget: int) -> int:
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.in_prefill:
+                n = min(seq.tokens_to_compute, budget)
+                batch.items.append(ScheduledSeq.prefill_chunk(seq, n))
+                budget -= n
+        return budget
+
+    def _admit_waiting(self, batch: Batch, budget: int) -> int:
+        """Admit from the head of the queue (FIFO, no overtaking). While others run, 1% of the
+        blocks stay free for their decodes, so a new prompt is not admitted only to be preempted."""
+        reserve = max(1, self.blocks.num_blocks // 100)
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.blocks.can_admit(seq, reserve if self.running else 0):
+                break
+            self.waiting.popleft()
+            cached = self.blocks.admit(seq)
+            seq.num_computed, seq.prefill_target = cached, seq.num_tokens
+            if seq.num_output_tokens == 0:
+                seq.cached_tokens = cached
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            seq.observer.scheduled()
+            n = min(seq.tokens_to_compute, budget)
+            batch.items.append(ScheduledSeq.prefill_chunk(seq, n, cached))
+            budget -= n
+        return budget

@@ -1,0 +1,55 @@
+"""`phaselens serve` as a process: READY line, real requests, clean exit 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from reference_server.config import EngineConfig
+from reference_server.process import ServeOptions, check_exposure
+
+
+def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+    proc = subprocess.Popen([sys.executable, "-m", "phaselens", "serve", "--model", "tiny", "--port", "0",
+                             "--max-num-seqs", "8", "--kv-cache-tokens", "2048", "--policy", "prefill-first"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY server http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
+        url = line.split()[-1]
+        reply = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3,
+                                                           "ignore_eos": True}, timeout=30)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("host,token,insecure,ok", [
+    ("127.0.0.1", None, False, True), ("::1", None, False, True), ("localhost", None, False, True),
+    ("0.0.0.0", None, False, False), ("0.0.0.0", "t", False, True), ("10.1.2.3", None, True, True),
+])
+def test_non_loopback_host_needs_a_token(host, token, insecure, ok):
+    options = ServeOptions(engine=EngineConfig(), host=host, auth_token=token, insecure=insecure)
+    if ok:
+        check_exposure(options)
+    else:
+        with pytest.raises(ValueError, match="auth-token"):
+            check_exposure(options)
+
+
+def test_bad_engine_flags_are_refused():
+    with pytest.raises(ValueError, match="policy"):
+        EngineConfig(policy="fifo").validate()
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        EngineConfig(max_num_seqs=0).validate()
