@@ -9,8 +9,21 @@ prefix caching, preemption by recompute, and an OpenAI-compatible FastAPI front 
     engine.stop()
 """
 
-from reference_server.config import EngineConfig
-from reference_server.engine import Engine, QueueFullError
-from reference_server.sequence import SamplingParams, SeqOutput
+import importlib
 
-__all__ = ["Engine", "EngineConfig", "QueueFullError", "SamplingParams", "SeqOutput"]
+# Resolved on first use (PEP 562): `phaselens serve --help` and every other subcommand import
+# `reference_server.config` without paying for torch and transformers.
+_EXPORTS = {
+    "Engine": "reference_server.engine",
+    "QueueFullError": "reference_server.engine",
+    "EngineConfig": "reference_server.config",
+    "SamplingParams": "reference_server.sequence",
+    "SeqOutput": "reference_server.sequence",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'reference_server' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
