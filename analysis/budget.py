@@ -1,0 +1,226 @@
+"""The latency budget as Python objects: two queries, rendered from `analysis.queries`: the summary
+(percentiles, shares, goodput, tail attribution: one pass over the per-request facts) and the decode
+stalls (one pass over the engine steps).
+
+Shares: a component's statistic divided by the TTFT statistic of the same kind (client TTFT where
+any request has a client view, else server TTFT). For the mean the shares of the five terms sum to
+1 over requests with both views (mean is linear); percentiles of parts do not add up to the
+percentile of the whole, so p50/p90/p99 shares are ratios, not a partition.
+
+Tail attribution: requests with TTFT above its p99 (`ttft_ms`: client TTFT, else server TTFT);
+for each component, delta = mean over the tail − median over all requests; the component with the
+largest delta is the one that grew.
+
+Goodput = requests completed OK and meeting every SLO given / window_s, where window_s runs from
+the first request received to the last response closed (server clock). Attainment = good / requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+
+from analysis import queries as q
+from analysis.dialect import QueryError
+
+
+class AnalysisError(RuntimeError):
+    """ClickHouse unreachable, schema missing, or a bad filter: a one-line message for the user."""
+
+
+@dataclass(slots=True)
+class Stat:
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+
+    def ratio(self, whole: "Stat") -> "Stat":
+        return Stat(*(_div(a, b) for a, b in zip(self.values(), whole.values())))
+
+    def values(self) -> tuple:
+        return self.p50, self.p90, self.p99, self.mean
+
+
+@dataclass(slots=True)
+class ComponentBudget:
+    name: str
+    ms: Stat
+    share: Stat
+
+
+@dataclass(slots=True)
+class TailComponent:
+    name: str
+    tail_mean_ms: float | None
+    median_ms: float | None
+    delta_ms: float | None
+    share_of_growth: float | None  # delta / (tail TTFT mean − median TTFT)
+
+
+@dataclass(slots=True)
+class TailAttribution:
+    threshold_ms: float | None
+    requests: int
+    ttft_tail_mean_ms: float | None
+    ttft_median_ms: float | None
+    components: list[TailComponent]
+    grew_most: str | None
+
+
+@dataclass(slots=True)
+class Goodput:
+    ttft_slo_ms: float | None
+    tpot_slo_ms: float | None
+    good_requests: int
+    window_s: float | None
+    goodput_rps: float | None
+    attainment: float | None
+
+
+@dataclass(slots=True)
+class DecodeStalls:
+    baseline_ms: float | None
+    steps: int
+    decode_steps: int
+    mixed_steps: int
+    stall_ms: float
+    request_stall_ms: float
+    delayed_decodes: int
+
+
+@dataclass(slots=True)
+class BudgetReport:
+    requests: int
+    with_client: int
+    with_server: int
+    errors: int
+    reference: str  # which TTFT the shares divide by: "client" or "server"
+    components: list[ComponentBudget]
+    distributions: dict[str, Stat]
+    tail: TailAttribution | None
+    goodput: Goodput
+    stalls: DecodeStalls
+    filters: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def open_client(url: str):
+    """A clickhouse-connect client for `url`, or AnalysisError saying ClickHouse is unreachable."""
+    from collectors.clickhouse_url import connect
+
+    # clickhouse-connect also logs a failed connect; the one-line error below says it all
+    logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
+    try:
+        return connect(url)
+    except ValueError as e:
+        raise AnalysisError(str(e)) from None
+    except Exception as e:
+        text = str(e)
+        refused = "NewConnectionError" in text or "refused" in text.lower()
+        reason = "connection refused" if refused else text.splitlines()[0][:160]
+        raise AnalysisError(f"cannot reach ClickHouse at {url} ({reason})") from None
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """`ttft:200,tpot:50` → {"ttft_slo_ms": 200.0, "tpot_slo_ms": 50.0}."""
+    out: dict[str, float] = {}
+    for item in filter(None, (text or "").split(",")):
+        key, _, value = item.partition(":")
+        if key.strip() not in ("ttft", "tpot"):
+            raise AnalysisError(f"--slo takes ttft:MS,tpot:MS, not {item!r}")
+        try:
+            out[f"{key.strip()}_slo_ms"] = float(value)
+        except ValueError:
+            raise AnalysisError(f"--slo value must be a number of ms, not {value!r}") from None
+    return out
+
+
+def _div(a, b):
+    return a / b if a is not None and b not in (None, 0) and not _nan(a) and not _nan(b) else None
+
+
+def _nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def _clean(x):
+    return None if x is None or _nan(x) else x
+
+
+def _run(client, name: str, filters: dict) -> dict:
+    """One row of a named query as {column: value}; ClickHouse errors become AnalysisError."""
+    try:
+        sql, params = q.render_cli(name, **filters)
+        result = client.query(sql, parameters=params)
+    except QueryError as e:
+        raise AnalysisError(str(e)) from None
+    except Exception as e:  # clickhouse-connect raises DatabaseError/OperationalError subclasses
+        raise AnalysisError(_explain(e, filters.get("database", "otel"))) from None
+    return dict(zip(result.column_names, result.result_rows[0])) if result.result_rows else {}
+
+
+def _explain(error: Exception, database: str) -> str:
+    text = str(error)
+    if "UNKNOWN_TABLE" in text or "UNKNOWN_DATABASE" in text or "Code: 60" in text or "Code: 81" in text:
+        return (f"the phaselens schema is missing in database {database!r}: "
+                "run `phaselens schema apply --clickhouse URL` first")
+    return f"ClickHouse query failed: {text.splitlines()[0][:300]}"
+
+
+def _stat(row: dict, name: str) -> Stat:
+    qs = row.get(f"{name}_q") or []
+    values = [_clean(v) for v in qs] + [None] * (3 - len(qs))
+    return Stat(*values[:3], _clean(row.get(f"{name}_mean")))
+
+
+def budget(client, database: str = "otel", service: str | None = None, model: str | None = None,
+           since: str | None = "15m", slo: dict | str | None = None, approx: bool = False) -> BudgetReport:
+    """The whole budget for the selection (two queries). `slo`: {"ttft_slo_ms": …,
+    "tpot_slo_ms": …} or "ttft:MS,tpot:MS"; `since=None` means all time."""
+    slos = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
+    filters = {"database": database, "service": service, "model": model, "since": since,
+               "approx": approx or None, **slos}
+    row = _run(client, "budget_summary", filters)
+    dists = {name: _stat(row, name) for name, _ in q.DISTRIBUTIONS}
+    reference = "client" if row.get("with_client") else "server"
+    whole = dists[f"{reference}_ttft_ms"]
+    components = [ComponentBudget(name, dists[name], dists[name].ratio(whole)) for name, _ in q.COMPONENTS]
+    requests = int(row.get("requests") or 0)
+    return BudgetReport(
+        requests=requests, with_client=int(row.get("with_client") or 0),
+        with_server=int(row.get("with_server") or 0), errors=int(row.get("errors") or 0),
+        reference=reference, components=components, distributions=dists,
+        tail=_tail(row, dists) if requests else None, goodput=_goodput(row, slos, requests),
+        stalls=_stalls(_run(client, "decode_stalls", filters)),
+        filters={k: v for k, v in filters.items() if v is not None})
+
+
+def _stalls(row: dict) -> DecodeStalls:
+    counts = (int(row.get(k) or 0) for k in ("steps", "decode_steps", "mixed_steps"))
+    return DecodeStalls(_clean(row.get("baseline_ms")), *counts, float(row.get("stall_ms") or 0.0),
+                        float(row.get("request_stall_ms") or 0.0), int(row.get("delayed_decodes") or 0))
+
+
+def _goodput(row: dict, slos: dict, requests: int) -> Goodput:
+    good = int(row.get("good") or 0)
+    window = _clean(row.get("window_s")) if row.get("with_server") else None
+    return Goodput(slos.get("ttft_slo_ms"), slos.get("tpot_slo_ms"), good, window,
+                   _div(good, window), _div(good, requests))
+
+
+def _tail(row: dict, dists: dict[str, Stat]) -> TailAttribution:
+    tail_ttft, median_ttft = _clean(row.get("ttft_tail_mean")), dists["ttft_ms"].p50
+    growth = None if tail_ttft is None or median_ttft is None else tail_ttft - median_ttft
+    comps = []
+    for name, _ in q.COMPONENTS:
+        tail_mean, median = _clean(row.get(f"{name}_tail_mean")), dists[name].p50
+        delta = None if tail_mean is None or median is None else tail_mean - median
+        comps.append(TailComponent(name, tail_mean, median, delta, _div(delta, growth)))
+    ranked = [c for c in comps if c.delta_ms is not None]
+    grew_most = max(ranked, key=lambda c: c.delta_ms).name if ranked else None
+    return TailAttribution(_clean(row.get("threshold_ms")), int(row.get("tail_requests") or 0), tail_ttft,
+                           median_ttft, comps, grew_most)

@@ -1,0 +1,92 @@
+"""A BudgetReport as text: rich tables, JSON, or CSV (one `key,value` row per figure)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from rich.console import Group
+from rich.table import Table
+
+from analysis.budget import BudgetReport, Stat
+
+TPOT_ITL = ("client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms", "server_itl_p99_ms",
+            "client_e2e_ms", "server_e2e_ms", "stall_ms", "queue_all_waits_ms")
+
+
+def _ms(x) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _stat_cells(stat: Stat) -> list[str]:
+    return [_ms(v) for v in stat.values()]
+
+
+def _table(title: str, headers: list[str]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    return table
+
+
+def to_rich(report: BudgetReport) -> Group:
+    ref = f"{report.reference}_ttft_ms"
+    budget = _table(f"TTFT budget ({report.requests} requests, {report.with_client} with a client view, "
+                    f"{report.errors} errors; shares of {report.reference} TTFT)",
+                    ["term (ms)", "p50", "p90", "p99", "mean", "share p50", "share p99", "share mean"])
+    for c in report.components:
+        budget.add_row(c.name, *_stat_cells(c.ms), _pct(c.share.p50), _pct(c.share.p99), _pct(c.share.mean))
+    for name in ("client_ttft_ms", "server_ttft_ms", "client_ttfo_ms"):
+        style = "bold" if name == ref else None
+        budget.add_row(name, *_stat_cells(report.distributions[name]), "", "", "", style=style)
+    tpot = _table("TPOT / ITL / e2e (ms)", ["statistic", "p50", "p90", "p99", "mean"])
+    for name in TPOT_ITL:
+        tpot.add_row(name, *_stat_cells(report.distributions[name]))
+    parts = [budget, tpot]
+    if report.tail is not None:
+        t = report.tail
+        tail = _table(f"Tail: {t.requests} requests with TTFT > p99 = {_ms(t.threshold_ms)} ms "
+                      f"(mean {_ms(t.ttft_tail_mean_ms)} vs median {_ms(t.ttft_median_ms)}); "
+                      f"grew most: {t.grew_most}", ["term", "tail mean", "median", "delta", "share of growth"])
+        for c in t.components:
+            tail.add_row(c.name, _ms(c.tail_mean_ms), _ms(c.median_ms), _ms(c.delta_ms), _pct(c.share_of_growth))
+        parts.append(tail)
+    g, s = report.goodput, report.stalls
+    slo = f"SLO ttft ≤ {_ms(g.ttft_slo_ms)} ms, tpot ≤ {_ms(g.tpot_slo_ms)} ms"
+    parts.append(f"goodput: {g.good_requests} good requests, {_ms(g.goodput_rps)} req/s over {_ms(g.window_s)} s, "
+                 f"attainment {_pct(g.attainment)} ({slo})")
+    parts.append(f"decode stalls from prefill: {s.mixed_steps} of {s.decode_steps} decode steps carried prefill; "
+                 f"+{_ms(s.stall_ms)} ms engine time vs a {_ms(s.baseline_ms)} ms decode-only step; "
+                 f"{_ms(s.request_stall_ms)} request-ms of delayed tokens ({s.delayed_decodes} tokens)")
+    return Group(*parts)
+
+
+def to_json(report: BudgetReport) -> str:
+    return json.dumps(report.to_dict(), indent=2, default=str)
+
+
+def _flatten(prefix: str, value, out: list) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            key = v.get("name", i) if isinstance(v, dict) else i
+            _flatten(f"{prefix}.{key}", v, out)
+    else:
+        out.append((prefix, value))
+
+
+def to_csv(report: BudgetReport) -> str:
+    rows: list = []
+    _flatten("", report.to_dict(), rows)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(("key", "value"))
+    writer.writerows(("" if v is None else v for v in row) for row in rows)
+    return buf.getvalue()

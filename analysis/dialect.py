@@ -1,0 +1,109 @@
+"""The two renderings of one query template: ClickHouse bound parameters (CLI, Python API, report)
+and Grafana macros/variables (dashboards).
+
+A template is a function `template(d) -> str` that asks its dialect `d` for every piece that is a
+user value or a time range; it never formats a user value itself. `CliDialect` answers with
+server-side parameters `{name:Type}` and records their values; `GrafanaDialect` with `$__timeFilter`,
+`$__timeInterval`, `$__interval_s`, `$__conditionalAll` and `${var}`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from collectors.schema import ident
+
+_DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+class QueryError(ValueError):
+    """A bad filter value or an unknown query; the message says which."""
+
+
+def duration_ms(text: str | int | float) -> int:
+    """`15m` → 900000; a bare number is seconds."""
+    if isinstance(text, (int, float)):
+        return int(text * 1000)
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise QueryError(f"a duration looks like 500ms, 30s, 15m, 2h or 7d, not {text!r}")
+    return int(float(m["n"]) * _UNIT_MS[m["unit"]])
+
+
+@dataclass(slots=True)
+class CliDialect:
+    """Bound parameters only. `filters` holds the user's values; `parameters` what the SQL binds."""
+
+    filters: dict
+    database: str = "otel"
+    parameters: dict = field(default_factory=dict)
+
+    def table(self, name: str) -> str:
+        ident(self.database)  # validates; the name still travels as a bound Identifier
+        self.parameters["database"] = self.database
+        return f"{{database:Identifier}}.{name}"
+
+    def time_filter(self, column: str) -> str:
+        since = self.filters.get("since")
+        if since is None:
+            return "1"
+        self.parameters["since_ms"] = duration_ms(since)
+        return f"{column} >= now64(9) - toIntervalMillisecond({{since_ms:UInt64}})"
+
+    def time_bucket(self, column: str) -> str:
+        return f"toStartOfInterval({column}, toIntervalSecond({self.bucket_seconds()}))"
+
+    def bucket_seconds(self) -> str:
+        self.parameters["bucket_s"] = max(1, int(self.filters.get("bucket_s") or 10))
+        return "{bucket_s:UInt32}"
+
+    def match(self, var: str, column: str) -> str:
+        value = self.filters.get(var)
+        if value is None:
+            return "1"
+        self.parameters[var] = str(value)
+        return f"{column} = {{{var}:String}}"
+
+    def value(self, var: str, ch_type: str, default=None) -> str:
+        self.parameters[var] = self.filters.get(var, default)
+        return f"{{{var}:{ch_type}}}"
+
+    def limit(self, default: int) -> str:
+        return self.value("limit", "UInt32", int(self.filters.get("limit") or default))
+
+    def approximate(self) -> bool:
+        """t-digest percentiles instead of exact ones (the `approx` filter)."""
+        return bool(self.filters.get("approx"))
+
+
+@dataclass(slots=True)
+class GrafanaDialect:
+    """Grafana's ClickHouse plugin macros and dashboard variables; no values of its own."""
+
+    database: str = "otel"
+
+    def table(self, name: str) -> str:
+        return f"{ident(self.database)}.{name}"
+
+    def time_filter(self, column: str) -> str:
+        return f"$__timeFilter({column})"
+
+    def time_bucket(self, column: str) -> str:
+        return f"$__timeInterval({column})"
+
+    def bucket_seconds(self) -> str:
+        return "$__interval_s"
+
+    def match(self, var: str, column: str) -> str:
+        return f"$__conditionalAll({column} IN (${{{var}:singlequote}}), ${var})"
+
+    def value(self, var: str, ch_type: str, default=None) -> str:
+        return f"'${{{var}}}'" if ch_type == "String" else f"${{{var}}}"
+
+    def limit(self, default: int) -> str:
+        return str(default)
+
+    def approximate(self) -> bool:
+        return False

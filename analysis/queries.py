@@ -1,0 +1,392 @@
+"""Every analysis query, in one place (contract D): the CLI, the Python API, the report and the
+Grafana dashboards render these templates; nobody copies their SQL.
+
+    render_cli(name, **filters) -> (sql, parameters)   # bound server-side parameters only
+    render_grafana(name, database="otel") -> str       # Grafana macros and ${variables}
+    PANEL_COLUMNS[name]                                # the columns a panel query returns
+
+Filters (CLI): database, service, model, since ("15m"; None = all time), bucket_s, limit,
+ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
+
+Budget terms (design §1), each a duration on one clock, from `phaselens_request_facts`:
+    TTFT_client = ingress + queue + prefill + first_token + residual,
+    residual = client_ttft − server_ttft (network both ways + client overhead).
+The queue term is `ttft_queue_ms`, the waits before the first token; `queue_ms` counts all waits.
+A request's TTFT for ranking and SLOs is the client's when there is a client span, else the server's
+(`ttft_ms`); likewise `tpot_ms`.
+
+Decode stalls caused by prefill (from `phaselens_steps`):
+    decode-only step:  prefill_tokens = 0 and decode_tokens > 0
+    mixed step:        prefill_tokens > 0 and decode_tokens > 0
+    baseline_ms      = median (linear interpolation) of decode-only step durations in the selection
+    extra_ms(s)      = max(0, duration_ms(s) − baseline_ms), for a mixed step s
+    stall_ms         = Σ_s extra_ms(s)                     (engine time lost to prefill work)
+    request_stall_ms = Σ_s decode_tokens(s) × extra_ms(s)  (each decoding request in the batch got
+                       its next token extra_ms later: one decode token per request per step)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from analysis.dialect import CliDialect, GrafanaDialect, QueryError
+from analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, STEPS_VIEW
+from collectors.schema import TRACE_ID_TS_TABLE, TRACES_TABLE
+from instrumentation import names as n
+
+LEVELS = (0.5, 0.9, 0.99)
+LEVEL_LABELS = ("p50", "p90", "p99")
+# Budget components: (name shown, facts column), in TTFT order.
+COMPONENTS = (("ingress_ms", "ingress_ms"), ("queue_ms", "ttft_queue_ms"), ("prefill_ms", "prefill_ms"),
+              ("first_token_ms", "first_token_ms"), ("residual_ms", "residual_ms"))
+# Every distribution the budget reports: (name, expression over the facts view).
+DISTRIBUTIONS = (("ttft_ms", "ttft_ms"), ("client_ttft_ms", "client_ttft_ms"), ("server_ttft_ms", "server_ttft_ms"),
+                 ("client_ttfo_ms", "client_ttfo_ms"), *COMPONENTS,
+                 ("client_tpot_ms", "client_tpot_ms"), ("server_tpot_ms", "server_tpot_ms"),
+                 ("client_itl_p99_ms", "client_itl_p99_ms"), ("server_itl_p99_ms", "itl_p99_ms"),
+                 ("client_e2e_ms", "client_e2e_ms"), ("server_e2e_ms", "server_e2e_ms"),
+                 ("stall_ms", "stall_ms"), ("queue_all_waits_ms", "queue_ms"))
+ERROR = "status = 'error'"
+
+
+def _quantiles(d, expr: str) -> str:
+    fn = "quantilesTDigest" if d.approximate() else "quantilesExactInclusive"
+    return f"{fn}({', '.join(map(str, LEVELS))})({expr})"
+
+
+def _where(*conditions: str) -> str:
+    """Conditions joined by AND; a filter the user did not set renders as `1` and is left out."""
+    return "WHERE " + (" AND ".join(c for c in conditions if c != "1") or "1")
+
+
+def _requests(d) -> str:
+    """FROM + WHERE of the per-request facts under the time, service and model filters."""
+    return (f"FROM {d.table(FACTS_VIEW)}\n"
+            + _where(d.time_filter("start_time"), d.match("service", "service"), d.match("model", "model")))
+
+
+def _steps(d) -> str:
+    return f"FROM {d.table(STEPS_VIEW)}\n" + _where(d.time_filter("time"), d.match("service", "service"))
+
+
+def _meets_slo(d) -> str:
+    ttft = d.value("ttft_slo_ms", "Nullable(Float64)")
+    tpot = d.value("tpot_slo_ms", "Nullable(Float64)")
+    return (f"status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft} IS NULL OR ttft_ms <= {ttft}) "
+            f"AND ({tpot} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot})")
+
+
+def _window_s() -> str:
+    """Seconds from the first request received to the last response closed, on the server clock."""
+    return ("greatest((toUnixTimestamp64Nano(max(server_end_time)) "
+            "- toUnixTimestamp64Nano(min(server_start_time))) / 1e9, 1e-9)")
+
+
+def _series(d, time_col: str, source: str, selects: list[str]) -> str:
+    """One row per time bucket of `time_col` (Grafana time-series format: `time` first)."""
+    body = ",\n    ".join(selects)
+    return (f"SELECT {d.time_bucket('bucket_start')} AS time,\n    {body}\n"
+            f"FROM (SELECT *, {time_col} AS bucket_start {source})\nGROUP BY time\nORDER BY time")
+
+
+# --- budget (Python API, CLI) -------------------------------------------------------------
+
+def _tail_columns() -> list[str]:
+    """Tail attribution in the same pass: the p99 of TTFT, then, over the requests above it, the
+    mean TTFT and the mean of each component (rows kept as compact tuples, filtered once)."""
+    exprs = ", ".join(expr for _, expr in COMPONENTS)
+    cols = ["quantileExactInclusive(0.99)(ttft_ms) AS threshold_ms",
+            f"arrayFilter(r -> r.1 > threshold_ms, groupArrayIf(tuple(ttft_ms, {exprs}), ttft_ms IS NOT NULL)) "
+            "AS tail_rows",
+            "length(tail_rows) AS tail_requests", f"{_mean_of('arrayMap(r -> r.1, tail_rows)')} AS ttft_tail_mean"]
+    return cols + [f"{_mean_of(f'arrayMap(r -> r.{i + 2}, tail_rows)')} AS {name}_tail_mean"
+                   for i, (name, _) in enumerate(COMPONENTS)]
+
+
+def _mean_of(array: str) -> str:
+    """Mean of the non-NULL elements of an array (NaN when there is none)."""
+    return f"arrayAvg(arrayMap(x -> assumeNotNull(x), arrayFilter(x -> x IS NOT NULL, {array})))"
+
+
+def budget_summary(d) -> str:
+    """One row, one pass: counts, goodput, every distribution's p50/p90/p99 array and mean, and
+    the tail attribution (against the medians, which are the distributions' p50)."""
+    dists = ",\n    ".join(f"{_quantiles(d, expr)} AS {name}_q, avg({expr}) AS {name}_mean"
+                           for name, expr in DISTRIBUTIONS)
+    return _drop_tail_rows(
+        f"SELECT count() AS requests, countIf(has_client) AS with_client, countIf({ERROR}) AS errors,\n"
+        f"    countIf(has_server) AS with_server, countIf({_meets_slo(d)}) AS good,\n"
+        f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}")
+
+
+def tail_attribution(d) -> str:
+    """Among requests whose TTFT is above its p99, the mean of each component, against the
+    component's median over all requests: delta = tail mean − median."""
+    medians = ", ".join(f"quantileExactInclusive(0.5)({expr}) AS {name}_median" for name, expr in COMPONENTS)
+    return _drop_tail_rows(f"SELECT {', '.join(_tail_columns())},\n"
+                           f"    quantileExactInclusive(0.5)(ttft_ms) AS ttft_median, {medians}\n{_requests(d)}")
+
+
+def _drop_tail_rows(sql: str) -> str:
+    return f"SELECT * EXCEPT (tail_rows) FROM (\n{sql}\n)"
+
+
+def _stall_columns() -> list[str]:
+    mixed = "prefill_tokens > 0 AND decode_tokens > 0"
+    extra = "greatest(duration_ms - step_baseline_ms, 0)"
+    return ["count() AS steps", f"countIf({mixed}) AS mixed_steps",
+            "countIf(decode_tokens > 0) AS decode_steps", f"sumIf({extra}, {mixed}) AS stall_ms",
+            f"sumIf(decode_tokens * {extra}, {mixed}) AS request_stall_ms",
+            f"sumIf(decode_tokens, {mixed}) AS delayed_decodes"]
+
+
+def _with_baseline(d, body: str) -> str:
+    baseline = (f"SELECT quantileExactInclusive(0.5)(duration_ms) {_steps(d)} "
+                "AND prefill_tokens = 0 AND decode_tokens > 0")
+    return f"WITH ({baseline}) AS step_baseline_ms\n{body}"
+
+
+def decode_stalls(d) -> str:
+    """Decode stalls caused by prefill over the selection (see the module docstring)."""
+    return _with_baseline(d, f"SELECT any(step_baseline_ms) AS baseline_ms, {', '.join(_stall_columns())}\n{_steps(d)}")
+
+
+# --- Grafana panels (the dashboards render these) -----------------------------------------
+
+def budget_stack(d) -> str:
+    """TTFT budget components at p50/p90/p99 (each its own percentile) and the mean (exact sum)."""
+    arrays = ", ".join(f"arrayPushBack({_quantiles(d, expr)}, avg({expr}))" for _, expr in COMPONENTS)
+    cols = ", ".join(f"tupleElement(row, {i + 2}) AS {name}" for i, (name, _) in enumerate(COMPONENTS))
+    labels = ", ".join(f"'{label}'" for label in (*LEVEL_LABELS, "mean"))
+    return (f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
+            f"FROM (SELECT arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_requests(d)})")
+
+
+def latency_over_time(d) -> str:
+    selects = [f"quantileExactInclusive({q})({expr}) AS {name}"
+               for name, q, expr in (("client_ttft_p50_ms", 0.5, "client_ttft_ms"),
+                                     ("client_ttft_p99_ms", 0.99, "client_ttft_ms"),
+                                     ("server_ttft_p99_ms", 0.99, "server_ttft_ms"),
+                                     ("client_ttfo_p99_ms", 0.99, "client_ttfo_ms"),
+                                     ("client_tpot_p50_ms", 0.5, "client_tpot_ms"),
+                                     ("client_tpot_p99_ms", 0.99, "client_tpot_ms"),
+                                     ("server_tpot_p99_ms", 0.99, "server_tpot_ms"),
+                                     ("client_itl_p99_ms", 0.99, "client_itl_p99_ms"),
+                                     ("server_itl_p99_ms", 0.99, "itl_p99_ms"),
+                                     ("client_e2e_p50_ms", 0.5, "client_e2e_ms"),
+                                     ("client_e2e_p99_ms", 0.99, "client_e2e_ms"))]
+    return _series(d, "start_time", _requests(d), selects)
+
+
+def goodput_over_time(d) -> str:
+    """Goodput: completed requests per second meeting every SLO; attainment: their fraction."""
+    good = f"countIf({_meets_slo(d)})"
+    return _series(d, "start_time", _requests(d), [
+        f"{good} / {d.bucket_seconds()} AS goodput_rps",
+        f"countIf(status = 'ok') / {d.bucket_seconds()} AS completed_rps",
+        f"{good} / count() AS slo_attainment"])
+
+
+def throughput_over_time(d) -> str:
+    s = d.bucket_seconds()
+    return _series(d, "start_time", _requests(d), [
+        f"count() / {s} AS requests_per_s", f"countIf({ERROR}) / {s} AS errors_per_s",
+        f"sum(input_tokens) / {s} AS input_tokens_per_s", f"sum(output_tokens) / {s} AS output_tokens_per_s"])
+
+
+def slowest_requests(d) -> str:
+    """The slowest requests by TTFT, each with its budget and the phase that dominated it."""
+    parts = ", ".join(f"('{name.removesuffix('_ms')}', coalesce({expr}, 0))" for name, expr in COMPONENTS)
+    comps = ", ".join(expr if expr == name else f"{expr} AS {name}" for name, expr in COMPONENTS)
+    return (f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
+            f"    server_ttft_ms, {comps},\n"
+            f"    tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{parts}])[1], 1) AS dominant_phase,\n"
+            f"    input_tokens, output_tokens, preemptions, client_e2e_ms\n"
+            f"{_requests(d)}\nORDER BY ttft_ms DESC NULLS LAST\nLIMIT {d.limit(50)}")
+
+
+def engine_batch_over_time(d) -> str:
+    return _series(d, "time", _steps(d), [
+        "avg(batch_size) AS batch_size_mean", "max(batch_size) AS batch_size_max",
+        "avg(prefill_tokens) AS prefill_tokens_per_step", "avg(decode_tokens) AS decode_tokens_per_step",
+        f"count() / {d.bucket_seconds()} AS steps_per_s"])
+
+
+def engine_kv_over_time(d) -> str:
+    ratio = "kv_blocks_used / nullIf(kv_blocks_total, 0)"
+    return _series(d, "time", _steps(d), [
+        f"avg({ratio}) AS kv_used_ratio_mean", f"max({ratio}) AS kv_used_ratio_max",
+        "max(kv_blocks_used) AS kv_blocks_used_max", "sum(preemptions) AS preemptions"])
+
+
+def decode_stalls_over_time(d) -> str:
+    return _with_baseline(d, _series(d, "time", _steps(d), _stall_columns()[1:]))
+
+
+def queue_depth_over_time(d) -> str:
+    return _series(d, "time", _steps(d), ["avg(queue_depth) AS queue_depth_mean",
+                                           "max(queue_depth) AS queue_depth_max"])
+
+
+def _one_trace(d, select: str, tail: str) -> str:
+    """`select` over the spans of `${trace_id}`, the time range bounded by the lookup table (as
+    Grafana's plugin does: its Start/End are whole seconds, so the end gets one more)."""
+    lookup = d.table(TRACE_ID_TS_TABLE)
+    return (f"WITH {d.value('trace_id', 'String')} AS trace_id,\n"
+            f"    (SELECT min(Start) FROM {lookup} WHERE TraceId = trace_id) AS trace_start,\n"
+            f"    (SELECT max(End) + 1 FROM {lookup} WHERE TraceId = trace_id) AS trace_end\n"
+            f"SELECT {select}\nFROM {d.table(TRACES_TABLE)}\n"
+            f"WHERE TraceId = trace_id AND Timestamp >= trace_start AND Timestamp <= trace_end\n{tail}")
+
+
+def _key_values(column: str) -> str:
+    """A Map as the trace view's list of {key, value} maps."""
+    return f"arrayMap(key -> map('key', key, 'value', {column}[key]), mapKeys({column}))"
+
+
+def request_trace(d) -> str:
+    """One trace in the columns Grafana's trace view expects (plugin QueryType.Traces, format 3)."""
+    return _one_trace(d, (
+        "TraceId AS traceID, SpanId AS spanID, ParentSpanId AS parentSpanID,\n"
+        "    ServiceName AS serviceName, SpanName AS operationName,\n"
+        "    multiply(toUnixTimestamp64Nano(Timestamp), 0.000001) AS startTime,\n"
+        "    multiply(Duration, 0.000001) AS duration,\n"
+        f"    {_key_values('SpanAttributes')} AS tags,\n    {_key_values('ResourceAttributes')} AS serviceTags,\n"
+        f"    if(StatusCode IN {ERROR_CODES}, 2, 0) AS statusCode"), f"LIMIT {d.limit(1000)}")
+
+
+# --- cookbook (README) --------------------------------------------------------------------
+
+TTFT_P50_P99 = ("quantileExactInclusive(0.5)(ttft_ms) AS ttft_p50_ms, "
+                "quantileExactInclusive(0.99)(ttft_ms) AS ttft_p99_ms")
+
+
+def budget_by_model(d) -> str:
+    means = ", ".join(f"avg({expr}) AS {name}_mean" for name, expr in COMPONENTS)
+    return (f"SELECT model, count() AS requests, countIf({ERROR}) AS errors,\n    {TTFT_P50_P99},\n"
+            f"    {means}\n{_requests(d)}\nGROUP BY model\nORDER BY requests DESC")
+
+
+def ttft_vs_prompt_length(d) -> str:
+    bucket = d.value("bucket_tokens", "UInt32", 128)
+    computed_tokens = "sum(input_tokens - coalesce(cached_tokens, 0))"
+    return (f"SELECT intDiv(input_tokens, {bucket}) * {bucket} AS prompt_tokens_from, count() AS requests,\n"
+            f"    {TTFT_P50_P99},\n    quantileExactInclusive(0.5)(prefill_ms) AS prefill_p50_ms,\n"
+            f"    sum(prefill_ms) / nullIf({computed_tokens}, 0) * 1000 AS prefill_ms_per_1k_tokens\n"
+            f"{_requests(d)} AND input_tokens IS NOT NULL\nGROUP BY prompt_tokens_from\nORDER BY prompt_tokens_from")
+
+
+def queueing_vs_load(d) -> str:
+    return _series(d, "start_time", _requests(d), [
+        f"count() / {d.bucket_seconds()} AS arrivals_per_s",
+        "quantileExactInclusive(0.5)(ttft_queue_ms) AS queue_p50_ms",
+        "quantileExactInclusive(0.99)(ttft_queue_ms) AS queue_p99_ms",
+        "sum(ttft_queue_ms) / nullIf(sum(ttft_ms), 0) AS queue_share_of_ttft"])
+
+
+def request_spans(d) -> str:
+    """A request's spans, placed per service: `offset_ms` counts from that service's first span,
+    on that service's own clock (offsets of two services are never subtracted from each other)."""
+    ts = "toUnixTimestamp64Nano(Timestamp)"
+    return _one_trace(d, (
+        "ServiceName AS service, SpanName AS span, SpanKind AS kind, SpanId AS span_id,\n"
+        "    ParentSpanId AS parent_span_id,\n"
+        f"    ({ts} - min({ts}) OVER (PARTITION BY ServiceName)) / 1e6 AS offset_ms,\n"
+        "    Duration / 1e6 AS duration_ms, StatusCode AS status"), "ORDER BY service, offset_ms, span")
+
+
+def naive_ttft(d) -> str:
+    """THE WRONG WAY, kept as documentation: TTFT as (server first-token span end − client span
+    start) subtracts timestamps of two machines, so any clock offset lands in the result."""
+    traces = d.table(TRACES_TABLE)
+    return (f"SELECT c.TraceId AS trace_id, (toUnixTimestamp64Nano(f.Timestamp) + f.Duration "
+            "- toUnixTimestamp64Nano(c.Timestamp)) / 1e6 AS naive_ttft_ms\n"
+            f"FROM {traces} AS c INNER JOIN {traces} AS f ON f.TraceId = c.TraceId\n"
+            f"WHERE c.SpanKind IN {CLIENT_KINDS} AND f.SpanName = '{n.SPAN_FIRST_TOKEN}'\nORDER BY trace_id")
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    template: Callable
+    columns: tuple[str, ...]
+    panel: bool = False
+    defaults: dict = field(default_factory=dict)
+
+
+def _dist_columns() -> tuple[str, ...]:
+    return tuple(c for name, _ in DISTRIBUTIONS for c in (f"{name}_q", f"{name}_mean"))
+
+
+_STALL = ("mixed_steps", "decode_steps", "stall_ms", "request_stall_ms", "delayed_decodes")
+_LATENCY = ("client_ttft_p50_ms", "client_ttft_p99_ms", "server_ttft_p99_ms", "client_ttfo_p99_ms",
+            "client_tpot_p50_ms", "client_tpot_p99_ms", "server_tpot_p99_ms", "client_itl_p99_ms",
+            "server_itl_p99_ms", "client_e2e_p50_ms", "client_e2e_p99_ms")
+_COMP_NAMES = tuple(name for name, _ in COMPONENTS)
+_GOODPUT = ("time", "goodput_rps", "completed_rps", "slo_attainment")
+_TAIL = ("threshold_ms", "tail_requests", "ttft_tail_mean", *(f"{c}_tail_mean" for c in _COMP_NAMES))
+QUERIES: dict[str, Query] = {
+    "budget_summary": Query(budget_summary, ("requests", "with_client", "errors", "with_server", "good",
+                                             "window_s", *_dist_columns(), *_TAIL)),
+    "tail_attribution": Query(tail_attribution, (*_TAIL, "ttft_median", *(f"{c}_median" for c in _COMP_NAMES))),
+    "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
+    "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),
+    "latency_over_time": Query(latency_over_time, ("time", *_LATENCY), panel=True),
+    "goodput_over_time": Query(goodput_over_time, _GOODPUT, panel=True),
+    "throughput_over_time": Query(throughput_over_time, (
+        "time", "requests_per_s", "errors_per_s", "input_tokens_per_s", "output_tokens_per_s"), panel=True),
+    "slowest_requests": Query(slowest_requests, (
+        "trace_id", "request_id", "start_time", "service", "model", "status", "ttft_ms", "client_ttft_ms",
+        "server_ttft_ms", *_COMP_NAMES, "dominant_phase", "input_tokens", "output_tokens", "preemptions",
+        "client_e2e_ms"), panel=True),
+    "engine_batch_over_time": Query(engine_batch_over_time, (
+        "time", "batch_size_mean", "batch_size_max", "prefill_tokens_per_step", "decode_tokens_per_step",
+        "steps_per_s"), panel=True),
+    "engine_kv_over_time": Query(engine_kv_over_time, (
+        "time", "kv_used_ratio_mean", "kv_used_ratio_max", "kv_blocks_used_max", "preemptions"), panel=True),
+    "decode_stalls_over_time": Query(decode_stalls_over_time, ("time", *_STALL), panel=True),
+    "queue_depth_over_time": Query(queue_depth_over_time, ("time", "queue_depth_mean", "queue_depth_max"),
+                                   panel=True),
+    "request_trace": Query(request_trace, (
+        "traceID", "spanID", "parentSpanID", "serviceName", "operationName", "startTime", "duration",
+        "tags", "serviceTags", "statusCode"), panel=True),
+    "budget_by_model": Query(budget_by_model, (
+        "model", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms", *(f"{c}_mean" for c in _COMP_NAMES))),
+    "ttft_vs_prompt_length": Query(ttft_vs_prompt_length, (
+        "prompt_tokens_from", "requests", "ttft_p50_ms", "ttft_p99_ms", "prefill_p50_ms",
+        "prefill_ms_per_1k_tokens")),
+    "queueing_vs_load": Query(queueing_vs_load, (
+        "time", "arrivals_per_s", "queue_p50_ms", "queue_p99_ms", "queue_share_of_ttft")),
+    "goodput_per_minute": Query(goodput_over_time, _GOODPUT, defaults={"bucket_s": 60}),
+    "request_spans": Query(request_spans, (
+        "service", "span", "kind", "span_id", "parent_span_id", "offset_ms", "duration_ms", "status")),
+    "naive_ttft": Query(naive_ttft, ("trace_id", "naive_ttft_ms")),
+}
+PANEL_COLUMNS: dict[str, tuple[str, ...]] = {name: q.columns for name, q in QUERIES.items() if q.panel}
+FILTERS = frozenset({"database", "service", "model", "since", "bucket_s", "limit", "ttft_slo_ms",
+                     "tpot_slo_ms", "trace_id", "bucket_tokens", "approx"})
+
+
+def _query(name: str) -> Query:
+    try:
+        return QUERIES[name]
+    except KeyError:
+        raise QueryError(f"unknown query {name!r}; known: {', '.join(sorted(QUERIES))}") from None
+
+
+def render_cli(name: str, **filters) -> tuple[str, dict]:
+    """(sql, parameters) for clickhouse-connect's `query(sql, parameters=...)`; user values are
+    only ever bound server-side, never formatted into the SQL."""
+    query = _query(name)
+    unknown = set(filters) - FILTERS
+    if unknown:
+        raise QueryError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
+    merged = {**query.defaults, **{k: v for k, v in filters.items() if v is not None}}
+    d = CliDialect(merged, database=merged.get("database", "otel"))
+    return query.template(d), d.parameters
+
+
+def render_grafana(name: str, database: str = "otel") -> str:
+    """The panel SQL with Grafana's macros and the dashboard variables ${service}, ${model},
+    ${ttft_slo_ms}, ${tpot_slo_ms}, ${trace_id}."""
+    return _query(name).template(GrafanaDialect(database))

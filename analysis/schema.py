@@ -1,0 +1,288 @@
+"""Per-request analysis schema: an AggregatingMergeTree of request facts keyed by TraceId, fed by a
+materialized view from `otel_traces`, and the views `phaselens_requests` / `phaselens_steps`.
+
+Why aggregate states: the spans of one request arrive in different inserts from different processes
+(client, server), so each insert contributes a partial row per TraceId and ClickHouse merges them
+(min, max, any, sum as SimpleAggregateFunction; the views read the table with FINAL). Every column
+but two is idempotent (max/min/any), so a span seen twice changes nothing; the two sums (queue waits,
+prefill chunk count) rely on insert deduplication: the collector gives every batch a deduplication
+token, and this table keeps a deduplication window as otel_traces does, so a replayed batch is
+dropped here too (`deduplicate_blocks_in_dependent_materialized_views`).
+
+Every figure is a duration from one clock: a `phaselens.*` millisecond attribute measured on a
+monotonic clock, or a phase span's own `Duration` (one process). Only `clock_offset_estimate_ms`
+compares wall stamps of two machines, as a diagnostic:
+    offset = ((t2 − t1) + (t3 − t4)) / 2,  t1 client sent, t2 server received, t3 server responded,
+    t4 client done (wall ns).  Positive: the server clock is ahead of the client's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, ident, ttl_interval
+from instrumentation import names as n
+
+PARTS_TABLE = "phaselens_request_parts"
+PARTS_MV = f"{PARTS_TABLE}_mv"
+PARTS_DISTRIBUTED = f"{PARTS_TABLE}_distributed"
+FACTS_VIEW = "phaselens_request_facts"  # every per-request column, the queries read this one
+REQUESTS_VIEW = "phaselens_requests"  # the documented column set (issue 6)
+STEPS_VIEW = "phaselens_steps"
+
+SERVER_KINDS = "('Server', 'SPAN_KIND_SERVER')"
+CLIENT_KINDS = "('Client', 'SPAN_KIND_CLIENT')"
+ERROR_CODES = "('Error', 'STATUS_CODE_ERROR')"
+
+
+def attr(key: str) -> str:
+    """The string value of a span attribute ('' when absent)."""
+    return f"SpanAttributes['{key}']"
+
+
+def num(key: str) -> str:
+    """A numeric span attribute, NULL when absent or not a number."""
+    return f"toFloat64OrNull({attr(key)})"
+
+
+IS_SERVER = (f"SpanKind IN {SERVER_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
+             f"OR mapContains(SpanAttributes, '{n.PL_SERVER_TTFT_MS}'))")
+IS_CLIENT = (f"SpanKind IN {CLIENT_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
+             f"OR mapContains(SpanAttributes, '{n.PL_CLIENT_E2E_MS}'))")
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One column of the parts table: its type, the merge function, and the MV expression that
+    folds one insert's spans of a trace into it (the same function with -If)."""
+
+    column: str
+    merge: str
+    value_type: str
+    insert_expr: str
+
+    def ddl(self) -> str:
+        """Numbers stay uncompressed: the budget reads ~40 of them per request, and LZ4 decoding
+        cost 4× the reading (measured: 10 columns × 1M rows, 140 ms CPU vs 30 ms); ~500 bytes per
+        request on disk, against ~400 compressed for its spans."""
+        codec = "ZSTD(1)" if "String" in self.value_type else "NONE"
+        return f"{self.column} SimpleAggregateFunction({self.merge}, {self.value_type}) CODEC({codec})"
+
+
+def _attr_part(column: str, key: str) -> Part:
+    """Max of a numeric attribute over the spans of the request that carry it; wall-clock
+    nanoseconds stay integers (a Float64 would round them to 256 ns)."""
+    if column.endswith("_wall_ns"):
+        return Part(column, "max", "Nullable(Int64)", f"max(toInt64OrNull({attr(key)}))")
+    return Part(column, "max", "Nullable(Float64)", f"max({num(key)})")
+
+
+def _text_part(column: str, key: str) -> Part:
+    return Part(column, "any", "Nullable(String)", f"anyIf(toNullable({attr(key)}), {attr(key)} != '')")
+
+
+def _phase_part(phase: str, span_name: str) -> Part:
+    """The Duration (ns) of a request's one span of this phase (max: a repeated span is harmless)."""
+    return Part(f"d_{phase}", "max", "Nullable(UInt64)", f"maxIf(toNullable(Duration), SpanName = '{span_name}')")
+
+
+def _count_part(column: str, span_name: str, value: str) -> Part:
+    """Σ `value` over the spans of a phase that may repeat (queue waits, prefill chunks)."""
+    return Part(column, "sum", "UInt64", f"sumIf({value}, SpanName = '{span_name}')")
+
+
+def _kind_part(column: str, merge: str, value_type: str, expr: str, cond: str) -> Part:
+    return Part(column, merge, value_type, f"{merge}If({expr}, {cond})")
+
+
+PHASE_SPANS = {"ingress": n.SPAN_INGRESS, "prefill": n.SPAN_PREFILL, "first_token": n.SPAN_FIRST_TOKEN,
+               "decode": n.SPAN_DECODE, "delivery": n.SPAN_DELIVERY}
+NUMERIC_ATTRS = {
+    "a_input_tokens": n.GEN_AI_USAGE_INPUT_TOKENS, "a_output_tokens": n.GEN_AI_USAGE_OUTPUT_TOKENS,
+    "a_cached_tokens": n.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "a_prefix_cached": n.PL_CACHED_TOKENS,
+    "a_reasoning_tokens": n.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+    "a_client_ttft_ms": n.PL_CLIENT_TTFT_MS, "a_client_ttfo_ms": n.PL_CLIENT_TTFO_MS,
+    "a_client_tpot_ms": n.PL_CLIENT_TPOT_MS, "a_client_e2e_ms": n.PL_CLIENT_E2E_MS,
+    "a_client_itl_p50_ms": n.PL_CLIENT_ITL_P50_MS, "a_client_itl_p99_ms": n.PL_CLIENT_ITL_P99_MS,
+    "a_server_ttft_ms": n.PL_SERVER_TTFT_MS, "a_server_tpot_ms": n.PL_SERVER_TPOT_MS,
+    "a_ingress_ms": n.PL_INGRESS_MS, "a_queue_ms": n.PL_QUEUE_MS, "a_prefill_ms": n.PL_PREFILL_MS,
+    "a_first_token_ms": n.PL_FIRST_TOKEN_MS, "a_decode_ms": n.PL_DECODE_MS,
+    "a_delivery_ms": n.PL_DELIVERY_MS, "a_prefill_chunks": n.PL_PREFILL_CHUNKS,
+    "a_itl_p50_ms": n.PL_ITL_P50_MS, "a_itl_p99_ms": n.PL_ITL_P99_MS, "a_stall_ms": n.PL_STALL_MS,
+    "a_preemptions": n.PL_PREEMPTIONS,
+    # de-facto engine keys (seconds): spans from vLLM/SGLang-style servers still yield a budget
+    "a_lat_queue_s": n.LATENCY_TIME_IN_QUEUE, "a_lat_ttft_s": n.LATENCY_TIME_TO_FIRST_TOKEN,
+    "a_lat_prefill_s": n.LATENCY_TIME_IN_MODEL_PREFILL, "a_lat_decode_s": n.LATENCY_TIME_IN_MODEL_DECODE,
+    "a_sent_wall_ns": n.PL_CLIENT_SENT_WALL_NS, "a_done_wall_ns": n.PL_CLIENT_DONE_WALL_NS,
+    "a_received_wall_ns": n.PL_RECEIVED_WALL_NS, "a_responded_wall_ns": n.PL_RESPONDED_WALL_NS,
+}
+TEXT_ATTRS = {"t_request_id": n.GEN_AI_REQUEST_ID, "t_response_id": n.GEN_AI_RESPONSE_ID,
+              "t_request_model": n.GEN_AI_REQUEST_MODEL, "t_response_model": n.GEN_AI_RESPONSE_MODEL,
+              "t_error_type": n.ERROR_TYPE, "t_finish_reason": n.PL_FINISH_REASON}
+
+PARTS: tuple[Part, ...] = (
+    Part("first_seen", "min", "DateTime64(9)", "min(Timestamp)"),  # every partial row has one: the TTL
+    _kind_part("server_start", "min", "Nullable(DateTime64(9))", "toNullable(Timestamp)", IS_SERVER),
+    _kind_part("client_start", "min", "Nullable(DateTime64(9))", "toNullable(Timestamp)", IS_CLIENT),
+    _kind_part("server_duration_ns", "max", "Nullable(UInt64)", "toNullable(Duration)", IS_SERVER),
+    _kind_part("server_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_SERVER),
+    _kind_part("client_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_CLIENT),
+    Part("has_error", "max", "UInt8", f"max(StatusCode IN {ERROR_CODES})"),
+    *(_phase_part(phase, name) for phase, name in PHASE_SPANS.items()),
+    _count_part("queue_ns", n.SPAN_QUEUE, "Duration"),
+    _count_part("queue_spans", n.SPAN_QUEUE, "1"),
+    _count_part("chunk_spans", n.SPAN_PREFILL_CHUNK, "1"),
+    *(_attr_part(col, key) for col, key in NUMERIC_ATTRS.items()),
+    *(_text_part(col, key) for col, key in TEXT_ATTRS.items()),
+)
+
+
+def _spans_ms(phase: str) -> str:
+    """The phase span's own Duration in ms (Σ over the waits for the queue); NULL when absent."""
+    return "if(queue_spans = 0, NULL, queue_ns / 1e6)" if phase == "queue" else f"d_{phase} / 1e6"
+
+
+def _phase_ms(phase: str, ms_attr: str, seconds_attr: str | None = None) -> str:
+    """A budget term in ms: the server span's `phaselens.*_ms` attribute (the exact term, monotonic
+    clock, waits after a preemption excluded: see instrumentation/phases.py); else the phase span's
+    own Duration; else the de-facto engine key in seconds."""
+    seconds = [f"{seconds_attr} * 1000"] if seconds_attr else []
+    return f"coalesce({', '.join([ms_attr, _spans_ms(phase), *seconds])})"
+
+
+def _wall_offset_ms() -> str:
+    """NTP-style ((t2 − t1) + (t3 − t4)) / 2 in ms: a diagnostic, never a budget term."""
+    return "((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6"
+
+
+# The wide per-request view: (name, expression over the merged parts). The first block is the
+# documented `phaselens_requests` column set, in order; the rest serve the queries.
+REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("trace_id", "TraceId"),
+    ("request_id", "coalesce(t_request_id, t_response_id)"),
+    ("service", "coalesce(server_service, client_service)"),
+    ("model", "coalesce(t_response_model, t_request_model)"),
+    ("server_start_time", "server_start"),
+    ("status", "if(has_error = 1 OR t_error_type IS NOT NULL, 'error', 'ok')"),  # error.type: semconv failure
+    ("error_type", "t_error_type"),
+    ("input_tokens", "CAST(a_input_tokens AS Nullable(UInt32))"),
+    ("output_tokens", "CAST(a_output_tokens AS Nullable(UInt32))"),
+    ("cached_tokens", "CAST(coalesce(a_cached_tokens, a_prefix_cached) AS Nullable(UInt32))"),
+    ("reasoning_tokens", "CAST(a_reasoning_tokens AS Nullable(UInt32))"),
+    ("client_ttft_ms", "a_client_ttft_ms"),
+    ("client_ttfo_ms", "a_client_ttfo_ms"),
+    ("client_tpot_ms", "a_client_tpot_ms"),
+    ("client_e2e_ms", "a_client_e2e_ms"),
+    ("server_ttft_ms", "coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, "
+                       "ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms))"),
+    ("ingress_ms", _phase_ms("ingress", "a_ingress_ms")),
+    ("queue_ms", f"coalesce({_spans_ms('queue')}, a_queue_ms, a_lat_queue_s * 1000)"),  # all waits
+    ("prefill_ms", _phase_ms("prefill", "a_prefill_ms", "a_lat_prefill_s")),
+    ("prefill_chunks", "CAST(coalesce(a_prefill_chunks, if(chunk_spans > 0, chunk_spans, "
+                       "if(d_prefill IS NULL, NULL, 1))) AS Nullable(UInt32))"),
+    ("first_token_ms", _phase_ms("first_token", "a_first_token_ms")),
+    ("decode_ms", _phase_ms("decode", "a_decode_ms", "a_lat_decode_s")),
+    ("delivery_ms", _phase_ms("delivery", "a_delivery_ms")),
+    ("server_tpot_ms", "coalesce(a_server_tpot_ms, if(output_tokens > 1, decode_ms / (output_tokens - 1), NULL))"),
+    ("itl_p99_ms", "a_itl_p99_ms"),
+    ("stall_ms", "a_stall_ms"),
+    ("preemptions", "CAST(coalesce(a_preemptions, if(queue_spans = 0, NULL, queue_spans - 1)) "
+                    "AS Nullable(UInt32))"),
+    ("residual_ms", "client_ttft_ms - server_ttft_ms"),
+    ("clock_offset_estimate_ms", _wall_offset_ms()),
+)
+EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("start_time", "coalesce(server_start, client_start)"),
+    ("ttft_queue_ms", _phase_ms("queue", "a_queue_ms", "a_lat_queue_s")),  # waits before the first token
+    ("server_end_time", "server_start + toIntervalNanosecond(server_duration_ns)"),
+    ("server_e2e_ms", "server_duration_ns / 1e6"),
+    ("has_client", "client_start IS NOT NULL"),
+    ("has_server", "server_start IS NOT NULL"),
+    ("finish_reason", "t_finish_reason"),
+    ("queue_waits", "queue_spans"),
+    ("itl_p50_ms", "a_itl_p50_ms"),
+    ("client_itl_p50_ms", "a_client_itl_p50_ms"),
+    ("client_itl_p99_ms", "a_client_itl_p99_ms"),
+    ("ttft_ms", "coalesce(client_ttft_ms, server_ttft_ms)"),
+    ("tpot_ms", "coalesce(client_tpot_ms, server_tpot_ms)"),
+)
+REQUESTS_VIEW_COLUMNS = tuple(name for name, _ in REQUEST_COLUMNS)
+FACTS_COLUMNS = REQUESTS_VIEW_COLUMNS + tuple(name for name, _ in EXTRA_COLUMNS)
+
+STEP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("time", "Timestamp"),
+    ("service", "ServiceName"),
+    ("trace_id", "TraceId"),
+    ("span_id", "SpanId"),
+    ("step_index", f"toUInt64OrNull({attr(n.PL_STEP_INDEX)})"),
+    ("batch_size", f"toUInt32OrNull({attr(n.PL_STEP_NUM_SEQS)})"),
+    ("prefill_tokens", f"toUInt32OrZero({attr(n.PL_STEP_PREFILL_TOKENS)})"),
+    ("decode_tokens", f"toUInt32OrZero({attr(n.PL_STEP_DECODE_TOKENS)})"),
+    ("kv_blocks_used", f"toUInt32OrNull({attr(n.PL_STEP_KV_BLOCKS_USED)})"),
+    ("kv_blocks_total", f"toUInt32OrNull({attr(n.PL_STEP_KV_BLOCKS_TOTAL)})"),
+    ("preemptions", f"toUInt32OrZero({attr(n.PL_STEP_PREEMPTIONS)})"),
+    ("queue_depth", f"toUInt32OrNull({attr(n.PL_STEP_QUEUE_DEPTH)})"),
+    ("duration_ms", "Duration / 1e6"),
+    ("linked_requests", "length(Links.TraceId)"),
+)
+STEPS_VIEW_COLUMNS = tuple(name for name, _ in STEP_COLUMNS)
+
+
+def _select_list(columns: tuple[tuple[str, str], ...]) -> str:
+    return ",\n    ".join(f"{expr} AS {name}" for name, expr in columns)
+
+
+def parts_select(traces: str) -> str:
+    """The materialized view's SELECT: one insert's spans folded into partial rows per TraceId."""
+    mv_cols = ",\n    ".join(f"{p.insert_expr} AS {p.column}" for p in PARTS)
+    return (f"SELECT TraceId,\n    {mv_cols}\nFROM {traces}\n"
+            f"WHERE SpanName != '{n.SPAN_ENGINE_STEP}' AND TraceId != ''\nGROUP BY TraceId")
+
+
+def merged_parts(parts: str) -> str:
+    """`parts` rows merged into one row per TraceId by GROUP BY (what FINAL does on the table)."""
+    merged = ",\n        ".join(f"{p.merge}({p.column}) AS {p.column}" for p in PARTS)
+    return f"(SELECT TraceId,\n        {merged}\n    FROM {parts}\n    GROUP BY TraceId)"
+
+
+def facts_select(parts: str, final: bool = True) -> str:
+    """The per-request facts over the parts table read with FINAL (the merge functions applied on
+    read: ~2× faster than a GROUP BY TraceId), or over any relation with one row per TraceId."""
+    return (f"SELECT\n    {_select_list(REQUEST_COLUMNS + EXTRA_COLUMNS)}\n"
+            f"FROM {parts}{' FINAL' if final else ''}\n"
+            "WHERE server_start IS NOT NULL OR client_start IS NOT NULL")
+
+
+def statements(database: str = "otel", cluster: str | None = None, ttl: str | None = None) -> list[str]:
+    """CREATE statements (idempotent), to run after `collectors.schema.statements(...)`; `ttl`
+    (e.g. 72h, as for otel_traces) drops request rows that long after their first span.
+
+    With `cluster`: ON CLUSTER DDL, a ReplicatedAggregatingMergeTree per shard fed from the local
+    `otel_traces` (the collector's Distributed table shards by TraceId, so a request's spans meet on
+    one shard), and a Distributed table over the parts that the views read.
+    """
+    db = ident(database)
+    on = f" ON CLUSTER {ident(cluster)}" if cluster else ""
+    engine = "ReplicatedAggregatingMergeTree()" if cluster else "AggregatingMergeTree()"
+    parts, traces = f"{db}.{ident(PARTS_TABLE)}", f"{db}.{ident(TRACES_TABLE)}"
+    parts_read = f"{db}.{ident(PARTS_DISTRIBUTED)}" if cluster else parts
+    part_cols = ",\n    ".join(p.ddl() for p in PARTS)
+    out = [
+        f"CREATE TABLE IF NOT EXISTS {parts}{on} (\n    TraceId String CODEC(ZSTD(1)),\n    {part_cols}\n)"
+        f" ENGINE = {engine}\nORDER BY TraceId"
+        + (f"\nTTL toDateTime(first_seen) + {ttl_interval(ttl)}" if ttl else "")
+        + ("" if cluster else f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"),
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PARTS_MV)}{on} TO {parts}\nAS {parts_select(traces)}",
+    ]
+    if cluster:
+        out.append(f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\n"
+                   f"ENGINE = Distributed('{cluster}', '{database}', '{PARTS_TABLE}', cityHash64(TraceId))")
+    steps_source = f"{db}.{ident(TRACES_TABLE + '_distributed')}" if cluster else traces
+    out += [
+        f"CREATE OR REPLACE VIEW {db}.{ident(FACTS_VIEW)}{on} AS\n{facts_select(parts_read)}",
+        f"CREATE OR REPLACE VIEW {db}.{ident(REQUESTS_VIEW)}{on} AS\n"
+        f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}\nFROM {db}.{ident(FACTS_VIEW)}",
+        f"CREATE OR REPLACE VIEW {db}.{ident(STEPS_VIEW)}{on} AS\nSELECT\n    {_select_list(STEP_COLUMNS)}\n"
+        f"FROM {steps_source}\nWHERE SpanName = '{n.SPAN_ENGINE_STEP}'",
+    ]
+    return out

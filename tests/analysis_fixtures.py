@@ -1,0 +1,52 @@
+"""Helpers for the analysis tests: a database with both schemas, loaded with spangen workloads."""
+
+from __future__ import annotations
+
+import itertools
+
+import clickhouse_connect
+import numpy as np
+import pytest
+
+from analysis import schema as analysis_schema
+from collectors import schema as collector_schema
+from tests import spangen
+
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def client(clickhouse):
+    """A clickhouse-connect client shared by one test module."""
+    c = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
+    yield c
+    c.close()
+
+
+def new_database(client, prefix: str = "analysis") -> str:
+    """A fresh database holding otel_traces (collector schema) and the analysis schema."""
+    name = f"{prefix}_{next(_counter)}"
+    client.command(f"DROP DATABASE IF EXISTS {name}")
+    collector_schema.apply(client, collector_schema.statements(name) + analysis_schema.statements(name))
+    return name
+
+
+def loaded(clickhouse, workload: spangen.Workload, transport: str = "otlp", **emit_kw) -> str:
+    client = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
+    try:
+        database = new_database(client)
+        spangen.emit(workload, clickhouse.url, database, transport=transport, **emit_kw)
+        return database
+    finally:
+        client.close()
+
+
+def stat(values) -> tuple[float, float, float, float]:
+    """p50, p90, p99 (linear interpolation, as quantileExactInclusive) and mean."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    return (*np.percentile(arr, [50, 90, 99]).tolist(), float(arr.mean()))
+
+
+def rows_by_trace(client, database: str, view: str = "phaselens_requests") -> dict[str, dict]:
+    result = client.query(f"SELECT * FROM {database}.{view}")
+    return {r["trace_id"]: r for r in result.named_results()}
