@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collectors import schema as collector_schema
 from collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, ident, ttl_interval
 from instrumentation import names as n
 
@@ -286,3 +287,11 @@ def statements(database: str = "otel", cluster: str | None = None, ttl: str | No
         f"FROM {steps_source}\nWHERE SpanName = '{n.SPAN_ENGINE_STEP}'",
     ]
     return out
+
+
+def all_statements(database: str = "otel", ttl: str | None = None, cluster: str | None = None,
+                   table_engine: str | None = None) -> list[str]:
+    """Everything `phaselens schema apply` creates, in order: the exporter's tables
+    (`collectors.schema`), then the per-request analysis tables and views."""
+    return (collector_schema.statements(database, ttl=ttl, cluster=cluster, table_engine=table_engine)
+            + statements(database, cluster=cluster, ttl=ttl))

@@ -162,7 +162,7 @@ class Stack:
 
     def apply_schema(self) -> None:
         """Contract C: the collector's tables first, then the analysis views."""
-        statements = collector_schema.statements(self.database) + analysis_schema.statements(self.database)
+        statements = analysis_schema.all_statements(self.database)
         with self.client() as client:
             collector_schema.apply(client, statements)
 

@@ -27,7 +27,7 @@ def new_database(client, prefix: str = "analysis") -> str:
     """A fresh database holding otel_traces (collector schema) and the analysis schema."""
     name = f"{prefix}_{next(_counter)}"
     client.command(f"DROP DATABASE IF EXISTS {name}")
-    collector_schema.apply(client, collector_schema.statements(name) + analysis_schema.statements(name))
+    collector_schema.apply(client, analysis_schema.all_statements(name))
     return name
 
 

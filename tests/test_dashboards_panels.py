@@ -34,7 +34,7 @@ def loaded(clickhouse):
     client = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
     database = f"{DATABASE}_{next(_names)}"
     client.command(f"DROP DATABASE IF EXISTS {database}")
-    collector_schema.apply(client, collector_schema.statements(database) + analysis_schema.statements(database))
+    collector_schema.apply(client, analysis_schema.all_statements(database))
     workload = spangen.generate(N_REQUESTS, seed=7, rate_rps=2.0, start_ns=time.time_ns() - 60 * 10**9,
                                 preempt_every=5, abort_every=11, server_only_every=9, n_steps=120)
     spangen.emit(workload, clickhouse_url=clickhouse.url, database=database, seed=7)

@@ -21,9 +21,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    statements = collector_schema.statements(args.database, ttl=args.ttl, cluster=args.cluster,
-                                             table_engine=args.table_engine)
-    statements += analysis_schema.statements(args.database, cluster=args.cluster)
+    statements = analysis_schema.all_statements(args.database, ttl=args.ttl, cluster=args.cluster,
+                                                table_engine=args.table_engine)
     if args.print:
         print(";\n\n".join(statements) + ";")
         return 0
