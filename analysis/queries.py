@@ -296,6 +296,18 @@ def request_spans(d) -> str:
         "    Duration / 1e6 AS duration_ms, StatusCode AS status"), "ORDER BY service, offset_ms, span")
 
 
+def services(d) -> str:
+    """Values of the dashboards' service drop-down: every service.name that sent spans."""
+    return (f"SELECT DISTINCT ServiceName AS service FROM {d.table(TRACES_TABLE)}\n"
+            f"WHERE {d.time_filter('Timestamp')}\nORDER BY service")
+
+
+def models(d) -> str:
+    """Values of the dashboards' model drop-down (gen_ai.response.model, else request.model)."""
+    return (f"SELECT DISTINCT model FROM {d.table(FACTS_VIEW)}\n"
+            f"WHERE {d.time_filter('start_time')} AND model != ''\nORDER BY model")
+
+
 def naive_ttft(d) -> str:
     """THE WRONG WAY, kept as documentation: TTFT as (server first-token span end − client span
     start) subtracts timestamps of two machines, so any clock offset lands in the result."""
@@ -361,6 +373,8 @@ QUERIES: dict[str, Query] = {
     "request_spans": Query(request_spans, (
         "service", "span", "kind", "span_id", "parent_span_id", "offset_ms", "duration_ms", "status")),
     "naive_ttft": Query(naive_ttft, ("trace_id", "naive_ttft_ms")),
+    "services": Query(services, ("service",)),
+    "models": Query(models, ("model",)),
 }
 PANEL_COLUMNS: dict[str, tuple[str, ...]] = {name: q.columns for name, q in QUERIES.items() if q.panel}
 FILTERS = frozenset({"database", "service", "model", "since", "bucket_s", "limit", "ttft_slo_ms",

@@ -9,9 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analysis import queries
-from analysis.dialect import GrafanaDialect
-from analysis.schema import FACTS_VIEW
-from collectors.schema import TRACES_TABLE
 from dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from dashboards.model import (
     FORMAT_TABLE, FORMAT_TIME_SERIES, FORMAT_TRACES, dashboard, dashboard_link, datasource_variable,
@@ -70,24 +67,16 @@ def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
 
 
 # --- variables -----------------------------------------------------------------------------------
-# Value lists for the drop-downs; the panel SQL itself is all in analysis.queries.
+# Value lists for the drop-downs; their SQL, like the panels', is in analysis.queries.
 
 def service_variable(src: Source) -> dict:
-    d = GrafanaDialect(src.database)
-    return query_variable(
-        "service", "Service",
-        f"SELECT DISTINCT ServiceName FROM {d.table(TRACES_TABLE)} WHERE {d.time_filter('Timestamp')} "
-        "ORDER BY ServiceName",
-        "service.name of the instrumented servers and load generators")
+    return query_variable("service", "Service", queries.render_grafana("services", src.database),
+                          "service.name of the instrumented servers and load generators")
 
 
 def model_variable(src: Source) -> dict:
-    d = GrafanaDialect(src.database)
-    return query_variable(
-        "model", "Model",
-        f"SELECT DISTINCT model FROM {d.table(FACTS_VIEW)} WHERE {d.time_filter('start_time')} "
-        "AND model != '' ORDER BY model",
-        "gen_ai.response.model, else gen_ai.request.model")
+    return query_variable("model", "Model", queries.render_grafana("models", src.database),
+                          "gen_ai.response.model, else gen_ai.request.model")
 
 
 def slo_variables() -> list[dict]:
