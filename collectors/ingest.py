@@ -6,6 +6,7 @@ import hmac
 from dataclasses import dataclass, field
 
 from collectors import render
+from collectors.clickhouse_sink import encode_block
 from collectors.metrics import CollectorMetrics
 from collectors.render_cache import RenderCache
 from collectors.spool import Spool, SpoolFull
@@ -48,9 +49,10 @@ class Ingest:
         except render.InvalidSpans as exc:
             self.refuse("invalid", f"invalid ExportTraceServiceRequest: {exc}")
         if spans:
+            block = encode_block(rows)
             try:
                 self.spool.append(payload, spans,
-                                  on_written=lambda seg, start: self.rendered.put((seg, start), rows))
+                                  on_written=lambda seg, start: self.rendered.put((seg, start), block, spans))
             except SpoolFull as exc:
                 self.refuse("full", str(exc))
         self.metrics.add("requests_received")

@@ -7,25 +7,34 @@ attribute values via `attr_string`.
 Why a hand-written wire decoder: through the upb message API every KeyValue costs ~1 µs of
 wrapper objects; here a KeyValue is a byte slice, and the same slice (`gen_ai.request.model=tiny`)
 recurs across spans, so its rendering is cached. The decoder also validates: malformed wire data,
-wrong wire types of known fields, bad UTF-8 and invalid ids raise InvalidSpans.
+wrong wire types of known fields, bad UTF-8 and invalid ids raise InvalidSpans; it accepts nothing
+that protobuf's parser refuses (tests/test_collector_render.py fuzzes that).
 """
 
 from __future__ import annotations
 
+import struct
+
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import SERVICE_NAME
 
-from collectors.attr_string import as_string
+from collectors.attr_string import as_string, go_float
 from collectors.schema import INSERT_COLUMNS
 
 SPAN_KINDS = dict(enumerate(("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")))
 STATUS_CODES = dict(enumerate(("Unset", "Ok", "Error")))
-_NONE: list = []  # shared by every span without events/links; clickhouse-connect only reads it
+_NONE: list = []  # shared by every span without events/links; only ever read
 _NO_EVENTS, _NO_LINKS = (_NONE,) * 3, (_NONE,) * 4
+_NO_STATUS = (0, "")
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = bytes(16), bytes(8)
 _KV_CACHE: dict[bytes, tuple[str, str]] = {}
 _KV_CACHE_MAX = 50_000
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _MAX_TAG = (1 << 32) - 1  # field numbers up to 2**29 - 1, as protobuf allows
+_U64 = struct.Struct("<Q").unpack_from
+_U64_MASK = (1 << 64) - 1
+_F64 = struct.Struct("<d").unpack_from
+_START_END = struct.Struct("<QxQ").unpack_from  # two fixed64 fields and the tag between them
 
 
 class InvalidSpans(ValueError):
@@ -94,7 +103,43 @@ def _text(buf: bytes, span: tuple[int, int]) -> str:
 
 
 def _key_value(raw: bytes) -> tuple[str, str]:
-    """Renders one serialized KeyValue (a cache miss), remembering it while the cache has room."""
+    """Renders one serialized KeyValue (a cache miss) and remembers it. Unique values (ids) would
+    fill the cache for good: when full it is emptied, and the recurring values return to it."""
+    hit = _scalar_key_value(raw) or _any_key_value(raw)
+    if len(_KV_CACHE) >= _KV_CACHE_MAX:
+        _KV_CACHE.clear()
+    _KV_CACHE[raw] = hit
+    return hit
+
+
+def _scalar_key_value(raw: bytes) -> tuple[str, str] | None:
+    """The common miss, read directly: a short key and one string, int, bool or double value
+    (AnyValue fields 1, 3, 2, 4), nothing else. None for any other layout."""
+    n = len(raw)
+    if n < 4 or raw[0] != 0x0A or raw[1] >= 0x80:
+        return None
+    v = 4 + raw[1]  # where the AnyValue starts
+    if v > n or raw[v - 2] != 0x12 or raw[v - 1] >= 0x80 or v + raw[v - 1] != n:
+        return None
+    key = raw[2:v - 2].decode()
+    if v == n:
+        return key, ""
+    tag = raw[v]
+    if tag == 0x0A and v + 1 < n and raw[v + 1] < 0x80 and v + 2 + raw[v + 1] == n:
+        return key, raw[v + 2:].decode()
+    if tag == 0x18 or tag == 0x10:
+        number, end = _varint(raw, v + 1)
+        if end == n:
+            number &= _U64_MASK
+            if tag == 0x10:
+                return key, "true" if number else "false"
+            return key, str(number - (1 << 64) if number >> 63 else number)
+    elif tag == 0x21 and v + 9 == n:
+        return key, go_float(_F64(raw, v + 1)[0])
+    return None
+
+
+def _any_key_value(raw: bytes) -> tuple[str, str]:
     key, value = "", ""
     for field, wire, val in _fields(raw, 0, len(raw)):
         if field == 1:
@@ -106,10 +151,7 @@ def _key_value(raw: bytes) -> tuple[str, str]:
                 value = as_string(AnyValue.FromString(raw[val[0]:val[1]]))
             except Exception as exc:  # upb DecodeError and friends
                 raise InvalidSpans(f"malformed attribute value: {exc}") from None
-    hit = (key, value)
-    if len(_KV_CACHE) < _KV_CACHE_MAX:
-        _KV_CACHE[raw] = hit
-    return hit
+    return key, value
 
 
 def _attributes(buf: bytes, ranges: list) -> dict[str, str]:
@@ -174,7 +216,8 @@ def _resource_spans(rows: list, buf: bytes, start: int, stop: int) -> None:
     for field, wire, val in _fields(buf, start, stop):
         if field == 1:
             _expect(wire, _LEN, "resource")
-            resource = [v for f, w, v in _fields(buf, *val) if f == 1 and w == _LEN]
+            # a repeated singular message is merged: its attributes are concatenated
+            resource += [v for f, w, v in _fields(buf, *val) if f == 1 and w == _LEN]
         elif field == 2:
             _expect(wire, _LEN, "scope_spans")
             scope_spans.append(val)
@@ -188,22 +231,42 @@ def _scope_spans(rows: list, buf, start, stop, resource: dict, service: str) -> 
     """The scope may follow its spans on the wire: spans are decoded once it is known."""
     name = version = ""
     spans = []
-    for field, wire, val in _fields(buf, start, stop):
-        if field == 1:
-            _expect(wire, _LEN, "scope")
-            for f, w, v in _fields(buf, *val):
-                if f in (1, 2):
-                    _expect(w, _LEN, "scope name/version")
-                    if f == 1:
-                        name = _text(buf, v)
-                    else:
-                        version = _text(buf, v)
-        elif field == 2:
-            _expect(wire, _LEN, "span")
-            spans.append(val)
+    i = start
+    while i < stop:
+        if buf[i] == 0x12:  # a span: the common case, located without the generic path
+            length = buf[i + 1]
+            if length < 0x80:
+                i += 2
+            else:
+                length, i = _varint(buf, i + 1)
+            if i + length > stop:
+                raise InvalidSpans("span runs past its scope_spans")
+            spans.append((i, i + length))
+            i += length
+            continue
+        end = _field_end(buf, i, stop)
+        for field, wire, val in _fields(buf, i, end):
+            if field == 1:
+                _expect(wire, _LEN, "scope")
+                name, version = _scope(buf, *val, name, version)
+            elif field == 2:
+                _expect(wire, _LEN, "span")
+        i = end
     append = rows.append
     for s, e in spans:
         append(_span(buf, s, e, resource, service, name, version))
+
+
+def _scope(buf, start, stop, name: str, version: str) -> tuple[str, str]:
+    """Name and version, over those of an earlier occurrence (protobuf merges repeated messages)."""
+    for f, w, v in _fields(buf, start, stop):
+        if f in (1, 2):
+            _expect(w, _LEN, "scope name/version")
+            if f == 1:
+                name = _text(buf, v)
+            else:
+                version = _text(buf, v)
+    return name, version
 
 
 # Span fields by number → wire type, for the generic path (unknown fields are skipped).
@@ -213,15 +276,17 @@ _SPAN_WIRE = {1: _LEN, 2: _LEN, 3: _LEN, 4: _LEN, 5: _LEN, 6: _VARINT, 7: _I64, 
 
 def _span(buf, i, stop, resource, service, scope_name, scope_version) -> tuple:
     """The hot loop, inlined: one-byte tags of known fields are matched directly (0x4A = field 9,
-    attributes, LEN); anything else takes the generic, checked path."""
-    trace_id = span_id = status = None
+    attributes, LEN); start and end (0x39, 0x41), adjacent as SDKs write them, are read by one
+    unpack; anything else takes the generic, checked path."""
+    trace_id = span_id = None
     parent = state = name = b""
     kind = begin = end = 0
+    status = _NO_STATUS
     attrs, events, links = {}, [], []
     cache = _KV_CACHE
     while i < stop:
         tag = buf[i]
-        if tag == 0x4A:  # attributes, the most frequent field: its own short path
+        if tag & 7 == 2 and tag < 0x80:  # LEN fields with one-byte tags
             length = buf[i + 1]
             if length < 0x80:
                 i += 2
@@ -229,14 +294,12 @@ def _span(buf, i, stop, resource, service, scope_name, scope_version) -> tuple:
                 length, i = _varint(buf, i + 1)
             j = i + length
             if j > stop:
-                raise InvalidSpans("attribute runs past its span")
-            raw = buf[i:j]
-            key, value = cache.get(raw) or _key_value(raw)
-            attrs[key] = value
-            i = j
-        elif tag & 7 == 2 and tag < 0x80:  # other LEN fields with one-byte tags
-            i, j = _delimited(buf, i, stop)
-            if tag == 0x0A:
+                raise InvalidSpans("length-delimited field runs past its span")
+            if tag == 0x4A:  # attributes, the most frequent field
+                raw = buf[i:j]
+                key, value = cache.get(raw) or _key_value(raw)
+                attrs[key] = value
+            elif tag == 0x0A:
                 trace_id = buf[i:j]
             elif tag == 0x12:
                 span_id = buf[i:j]
@@ -244,48 +307,46 @@ def _span(buf, i, stop, resource, service, scope_name, scope_version) -> tuple:
                 parent = buf[i:j]
             elif tag == 0x2A:
                 name = buf[i:j]
-            elif tag == 0x1A:
-                state = buf[i:j]
             elif tag == 0x5A:
                 events.append((i, j))
+            elif tag == 0x1A:
+                state = buf[i:j]
+            elif tag == 0x7A:
+                status = _status(buf, i, j, *status)
             elif tag == 0x6A:
                 links.append((i, j))
-            elif tag == 0x7A:
-                status = (i, j)
-            elif _SPAN_WIRE.get(tag >> 3, _LEN) != _LEN:
-                raise InvalidSpans(f"span field {tag >> 3}: wrong wire type")
+            elif _SPAN_WIRE.get(tag >> 3, _LEN) != _LEN or tag < 8:
+                raise InvalidSpans(f"span field {tag >> 3}: wrong wire type or number")
             i = j
+        elif tag == 0x39 and i + 18 <= stop and buf[i + 9] == 0x41:
+            begin, end = _START_END(buf, i + 1)
+            i += 18
+        elif tag == 0x30:
+            kind = buf[i + 1]
+            if kind < 0x80:
+                i += 2
+            else:
+                kind, i = _varint(buf, i + 1)
         elif tag == 0x39 or tag == 0x41:
             if i + 9 > stop:
                 raise InvalidSpans("truncated timestamp")
-            value = int.from_bytes(buf[i + 1:i + 9], "little")
             if tag == 0x39:
-                begin = value
+                begin = _U64(buf, i + 1)[0]
             else:
-                end = value
+                end = _U64(buf, i + 1)[0]
             i += 9
-        elif tag == 0x30:
-            kind, i = _varint(buf, i + 1)
         else:
             i = _skip_checked(buf, i, stop, _SPAN_WIRE)
-    status_code, status_message = _status(buf, *status) if status else (0, "")
-    return (begin, _id(trace_id, 16, "trace_id"), _id(span_id, 8, "span_id"),
-            _id(parent, 8, "parent_span_id", allow_empty=True), state.decode() if state else "",
+    if trace_id is None or len(trace_id) != 16 or trace_id == _ZERO_TRACE_ID:
+        _id(trace_id, 16, "trace_id")  # raises
+    if span_id is None or len(span_id) != 8 or span_id == _ZERO_SPAN_ID:
+        _id(span_id, 8, "span_id")
+    if parent and (len(parent) != 8 or parent == _ZERO_SPAN_ID):
+        _id(parent, 8, "parent_span_id")
+    return (begin, trace_id.hex(), span_id.hex(), parent.hex(), state.decode() if state else "",
             name.decode(), SPAN_KINDS.get(kind, ""), service, resource, scope_name, scope_version,
-            attrs, max(end - begin, 0), STATUS_CODES.get(status_code, ""), status_message,
+            attrs, max(end - begin, 0), STATUS_CODES.get(status[0], ""), status[1],
             *(_events(buf, events) if events else _NO_EVENTS), *(_links(buf, links) if links else _NO_LINKS))
-
-
-def _delimited(buf: bytes, i: int, stop: int) -> tuple[int, int]:
-    """A LEN field whose one-byte tag is at `i` → (payload start, payload end)."""
-    length = buf[i + 1]
-    if length < 0x80:
-        i += 2
-    else:
-        length, i = _varint(buf, i + 1)
-    if i + length > stop:
-        raise InvalidSpans("length-delimited field runs past its message")
-    return i, i + length
 
 
 def _skip_checked(buf: bytes, i: int, stop: int, wire_of: dict) -> int:
@@ -315,8 +376,8 @@ def _field_end(buf: bytes, i: int, stop: int) -> int:
     return end
 
 
-def _status(buf, start, stop) -> tuple[int, str]:
-    code, message = 0, ""
+def _status(buf, start, stop, code: int, message: str) -> tuple[int, str]:
+    """Code and message, over those of an earlier occurrence (protobuf merges repeated messages)."""
     for field, wire, val in _fields(buf, start, stop):
         if field == 2:
             _expect(wire, _LEN, "status.message")
@@ -338,23 +399,32 @@ def _events(buf, events: list) -> tuple[list, list, list]:
         time_ns, name, kvs = 0, "", {}
         while i < stop:
             tag = buf[i]
-            if tag == 0x09:
-                if i + 9 > stop:
-                    raise InvalidSpans("truncated event time")
-                time_ns = int.from_bytes(buf[i + 1:i + 9], "little")
-                i += 9
-            elif tag == 0x12 or tag == 0x1A:
-                i, j = _delimited(buf, i, stop)
-                if tag == 0x12:
-                    name = buf[i:j].decode()
+            if tag == 0x1A or tag == 0x12:
+                length = buf[i + 1]
+                if length < 0x80:
+                    i += 2
                 else:
+                    length, i = _varint(buf, i + 1)
+                j = i + length
+                if j > stop:
+                    raise InvalidSpans("length-delimited field runs past its event")
+                if tag == 0x1A:
                     raw = buf[i:j]
                     key, value = cache.get(raw) or _key_value(raw)
                     kvs[key] = value
+                else:
+                    name = buf[i:j].decode()
                 i = j
+            elif tag == 0x09:
+                if i + 9 > stop:
+                    raise InvalidSpans("truncated event time")
+                time_ns = _U64(buf, i + 1)[0]
+                i += 9
             else:
                 i = _skip_checked(buf, i, stop, _EVENT_WIRE)
-        times.append(time_ns), names.append(name), attrs.append(kvs)
+        times.append(time_ns)
+        names.append(name)
+        attrs.append(kvs)
     return times, names, attrs
 
 

@@ -8,10 +8,9 @@ import time
 from dataclasses import dataclass, field
 
 from collectors import render
-from collectors.clickhouse_url import connect
+from collectors.clickhouse_sink import ClickHouseSink, encode_block
 from collectors.metrics import CollectorMetrics
 from collectors.render_cache import RenderCache
-from collectors.schema import INSERT_COLUMN_TYPES, INSERT_COLUMNS, TRACES_TABLE
 from collectors.spool import Pending, Record, Spool
 
 log = logging.getLogger(__name__)
@@ -19,34 +18,6 @@ log = logging.getLogger(__name__)
 
 class _Abandoned(Exception):
     pass
-
-
-@dataclass(slots=True)
-class ClickHouseSink:
-    """Column-oriented inserts into `<database>.otel_traces`, deduplicated by a per-batch token."""
-
-    url: str
-    database: str = "otel"
-    _client: object = field(default=None, init=False)
-
-    def insert(self, columns: list, token: str) -> None:
-        if self._client is None:
-            self._client = connect(self.url, compress=False, autogenerate_session_id=False)
-        try:
-            self._client.insert(
-                TRACES_TABLE, columns, column_names=INSERT_COLUMNS, database=self.database,
-                column_type_names=[t for _, t in INSERT_COLUMN_TYPES], column_oriented=True,
-                settings={"insert_deduplicate": 1, "insert_deduplication_token": token,
-                          "deduplicate_blocks_in_dependent_materialized_views": 1},
-            )
-        except Exception:
-            self.close()  # a fresh connection for the retry
-            raise
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 @dataclass(slots=True)
@@ -142,25 +113,26 @@ class SpoolWriter:
         self._waiting_since = None
 
     def _insert(self, records: list[Record], pending: Pending) -> None:
-        rows: list[tuple] = []
+        blocks = []
         for record in records:
-            rendered = self.rendered.pop((record.segment, record.start))
-            if rendered is None:  # after a restart, or past the cache's bound
+            block = self.rendered.pop((record.segment, record.start))
+            if block is None:  # after a restart, or past the cache's bound
+                rows: list[tuple] = []
                 render.add_rows(rows, record.payload)
-            else:
-                rows += rendered
-        columns = render.to_columns(rows)
+                block = encode_block(rows)
+            blocks.append(block)
+        spans = sum(record.span_count for record in records)
         backoff_s = 0.05
         while True:
             try:
-                self.sink.insert(columns, self.spool.token(pending))
+                self.sink.insert_blocks(blocks, self.spool.token(pending))
                 break
             except Exception as exc:  # ClickHouse down or refusing: keep the batch, retry
                 self.metrics.add("insert_retries")
-                log.warning("insert of %d spans failed (%s); retrying in %.2fs", len(rows), exc, backoff_s)
+                log.warning("insert of %d spans failed (%s); retrying in %.2fs", spans, exc, backoff_s)
                 if self._stop.is_set() or self._stop.wait(backoff_s):
                     raise _Abandoned  # stopping while ClickHouse fails: the batch stays spooled
                 backoff_s = min(backoff_s * 2, self.max_backoff_s)
-        self.metrics.add("spans_written", len(rows))
+        self.metrics.add("spans_written", spans)
         self.spool.inserted(pending.end - pending.start)
         self._inserted = pending

@@ -22,6 +22,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from collectors.otlp_json import parse_traces
@@ -142,6 +144,33 @@ def test_otlp_json_with_gzip(collector, ch_client, traces_db):
     assert row["ServiceName"] == "json-svc" and (row["ScopeName"], row["ScopeVersion"]) == ("s", "1")
     assert row["SpanAttributes"] == {"i": "7", "d": "2", "by": "AQI=", "m": '{"a":1,"b":"x"}',
                                      "arr": '["s",0.5,false]'}
+
+
+# Before 2001-09-09 (1e18 ns) ClickHouse would read a digit string as seconds; 2**63 - 1 is the
+# last DateTime64(9) instant.
+EDGE_TIMES_NS = (5, 999_999_999, 10**18 - 1, 1_700_000_000_123_456_789, 2**63 - 1)
+ODD_TEXT = 'q"uote\\back\nline\ttab\x00nul\x1fctl é 漢 🙂 </script>'
+
+
+def test_timestamps_and_text_survive_the_insert_exactly(collector, ch_client, traces_db):
+    """The writer ships rows as JSON that ClickHouse parses: nanoseconds and every character
+    (quotes, backslashes, control characters, non-BMP) must arrive unchanged."""
+    request = ExportTraceServiceRequest()
+    scope_spans = request.resource_spans.add().scope_spans.add()
+    for i, start_ns in enumerate(EDGE_TIMES_NS):
+        span = scope_spans.spans.add(trace_id=bytes([i + 1]) * 16, span_id=bytes([i + 1]) * 8,
+                                     name=f"{ODD_TEXT}{i}", start_time_unix_nano=start_ns,
+                                     end_time_unix_nano=start_ns + 7)
+        span.attributes.add(key=ODD_TEXT, value=AnyValue(string_value=ODD_TEXT))
+        span.events.add(time_unix_nano=EDGE_TIMES_NS[-1 - i], name=ODD_TEXT)
+    assert _post(collector, request.SerializeToString()).status_code == 200
+    assert wait_rows(ch_client, traces_db, len(EDGE_TIMES_NS)) == len(EDGE_TIMES_NS)
+    got = ch_client.query(
+        f"SELECT toUnixTimestamp64Nano(Timestamp), Duration, SpanName, SpanAttributes, Events.Name, "
+        f"arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp) FROM {traces_db}.otel_traces "
+        f"ORDER BY SpanId").result_rows
+    assert got == [(start_ns, 7, f"{ODD_TEXT}{i}", {ODD_TEXT: ODD_TEXT}, [ODD_TEXT], [EDGE_TIMES_NS[-1 - i]])
+                   for i, start_ns in enumerate(EDGE_TIMES_NS)]
 
 
 _HTTP = httpx.Client(timeout=10)

@@ -4,6 +4,7 @@ against the upb-parsed message on generated requests; malformed bytes only ever 
 from __future__ import annotations
 
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -160,3 +161,44 @@ def test_column_form_equals_the_transposed_rows():
     render.add_rows(rows, request.SerializeToString())
     assert [tuple(c) for c in columns] == render.to_columns(rows)
     assert columns[5] == ["s0", "s1", "s2"]
+
+
+@pytest.mark.parametrize("value", [
+    AnyValue(), AnyValue(string_value=""), AnyValue(string_value="k" * 200), AnyValue(string_value="é漢🙂"),
+    AnyValue(int_value=0), AnyValue(int_value=-1), AnyValue(int_value=2 ** 63 - 1), AnyValue(int_value=-(2 ** 63)),
+    AnyValue(bool_value=True), AnyValue(bool_value=False), AnyValue(double_value=-0.0), AnyValue(double_value=1e-7),
+    AnyValue(bytes_value=b"\x00"), AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)])),
+])
+@pytest.mark.parametrize("key", ["", "gen_ai.request.model", "k" * 130])
+def test_attribute_read_directly_or_through_anyvalue_renders_alike(key, value):
+    """Short scalar attributes are read without AnyValue; long ones, bytes and arrays through it."""
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
+    span.attributes.add(key=key, value=value)
+    rows = []
+    render.add_rows(rows, request.SerializeToString())
+    assert rows[0][11] == {key: as_string(value)}
+
+
+def test_attribute_cache_stays_bounded(monkeypatch):
+    monkeypatch.setattr(render, "_KV_CACHE_MAX", 10)
+    request = ExportTraceServiceRequest()
+    spans = request.resource_spans.add().scope_spans.add().spans
+    for i in range(25):
+        spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8).attributes.add(
+            key="id", value=AnyValue(string_value=f"unique-{i}"))
+    rows = []
+    render.add_rows(rows, request.SerializeToString())
+    assert [r[11]["id"] for r in rows] == [f"unique-{i}" for i in range(25)]
+    assert len(render._KV_CACHE) <= 10
+
+
+def test_every_occurrence_of_a_repeated_message_is_validated():
+    """Protobuf merges a repeated singular message (resource, scope, status), so it parses each:
+    a malformed first occurrence must be refused even when a later one is valid."""
+    malformed_kv = b"\x0a\x05" + b"0" * 5  # a Resource whose attribute is a truncated varint
+    resource_spans = b"\x0a\x07" + malformed_kv + b"\x0a\x00"
+    with pytest.raises(render.InvalidSpans):
+        render.count_spans(b"\x0a" + bytes([len(resource_spans)]) + resource_spans)
+    with pytest.raises(DecodeError):
+        ExportTraceServiceRequest.FromString(b"\x0a" + bytes([len(resource_spans)]) + resource_spans)
