@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import gc
-import ipaddress
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -18,10 +17,7 @@ from collectors.ingest import Ingest
 from collectors.metrics import CollectorMetrics
 from collectors.spool import Spool
 from collectors.writer import ClickHouseSink, SpoolWriter
-
-
-class InsecureBindError(ValueError):
-    pass
+from instrumentation.exposure import InsecureBindError, check_exposure
 
 
 def tune_gc_for_throughput() -> None:
@@ -35,15 +31,6 @@ def default_spool_dir(grpc_port: int) -> str:
     """Where the CLI keeps its spool when none is given: persistent, so a restart replays it."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return os.path.join(state, "phaselens", f"collector-spool-{grpc_port}")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(slots=True)
@@ -67,9 +54,7 @@ class Collector:
     _http: HttpReceiver | None = field(default=None, init=False)
 
     def start(self) -> "Collector":
-        if not is_loopback(self.host) and not self.auth_token and not self.insecure:
-            raise InsecureBindError(f"listening on {self.host} (not loopback) needs an auth token "
-                                    "or an explicit insecure flag")
+        check_exposure(self.host, self.auth_token, self.insecure)
         self.spool_dir = self.spool_dir or tempfile.mkdtemp(prefix="phaselens-spool-")
         self._spool = Spool(self.spool_dir, max_bytes=self.max_spool_bytes)
         ingest = Ingest(self._spool, self.metrics, self.max_body_bytes, self.auth_token)

@@ -9,7 +9,6 @@ telemetry flushes its spans. Exit status 0.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import signal
 import socket
 import sys
@@ -19,6 +18,7 @@ import uvicorn
 
 from reference_server.api import ApiSettings, create_app
 from reference_server.config import EngineConfig
+from instrumentation.exposure import check_exposure
 from reference_server.engine import Engine
 
 SERVICE_NAME = "phaselens-server"
@@ -35,21 +35,6 @@ class ServeOptions:
     telemetry: bool = True
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(options: ServeOptions) -> None:
-    """A non-loopback address needs a bearer token, or an explicit --insecure."""
-    if not is_loopback(options.host) and not options.auth_token and not options.insecure:
-        raise ValueError(f"--host {options.host} is not loopback: give --auth-token (or --insecure)")
-
-
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -61,7 +46,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(options: ServeOptions) -> int:
-    check_exposure(options)
+    check_exposure(options.host, options.auth_token, options.insecure)
     engine = Engine(options.engine)  # loads the model: bad flags fail here, before anything starts
     sock = bind(options.host, options.port)
     telemetry = _telemetry() if options.telemetry else None

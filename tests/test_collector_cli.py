@@ -66,6 +66,6 @@ def test_collector_command_ready_health_and_clean_exit(clickhouse, tmp_path):
         assert httpx.get(f"{http}/health").json() == {"status": "ok"}
         refused = _start("collector", "--clickhouse", clickhouse.url, "--host", "0.0.0.0",
                          "--grpc-port", "0", "--http-port", "0")
-        assert refused.wait(30) == 1 and "auth token" in refused.stderr.read()
+        assert refused.wait(30) == 1 and "needs --auth-token" in refused.stderr.read()
     finally:
         assert _stop(proc) == 0

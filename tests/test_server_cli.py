@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from reference_server.config import EngineConfig
-from reference_server.process import ServeOptions, check_exposure
+from instrumentation.exposure import check_exposure
 
 
 def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
@@ -40,12 +40,11 @@ def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
     ("0.0.0.0", None, False, False), ("0.0.0.0", "t", False, True), ("10.1.2.3", None, True, True),
 ])
 def test_non_loopback_host_needs_a_token(host, token, insecure, ok):
-    options = ServeOptions(engine=EngineConfig(), host=host, auth_token=token, insecure=insecure)
     if ok:
-        check_exposure(options)
+        check_exposure(host, token, insecure)
     else:
         with pytest.raises(ValueError, match="auth-token"):
-            check_exposure(options)
+            check_exposure(host, token, insecure)
 
 
 def test_bad_engine_flags_are_refused():
