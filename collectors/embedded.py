@@ -9,6 +9,8 @@ chdb entry point: chdb-core is pinned exactly and this module is the only place 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import socket
@@ -61,15 +63,13 @@ def ping(url: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM this process when its parent dies, so a crashed test or demo leaves no server."""
-    import ctypes
-
+def die_with_parent(parent_pid: int) -> None:
+    """`preexec_fn` (Linux): SIGTERM this child when its parent dies, even by SIGKILL, so a crashed
+    test or demo leaves no server behind."""
     PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def serve_forever(data_dir: str, http_port: int, tcp_port: int, host: str = LOOPBACK) -> None:
@@ -120,7 +120,8 @@ class EmbeddedClickHouse:
                str(self.http_port), str(self.tcp_port), self.host]
         with open(log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, env=_child_env())
+                                          start_new_session=True, env=_child_env(),
+                                          preexec_fn=functools.partial(die_with_parent, os.getpid()))
         self._wait_ready(timeout_s, log_path)
         return self
 
@@ -145,15 +146,8 @@ class EmbeddedClickHouse:
         return self._proc is not None and self._proc.poll() is None
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self._proc is None:
-            return
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        if self._proc is not None:
+            terminate(self._proc, timeout_s)
         self._proc = None
 
     def __enter__(self) -> "EmbeddedClickHouse":
@@ -161,6 +155,18 @@ class EmbeddedClickHouse:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def terminate(proc: subprocess.Popen, timeout_s: float) -> int:
+    """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def _child_env() -> dict[str, str]:
@@ -171,5 +177,4 @@ def _child_env() -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    _die_with_parent()
     serve_forever(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

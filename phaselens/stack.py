@@ -9,10 +9,8 @@ to the collector), collector (drains its spool into ClickHouse), ClickHouse.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,9 +22,8 @@ from analysis import schema as analysis_schema
 from analysis.schema import FACTS_VIEW
 from collectors import schema as collector_schema
 from collectors.clickhouse_url import connect
-from collectors.embedded import LOOPBACK, EmbeddedClickHouse, free_port
+from collectors.embedded import LOOPBACK, EmbeddedClickHouse, die_with_parent, free_port, terminate
 
-PR_SET_PDEATHSIG = 1
 SERVER_SERVICE = "phaselens-reference-server"
 CLIENT_SERVICE = "phaselens-loadgen"
 # Spans reach the collector within ~0.2 s instead of the SDK's default 5 s batch delay.
@@ -35,14 +32,6 @@ BSP_SCHEDULE_DELAY_MS = "200"
 
 class StackError(RuntimeError):
     pass
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """preexec_fn: SIGTERM this child when the orchestrator dies (also by SIGKILL)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def project_env() -> dict[str, str]:
@@ -81,14 +70,7 @@ class Child:
 
     def stop(self, timeout_s: float) -> int:
         """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, timeout_s)
 
 
 def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str], stderr=subprocess.STDOUT) -> Child:
@@ -99,7 +81,7 @@ def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str], stderr
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "phaselens", *argv], stdout=log, stderr=stderr,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                preexec_fn=lambda: _die_with_parent(parent))
+                                preexec_fn=lambda: die_with_parent(parent))
     return Child(name, proc, log_path)
 
 
