@@ -15,8 +15,10 @@ processor, discarding exporter), and climbs a ladder of levels. At each level:
                        drive about 1e6 / that many chunks per second)
 Two ladders: `chunks` (short 10 ms-interval streams: chunk rate grows) and `streams` (slow 200 ms
 streams: concurrency grows), each climbed until a request fails or p99 lag passes 100 ms; each
-level's arrivals last at least twice a request's duration. Reported: the highest passing level. Baseline, same run: the
-highest passing chunk level again with tracing off (no-op tracer), which prices the spans.
+level's arrivals last at least twice a request's duration. Reported: the highest passing level. Baselines, same run:
+the highest passing chunk level again with tracing off (no-op tracer), which prices the spans; and a reference
+client (bare asyncio protocol, a regex for the stamps, no HTTP/SSE/JSON layers, no spans) at the target levels
+(24 streams ≈ 2,100 chunks/s; 256 streams): the noise floor of lag and timestamp error on this machine now.
 Targets: ≥ 2,000 chunks/s and ≥ 256 concurrent streams.
 
     python benchmarks/loadgen_capacity.py [--quick] [--no-pin]
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,6 +64,7 @@ class Ladder:
     interval_ms: float
     chunks: int  # per request
     streams: tuple[int, ...]  # target concurrency of each level: rate = streams / request duration
+    reference_streams: int  # the level the reference client also drives (the target's level)
 
 
 def start_server(interval_ms: float, core: int | None) -> tuple[subprocess.Popen, str]:
@@ -76,6 +80,58 @@ def start_server(interval_ms: float, core: int | None) -> tuple[subprocess.Popen
 
 def p99(values: list[float]) -> float | None:
     return quantile(sorted(values), 0.99)
+
+
+class _RawStream(asyncio.Protocol):
+    """The reference client: one request on a bare asyncio connection, each read stamped and
+    scanned for the server's write stamps; no HTTP or SSE layers, no spans (the noise floor)."""
+
+    def __init__(self, request: bytes, done: asyncio.Future):
+        self.request, self.done, self.errors_ms = request, done, []
+
+    def connection_made(self, transport) -> None:
+        transport.write(self.request)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter_ns()
+        self.errors_ms += [(now - int(stamp)) / 1e6 for stamp in _STAMP.findall(data)]
+        if data.endswith(b"0\r\n\r\n"):
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        if not self.done.done():
+            self.done.set_result(self.errors_ms)
+
+
+_STAMP = re.compile(rb'"text": "(\d+)"')
+
+
+async def measure_raw(url: str, ladder: Ladder, streams: int, duration_s: float) -> dict:
+    """The same level driven by the reference client: what this machine allows at all."""
+    request_s = ladder.chunks * ladder.interval_ms / 1e3
+    rate, duration_s = streams / request_s, max(duration_s, 2 * request_s)
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"model": "bench", "prompt": "x", "max_tokens": ladder.chunks, "stream": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n%s" % (url.encode(), len(body), body))
+    loop = asyncio.get_running_loop()
+    cpu_s = time.process_time()
+    start, lags, pending = time.perf_counter_ns() + 2_000_000, [], []
+    for offset_s in GammaArrivals(rate, seed=streams).offsets_s():
+        if offset_s >= duration_s:
+            break
+        intended = start + int(offset_s * 1e9)
+        await asyncio.sleep(max(intended - time.perf_counter_ns(), 0) / 1e9)
+        lags.append((time.perf_counter_ns() - intended) / 1e6)
+        done = loop.create_future()
+        await loop.create_connection(lambda: _RawStream(request, done), host, int(port))
+        pending.append(done)
+    errors = [e for per_request in await asyncio.gather(*pending) for e in per_request]
+    cpu_s = time.process_time() - cpu_s
+    return {"target_streams": streams, "requests": len(pending), "chunks": len(errors),
+            "client_cpu_us_per_chunk": round(cpu_s / len(errors) * 1e6, 1) if errors else None, "lag_p99_ms": p99(lags),
+            "ts_error_p50_ms": quantile(sorted(errors), 0.5), "ts_error_p99_ms": p99(errors)}
 
 
 async def measure(url: str, ladder: Ladder, streams: int, duration_s: float, provider) -> dict:
@@ -106,7 +162,7 @@ async def measure(url: str, ladder: Ladder, streams: int, duration_s: float, pro
             "passed": bool(ok) and len(ok) == len(run.results) and lag < LAG_P99_MS and err < ERROR_P99_MS}
 
 
-def climb(ladder: Ladder, duration_s: float, core: int | None) -> tuple[list[dict], str]:
+def climb(ladder: Ladder, duration_s: float, core: int | None) -> tuple[list[dict], dict | None, dict]:
     server, url = start_server(ladder.interval_ms, core)
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Discard()))
@@ -119,11 +175,12 @@ def climb(ladder: Ladder, duration_s: float, core: int | None) -> tuple[list[dic
                 break  # the client is saturated: higher levels only measure the overload
         best = max((lv for lv in levels if lv["passed"]), key=lambda lv: lv["target_streams"], default=None)
         baseline = asyncio.run(measure(url, ladder, best["target_streams"], duration_s, NoOpTracerProvider())) if best else None
+        reference = asyncio.run(measure_raw(url, ladder, ladder.reference_streams, duration_s))
     finally:
         provider.shutdown()
         server.terminate()
         server.wait(timeout=10)
-    return levels, baseline
+    return levels, baseline, reference
 
 
 def main() -> None:
@@ -138,10 +195,10 @@ def main() -> None:
     else:
         os.sched_setaffinity(0, {client_core})
     duration = 1.5 if args.quick else 5.0
-    chunk_ladder = Ladder("chunks", 10.0, 40, (4, 8, 16, 24, 32, 48, 64, 96, 128))
-    stream_ladder = Ladder("streams", 200.0, 10, (64, 128, 256, 384, 512, 768, 1024))
-    chunk_levels, chunk_baseline = climb(chunk_ladder, duration, server_core)
-    stream_levels, _ = climb(stream_ladder, duration, server_core)
+    chunk_ladder = Ladder("chunks", 10.0, 40, (4, 8, 16, 24, 32, 48, 64, 96, 128), reference_streams=24)
+    stream_ladder = Ladder("streams", 200.0, 10, (64, 128, 256, 384, 512, 768, 1024), reference_streams=256)
+    chunk_levels, chunk_baseline, chunk_reference = climb(chunk_ladder, duration, server_core)
+    stream_levels, _, stream_reference = climb(stream_ladder, duration, server_core)
     best = lambda levels, key: max((lv[key] for lv in levels if lv["passed"]), default=0)  # noqa: E731
     result = {
         "benchmark": "loadgen_capacity", "quick": args.quick, "client_core": client_core, "server_core": server_core,
@@ -151,6 +208,7 @@ def main() -> None:
         "client_cpu_us_per_chunk": chunk_levels[-1]["client_cpu_us_per_chunk"],
         "targets": {"chunks_per_s": 2000, "concurrent_streams": 256},
         "baseline_tracing_off_at_best_chunk_level": chunk_baseline,
+        "reference_client": {"chunks": chunk_reference, "streams": stream_reference},
         "levels": {"chunks": chunk_levels, "streams": stream_levels},
     }
     result["meets_targets"] = result["max_chunks_per_s"] >= 2000 and result["max_concurrent_streams"] >= 256

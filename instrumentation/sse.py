@@ -48,13 +48,36 @@ class SSEParser:
             chunk = chunk[1:]
         self._skip_lf = False
         buf = self._tail + chunk if self._tail else chunk
+        self._tail = b""
+        if self._started and self._data is None and not self._event and b"\r" not in buf:
+            return self._blocks(buf)
+        return self._lines(buf)
+
+    def _blocks(self, buf: bytes) -> list[SSEEvent]:
+        """Fast path, at an event boundary with LF-only line ends: split whole events on a blank line;
+        a lone `data: …` line is the event, anything else goes through the line grammar."""
+        blocks = buf.split(b"\n\n")
+        rest = blocks.pop()
+        events: list[SSEEvent] = []
+        for block in blocks:
+            if block[:6] == b"data: " and b"\n" not in block:
+                try:
+                    events.append(SSEEvent(block[6:].decode("utf-8"), "message", self._id))
+                except UnicodeDecodeError as exc:
+                    raise SSEError(f"invalid UTF-8 in event stream: {exc}") from None
+            else:
+                events += self._lines(block + b"\n\n")
+        if rest:
+            events += self._lines(rest)
+        return events
+
+    def _lines(self, buf: bytes) -> list[SSEEvent]:
+        """The line grammar: complete lines are parsed, an unterminated last line waits in `_tail`."""
         lines = buf.splitlines(keepends=True)
         if lines and not lines[-1].endswith(_LINE_ENDS):
             self._tail = lines.pop()
             if len(self._tail) > self.max_line_bytes:
                 raise SSEError(f"line longer than {self.max_line_bytes} bytes")
-        else:
-            self._tail = b""
         if buf.endswith(b"\r"):
             self._skip_lf = True
         events: list[SSEEvent] = []

@@ -18,6 +18,20 @@ STREAM = (
 EXPECTED = [("{\"a\": 1}", "message", None), ("first line\nsecond line", "error", "7"),
             ("cr only", "message", "7"), ("été", "message", "7"), ("[DONE]", "message", "7")]
 
+LF_STREAM = (  # LF line ends only: after the first event, whole events take the split-on-blank-line path
+    b"data: {\"a\": 1}\n\n"
+    b"data: plain\n\n\n"
+    b": comment\ndata: after comment\n\n"
+    b"event: error\ndata: one\ndata: two\nid: 9\n\n"
+    b"data:no space\n\n"
+    b"data: \xc3\xa9t\xc3\xa9\n\n"
+    b"\n\ndata: [DONE]\n\n"
+)
+LF_EXPECTED = [("{\"a\": 1}", "message", None), ("plain", "message", None), ("after comment", "message", None),
+               ("one\ntwo", "error", "9"), ("no space", "message", "9"), ("été", "message", "9"),
+               ("[DONE]", "message", "9")]
+STREAMS = [(STREAM, EXPECTED), (LF_STREAM, LF_EXPECTED)]
+
 
 def _events(chunks) -> list[tuple]:
     parser = SSEParser()
@@ -26,18 +40,21 @@ def _events(chunks) -> list[tuple]:
     return out
 
 
-def test_whole_stream_gives_every_event():
-    assert _events([STREAM]) == EXPECTED
+@pytest.mark.parametrize("stream, expected", STREAMS)
+def test_whole_stream_gives_every_event(stream, expected):
+    assert _events([stream]) == expected
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 7, 13])
-def test_any_chunking_gives_the_same_events(size):
-    assert _events([STREAM[i:i + size] for i in range(0, len(STREAM), size)]) == EXPECTED
+@pytest.mark.parametrize("stream, expected", STREAMS)
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 13, 40])
+def test_any_chunking_gives_the_same_events(stream, expected, size):
+    assert _events([stream[i:i + size] for i in range(0, len(stream), size)]) == expected
 
 
-def test_every_two_way_split_gives_the_same_events():
-    for cut in range(len(STREAM) + 1):
-        assert _events([STREAM[:cut], STREAM[cut:]]) == EXPECTED, cut
+@pytest.mark.parametrize("stream, expected", STREAMS)
+def test_every_two_way_split_gives_the_same_events(stream, expected):
+    for cut in range(len(stream) + 1):
+        assert _events([stream[:cut], stream[cut:]]) == expected, cut
 
 
 def test_crlf_split_between_chunks_is_one_line_end():
@@ -75,3 +92,9 @@ def test_stream_ending_inside_an_event_raises_at_close(tail):
 def test_over_long_line_raises():
     with pytest.raises(SSEError, match="longer"):
         SSEParser(max_line_bytes=16).feed(b"data: " + b"x" * 32)
+
+def test_invalid_utf8_in_a_whole_event_raises():
+    parser = SSEParser()
+    parser.feed(b"data: ok\n\n")
+    with pytest.raises(SSEError, match="UTF-8"):
+        parser.feed(b"data: \xff\n\ndata: next\n\n")

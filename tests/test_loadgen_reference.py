@@ -51,7 +51,9 @@ def test_client_span_is_parent_of_the_server_span_and_usage_is_used():
         # a token whose bytes are not yet whole UTF-8 streams no text: its chunk comes later, merged
         assert r.output_tokens == 8 and r.counted_tokens == len(r.chunk_ns) <= 8
         assert r.usage_mismatch == 8 - r.counted_tokens
-        assert r.ttft_ms < r.ttfo_ms < r.e2e_ms  # 2 reasoning tokens come before the content
+        # 2 reasoning tokens come before the content. Stamps are per network read, and this in-process
+        # server (one GIL) often lands a whole stream in one read: then the stamps are equal
+        assert r.ttft_ms <= r.ttfo_ms <= r.e2e_ms and r.reasoning_tokens == 2
         assert r.tpot_ms == (r.e2e_ms - r.ttft_ms) / 7
     for r in per_byte.results:  # ByT5: one token per UTF-8 byte (special tokens stream no text)
         assert r.chunk_tokens == [len(text.encode()) for text in r.chunk_text]
