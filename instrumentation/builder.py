@@ -37,6 +37,37 @@ class BuildOptions:
     engine_grace_ns: int = 5_000_000_000
 
 
+class PendingRequests:
+    """Requests closed before the engine was done with them (a client that left mid-stream): held
+    until the engine stamps `finished`, or `grace_ns` after `responded`, so no one writes a
+    timeline while it is read."""
+
+    __slots__ = ("_clock_ns", "grace_ns", "_items")
+
+    def __init__(self, clock_ns: ClockNs, grace_ns: int) -> None:
+        self._clock_ns = clock_ns
+        self.grace_ns = grace_ns
+        self._items: list[RequestHandle] = []
+
+    def add(self, handle: RequestHandle) -> None:
+        self._items.append(handle)
+
+    def take_ready(self, force: bool) -> list[RequestHandle]:
+        """The requests ready to read (all of them with `force`); the rest stay."""
+        if not self._items:
+            return []
+        now, grace = self._clock_ns(), self.grace_ns
+        ready, waiting = [], []
+        for handle in self._items:
+            done = force or handle.engine_done or now - handle.responded_ns >= grace
+            (ready if done else waiting).append(handle)
+        self._items = waiting
+        return ready
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 COUNTERS = ("requests_built", "requests_unsampled", "steps_built", "steps_unsampled", "build_errors")
 
 
@@ -48,14 +79,12 @@ class SpanBuilder:
                  poll_interval_s: float) -> None:
         self._writer = SpanWriter(tracer, anchor)
         self._metrics = metrics
-        self._clock_ns = clock_ns
         self._requests = requests
         self._steps = steps
         self._options = options
         self._poll_interval_s = poll_interval_s
-        self._pending: list[RequestHandle] = []
-        self._taken = 0  # records taken off the hand-offs, to know when a flush is complete
-        self._done = 0
+        self._pending = PendingRequests(clock_ns, options.engine_grace_ns)
+        self._done = 0  # records built (or failed): a flush is complete when all accepted ones are
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="phaselens-span-builder", daemon=True)
         self._counts = dict.fromkeys(COUNTERS, 0)  # written by the builder thread only
@@ -70,7 +99,8 @@ class SpanBuilder:
         """Wait until every record handed off so far has been built (pending ones included)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not len(self._requests) and not len(self._steps) and self._done == self._taken:
+            # counted from what the hand-offs accepted: a record just taken but not built still counts
+            if self._done >= sum(h.offered - h.dropped for h in (self._requests, self._steps)):
                 return True
             time.sleep(0.002)
         return False
@@ -94,27 +124,14 @@ class SpanBuilder:
         """Build what is ready; True when anything was taken."""
         took = False
         while (step := self._steps.take()) is not None:
-            self._taken += 1
             took = True
             self._guarded(self._build_step, step)
         while (handle := self._requests.take()) is not None:
-            self._taken += 1
             took = True
-            self._pending.append(handle)
-        if self._pending:
-            self._build_ready(force)
+            self._pending.add(handle)
+        for handle in self._pending.take_ready(force):
+            self._guarded(self._build_request, handle)
         return took
-
-    def _build_ready(self, force: bool) -> None:
-        now = self._clock_ns()
-        grace = self._options.engine_grace_ns
-        waiting = []
-        for handle in self._pending:
-            if force or handle.engine_done or now - handle.responded_ns >= grace:
-                self._guarded(self._build_request, handle)
-            else:
-                waiting.append(handle)
-        self._pending = waiting
 
     def _guarded(self, build, record) -> None:
         try:

@@ -66,7 +66,8 @@ class HttpFacts:
 class RequestHandle(RequestTimeline):
     """observer.RequestObserver + describe/complete/fail for one request."""
 
-    __slots__ = ("span", "context", "info", "outcome", "http", "managed", "capture_content", "_submit", "_closed")
+    __slots__ = ("span", "parent", "context", "sampled", "info", "outcome", "http", "managed", "capture_content",
+                 "_submit", "_closed")
 
     def __init__(self, span: Span, submit: Callable[["RequestHandle"], Any], *, capture_content: bool,
                  parent: Context | None = None,
@@ -74,7 +75,10 @@ class RequestHandle(RequestTimeline):
                  managed: bool = False) -> None:
         RequestTimeline.__init__(self, clock_ns, received_ns)
         self.span = span
+        self.parent = parent  # the incoming context (the remote parent span, baggage)
         self.context = trace.set_span_in_context(span, parent)  # incoming baggage + the root span
+        # the one sampling decision: a recording root span, or (process builder) a sampled flag
+        self.sampled = span.is_recording() or span.get_span_context().trace_flags.sampled
         self.info: RequestInfo | None = None
         self.outcome = RequestOutcome()
         self.http = HttpFacts()
@@ -118,7 +122,3 @@ class RequestHandle(RequestTimeline):
         self._closed = True
         self.responded_ns = self.clock_ns() if responded_ns is None else responded_ns
         self._submit(self)
-
-    @property
-    def sampled(self) -> bool:
-        return self.span.is_recording()

@@ -24,6 +24,8 @@ from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import Sampler
 
 from .export import CountingBatchSpanProcessor, ExportCounts
 
@@ -115,13 +117,15 @@ def make_resource(service_name: str) -> Resource:
     return from_env if named else from_env.merge(Resource({SERVICE_NAME: service_name}))
 
 
-def configure(service_name: str, *, set_global: bool = True) -> Providers:
+def configure(service_name: str, *, set_global: bool = True, sampler: Sampler | None = None,
+              id_generator: IdGenerator | None = None) -> Providers:
     """Tracer and meter providers from the OTEL_* environment (see module docstring).
 
     With `set_global` they also become the process's global providers (only the first call in a
-    process can set them; later ones keep the providers local)."""
+    process can set them; later ones keep the providers local). `sampler` replaces the one
+    OTEL_TRACES_SAMPLER names; `id_generator` the SDK's random one."""
     resource = make_resource(service_name)
-    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider = TracerProvider(resource=resource, sampler=sampler, id_generator=id_generator)
     for exporter in _span_exporters():
         add_counting_processor(tracer_provider, exporter)
     meter_provider = MeterProvider(resource=resource, metric_readers=_metric_readers())

@@ -6,11 +6,18 @@
     engine = Engine(step_observer=telemetry.step_observer)
     telemetry.stats(); telemetry.shutdown()
 
-The loop thread only stamps integers into the handle; a background `SpanBuilder` turns finished
-handles and engine steps into spans and GenAI metrics. The SERVER root span is started when the
-request is received (on the event-loop thread, outside the engine) so that its SpanContext is
-known for the child spans and for the `llm.engine_step` links; the builder ends it with the
-`responded` time.
+The loop thread only stamps integers into the handle; finished handles and engine steps become
+spans and GenAI metrics off it, in one of two places (`builder=`, default "thread"; for `from_env`
+PHASELENS_SPAN_BUILDER, default "process"):
+
+- "thread": a background `SpanBuilder` thread in this process. The SERVER root span is
+  started when the request is received (on the event-loop thread, outside the engine) so that its
+  SpanContext is known for the child spans and the `llm.engine_step` links; the builder ends it.
+- "process": the records are shipped as bytes to a span-builder child process (see
+  `instrumentation.shipper`), so the ~1 ms of SDK work per request no longer holds this
+  process's GIL. At receipt only the sampling decision and the root ids are made here; the child
+  starts the SERVER span with those ids and exports with its own providers, configured from the
+  same OTEL_* environment (the providers given here only lend their sampler and id generator).
 """
 
 from __future__ import annotations
@@ -29,10 +36,13 @@ from .genai_metrics import GenAiServerMetrics
 from .clock import ClockAnchor, ClockNs, process_anchor
 from .handle import RequestHandle
 from .otel_setup import export_counters
+from .shipper import ProcessSpanBuilder, RootDecider, ShippedRequestHandle
 from .timeline import BoundedHandOff, StepRecorder
 
 SCOPE_KEY = "phaselens.request"  # where the middleware leaves the handle in the ASGI scope
 DEFAULT_QUEUE_CAPACITY = 8192
+DEFAULT_SERVICE_NAME = "phaselens-server"
+BUILDER_THREAD, BUILDER_PROCESS = "thread", "process"
 
 
 def env_flag(name: str) -> bool:
@@ -57,7 +67,9 @@ class ServerTelemetry:
     before drops; `capture_content` / `token_events` override the OTEL_INSTRUMENTATION_GENAI_
     CAPTURE_MESSAGE_CONTENT / PHASELENS_TOKEN_EVENTS switches; `poll_interval_s` the builder's
     idle poll; `engine_grace_s` how long a closed request waits for the engine's `finished`;
-    `owns_providers` makes `shutdown()` shut the providers down instead of flushing them.
+    `owns_providers` makes `shutdown()` shut the providers down instead of flushing them;
+    `builder` "thread" or "process" (module docstring) and `service_name` the span-builder
+    process's service name when OTEL_SERVICE_NAME does not set one.
     """
 
     def __init__(self, tracer_provider: TracerProvider | None = None,
@@ -65,7 +77,10 @@ class ServerTelemetry:
                  clock_ns: ClockNs = time.monotonic_ns, anchor: ClockAnchor | None = None,
                  queue_capacity: int = DEFAULT_QUEUE_CAPACITY, capture_content: bool | None = None,
                  token_events: bool | None = None, poll_interval_s: float = 0.02,
-                 engine_grace_s: float = 5.0, owns_providers: bool = False) -> None:
+                 engine_grace_s: float = 5.0, owns_providers: bool = False, builder: str = BUILDER_THREAD,
+                 service_name: str = DEFAULT_SERVICE_NAME) -> None:
+        if builder not in (BUILDER_THREAD, BUILDER_PROCESS):
+            raise ValueError(f"builder={builder!r}: expected {BUILDER_THREAD!r} or {BUILDER_PROCESS!r}")
         self.tracer_provider = tracer_provider or trace.get_tracer_provider()
         self.meter_provider = meter_provider or metrics.get_meter_provider()
         self.clock_ns = clock_ns
@@ -79,20 +94,31 @@ class ServerTelemetry:
         options = BuildOptions(
             token_events=env_flag(names.ENV_TOKEN_EVENTS) if token_events is None else token_events,
             engine_grace_ns=int(engine_grace_s * 1e9))
-        genai_metrics = GenAiServerMetrics(self.meter_provider, self._drop_counts)
-        self._builder = SpanBuilder(self._tracer, genai_metrics, self.anchor, self.clock_ns,
-                                    self._requests, self._steps, options, poll_interval_s)
+        self.builder = builder
+        self._roots = RootDecider(self.tracer_provider) if builder == BUILDER_PROCESS else None
+        if self._roots is not None:
+            self._builder = ProcessSpanBuilder(service_name, self.anchor, self.clock_ns, self._requests,
+                                               self._steps, options, poll_interval_s)
+        else:
+            genai_metrics = GenAiServerMetrics(self.meter_provider, self._drop_counts)
+            self._builder = SpanBuilder(self._tracer, genai_metrics, self.anchor, self.clock_ns,
+                                        self._requests, self._steps, options, poll_interval_s)
         self._owns_providers = owns_providers
         self._shut_down = False
         self._builder.start()
 
     @classmethod
     def from_env(cls, service_name: str, **kwargs: Any) -> "ServerTelemetry":
-        """Providers from the standard OTEL_* variables (otel_setup.configure), owned by this object."""
+        """Providers from the standard OTEL_* variables (otel_setup.configure), owned by this object;
+        the span builder from PHASELENS_SPAN_BUILDER (thread | process; default process: ~1 ms of SDK
+        work per request off this process's GIL, see benchmarks/instrumentation_overhead.py) unless
+        `builder=` is given."""
         from .otel_setup import configure
 
+        kwargs.setdefault("builder", os.environ.get(names.ENV_SPAN_BUILDER, "").strip().lower() or BUILDER_PROCESS)
         providers = configure(service_name)
-        return cls(providers.tracer_provider, providers.meter_provider, owns_providers=True, **kwargs)
+        return cls(providers.tracer_provider, providers.meter_provider, owns_providers=True,
+                   service_name=service_name, **kwargs)
 
     # --- per request -----------------------------------------------------------------------------
     def asgi(self, app: Any) -> Any:
@@ -116,10 +142,14 @@ class ServerTelemetry:
         received_ns = self.clock_ns() if received_ns is None else received_ns
         parent = propagate.extract(_headers(scope))
         method = scope.get("method", "")
-        span = self._tracer.start_span(method or "request", context=parent, kind=SpanKind.SERVER,
-                                       start_time=self.anchor.to_wall_ns(received_ns))
-        handle = RequestHandle(span, self._requests.offer, capture_content=self.capture_content, parent=parent,
-                               clock_ns=self.clock_ns, received_ns=received_ns, managed=managed)
+        if self._roots is not None:
+            span, make_handle = self._roots.root(parent, method or "request"), ShippedRequestHandle
+        else:
+            span = self._tracer.start_span(method or "request", context=parent, kind=SpanKind.SERVER,
+                                           start_time=self.anchor.to_wall_ns(received_ns))
+            make_handle = RequestHandle
+        handle = make_handle(span, self._requests.offer, capture_content=self.capture_content, parent=parent,
+                             clock_ns=self.clock_ns, received_ns=received_ns, managed=managed)
         http = handle.http
         http.method, http.path = method, scope.get("path", "")
         server = scope.get("server")
@@ -129,10 +159,20 @@ class ServerTelemetry:
         return handle
 
     # --- process ---------------------------------------------------------------------------------
+    @property
+    def span_builder_pid(self) -> int | None:
+        """The span-builder process's pid (builder="process"), else None."""
+        return getattr(self._builder, "pid", None)
+
     def stats(self) -> dict[str, int]:
         """Counters. `requests_dropped`/`steps_dropped`: records lost at the hand-off (queue full);
         `spans_dropped`: spans lost anywhere (step records dropped, build errors, export queue full,
-        failed exports); `spans_built`: spans ended by the builder; `export_*`: see otel_setup."""
+        failed exports, records lost on the way to a span-builder process); `spans_built`: spans ended
+        by the builder; `export_*`: see otel_setup. Process builder only: `records_shipped`,
+        `bytes_shipped`, `channel_dropped` (child dead or pipe broken), `channel_lost` (shipped, never
+        received by a child that died), `encode_errors`, `shipper_cpu_ns`,
+        `child_alive`, `child_cpu_ns`, and the child's counters as of its last report (every 0.5 s
+        and at each flush)."""
         counters = {
             "requests_offered": self._requests.offered,
             "requests_dropped": self._requests.dropped,
@@ -140,11 +180,13 @@ class ServerTelemetry:
             "steps_dropped": self._steps.dropped,
             "queue_full": self._requests.dropped + self._steps.dropped,  # hand-off refusals
             "queued": len(self._requests) + len(self._steps),
-            **self._builder.counters(),
             **export_counters(self.tracer_provider),
+            **self._builder.counters(),  # the span-builder process's export counters win
         }
         counters["spans_dropped"] = (counters["steps_dropped"] + counters["build_errors"]
-                                     + counters["export_dropped"] + counters["export_failed"])
+                                     + counters["export_dropped"] + counters["export_failed"]
+                                     + counters.get("channel_dropped", 0) + counters.get("channel_lost", 0)
+                                     + counters.get("encode_errors", 0))
         return counters
 
     def _drop_counts(self) -> dict[str, int]:

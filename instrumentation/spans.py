@@ -261,8 +261,7 @@ def _end_root(writer: SpanWriter, handle: RequestHandle, phases: Phases) -> None
 
 def build_step_span(writer: SpanWriter, step: StepRecord) -> bool:
     """One llm.engine_step span in its own trace, linked to the batch's sampled SERVER spans."""
-    links = [Link(span.get_span_context()) for span in (getattr(h, "span", None) for h in step.requests)
-             if span is not None and span.is_recording()]
+    links = [Link(h.span.get_span_context()) for h in step.requests if getattr(h, "sampled", False)]
     if not links:
         return False
     attributes = {

@@ -65,6 +65,8 @@ class Rig:
 
 
 def make_rig(sampler=None, wall_ns=None, **kwargs) -> Rig:
+    """In-memory SDK providers; with builder="process" the spans are exported by the span-builder
+    process per the OTEL_* environment instead (see process_env)."""
     exporter = InMemorySpanExporter()
     tracer_provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -185,9 +187,10 @@ def make_app(telemetry: ServerTelemetry):
     return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
 
 
-def serve(fd: int, spans_path: str) -> None:
-    """Uvicorn on an inherited listening socket; spans as JSON lines to `spans_path`, written as
-    each span ends (the test reads them while the server runs, then terminates it)."""
+def serve(fd: int, spans_path: str, builder: str) -> None:
+    """Uvicorn on an inherited listening socket; with the thread builder spans as JSON lines to
+    `spans_path`, written as each span ends (the test reads them while the server runs, then
+    terminates it); with the process builder the span-builder process exports per OTEL_*."""
     import uvicorn
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
@@ -196,12 +199,130 @@ def serve(fd: int, spans_path: str) -> None:
     provider = TracerProvider(resource=Resource.create({"service.name": "instrumentation-test-server"}))
     provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
         out=out, formatter=lambda span: span.to_json(indent=None) + "\n")))
-    telemetry = ServerTelemetry(provider, MeterProvider())
+    telemetry = (ServerTelemetry(provider, MeterProvider()) if builder == "thread"
+                 else ServerTelemetry(builder=builder, service_name="instrumentation-test-server"))
     server = uvicorn.Server(uvicorn.Config(telemetry.asgi(make_app(telemetry)), fd=fd, log_level="warning",
                                            lifespan="off"))
     print("READY", flush=True)
     server.run()
+    telemetry.shutdown()
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.argv[2])
+    serve(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+
+
+# --- a loopback OTLP/HTTP receiver, and one comparable form for SDK spans and OTLP spans ----------
+
+class OtlpReceiver:
+    """Accepts OTLP/HTTP protobuf trace exports on 127.0.0.1 (real exporter on the other side) and
+    keeps the decoded protobuf spans."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest, ExportTraceServiceResponse)
+
+        self.spans: list = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.path == "/v1/traces":
+                    request = ExportTraceServiceRequest.FromString(body)
+                    receiver.spans.extend(span for rs in request.resource_spans for ss in rs.scope_spans
+                                          for span in ss.spans)
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def process_env(monkeypatch, receiver: OtlpReceiver, sampler: str = "parentbased_always_on") -> None:
+    """The OTEL_* settings the span-builder process reads: export to `receiver`, no metrics."""
+    for name, value in (("OTEL_TRACES_EXPORTER", "otlp"), ("OTEL_METRICS_EXPORTER", "none"),
+                        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url), ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+                        ("OTEL_TRACES_SAMPLER", sampler)):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+
+
+def _any_value(value):
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return tuple(_any_value(v) for v in value.array_value.values)
+    return getattr(value, kind) if kind else None
+
+
+@dataclass(frozen=True, slots=True)
+class SpanShape:
+    """A span with its ids replaced by relations: comparable across processes."""
+
+    name: str
+    kind: int  # OTLP numbering
+    start_ns: int
+    end_ns: int
+    status: int
+    attributes: tuple
+    events: tuple
+    parent: str  # the parent span's name, or the remote parent's hex span id, or ""
+    links: tuple  # names of the linked spans
+    trace_id: str  # hex, kept only for a trace that came with a traceparent
+
+
+def _shape(name, kind, start, end, status, attributes, events, span_id, parent_id, parent_remote, links,
+           trace_id, names_by_id) -> SpanShape:
+    parent = "" if not parent_id else (format(parent_id, "016x") if parent_remote else names_by_id[parent_id])
+    return SpanShape(name, kind, start, end, status, tuple(sorted(attributes.items())), events, parent,
+                     tuple(sorted(names_by_id.get(link, "?") for link in links)),
+                     format(trace_id, "032x") if format(trace_id, "032x") == TRACE_ID else "")
+
+
+def shapes_of_sdk_spans(spans) -> list[SpanShape]:
+    by_id = {s.context.span_id: s.name for s in spans}
+    shapes = [_shape(
+        s.name, s.kind.value + 1, s.start_time, s.end_time, s.status.status_code.value,
+        {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in s.attributes.items()},
+        tuple((e.name, e.timestamp, tuple(sorted(e.attributes.items()))) for e in s.events),
+        s.context.span_id, s.parent.span_id if s.parent else 0, bool(s.parent and s.parent.is_remote),
+        [link.context.span_id for link in s.links], s.context.trace_id, by_id) for s in spans]
+    return sorted(shapes, key=repr)
+
+
+def shapes_of_otlp_spans(spans) -> list[SpanShape]:
+    by_id = {int.from_bytes(s.span_id, "big"): s.name for s in spans}
+    remote = 0x300  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE | SPAN_FLAGS_CONTEXT_IS_REMOTE
+    shapes = [_shape(
+        s.name, s.kind, s.start_time_unix_nano, s.end_time_unix_nano, s.status.code,
+        {a.key: _any_value(a.value) for a in s.attributes},
+        tuple((e.name, e.time_unix_nano, tuple(sorted((a.key, _any_value(a.value)) for a in e.attributes)))
+              for e in s.events),
+        int.from_bytes(s.span_id, "big"), int.from_bytes(s.parent_span_id, "big") if s.parent_span_id else 0,
+        s.flags & remote == remote, [int.from_bytes(link.span_id, "big") for link in s.links],
+        int.from_bytes(s.trace_id, "big"), by_id) for s in spans]
+    return sorted(shapes, key=repr)
+
+
+def otlp_span_as_json(span) -> dict:
+    """An OTLP span in the shape of the SDK's `ReadableSpan.to_json()` (the fields the tests read)."""
+    return {"name": span.name, "kind": f"SpanKind.{('INTERNAL', 'SERVER', 'CLIENT', 'PRODUCER', 'CONSUMER')[span.kind - 1]}",
+            "parent_id": f"0x{span.parent_span_id.hex()}" if span.parent_span_id else None,
+            "context": {"trace_id": f"0x{span.trace_id.hex()}", "span_id": f"0x{span.span_id.hex()}"},
+            "attributes": {a.key: _any_value(a.value) for a in span.attributes},
+            "status": {"status_code": ("UNSET", "OK", "ERROR")[span.status.code]}}

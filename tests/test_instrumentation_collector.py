@@ -34,8 +34,10 @@ def query_rows(ch_client, database: str, want: int, timeout_s: float = 20) -> li
     raise AssertionError(f"{len(rows)} of {want} rows arrived")
 
 
-def test_spans_arrive_in_clickhouse_over_otlp_grpc(collector, ch_client, monkeypatch):
+@pytest.mark.parametrize("builder", ["thread", "process"])
+def test_spans_arrive_in_clickhouse_over_otlp_grpc(collector, ch_client, monkeypatch, builder):
     running, database = collector
+    monkeypatch.setenv(names.ENV_SPAN_BUILDER, builder)
     for variable, value in {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
                             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_BSP_SCHEDULE_DELAY": "50",
                             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{running.grpc_endpoint}"}.items():

@@ -78,7 +78,9 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_unreachable_collector_does_not_slow_the_loop_and_losses_are_counted(env):
+@pytest.mark.parametrize("builder", ["thread", "process"])
+def test_unreachable_collector_does_not_slow_the_loop_and_losses_are_counted(env, builder):
+    env.setenv(names.ENV_SPAN_BUILDER, builder)
     env.setenv("OTEL_TRACES_EXPORTER", "otlp")
     env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
     env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "0.5")

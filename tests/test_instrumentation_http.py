@@ -1,6 +1,7 @@
 """A real HTTP hop: this test process is the traced client, a uvicorn server process on loopback
-runs the ingress middleware and a scripted engine thread and writes its spans as JSON lines (the
-SDK's ConsoleSpanExporter into a file)."""
+runs the ingress middleware and a scripted engine thread. With the thread builder it writes its
+spans as JSON lines (the SDK's ConsoleSpanExporter into a file); with the process builder its
+span-builder process exports them over OTLP/HTTP to a receiver in this test process."""
 
 from __future__ import annotations
 
@@ -19,32 +20,44 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from instrumentation import names
+from tests.instrumentation_fixtures import OtlpReceiver, otlp_span_as_json, process_env
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(tmp_path_factory, request):
     spans_path = tmp_path_factory.mktemp("http") / "server_spans.jsonl"
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    proc = subprocess.Popen([sys.executable, "-m", "tests.instrumentation_fixtures", str(sock.fileno()),
-                             str(spans_path)], cwd=REPO, pass_fds=[sock.fileno()], stdout=subprocess.PIPE)
+    receiver = OtlpReceiver()
+    with pytest.MonkeyPatch.context() as env:
+        process_env(env, receiver)
+        env.setenv("OTEL_SERVICE_NAME", "instrumentation-test-server")
+        proc = subprocess.Popen([sys.executable, "-m", "tests.instrumentation_fixtures", str(sock.fileno()),
+                                 str(spans_path), request.param], cwd=REPO, pass_fds=[sock.fileno()],
+                                stdout=subprocess.PIPE)
+    if request.param == "thread":
+        def spans() -> list[dict]:
+            return list(map(json.loads, spans_path.read_text().splitlines())) if spans_path.exists() else []
+    else:
+        def spans() -> list[dict]:
+            return [otlp_span_as_json(span) for span in list(receiver.spans)]
     try:
         assert proc.stdout.readline().strip() == b"READY"
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", spans_path
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", spans
     finally:
         proc.terminate()
         proc.wait(10)
         sock.close()
+        receiver.close()
 
 
-def server_spans(spans_path: Path, trace_id: str, want: int, timeout_s: float = 15) -> list[dict]:
+def server_spans(spans_source, trace_id: str, want: int, timeout_s: float = 15) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        lines = spans_path.read_text().splitlines() if spans_path.exists() else []
-        spans = [s for s in map(json.loads, lines) if s["context"]["trace_id"] == trace_id]
+        spans = [s for s in spans_source() if s["context"]["trace_id"] == trace_id]
         if len(spans) >= want:
             return spans
         time.sleep(0.05)

@@ -1,0 +1,174 @@
+"""builder="process": the same spans as the in-process builder, built by a child process that
+exports through the real OTLP/HTTP exporter to a loopback receiver; ids and sampling decided once
+in the serving process; a dead child costs counted drops, never an exception; no process left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+
+from instrumentation import names
+from instrumentation.observer import FINISH_LENGTH, NULL_REQUEST
+from instrumentation.server import ServerTelemetry
+from tests.instrumentation_fixtures import (PARENT_ID, TRACE_ID, TRACEPARENT, OtlpReceiver, http_scope, make_rig,
+                                            process_env, script_request, shapes_of_otlp_spans,
+                                            shapes_of_sdk_spans)
+
+ROOT = "text_completion tiny"
+
+
+@pytest.fixture()
+def receiver(monkeypatch):
+    receiver = OtlpReceiver()
+    process_env(monkeypatch, receiver)
+    yield receiver
+    receiver.close()
+
+
+def gone(pid: int, timeout_s: float = 10, zombie_ok: bool = False) -> bool:
+    """The process has exited (and was reaped, unless `zombie_ok`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if zombie_ok and stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def script_mix(rig) -> list:
+    """A traced request, a root request, a rejected one, and a step batching them with an observer
+    of the loop's own (counted in the batch, not linked)."""
+    traced, rooted = script_request(rig), script_request(rig, traceparent=None, prompt=[
+        {"role": "user", "content": "hi"}])
+    rejected = rig.telemetry.request(http_scope())
+    rig.clock.advance(5_000)
+    rejected.fail("invalid_request_error", 400)
+    rig.telemetry.step_observer.step(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1, [traced, rooted, rejected, NULL_REQUEST])
+    return [traced, rooted, rejected]
+
+
+def test_process_builder_exports_exactly_the_spans_of_the_thread_builder(receiver):
+    options = dict(capture_content=True, token_events=True)
+    thread_rig = make_rig(**options)
+    script_mix(thread_rig)
+    expected = shapes_of_sdk_spans(thread_rig.spans())
+    process_rig = make_rig(builder="process", **options)
+    script_mix(process_rig)
+    assert process_rig.telemetry.flush(20), process_rig.telemetry.stats()
+    assert shapes_of_otlp_spans(receiver.spans) == expected
+    assert len(expected) == 2 * 11 + 2 + 3  # 2 full requests, a rejected one (root + ingress), 3 steps
+    stats, thread_stats = process_rig.telemetry.stats(), thread_rig.telemetry.stats()
+    for key in ("requests_built", "requests_unsampled", "steps_built", "steps_unsampled", "spans_built"):
+        assert stats[key] == thread_stats[key], key
+    assert stats["export_exported"] == len(expected) and stats["spans_dropped"] == 0
+    assert stats["records_shipped"] == 3 + 3 and stats["child_cpu_ns"] > 0
+    process_rig.telemetry.shutdown()
+    thread_rig.telemetry.shutdown()
+
+
+def test_root_ids_are_decided_in_the_serving_process(receiver):
+    rig = make_rig(builder="process")
+    traced, rooted, rejected = script_mix(rig)
+    assert rig.telemetry.flush(20)
+    roots = {s.trace_id.hex(): s for s in receiver.spans if s.name == ROOT}
+    for handle in (traced, rooted):
+        ids = handle.span.get_span_context()
+        root = roots[format(ids.trace_id, "032x")]
+        assert int.from_bytes(root.span_id, "big") == ids.span_id and handle.sampled
+        children = [s for s in receiver.spans if s.parent_span_id == root.span_id]
+        assert {s.name for s in children} >= set(names.PHASE_SPANS)
+    assert format(traced.span.get_span_context().trace_id, "032x") == TRACE_ID
+    assert roots[TRACE_ID].parent_span_id.hex() == PARENT_ID
+    assert not rooted.span.get_span_context().trace_id == int(TRACE_ID, 16)
+    (step,) = [s for s in receiver.spans if s.name == names.SPAN_ENGINE_STEP and len(s.links) == 3]
+    linked = {(int.from_bytes(link.trace_id, "big"), int.from_bytes(link.span_id, "big")) for link in step.links}
+    assert linked == {(h.span.get_span_context().trace_id, h.span.get_span_context().span_id)
+                      for h in (traced, rooted, rejected)}
+    rig.telemetry.shutdown()
+
+
+def test_sampling_is_decided_once_upstream(receiver):
+    rig = make_rig(sampler=ParentBased(ALWAYS_OFF), builder="process")
+    for _ in range(3):
+        script_request(rig, traceparent=None)
+    script_request(rig, traceparent=TRACEPARENT)  # a sampled parent wins: parent-based
+    assert rig.telemetry.flush(20)
+    assert {s.trace_id.hex() for s in receiver.spans if s.name != names.SPAN_ENGINE_STEP} == {TRACE_ID}
+    stats = rig.telemetry.stats()
+    assert stats["requests_unsampled"] == 3 and stats["requests_built"] == 1
+    assert stats["steps_unsampled"] == 3 and stats["steps_built"] == 1  # unsampled batches are not shipped
+    rig.telemetry.shutdown()
+
+
+def test_sampling_ratio_keeps_whole_traces(receiver):
+    rig = make_rig(sampler=ParentBased(TraceIdRatioBased(0.5)), builder="process")
+    handles = [script_request(rig, traceparent=None) for _ in range(60)]
+    assert rig.telemetry.flush(20)
+    per_trace: dict[bytes, int] = {}
+    for span in receiver.spans:
+        if span.name != names.SPAN_ENGINE_STEP:
+            per_trace[span.trace_id] = per_trace.get(span.trace_id, 0) + 1
+    sampled = {h.span.get_span_context().trace_id.to_bytes(16, "big") for h in handles if h.sampled}
+    assert 10 < len(sampled) < 50 and set(per_trace) == sampled and set(per_trace.values()) == {11}
+    rig.telemetry.shutdown()
+
+
+def test_a_killed_child_costs_counted_drops_never_an_exception(receiver):
+    rig = make_rig(builder="process")
+    script_request(rig)
+    assert rig.telemetry.flush(20)
+    pid = rig.telemetry.span_builder_pid
+    os.kill(pid, signal.SIGKILL)
+    assert gone(pid, zombie_ok=True)
+    for _ in range(5):
+        script_request(rig)  # the loop goes on; nothing raises
+    assert not rig.telemetry.flush(5)
+    stats = rig.telemetry.stats()
+    # 5 requests + 5 steps: refused by the broken pipe, or written just before the child's last thread
+    # exited and never received
+    assert stats["channel_dropped"] + stats["channel_lost"] == 10 and stats["child_alive"] == 0
+    assert stats["spans_dropped"] >= 10 and stats["records_received"] == 2
+    started = time.monotonic()
+    rig.telemetry.shutdown()
+    assert time.monotonic() - started < 5
+
+
+def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch):
+    monkeypatch.setenv(names.ENV_SPAN_BUILDER, "process")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")  # only the shutdown exports
+    telemetry = ServerTelemetry.from_env("process-test")
+    assert telemetry.builder == "process"
+    pid = telemetry.span_builder_pid
+    req = telemetry.request(http_scope(traceparent=TRACEPARENT))
+    req.enqueued(); req.scheduled(); req.first_token(); req.token(); req.finished(FINISH_LENGTH)
+    req.complete(2, FINISH_LENGTH)
+    telemetry.shutdown()
+    assert gone(pid, timeout_s=0.5)
+    assert sum(s.name == "POST" for s in receiver.spans) == 1 and len(receiver.spans) == 7  # not described
+    assert telemetry.stats()["export_exported"] == 7
+
+
+def test_the_child_dies_with_its_server_process(receiver, tmp_path):
+    code = ("from instrumentation.server import ServerTelemetry; import time; "
+            "t = ServerTelemetry(builder='process'); print(t.span_builder_pid, flush=True); time.sleep(60)")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              cwd=os.path.dirname(os.path.dirname(__file__)))
+    child = int(server.stdout.readline())
+    server.kill()
+    server.wait()
+    assert gone(child)
+
+
+def test_unknown_builder_is_a_clear_error():
+    with pytest.raises(ValueError, match="builder='fork'"):
+        ServerTelemetry(builder="fork")
