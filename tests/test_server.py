@@ -200,11 +200,15 @@ def test_queue_full_answers_503():
 
     async def main(url: str) -> httpx.Response:
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-            holders = [asyncio.create_task(hold(http)) for _ in range(2)]
-            deadline = time.monotonic() + 60  # generous: CI machines are slow and shared
-            while (engine.num_running, engine.num_waiting) != (1, 1) and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            assert (engine.num_running, engine.num_waiting) == (1, 1), "the two holders never filled the engine"
+            # One holder at a time: two arriving together could both meet an unscheduled first
+            # request in the waiting queue, and the second would be refused instead of waiting.
+            holders = []
+            for state in ((1, 0), (1, 1)):
+                holders.append(asyncio.create_task(hold(http)))
+                deadline = time.monotonic() + 60  # generous: CI machines are slow and shared
+                while (engine.num_running, engine.num_waiting) != state and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert (engine.num_running, engine.num_waiting) == state, "the holders never filled the engine"
             refused = await http.post("/v1/completions", json={**payload, "stream": False})
             for task in holders:
                 task.cancel()
