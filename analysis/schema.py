@@ -208,7 +208,6 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tpot_ms", "coalesce(client_tpot_ms, server_tpot_ms)"),
 )
 REQUESTS_VIEW_COLUMNS = tuple(name for name, _ in REQUEST_COLUMNS)
-FACTS_COLUMNS = REQUESTS_VIEW_COLUMNS + tuple(name for name, _ in EXTRA_COLUMNS)
 
 STEP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("time", "Timestamp"),

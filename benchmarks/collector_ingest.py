@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.collector_payloads import export_request  # noqa: E402
 from instrumentation import names  # noqa: E402
+from instrumentation.client import quantile  # noqa: E402
 from collectors import schema  # noqa: E402
 from collectors.clickhouse_url import connect  # noqa: E402
 from collectors.embedded import EmbeddedClickHouse  # noqa: E402
@@ -140,10 +141,10 @@ def sdk_exporter_rate(endpoint: str, spans: int) -> float:
     provider.add_span_processor(SimpleSpanProcessor(keep))
     tracer = provider.get_tracer("bench")
     for i in range(spans):
-        with tracer.start_as_current_span("llm.decode", attributes={
-                "gen_ai.request.model": "tiny", "gen_ai.usage.output_tokens": i, "gen_ai.request.temperature": 0.7,
-                "gen_ai.request.stream": True}) as span:
-            span.add_event("first_chunk", {"index": i})
+        with tracer.start_as_current_span(names.SPAN_DECODE, attributes={
+                names.GEN_AI_REQUEST_MODEL: "tiny", names.GEN_AI_USAGE_OUTPUT_TOKENS: i,
+                names.GEN_AI_REQUEST_TEMPERATURE: 0.7, names.GEN_AI_REQUEST_STREAM: True}) as span:
+            span.add_event(names.EVENT_FIRST_CHUNK, {"index": i})
     exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
     start = time.perf_counter()
     for i in range(0, spans, 512):
@@ -151,11 +152,6 @@ def sdk_exporter_rate(endpoint: str, spans: int) -> float:
     rate = spans / (time.perf_counter() - start)
     exporter.shutdown()
     return rate
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def main() -> None:
@@ -214,8 +210,8 @@ def run(args, proc, endpoint, client, bodies, total, clickhouse_pid: int) -> dic
         "concurrency": args.concurrency,
         "sustained_spans_per_s": round(total / (visible_at - start)) if visible_at else None,
         "acknowledged_spans_per_s": round(total / sent_s),
-        "export_to_visible_p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
-        "export_to_visible_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        "export_to_visible_p50_ms": round(quantile(sorted(latencies), 0.50) * 1000, 1),
+        "export_to_visible_p99_ms": round(quantile(sorted(latencies), 0.99) * 1000, 1),
         "lost": total - int(stats[1]),
         "duplicates": int(stats[0]) - int(stats[1]),
         "client_retries": retries,

@@ -36,12 +36,9 @@ import time
 
 import torch
 
+from instrumentation.client import quantile
+
 HBM_BYTES_PER_S = 4.8e12
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else float("nan")
 
 
 def workload(n: int, seed: int, max_prompt: int, max_output: int, shape: str) -> list[tuple[list[int], int]]:
@@ -63,7 +60,7 @@ def summary(jobs, stamps: list[list[int]], wall_s: float, cpu_s: float) -> dict:
     tpots = [(s[-1] - s[0]) / (len(s) - 1) / 1e6 for s in stamps if len(s) > 1]
     return {"output_tokens": tokens, "wall_s": round(wall_s, 3), "output_tokens_per_s": round(tokens / wall_s, 1),
             "output_tokens_per_cpu_s": round(tokens / cpu_s, 1),
-            "tpot_p50_ms": round(percentile(tpots, 50), 3), "tpot_p99_ms": round(percentile(tpots, 99), 3)}
+            "tpot_p50_ms": round(quantile(sorted(tpots), 0.50), 3), "tpot_p99_ms": round(quantile(sorted(tpots), 0.99), 3)}
 
 
 class Clock:

@@ -22,6 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from instrumentation.exposure import is_loopback
+
 LOOPBACK = "127.0.0.1"
 _CONFIG = """<clickhouse>
   <listen_host>{host}</listen_host>
@@ -109,6 +111,8 @@ class EmbeddedClickHouse:
         return f"http://{self.host}:{self.http_port}"
 
     def start(self, timeout_s: float = 30.0) -> "EmbeddedClickHouse":
+        if not is_loopback(self.host):  # the `default` user has no password
+            raise EmbeddedClickHouseError(f"embedded ClickHouse listens on loopback only, not {self.host}")
         self.http_port = self.http_port or free_port(self.host)
         self.tcp_port = self.tcp_port or free_port(self.host)
         for port in (self.http_port, self.tcp_port):

@@ -55,7 +55,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             self._send(200, b'{"status":"ok"}\n', JSON)
-        elif self.path == "/metrics":
+        elif self.path == "/metrics":  # counters: behind the token when one is set (health is not)
+            try:
+                self.collector.ingest.check_auth(self.headers.get("Authorization"))
+            except Refused:
+                self._send(401, b"missing or wrong bearer token\n", "text/plain")
+                return
             self._send(200, self.collector.metrics_text().encode(), "text/plain; version=0.0.4")
         else:
             self._send(404, b"not found\n", "text/plain")

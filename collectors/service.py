@@ -17,7 +17,7 @@ from collectors.ingest import Ingest
 from collectors.metrics import CollectorMetrics
 from collectors.spool import Spool
 from collectors.writer import ClickHouseSink, SpoolWriter
-from instrumentation.exposure import InsecureBindError, check_exposure
+from instrumentation.exposure import check_exposure
 
 
 def tune_gc_for_throughput() -> None:

@@ -136,8 +136,12 @@ class Spool:
             if self._synced_seq >= seq:
                 return
             with self._lock:
-                target, fd, durable = self._written_seq, self._fd, (self._segment, self._size)
-            os.fsync(fd)
+                # A duplicate: another thread's append may roll (and close) the segment meanwhile.
+                target, fd, durable = self._written_seq, os.dup(self._fd), (self._segment, self._size)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             with self._lock:
                 self._synced_seq = max(self._synced_seq, target)
                 self._durable = max(self._durable, durable)

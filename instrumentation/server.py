@@ -183,7 +183,9 @@ class ServerTelemetry:
             **export_counters(self.tracer_provider),
             **self._builder.counters(),  # the span-builder process's export counters win
         }
-        counters["spans_dropped"] = (counters["steps_dropped"] + counters["build_errors"]
+        # Losses of any kind (a dropped request record loses its whole span tree): never silent.
+        counters["spans_dropped"] = (counters["requests_dropped"] + counters["steps_dropped"]
+                                     + counters["build_errors"] + counters.get("decode_errors", 0)
                                      + counters["export_dropped"] + counters["export_failed"]
                                      + counters.get("channel_dropped", 0) + counters.get("channel_lost", 0)
                                      + counters.get("encode_errors", 0))

@@ -121,16 +121,21 @@ async def _open_loop(plan: RunPlan, client: TracedClient, specs: Iterator[Reques
             return await _send(plan, client, spec, intended_ns, on_done)
 
     tasks = []
-    for i, (offset_s, spec) in enumerate(zip(plan.arrivals.offsets_s(), specs)):
-        if (plan.requests is not None and i >= plan.requests) or (
-                plan.duration_s is not None and offset_s >= plan.duration_s):
-            break
-        intended_ns = start_ns + int(offset_s * 1e9)
-        delay_ns = intended_ns - time.perf_counter_ns()
-        if delay_ns > 0:
-            await asyncio.sleep(delay_ns / 1e9)
-        tasks.append(asyncio.create_task(one(spec, intended_ns)))
-    return list(await asyncio.gather(*tasks))
+    try:
+        for i, (offset_s, spec) in enumerate(zip(plan.arrivals.offsets_s(), specs)):
+            if (plan.requests is not None and i >= plan.requests) or (
+                    plan.duration_s is not None and offset_s >= plan.duration_s):
+                break
+            intended_ns = start_ns + int(offset_s * 1e9)
+            delay_ns = intended_ns - time.perf_counter_ns()
+            if delay_ns > 0:
+                await asyncio.sleep(delay_ns / 1e9)
+            tasks.append(asyncio.create_task(one(spec, intended_ns)))
+        return list(await asyncio.gather(*tasks))
+    except BaseException:  # cancelled or failed: no request may outlive the run
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 async def _closed_loop(plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ns: int,

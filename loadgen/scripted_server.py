@@ -22,12 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(obj) -> bytes:
-    """One SSE event carrying `obj` as JSON."""
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+from instrumentation.sse import DONE_EVENT, encode_event
 
 
 def completion_chunk(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:
@@ -35,13 +30,13 @@ def completion_chunk(text: str, finish: str | None = None, usage: dict | None = 
            "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
     if usage is not None:
         obj["usage"] = usage
-    return sse(obj)
+    return encode_event(obj)
 
 
 def chat_chunk(content: str | None = None, reasoning: str | None = None, role: str | None = None,
                finish: str | None = None) -> bytes:
     delta = {k: v for k, v in (("role", role), ("content", content), ("reasoning_content", reasoning)) if v is not None}
-    return sse({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": "scripted",
+    return encode_event({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": "scripted",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
 
@@ -50,7 +45,7 @@ def usage_chunk(prompt_tokens: int, completion_tokens: int, reasoning_tokens: in
              "total_tokens": prompt_tokens + completion_tokens}
     if reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
-    return sse({"id": "cmpl-scripted", "model": "scripted", "choices": [], "usage": usage})
+    return encode_event({"id": "cmpl-scripted", "model": "scripted", "choices": [], "usage": usage})
 
 
 @dataclass(slots=True)
@@ -163,7 +158,7 @@ def stamped_stream(interval_ms: float) -> Handler:
     async def handler(request: ScriptedRequest) -> Reply:
         n = int(request.body.get("max_tokens", 16))
         steps = [Step(interval_ms, lambda now: completion_chunk(str(now))) for _ in range(n)]
-        steps += [Step(0, usage_chunk(1, n) + DONE)]
+        steps += [Step(0, usage_chunk(1, n) + DONE_EVENT)]
         return Reply(steps=steps)
 
     return handler

@@ -30,7 +30,8 @@ from instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NullRequestObse
 from reference_server import chat_template
 from reference_server.engine import Engine, QueueFullError
 from reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
-from reference_server.responses import DONE, Envelope, sse
+from instrumentation.sse import DONE_EVENT, encode_event
+from reference_server.responses import Envelope
 from reference_server.sequence import SamplingParams, SeqOutput
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -249,24 +250,24 @@ class _Routes:
         envelope, finished, text = job.envelope, False, []
         try:
             if envelope.chat:
-                yield sse(envelope.chunk(role=True))
+                yield encode_event(envelope.chunk(role=True))
             while True:
                 out = await stream.queue.get()
                 if out.finish_reason in (FINISH_ABORT, FINISH_ERROR):
                     finished = True
-                    yield sse(self._engine_failure(out, handle).body())
+                    yield encode_event(self._engine_failure(out, handle).body())
                     return
                 if out.reasoning or out.content:
                     text.append(out.content)
-                    yield sse(envelope.chunk(out.reasoning, out.content))
+                    yield encode_event(envelope.chunk(out.reasoning, out.content))
                 if out.finish_reason:
                     break
-            yield sse(envelope.chunk(finish_reason=out.finish_reason))
+            yield encode_event(envelope.chunk(finish_reason=out.finish_reason))
             if job.parsed.include_usage:
-                yield sse(envelope.usage_chunk(out))
+                yield encode_event(envelope.usage_chunk(out))
             finished = True
             self._complete(handle, out, "".join(text))
-            yield DONE
+            yield DONE_EVENT
         finally:
             if not finished:
                 self.engine.abort(seq_id)

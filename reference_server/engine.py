@@ -114,6 +114,9 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():  # a forward still running: its state is not ours to touch
+                log.error("engine loop did not stop within %.1f s", timeout_s)
+                return
         self._drain()
         for seq in list(self._live.values()):
             self._finish(seq, FINISH_ABORT, SeqOutput())
@@ -121,16 +124,19 @@ class Engine:
     def _loop(self) -> None:
         while not self._stopping:
             self._wake.clear()
-            self._drain()
-            if not self.scheduler.has_work():
-                self._wake.wait(0.5)
-                continue
             try:
+                self._drain()
+                if not self.scheduler.has_work():
+                    self._wake.wait(0.5)
+                    continue
                 self.step()
-            except Exception:  # a failed forward must not kill the loop: fail its batch, go on
+            except Exception:  # a failed step must not kill the loop: fail its batch, go on
                 log.exception("engine step failed")
                 self.stats.failed_steps += 1
-                self._fail_running()
+                try:
+                    self._fail_running()
+                except Exception:
+                    log.exception("failing the running batch failed")
 
     def step(self) -> Batch:
         """One iteration. Public so tests can drive the engine without the thread."""

@@ -83,9 +83,6 @@ class PagedKVCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
 
-    def pool_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
 
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: DecodeGroup,
                       scaling: float) -> torch.Tensor:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
 from reference_server.sequence import SeqOutput
-
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 @dataclass(slots=True)

@@ -89,10 +89,6 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
-
-    @property
     def in_prefill(self) -> bool:
         return self.num_computed < self.prefill_target
 

@@ -19,8 +19,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from instrumentation import names as N
 from instrumentation.client import TracedClient
-from loadgen.scripted_server import (DONE, Reply, ScriptedServer, Step, chat_chunk, completion_chunk, sse,
-                                     usage_chunk)
+from instrumentation.sse import DONE_EVENT, encode_event
+from loadgen.scripted_server import (Reply, ScriptedServer, Step, chat_chunk, completion_chunk, usage_chunk)
 
 DELIVERY_MS = 5.0  # loopback write → client stamp, same event loop
 SLACK_MS = 100.0  # how late the scripted sleeps may end, together, on a loaded 2-core machine
@@ -59,10 +59,10 @@ CHAT = [  # (delay ms, chunk): role-only, reasoning, empty, content, 3 tokens at
     Step(30, chat_chunk(reasoning="Let me think")),
     Step(20, chat_chunk(content="")),
     Step(10, chat_chunk(content="Hello")),
-    Step(20, sse({"id": "c1", "model": "m", "usage": {"completion_tokens": 5},
+    Step(20, encode_event({"id": "c1", "model": "m", "usage": {"completion_tokens": 5},
                   "choices": [{"index": 0, "delta": {"content": " big chunk"}, "finish_reason": None}]})),
     Step(20, chat_chunk(content="!", finish="stop")),
-    Step(0, usage_chunk(7, 6, reasoning_tokens=1) + DONE),
+    Step(0, usage_chunk(7, 6, reasoning_tokens=1) + DONE_EVENT),
 ]
 
 
@@ -121,7 +121,7 @@ def _check_span(finished, r, headers):
 
 def test_completions_slow_start_and_usage_mismatch():
     steps = [Step(150, completion_chunk("a")), *(Step(10, completion_chunk("b")) for _ in range(3)),
-             Step(0, completion_chunk("", finish="length")), Step(0, usage_chunk(3, 10) + DONE)]
+             Step(0, completion_chunk("", finish="length")), Step(0, usage_chunk(3, 10) + DONE_EVENT)]
     r, requests = run_against(scripted(*steps), "completions", {"model": "m", "prompt": "x", "max_tokens": 10})
     assert requests[0].path == "/v1/completions"
     assert requests[0].body["stream"] is True and requests[0].body["stream_options"] == {"include_usage": True}
@@ -135,7 +135,7 @@ def test_completions_slow_start_and_usage_mismatch():
 
 def test_pluggable_token_counter_sets_tokens_per_chunk():
     steps = [Step(0, completion_chunk("one two")), Step(10, completion_chunk("three four five")),
-             Step(0, completion_chunk("", finish="stop") + DONE)]
+             Step(0, completion_chunk("", finish="stop") + DONE_EVENT)]
     r, _ = run_against(scripted(*steps), "completions", {"model": "m", "prompt": "x"},
                        token_counter=lambda text: len(text.split()), keep_text=True)
     assert r.chunk_tokens == [2, 3] and r.counted_tokens == 5 and r.output_tokens is None
@@ -146,7 +146,7 @@ def test_pluggable_token_counter_sets_tokens_per_chunk():
 
 def test_usage_on_the_last_content_chunk_counts_its_tokens():
     steps = [Step(0, completion_chunk("a")), Step(5, completion_chunk("b")),
-             Step(5, completion_chunk("cd", finish="stop", usage={"prompt_tokens": 2, "completion_tokens": 4}) + DONE)]
+             Step(5, completion_chunk("cd", finish="stop", usage={"prompt_tokens": 2, "completion_tokens": 4}) + DONE_EVENT)]
     r, _ = run_against(scripted(*steps), "completions", {"model": "m", "prompt": "x"})
     assert (r.chunk_tokens, r.output_tokens, r.input_tokens, r.usage_mismatch) == ([1, 1, 2], 4, 2, 0)
     assert r.itl_per_token_ms == pytest.approx([r.itl_ms[0], r.itl_ms[1] / 2])
@@ -155,7 +155,7 @@ def test_usage_on_the_last_content_chunk_counts_its_tokens():
 def test_content_capture_is_opt_in(spans, monkeypatch):
     monkeypatch.setenv(N.ENV_CAPTURE_CONTENT, "true")
     provider, exporter = spans
-    run_against(scripted(Step(0, completion_chunk("hey", finish="stop") + DONE)), "completions",
+    run_against(scripted(Step(0, completion_chunk("hey", finish="stop") + DONE_EVENT)), "completions",
                 {"model": "m", "prompt": "secret"}, provider)
     attrs = exporter.get_finished_spans()[0].attributes
     assert json.loads(attrs[N.GEN_AI_INPUT_MESSAGES]) == "secret"
@@ -168,7 +168,7 @@ ERROR_BODY = json.dumps({"error": {"message": "max_tokens too large", "type": "i
 @pytest.mark.parametrize("handler, error_type, status", [
     (scripted(status=400, body=ERROR_BODY), "invalid_request_error", 400),
     (scripted(status=503, body=b"upstream down"), "503", 503),
-    (scripted(Step(0, completion_chunk("a")), Step(10, sse({"error": {"message": "OOM", "type": "server_error"}}))),
+    (scripted(Step(0, completion_chunk("a")), Step(10, encode_event({"error": {"message": "OOM", "type": "server_error"}}))),
      "server_error", 200),
     (scripted(Step(0, completion_chunk("a")), Step(0, b"event: error\ndata: {\"object\": \"error\", "
                                                       b"\"message\": \"boom\", \"type\": \"engine_dead\"}\n\n")),

@@ -15,7 +15,8 @@ import pytest
 
 from instrumentation.client import TracedClient
 from instrumentation.client_transport import RECEIPTS, ChunkedDecoder, StreamingTransport
-from loadgen.scripted_server import DONE, completion_chunk
+from instrumentation.sse import DONE_EVENT
+from loadgen.scripted_server import completion_chunk
 
 CHUNKED_BODY = b"4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\n"
 CHUNKED_PAYLOAD = b"Wikipedia in\r\n\r\nchunks."
@@ -227,7 +228,7 @@ def test_each_network_read_is_stamped_when_it_arrives():
 
 
 def test_traced_client_reads_a_compressed_stream():
-    body = gzip.compress(completion_chunk("a") + completion_chunk("b", finish="stop") + DONE)
+    body = gzip.compress(completion_chunk("a") + completion_chunk("b", finish="stop") + DONE_EVENT)
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
 
     async def main():

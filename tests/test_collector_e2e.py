@@ -27,7 +27,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from collectors.otlp_json import parse_traces
-from collectors.service import Collector, InsecureBindError
+from collectors.service import Collector
+from instrumentation.exposure import InsecureBindError
 from tests.collector_fixtures import collector, rows, traces_db, wait_rows  # noqa: F401
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -228,6 +229,9 @@ def test_auth_token_on_both_protocols(clickhouse, traces_db, tmp_path, ch_client
         assert _post(c, body, "application/json").status_code == 401
         assert _post(c, body, "application/json", Authorization="Bearer wrong").status_code == 401
         assert _post(c, body, "application/json", Authorization="Bearer s3cret").status_code == 200
+        assert httpx.get(f"{c.http_endpoint}/metrics").status_code == 401
+        assert httpx.get(f"{c.http_endpoint}/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert httpx.get(f"{c.http_endpoint}/health").status_code == 200
         with grpc.insecure_channel(c.grpc_endpoint) as channel:
             with pytest.raises(grpc.RpcError) as err:
                 channel.unary_unary(EXPORT)(b"", timeout=5)

@@ -27,3 +27,8 @@ def test_data_persists_across_restart_and_stop_is_clean(tmp_path):
 def test_port_taken_fails_loudly(clickhouse, tmp_path):
     with pytest.raises(EmbeddedClickHouseError, match="already in use"):
         EmbeddedClickHouse(str(tmp_path), http_port=clickhouse.http_port).start()
+
+
+def test_refuses_a_non_loopback_address(tmp_path):
+    with pytest.raises(EmbeddedClickHouseError, match="loopback only"):
+        EmbeddedClickHouse(str(tmp_path), host="0.0.0.0").start()

@@ -18,7 +18,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from instrumentation.client import TracedClient
 from loadgen import metrics, runner, session
 from loadgen.arrivals import GammaArrivals
-from loadgen.scripted_server import DONE, Reply, ScriptedServer, Step, completion_chunk, usage_chunk
+from instrumentation.sse import DONE_EVENT
+from loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
 from loadgen.workloads import LengthDist, SyntheticWorkload
 from phaselens.commands import bench
 
@@ -30,7 +31,7 @@ def streaming(chunks=4, interval_ms=2.0, hold_ms=0.0):
     async def handler(request):
         steps = [Step(hold_ms, completion_chunk("t"))]
         steps += [Step(interval_ms, completion_chunk("t")) for _ in range(chunks - 1)]
-        return Reply(steps=steps + [Step(0, usage_chunk(8, chunks) + DONE)])
+        return Reply(steps=steps + [Step(0, usage_chunk(8, chunks) + DONE_EVENT)])
     return handler
 
 
@@ -114,7 +115,7 @@ def serial_server(service_ms: float):
     async def handler(request):
         async with lock:
             await asyncio.sleep(service_ms / 1e3)
-        return Reply(steps=[Step(0, completion_chunk("x", finish="stop") + DONE)])
+        return Reply(steps=[Step(0, completion_chunk("x", finish="stop") + DONE_EVENT)])
     return handler
 
 

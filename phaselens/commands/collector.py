@@ -7,7 +7,8 @@ import signal
 import sys
 import threading
 
-from collectors.service import Collector, InsecureBindError, default_spool_dir, tune_gc_for_throughput
+from collectors.service import Collector, default_spool_dir, tune_gc_for_throughput
+from instrumentation.exposure import InsecureBindError
 
 
 def register(subparsers) -> None:
