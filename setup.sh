@@ -11,7 +11,7 @@ python3 -m venv .venv
 if [[ "${1:-}" == "--test" ]]; then
     .venv/bin/pip install -q -e '.[test]'
     if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null; then
-        apt-get update -qq && apt-get install -y -qq chromium docker-compose >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose >/dev/null
     fi
 else
     .venv/bin/pip install -q -e .
