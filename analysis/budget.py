@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from analysis import queries as q
 from analysis.dialect import QueryError
+from instrumentation.slo import parse_slo_ms
 
 
 class AnalysisError(RuntimeError):
@@ -126,17 +127,12 @@ def open_client(url: str):
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
-    """`ttft:200,tpot:50` → {"ttft_slo_ms": 200.0, "tpot_slo_ms": 50.0}."""
-    out: dict[str, float] = {}
-    for item in filter(None, (text or "").split(",")):
-        key, _, value = item.partition(":")
-        if key.strip() not in ("ttft", "tpot"):
-            raise AnalysisError(f"--slo takes ttft:MS,tpot:MS, not {item!r}")
-        try:
-            out[f"{key.strip()}_slo_ms"] = float(value)
-        except ValueError:
-            raise AnalysisError(f"--slo value must be a number of ms, not {value!r}") from None
-    return out
+    """`ttft:200,tpot:50` → {"ttft_slo_ms": 200.0, "tpot_slo_ms": 50.0}; empty → {}."""
+    try:
+        values = parse_slo_ms(text or "", allowed=("ttft", "tpot"))
+    except ValueError as e:
+        raise AnalysisError(f"--slo takes ttft:MS,tpot:MS: {e}") from None
+    return {f"{key}_slo_ms": ms for key, ms in values.items()}
 
 
 def _div(a, b):

@@ -21,9 +21,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from instrumentation.client import StreamResult, quantile
+from instrumentation.slo import parse_slo_ms
 
 INF = float("inf")
-SLO_KEYS = ("ttft", "tpot", "e2el")
 
 
 @dataclass(slots=True)
@@ -63,17 +63,7 @@ class SLO:
     @classmethod
     def parse(cls, items: list[str] | str) -> "SLO":
         """From `["ttft:200", "tpot:50"]` or `"ttft:200,tpot:50"`."""
-        tokens = items.split(",") if isinstance(items, str) else [t for item in items for t in item.split(",")]
-        values: dict[str, float] = {}
-        for token in filter(None, (t.strip() for t in tokens)):
-            key, _, ms = token.partition(":")
-            try:
-                value = float(ms)
-            except ValueError:
-                value = -1.0
-            if key not in SLO_KEYS or not value > 0 or key in values:
-                raise ValueError(f"bad SLO {token!r}: use ttft:MS, tpot:MS, e2el:MS (each once, MS > 0)")
-            values[key] = value
+        values = parse_slo_ms(items)
         if not values:
             raise ValueError("no SLO given: use ttft:MS, tpot:MS and/or e2el:MS")
         return cls(**{f"{k}_ms": v for k, v in values.items()})
