@@ -19,7 +19,12 @@ RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_INDEX}" "t
 
 WORKDIR /src
 COPY . .
-RUN pip install . && useradd --create-home --uid 10001 phaselens
+# A C compiler only for the build of the collector's decoder (collectors/_otlp_rows.c), then removed.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install . \
+    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10001 phaselens
 
 USER phaselens
 WORKDIR /home/phaselens

@@ -4,6 +4,10 @@
 # compose file; no Docker engine is needed for `config`).
 set -euo pipefail
 cd "$(dirname "$0")"
+if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
+    echo "setup.sh: a C compiler is needed to build the collector's decoder (Debian: apt-get install gcc python3-dev)" >&2
+    exit 1
+fi
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 # The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.

@@ -1,12 +1,15 @@
 """Collector ingest benchmark: OTLP/gRPC → `phaselens collector` (own process) → embedded ClickHouse.
 
-Prints one JSON object: sustained spans/s from the first export to the last row visible, p50/p99
-export→visible latency, lost and duplicate spans, CPU seconds of the collector process per 100k
-spans (on a shared machine the figure to compare: `collector_spans_per_cpu_s` is the rate one core
-sustains) and of the ClickHouse server, and, in the same run, the client-side baseline: the spans/s
-the OTel SDK's own OTLPSpanExporter (gRPC) can emit from one thread. The load itself uses
-pre-encoded ExportTraceServiceRequest payloads posted concurrently so that the client is not the
-limit; each span carries 8 attributes (one of them, the response id, never recurs) and 1 event.
+Prints one JSON object. Two phases, each with its own service name:
+- flood: pre-encoded ExportTraceServiceRequest payloads posted concurrently as fast as the collector
+  acknowledges them: sustained spans/s from the first export to the last row visible, lost and
+  duplicate spans, CPU seconds of the collector process per 100k spans (on a shared machine the
+  figure to compare: `collector_spans_per_cpu_s` is the rate one core sustains) and of ClickHouse;
+- paced: the same payloads sent at the target rate: p50/p99 export→visible when the collector keeps
+  up (in the flood phase that latency is only the backlog's queueing).
+And, in the same run, the client-side baseline: the spans/s the OTel SDK's own OTLPSpanExporter
+(gRPC) can emit from one thread. Each span carries 8 attributes (one of them, the response id,
+never recurs) and 1 event.
 
 Export→visible of request k: from its send to the first poll where the row count reaches the
 cumulative span count of requests acknowledged up to k (the spool keeps acknowledgement order).
@@ -39,13 +42,15 @@ from collectors.embedded import EmbeddedClickHouse  # noqa: E402
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 DATABASE = "bench"
 LOAD_SERVICE = "bench-load"
+PACED_SERVICE = "bench-paced"
 SDK_SERVICE = "bench-sdk"
+TARGET_SPANS_PER_S = 50_000
 
 
-def payloads(count: int, spans_per_request: int) -> list[bytes]:
+def payloads(count: int, spans_per_request: int, service: str = LOAD_SERVICE) -> list[bytes]:
     """Distinct ids in every request: a template whose trace/span ids and response ids (an
     attribute value that never recurs, as in real traffic) are re-drawn per copy."""
-    template = export_request(spans_per_request, time.time_ns(), service=LOAD_SERVICE)
+    template = export_request(spans_per_request, time.time_ns(), service=service)
     spans = template.resource_spans[0].scope_spans[0].spans
     response_ids = [next(kv for kv in span.attributes if kv.key == names.GEN_AI_RESPONSE_ID) for span in spans]
     out = []
@@ -62,10 +67,10 @@ def payloads(count: int, spans_per_request: int) -> list[bytes]:
     return out
 
 
-def start_collector(url: str, spool: str) -> tuple[subprocess.Popen, str]:
+def start_collector(url: str, spool: str, batch_spans: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "phaselens.commands.collector", "--clickhouse", url, "--database", DATABASE,
-         "--grpc-port", "0", "--http-port", "0", "--spool", spool],
+         "--grpc-port", "0", "--http-port", "0", "--spool", spool, "--batch-spans", str(batch_spans)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line.startswith("READY collector"):
@@ -80,8 +85,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def send_all(endpoint: str, bodies: list[bytes], concurrency: int, deadline: float) -> tuple[list, int]:
-    """Returns [(send_time, ack_time, spans)] in acknowledgement order, and the retry count."""
+def send_all(endpoint: str, bodies: list[bytes], concurrency: int, deadline: float,
+             interval_s: float = 0.0) -> tuple[list, int]:
+    """Returns [(send_time, ack_time, spans)] in acknowledgement order, and the retry count.
+    `interval_s` > 0 paces the sends: request k leaves at start + k * interval_s."""
     channel = grpc.insecure_channel(endpoint, options=[("grpc.max_send_message_length", 64 << 20)])
     export = channel.unary_unary(EXPORT)
     acks, retries, lock = [], [0], threading.Lock()
@@ -103,7 +110,10 @@ def send_all(endpoint: str, bodies: list[bytes], concurrency: int, deadline: flo
 
         future.add_done_callback(done)
 
-    for body in bodies:
+    start = time.monotonic()
+    for k, body in enumerate(bodies):
+        if interval_s:
+            time.sleep(max(0.0, start + k * interval_s - time.monotonic()))
         slots.acquire()
         send(body, time.monotonic())
     for _ in range(concurrency):
@@ -112,9 +122,9 @@ def send_all(endpoint: str, bodies: list[bytes], concurrency: int, deadline: flo
     return acks, retries[0]
 
 
-def poll_counts(client, total: int, deadline: float, samples: list) -> None:
+def poll_counts(client, service: str, total: int, deadline: float, samples: list) -> None:
     while time.monotonic() < deadline:
-        n = client.command(f"SELECT count() FROM {DATABASE}.otel_traces WHERE ServiceName = '{LOAD_SERVICE}'")
+        n = client.command(f"SELECT count() FROM {DATABASE}.otel_traces WHERE ServiceName = '{service}'")
         samples.append((time.monotonic(), int(n)))
         if int(n) >= total:
             return
@@ -156,42 +166,49 @@ def sdk_exporter_rate(endpoint: str, spans: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short run (200k spans)")
-    parser.add_argument("--spans", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="short run (200k spans flood, 3 s paced)")
+    parser.add_argument("--spans", type=int, default=None, help="spans in the flood phase (1M)")
+    parser.add_argument("--paced-s", type=float, default=None, help="seconds of the paced phase (10)")
     parser.add_argument("--spans-per-request", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--batch-spans", type=int, default=50_000, help="the collector's --batch-spans")
     parser.add_argument("--timeout-s", type=float, default=300)
     args = parser.parse_args()
     total = args.spans or (200_000 if args.quick else 1_000_000)
-    requests = total // args.spans_per_request
-    total = requests * args.spans_per_request
-    bodies = payloads(requests, args.spans_per_request)
+    paced_s = args.paced_s if args.paced_s is not None else (3 if args.quick else 10)
+    flood = payloads(total // args.spans_per_request, args.spans_per_request)
+    paced = payloads(round(paced_s * TARGET_SPANS_PER_S / args.spans_per_request), args.spans_per_request,
+                     PACED_SERVICE)
     with tempfile.TemporaryDirectory(prefix="phaselens-bench-") as tmp, \
             EmbeddedClickHouse(f"{tmp}/clickhouse") as clickhouse:
         client = connect(clickhouse.url)
         schema.apply(client, schema.statements(DATABASE))
-        proc, endpoint = start_collector(clickhouse.url, f"{tmp}/spool")
+        proc, endpoint = start_collector(clickhouse.url, f"{tmp}/spool", args.batch_spans)
+        pids = {"collector": proc.pid, "clickhouse": clickhouse.pid}
         try:
-            result = run(args, proc, endpoint, client, bodies, total, clickhouse.pid)
+            flooded = run_phase(args, endpoint, client, flood, LOAD_SERVICE, pids)
+            paced_run = run_phase(args, endpoint, client, paced, PACED_SERVICE, pids,
+                                  interval_s=args.spans_per_request / TARGET_SPANS_PER_S)
+            sdk_rate = sdk_exporter_rate(endpoint, 5_000 if args.quick else 20_000)
         finally:
             proc.terminate()
             proc.wait(60)
         client.close()
-    print(json.dumps(result))
+    print(json.dumps(report(args, flooded, paced_run, sdk_rate)))
 
 
-def run(args, proc, endpoint, client, bodies, total, clickhouse_pid: int) -> dict:
+def run_phase(args, endpoint, client, bodies, service: str, pids: dict, interval_s: float = 0.0) -> dict:
+    """Sends `bodies`, waits until all their rows are visible; figures of that phase."""
+    total = len(bodies) * args.spans_per_request
     deadline = time.monotonic() + args.timeout_s
-    cpu_before, ch_cpu_before = cpu_seconds(proc.pid), cpu_seconds(clickhouse_pid)
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     samples: list = []
-    poller = threading.Thread(target=poll_counts, args=(client, total, deadline, samples))
+    poller = threading.Thread(target=poll_counts, args=(client, service, total, deadline, samples))
     start = time.monotonic()
     poller.start()
-    acks, retries = send_all(endpoint, bodies, args.concurrency, deadline)
+    acks, retries = send_all(endpoint, bodies, args.concurrency, deadline, interval_s)
     sent_s = time.monotonic() - start
     poller.join()
-    cpu = cpu_seconds(proc.pid) - cpu_before
-    ch_cpu = cpu_seconds(clickhouse_pid) - ch_cpu_before
     visible_at = samples[-1][0] if samples and samples[-1][1] >= total else None
     latencies, cumulative, k = [], 0, 0
     for sent, _, _ in acks:
@@ -200,27 +217,40 @@ def run(args, proc, endpoint, client, bodies, total, clickhouse_pid: int) -> dic
             k += 1
         if k < len(samples):
             latencies.append(samples[k][0] - sent)
-    stats = client.query(f"SELECT count(), uniqExact(SpanId) FROM {DATABASE}.otel_traces "
-                         f"WHERE ServiceName = '{LOAD_SERVICE}'").result_rows[0]
-    sdk_rate = sdk_exporter_rate(endpoint, 5_000 if args.quick else 20_000)
+    count, unique = client.query(f"SELECT count(), uniqExact(SpanId) FROM {DATABASE}.otel_traces "
+                                 f"WHERE ServiceName = '{service}'").result_rows[0]
+    latencies.sort()
+    return {"spans": total, "spans_per_s": round(total / (visible_at - start)) if visible_at else None,
+            "acknowledged_spans_per_s": round(total / sent_s), "lost": total - int(unique),
+            "duplicates": int(count) - int(unique), "client_retries": retries,
+            "p50_ms": round(quantile(latencies, 0.50) * 1000, 1), "p99_ms": round(quantile(latencies, 0.99) * 1000, 1),
+            "cpu_s": {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}}
+
+
+def report(args, flood: dict, paced: dict, sdk_rate: float) -> dict:
+    cpu = flood["cpu_s"]["collector"]
     return {
         "benchmark": "collector_ingest",
-        "spans": total,
+        "spans": flood["spans"],
         "spans_per_request": args.spans_per_request,
         "concurrency": args.concurrency,
-        "sustained_spans_per_s": round(total / (visible_at - start)) if visible_at else None,
-        "acknowledged_spans_per_s": round(total / sent_s),
-        "export_to_visible_p50_ms": round(quantile(sorted(latencies), 0.50) * 1000, 1),
-        "export_to_visible_p99_ms": round(quantile(sorted(latencies), 0.99) * 1000, 1),
-        "lost": total - int(stats[1]),
-        "duplicates": int(stats[0]) - int(stats[1]),
-        "client_retries": retries,
-        "collector_cpu_s_per_100k_spans": round(cpu / total * 100_000, 3),
-        "collector_spans_per_cpu_s": round(total / cpu) if cpu else None,
-        "clickhouse_cpu_s_per_100k_spans": round(ch_cpu / total * 100_000, 3),
+        "batch_spans": args.batch_spans,
+        "sustained_spans_per_s": flood["spans_per_s"],
+        "acknowledged_spans_per_s": flood["acknowledged_spans_per_s"],
+        "flood_export_to_visible_p50_ms": flood["p50_ms"],
+        "flood_export_to_visible_p99_ms": flood["p99_ms"],
+        "lost": flood["lost"] + paced["lost"],
+        "duplicates": flood["duplicates"] + paced["duplicates"],
+        "client_retries": flood["client_retries"] + paced["client_retries"],
+        "collector_cpu_s_per_100k_spans": round(cpu / flood["spans"] * 100_000, 3),
+        "collector_spans_per_cpu_s": round(flood["spans"] / cpu) if cpu else None,
+        "clickhouse_cpu_s_per_100k_spans": round(flood["cpu_s"]["clickhouse"] / flood["spans"] * 100_000, 3),
+        "paced_offered_spans_per_s": TARGET_SPANS_PER_S,
+        "paced_export_to_visible_p50_ms": paced["p50_ms"],
+        "paced_export_to_visible_p99_ms": paced["p99_ms"],
         "load_average_1m": round(os.getloadavg()[0], 2),
         "baseline_sdk_exporter_spans_per_s": round(sdk_rate),
-        "target_spans_per_s": 50_000,
+        "target_spans_per_s": TARGET_SPANS_PER_S,
     }
 
 

@@ -106,9 +106,8 @@ class Spool:
     def segments(self) -> list[int]:
         return sorted(int(m[1]) for p in os.listdir(self.directory) if (m := _SEGMENT.match(p)))
 
-    def append(self, payload: bytes, span_count: int, on_written=None) -> None:
-        """Returns once the record is on disk (fsync'd). Raises SpoolFull at the byte cap.
-        `on_written(segment, start)` runs once the record has its place, before the writer can see it."""
+    def append(self, payload: bytes, span_count: int) -> None:
+        """Returns once the record is on disk (fsync'd). Raises SpoolFull at the byte cap."""
         record = _HEADER.pack(_MAGIC, len(payload), span_count, zlib.crc32(payload)) + payload
         with self._lock:
             if self.backlog_bytes + len(record) > self.max_bytes:
@@ -116,8 +115,6 @@ class Spool:
             if self._size >= self.segment_bytes:
                 self._roll()
             os.write(self._fd, record)
-            if on_written is not None:
-                on_written(self._segment, self._size)
             self._size += len(record)
             self.backlog_bytes += len(record)
             self._written_seq += 1

@@ -8,9 +8,8 @@ import time
 from dataclasses import dataclass, field
 
 from collectors import render
-from collectors.clickhouse_sink import ClickHouseSink, encode_block
+from collectors.clickhouse_sink import ClickHouseSink
 from collectors.metrics import CollectorMetrics
-from collectors.render_cache import RenderCache
 from collectors.spool import Pending, Record, Spool
 
 log = logging.getLogger(__name__)
@@ -25,7 +24,6 @@ class SpoolWriter:
     spool: Spool
     sink: ClickHouseSink
     metrics: CollectorMetrics
-    rendered: RenderCache
     batch_spans: int = 50_000
     flush_interval_s: float = 0.2
     max_backoff_s: float = 5.0
@@ -113,19 +111,11 @@ class SpoolWriter:
         self._waiting_since = None
 
     def _insert(self, records: list[Record], pending: Pending) -> None:
-        blocks = []
-        for record in records:
-            block = self.rendered.pop((record.segment, record.start))
-            if block is None:  # after a restart, or past the cache's bound
-                rows: list[tuple] = []
-                render.add_rows(rows, record.payload)
-                block = encode_block(rows)
-            blocks.append(block)
         spans = sum(record.span_count for record in records)
         backoff_s = 0.05
         while True:
-            try:
-                self.sink.insert_blocks(blocks, self.spool.token(pending))
+            try:  # rendered as the insert streams: the server parses a block while the next renders
+                self.sink.insert((render.render(r.payload)[0] for r in records), self.spool.token(pending))
                 break
             except Exception as exc:  # ClickHouse down or refusing: keep the batch, retry
                 self.metrics.add("insert_retries")

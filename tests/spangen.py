@@ -367,9 +367,9 @@ def insert_spans(spans: list[ReadableSpan], clickhouse_url: str, database: str, 
     sink, rows = ClickHouseSink(clickhouse_url, database), 0
     try:
         for i in range(0, len(spans), batch):
-            columns = render.empty_columns()
-            rows += render.add_request(columns, encode_spans(spans[i:i + batch]).SerializeToString())
-            sink.insert(columns, token=f"{token_prefix}-{i}" if token_prefix else uuid.uuid4().hex)
+            block, count = render.render(encode_spans(spans[i:i + batch]).SerializeToString())
+            sink.insert([block], token=f"{token_prefix}-{i}" if token_prefix else uuid.uuid4().hex)
+            rows += count
     finally:
         sink.close()
     return rows

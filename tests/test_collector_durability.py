@@ -18,7 +18,6 @@ from collectors import render, schema
 from collectors.clickhouse_url import connect
 from collectors.embedded import EmbeddedClickHouse, free_port
 from collectors.metrics import CollectorMetrics
-from collectors.render_cache import RenderCache
 from collectors.service import Collector
 from collectors.spool import Spool, SpoolLocked
 from collectors.writer import ClickHouseSink, SpoolWriter
@@ -109,7 +108,7 @@ def test_replay_of_an_inserted_batch_is_deduplicated(clickhouse, ch_client, trac
             for body in _payloads(3, 40):
                 spool.append(body, render.count_spans(body))
         writer = SpoolWriter(spool, ClickHouseSink(clickhouse.url, traces_db), CollectorMetrics(),
-                             RenderCache(), flush_interval_s=0.01)
+                             flush_interval_s=0.01)
         writer.start()
         assert wait_rows(ch_client, traces_db, 120) == 120
         writer.stop()
@@ -126,7 +125,7 @@ def test_a_new_spool_never_reuses_an_old_spools_tokens(clickhouse, ch_client, tr
         spool = Spool(str(tmp_path / f"spool-{run}"))
         spool.append(body if run == 0 else _payloads(1, 30)[0], 30)
         writer = SpoolWriter(spool, ClickHouseSink(clickhouse.url, traces_db), CollectorMetrics(),
-                             RenderCache(), flush_interval_s=0.01)
+                             flush_interval_s=0.01)
         writer.start()
         assert wait_rows(ch_client, traces_db, 30 * (run + 1)) == 30 * (run + 1)
         writer.stop()

@@ -147,15 +147,15 @@ def test_otlp_json_with_gzip(collector, ch_client, traces_db):
                                      "arr": '["s",0.5,false]'}
 
 
-# Before 2001-09-09 (1e18 ns) ClickHouse would read a digit string as seconds; 2**63 - 1 is the
-# last DateTime64(9) instant.
-EDGE_TIMES_NS = (5, 999_999_999, 10**18 - 1, 1_700_000_000_123_456_789, 2**63 - 1)
+# The first is the insert's first bytes, little endian: tab, space, CR, LF, whitespace the server
+# must not skip after `FORMAT RowBinary`; 2**63 - 1 is the last DateTime64(9) instant.
+EDGE_TIMES_NS = (0x0A0D2009, 999_999_999, 10**18 - 1, 1_700_000_000_123_456_789, 2**63 - 1)
 ODD_TEXT = 'q"uote\\back\nline\ttab\x00nul\x1fctl é 漢 🙂 </script>'
 
 
 def test_timestamps_and_text_survive_the_insert_exactly(collector, ch_client, traces_db):
-    """The writer ships rows as JSON that ClickHouse parses: nanoseconds and every character
-    (quotes, backslashes, control characters, non-BMP) must arrive unchanged."""
+    """The writer ships RowBinary: nanoseconds and every character (quotes, backslashes, control
+    characters, non-BMP) must arrive unchanged, and a first row starting with whitespace whole."""
     request = ExportTraceServiceRequest()
     scope_spans = request.resource_spans.add().scope_spans.add()
     for i, start_ns in enumerate(EDGE_TIMES_NS):

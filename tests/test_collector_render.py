@@ -1,4 +1,4 @@
-"""Row rendering: attribute strings as pdata's AsString writes them, and the wire decoder checked
+"""Row rendering: attribute strings as pdata's AsString writes them, and the C wire decoder checked
 against the upb-parsed message on generated requests; malformed bytes only ever raise InvalidSpans."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from collectors import render
 from collectors.attr_string import as_string, go_float
+from tests.rowbinary import read_rows, uleb
 
 
 @pytest.mark.parametrize("value,text", [
@@ -103,13 +104,17 @@ def _reference(request: ExportTraceServiceRequest) -> list[tuple]:
     return rows
 
 
-@settings(max_examples=60, deadline=None)
+def _rows(request: ExportTraceServiceRequest) -> list[tuple]:
+    block, count = render.render(request.SerializeToString())
+    rows = read_rows(block)
+    assert count == len(rows)
+    return rows
+
+
+@settings(max_examples=150, deadline=None)
 @given(request=_requests())
 def test_wire_decoder_matches_the_parsed_message(request):
-    rows = []
-    count = render.add_rows(rows, request.SerializeToString())
-    assert rows == _reference(request)
-    assert count == sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+    assert _rows(request) == _reference(request)
 
 
 def _accepted_only_if_protobuf_accepts(data: bytes) -> None:
@@ -151,18 +156,6 @@ def test_invalid_ids_are_refused(mutate, message):
         render.count_spans(request.SerializeToString())
 
 
-def test_column_form_equals_the_transposed_rows():
-    request = ExportTraceServiceRequest()
-    spans = request.resource_spans.add().scope_spans.add().spans
-    for i in range(3):
-        spans.add(trace_id=bytes([i + 1]) * 16, span_id=bytes([i + 1]) * 8, name=f"s{i}")
-    columns, rows = render.empty_columns(), []
-    assert render.add_request(columns, request.SerializeToString()) == 3
-    render.add_rows(rows, request.SerializeToString())
-    assert [tuple(c) for c in columns] == render.to_columns(rows)
-    assert columns[5] == ["s0", "s1", "s2"]
-
-
 @pytest.mark.parametrize("value", [
     AnyValue(), AnyValue(string_value=""), AnyValue(string_value="k" * 200), AnyValue(string_value="é漢🙂"),
     AnyValue(int_value=0), AnyValue(int_value=-1), AnyValue(int_value=2 ** 63 - 1), AnyValue(int_value=-(2 ** 63)),
@@ -171,26 +164,11 @@ def test_column_form_equals_the_transposed_rows():
 ])
 @pytest.mark.parametrize("key", ["", "gen_ai.request.model", "k" * 130])
 def test_attribute_read_directly_or_through_anyvalue_renders_alike(key, value):
-    """Short scalar attributes are read without AnyValue; long ones, bytes and arrays through it."""
+    """Scalars and bytes are rendered in C; arrays through Python's AnyValue."""
     request = ExportTraceServiceRequest()
     span = request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
     span.attributes.add(key=key, value=value)
-    rows = []
-    render.add_rows(rows, request.SerializeToString())
-    assert rows[0][11] == {key: as_string(value)}
-
-
-def test_attribute_cache_stays_bounded(monkeypatch):
-    monkeypatch.setattr(render, "_KV_CACHE_MAX", 10)
-    request = ExportTraceServiceRequest()
-    spans = request.resource_spans.add().scope_spans.add().spans
-    for i in range(25):
-        spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8).attributes.add(
-            key="id", value=AnyValue(string_value=f"unique-{i}"))
-    rows = []
-    render.add_rows(rows, request.SerializeToString())
-    assert [r[11]["id"] for r in rows] == [f"unique-{i}" for i in range(25)]
-    assert len(render._KV_CACHE) <= 10
+    assert _rows(request)[0][11] == {key: as_string(value)}
 
 
 def test_every_occurrence_of_a_repeated_message_is_validated():
@@ -202,3 +180,87 @@ def test_every_occurrence_of_a_repeated_message_is_validated():
         render.count_spans(b"\x0a" + bytes([len(resource_spans)]) + resource_spans)
     with pytest.raises(DecodeError):
         ExportTraceServiceRequest.FromString(b"\x0a" + bytes([len(resource_spans)]) + resource_spans)
+
+
+def _one_span(**fields) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, **fields)
+    return request
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.floats())
+def test_doubles_render_as_go_writes_them(value):
+    request = _one_span(attributes=[KeyValue(key="x", value=AnyValue(double_value=value))])
+    assert _rows(request)[0][11] == {"x": go_float(value)}
+
+
+def test_a_repeated_key_keeps_its_first_place_and_last_value():
+    kvs = [KeyValue(key=k, value=AnyValue(int_value=i)) for i, k in enumerate("abacb")]
+    assert list(_rows(_one_span(attributes=kvs))[0][11].items()) == [("a", "2"), ("b", "4"), ("c", "3")]
+
+
+def test_many_attributes_and_events():
+    kvs = [KeyValue(key=f"k{i}", value=AnyValue(string_value=str(i))) for i in range(300)]
+    request = _one_span(attributes=kvs)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    for i in range(50):
+        span.events.add(time_unix_nano=i, name=f"e{i}", attributes=kvs[:i])
+    assert _rows(request) == _reference(request)
+
+
+def test_merged_attribute_values_render_as_protobuf_merges_them():
+    """A KeyValue whose `value` occurs twice: protobuf merges the two AnyValues (arrays concatenate)."""
+    first = AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)])).SerializeToString()
+    second = AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="x")])).SerializeToString()
+    kv = b"\x0a\x01k" + b"\x12" + bytes([len(first)]) + first + b"\x12" + bytes([len(second)]) + second
+    request = _one_span()
+    request.resource_spans[0].scope_spans[0].spans[0].attributes.add().MergeFromString(kv)
+    assert _rows(request) == _reference(request)
+    assert _rows(request)[0][11] == {"k": '[1,"x"]'}
+
+
+@pytest.mark.parametrize("where", ["span name", "scope attribute key", "resource schema_url", "entity_ref",
+                                   "event name", "link trace_state", "attribute value", "status message"])
+def test_invalid_utf8_is_refused_wherever_protobuf_refuses_it(where):
+    """The request is built with the placeholder "~~" in one string field, then the placeholder's
+    bytes become an overlong "/" (0xC0 0xAF): not UTF-8."""
+    request = _one_span()
+    rs = request.resource_spans[0]
+    span = rs.scope_spans[0].spans[0]
+    if where == "span name":
+        span.name = "~~"
+    elif where == "scope attribute key":
+        rs.scope_spans[0].scope.attributes.add(key="~~")
+    elif where == "resource schema_url":
+        rs.schema_url = "~~"
+    elif where == "entity_ref":
+        rs.resource.entity_refs.add(type="~~")
+    elif where == "event name":
+        span.events.add(name="~~")
+    elif where == "link trace_state":
+        span.links.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, trace_state="~~")
+    elif where == "status message":
+        span.status.message = "~~"
+    else:
+        span.attributes.add(key="k", value=AnyValue(string_value="~~"))
+    data = request.SerializeToString()
+    assert data.count(b"~~") == 1
+    data = data.replace(b"~~", b"\xc0\xaf")
+    with pytest.raises(DecodeError):
+        ExportTraceServiceRequest.FromString(data)
+    with pytest.raises(render.InvalidSpans, match="UTF-8"):
+        render.count_spans(data)
+
+
+def test_absurdly_nested_attribute_values_are_refused():
+    raw = AnyValue(int_value=1).SerializeToString()
+    for _ in range(200):  # arrays in arrays, beyond protobuf's recursion limit of 100
+        inner = b"\x0a" + uleb(len(raw)) + raw
+        raw = b"\x2a" + uleb(len(inner)) + inner
+    kv = b"\x0a\x04deep\x12" + uleb(len(raw)) + raw
+    span = b"\x0a\x10" + b"\x01" * 16 + b"\x12\x08" + b"\x02" * 8 + b"\x4a" + uleb(len(kv)) + kv
+    scope_spans = b"\x12" + uleb(len(span)) + span
+    resource_spans = b"\x12" + uleb(len(scope_spans)) + scope_spans
+    with pytest.raises(render.InvalidSpans, match="malformed attribute value"):
+        render.count_spans(b"\x0a" + uleb(len(resource_spans)) + resource_spans)

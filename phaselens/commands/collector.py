@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from collectors.service import Collector, default_spool_dir, tune_gc_for_throughput
+from collectors.service import Collector, default_spool_dir
 from instrumentation.exposure import InsecureBindError
 
 
@@ -31,7 +31,6 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    tune_gc_for_throughput()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
