@@ -17,6 +17,10 @@
 
 enum { VARINT = 0, I64 = 1, LEN = 2, I32 = 5 };
 
+/* Rows repeat the resource and scope per span: a small request can ask for huge rows (1 MB of
+ * resource attributes over 100k tiny spans). Past this a request is refused, not rendered. */
+#define MAX_ROWS_BYTES ((size_t)256 << 20)
+
 static PyObject *InvalidSpans;
 
 /* ---------- output buffer ---------- */
@@ -29,6 +33,11 @@ typedef struct {
 static int buf_reserve(Buf *b, size_t extra) {
     if (b->len + extra <= b->cap)
         return 0;
+    if (b->len + extra > MAX_ROWS_BYTES) {
+        PyErr_Format(InvalidSpans, "its rows would exceed %zu MiB (resource or scope attributes repeated "
+                     "over many spans?): send fewer spans per request", MAX_ROWS_BYTES >> 20);
+        return -1;
+    }
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + extra)
         cap *= 2;
@@ -435,40 +444,78 @@ static int render_key_value(Ctx *ctx, Slice raw, Entry *entry) {
     return r < 0 ? -1 : 0;
 }
 
+/* Where a key already is among a map's entries. Linear for small maps; a hash index above
+ * SMALL_MAP entries, so that a span with a million attributes is not a trillion comparisons. */
+#define SMALL_MAP 64
+
+typedef struct {
+    uint32_t *slots; /* entry index + 1; 0 = empty */
+    size_t mask;
+} KeyIndex;
+
+static int same_key(const Entry *e, Slice key) {
+    size_t n = (size_t)(key.end - key.p);
+    return (size_t)(e->key.end - e->key.p) == n && memcmp(e->key.p, key.p, n) == 0;
+}
+
+/* The entry holding `key`, or `count` (and, with an index, its slot taken) when it is new. */
+static size_t find_key(const Entry *entries, size_t count, Slice key, KeyIndex *index) {
+    if (!index->slots) {
+        size_t k = 0;
+        while (k < count && !same_key(&entries[k], key))
+            k++;
+        return k;
+    }
+    uint64_t h = 1469598103934665603u; /* FNV-1a */
+    for (const uint8_t *p = key.p; p < key.end; p++)
+        h = (h ^ *p) * 1099511628211u;
+    for (size_t i = h & index->mask;; i = (i + 1) & index->mask) {
+        uint32_t slot = index->slots[i];
+        if (slot == 0) {
+            index->slots[i] = (uint32_t)count + 1;
+            return count;
+        }
+        if (same_key(&entries[slot - 1], key))
+            return slot - 1;
+    }
+}
+
 /* A Map(String, String) from KeyValue slices: a repeated key keeps its first place, last value.
  * `service`, when given, receives where in `out` the value of `service.name` lies (start, end). */
 static int put_map(Ctx *ctx, Buf *out, const Slice *kvs, size_t n, size_t service[2]) {
-    Entry stack[64], *entries = n <= 64 ? stack : PyMem_Malloc(n * sizeof(Entry));
-    if (!entries)
-        return PyErr_NoMemory(), -1;
+    Entry stack[SMALL_MAP], *entries = n <= SMALL_MAP ? stack : PyMem_Malloc(n * sizeof(Entry));
+    KeyIndex index = {NULL, 0};
+    if (n > SMALL_MAP) {
+        size_t slots = 2 * SMALL_MAP;
+        while (slots < 2 * n)
+            slots *= 2;
+        index.slots = PyMem_Calloc(slots, sizeof(uint32_t));
+        index.mask = slots - 1;
+    }
     size_t count = 0;
-    int r = 0;
+    int r = entries && (n <= SMALL_MAP || index.slots) ? 0 : (PyErr_NoMemory(), -1);
     ctx->scratch.len = 0;
     for (size_t i = 0; i < n && r == 0; i++) {
         Entry e;
         if ((r = render_key_value(ctx, kvs[i], &e)))
             break;
-        size_t k = 0;
-        size_t klen = (size_t)(e.key.end - e.key.p);
-        while (k < count && !((size_t)(entries[k].key.end - entries[k].key.p) == klen &&
-                              memcmp(entries[k].key.p, e.key.p, klen) == 0))
-            k++;
+        size_t k = find_key(entries, count, e.key, &index);
         entries[k] = e;
         count += k == count;
     }
     if (r == 0)
         r = put_uleb(out, count);
     for (size_t k = 0; k < count && r == 0; k++) {
-        const uint8_t *value = ctx->scratch.data + entries[k].value_at;
         r = put_str(out, entries[k].key.p, (size_t)(entries[k].key.end - entries[k].key.p)) ||
-            put_str(out, value, entries[k].value_len);
-        if (service && entries[k].key.end - entries[k].key.p == 12 && memcmp(entries[k].key.p, "service.name", 12) == 0) {
+            put_str(out, ctx->scratch.data + entries[k].value_at, entries[k].value_len);
+        if (service && same_key(&entries[k], (Slice){(const uint8_t *)"service.name", (const uint8_t *)"service.name" + 12})) {
             service[0] = out->len - entries[k].value_len;
             service[1] = out->len;
         }
     }
     if (entries != stack)
         PyMem_Free(entries);
+    PyMem_Free(index.slots);
     return r;
 }
 
@@ -642,8 +689,10 @@ static int put_span(Ctx *ctx, Buf *out, Slice raw, Slice scope_name, Slice scope
     Span s;
     if (read_span(ctx, raw, &s))
         return -1;
-    const char *kind = s.kind < 6 ? SPAN_KINDS[s.kind] : "";
-    const char *status = s.status_code < 3 ? STATUS_CODES[s.status_code] : "";
+    /* enums are int32: protobuf keeps the low 32 bits of a longer varint */
+    uint32_t kind_number = (uint32_t)s.kind, status_number = (uint32_t)s.status_code;
+    const char *kind = kind_number < 6 ? SPAN_KINDS[kind_number] : "";
+    const char *status = status_number < 3 ? STATUS_CODES[status_number] : "";
     int r = put_u64(out, s.start) || put_hex(out, s.trace_id.p, 16) || put_hex(out, s.span_id.p, 8) ||
             put_hex(out, s.parent.p, (size_t)(s.parent.end - s.parent.p)) ||
             put_str(out, s.state.p, (size_t)(s.state.end - s.state.p)) ||

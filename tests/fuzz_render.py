@@ -47,6 +47,8 @@ def _seeds() -> list[bytes]:
     link = span.links.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, trace_state="a=b")
     link.attributes.add(key="x", value=AnyValue(array_value=ArrayValue(values=[AnyValue(double_value=1.5)])))
     span.status.message, span.status.code = "boom", 2
+    for i in range(80):  # past 64 entries: the map's hash index
+        span.attributes.add(key=f"k{i % 70}", value=AnyValue(int_value=i))
     rich.resource_spans[0].resource.entity_refs.add(type="t", id_keys=["a"])
     rich.resource_spans[0].scope_spans[0].scope.attributes.add(key="s", value=AnyValue(bytes_value=b"\x00\xff"))
     return [export_request(8, 1_700_000_000_000_000_000).SerializeToString(), rich.SerializeToString()]

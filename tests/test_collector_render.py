@@ -195,18 +195,59 @@ def test_doubles_render_as_go_writes_them(value):
     assert _rows(request)[0][11] == {"x": go_float(value)}
 
 
+def _request_of(span: bytes) -> bytes:
+    """A serialized span (which may hold what protobuf would never write) in a request."""
+    scope_spans = b"\x12" + uleb(len(span)) + span
+    resource_spans = b"\x12" + uleb(len(scope_spans)) + scope_spans
+    return b"\x0a" + uleb(len(resource_spans)) + resource_spans
+
+
+_IDS = b"\x0a\x10" + b"\x01" * 16 + b"\x12\x08" + b"\x02" * 8
+
+
+def test_enum_varints_longer_than_32_bits_keep_their_low_bits():
+    """SpanKind and StatusCode are int32 enums: protobuf reads 2**32 + 2 as 2 (Server, Error)."""
+    long_two = uleb(2**32 + 2)
+    status = b"\x18" + long_two
+    data = _request_of(_IDS + b"\x30" + long_two + b"\x7a" + uleb(len(status)) + status)
+    parsed = ExportTraceServiceRequest.FromString(data).resource_spans[0].scope_spans[0].spans[0]
+    assert (parsed.kind, parsed.status.code) == (2, 2)
+    row = read_rows(render.render(data)[0])[0]
+    assert (row[6], row[13]) == ("Server", "Error")
+
+
 def test_a_repeated_key_keeps_its_first_place_and_last_value():
     kvs = [KeyValue(key=k, value=AnyValue(int_value=i)) for i, k in enumerate("abacb")]
     assert list(_rows(_one_span(attributes=kvs))[0][11].items()) == [("a", "2"), ("b", "4"), ("c", "3")]
 
 
 def test_many_attributes_and_events():
-    kvs = [KeyValue(key=f"k{i}", value=AnyValue(string_value=str(i))) for i in range(300)]
+    """Above 64 entries a map's repeated keys are found by a hash index: same rows."""
+    kvs = [KeyValue(key=f"k{i % 250}", value=AnyValue(string_value=str(i))) for i in range(300)]
     request = _one_span(attributes=kvs)
     span = request.resource_spans[0].scope_spans[0].spans[0]
     for i in range(50):
         span.events.add(time_unix_nano=i, name=f"e{i}", attributes=kvs[:i])
     assert _rows(request) == _reference(request)
+
+
+def test_a_million_attributes_of_one_key_take_linear_time():
+    kv = KeyValue(key="k", value=AnyValue(int_value=7)).SerializeToString()
+    row = read_rows(render.render(_request_of(_IDS + (b"\x4a" + uleb(len(kv)) + kv) * 1_000_000))[0])[0]
+    assert row[11] == {"k": "7"}
+
+
+def test_rows_that_would_outgrow_their_request_are_refused():
+    """1 MB of resource attributes repeated over 300 spans would be 300 MB of rows."""
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    rs.resource.attributes.add(key="big", value=AnyValue(string_value="x" * (1 << 20)))
+    for i in range(300):
+        rs.scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=(i + 1).to_bytes(8, "big"))
+    with pytest.raises(render.InvalidSpans, match="would exceed 256 MiB"):
+        render.count_spans(request.SerializeToString())
+    del rs.scope_spans[200:]  # 200 MB: within the bound
+    assert render.count_spans(request.SerializeToString()) == 200
 
 
 def test_merged_attribute_values_render_as_protobuf_merges_them():
@@ -259,8 +300,37 @@ def test_absurdly_nested_attribute_values_are_refused():
         inner = b"\x0a" + uleb(len(raw)) + raw
         raw = b"\x2a" + uleb(len(inner)) + inner
     kv = b"\x0a\x04deep\x12" + uleb(len(raw)) + raw
-    span = b"\x0a\x10" + b"\x01" * 16 + b"\x12\x08" + b"\x02" * 8 + b"\x4a" + uleb(len(kv)) + kv
-    scope_spans = b"\x12" + uleb(len(span)) + span
-    resource_spans = b"\x12" + uleb(len(scope_spans)) + scope_spans
     with pytest.raises(render.InvalidSpans, match="malformed attribute value"):
-        render.count_spans(b"\x0a" + uleb(len(resource_spans)) + resource_spans)
+        render.count_spans(_request_of(_IDS + b"\x4a" + uleb(len(kv)) + kv))
+
+
+def test_decoding_keeps_no_memory_on_any_path():
+    """The C decoder allocates with PyMem, which tracemalloc traces: after accepting and refusing
+    thousands of mutated requests (every error path), nothing it allocated is still held."""
+    import random
+    import tracemalloc
+
+    from tests.fuzz_render import _mutate, _seeds
+
+    rng, seeds = random.Random(3), _seeds()
+    inputs = [_mutate(rng, bytearray(rng.choice(seeds))) for _ in range(3000)] + seeds
+
+    def decode_all() -> int:
+        refused = 0
+        for data in inputs:
+            try:
+                render.render(data)
+            except render.InvalidSpans:
+                refused += 1
+        return refused
+
+    decode_all()  # warm caches (protobuf's, Python's) first
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        refused = decode_all()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0 < refused < len(inputs)
+    assert held < 16 << 10, f"{held} bytes still held"
