@@ -14,6 +14,7 @@ _HELP = {
     "requests_retryable": "export requests answered with a retryable code (spool full)",
     "insert_retries": "failed ClickHouse inserts that were retried",
     "spans_dropped": "spans lost: must stay 0",
+    "spans_quarantined": "spooled spans this version cannot render (accepted by an older one), set aside in the spool's quarantine/",
     "writer_errors": "unexpected spool writer errors (it resumes from the last pending batch)",
     "metrics_requests_received": "OTLP metrics export requests accepted",
     "metric_points_not_stored": "OTLP metric data points counted, not stored (traces only)",
@@ -29,6 +30,7 @@ class CollectorMetrics:
     requests_retryable: int = 0
     insert_retries: int = 0
     spans_dropped: int = 0
+    spans_quarantined: int = 0
     writer_errors: int = 0
     metrics_requests_received: int = 0
     metric_points_not_stored: int = 0

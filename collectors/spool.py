@@ -5,7 +5,8 @@ span count, crc32 (little endian u32 each). A restart always appends to a new se
 tail (crash mid-write, never acknowledged) only ends the reading of its own segment.
 `DIR/pending` names the batch the writer is inserting (segment, start, end): on restart that exact
 range is replayed first with the same deduplication token (which includes the random spool id in
-`DIR/id`), so nothing is inserted twice.
+`DIR/id`), so nothing is inserted twice. `DIR/quarantine/` keeps, as received, the requests that the
+writer could not render (spooled by an older, looser version): set aside, never silently lost.
 
 Group commit: appenders write under a lock, then one of them fsyncs for all that wrote before it.
 """
@@ -200,6 +201,19 @@ class Spool:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, Path(self.directory) / "pending")
+
+    def quarantine(self, record: Record, why: str) -> Path:
+        """Keeps `record`'s payload (fsync'd) in DIR/quarantine/, with why it was not inserted."""
+        directory = Path(self.directory) / "quarantine"
+        directory.mkdir(exist_ok=True)
+        path = directory / f"seg-{record.segment:012d}-{record.start:012d}.pb"
+        for target, data in ((path, record.payload), (path.with_suffix(".why"), f"{why}\n".encode())):
+            with open(target, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        _fsync_dir(str(directory))
+        return path
 
     def inserted(self, nbytes: int) -> None:
         with self._lock:

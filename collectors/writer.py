@@ -112,10 +112,20 @@ class SpoolWriter:
 
     def _insert(self, records: list[Record], pending: Pending) -> None:
         spans = sum(record.span_count for record in records)
+        unrenderable: dict[int, str] = {}  # record start → why
+
+        def blocks():
+            """Rendered as the insert streams: the server parses a block while the next renders."""
+            for record in records:
+                try:
+                    yield render.render(record.payload)[0]
+                except render.InvalidSpans as exc:  # spooled by an older version that accepted it
+                    unrenderable[record.start] = str(exc)
+
         backoff_s = 0.05
         while True:
-            try:  # rendered as the insert streams: the server parses a block while the next renders
-                self.sink.insert((render.render(r.payload)[0] for r in records), self.spool.token(pending))
+            try:
+                self.sink.insert(blocks(), self.spool.token(pending))
                 break
             except Exception as exc:  # ClickHouse down or refusing: keep the batch, retry
                 self.metrics.add("insert_retries")
@@ -123,6 +133,14 @@ class SpoolWriter:
                 if self._stop.is_set() or self._stop.wait(backoff_s):
                     raise _Abandoned  # stopping while ClickHouse fails: the batch stays spooled
                 backoff_s = min(backoff_s * 2, self.max_backoff_s)
-        self.metrics.add("spans_written", spans)
+        quarantined = 0
+        for record in records:
+            if record.start in unrenderable:
+                path = self.spool.quarantine(record, unrenderable[record.start])
+                log.error("%d spooled spans cannot be rendered (%s); kept in %s", record.span_count,
+                          unrenderable[record.start], path)
+                quarantined += record.span_count
+        self.metrics.add("spans_quarantined", quarantined)
+        self.metrics.add("spans_written", spans - quarantined)
         self.spool.inserted(pending.end - pending.start)
         self._inserted = pending

@@ -139,3 +139,27 @@ def test_one_spool_directory_has_one_owner(tmp_path):
         Spool(str(tmp_path / "spool"))
     first.close()
     Spool(str(tmp_path / "spool")).close()  # released on close
+
+
+def test_a_spooled_request_this_version_cannot_render_is_set_aside(clickhouse, ch_client, traces_db, tmp_path):
+    """A spool written by an older, looser version may hold a request the decoder now refuses (here:
+    a resource attribute that is not UTF-8). It must neither wedge the writer nor vanish: the rest of its
+    batch is inserted, and it is kept, fsync'd, in quarantine/ and counted."""
+    good = _payloads(2, 20)
+    bad = export_request(5, time.time_ns()).SerializeToString().replace(b"bench-host", b"bench-\xc0\xafst")
+    with pytest.raises(render.InvalidSpans):
+        render.count_spans(bad)
+    spool = Spool(str(tmp_path / "spool"))
+    for body, spans in ((good[0], 20), (bad, 5), (good[1], 20)):
+        spool.append(body, spans)
+    metrics = CollectorMetrics()
+    writer = SpoolWriter(spool, ClickHouseSink(clickhouse.url, traces_db), metrics, flush_interval_s=0.01)
+    writer.start()
+    assert wait_rows(ch_client, traces_db, 40) == 40
+    writer.stop()
+    spool.close()
+    kept = sorted((tmp_path / "spool" / "quarantine").iterdir())
+    assert [p.suffix for p in kept] == [".pb", ".why"]
+    assert kept[0].read_bytes() == bad and "UTF-8" in kept[1].read_text()
+    assert (metrics.spans_written, metrics.spans_quarantined, metrics.spans_dropped) == (40, 5, 0)
+    assert _counts(ch_client, traces_db) == (40, 40)
