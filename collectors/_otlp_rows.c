@@ -267,6 +267,37 @@ typedef struct {
     Slice service;       /* within `resource` */
 } Ctx;
 
+/* The shortest digits that read back as |x| (Python's repr, as Go's strconv chooses them), without
+ * leading or trailing zeros: |x| = 0.d1d2..dn * 10^decimal. */
+static int shortest_digits(double x, char digits[32], int *n, int *decimal) {
+    char *repr = PyOS_double_to_string(fabs(x), 'r', 0, 0, NULL);
+    if (!repr)
+        return -1;
+    int count = 0, point = -1, exp10 = 0;
+    const char *p = repr;
+    for (; *p && *p != 'e'; p++) {
+        if (*p == '.')
+            point = count;
+        else if (count < 31)
+            digits[count++] = *p;
+    }
+    if (*p == 'e')
+        exp10 = atoi(p + 1);
+    PyMem_Free(repr);
+    int lead = 0;
+    while (lead < count - 1 && digits[lead] == '0')
+        lead++;
+    *decimal = (point < 0 ? count : point) + exp10 - lead;
+    memmove(digits, digits + lead, (size_t)(count - lead));
+    count -= lead;
+    while (count > 1 && digits[count - 1] == '0')
+        count--;
+    if (count == 1 && digits[0] == '0')
+        *decimal = 1;
+    *n = count;
+    return 0;
+}
+
 /* Go's strconv 'f'/'e' choice as encoding/json writes a float64 (ES6): shortest round-trip digits,
  * exponent form when |x| < 1e-6 or |x| >= 1e21, exponent without leading zeros ("1e-7", "1e+21"). */
 static int put_go_float(Buf *out, double x) {
@@ -274,40 +305,11 @@ static int put_go_float(Buf *out, double x) {
         return put(out, "json: unsupported value: NaN", 28);
     if (isinf(x))
         return put(out, x > 0 ? "json: unsupported value: +Inf" : "json: unsupported value: -Inf", 29);
-    char *repr = PyOS_double_to_string(x, 'r', 0, 0, NULL);
-    if (!repr)
+    char digits[32], text[64];
+    int n, decimal, t = 0;
+    if (shortest_digits(x, digits, &n, &decimal))
         return -1;
-    char digits[32];
-    int n = 0, point = -1, exp10 = 0;
-    const char *p = repr;
-    int negative = *p == '-';
-    if (negative)
-        p++;
-    for (; *p && *p != 'e'; p++) {
-        if (*p == '.')
-            point = n;
-        else if (n < 31)
-            digits[n++] = *p;
-    }
-    if (*p == 'e')
-        exp10 = atoi(p + 1);
-    PyMem_Free(repr);
-    if (point < 0)
-        point = n;
-    /* value = 0.d1d2..dn * 10^(point + exp10); strip leading and trailing zeros of the digits */
-    int lead = 0;
-    while (lead < n - 1 && digits[lead] == '0')
-        lead++;
-    int decimal = point + exp10 - lead; /* digits before the decimal point */
-    memmove(digits, digits + lead, (size_t)(n - lead));
-    n -= lead;
-    while (n > 1 && digits[n - 1] == '0')
-        n--;
-    if (n == 1 && digits[0] == '0')
-        decimal = 1;
-    char text[64];
-    int t = 0;
-    if (negative)
+    if (signbit(x))
         text[t++] = '-';
     double magnitude = fabs(x);
     if (magnitude != 0 && (magnitude < 1e-6 || magnitude >= 1e21)) {
@@ -319,10 +321,8 @@ static int put_go_float(Buf *out, double x) {
         }
         t += snprintf(text + t, sizeof text - (size_t)t, "e%+d", decimal - 1);
     } else if (decimal <= 0) {
-        text[t++] = '0';
-        text[t++] = '.';
-        for (int i = 0; i < -decimal; i++)
-            text[t++] = '0';
+        memcpy(text + t, "0.00000", (size_t)(2 - decimal)); /* decimal >= -5 here */
+        t += 2 - decimal;
         memcpy(text + t, digits, (size_t)n);
         t += n;
     } else {
