@@ -133,6 +133,13 @@ class SpoolWriter:
                 if self._stop.is_set() or self._stop.wait(backoff_s):
                     raise _Abandoned  # stopping while ClickHouse fails: the batch stays spooled
                 backoff_s = min(backoff_s * 2, self.max_backoff_s)
+        quarantined = self._set_aside(records, unrenderable)
+        self.metrics.add("spans_written", spans - quarantined)
+        self.spool.inserted(pending.end - pending.start)
+        self._inserted = pending
+
+    def _set_aside(self, records: list[Record], unrenderable: dict[int, str]) -> int:
+        """Quarantines the records that could not be rendered; returns their span count."""
         quarantined = 0
         for record in records:
             if record.start in unrenderable:
@@ -141,6 +148,4 @@ class SpoolWriter:
                           unrenderable[record.start], path)
                 quarantined += record.span_count
         self.metrics.add("spans_quarantined", quarantined)
-        self.metrics.add("spans_written", spans - quarantined)
-        self.spool.inserted(pending.end - pending.start)
-        self._inserted = pending
+        return quarantined
