@@ -147,7 +147,7 @@ def test_dockerfile_and_dockerignore():
     assert re.search(r"^USER \w+", text, re.M), "the image should not run as root"
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", ".git"} <= ignored
-    assert not {"README.md", "pyproject.toml"} & ignored  # `pip install .` needs both
+    assert not {"README.md", "pyproject.toml", "setup.py"} & ignored  # `pip install .` needs them
     runs = [shlex.split(cmd) for cmd in text.replace("\\\n", " ").splitlines() if cmd.startswith("RUN ")]
     torch = next(i for i, cmd in enumerate(runs) if "--index-url" in cmd)
     project = next(i for i, cmd in enumerate(runs) if "pip" in cmd and "." in cmd)  # `pip install .`
