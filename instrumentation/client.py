@@ -18,9 +18,10 @@ one anchor (`instrumentation.clock`). Formulas (design §1), all on the client's
              `token_counter` says otherwise)
     usage_mismatch = usage output_tokens − counted tokens
 
-Errors (non-200, an error event mid-stream, malformed SSE, timeout, cancel, connection refused)
-end the span with status ERROR and `error.type` and come back in `StreamResult`; `stream()`
-never raises, not even on cancellation (the result says `cancelled`).
+Errors (non-200, an error event mid-stream, malformed SSE, timeout, connection refused) end the
+span with status ERROR and `error.type` and come back in `StreamResult`: `stream()` does not raise
+them. A cancellation of the caller's task is recorded the same way (`error.type=cancelled`) and then
+re-raised, as asyncio requires: an outer `asyncio.timeout` or task group still works.
 """
 
 from __future__ import annotations
@@ -278,7 +279,8 @@ class TracedClient:
         await self._http.aclose()
 
     async def stream(self, endpoint: str, payload: dict, intended_ns: int | None = None) -> StreamResult:
-        """Send one streaming request; return its `StreamResult` (errors inside, never raised).
+        """Send one streaming request; return its `StreamResult` (errors inside, not raised; a
+        cancellation is recorded, then re-raised).
 
         `intended_ns` (perf_counter_ns) is when the schedule wanted it sent: it gives schedule lag."""
         if endpoint not in ENDPOINT_PATHS:
@@ -297,15 +299,19 @@ class TracedClient:
         headers = {"content-type": "application/json"}
         propagate.inject(headers, context=trace.set_span_in_context(span))
         reader = _ChunkReader(result, self.token_counter, capture or self.keep_text)
+        cancelled = None
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._request(self._urls[endpoint], body, headers, reader)
         except (Exception, asyncio.CancelledError) as exc:  # every failure becomes the result's error
             result.error_type, result.error = _classify(exc)
+            cancelled = exc if isinstance(exc, asyncio.CancelledError) else None
         result.done_ns = self._clock_ns()
         compute_metrics(result)
         self._end_span(span, result, capture)
         self._record_duration(result)
+        if cancelled is not None:
+            raise cancelled
         return result
 
     def _record_duration(self, result: StreamResult) -> None:
