@@ -171,8 +171,9 @@ class ServerTelemetry:
         by the builder; `export_*`: see otel_setup. Process builder only: `records_shipped`,
         `bytes_shipped`, `channel_dropped` (child dead or pipe broken), `channel_lost` (shipped, never
         received by a child that died), `encode_errors`, `shipper_cpu_ns`,
-        `child_alive`, `child_cpu_ns`, and the child's counters as of its last report (every 0.5 s
-        and at each flush)."""
+        `child_alive`, `child_restarts` (a dead child is replaced at the next shipment, then at most
+        once per backoff), `child_cpu_ns`, and the children's counters as of their last reports
+        (every 0.5 s and at each flush), summed over the children that died."""
         counters = {
             "requests_offered": self._requests.offered,
             "requests_dropped": self._requests.dropped,

@@ -13,9 +13,10 @@ loop stamped and ships it as bytes (`instrumentation.wire`) to a child process
   holds requests the engine is not done with, encodes records (a few µs each) and writes them to
   the child's stdin in one `os.write` per drain (the write itself runs without the GIL).
 
-Never hurts the loop: the hand-offs are bounded (full → dropped, counted); a dead child or a broken
-pipe → every later record is dropped and counted in `channel_dropped`, and records shipped that a
-dead child never reported receiving in `channel_lost`; nothing raises into the loop.
+Never hurts the loop: the hand-offs are bounded (full → dropped, counted). A child that dies is
+restarted at the next shipment, then at most once per backoff (0.5 s, doubling to 30 s): records
+that find no live child are dropped and counted in `channel_dropped`, records shipped that a dead
+child never reported receiving in `channel_lost`; nothing raises into the loop.
 Steps whose batch holds no sampled request are not shipped (counted `steps_unsampled` here);
 unsampled requests are shipped, without a span, because the GenAI metrics count every request.
 """
@@ -28,8 +29,9 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -48,6 +50,9 @@ PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~1000 requests while the child is
 SHIP_INTERVAL_S = 0.25
 _F_SETPIPE_SZ = 1031
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+RESTART_BACKOFF_S = 0.5  # the wait before a second restart; doubles per restart, up to the max
+RESTART_BACKOFF_MAX_S = 30.0
+_NOT_SUMMED = ("ack", "final", "requests_pending")  # report fields that are not cumulative counts
 
 
 class ShippedRequestHandle(RequestHandle):
@@ -77,6 +82,27 @@ class RootDecider:
                                             result.trace_state))
 
 
+@dataclass(slots=True)
+class _Child:
+    """One span-builder process: its stdin (proc.stdin), its report pipe, what it last reported."""
+
+    proc: subprocess.Popen
+    reports: IO[bytes]
+    reader: threading.Thread | None = None
+    report: dict = field(default_factory=dict)
+    acked: int = 0  # the last FLUSH it acknowledged
+    shipped: int = 0  # records written to it
+    dead: bool = False
+
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def lost(self) -> int:
+        """Records shipped to it that it never reported receiving (none once it said `final`): a pipe
+        write just before a child dies succeeds, and the bytes go nowhere."""
+        return 0 if self.report.get("final") else max(0, self.shipped - self.report.get("records_received", 0))
+
+
 class ProcessSpanBuilder:
     """Drains `requests` and `steps` into the span-builder process (same interface as SpanBuilder)."""
 
@@ -89,44 +115,45 @@ class ProcessSpanBuilder:
         self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns,
                                                    options.token_events))
         self._counts = {"records_shipped": 0, "bytes_shipped": 0, "channel_dropped": 0, "encode_errors": 0,
-                        "steps_unsampled": 0, "shipper_cpu_ns": 0}
+                        "steps_unsampled": 0, "shipper_cpu_ns": 0, "child_restarts": 0}
         self._done = 0  # records taken off the hand-offs and shipped, dropped or skipped
         self._flush_asked: list[int] = []  # flush sequence numbers for the shipper to send
-        self._child: dict[str, Any] = {}  # the child's last report
-        self._sequence = self._acked = 0  # flushes asked / acknowledged by the child
-        self._child_changed = threading.Condition()
+        self._sequence = 0  # flushes asked
+        self._child_changed = threading.Condition()  # guards _child, _retired and each child's report
+        self._retired: dict[str, int] = {}  # the reports of children that died, summed, and their losses
+        self._restart_at = 0.0  # monotonic time before which a dead child is not replaced
         self._stop = threading.Event()
-        self._proc = self._spawn()
-        self._dead = False
+        self._child = self._spawn()
         self._shipper = threading.Thread(target=self._run, name="phaselens-span-shipper", daemon=True)
-        self._reader = threading.Thread(target=self._read_reports, name="phaselens-span-reports", daemon=True)
 
-    def _spawn(self) -> subprocess.Popen:
+    def _spawn(self) -> _Child:
         report_read, report_write = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))))}
         proc = subprocess.Popen([sys.executable, "-m", "instrumentation.span_process", str(report_write),
                                  str(os.getpid())], stdin=subprocess.PIPE, pass_fds=(report_write,), env=env)
         os.close(report_write)
-        self._reports = os.fdopen(report_read, "rb")
         try:
             import fcntl  # POSIX only
 
             fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
         except (ImportError, OSError):  # not Linux, or over /proc/sys/fs/pipe-max-size: the default size
             pass
-        return proc
+        child = _Child(proc, os.fdopen(report_read, "rb"))
+        child.reader = threading.Thread(target=self._read_reports, args=(child,), name="phaselens-span-reports",
+                                        daemon=True)
+        return child
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._child.proc.pid
 
     def start(self) -> None:
-        self._reader.start()
+        self._child.reader.start()
         self._shipper.start()
 
     # --- shipper thread ----------------------------------------------------------------------------
     def _run(self) -> None:
-        self._send([self._hello], 0)
+        self._write(self._child, [self._hello])
         while not self._stop.is_set():
             self._drain(force=False)
             self._counts["shipper_cpu_ns"] = time.thread_time_ns()  # what shipping costs this process
@@ -134,7 +161,7 @@ class ProcessSpanBuilder:
             self._wake.clear()
         self._drain(force=True)
         try:
-            self._proc.stdin.close()  # EOF: the child builds what it holds, exports and exits
+            self._child.proc.stdin.close()  # EOF: the child builds what it holds, exports and exits
         except OSError:
             pass
 
@@ -169,49 +196,81 @@ class ProcessSpanBuilder:
             return None
 
     def _send(self, frames: list[bytes], records: int) -> None:
-        if self._dead or self._proc.poll() is not None:
-            self._dead = True
+        child = self._live_child()
+        if child is None or not self._write(child, frames):
             self._counts["channel_dropped"] += records
             return
-        payload = b"".join(frames)
-        data = memoryview(payload)
+        child.shipped += records
+        self._counts["records_shipped"] += records
+        self._counts["bytes_shipped"] += sum(map(len, frames))
+
+    def _write(self, child: _Child, frames: list[bytes]) -> bool:
+        data = memoryview(b"".join(frames))
         try:
             while data:
-                data = data[os.write(self._proc.stdin.fileno(), data):]
+                data = data[os.write(child.proc.stdin.fileno(), data):]
         except (OSError, ValueError):  # the child is gone (EPIPE) or the pipe was closed
-            self._dead = True
-            self._counts["channel_dropped"] += records
-            return
-        self._counts["records_shipped"] += records
-        self._counts["bytes_shipped"] += len(payload)
+            child.dead = True
+            return False
+        return True
+
+    # --- a child that died -----------------------------------------------------------------------------
+    def _live_child(self) -> _Child | None:
+        """The child; a new one if it died (unless stopping, or within the restart backoff)."""
+        child = self._child
+        if child.alive():
+            return child
+        child.dead = True
+        if self._stop.is_set() or time.monotonic() < self._restart_at:
+            return None
+        self._retire(child)
+        restarts = self._counts["child_restarts"] = self._counts["child_restarts"] + 1
+        self._restart_at = time.monotonic() + min(RESTART_BACKOFF_S * 2 ** (restarts - 1), RESTART_BACKOFF_MAX_S)
+        fresh = self._spawn()
+        fresh.reader.start()
+        with self._child_changed:
+            self._child = fresh
+        return fresh if self._write(fresh, [self._hello]) else None
+
+    def _retire(self, child: _Child) -> None:
+        """Reaps a dead child and keeps what it reported, and what it lost, in the running totals."""
+        if child.proc.poll() is None:  # a broken pipe, the process not yet gone
+            child.proc.kill()
+        child.proc.wait()
+        child.reader.join(1.0)  # its last report is on the pipe until EOF
+        with self._child_changed:
+            for key, value in child.report.items():
+                if key not in _NOT_SUMMED:
+                    self._retired[key] = self._retired.get(key, 0) + value
+            self._retired["channel_lost"] = self._retired.get("channel_lost", 0) + child.lost()
 
     # --- reports from the child ----------------------------------------------------------------------
-    def _read_reports(self) -> None:
-        for line in self._reports:
-            try:
-                report = json.loads(line)
-            except ValueError:
-                continue
-            with self._child_changed:
-                self._child = report
-                self._acked = max(self._acked, report.get("ack", 0))
-                self._child_changed.notify_all()
+    def _read_reports(self, child: _Child) -> None:
+        with child.reports:
+            for line in child.reports:
+                try:
+                    report = json.loads(line)
+                except ValueError:
+                    continue
+                with self._child_changed:
+                    child.report = report
+                    child.acked = max(child.acked, report.get("ack", 0))
+                    self._child_changed.notify_all()
         with self._child_changed:
-            self._dead = True
+            child.dead = True
             self._child_changed.notify_all()
 
     def counters(self) -> dict[str, int]:
-        child = dict(self._child)
-        child.pop("ack", None)
-        child.pop("final", None)
-        alive = not self._dead and self._proc.poll() is None
-        counters = {**child, **self._counts, "child_alive": int(alive)}
-        # a child that died without its final report: what it never said it received may be lost
-        # (a pipe write just before the reader died succeeds, and the bytes go nowhere)
-        unconfirmed = self._counts["records_shipped"] - child.get("records_received", 0)
-        counters["channel_lost"] = 0 if alive or child.get("final") else max(0, unconfirmed)
-        counters["steps_unsampled"] = child.get("steps_unsampled", 0) + self._counts["steps_unsampled"]
-        counters["requests_pending"] = child.get("requests_pending", 0) + len(self._pending)
+        with self._child_changed:
+            child, retired = self._child, dict(self._retired)
+            report = {k: v for k, v in child.report.items() if k not in ("ack", "final")}
+        alive = child.alive()
+        counters = {key: report.get(key, 0) + retired.get(key, 0) for key in report.keys() | retired.keys()}
+        counters.update(self._counts, child_alive=int(alive))
+        counters["channel_lost"] = retired.get("channel_lost", 0) + (0 if alive else child.lost())
+        counters["steps_unsampled"] = (report.get("steps_unsampled", 0) + retired.get("steps_unsampled", 0)
+                                       + self._counts["steps_unsampled"])
+        counters["requests_pending"] = report.get("requests_pending", 0) + len(self._pending)
         counters.setdefault("spans_built", 0)
         counters.setdefault("build_errors", 0)
         return counters
@@ -219,8 +278,8 @@ class ProcessSpanBuilder:
     # --- flush and stop --------------------------------------------------------------------------------
     def flush(self, timeout_s: float) -> bool:
         """Wait until every record handed off so far is shipped, then until the child has built and
-        exported it (its FLUSH acknowledgement). False on timeout or when the child is gone (what
-        could not be shipped is counted in `channel_dropped` by then)."""
+        exported it (its FLUSH acknowledgement). False on timeout or when the child died meanwhile
+        (what could not be shipped is counted in `channel_dropped` by then)."""
         deadline = time.monotonic() + timeout_s
         # counted from what the hand-offs accepted: a record just taken but not yet shipped still counts
         while self._done < sum(h.offered - h.dropped for h in (self._requests, self._steps)):
@@ -229,13 +288,14 @@ class ProcessSpanBuilder:
             self._wake.set()
             time.sleep(0.002)
         with self._child_changed:
+            child = self._child
             self._sequence += 1
             sequence = self._sequence
             self._flush_asked.append(sequence)
             self._wake.set()
             return self._child_changed.wait_for(
-                lambda: self._dead or self._acked >= sequence,
-                max(0.0, deadline - time.monotonic())) and not self._dead
+                lambda: child.dead or child.acked >= sequence,
+                max(0.0, deadline - time.monotonic())) and not child.dead
 
     def stop(self, timeout_s: float) -> None:
         """Ship everything left (pending requests without waiting for the engine), close the pipe and
@@ -243,10 +303,10 @@ class ProcessSpanBuilder:
         self._stop.set()
         self._wake.set()
         self._shipper.join(timeout_s)
+        child = self._child
         try:
-            self._proc.wait(timeout_s)
+            child.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._reader.join(timeout_s)
-        self._reports.close()
+            child.proc.kill()
+            child.proc.wait()
+        child.reader.join(timeout_s)

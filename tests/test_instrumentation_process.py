@@ -1,6 +1,7 @@
 """builder="process": the same spans as the in-process builder, built by a child process that
 exports through the real OTLP/HTTP exporter to a loopback receiver; ids and sampling decided once
-in the serving process; a dead child costs counted drops, never an exception; no process left."""
+in the serving process; a dead child is replaced (with a backoff) and what it took down is counted,
+never raised; no process left."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 import pytest
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
-from instrumentation import names
+from instrumentation import names, shipper
 from instrumentation.observer import FINISH_LENGTH, NULL_REQUEST
 from instrumentation.server import ServerTelemetry
 from tests.instrumentation_fixtures import (PARENT_ID, TRACE_ID, TRACEPARENT, OtlpReceiver, http_scope, make_rig,
@@ -123,23 +124,62 @@ def test_sampling_ratio_keeps_whole_traces(receiver):
     rig.telemetry.shutdown()
 
 
-def test_a_killed_child_costs_counted_drops_never_an_exception(receiver):
-    rig = make_rig(builder="process")
-    script_request(rig)
-    assert rig.telemetry.flush(20)
+def _root_ids(handles) -> set[bytes]:
+    return {h.span.get_span_context().span_id.to_bytes(8, "big") for h in handles}
+
+
+def _kill_child(rig) -> int:
     pid = rig.telemetry.span_builder_pid
     os.kill(pid, signal.SIGKILL)
     assert gone(pid, zombie_ok=True)
-    for _ in range(5):
-        script_request(rig)  # the loop goes on; nothing raises
-    assert not rig.telemetry.flush(5)
+    return pid
+
+
+def _script_until_flushed(rig, handles: list, attempts: int = 20) -> bool:
+    """Requests until one flush succeeds: what meets a dying child is lost (counted), then the
+    shipper finds it dead and, if the backoff allows, a new child takes over."""
+    for _ in range(attempts):
+        handles.append(script_request(rig))
+        if rig.telemetry.flush(3):
+            return True
+    return False
+
+
+def _accounted(stats: dict, requests: int) -> bool:
+    """Each scripted request is two records (the request, its step): received by a child, or counted."""
+    return stats["records_received"] + stats["channel_lost"] + stats["channel_dropped"] == 2 * requests
+
+
+def test_a_killed_child_is_replaced_and_every_record_is_accounted_for(receiver):
+    rig = make_rig(builder="process")
+    handles = [script_request(rig)]
+    assert rig.telemetry.flush(20)
+    first = _kill_child(rig)
+    assert _script_until_flushed(rig, handles)
     stats = rig.telemetry.stats()
-    # 5 requests + 5 steps: refused by the broken pipe, or written just before the child's last thread
-    # exited and never received
-    assert stats["channel_dropped"] + stats["channel_lost"] == 10 and stats["child_alive"] == 0
-    assert stats["spans_dropped"] >= 10 and stats["records_received"] == 2
-    started = time.monotonic()
+    assert stats["child_restarts"] == 1 and stats["child_alive"] == 1 and rig.telemetry.span_builder_pid != first
+    assert _accounted(stats, len(handles))
+    exported = {span.span_id for span in receiver.spans}
+    assert _root_ids([handles[0], handles[-1]]) <= exported  # built by the first child, and by the second
+    second = rig.telemetry.span_builder_pid
     rig.telemetry.shutdown()
+    assert gone(second)
+
+
+def test_a_child_that_keeps_dying_is_not_respawned_within_the_backoff(receiver, monkeypatch):
+    monkeypatch.setattr(shipper, "RESTART_BACKOFF_S", 60.0)
+    rig = make_rig(builder="process")
+    handles = [script_request(rig)]
+    assert rig.telemetry.flush(20)
+    _kill_child(rig)
+    assert _script_until_flushed(rig, handles)  # the first death is replaced at once
+    _kill_child(rig)
+    assert not _script_until_flushed(rig, handles, attempts=3)  # the second waits out 60 s
+    stats = rig.telemetry.stats()
+    assert stats["child_restarts"] == 1 and stats["child_alive"] == 0 and _accounted(stats, len(handles))
+    assert stats["channel_dropped"] + stats["channel_lost"] >= 6 and stats["spans_dropped"] >= 6
+    started = time.monotonic()
+    rig.telemetry.shutdown()  # nothing raised into the loop, and no wait on a dead child
     assert time.monotonic() - started < 5
 
 
