@@ -262,7 +262,10 @@ static int slices_add(Slices *a, Slice s) {
 typedef struct {
     PyObject *any_value; /* Python callable: AnyValue bytes -> str */
     Buf scratch;         /* rendered values of the map being built */
-    Slices kvs, events, links, spans, scope_kvs;
+    Slices kvs;          /* attributes of the resource, then of each span */
+    Slices events, links; /* of the span being read */
+    Slices spans;        /* of the scope being read */
+    Slices nested_kvs;   /* attributes of one scope, event or link */
     Buf resource;        /* the current resource's attributes, rendered once */
     Slice service;       /* within `resource` */
 } Ctx;
@@ -558,7 +561,7 @@ static int read_status(Slice s, Span *span) {
     return r;
 }
 
-/* Span fields by number: the wire type each must have (0 = not a Span field: skipped). */
+/* Span fields 1..16 by number: the wire type each must have (higher numbers are unknown: skipped). */
 static const int SPAN_WIRE[17] = {-1, LEN, LEN, LEN, LEN, LEN, VARINT, I64, I64, LEN, VARINT, LEN, VARINT, LEN, VARINT, LEN, I32};
 
 static int read_span(Ctx *ctx, Slice s, Span *span) {
@@ -598,19 +601,19 @@ static int read_span(Ctx *ctx, Slice s, Span *span) {
            check_id(span->parent, 8, "parent_span_id", 1);
 }
 
-/* Event `raw`: its time, name and attributes (into ctx->scope_kvs, reused per event). */
+/* Event `raw`: its time, name and attributes (into ctx->nested_kvs). */
 static int read_event(Ctx *ctx, Slice raw, uint64_t *time_ns, Slice *name) {
     Field f;
     int r;
     *time_ns = 0;
     *name = (Slice){raw.p, raw.p};
-    ctx->scope_kvs.len = 0;
+    ctx->nested_kvs.len = 0;
     while ((r = next_field(&raw, &f)) > 0) {
         if (f.num == 1 && (expect(&f, I64, "event time") || (*time_ns = f.v, 0)))
             return -1;
         if (f.num == 2 && text(&f, "event name", name))
             return -1;
-        if (f.num == 3 && (expect(&f, LEN, "event attributes") || slices_add(&ctx->scope_kvs, f.s)))
+        if (f.num == 3 && (expect(&f, LEN, "event attributes") || slices_add(&ctx->nested_kvs, f.s)))
             return -1;
         if (f.num == 4 && expect(&f, VARINT, "event dropped_attributes_count"))
             return -1;
@@ -636,7 +639,7 @@ static int put_events(Ctx *ctx, Buf *out) {
         return -1;
     for (size_t i = 0; i < n; i++)
         if (read_event(ctx, ctx->events.items[i], &time_ns, &name) ||
-            put_map(ctx, out, ctx->scope_kvs.items, ctx->scope_kvs.len, NULL))
+            put_map(ctx, out, ctx->nested_kvs.items, ctx->nested_kvs.len, NULL))
             return -1;
     return 0;
 }
@@ -647,7 +650,7 @@ static int put_link_column(Ctx *ctx, Buf *out, Slice raw, int which) {
     int r;
     Slice trace_id = {0}, span_id = {0}, state = {raw.p, raw.p};
     int has_trace = 0, has_span = 0;
-    ctx->scope_kvs.len = 0;
+    ctx->nested_kvs.len = 0;
     while ((r = next_field(&raw, &f)) > 0) {
         if (f.num >= 1 && f.num <= 4 && expect(&f, LEN, "link field"))
             return -1;
@@ -657,7 +660,7 @@ static int put_link_column(Ctx *ctx, Buf *out, Slice raw, int which) {
             return -1;
         if (f.num == 3 && text(&f, "link trace_state", &state))
             return -1;
-        if (f.num == 4 && slices_add(&ctx->scope_kvs, f.s))
+        if (f.num == 4 && slices_add(&ctx->nested_kvs, f.s))
             return -1;
         if ((f.num == 5 && expect(&f, VARINT, "link dropped_attributes_count")) || (f.num == 6 && expect(&f, I32, "link flags")))
             return -1;
@@ -670,7 +673,7 @@ static int put_link_column(Ctx *ctx, Buf *out, Slice raw, int which) {
     case 1: return put_hex(out, trace_id.p, 16);
     case 2: return put_hex(out, span_id.p, 8);
     case 3: return put_str(out, state.p, (size_t)(state.end - state.p));
-    default: return put_map(ctx, out, ctx->scope_kvs.items, ctx->scope_kvs.len, NULL);
+    default: return put_map(ctx, out, ctx->nested_kvs.items, ctx->nested_kvs.len, NULL);
     }
 }
 
@@ -713,11 +716,11 @@ static int put_span(Ctx *ctx, Buf *out, Slice raw, Slice scope_name, Slice scope
 static int read_scope(Ctx *ctx, Slice s, Slice *name, Slice *version) {
     Field f;
     int r;
-    ctx->scope_kvs.len = 0;
+    ctx->nested_kvs.len = 0;
     while ((r = next_field(&s, &f)) > 0) {
         if ((f.num == 1 && text(&f, "scope name", name)) || (f.num == 2 && text(&f, "scope version", version)))
             return -1;
-        if (f.num == 3 && (expect(&f, LEN, "scope attributes") || slices_add(&ctx->scope_kvs, f.s)))
+        if (f.num == 3 && (expect(&f, LEN, "scope attributes") || slices_add(&ctx->nested_kvs, f.s)))
             return -1;
         if (f.num == 4 && expect(&f, VARINT, "scope dropped_attributes_count"))
             return -1;
@@ -725,7 +728,7 @@ static int read_scope(Ctx *ctx, Slice s, Slice *name, Slice *version) {
     if (r < 0)
         return -1;
     Buf checked = {0}; /* scope attributes are not stored, but protobuf would refuse bad ones */
-    r = put_map(ctx, &checked, ctx->scope_kvs.items, ctx->scope_kvs.len, NULL);
+    r = put_map(ctx, &checked, ctx->nested_kvs.items, ctx->nested_kvs.len, NULL);
     PyMem_Free(checked.data);
     return r;
 }
@@ -801,7 +804,7 @@ static void ctx_free(Ctx *ctx) {
     PyMem_Free(ctx->events.items);
     PyMem_Free(ctx->links.items);
     PyMem_Free(ctx->spans.items);
-    PyMem_Free(ctx->scope_kvs.items);
+    PyMem_Free(ctx->nested_kvs.items);
 }
 
 static PyObject *render(PyObject *self, PyObject *args) {
