@@ -2,14 +2,14 @@
 
 Why RowBinary: the C decoder writes it directly (collectors/render.py) and ClickHouse reads it with
 no parsing and no transform (timestamps are already DateTime64(9) ticks); blocks of several
-requests concatenate into one insert. The statement heads the body, ended by a newline: the server
-skips whitespace after `FORMAT RowBinary` only up to that newline, so a first row that begins with
-a whitespace byte stays whole (tested).
+requests make one insert. The body is streamed, the statement travels in the URL (`query=`): the
+server parses one block while the next is rendered, and a first row that begins with a whitespace
+byte stays whole (tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from collectors.clickhouse_url import connect
@@ -25,13 +25,12 @@ class ClickHouseSink:
     _client: object = field(default=None, init=False)
 
     def insert(self, blocks: Iterable[bytes], token: str) -> None:
-        """Blocks from `render.render`, as one insert. A generator is streamed: the server parses
-        one block while the next is rendered."""
+        """Blocks from `render.render` (a generator renders them as they are sent), as one insert."""
         if self._client is None:
             self._client = connect(self.url, compress=False, autogenerate_session_id=False)
         try:
             self._client.raw_insert(
-                f"{ident(self.database)}.{ident(TRACES_TABLE)}", INSERT_COLUMNS, blocks if isinstance(blocks, Iterator) else b"".join(blocks), fmt="RowBinary",
+                f"{ident(self.database)}.{ident(TRACES_TABLE)}", INSERT_COLUMNS, iter(blocks), fmt="RowBinary",
                 settings={"insert_deduplicate": 1, "insert_deduplication_token": token,
                           "deduplicate_blocks_in_dependent_materialized_views": 1})
         except Exception:

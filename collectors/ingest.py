@@ -40,7 +40,7 @@ class Ingest:
 
     def accept(self, payload: bytes) -> int:
         """Validates an ExportTraceServiceRequest; returns once its spans are durable. The rows
-        rendered here are not kept: the writer renders from the spool, which costs ~1 µs a span."""
+        rendered here are not kept: the writer renders from the spool, which costs ~2 µs a span."""
         try:
             spans = render.count_spans(payload)
         except render.InvalidSpans as exc:

@@ -224,8 +224,9 @@ class ProcessSpanBuilder:
         if self._stop.is_set() or time.monotonic() < self._restart_at:
             return None
         self._retire(child)
-        restarts = self._counts["child_restarts"] = self._counts["child_restarts"] + 1
-        self._restart_at = time.monotonic() + min(RESTART_BACKOFF_S * 2 ** (restarts - 1), RESTART_BACKOFF_MAX_S)
+        self._counts["child_restarts"] += 1
+        backoff_s = RESTART_BACKOFF_S * 2 ** (self._counts["child_restarts"] - 1)
+        self._restart_at = time.monotonic() + min(backoff_s, RESTART_BACKOFF_MAX_S)
         fresh = self._spawn()
         fresh.reader.start()
         with self._child_changed:
@@ -265,11 +266,12 @@ class ProcessSpanBuilder:
             child, retired = self._child, dict(self._retired)
             report = {k: v for k, v in child.report.items() if k not in ("ack", "final")}
         alive = child.alive()
-        counters = {key: report.get(key, 0) + retired.get(key, 0) for key in report.keys() | retired.keys()}
-        counters.update(self._counts, child_alive=int(alive))
+        counters = {}
+        for counts in (report, retired, self._counts):  # steps_unsampled is counted on both sides
+            for key, value in counts.items():
+                counters[key] = counters.get(key, 0) + value
+        counters["child_alive"] = int(alive)
         counters["channel_lost"] = retired.get("channel_lost", 0) + (0 if alive else child.lost())
-        counters["steps_unsampled"] = (report.get("steps_unsampled", 0) + retired.get("steps_unsampled", 0)
-                                       + self._counts["steps_unsampled"])
         counters["requests_pending"] = report.get("requests_pending", 0) + len(self._pending)
         counters.setdefault("spans_built", 0)
         counters.setdefault("build_errors", 0)
