@@ -5,6 +5,6 @@ here because pyproject's `[tool.setuptools] ext-modules` is still experimental."
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(
-    "collectors._otlp_rows", ["collectors/_otlp_rows.c"],
+    "phaselens.collectors._otlp_rows", ["collectors/_otlp_rows.c"],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
 )])

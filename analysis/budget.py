@@ -1,4 +1,4 @@
-"""The latency budget as Python objects: two queries, rendered from `analysis.queries`: the summary
+"""The latency budget as Python objects: two queries, rendered from `phaselens.analysis.queries`: the summary
 (percentiles, shares, goodput, tail attribution: one pass over the per-request facts) and the decode
 stalls (one pass over the engine steps).
 
@@ -21,9 +21,9 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 
-from analysis import queries as q
-from analysis.dialect import QueryError
-from instrumentation.slo import parse_slo_ms
+from phaselens.analysis import queries as q
+from phaselens.analysis.dialect import QueryError
+from phaselens.instrumentation.slo import parse_slo_ms
 
 
 class AnalysisError(RuntimeError):
@@ -111,7 +111,7 @@ class BudgetReport:
 
 def open_client(url: str):
     """A clickhouse-connect client for `url`, or AnalysisError saying ClickHouse is unreachable."""
-    from collectors.clickhouse_url import connect
+    from phaselens.collectors.clickhouse_url import connect
 
     # clickhouse-connect also logs a failed connect; the one-line error below says it all
     logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)

@@ -9,7 +9,7 @@ import json
 from rich.console import Group
 from rich.table import Table
 
-from analysis.budget import BudgetReport, Stat
+from phaselens.analysis.budget import BudgetReport, Stat
 
 TPOT_ITL = ("client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms", "server_itl_p99_ms",
             "client_e2e_ms", "server_e2e_ms", "stall_ms", "queue_all_waits_ms")

@@ -1,6 +1,6 @@
 """The README's SQL cookbook, rendered from the named queries (never written out by hand).
 
-    python -m analysis.cookbook > cookbook.md
+    python -m phaselens.analysis.cookbook > cookbook.md
 
 Each entry: the question, the SQL with its bound parameters, and the `clickhouse-client` line that
 runs it (`--param_<name>=<value>` binds `{name:Type}` server-side).
@@ -8,7 +8,7 @@ runs it (`--param_<name>=<value>` binds `{name:Type}` server-side).
 
 from __future__ import annotations
 
-from analysis import queries as q
+from phaselens.analysis import queries as q
 
 ENTRIES = (
     ("slowest_requests", "Which requests were slowest to the first token, and which phase made them slow?",
@@ -33,7 +33,7 @@ def markdown(database: str = "otel") -> str:
     parts = []
     for name, question, example in ENTRIES:
         sql, parameters = q.render_cli(name, database=database, **example)
-        parts.append(f"### {question}\n\n`analysis.queries` name: `{name}`\n\n```sql\n{sql}\n```\n\n"
+        parts.append(f"### {question}\n\n`phaselens.analysis.queries` name: `{name}`\n\n```sql\n{sql}\n```\n\n"
                      f"```sh\n{_client_line(parameters)}\n```\n")
     return "\n".join(parts)
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from analysis.dialect import CliDialect, GrafanaDialect, QueryError
-from analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, STEPS_VIEW
-from collectors.schema import TRACE_ID_TS_TABLE, TRACES_TABLE
-from instrumentation import names as n
+from phaselens.analysis.dialect import CliDialect, GrafanaDialect, QueryError
+from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, STEPS_VIEW
+from phaselens.collectors.schema import TRACE_ID_TS_TABLE, TRACES_TABLE
+from phaselens.instrumentation import names as n
 
 LEVELS = (0.5, 0.9, 0.99)
 LEVEL_LABELS = ("p50", "p90", "p99")

@@ -1,20 +1,20 @@
 """The data of the HTML report, read from ClickHouse: budget, per-request points, two traces, steps.
 
-`build(client, …) -> ReportData` uses the analysis Python API (`analysis.budget.budget`) and
-`analysis.queries` (`request_spans` for the timelines). Two queries are report-specific and live
+`build(client, …) -> ReportData` uses the analysis Python API (`phaselens.analysis.budget.budget`) and
+`phaselens.analysis.queries` (`request_spans` for the timelines). Two queries are report-specific and live
 here, rendered through the same dialect (bound parameters, same filters): the per-request points of
 the CDFs and the scatter, and the raw engine steps of the batch-composition chart.
-`write_report(client, path, …)` builds and writes the page (`analysis.report_page`).
+`write_report(client, path, …)` builds and writes the page (`phaselens.analysis.report_page`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from analysis import queries
-from analysis.budget import AnalysisError, BudgetReport, budget
-from analysis.dialect import CliDialect, QueryError
-from analysis.schema import FACTS_VIEW, STEPS_VIEW
+from phaselens.analysis import queries
+from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
+from phaselens.analysis.dialect import CliDialect, QueryError
+from phaselens.analysis.schema import FACTS_VIEW, STEPS_VIEW
 
 @dataclass(slots=True)
 class BudgetRow:
@@ -108,7 +108,7 @@ def build(client, database: str = "otel", since: str | None = "1h", service: str
 
 def write_report(client, path: str, **build_args) -> ReportData:
     """Build the report and write it to `path` (one self-contained HTML file)."""
-    from analysis import report_page
+    from phaselens.analysis import report_page
 
     data = build(client, **build_args)
     report_page.write(path, data)

@@ -7,9 +7,9 @@ from html import escape
 from pathlib import Path
 from string import Template
 
-from analysis import report_charts as charts
-from analysis.report import BudgetRow, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView
-from instrumentation import names
+from phaselens.analysis import report_charts as charts
+from phaselens.analysis.report import BudgetRow, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView
+from phaselens.instrumentation import names
 
 ASSETS = Path(__file__).resolve().parent / "report_assets"
 # Budget components in TTFT order (the analysis API's names), with their labels and colours.

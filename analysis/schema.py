@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectors import schema as collector_schema
-from collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, ident, ttl_interval
-from instrumentation import names as n
+from phaselens.collectors import schema as collector_schema
+from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, ident, ttl_interval
+from phaselens.instrumentation import names as n
 
 PARTS_TABLE = "phaselens_request_parts"
 PARTS_MV = f"{PARTS_TABLE}_mv"
@@ -254,7 +254,7 @@ def facts_select(parts: str, final: bool = True) -> str:
 
 
 def statements(database: str = "otel", cluster: str | None = None, ttl: str | None = None) -> list[str]:
-    """CREATE statements (idempotent), to run after `collectors.schema.statements(...)`; `ttl`
+    """CREATE statements (idempotent), to run after `phaselens.collectors.schema.statements(...)`; `ttl`
     (e.g. 72h, as for otel_traces) drops request rows that long after their first span.
 
     With `cluster`: ON CLUSTER DDL, a ReplicatedAggregatingMergeTree per shard fed from the local
@@ -291,6 +291,6 @@ def statements(database: str = "otel", cluster: str | None = None, ttl: str | No
 def all_statements(database: str = "otel", ttl: str | None = None, cluster: str | None = None,
                    table_engine: str | None = None) -> list[str]:
     """Everything `phaselens schema apply` creates, in order: the exporter's tables
-    (`collectors.schema`), then the per-request analysis tables and views."""
+    (`phaselens.collectors.schema`), then the per-request analysis tables and views."""
     return (collector_schema.statements(database, ttl=ttl, cluster=cluster, table_engine=table_engine)
             + statements(database, cluster=cluster, ttl=ttl))

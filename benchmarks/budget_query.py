@@ -3,7 +3,7 @@
 Spans are generated server-side (INSERT … SELECT FROM numbers()) as the exporter renders them:
 client spans in one insert, the server's SERVER + six phase spans in another (two processes), then
 engine steps (one per ten requests, linked to a request). Prints ONE JSON object: ingest time, the
-full budget time (summary percentiles + shares, tail attribution, decode stalls: `analysis.budget`)
+full budget time (summary percentiles + shares, tail attribution, decode stalls: `phaselens.analysis.budget`)
 as ingested and after the parts are merged, the t-digest variant, and the same-run baseline: the
 same summary computed from the raw spans (no materialized view).
 
@@ -21,15 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analysis import queries as Q  # noqa: E402
-from analysis import schema as S  # noqa: E402
-from analysis.budget import budget  # noqa: E402
-from collectors import schema as CS  # noqa: E402
-from collectors.clickhouse_url import connect  # noqa: E402
-from collectors.embedded import EmbeddedClickHouse  # noqa: E402
-from instrumentation import names as n  # noqa: E402
+from phaselens.analysis import queries as Q  # noqa: E402
+from phaselens.analysis import schema as S  # noqa: E402
+from phaselens.analysis.budget import budget  # noqa: E402
+from phaselens.collectors import schema as CS  # noqa: E402
+from phaselens.collectors.clickhouse_url import connect  # noqa: E402
+from phaselens.collectors.embedded import EmbeddedClickHouse  # noqa: E402
+from phaselens.instrumentation import names as n  # noqa: E402
 
 DATABASE = "bench_budget"
 MODEL = "tiny"
@@ -127,7 +126,7 @@ def server_pid(data_dir: str) -> int | None:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"collectors.embedded" in cmdline and data_dir.encode() in cmdline:
+        if b"phaselens.collectors.embedded" in cmdline and data_dir.encode() in cmdline:
             return int(proc.name)
     return None
 

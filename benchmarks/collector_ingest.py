@@ -30,14 +30,13 @@ from pathlib import Path
 import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from tests.collector_payloads import export_request  # noqa: E402
-from instrumentation import names  # noqa: E402
-from instrumentation.client import quantile  # noqa: E402
-from collectors import schema  # noqa: E402
-from collectors.clickhouse_url import connect  # noqa: E402
-from collectors.embedded import EmbeddedClickHouse  # noqa: E402
+from phaselens.instrumentation import names  # noqa: E402
+from phaselens.instrumentation.client import quantile  # noqa: E402
+from phaselens.collectors import schema  # noqa: E402
+from phaselens.collectors.clickhouse_url import connect  # noqa: E402
+from phaselens.collectors.embedded import EmbeddedClickHouse  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 DATABASE = "bench"
@@ -71,7 +70,7 @@ def start_collector(url: str, spool: str, batch_spans: int) -> tuple[subprocess.
     proc = subprocess.Popen(
         [sys.executable, "-m", "phaselens.commands.collector", "--clickhouse", url, "--database", DATABASE,
          "--grpc-port", "0", "--http-port", "0", "--spool", spool, "--batch-spans", str(batch_spans)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line.startswith("READY collector"):
         proc.kill()

@@ -38,7 +38,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
@@ -46,9 +45,9 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
 from opentelemetry.sdk.version import __version__ as otel_sdk_version  # noqa: E402
 
-from instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequestObserver  # noqa: E402
-from instrumentation.otel_setup import add_counting_processor  # noqa: E402
-from instrumentation.server import ServerTelemetry  # noqa: E402
+from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequestObserver  # noqa: E402
+from phaselens.instrumentation.otel_setup import add_counting_processor  # noqa: E402
+from phaselens.instrumentation.server import ServerTelemetry  # noqa: E402
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [],
          "server": ("127.0.0.1", 8000)}

@@ -37,16 +37,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
 from opentelemetry.trace import NoOpTracerProvider  # noqa: E402
 
-from instrumentation.client import TracedClient, quantile  # noqa: E402
-from loadgen import runner  # noqa: E402
-from loadgen.arrivals import GammaArrivals  # noqa: E402
-from loadgen.workloads import LengthDist, SyntheticWorkload  # noqa: E402
+from phaselens.instrumentation.client import TracedClient, quantile  # noqa: E402
+from phaselens.loadgen import runner  # noqa: E402
+from phaselens.loadgen.arrivals import GammaArrivals  # noqa: E402
+from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload  # noqa: E402
 
 LAG_P99_MS = 5.0
 ERROR_P99_MS = 1.0
@@ -69,8 +68,8 @@ class Ladder:
 
 def start_server(interval_ms: float, core: int | None) -> tuple[subprocess.Popen, str]:
     pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
-    proc = subprocess.Popen([sys.executable, "-m", "loadgen.scripted_server", "--interval-ms", str(interval_ms)],
-                            stdout=subprocess.PIPE, text=True, preexec_fn=pin, cwd=Path(__file__).parents[1])
+    proc = subprocess.Popen([sys.executable, "-m", "phaselens.loadgen.scripted_server", "--interval-ms", str(interval_ms)],
+                            stdout=subprocess.PIPE, text=True, preexec_fn=pin)
     line = proc.stdout.readline().split()
     if line[:2] != ["READY", "scripted-server"]:
         proc.kill()

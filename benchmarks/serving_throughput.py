@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from instrumentation.client import quantile
+from phaselens.instrumentation.client import quantile
 
 HBM_BYTES_PER_S = 4.8e12
 
@@ -75,7 +75,7 @@ class Clock:
 
 
 def run_engine(jobs, batch: int, budget: int) -> dict:
-    from reference_server import Engine, EngineConfig, SamplingParams
+    from phaselens.reference_server import Engine, EngineConfig, SamplingParams
 
     engine = Engine(EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget, kv_cache_tokens=1 << 16))
     stamps: list[list[int]] = [[] for _ in jobs]
@@ -91,7 +91,7 @@ def run_engine(jobs, batch: int, budget: int) -> dict:
 def run_static(jobs, batch: int) -> dict:
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    from reference_server.model_loader import build_tiny, tiny_suppressed_ids
+    from phaselens.reference_server.model_loader import build_tiny, tiny_suppressed_ids
 
     model = build_tiny().model
 
@@ -141,8 +141,8 @@ def cpu_benchmark(args) -> dict:
 def one_b_model(device: str):
     from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
 
-    from reference_server.detokenizer import decode_bytes
-    from reference_server.model_loader import LoadedModel
+    from phaselens.reference_server.detokenizer import decode_bytes
+    from phaselens.reference_server.model_loader import LoadedModel
 
     config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                          num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096,
@@ -158,8 +158,8 @@ def one_b_model(device: str):
 
 
 def decode_step_ms(loaded, batch: int, ctx: int, steps: int, device: str) -> float:
-    from reference_server import Engine, EngineConfig, SamplingParams
-    from reference_server.model_runner import ModelRunner
+    from phaselens.reference_server import Engine, EngineConfig, SamplingParams
+    from phaselens.reference_server.model_runner import ModelRunner
 
     config = EngineConfig(model=loaded.name, device=device, dtype="bfloat16", max_num_seqs=batch,
                           max_num_batched_tokens=max(2048, batch), kv_cache_tokens=batch * (ctx + steps + 32))

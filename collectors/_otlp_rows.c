@@ -844,7 +844,7 @@ PyMODINIT_FUNC PyInit__otlp_rows(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
-    InvalidSpans = PyErr_NewExceptionWithDoc("collectors._otlp_rows.InvalidSpans",
+    InvalidSpans = PyErr_NewExceptionWithDoc("phaselens.collectors._otlp_rows.InvalidSpans",
                                              "Malformed protobuf, or a span the exporter could not store (bad ids).",
                                              PyExc_ValueError, NULL);
     if (!InvalidSpans || PyModule_AddObjectRef(m, "InvalidSpans", InvalidSpans) < 0) {

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from collectors.clickhouse_url import connect
-from collectors.schema import INSERT_COLUMNS, TRACES_TABLE, ident
+from phaselens.collectors.clickhouse_url import connect
+from phaselens.collectors.schema import INSERT_COLUMNS, TRACES_TABLE, ident
 
 
 @dataclass(slots=True)

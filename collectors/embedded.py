@@ -22,7 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from instrumentation.exposure import is_loopback
+from phaselens.instrumentation.exposure import is_loopback
 
 LOOPBACK = "127.0.0.1"
 _CONFIG = """<clickhouse>
@@ -120,11 +120,11 @@ class EmbeddedClickHouse:
                 raise EmbeddedClickHouseError(f"port {port} on {self.host} is already in use")
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log_path = self.log_path or str(Path(self.data_dir) / "clickhouse.log")
-        cmd = [sys.executable, "-m", "collectors.embedded", self.data_dir,
+        cmd = [sys.executable, "-m", "phaselens.collectors.embedded", self.data_dir,
                str(self.http_port), str(self.tcp_port), self.host]
         with open(log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, env=_child_env(),
+                                          start_new_session=True,
                                           preexec_fn=functools.partial(die_with_parent, os.getpid()))
         self._wait_ready(timeout_s, log_path)
         return self
@@ -171,13 +171,6 @@ def terminate(proc: subprocess.Popen, timeout_s: float) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    return env
 
 
 if __name__ == "__main__":

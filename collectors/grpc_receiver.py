@@ -8,9 +8,9 @@ from concurrent import futures
 import grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collectors.ingest import Ingest, Refused
-from collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
-from collectors.metrics_intake import InvalidMetrics, accept_metrics
+from phaselens.collectors.ingest import Ingest, Refused
+from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
+from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
 
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"

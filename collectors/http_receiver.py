@@ -18,10 +18,10 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collectors import otlp_json
-from collectors.ingest import RETRY_AFTER_S, Ingest, Refused
-from collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
-from collectors.metrics_intake import InvalidMetrics, accept_metrics
+from phaselens.collectors import otlp_json
+from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
+from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
+from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from collectors import render
-from collectors.metrics import CollectorMetrics
-from collectors.spool import Spool, SpoolFull
+from phaselens.collectors import render
+from phaselens.collectors.metrics import CollectorMetrics
+from phaselens.collectors.spool import Spool, SpoolFull
 
 RETRY_AFTER_S = 2
 

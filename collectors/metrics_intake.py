@@ -10,7 +10,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from collectors.metrics import CollectorMetrics
+from phaselens.collectors.metrics import CollectorMetrics
 
 EMPTY_RESPONSE = ExportMetricsServiceResponse().SerializeToString()
 _DATA_KINDS = ("gauge", "sum", "histogram", "exponential_histogram", "summary")

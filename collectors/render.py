@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from collectors import _otlp_rows
-from collectors.attr_string import as_string
+from phaselens.collectors import _otlp_rows
+from phaselens.collectors.attr_string import as_string
 
 InvalidSpans = _otlp_rows.InvalidSpans
 SPAN_KINDS = dict(enumerate(("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")))

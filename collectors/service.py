@@ -10,13 +10,13 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from collectors.grpc_receiver import start_grpc
-from collectors.http_receiver import HttpReceiver
-from collectors.ingest import Ingest
-from collectors.metrics import CollectorMetrics
-from collectors.spool import Spool
-from collectors.writer import ClickHouseSink, SpoolWriter
-from instrumentation.exposure import check_exposure
+from phaselens.collectors.grpc_receiver import start_grpc
+from phaselens.collectors.http_receiver import HttpReceiver
+from phaselens.collectors.ingest import Ingest
+from phaselens.collectors.metrics import CollectorMetrics
+from phaselens.collectors.spool import Spool
+from phaselens.collectors.writer import ClickHouseSink, SpoolWriter
+from phaselens.instrumentation.exposure import check_exposure
 
 
 def default_spool_dir(grpc_port: int) -> str:

@@ -7,10 +7,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from collectors import render
-from collectors.clickhouse_sink import ClickHouseSink
-from collectors.metrics import CollectorMetrics
-from collectors.spool import Pending, Record, Spool
+from phaselens.collectors import render
+from phaselens.collectors.clickhouse_sink import ClickHouseSink
+from phaselens.collectors.metrics import CollectorMetrics
+from phaselens.collectors.spool import Pending, Record, Spool
 
 log = logging.getLogger(__name__)
 

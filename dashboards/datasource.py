@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectors.schema import TRACE_ID_TS_TABLE, TRACES_TABLE
-from dashboards.model import PLUGIN_TYPE
+from phaselens.collectors.schema import TRACE_ID_TS_TABLE, TRACES_TABLE
+from phaselens.dashboards.model import PLUGIN_TYPE
 
 DATASOURCE_UID = "phaselens-clickhouse"
 DATASOURCE_NAME = "phaselens ClickHouse"

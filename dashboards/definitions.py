@@ -1,4 +1,4 @@
-"""The three phaselens dashboards, as data. Panel SQL comes only from `analysis.queries.render_grafana`
+"""The three phaselens dashboards, as data. Panel SQL comes only from `phaselens.analysis.queries.render_grafana`
 (one source of queries: the CLI's `phaselens budget` and the dashboards read the same SQL).
 
 Each panel's description states the question it answers; the README repeats them.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analysis import queries
-from dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
-from dashboards.model import (
+from phaselens.analysis import queries
+from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
+from phaselens.dashboards.model import (
     FORMAT_TABLE, FORMAT_TIME_SERIES, FORMAT_TRACES, dashboard, dashboard_link, datasource_variable,
     keep_fields, link_override, panel, query_variable, target, textbox_variable,
 )
@@ -67,7 +67,7 @@ def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
 
 
 # --- variables -----------------------------------------------------------------------------------
-# Value lists for the drop-downs; their SQL, like the panels', is in analysis.queries.
+# Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.
 
 def service_variable(src: Source) -> dict:
     return query_variable("service", "Service", queries.render_grafana("services", src.database),

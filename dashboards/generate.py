@@ -1,4 +1,4 @@
-"""Render the dashboards and the provisioning files from `dashboards.definitions`.
+"""Render the dashboards and the provisioning files from `phaselens.dashboards.definitions`.
 
 The rendered files are checked in (`generated/*.json`, `provisioning/**.yaml`) because Grafana's
 file provisioning and docker-compose mount them; `stale_files` lets a test and `phaselens dashboards
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from dashboards import definitions
-from dashboards.datasource import ClickHouseTarget, datasource
+from phaselens.dashboards import definitions
+from phaselens.dashboards.datasource import ClickHouseTarget, datasource
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 GENERATED_DIR = "generated"

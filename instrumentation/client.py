@@ -3,7 +3,7 @@
 One `stream()` call = one CLIENT span `{gen_ai.operation.name} {model}`, started when the request
 is sent, carrying a W3C `traceparent` (global propagator) so the server span becomes its child.
 Every stamp is `time.perf_counter_ns()` of this process; wall time only places the span, through
-one anchor (`instrumentation.clock`). Formulas (design §1), all on the client's monotonic clock:
+one anchor (`phaselens.instrumentation.clock`). Formulas (design §1), all on the client's monotonic clock:
 
     content chunk  = a chunk whose delta carries non-empty text: `text` (completions),
                      `content`, `reasoning_content`, `reasoning` or `tool_calls` (chat).
@@ -39,10 +39,10 @@ import orjson
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from instrumentation import names as N
-from instrumentation.clock import ClockAnchor
-from instrumentation.client_transport import RECEIPTS, StreamingTransport
-from instrumentation.sse import DONE, SSEError, SSEParser
+from phaselens.instrumentation import names as N
+from phaselens.instrumentation.clock import ClockAnchor
+from phaselens.instrumentation.client_transport import RECEIPTS, StreamingTransport
+from phaselens.instrumentation.sse import DONE, SSEError, SSEParser
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 OPERATIONS = {"completions": N.OP_TEXT_COMPLETION, "chat": N.OP_CHAT}

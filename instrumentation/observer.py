@@ -2,7 +2,7 @@
 
 A serving loop never calls OpenTelemetry. It calls these observers at phase boundaries; each call
 only appends integers (monotonic nanoseconds, counts) to a per-request or per-step record. Spans are
-built later, off the loop thread, from those records (see `instrumentation.spans`).
+built later, off the loop thread, from those records (see `phaselens.instrumentation.spans`).
 
 Order of calls for one request (the middleware stamps `received` and `responded`):
 

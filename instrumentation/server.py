@@ -14,7 +14,7 @@ PHASELENS_SPAN_BUILDER, default "process"):
   started when the request is received (on the event-loop thread, outside the engine) so that its
   SpanContext is known for the child spans and the `llm.engine_step` links; the builder ends it.
 - "process": the records are shipped as bytes to a span-builder child process (see
-  `instrumentation.shipper`), so the ~1 ms of SDK work per request no longer holds this
+  `phaselens.instrumentation.shipper`), so the ~1 ms of SDK work per request no longer holds this
   process's GIL. At receipt only the sampling decision and the root ids are made here; the child
   starts the SERVER span with those ids and exports with its own providers, configured from the
   same OTEL_* environment (the providers given here only lend their sampler and id generator).
@@ -122,7 +122,7 @@ class ServerTelemetry:
 
     # --- per request -----------------------------------------------------------------------------
     def asgi(self, app: Any) -> Any:
-        """Wrap an ASGI app with the ingress middleware (see instrumentation.asgi)."""
+        """Wrap an ASGI app with the ingress middleware (see phaselens.instrumentation.asgi)."""
         from .asgi import IngressMiddleware
 
         return IngressMiddleware(app, self)

@@ -2,8 +2,8 @@
 
 Building spans costs ~1 ms of Python per request (SDK spans, step links, metrics, OTLP encoding);
 in-process that runs under the serving loop's GIL. Here the serving process keeps only what the
-loop stamped and ships it as bytes (`instrumentation.wire`) to a child process
-(`instrumentation.span_process`) that runs the same builder and exporters:
+loop stamped and ships it as bytes (`phaselens.instrumentation.wire`) to a child process
+(`phaselens.instrumentation.span_process`) that runs the same builder and exporters:
 
 - `RootDecider`, on the event-loop thread at receipt: extracts nothing itself (the middleware does),
   takes the sampling decision once with the provider's sampler (parent-based, cheap) and makes the
@@ -30,7 +30,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from opentelemetry.context import Context
@@ -49,7 +48,6 @@ PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~1000 requests while the child is
 # cut the shipper's CPU per request ~4x); flush() and stop() wake it at once
 SHIP_INTERVAL_S = 0.25
 _F_SETPIPE_SZ = 1031
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 RESTART_BACKOFF_S = 0.5  # the wait before a second restart; doubles per restart, up to the max
 RESTART_BACKOFF_MAX_S = 30.0
 _NOT_SUMMED = ("ack", "final", "requests_pending")  # report fields that are not cumulative counts
@@ -128,9 +126,8 @@ class ProcessSpanBuilder:
 
     def _spawn(self) -> _Child:
         report_read, report_write = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))))}
-        proc = subprocess.Popen([sys.executable, "-m", "instrumentation.span_process", str(report_write),
-                                 str(os.getpid())], stdin=subprocess.PIPE, pass_fds=(report_write,), env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "phaselens.instrumentation.span_process", str(report_write),
+                                 str(os.getpid())], stdin=subprocess.PIPE, pass_fds=(report_write,))
         os.close(report_write)
         try:
             import fcntl  # POSIX only

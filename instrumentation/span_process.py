@@ -1,7 +1,7 @@
-"""The span-builder process (`ServerTelemetry(builder="process")`): `python -m instrumentation.span_process
-REPORT_FD PARENT_PID`, started by `instrumentation.shipper`.
+"""The span-builder process (`ServerTelemetry(builder="process")`): `python -m phaselens.instrumentation.span_process
+REPORT_FD PARENT_PID`, started by `phaselens.instrumentation.shipper`.
 
-It reads frames (`instrumentation.wire`) on stdin, turns them back into closed request handles and
+It reads frames (`phaselens.instrumentation.wire`) on stdin, turns them back into closed request handles and
 step records, and runs the same `SpanBuilder`, GenAI metrics and exporters as the in-process
 builder, with its own providers from the OTEL_* environment (`otel_setup.configure`). Request
 SERVER spans get the ids the serving process chose (`preset_ids`). Counters go back as one JSON

@@ -12,7 +12,7 @@ Per request (one trace, child of the client's span when a traceparent arrived):
     │                             its llm.prefill.chunk children, phaselens.prefill.recompute=true)
     └ llm.delivery                last token → responded
 
-Budget terms and formulas: see `instrumentation.phases`. The SERVER span carries them all as
+Budget terms and formulas: see `phaselens.instrumentation.phases`. The SERVER span carries them all as
 attributes (phaselens.*_ms, the GenAI semconv keys and the de-facto gen_ai.latency.* keys in
 seconds), so a per-request query needs no join.
 

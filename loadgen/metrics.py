@@ -1,4 +1,4 @@
-"""Run-level metrics from per-request `StreamResult`s (per-request formulas: instrumentation.client).
+"""Run-level metrics from per-request `StreamResult`s (per-request formulas: phaselens.instrumentation.client).
 
 - Statistics: mean, std (population), min, max and the requested percentiles (linear interpolation,
   numpy's default) over the successful requests; ITL is pooled over every gap of every request.
@@ -20,8 +20,8 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from instrumentation.client import StreamResult, quantile
-from instrumentation.slo import parse_slo_ms
+from phaselens.instrumentation.client import StreamResult, quantile
+from phaselens.instrumentation.slo import parse_slo_ms
 
 INF = float("inf")
 

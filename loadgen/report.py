@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from instrumentation.client import StreamResult
+from phaselens.instrumentation.client import StreamResult
 
 _LATENCY_ROWS = (
     ("ttft", "TTFT (ms)"), ("ttfo", "TTFO (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL per chunk (ms)"),

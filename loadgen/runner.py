@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from instrumentation.client import StreamResult, TracedClient
-from loadgen.workloads import RequestSpec
+from phaselens.instrumentation.client import StreamResult, TracedClient
+from phaselens.loadgen.workloads import RequestSpec
 
 _START_LEAD_NS = 2_000_000  # the schedule starts 2 ms after setup, so request 0 is not born late
 

@@ -8,7 +8,7 @@ test can compare the client's stamps with the server's.
 
 Run standalone (the default handler streams `max_tokens` chunks, `--interval-ms` apart, each chunk's
 text being its send stamp in ns — for measuring the client's timestamp error):
-    python -m loadgen.scripted_server --port 0 --interval-ms 10
+    python -m phaselens.loadgen.scripted_server --port 0 --interval-ms 10
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from instrumentation.sse import DONE_EVENT, encode_event
+from phaselens.instrumentation.sse import DONE_EVENT, encode_event
 
 
 def completion_chunk(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:

@@ -1,6 +1,6 @@
 """One benchmark session as `phaselens bench` runs it: options → plan + workload → run → figures.
 
-Client spans go to the providers of `instrumentation.otel_setup.configure("phaselens-loadgen")`
+Client spans go to the providers of `phaselens.instrumentation.otel_setup.configure("phaselens-loadgen")`
 (standard `OTEL_*` variables) and are flushed before the session returns.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from instrumentation.client import TracedClient
-from instrumentation.otel_setup import configure, export_counters
-from loadgen import metrics, report, runner, sweep
-from loadgen.arrivals import GammaArrivals, TraceArrivals
-from loadgen.workloads import DatasetWorkload, LengthDist, SyntheticWorkload, TraceWorkload
+from phaselens.instrumentation.client import TracedClient
+from phaselens.instrumentation.otel_setup import configure, export_counters
+from phaselens.loadgen import metrics, report, runner, sweep
+from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals
+from phaselens.loadgen.workloads import DatasetWorkload, LengthDist, SyntheticWorkload, TraceWorkload
 
 SERVICE_NAME = "phaselens-loadgen"
 

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from loadgen.arrivals import TraceEntry
+from phaselens.loadgen.arrivals import TraceEntry
 
 _WORDS = (
     "the of and to in is was for on that with as by at from his her this are were be had have not but "

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from analysis import budget_format, report_page
-from analysis.budget import AnalysisError, budget, parse_slo
-from analysis.report import build as build_report
-from loadgen.workloads import words
+from phaselens.analysis import budget_format, report_page
+from phaselens.analysis.budget import AnalysisError, budget, parse_slo
+from phaselens.analysis.report import build as build_report
+from phaselens.loadgen.workloads import words
 from phaselens.stack import CLIENT_SERVICE, SERVER_SERVICE, Stack, StackError
 
 DEFAULT_RATE = 5.0  # req/s: near the tiny model's capacity with this workload on 2 CPU cores (measured)

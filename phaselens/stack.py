@@ -18,11 +18,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis import schema as analysis_schema
-from analysis.schema import FACTS_VIEW
-from collectors import schema as collector_schema
-from collectors.clickhouse_url import connect
-from collectors.embedded import LOOPBACK, EmbeddedClickHouse, die_with_parent, free_port, terminate
+from phaselens.analysis import schema as analysis_schema
+from phaselens.analysis.schema import FACTS_VIEW
+from phaselens.collectors import schema as collector_schema
+from phaselens.collectors.clickhouse_url import connect
+from phaselens.collectors.embedded import LOOPBACK, EmbeddedClickHouse, die_with_parent, free_port, terminate
 
 SERVER_SERVICE = "phaselens-reference-server"
 CLIENT_SERVICE = "phaselens-loadgen"
@@ -35,12 +35,9 @@ class StackError(RuntimeError):
 
 
 def project_env() -> dict[str, str]:
-    """Environment for children: this checkout importable, unbuffered output for the READY line."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    """Environment for children: unbuffered output for the READY line. `phaselens` is importable
+    as installed; no PYTHONPATH edit (it would let a folder in the working directory shadow ours)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(slots=True)

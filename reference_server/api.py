@@ -24,15 +24,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from instrumentation import names
-from instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NullRequestObserver
+from phaselens.instrumentation import names
+from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NullRequestObserver
 
-from reference_server import chat_template
-from reference_server.engine import Engine, QueueFullError
-from reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
-from instrumentation.sse import DONE_EVENT, encode_event
-from reference_server.responses import Envelope
-from reference_server.sequence import SamplingParams, SeqOutput
+from phaselens.reference_server import chat_template
+from phaselens.reference_server.engine import Engine, QueueFullError
+from phaselens.reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
+from phaselens.instrumentation.sse import DONE_EVENT, encode_event
+from phaselens.reference_server.responses import Envelope
+from phaselens.reference_server.sequence import SamplingParams, SeqOutput
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

@@ -17,15 +17,15 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from instrumentation.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, NULL_REQUEST, NULL_STEP
-from instrumentation.observer import RequestObserver, StepObserver
+from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, NULL_REQUEST, NULL_STEP
+from phaselens.instrumentation.observer import RequestObserver, StepObserver
 
-from reference_server.block_manager import BlockManager
-from reference_server.config import EngineConfig
-from reference_server.detokenizer import TextTracker
-from reference_server.model_runner import ModelRunner
-from reference_server.scheduler import Batch, Scheduler
-from reference_server.sequence import SamplingParams, SeqOutput, Sequence, Sink, _drop
+from phaselens.reference_server.block_manager import BlockManager
+from phaselens.reference_server.config import EngineConfig
+from phaselens.reference_server.detokenizer import TextTracker
+from phaselens.reference_server.model_runner import ModelRunner
+from phaselens.reference_server.scheduler import Batch, Scheduler
+from phaselens.reference_server.sequence import SamplingParams, SeqOutput, Sequence, Sink, _drop
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_server import kv_cache
-from reference_server.detokenizer import BYTE_OFFSET, Decode, decode_bytes, tokenizer_decoder
+from phaselens.reference_server import kv_cache
+from phaselens.reference_server.detokenizer import BYTE_OFFSET, Decode, decode_bytes, tokenizer_decoder
 
 TINY = "tiny"
 TINY_VOCAB = 384

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from reference_server.api import ApiSettings, create_app
-from reference_server.config import EngineConfig
-from instrumentation.exposure import check_exposure
-from reference_server.engine import Engine
+from phaselens.reference_server.api import ApiSettings, create_app
+from phaselens.reference_server.config import EngineConfig
+from phaselens.instrumentation.exposure import check_exposure
+from phaselens.reference_server.engine import Engine
 
 SERVICE_NAME = "phaselens-server"
 
@@ -67,7 +67,7 @@ def serve(options: ServeOptions) -> int:
 
 
 def _telemetry():
-    from instrumentation.server import ServerTelemetry
+    from phaselens.instrumentation.server import ServerTelemetry
 
     return ServerTelemetry.from_env(SERVICE_NAME)
 

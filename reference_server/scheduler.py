@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from reference_server.block_manager import BlockManager
-from reference_server.config import POLICY_MIXED, EngineConfig
-from reference_server.sequence import SeqStatus, Sequence
+from phaselens.reference_server.block_manager import BlockManager
+from phaselens.reference_server.config import POLICY_MIXED, EngineConfig
+from phaselens.reference_server.sequence import SeqStatus, Sequence
 
 
 @dataclass(slots=True)

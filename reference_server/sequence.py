@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable
 
-from instrumentation.observer import NULL_REQUEST, RequestObserver
+from phaselens.instrumentation.observer import NULL_REQUEST, RequestObserver
 
-from reference_server.detokenizer import TextTracker
+from phaselens.reference_server.detokenizer import TextTracker
 
 
 class SeqStatus(Enum):

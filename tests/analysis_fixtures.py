@@ -8,8 +8,8 @@ import clickhouse_connect
 import numpy as np
 import pytest
 
-from analysis import schema as analysis_schema
-from collectors import schema as collector_schema
+from phaselens.analysis import schema as analysis_schema
+from phaselens.collectors import schema as collector_schema
 from tests import spangen
 
 _counter = itertools.count()

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from collectors import schema
-from collectors.service import Collector
+from phaselens.collectors import schema
+from phaselens.collectors.service import Collector
 
 
 def wait_rows(ch_client, database: str, expected: int, timeout_s: float = 15.0,

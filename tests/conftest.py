@@ -7,7 +7,7 @@ import itertools
 import clickhouse_connect
 import pytest
 
-from collectors.embedded import EmbeddedClickHouse
+from phaselens.collectors.embedded import EmbeddedClickHouse
 
 _db_counter = itertools.count()
 

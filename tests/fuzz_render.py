@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-MODULE = "collectors._otlp_rows"
+MODULE = "phaselens.collectors._otlp_rows"
 
 
 def _load(path: str) -> None:
@@ -79,7 +79,7 @@ def main() -> None:
         _load(args.module)
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from collectors import render
+    from phaselens.collectors import render
 
     rng, seeds, accepted = random.Random(args.seed), _seeds(), 0
     for _ in range(args.iterations):

@@ -18,10 +18,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrumentation import names
-from instrumentation.clock import ClockAnchor
-from instrumentation.observer import FINISH_ABORT, FINISH_LENGTH
-from instrumentation.server import ServerTelemetry
+from phaselens.instrumentation import names
+from phaselens.instrumentation.clock import ClockAnchor
+from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_LENGTH
+from phaselens.instrumentation.server import ServerTelemetry
 
 WALL_BASE_NS = 1_700_000_000_000_000_000
 

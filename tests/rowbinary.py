@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from collectors.schema import INSERT_COLUMN_TYPES
+from phaselens.collectors.schema import INSERT_COLUMN_TYPES
 
 
 class _Reader:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import torch
 import uvicorn
 
-from reference_server import Engine, EngineConfig, SamplingParams, SeqOutput
-from reference_server.api import ApiSettings, create_app
-from reference_server.model_loader import TINY_EOS, build_tiny, tiny_suppressed_ids
-from reference_server.process import bind
+from phaselens.reference_server import Engine, EngineConfig, SamplingParams, SeqOutput
+from phaselens.reference_server.api import ApiSettings, create_app
+from phaselens.reference_server.model_loader import TINY_EOS, build_tiny, tiny_suppressed_ids
+from phaselens.reference_server.process import bind
 
 
 def make_engine(**overrides) -> Engine:

@@ -6,8 +6,8 @@ durations in whole microseconds, so the expected budget is exact. `emit(workload
 builds the spans with separate TracerProviders (client and server service names, explicit
 start/end times) and ships them over OTLP with the real exporter (to a given endpoint, or to a
 private `collectors.Collector` it starts and drains) or, with `transport="insert"`, encodes them as
-the OTLP exporter does and inserts the rows the collector would write (`collectors.render` +
-`collectors.writer.ClickHouseSink`).
+the OTLP exporter does and inserts the rows the collector would write (`phaselens.collectors.render` +
+`phaselens.collectors.writer.ClickHouseSink`).
 
 Clock games, as on real machines: the client's wall clock may be shifted (`client_clock_shift_ns`)
 and may step mid-request (`wall_step_ns`: a naive SDK reading the wall clock at the end of the
@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from instrumentation import names as n
+from phaselens.instrumentation import names as n
 
 MS = 1_000_000  # ns per ms
 
@@ -199,7 +199,7 @@ def _steps(rng: random.Random, requests: list[RequestTruth], n_steps: int) -> li
 
 
 def expected_stalls(steps: list[StepTruth]) -> tuple[float, int, float, float]:
-    """(baseline_ms, mixed_steps, stall_ms, request_stall_ms) as analysis.queries defines them:
+    """(baseline_ms, mixed_steps, stall_ms, request_stall_ms) as phaselens.analysis.queries defines them:
     baseline = median (linear interpolation) of decode-only step durations; a mixed step has
     prefill and decode tokens; extra = max(0, duration − baseline); stall = Σ extra;
     request stall = Σ decode_tokens × extra."""
@@ -361,8 +361,8 @@ def insert_spans(spans: list[ReadableSpan], clickhouse_url: str, database: str, 
     """Without a collector: the OTLP exporter's own protobuf encoding, rendered into rows by the
     collector's renderer and inserted through its sink (one insert per batch, as it would).
     `token_prefix` makes the batches' deduplication tokens repeatable, as a spool replay's are."""
-    from collectors import render
-    from collectors.writer import ClickHouseSink
+    from phaselens.collectors import render
+    from phaselens.collectors.writer import ClickHouseSink
 
     sink, rows = ClickHouseSink(clickhouse_url, database), 0
     try:
@@ -403,7 +403,7 @@ def emit(workload: Workload, clickhouse_url: str, database: str = "otel", *, tra
     elif otlp_endpoint:
         export_otlp(spans, otlp_endpoint)
     else:
-        from collectors import Collector
+        from phaselens.collectors import Collector
 
         collector = Collector(clickhouse_url=clickhouse_url, database=database).start()
         try:

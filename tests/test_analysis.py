@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from analysis import budget as B
-from analysis import queries as Q
-from instrumentation import names as n
+from phaselens.analysis import budget as B
+from phaselens.analysis import queries as Q
+from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import client, loaded, new_database, rows_by_trace, stat  # noqa: F401 (client: fixture)
 
@@ -194,9 +194,9 @@ def test_naive_timestamp_subtraction_is_wrong_by_the_clock_offset(clickhouse, cl
 
 def test_older_exporter_enum_spellings_give_the_same_rows(clickhouse, client):
     """Older collector exporters wrote SPAN_KIND_SERVER / STATUS_CODE_ERROR: same figures."""
-    from collectors import render
-    from collectors.schema import INSERT_COLUMNS
-    from collectors.writer import ClickHouseSink
+    from phaselens.collectors import render
+    from phaselens.collectors.schema import INSERT_COLUMNS
+    from phaselens.collectors.writer import ClickHouseSink
     from tests.rowbinary import read_rows, write_rows
 
     w = spangen.generate(12, seed=14, abort_every=3, server_only_every=4)

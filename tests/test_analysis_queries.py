@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from analysis import cookbook
-from analysis import queries as Q
-from analysis import schema as S
-from analysis.budget import budget
-from analysis.dialect import QueryError
-from instrumentation import names as n
+from phaselens.analysis import cookbook
+from phaselens.analysis import queries as Q
+from phaselens.analysis import schema as S
+from phaselens.analysis.budget import budget
+from phaselens.analysis.dialect import QueryError
+from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import client, loaded  # noqa: F401 (client: fixture)
 

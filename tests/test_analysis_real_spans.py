@@ -1,4 +1,4 @@
-"""The analysis views over spans built by the real server instrumentation (instrumentation.server on
+"""The analysis views over spans built by the real server instrumentation (phaselens.instrumentation.server on
 a scripted clock, as its own tests drive it): chunked prefill and a preemption during decode."""
 
 from __future__ import annotations

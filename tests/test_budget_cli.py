@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from analysis.budget import budget
-from collectors.embedded import free_port
+from phaselens.analysis.budget import budget
+from phaselens.collectors.embedded import free_port
 from phaselens.commands import budget as budget_command
 from tests import spangen
 from tests.analysis_fixtures import client, loaded, new_database  # noqa: F401 (client: fixture)

@@ -17,10 +17,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from instrumentation import names as N
-from instrumentation.client import TracedClient
-from instrumentation.sse import DONE_EVENT, encode_event
-from loadgen.scripted_server import (Reply, ScriptedServer, Step, chat_chunk, completion_chunk, usage_chunk)
+from phaselens.instrumentation import names as N
+from phaselens.instrumentation.client import TracedClient
+from phaselens.instrumentation.sse import DONE_EVENT, encode_event
+from phaselens.loadgen.scripted_server import (Reply, ScriptedServer, Step, chat_chunk, completion_chunk, usage_chunk)
 
 DELIVERY_MS = 5.0  # loopback write → client stamp, same event loop
 SLACK_MS = 100.0  # how late the scripted sleeps may end, together, on a loaded 2-core machine

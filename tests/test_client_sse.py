@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from instrumentation.sse import SSEError, SSEParser
+from phaselens.instrumentation.sse import SSEError, SSEParser
 
 STREAM = (
     b"\xef\xbb\xbf: a comment line\r\n"

@@ -13,10 +13,10 @@ import time
 import httpx
 import pytest
 
-from instrumentation.client import TracedClient
-from instrumentation.client_transport import RECEIPTS, ChunkedDecoder, StreamingTransport
-from instrumentation.sse import DONE_EVENT
-from loadgen.scripted_server import completion_chunk
+from phaselens.instrumentation.client import TracedClient
+from phaselens.instrumentation.client_transport import RECEIPTS, ChunkedDecoder, StreamingTransport
+from phaselens.instrumentation.sse import DONE_EVENT
+from phaselens.loadgen.scripted_server import completion_chunk
 
 CHUNKED_BODY = b"4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\n"
 CHUNKED_PAYLOAD = b"Wikipedia in\r\n\r\nchunks."

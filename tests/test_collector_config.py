@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from collectors import schema
+from phaselens.collectors import schema
 
 CONFIG = Path(__file__).resolve().parent.parent / "collectors" / "otelcol.yaml"
 

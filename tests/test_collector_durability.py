@@ -14,13 +14,13 @@ import grpc
 import pytest
 
 from tests.collector_payloads import export_request
-from collectors import render, schema
-from collectors.clickhouse_url import connect
-from collectors.embedded import EmbeddedClickHouse, free_port
-from collectors.metrics import CollectorMetrics
-from collectors.service import Collector
-from collectors.spool import Spool, SpoolLocked
-from collectors.writer import ClickHouseSink, SpoolWriter
+from phaselens.collectors import render, schema
+from phaselens.collectors.clickhouse_url import connect
+from phaselens.collectors.embedded import EmbeddedClickHouse, free_port
+from phaselens.collectors.metrics import CollectorMetrics
+from phaselens.collectors.service import Collector
+from phaselens.collectors.spool import Spool, SpoolLocked
+from phaselens.collectors.writer import ClickHouseSink, SpoolWriter
 from tests.collector_fixtures import traces_db, wait_rows  # noqa: F401
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -26,9 +26,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from collectors.otlp_json import parse_traces
-from collectors.service import Collector
-from instrumentation.exposure import InsecureBindError
+from phaselens.collectors.otlp_json import parse_traces
+from phaselens.collectors.service import Collector
+from phaselens.instrumentation.exposure import InsecureBindError
 from tests.collector_fixtures import collector, rows, traces_db, wait_rows  # noqa: F401
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-from collectors import render
-from collectors.attr_string import as_string, go_float
+from phaselens.collectors import render
+from phaselens.collectors.attr_string import as_string, go_float
 from tests.rowbinary import read_rows, uleb
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards import generate
-from dashboards.datasource import DEFAULT_PORTS
+from phaselens.dashboards import generate
+from phaselens.dashboards.datasource import DEFAULT_PORTS
 from phaselens.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]

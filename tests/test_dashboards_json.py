@@ -1,5 +1,5 @@
 """The generated dashboards: well-formed, every target on `${datasource}`, SQL only from
-analysis.queries, variables present, links and field selections valid, checked-in = generated."""
+phaselens.analysis.queries, variables present, links and field selections valid, checked-in = generated."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import re
 import pytest
 import yaml
 
-from analysis import queries
-from dashboards import generate
-from dashboards.datasource import DATASOURCE_UID
-from dashboards.definitions import UID_BUDGET, UID_ENGINE, UID_TRACE
-from dashboards.model import DATASOURCE_REF, GRID_COLUMNS, PLUGIN_TYPE
+from phaselens.analysis import queries
+from phaselens.dashboards import generate
+from phaselens.dashboards.datasource import DATASOURCE_UID
+from phaselens.dashboards.definitions import UID_BUDGET, UID_ENGINE, UID_TRACE
+from phaselens.dashboards.model import DATASOURCE_REF, GRID_COLUMNS, PLUGIN_TYPE
 from phaselens.cli import main
 
 CHECKED_IN = generate.PACKAGE_DIR

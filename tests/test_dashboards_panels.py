@@ -12,11 +12,11 @@ import time
 import clickhouse_connect
 import pytest
 
-from analysis import queries
-from analysis import schema as analysis_schema
-from collectors import schema as collector_schema
-from dashboards import generate
-from instrumentation import names as n
+from phaselens.analysis import queries
+from phaselens.analysis import schema as analysis_schema
+from phaselens.collectors import schema as collector_schema
+from phaselens.dashboards import generate
+from phaselens.instrumentation import names as n
 from phaselens.stack import CLIENT_SERVICE, SERVER_SERVICE, Stack
 from tests import spangen
 from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from dashboards import generate
-from dashboards.datasource import DATASOURCE_UID, ClickHouseTarget, datasource
-from dashboards.push import PUSH_MESSAGE, PushError, connect, push
+from phaselens.dashboards import generate
+from phaselens.dashboards.datasource import DATASOURCE_UID, ClickHouseTarget, datasource
+from phaselens.dashboards.push import PUSH_MESSAGE, PushError, connect, push
 from phaselens.cli import main
 from tests.dashboards_fixtures import ADMIN_TOKEN, BASIC_USER, VIEWER_TOKEN, GrafanaStandIn
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import clickhouse_connect
 
-from collectors.embedded import EmbeddedClickHouse, free_port
+from phaselens.collectors.embedded import EmbeddedClickHouse, free_port
 from tests.report_fixtures import colour_stats, console_messages, decode_png, run_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,8 +132,7 @@ def test_children_die_with_a_sigkilled_orchestrator(tmp_path):
     """PR_SET_PDEATHSIG: the child (and through it the ClickHouse server process) stops."""
     data = tmp_path / "ch"
     proc = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(data), str(free_port()), str(free_port())],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "up"
         seen: dict[int, int] = {}

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import ByT5Tokenizer
 
-from instrumentation.observer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
-from reference_server import QueueFullError, SamplingParams
-from reference_server.config import POLICY_PREFILL_FIRST
+from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
+from phaselens.reference_server import QueueFullError, SamplingParams
+from phaselens.reference_server.config import POLICY_PREFILL_FIRST
 from server_fixtures import Collected, Recorder, greedy, make_engine, reference_greedy, run_until_idle
 
 TOK = ByT5Tokenizer()
@@ -191,7 +191,7 @@ def test_too_long_request_is_refused():
 
 
 def test_detokenizer_holds_split_characters_and_stop_prefixes():
-    from reference_server.detokenizer import TextTracker, decode_bytes
+    from phaselens.reference_server.detokenizer import TextTracker, decode_bytes
 
     e_acute = ids("é")  # two byte tokens
     tracker = TextTracker(decode_bytes)
@@ -206,7 +206,7 @@ def test_detokenizer_holds_split_characters_and_stop_prefixes():
 
 
 def test_local_hugging_face_folder_loads_offline_and_matches_generate(tmp_path):
-    from reference_server.model_loader import build_tiny
+    from phaselens.reference_server.model_loader import build_tiny
 
     tiny = build_tiny()
     tiny.model.save_pretrained(tmp_path)

@@ -8,8 +8,8 @@ import pytest
 from opentelemetry import baggage, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from instrumentation import names
-from instrumentation.server import SCOPE_KEY
+from phaselens.instrumentation import names
+from phaselens.instrumentation.server import SCOPE_KEY
 from tests.instrumentation_fixtures import http_scope, make_rig
 
 

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from collectors import schema
-from collectors.service import Collector
-from instrumentation import names
-from instrumentation.clock import ClockAnchor
-from instrumentation.server import ServerTelemetry
+from phaselens.collectors import schema
+from phaselens.collectors.service import Collector
+from phaselens.instrumentation import names
+from phaselens.instrumentation.clock import ClockAnchor
+from phaselens.instrumentation.server import ServerTelemetry
 from tests.instrumentation_fixtures import PARENT_ID, TRACE_ID, WALL_BASE_NS, ScriptedClock, script_request
 
 

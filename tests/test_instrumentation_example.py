@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from instrumentation import names
+from phaselens.instrumentation import names
 
 ROOT = Path(__file__).resolve().parents[1]
 # The example is read from the README itself, so the documentation cannot drift from what runs.

@@ -11,10 +11,10 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
 
-from instrumentation import names
-from instrumentation.export import BatchSettings, CountingBatchSpanProcessor
-from instrumentation.otel_setup import configure
-from instrumentation.server import ServerTelemetry
+from phaselens.instrumentation import names
+from phaselens.instrumentation.export import BatchSettings, CountingBatchSpanProcessor
+from phaselens.instrumentation.otel_setup import configure
+from phaselens.instrumentation.server import ServerTelemetry
 
 OTEL_VARS = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL",
              "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrumentation import names
+from phaselens.instrumentation import names
 from tests.instrumentation_fixtures import OtlpReceiver, otlp_span_as_json, process_env
 
 REPO = Path(__file__).resolve().parents[1]

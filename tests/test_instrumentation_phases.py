@@ -1,12 +1,12 @@
-"""The budget identities of instrumentation.phases hold exactly for any valid timeline."""
+"""The budget identities of phaselens.instrumentation.phases hold exactly for any valid timeline."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrumentation.phases import compute_phases, percentile_nearest_rank, stall_ns
-from instrumentation.timeline import RequestTimeline
+from phaselens.instrumentation.phases import compute_phases, percentile_nearest_rank, stall_ns
+from phaselens.instrumentation.timeline import RequestTimeline
 from tests.instrumentation_fixtures import ScriptedClock
 
 gap = st.integers(min_value=0, max_value=10**9)

@@ -14,9 +14,9 @@ import time
 import pytest
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
-from instrumentation import names, shipper
-from instrumentation.observer import FINISH_LENGTH, NULL_REQUEST
-from instrumentation.server import ServerTelemetry
+from phaselens.instrumentation import names, shipper
+from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST
+from phaselens.instrumentation.server import ServerTelemetry
 from tests.instrumentation_fixtures import (PARENT_ID, TRACE_ID, TRACEPARENT, OtlpReceiver, http_scope, make_rig,
                                             process_env, script_request, shapes_of_otlp_spans,
                                             shapes_of_sdk_spans)
@@ -199,7 +199,7 @@ def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch
 
 
 def test_the_child_dies_with_its_server_process(receiver, tmp_path):
-    code = ("from instrumentation.server import ServerTelemetry; import time; "
+    code = ("from phaselens.instrumentation.server import ServerTelemetry; import time; "
             "t = ServerTelemetry(builder='process'); print(t.span_builder_pid, flush=True); time.sleep(60)")
     server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                               cwd=os.path.dirname(os.path.dirname(__file__)))

@@ -10,9 +10,9 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from instrumentation import names
-from instrumentation.observer import FINISH_LENGTH
-from instrumentation.server import ServerTelemetry
+from phaselens.instrumentation import names
+from phaselens.instrumentation.observer import FINISH_LENGTH
+from phaselens.instrumentation.server import ServerTelemetry
 from tests.instrumentation_fixtures import PARENT_ID, TRACE_ID, TRACEPARENT, WALL_BASE_NS, http_scope, make_rig, script_request
 
 def wall(rig, mono_ns):

@@ -11,13 +11,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from instrumentation import names as N
-from instrumentation.client import TracedClient
-from instrumentation.server import ServerTelemetry
-from loadgen import runner, session
-from loadgen.workloads import LengthDist, SyntheticWorkload
-from reference_server import Engine, EngineConfig
-from reference_server.api import ApiSettings
+from phaselens.instrumentation import names as N
+from phaselens.instrumentation.client import TracedClient
+from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.loadgen import runner, session
+from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload
+from phaselens.reference_server import Engine, EngineConfig
+from phaselens.reference_server.api import ApiSettings
 from tests.server_fixtures import LiveServer
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
-from instrumentation.client import TracedClient
-from loadgen import metrics, runner, session
-from loadgen.arrivals import GammaArrivals
-from instrumentation.sse import DONE_EVENT
-from loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
-from loadgen.workloads import LengthDist, SyntheticWorkload
+from phaselens.instrumentation.client import TracedClient
+from phaselens.loadgen import metrics, runner, session
+from phaselens.loadgen.arrivals import GammaArrivals
+from phaselens.instrumentation.sse import DONE_EVENT
+from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
+from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload
 from phaselens.commands import bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +133,7 @@ def test_sweep_finds_the_capacity_of_a_queueing_server():
 
 @pytest.fixture(scope="module")
 def server_url():
-    proc = subprocess.Popen([sys.executable, "-m", "loadgen.scripted_server", "--interval-ms", "2"],
+    proc = subprocess.Popen([sys.executable, "-m", "phaselens.loadgen.scripted_server", "--interval-ms", "2"],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         line = proc.stdout.readline().split()

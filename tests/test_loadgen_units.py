@@ -10,10 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from instrumentation.client import StreamResult, compute_metrics
-from loadgen import metrics, sweep
-from loadgen.arrivals import GammaArrivals, TraceArrivals, coefficient_of_variation
-from loadgen.workloads import DatasetWorkload, LengthDist, RequestSpec, SyntheticWorkload, TraceWorkload
+from phaselens.instrumentation.client import StreamResult, compute_metrics
+from phaselens.loadgen import metrics, sweep
+from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals, coefficient_of_variation
+from phaselens.loadgen.workloads import DatasetWorkload, LengthDist, RequestSpec, SyntheticWorkload, TraceWorkload
 
 
 def offsets(process, n):

@@ -1,8 +1,8 @@
-"""The README's SQL cookbook is the rendering of analysis.queries, not a hand-copied variant."""
+"""The README's SQL cookbook is the rendering of phaselens.analysis.queries, not a hand-copied variant."""
 
 from pathlib import Path
 
-from analysis import cookbook
+from phaselens.analysis import cookbook
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

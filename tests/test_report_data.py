@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from analysis import report as R
-from analysis import report_page as P
-from analysis.budget import budget
-from instrumentation import names as n
+from phaselens.analysis import report as R
+from phaselens.analysis import report_page as P
+from phaselens.analysis.budget import budget
+from phaselens.instrumentation import names as n
 from phaselens import cli
 from tests import spangen
 from tests.analysis_fixtures import loaded
@@ -84,7 +84,7 @@ def test_report_command_writes_the_page(run, clickhouse, tmp_path, capsys):
 
 
 def test_report_command_fails_clearly(clickhouse, tmp_path, capsys):
-    from collectors.embedded import free_port
+    from phaselens.collectors.embedded import free_port
 
     code = cli.main(["report", "--clickhouse", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "x.html")])
     assert code == 1 and "cannot reach ClickHouse" in capsys.readouterr().err

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from analysis import report as R
-from analysis import report_page as P
-from analysis import report_charts as charts
-from instrumentation import names as n
+from phaselens.analysis import report as R
+from phaselens.analysis import report_page as P
+from phaselens.analysis import report_charts as charts
+from phaselens.instrumentation import names as n
 from tests.report_fixtures import colour_stats, console_messages, decode_png, run_chromium
 
 MS = 1_000_000

@@ -1,4 +1,4 @@
-"""collectors.schema: the exporter's DDL, applied to the embedded ClickHouse; cluster DDL generated."""
+"""phaselens.collectors.schema: the exporter's DDL, applied to the embedded ClickHouse; cluster DDL generated."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from collectors import schema
+from phaselens.collectors import schema
 from phaselens.commands import schema as schema_command
 
 EXPORTER_COLUMNS = [

@@ -17,9 +17,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrumentation import names
-from instrumentation.server import ServerTelemetry
-from reference_server.api import ApiSettings
+from phaselens.instrumentation import names
+from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.reference_server.api import ApiSettings
 from server_fixtures import LiveServer, make_engine
 
 TOKEN = "s3cret"

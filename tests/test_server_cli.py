@@ -10,8 +10,8 @@ import sys
 import httpx
 import pytest
 
-from reference_server.config import EngineConfig
-from instrumentation.exposure import check_exposure
+from phaselens.reference_server.config import EngineConfig
+from phaselens.instrumentation.exposure import check_exposure
 
 
 def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from analysis.budget import AnalysisError, parse_slo
-from instrumentation.slo import parse_slo_ms
+from phaselens.analysis.budget import AnalysisError, parse_slo
+from phaselens.instrumentation.slo import parse_slo_ms
 
 
 def test_parses_lists_and_comma_text_alike():

@@ -9,9 +9,9 @@ import math
 
 from rich.console import Console
 
-from loadgen import report, session
-from loadgen.metrics import SLO
-from loadgen.workloads import LengthDist
+from phaselens.loadgen import report, session
+from phaselens.loadgen.metrics import SLO
+from phaselens.loadgen.workloads import LengthDist
 
 _EPILOG = """formulas (client monotonic clock): TTFT = first non-empty content chunk − sent (role-only chunks
 don't count); TTFO = first non-reasoning chunk − sent; TPOT = (e2e − TTFT)/(output_tokens − 1) with

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from analysis import budget_format
-from analysis.budget import AnalysisError, budget, open_client, parse_slo
+from phaselens.analysis import budget_format
+from phaselens.analysis.budget import AnalysisError, budget, open_client, parse_slo
 
 
 def register(subparsers) -> None:

@@ -7,8 +7,8 @@ import signal
 import sys
 import threading
 
-from collectors.service import Collector, default_spool_dir
-from instrumentation.exposure import InsecureBindError
+from phaselens.collectors.service import Collector, default_spool_dir
+from phaselens.instrumentation.exposure import InsecureBindError
 
 
 def register(subparsers) -> None:

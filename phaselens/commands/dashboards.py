@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from dashboards import generate, push
-from dashboards.datasource import DEFAULT_PORTS, ClickHouseTarget, datasource
+from phaselens.dashboards import generate, push
+from phaselens.dashboards.datasource import DEFAULT_PORTS, ClickHouseTarget, datasource
 
 
 def register(subparsers) -> None:

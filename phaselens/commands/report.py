@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from analysis.budget import AnalysisError, open_client, parse_slo
-from analysis.report import write_report
+from phaselens.analysis.budget import AnalysisError, open_client, parse_slo
+from phaselens.analysis.report import write_report
 
 
 def register(subparsers) -> None:

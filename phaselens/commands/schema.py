@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from analysis import schema as analysis_schema
-from collectors import schema as collector_schema
-from collectors.clickhouse_url import connect
+from phaselens.analysis import schema as analysis_schema
+from phaselens.collectors import schema as collector_schema
+from phaselens.collectors.clickhouse_url import connect
 
 
 def register(subparsers) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reference_server.config import DEVICES, DTYPES, POLICIES, EngineConfig
+from phaselens.reference_server.config import DEVICES, DTYPES, POLICIES, EngineConfig
 
 
 def register(subparsers) -> None:
@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reference_server.process import ServeOptions, serve
+    from phaselens.reference_server.process import ServeOptions, serve
 
     engine = EngineConfig(
         model=args.model, device=args.device,

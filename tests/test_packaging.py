@@ -1,0 +1,100 @@
+"""One import namespace: the wheel holds `phaselens/` alone, no module of ours imports the old
+top-level names, and an installed phaselens runs its demo from a folder full of decoy packages."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OLD_NAMES = {"instrumentation", "reference_server", "loadgen", "collectors", "analysis", "dashboards"}
+SOURCE_DIRS = (*sorted(OLD_NAMES), "phaselens", "benchmarks", "tests")
+
+
+def _imported_top_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_module_imports_an_old_top_level_name():
+    offenders = [f"{path.relative_to(ROOT)}: {sorted(_imported_top_names(path) & OLD_NAMES)}"
+                 for folder in SOURCE_DIRS for path in sorted((ROOT / folder).rglob("*.py"))
+                 if _imported_top_names(path) & OLD_NAMES]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("name", sorted(OLD_NAMES))
+def test_old_top_level_names_are_not_importable(name, tmp_path):
+    """Run outside the repository: only `phaselens` is installed, so `import analysis` fails."""
+    proc = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(out), str(ROOT)], check=True, capture_output=True)
+    (path,) = out.glob("phaselens-*.whl")
+    return path
+
+
+def test_wheel_holds_only_the_phaselens_namespace(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"phaselens", next(t for t in tops if t.endswith(".dist-info"))}
+    for expected in ("phaselens/instrumentation/server.py", "phaselens/reference_server/engine.py",
+                     "phaselens/loadgen/runner.py", "phaselens/collectors/otelcol.yaml",
+                     "phaselens/analysis/report_assets/template.html",
+                     "phaselens/dashboards/generated/phaselens-latency-budget.json",
+                     "phaselens/commands/demo.py"):
+        assert expected in names
+    assert any(n.startswith("phaselens/collectors/_otlp_rows.") and n.endswith(".so") for n in names)
+    sql = [n for n in names if n.startswith("phaselens/analysis/sql/") and n.endswith(".sql")]
+    assert sql, "the rendered SQL files ship with the package"
+
+
+def _decoys(cwd: Path) -> None:
+    """Folders named like our old top-level packages, each failing loudly when imported."""
+    for name in ("analysis", "collectors", "instrumentation", "loadgen", "dashboards", "reference_server"):
+        (cwd / name).mkdir()
+        (cwd / name / "__init__.py").write_text(f"raise ImportError('decoy {name} was imported')\n")
+
+
+def test_installed_wheel_runs_the_demo_beside_decoy_packages(wheel, tmp_path):
+    """A fresh virtualenv with the wheel alone as phaselens (its dependencies borrowed from this
+    environment's site-packages through a .pth, which does not activate our editable finder)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                        text=True).strip())
+    (site / "borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    with zipfile.ZipFile(wheel) as zf:  # a wheel's install is an unpack plus the console script
+        zf.extractall(site)
+    work = tmp_path / "work"
+    work.mkdir()
+    _decoys(work)
+    code = "import sys; from phaselens.cli import main; sys.exit(main())"
+    where = subprocess.check_output([python, "-c", "import phaselens.analysis as a; print(a.__file__)"],
+                                    cwd=work, text=True).strip()
+    assert where.startswith(str(site)), where
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}
+    proc = subprocess.run([python, "-c", code, "demo", "--requests", "10", "--rate", "4", "--data", str(tmp_path / "d"),
+                           "--report", str(tmp_path / "r.html")],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "decoy" not in proc.stdout + proc.stderr
+    assert (tmp_path / "r.html").stat().st_size > 10_000
