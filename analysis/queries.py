@@ -1,5 +1,6 @@
-"""Every analysis query, in one place (contract D): the CLI, the Python API, the report and the
-Grafana dashboards render these templates; nobody copies their SQL.
+"""Every analysis query, in one place: the CLI, the Python API, the report and the Grafana
+dashboards render these templates; nobody copies their SQL (docs/contracts.md, "Analysis queries").
+Each one's CLI rendering is checked in as `analysis/sql/<name>.sql` (`phaselens sql write|check`).
 
     render_cli(name, **filters) -> (sql, parameters)   # bound server-side parameters only
     render_grafana(name, database="otel") -> str       # Grafana macros and ${variables}
@@ -8,7 +9,7 @@ Grafana dashboards render these templates; nobody copies their SQL.
 Filters (CLI): database, service, model, since ("15m"; None = all time), bucket_s, limit,
 ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
 
-Budget terms (design §1), each a duration on one clock, from `phaselens_request_facts`:
+Budget terms (docs/budget-method.md), each a duration on one clock, from `phaselens_request_facts`:
     TTFT_client = ingress + queue + prefill + first_token + residual,
     residual = client_ttft − server_ttft (network both ways + client overhead).
 The queue term is `ttft_queue_ms`, the waits before the first token; `queue_ms` counts all waits.
@@ -318,6 +319,25 @@ def naive_ttft(d) -> str:
             f"WHERE c.SpanKind IN {CLIENT_KINDS} AND f.SpanName = '{n.SPAN_FIRST_TOKEN}'\nORDER BY trace_id")
 
 
+# --- report (phaselens report) --------------------------------------------------------------
+
+REPORT_MAX_POINTS = 100_000
+REPORT_MAX_STEPS = 200_000
+
+
+def report_points(d) -> str:
+    """One row per selected request: the points of the report's CDFs and prompt-length scatter."""
+    return ("SELECT trace_id, input_tokens, client_ttft_ms, server_ttft_ms, client_tpot_ms, server_tpot_ms,\n"
+            f"    prefill_ms, ttft_ms, has_server\n{_requests(d)}\nORDER BY start_time\n"
+            f"LIMIT {d.limit(REPORT_MAX_POINTS)}")
+
+
+def report_steps(d) -> str:
+    """Every engine step in range (the report's batch-composition chart buckets them)."""
+    return ("SELECT toUnixTimestamp64Nano(time) AS t_ns, prefill_tokens, decode_tokens\n"
+            f"{_steps(d)}\nORDER BY time\nLIMIT {d.limit(REPORT_MAX_STEPS)}")
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     template: Callable
@@ -373,6 +393,10 @@ QUERIES: dict[str, Query] = {
     "request_spans": Query(request_spans, (
         "service", "span", "kind", "span_id", "parent_span_id", "offset_ms", "duration_ms", "status")),
     "naive_ttft": Query(naive_ttft, ("trace_id", "naive_ttft_ms")),
+    "report_points": Query(report_points, (
+        "trace_id", "input_tokens", "client_ttft_ms", "server_ttft_ms", "client_tpot_ms", "server_tpot_ms",
+        "prefill_ms", "ttft_ms", "has_server")),
+    "report_steps": Query(report_steps, ("t_ns", "prefill_tokens", "decode_tokens")),
     "services": Query(services, ("service",)),
     "models": Query(models, ("model",)),
 }

@@ -1,88 +1,20 @@
 """The data of the HTML report, read from ClickHouse: budget, per-request points, two traces, steps.
 
 `build(client, …) -> ReportData` uses the analysis Python API (`phaselens.analysis.budget.budget`) and
-`phaselens.analysis.queries` (`request_spans` for the timelines). Two queries are report-specific and live
-here, rendered through the same dialect (bound parameters, same filters): the per-request points of
-the CDFs and the scatter, and the raw engine steps of the batch-composition chart.
-`write_report(client, path, …)` builds and writes the page (`phaselens.analysis.report_page`).
+the named queries of `phaselens.analysis.queries`: `report_points` (the CDFs and the scatter),
+`report_steps` (the batch-composition chart) and `request_spans` (the timelines).
+`write_report(client, path, …)` builds the data and writes the page (`phaselens.analysis.report_page`).
+The data types live in `phaselens.analysis.report_data`, which both modules import.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from phaselens.analysis import queries
+from phaselens.analysis import queries, report_page
 from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
-from phaselens.analysis.dialect import CliDialect, QueryError
-from phaselens.analysis.schema import FACTS_VIEW, STEPS_VIEW
-
-@dataclass(slots=True)
-class BudgetRow:
-    """The TTFT budget at one statistic (p50, p90, p99, mean): components in ms and TTFT itself."""
-
-    label: str
-    components: dict[str, float]
-    ttft_ms: float | None
-
-
-@dataclass(slots=True)
-class RequestPoint:
-    trace_id: str
-    input_tokens: int
-    client_ttft_ms: float | None
-    server_ttft_ms: float | None
-    client_tpot_ms: float | None
-    server_tpot_ms: float | None
-    prefill_ms: float | None
-
-
-@dataclass(slots=True)
-class TraceSpan:
-    """One stored span; `start_ns` counts from the first span of the same service (that process's
-    own clock: never compared across services), `duration_ns` is the span's own duration."""
-
-    name: str
-    kind: str
-    service: str
-    start_ns: int
-    duration_ns: int
-    span_id: str
-    parent_span_id: str
-
-
-@dataclass(slots=True)
-class TraceView:
-    title: str
-    trace_id: str
-    spans: list[TraceSpan]
-
-
-@dataclass(slots=True)
-class StepPoint:
-    t_s: float  # seconds since the first step of the range (server clock)
-    prefill_tokens: int
-    decode_tokens: int
-
-
-@dataclass(slots=True)
-class ReportData:
-    title: str
-    subtitle: str
-    kpis: list[tuple[str, str]] = field(default_factory=list)  # (value, label)
-    budget: list[BudgetRow] = field(default_factory=list)
-    requests: list[RequestPoint] = field(default_factory=list)
-    traces: list[TraceView] = field(default_factory=list)
-    steps: list[StepPoint] = field(default_factory=list)
-    config: dict[str, str] = field(default_factory=dict)
-    budget_note: str = ""
-    ttft_label: str = "client TTFT"  # the TTFT the budget divides: the client's, else the server's
-
-
-
+from phaselens.analysis.dialect import QueryError
+from phaselens.analysis.report_data import BudgetRow, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView
 
 STATISTICS = ("p50", "p90", "p99", "mean")
-MAX_POINTS = 100_000
-MAX_STEPS = 200_000
 BUDGET_NOTE = ("Bars: each term at its own statistic; percentiles of parts do not add up to the "
                "percentile of the whole (the mean row does add up). The dashed mark is TTFT itself at "
                "that statistic.")
@@ -108,8 +40,6 @@ def build(client, database: str = "otel", since: str | None = "1h", service: str
 
 def write_report(client, path: str, **build_args) -> ReportData:
     """Build the report and write it to `path` (one self-contained HTML file)."""
-    from phaselens.analysis import report_page
-
     data = build(client, **build_args)
     report_page.write(path, data)
     return data
@@ -140,39 +70,23 @@ def _fmt_ms(v: float | None) -> str:
     return "–" if v is None else f"{v:.1f} ms"
 
 
-def _rows(client, sql: str, params: dict) -> list[tuple]:
+def _rows(client, name: str, filters: dict) -> list[tuple]:
+    """The rows of a named query; bad filters and ClickHouse errors become one-line AnalysisErrors."""
+    try:
+        sql, params = queries.render_cli(name, **filters)
+    except QueryError as e:
+        raise AnalysisError(str(e)) from None
     try:
         return client.query(sql, parameters=params).result_rows
     except Exception as e:  # clickhouse-connect's errors: one line for the user
         raise AnalysisError(f"ClickHouse query failed: {str(e).splitlines()[0][:300]}") from None
 
 
-def _render(template, filters: dict) -> tuple[str, dict]:
-    """A report-specific template through the analysis CLI dialect (bound parameters only)."""
-    d = CliDialect({k: v for k, v in filters.items() if v is not None}, database=filters["database"])
-    return template(d), d.parameters
-
-
-def report_points(d) -> str:
-    """Report-specific: one row per selected request, for the CDFs and the prompt-length scatter."""
-    return ("SELECT trace_id, input_tokens, client_ttft_ms, server_ttft_ms, client_tpot_ms, server_tpot_ms,\n"
-            "    prefill_ms, ttft_ms, has_server\n"
-            f"FROM {d.table(FACTS_VIEW)}\nWHERE {d.time_filter('start_time')} AND {d.match('service', 'service')} "
-            f"AND {d.match('model', 'model')}\nORDER BY start_time\nLIMIT {d.limit(MAX_POINTS)}")
-
-
-def report_steps(d) -> str:
-    """Report-specific: every engine step in range (the batch-composition chart buckets them)."""
-    return ("SELECT toUnixTimestamp64Nano(time) AS t_ns, prefill_tokens, decode_tokens\n"
-            f"FROM {d.table(STEPS_VIEW)}\nWHERE {d.time_filter('time')} AND {d.match('service', 'service')}\n"
-            f"ORDER BY time\nLIMIT {d.limit(MAX_STEPS)}")
-
-
 def _points(client, filters: dict) -> tuple[list[RequestPoint], dict[str, float]]:
     """The points, and TTFT by trace id of the requests with a server view (timeline candidates)."""
     points, ttft = [], {}
     for tid, inp, c_ttft, s_ttft, c_tpot, s_tpot, prefill, any_ttft, has_server in _rows(
-            client, *_render(report_points, filters)):
+            client, "report_points", filters):
         points.append(RequestPoint(tid, int(inp or 0), c_ttft, s_ttft, c_tpot, s_tpot, prefill))
         if has_server and any_ttft is not None:
             ttft[tid] = any_ttft
@@ -192,16 +106,13 @@ def _chosen_traces(ttft_by_trace: dict[str, float]) -> list[tuple[str, str]]:
 
 
 def _trace_spans(client, database: str, trace_id: str) -> list[TraceSpan]:
-    try:
-        sql, params = queries.render_cli("request_spans", database=database, trace_id=trace_id)
-    except QueryError as e:
-        raise AnalysisError(str(e)) from None
+    rows = _rows(client, "request_spans", {"database": database, "trace_id": trace_id})
     return [TraceSpan(span, kind, service, round(offset_ms * 1e6), round(duration_ms * 1e6), sid, parent)
-            for service, span, kind, sid, parent, offset_ms, duration_ms, _ in _rows(client, sql, params)]
+            for service, span, kind, sid, parent, offset_ms, duration_ms, _ in rows]
 
 
 def _steps(client, filters: dict) -> list[StepPoint]:
-    rows = _rows(client, *_render(report_steps, filters))
+    rows = _rows(client, "report_steps", filters)
     if not rows:
         return []
     t0 = rows[0][0]  # one server's wall stamps: differences within one process are one clock

@@ -8,7 +8,7 @@ from pathlib import Path
 from string import Template
 
 from phaselens.analysis import report_charts as charts
-from phaselens.analysis.report import BudgetRow, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView
+from phaselens.analysis.report_data import BudgetRow, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView
 from phaselens.instrumentation import names
 
 ASSETS = Path(__file__).resolve().parent / "report_assets"

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from phaselens.analysis import report as R
+from phaselens.analysis import report_data as D
 from phaselens.analysis import report_page as P
 from phaselens.analysis import report_charts as charts
 from phaselens.instrumentation import names as n
@@ -17,10 +17,10 @@ T0 = 1_764_400_000_000_000_000  # wall ns; only placement uses it
 
 
 def span(name, kind, start_ms, dur_ms, sid, parent, service="server", t0=T0):
-    return R.TraceSpan(name, kind, service, t0 + int(start_ms * MS), int(dur_ms * MS), sid, parent)
+    return D.TraceSpan(name, kind, service, t0 + int(start_ms * MS), int(dur_ms * MS), sid, parent)
 
 
-def server_tree(t0: int) -> list[R.TraceSpan]:
+def server_tree(t0: int) -> list[D.TraceSpan]:
     """A server request of 400 ms: ingress 2, queue 50, prefill 30 (2 chunks), first token 3, decode 310, delivery 5."""
     return [
         span("text_completion tiny", "Server", 0, 400, "s", "c", t0=t0),
@@ -66,18 +66,18 @@ def test_nice_ticks_and_log_ticks():
     assert charts.log_ticks(1, 1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
 
 
-def synthetic_report() -> R.ReportData:
+def synthetic_report() -> D.ReportData:
     """A report with every section filled; values are arbitrary but plausible."""
-    points = [R.RequestPoint(f"{i:032x}", 20 + (i % 7) * 90, 30 + i * 1.5, 28 + i * 1.5, 12 + i % 5 * 0.5,
+    points = [D.RequestPoint(f"{i:032x}", 20 + (i % 7) * 90, 30 + i * 1.5, 28 + i * 1.5, 12 + i % 5 * 0.5,
                              11 + i % 5 * 0.5, 2 + (i % 7) * 6) for i in range(120)]
-    budget = [R.BudgetRow(label, {"ingress_ms": 1 * m, "queue_ms": 40 * m, "prefill_ms": 10 * m,
+    budget = [D.BudgetRow(label, {"ingress_ms": 1 * m, "queue_ms": 40 * m, "prefill_ms": 10 * m,
                                   "first_token_ms": 2 * m, "residual_ms": 1.5 * m}, 54.5 * m)
               for label, m in (("p50", 1), ("p90", 2.2), ("p99", 4), ("mean", 1.3))]
     client = span("text_completion tiny", "Client", 0, 420, "c", "", service="loadgen")
-    steps = [R.StepPoint(i * 0.02, 128 if i % 9 == 0 else 0, 1 + i % 16) for i in range(900)]
-    return R.ReportData("phaselens report", "synthetic run", [("55 ms", "p50 TTFT"), ("3.2 req/s", "goodput")],
-                        budget, points, [R.TraceView("Typical request", "a" * 32, [client] + server_tree(T0)),
-                                         R.TraceView("Slowest request", "b" * 32, server_tree(T0))],
+    steps = [D.StepPoint(i * 0.02, 128 if i % 9 == 0 else 0, 1 + i % 16) for i in range(900)]
+    return D.ReportData("phaselens report", "synthetic run", [("55 ms", "p50 TTFT"), ("3.2 req/s", "goodput")],
+                        budget, points, [D.TraceView("Typical request", "a" * 32, [client] + server_tree(T0)),
+                                         D.TraceView("Slowest request", "b" * 32, server_tree(T0))],
                         steps, {"model": "tiny", "requests": "120", "note": "<script>alert(1)</script>"})
 
 
