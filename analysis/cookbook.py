@@ -9,6 +9,7 @@ runs it (`--param_<name>=<value>` binds `{name:Type}` server-side).
 from __future__ import annotations
 
 from phaselens.analysis import queries as q
+from phaselens.analysis.dialect import client_params
 
 ENTRIES = (
     ("slowest_requests", "Which requests were slowest to the first token, and which phase made them slow?",
@@ -25,8 +26,7 @@ ENTRIES = (
 
 
 def _client_line(parameters: dict) -> str:
-    params = " ".join(f"--param_{k}='{v}'" for k, v in parameters.items() if v is not None)
-    return f"clickhouse-client {params} --queries-file query.sql"
+    return f"clickhouse-client {client_params(parameters)} --queries-file query.sql"
 
 
 def markdown(database: str = "otel") -> str:

@@ -32,6 +32,11 @@ def duration_ms(text: str | int | float) -> int:
     return int(float(m["n"]) * _UNIT_MS[m["unit"]])
 
 
+def client_params(parameters: dict) -> str:
+    """`clickhouse-client` flags that bind `{name:Type}` server-side: `--param_<name>='<value>'`."""
+    return " ".join(f"--param_{k}='{v}'" for k, v in parameters.items() if v is not None)
+
+
 @dataclass(slots=True)
 class CliDialect:
     """Bound parameters only. `filters` holds the user's values; `parameters` what the SQL binds."""

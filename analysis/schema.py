@@ -294,3 +294,8 @@ def all_statements(database: str = "otel", ttl: str | None = None, cluster: str 
     (`phaselens.collectors.schema`), then the per-request analysis tables and views."""
     return (collector_schema.statements(database, ttl=ttl, cluster=cluster, table_engine=table_engine)
             + statements(database, cluster=cluster, ttl=ttl))
+
+
+def script(statements: list[str]) -> str:
+    """Statements as one SQL script, each ended by `;` (what `phaselens schema apply --print` prints)."""
+    return ";\n\n".join(statements) + ";"

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-EXPECTED = {"bench", "budget", "clickhouse", "collector", "dashboards", "demo", "report", "schema", "serve"}
+EXPECTED = {"bench", "budget", "clickhouse", "collector", "dashboards", "demo", "report", "schema", "serve", "sql"}
 
 
 def test_every_subcommand_registers_without_importing_torch():

@@ -24,7 +24,7 @@ def run(args) -> int:
     statements = analysis_schema.all_statements(args.database, ttl=args.ttl, cluster=args.cluster,
                                                 table_engine=args.table_engine)
     if args.print:
-        print(";\n\n".join(statements) + ";")
+        print(analysis_schema.script(statements))
         return 0
     client = connect(args.clickhouse)
     try:
