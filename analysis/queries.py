@@ -149,7 +149,7 @@ def _with_baseline(d, body: str) -> str:
 
 
 def decode_stalls(d) -> str:
-    """Decode stalls caused by prefill over the selection (definitions: the docstring of analysis/queries.py)."""
+    """Decode stalls caused by prefill over the selection (defined in the docstring of analysis/queries.py)."""
     return _with_baseline(d, f"SELECT any(step_baseline_ms) AS baseline_ms, {', '.join(_stall_columns())}\n{_steps(d)}")
 
 

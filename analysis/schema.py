@@ -28,7 +28,7 @@ PARTS_TABLE = "phaselens_request_parts"
 PARTS_MV = f"{PARTS_TABLE}_mv"
 PARTS_DISTRIBUTED = f"{PARTS_TABLE}_distributed"
 FACTS_VIEW = "phaselens_request_facts"  # every per-request column, the queries read this one
-REQUESTS_VIEW = "phaselens_requests"  # the documented column set (issue 6)
+REQUESTS_VIEW = "phaselens_requests"  # the documented column set (docs/contracts.md#per-request-view)
 STEPS_VIEW = "phaselens_steps"
 
 SERVER_KINDS = "('Server', 'SPAN_KIND_SERVER')"

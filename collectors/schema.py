@@ -1,10 +1,10 @@
 """DDL for `otel_traces`, as the OpenTelemetry Collector (contrib) ClickHouse exporter creates it.
 
 Same columns, types, order, codecs, skip indexes, partition and order key, so a user of the real
-collector (docker-compose) and of ours query one schema (design §4). Additions of ours:
-`non_replicated_deduplication_window` on plain MergeTree tables, so that replaying a spool batch with
-the same `insert_deduplication_token` inserts nothing twice, and, with a cluster, a Distributed table
-for reads.
+collector (docker-compose) and of ours query one schema (docs/contracts.md#otlp-to-clickhouse-rows).
+Additions of ours: `non_replicated_deduplication_window` on plain MergeTree tables, so that replaying
+a spool batch with the same `insert_deduplication_token` inserts nothing twice, and, with a cluster, a
+Distributed table for reads.
 """
 
 from __future__ import annotations

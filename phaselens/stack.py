@@ -1,10 +1,11 @@
 """The whole pipeline on one machine: embedded ClickHouse, schema, collector, reference server.
 
 Each long-running part is a child process speaking the `READY <what> <url>` line protocol
-(contract E). Children are started in a session of their own (a terminal's Ctrl-C reaches only the
-orchestrator, which then stops them in order) and with PR_SET_PDEATHSIG, so that they die with the
-orchestrator even when it is SIGKILLed. Stop order is the data-flow order: server (flushes its spans
-to the collector), collector (drains its spool into ClickHouse), ClickHouse.
+(docs/contracts.md#process-line-protocol). Children are started in a session of their own (a
+terminal's Ctrl-C reaches only the orchestrator, which then stops them in order) and with
+PR_SET_PDEATHSIG, so that they die with the orchestrator even when it is SIGKILLed. Stop order is the
+data-flow order: server (flushes its spans to the collector), collector (drains its spool into
+ClickHouse), ClickHouse.
 """
 
 from __future__ import annotations

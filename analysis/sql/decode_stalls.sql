@@ -3,7 +3,7 @@
 -- Python API send), every filter set; an unset service, model or since drops its condition.
 -- Run: clickhouse-client --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --queries-file decode_stalls.sql
 --
--- Decode stalls caused by prefill over the selection (definitions: the docstring of analysis/queries.py).
+-- Decode stalls caused by prefill over the selection (defined in the docstring of analysis/queries.py).
 WITH (SELECT quantileExactInclusive(0.5)(duration_ms) FROM {database:Identifier}.phaselens_steps
 WHERE time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND prefill_tokens = 0 AND decode_tokens > 0) AS step_baseline_ms
 SELECT any(step_baseline_ms) AS baseline_ms, count() AS steps, countIf(prefill_tokens > 0 AND decode_tokens > 0) AS mixed_steps, countIf(decode_tokens > 0) AS decode_steps, sumIf(greatest(duration_ms - step_baseline_ms, 0), prefill_tokens > 0 AND decode_tokens > 0) AS stall_ms, sumIf(decode_tokens * greatest(duration_ms - step_baseline_ms, 0), prefill_tokens > 0 AND decode_tokens > 0) AS request_stall_ms, sumIf(decode_tokens, prefill_tokens > 0 AND decode_tokens > 0) AS delayed_decodes

@@ -1,0 +1,85 @@
+"""docs/: the pages name every span, attribute, metric and view column the code defines, every
+citation of a page (and of a section of it) resolves, and every file a page names exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from phaselens.analysis import schema as analysis_schema
+from phaselens.collectors import schema as collector_schema
+from phaselens.instrumentation import names, observer
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+SOURCE_DIRS = ("instrumentation", "reference_server", "loadgen", "collectors", "analysis", "dashboards",
+               "phaselens", "benchmarks", "tests")
+CITATION = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
+# Citations of texts a reader of the repository cannot see (spelt so this file does not match itself).
+OLD_CITATION = re.compile(r"design\s§|contract\s[A-Z]\b|project\sbrief|issue\s\d+")
+# Files whose old citations wait for the restructuring of their folders to merge (the replacements
+# are listed in that work's notes); each must still hold one, so the list cannot go stale.
+PENDING = {"collectors/embedded.py", "instrumentation/clock.py", "instrumentation/handle.py",
+           "instrumentation/client.py", "instrumentation/spans.py", "instrumentation/genai_metrics.py",
+           "instrumentation/server.py"}
+
+
+def _page(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def _anchors(page: str) -> set[str]:
+    """GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", _page(page), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def _sources() -> list[Path]:
+    return [p for folder in SOURCE_DIRS for p in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def test_span_model_names_every_name_of_the_names_module():
+    text = _page("span-model.md")
+    constants = {k: v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)}
+    missing = sorted(f"{k} = {v!r}" for k, v in constants.items() if f"`{v}`" not in text)
+    assert missing == []
+    for buckets in (names.BUCKETS_TTFT_S, names.BUCKETS_TPOT_S):
+        assert " ".join(f"{b:g}" for b in buckets) in text
+    assert f"{names.BUCKETS_DURATION_S[0]:g} … {names.BUCKETS_DURATION_S[-1]:g}" in text
+
+
+def test_contracts_name_every_column_and_observer_method():
+    text = _page("contracts.md")
+    columns = [name for name, _ in (*analysis_schema.REQUEST_COLUMNS, *analysis_schema.EXTRA_COLUMNS,
+                                    *analysis_schema.STEP_COLUMNS)]
+    columns += [c for c in collector_schema.INSERT_COLUMNS if "." not in c] + ["Events", "Links"]
+    assert [c for c in columns if f"`{c}`" not in text] == []
+    methods = [m for cls in (observer.RequestObserver, observer.StepObserver) for m in vars(cls)
+               if not m.startswith("_")]
+    assert [m for m in methods if f"`{m}(" not in text] == []
+
+
+def test_every_citation_of_a_page_resolves():
+    cited = [(path, page, anchor) for path in [*_sources(), *DOCS.glob("*.md"), ROOT / "README.md"]
+             for page, anchor in CITATION.findall(path.read_text(encoding="utf-8"))]
+    cited += [(path, page, anchor) for path in DOCS.glob("*.md")
+              for page, anchor in re.findall(r"\]\(([\w-]+\.md)(?:#([\w-]+))?\)", path.read_text(encoding="utf-8"))]
+    assert len(cited) > 10
+    broken = [f"{path.relative_to(ROOT)}: {page}#{anchor}" for path, page, anchor in cited
+              if not (DOCS / page).is_file() or (anchor and anchor not in _anchors(page))]
+    assert broken == []
+
+
+@pytest.mark.parametrize("page", ["budget-method.md", "span-model.md", "contracts.md"])
+def test_every_file_a_page_names_exists(page):
+    paths = set(re.findall(r"`((?:[\w-]+/)+[\w-]+\.(?:py|c|md|sql|yaml|toml))`", _page(page)))
+    assert paths
+    assert sorted(p for p in paths if not (ROOT / p).is_file()) == []
+
+
+def test_no_source_cites_a_text_the_repository_lacks():
+    holding = {str(p.relative_to(ROOT)) for p in _sources() if OLD_CITATION.search(p.read_text(encoding="utf-8"))}
+    assert holding - PENDING == set()
+    assert PENDING - holding == set(), "cleared: remove these files from PENDING"
