@@ -1,7 +1,7 @@
 """The two renderings of one query template: ClickHouse bound parameters (CLI, Python API, report)
 and Grafana macros/variables (dashboards).
 
-A template is a function `template(d) -> str` that asks its dialect `d` for every piece that is a
+A template is a function `template(d: Dialect) -> str` that asks its dialect `d` for every piece that is a
 user value or a time range; it never formats a user value itself. `CliDialect` answers with
 server-side parameters `{name:Type}` and records their values; `GrafanaDialect` with `$__timeFilter`,
 `$__timeInterval`, `$__interval_s`, `$__conditionalAll` and `${var}`.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from phaselens.collectors.schema import ident
 
@@ -30,6 +31,34 @@ def duration_ms(text: str | int | float) -> int:
     if not m:
         raise QueryError(f"a duration looks like 500ms, 30s, 15m, 2h or 7d, not {text!r}")
     return int(float(m["n"]) * _UNIT_MS[m["unit"]])
+
+
+class Dialect(Protocol):
+    """What a query template may ask for; `CliDialect` and `GrafanaDialect` answer it."""
+
+    def table(self, name: str) -> str:
+        """`name` qualified by the database being read."""
+
+    def time_filter(self, column: str) -> str:
+        """A condition keeping the rows of the time range (`1` when there is none)."""
+
+    def time_bucket(self, column: str) -> str:
+        """`column` rounded down to the start of its time bucket."""
+
+    def bucket_seconds(self) -> str:
+        """The bucket length in seconds, as an SQL expression."""
+
+    def match(self, var: str, column: str) -> str:
+        """A condition `column` = the user's `var` filter (`1` when the user set none)."""
+
+    def value(self, var: str, ch_type: str, default=None) -> str:
+        """The user's value of `var`, of ClickHouse type `ch_type`."""
+
+    def limit(self, default: int) -> str:
+        """The row limit."""
+
+    def approximate(self) -> bool:
+        """True: t-digest percentiles instead of exact ones."""
 
 
 def client_params(parameters: dict) -> str:

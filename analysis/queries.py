@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from phaselens.analysis.dialect import CliDialect, GrafanaDialect, QueryError
+from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
 from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, STEPS_VIEW
 from phaselens.collectors.schema import TRACE_ID_TS_TABLE, TRACES_TABLE
 from phaselens.instrumentation import names as n
@@ -51,7 +51,7 @@ DISTRIBUTIONS = (("ttft_ms", "ttft_ms"), ("client_ttft_ms", "client_ttft_ms"), (
 ERROR = "status = 'error'"
 
 
-def _quantiles(d, expr: str) -> str:
+def _quantiles(d: Dialect, expr: str) -> str:
     fn = "quantilesTDigest" if d.approximate() else "quantilesExactInclusive"
     return f"{fn}({', '.join(map(str, LEVELS))})({expr})"
 
@@ -61,17 +61,17 @@ def _where(*conditions: str) -> str:
     return "WHERE " + (" AND ".join(c for c in conditions if c != "1") or "1")
 
 
-def _requests(d) -> str:
+def _requests(d: Dialect) -> str:
     """FROM + WHERE of the per-request facts under the time, service and model filters."""
     return (f"FROM {d.table(FACTS_VIEW)}\n"
             + _where(d.time_filter("start_time"), d.match("service", "service"), d.match("model", "model")))
 
 
-def _steps(d) -> str:
+def _steps(d: Dialect) -> str:
     return f"FROM {d.table(STEPS_VIEW)}\n" + _where(d.time_filter("time"), d.match("service", "service"))
 
 
-def _meets_slo(d) -> str:
+def _meets_slo(d: Dialect) -> str:
     ttft = d.value("ttft_slo_ms", "Nullable(Float64)")
     tpot = d.value("tpot_slo_ms", "Nullable(Float64)")
     return (f"status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft} IS NULL OR ttft_ms <= {ttft}) "
@@ -84,7 +84,7 @@ def _window_s() -> str:
             "- toUnixTimestamp64Nano(min(server_start_time))) / 1e9, 1e-9)")
 
 
-def _series(d, time_col: str, source: str, selects: list[str]) -> str:
+def _series(d: Dialect, time_col: str, source: str, selects: list[str]) -> str:
     """One row per time bucket of `time_col` (Grafana time-series format: `time` first)."""
     body = ",\n    ".join(selects)
     return (f"SELECT {d.time_bucket('bucket_start')} AS time,\n    {body}\n"
@@ -110,7 +110,7 @@ def _mean_of(array: str) -> str:
     return f"arrayAvg(arrayMap(x -> assumeNotNull(x), arrayFilter(x -> x IS NOT NULL, {array})))"
 
 
-def budget_summary(d) -> str:
+def budget_summary(d: Dialect) -> str:
     """One row, one pass: counts, goodput, every distribution's p50/p90/p99 array and mean, and
     the tail attribution (against the medians, which are the distributions' p50)."""
     dists = ",\n    ".join(f"{_quantiles(d, expr)} AS {name}_q, avg({expr}) AS {name}_mean"
@@ -121,7 +121,7 @@ def budget_summary(d) -> str:
         f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}")
 
 
-def tail_attribution(d) -> str:
+def tail_attribution(d: Dialect) -> str:
     """Among requests whose TTFT is above its p99, the mean of each component, against the
     component's median over all requests: delta = tail mean − median."""
     medians = ", ".join(f"quantileExactInclusive(0.5)({expr}) AS {name}_median" for name, expr in COMPONENTS)
@@ -142,20 +142,20 @@ def _stall_columns() -> list[str]:
             f"sumIf(decode_tokens, {mixed}) AS delayed_decodes"]
 
 
-def _with_baseline(d, body: str) -> str:
+def _with_baseline(d: Dialect, body: str) -> str:
     baseline = (f"SELECT quantileExactInclusive(0.5)(duration_ms) {_steps(d)} "
                 "AND prefill_tokens = 0 AND decode_tokens > 0")
     return f"WITH ({baseline}) AS step_baseline_ms\n{body}"
 
 
-def decode_stalls(d) -> str:
+def decode_stalls(d: Dialect) -> str:
     """Decode stalls caused by prefill over the selection (defined in the docstring of analysis/queries.py)."""
     return _with_baseline(d, f"SELECT any(step_baseline_ms) AS baseline_ms, {', '.join(_stall_columns())}\n{_steps(d)}")
 
 
 # --- Grafana panels (the dashboards render these) -----------------------------------------
 
-def budget_stack(d) -> str:
+def budget_stack(d: Dialect) -> str:
     """TTFT budget components at p50/p90/p99 (each its own percentile) and the mean (exact sum)."""
     arrays = ", ".join(f"arrayPushBack({_quantiles(d, expr)}, avg({expr}))" for _, expr in COMPONENTS)
     cols = ", ".join(f"tupleElement(row, {i + 2}) AS {name}" for i, (name, _) in enumerate(COMPONENTS))
@@ -164,7 +164,7 @@ def budget_stack(d) -> str:
             f"FROM (SELECT arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_requests(d)})")
 
 
-def latency_over_time(d) -> str:
+def latency_over_time(d: Dialect) -> str:
     selects = [f"quantileExactInclusive({q})({expr}) AS {name}"
                for name, q, expr in (("client_ttft_p50_ms", 0.5, "client_ttft_ms"),
                                      ("client_ttft_p99_ms", 0.99, "client_ttft_ms"),
@@ -180,7 +180,7 @@ def latency_over_time(d) -> str:
     return _series(d, "start_time", _requests(d), selects)
 
 
-def goodput_over_time(d) -> str:
+def goodput_over_time(d: Dialect) -> str:
     """Goodput: completed requests per second meeting every SLO; attainment: their fraction."""
     good = f"countIf({_meets_slo(d)})"
     return _series(d, "start_time", _requests(d), [
@@ -189,14 +189,14 @@ def goodput_over_time(d) -> str:
         f"{good} / count() AS slo_attainment"])
 
 
-def throughput_over_time(d) -> str:
+def throughput_over_time(d: Dialect) -> str:
     s = d.bucket_seconds()
     return _series(d, "start_time", _requests(d), [
         f"count() / {s} AS requests_per_s", f"countIf({ERROR}) / {s} AS errors_per_s",
         f"sum(input_tokens) / {s} AS input_tokens_per_s", f"sum(output_tokens) / {s} AS output_tokens_per_s"])
 
 
-def slowest_requests(d) -> str:
+def slowest_requests(d: Dialect) -> str:
     """The slowest requests by TTFT, each with its budget and the phase that dominated it."""
     parts = ", ".join(f"('{name.removesuffix('_ms')}', coalesce({expr}, 0))" for name, expr in COMPONENTS)
     comps = ", ".join(expr if expr == name else f"{expr} AS {name}" for name, expr in COMPONENTS)
@@ -207,30 +207,30 @@ def slowest_requests(d) -> str:
             f"{_requests(d)}\nORDER BY ttft_ms DESC NULLS LAST\nLIMIT {d.limit(50)}")
 
 
-def engine_batch_over_time(d) -> str:
+def engine_batch_over_time(d: Dialect) -> str:
     return _series(d, "time", _steps(d), [
         "avg(batch_size) AS batch_size_mean", "max(batch_size) AS batch_size_max",
         "avg(prefill_tokens) AS prefill_tokens_per_step", "avg(decode_tokens) AS decode_tokens_per_step",
         f"count() / {d.bucket_seconds()} AS steps_per_s"])
 
 
-def engine_kv_over_time(d) -> str:
+def engine_kv_over_time(d: Dialect) -> str:
     ratio = "kv_blocks_used / nullIf(kv_blocks_total, 0)"
     return _series(d, "time", _steps(d), [
         f"avg({ratio}) AS kv_used_ratio_mean", f"max({ratio}) AS kv_used_ratio_max",
         "max(kv_blocks_used) AS kv_blocks_used_max", "sum(preemptions) AS preemptions"])
 
 
-def decode_stalls_over_time(d) -> str:
+def decode_stalls_over_time(d: Dialect) -> str:
     return _with_baseline(d, _series(d, "time", _steps(d), _stall_columns()[1:]))
 
 
-def queue_depth_over_time(d) -> str:
+def queue_depth_over_time(d: Dialect) -> str:
     return _series(d, "time", _steps(d), ["avg(queue_depth) AS queue_depth_mean",
                                            "max(queue_depth) AS queue_depth_max"])
 
 
-def _one_trace(d, select: str, tail: str) -> str:
+def _one_trace(d: Dialect, select: str, tail: str) -> str:
     """`select` over the spans of `${trace_id}`, the time range bounded by the lookup table (as
     Grafana's plugin does: its Start/End are whole seconds, so the end gets one more)."""
     lookup = d.table(TRACE_ID_TS_TABLE)
@@ -246,7 +246,7 @@ def _key_values(column: str) -> str:
     return f"arrayMap(key -> map('key', key, 'value', {column}[key]), mapKeys({column}))"
 
 
-def request_trace(d) -> str:
+def request_trace(d: Dialect) -> str:
     """One trace in the columns Grafana's trace view expects (plugin QueryType.Traces, format 3)."""
     return _one_trace(d, (
         "TraceId AS traceID, SpanId AS spanID, ParentSpanId AS parentSpanID,\n"
@@ -263,13 +263,13 @@ TTFT_P50_P99 = ("quantileExactInclusive(0.5)(ttft_ms) AS ttft_p50_ms, "
                 "quantileExactInclusive(0.99)(ttft_ms) AS ttft_p99_ms")
 
 
-def budget_by_model(d) -> str:
+def budget_by_model(d: Dialect) -> str:
     means = ", ".join(f"avg({expr}) AS {name}_mean" for name, expr in COMPONENTS)
     return (f"SELECT model, count() AS requests, countIf({ERROR}) AS errors,\n    {TTFT_P50_P99},\n"
             f"    {means}\n{_requests(d)}\nGROUP BY model\nORDER BY requests DESC")
 
 
-def ttft_vs_prompt_length(d) -> str:
+def ttft_vs_prompt_length(d: Dialect) -> str:
     bucket = d.value("bucket_tokens", "UInt32", 128)
     computed_tokens = "sum(input_tokens - coalesce(cached_tokens, 0))"
     return (f"SELECT intDiv(input_tokens, {bucket}) * {bucket} AS prompt_tokens_from, count() AS requests,\n"
@@ -278,7 +278,7 @@ def ttft_vs_prompt_length(d) -> str:
             f"{_requests(d)} AND input_tokens IS NOT NULL\nGROUP BY prompt_tokens_from\nORDER BY prompt_tokens_from")
 
 
-def queueing_vs_load(d) -> str:
+def queueing_vs_load(d: Dialect) -> str:
     return _series(d, "start_time", _requests(d), [
         f"count() / {d.bucket_seconds()} AS arrivals_per_s",
         "quantileExactInclusive(0.5)(ttft_queue_ms) AS queue_p50_ms",
@@ -286,7 +286,7 @@ def queueing_vs_load(d) -> str:
         "sum(ttft_queue_ms) / nullIf(sum(ttft_ms), 0) AS queue_share_of_ttft"])
 
 
-def request_spans(d) -> str:
+def request_spans(d: Dialect) -> str:
     """A request's spans, placed per service: `offset_ms` counts from that service's first span,
     on that service's own clock (offsets of two services are never subtracted from each other)."""
     ts = "toUnixTimestamp64Nano(Timestamp)"
@@ -297,19 +297,19 @@ def request_spans(d) -> str:
         "    Duration / 1e6 AS duration_ms, StatusCode AS status"), "ORDER BY service, offset_ms, span")
 
 
-def services(d) -> str:
+def services(d: Dialect) -> str:
     """Values of the dashboards' service drop-down: every service.name that sent spans."""
     return (f"SELECT DISTINCT ServiceName AS service FROM {d.table(TRACES_TABLE)}\n"
             f"WHERE {d.time_filter('Timestamp')}\nORDER BY service")
 
 
-def models(d) -> str:
+def models(d: Dialect) -> str:
     """Values of the dashboards' model drop-down (gen_ai.response.model, else request.model)."""
     return (f"SELECT DISTINCT model FROM {d.table(FACTS_VIEW)}\n"
             f"WHERE {d.time_filter('start_time')} AND model != ''\nORDER BY model")
 
 
-def naive_ttft(d) -> str:
+def naive_ttft(d: Dialect) -> str:
     """THE WRONG WAY, kept as documentation: TTFT as (server first-token span end − client span
     start) subtracts timestamps of two machines, so any clock offset lands in the result."""
     traces = d.table(TRACES_TABLE)
@@ -325,14 +325,14 @@ REPORT_MAX_POINTS = 100_000
 REPORT_MAX_STEPS = 200_000
 
 
-def report_points(d) -> str:
+def report_points(d: Dialect) -> str:
     """One row per selected request: the points of the report's CDFs and prompt-length scatter."""
     return ("SELECT trace_id, input_tokens, client_ttft_ms, server_ttft_ms, client_tpot_ms, server_tpot_ms,\n"
             f"    prefill_ms, ttft_ms, has_server\n{_requests(d)}\nORDER BY start_time\n"
             f"LIMIT {d.limit(REPORT_MAX_POINTS)}")
 
 
-def report_steps(d) -> str:
+def report_steps(d: Dialect) -> str:
     """Every engine step in range (the report's batch-composition chart buckets them)."""
     return ("SELECT toUnixTimestamp64Nano(time) AS t_ns, prefill_tokens, decode_tokens\n"
             f"{_steps(d)}\nORDER BY time\nLIMIT {d.limit(REPORT_MAX_STEPS)}")
@@ -340,7 +340,7 @@ def report_steps(d) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    template: Callable
+    template: Callable[[Dialect], str]
     columns: tuple[str, ...]
     panel: bool = False
     defaults: dict = field(default_factory=dict)

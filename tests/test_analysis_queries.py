@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -10,7 +11,7 @@ from phaselens.analysis import cookbook
 from phaselens.analysis import queries as Q
 from phaselens.analysis import schema as S
 from phaselens.analysis.budget import budget
-from phaselens.analysis.dialect import QueryError
+from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
 from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import client, loaded  # noqa: F401 (client: fixture)
@@ -164,3 +165,12 @@ def test_request_spans_places_each_service_on_its_own_clock(client, data):
     root = n.root_span_name(n.OP_TEXT_COMPLETION, r.model)
     assert offsets[(w.client_service, root)] == offsets[(w.server_service, root)] == 0
     assert offsets[(w.server_service, n.SPAN_DECODE)] == pytest.approx(r.server_ttft_ms, abs=1e-6)
+
+
+def test_both_dialects_answer_every_question_a_template_may_ask():
+    asked = {name: inspect.signature(fn) for name, fn in vars(Dialect).items()
+             if callable(fn) and not name.startswith("_")}
+    assert len(asked) == 8
+    for dialect in (CliDialect, GrafanaDialect):
+        answered = {name: inspect.signature(getattr(dialect, name, None) or (lambda: None)) for name in asked}
+        assert {n: list(s.parameters) for n, s in answered.items()} == {n: list(s.parameters) for n, s in asked.items()}
