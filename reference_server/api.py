@@ -30,9 +30,9 @@ from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NullR
 from phaselens.reference_server import chat_template
 from phaselens.reference_server.engine import Engine, QueueFullError
 from phaselens.reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
-from phaselens.instrumentation.sse import DONE_EVENT, encode_event
 from phaselens.reference_server.responses import Envelope
 from phaselens.reference_server.sequence import SamplingParams, SeqOutput
+from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
