@@ -15,6 +15,7 @@ from phaselens.analysis import queries
 from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
 from phaselens.analysis.dialect import CliDialect, QueryError
 from phaselens.analysis.schema import FACTS_VIEW, STEPS_VIEW
+from phaselens.common.slo import SLO
 
 @dataclass(slots=True)
 class BudgetRow:
@@ -89,7 +90,7 @@ BUDGET_NOTE = ("Bars: each term at its own statistic; percentiles of parts do no
 
 
 def build(client, database: str = "otel", since: str | None = "1h", service: str | None = None,
-          model: str | None = None, slo: dict | str | None = None, config: dict | None = None,
+          model: str | None = None, slo: SLO | None = None, config: dict | None = None,
           title: str = "phaselens latency report") -> ReportData:
     """Everything the page shows, for the requests selected by the filters (as `phaselens budget`)."""
     summary = budget(client, database=database, service=service, model=model, since=since, slo=slo)

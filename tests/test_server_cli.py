@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from phaselens.reference_server.config import EngineConfig
-from phaselens.instrumentation.exposure import check_exposure
+from phaselens.common.exposure import check_exposure
 
 
 def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
