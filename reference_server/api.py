@@ -150,7 +150,7 @@ class _Routes:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self) -> Response:
-        blocks = self.engine.blocks
+        blocks = self.engine.scheduler.blocks
         return JSONResponse({"status": "ok", "running": self.engine.num_running, "waiting": self.engine.num_waiting,
                              "kv_blocks_used": blocks.num_used, "kv_blocks_total": blocks.num_blocks})
 
