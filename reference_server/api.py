@@ -12,7 +12,6 @@ at the engine's next iteration. Errors are always OpenAI-shaped JSON, FastAPI's 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import uuid
 from dataclasses import dataclass, replace
@@ -24,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from phaselens.common.exposure import authorized
 from phaselens.instrumentation import names
 from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NullRequestObserver
 
@@ -172,11 +172,7 @@ class _Routes:
         return await self._respond(request, job, stream, handle, seq_id)
 
     def _authorize(self, request: Request) -> None:
-        token = self.settings.auth_token
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        if not authorized(request.headers.get("authorization"), self.settings.auth_token):
             raise ApiError(401, "missing or wrong bearer token", type_="authentication_error", code="invalid_api_key")
 
     async def _read_json(self, request: Request) -> Any:
