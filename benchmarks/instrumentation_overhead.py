@@ -36,8 +36,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402

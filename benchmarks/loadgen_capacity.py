@@ -35,8 +35,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
 
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
