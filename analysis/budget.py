@@ -23,7 +23,10 @@ from dataclasses import asdict, dataclass, field
 
 from phaselens.analysis import queries as q
 from phaselens.analysis.dialect import QueryError
-from phaselens.instrumentation.slo import parse_slo_ms
+from phaselens.common.slo import SLO
+
+# The SLOs the goodput query takes (`--slo` of budget, report and demo): parse_slo(text, GOODPUT_SLO_KEYS).
+GOODPUT_SLO_KEYS = ("ttft", "tpot")
 
 
 class AnalysisError(RuntimeError):
@@ -111,7 +114,7 @@ class BudgetReport:
 
 def open_client(url: str):
     """A clickhouse-connect client for `url`, or AnalysisError saying ClickHouse is unreachable."""
-    from phaselens.collectors.clickhouse_url import connect
+    from phaselens.storage.clickhouse_url import connect
 
     # clickhouse-connect also logs a failed connect; the one-line error below says it all
     logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)
@@ -124,15 +127,6 @@ def open_client(url: str):
         refused = "NewConnectionError" in text or "refused" in text.lower()
         reason = "connection refused" if refused else text.splitlines()[0][:160]
         raise AnalysisError(f"cannot reach ClickHouse at {url} ({reason})") from None
-
-
-def parse_slo(text: str | None) -> dict[str, float]:
-    """`ttft:200,tpot:50` → {"ttft_slo_ms": 200.0, "tpot_slo_ms": 50.0}; empty → {}."""
-    try:
-        values = parse_slo_ms(text or "", allowed=("ttft", "tpot"))
-    except ValueError as e:
-        raise AnalysisError(f"--slo takes ttft:MS,tpot:MS: {e}") from None
-    return {f"{key}_slo_ms": ms for key, ms in values.items()}
 
 
 def _div(a, b):
@@ -174,10 +168,10 @@ def _stat(row: dict, name: str) -> Stat:
 
 
 def budget(client, database: str = "otel", service: str | None = None, model: str | None = None,
-           since: str | None = "15m", slo: dict | str | None = None, approx: bool = False) -> BudgetReport:
-    """The whole budget for the selection (two queries). `slo`: {"ttft_slo_ms": …,
-    "tpot_slo_ms": …} or "ttft:MS,tpot:MS"; `since=None` means all time."""
-    slos = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
+           since: str | None = "15m", slo: SLO | None = None, approx: bool = False) -> BudgetReport:
+    """The whole budget for the selection (two queries); goodput against `slo` (its ttft and tpot);
+    `since=None` means all time."""
+    slos = {"ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms} if slo else {}
     filters = {"database": database, "service": service, "model": model, "since": since,
                "approx": approx or None, **slos}
     row = _run(client, "budget_summary", filters)

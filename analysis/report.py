@@ -13,6 +13,7 @@ from phaselens.analysis import queries, report_page
 from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
 from phaselens.analysis.dialect import QueryError
 from phaselens.analysis.report_data import BudgetRow, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView
+from phaselens.common.slo import SLO
 
 STATISTICS = ("p50", "p90", "p99", "mean")
 BUDGET_NOTE = ("Bars: each term at its own statistic; percentiles of parts do not add up to the "
@@ -21,7 +22,7 @@ BUDGET_NOTE = ("Bars: each term at its own statistic; percentiles of parts do no
 
 
 def build(client, database: str = "otel", since: str | None = "1h", service: str | None = None,
-          model: str | None = None, slo: dict | str | None = None, config: dict | None = None,
+          model: str | None = None, slo: SLO | None = None, config: dict | None = None,
           title: str = "phaselens latency report") -> ReportData:
     """Everything the page shows, for the requests selected by the filters (as `phaselens budget`)."""
     summary = budget(client, database=database, service=service, model=model, since=since, slo=slo)

@@ -26,8 +26,8 @@ from phaselens.analysis import queries as Q  # noqa: E402
 from phaselens.analysis import schema as S  # noqa: E402
 from phaselens.analysis.budget import budget  # noqa: E402
 from phaselens.collectors import schema as CS  # noqa: E402
-from phaselens.collectors.clickhouse_url import connect  # noqa: E402
-from phaselens.collectors.embedded import EmbeddedClickHouse  # noqa: E402
+from phaselens.storage.clickhouse_url import connect  # noqa: E402
+from phaselens.storage.embedded import EmbeddedClickHouse  # noqa: E402
 from phaselens.instrumentation import names as n  # noqa: E402
 
 DATABASE = "bench_budget"
@@ -126,7 +126,7 @@ def server_pid(data_dir: str) -> int | None:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"phaselens.collectors.embedded" in cmdline and data_dir.encode() in cmdline:
+        if b"phaselens.storage.embedded" in cmdline and data_dir.encode() in cmdline:
             return int(proc.name)
     return None
 

@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from tests.collector_payloads import export_request  # noqa: E402
 from phaselens.instrumentation import names  # noqa: E402
-from phaselens.instrumentation.client import quantile  # noqa: E402
+from phaselens.common.quantile import quantile  # noqa: E402
 from phaselens.collectors import schema  # noqa: E402
-from phaselens.collectors.clickhouse_url import connect  # noqa: E402
-from phaselens.collectors.embedded import EmbeddedClickHouse  # noqa: E402
+from phaselens.storage.clickhouse_url import connect  # noqa: E402
+from phaselens.storage.embedded import EmbeddedClickHouse  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 DATABASE = "bench"

@@ -36,8 +36,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
@@ -45,6 +43,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
 from opentelemetry.sdk.version import __version__ as otel_sdk_version  # noqa: E402
 
+from phaselens.common.quantile import quantile  # noqa: E402
 from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequestObserver  # noqa: E402
 from phaselens.instrumentation.otel_setup import add_counting_processor  # noqa: E402
 from phaselens.instrumentation.server import ServerTelemetry  # noqa: E402
@@ -92,7 +91,7 @@ class ModelStandIn:
         """p50 and p99 of full step times (loop + model) since the last call."""
         gaps = sorted(b - a for a, b in zip(self.stamps, self.stamps[1:]))
         self.stamps = []
-        return gaps[len(gaps) // 2] / 1e6, gaps[int(0.99 * (len(gaps) - 1))] / 1e6
+        return quantile(gaps, 0.5) / 1e6, quantile(gaps, 0.99) / 1e6
 
 
 def make_providers() -> tuple[TracerProvider, MeterProvider, EncodingDiscardExporter]:

@@ -35,14 +35,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
 
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
 from opentelemetry.trace import NoOpTracerProvider  # noqa: E402
 
-from phaselens.instrumentation.client import TracedClient, quantile  # noqa: E402
+from phaselens.common.quantile import quantile  # noqa: E402
+from phaselens.instrumentation.client import TracedClient  # noqa: E402
 from phaselens.loadgen import runner  # noqa: E402
 from phaselens.loadgen.arrivals import GammaArrivals  # noqa: E402
 from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload  # noqa: E402

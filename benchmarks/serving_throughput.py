@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from phaselens.instrumentation.client import quantile
+from phaselens.common.quantile import quantile
 
 HBM_BYTES_PER_S = 4.8e12
 

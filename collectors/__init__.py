@@ -1,7 +1,7 @@
-"""OTLP collector into ClickHouse (exporter-compatible schema) and an embedded ClickHouse server.
+"""OTLP collector into ClickHouse (exporter-compatible schema).
 
-`phaselens.collectors.Collector` is imported lazily so that `python -m phaselens.collectors.embedded` (the ClickHouse
-server process) does not load gRPC and protobuf.
+`phaselens.collectors.Collector` is imported lazily so that the commands that only need the schema
+or the row rendering (`phaselens schema`, `phaselens demo`) do not load gRPC.
 """
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from phaselens.collectors.clickhouse_url import connect
+from phaselens.storage.clickhouse_url import connect
 from phaselens.collectors.schema import INSERT_COLUMNS, TRACES_TABLE, ident
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 
 from phaselens.collectors import render
 from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.spool import Spool, SpoolFull
+from phaselens.common.exposure import authorized
 
 RETRY_AFTER_S = 2
 
@@ -28,10 +28,7 @@ class Ingest:
     auth_token: str | None = None
 
     def check_auth(self, authorization: str | None) -> None:
-        if self.auth_token is None:
-            return
-        expected = f"Bearer {self.auth_token}".encode()
-        if not authorization or not hmac.compare_digest(authorization.encode(), expected):
+        if not authorized(authorization, self.auth_token):
             self.refuse("unauthenticated", "missing or wrong bearer token")
 
     def refuse(self, kind: str, message: str) -> None:

@@ -16,7 +16,7 @@ from phaselens.collectors.ingest import Ingest
 from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.spool import Spool
 from phaselens.collectors.writer import ClickHouseSink, SpoolWriter
-from phaselens.instrumentation.exposure import check_exposure
+from phaselens.common.exposure import check_exposure
 
 
 def default_spool_dir(grpc_port: int) -> str:

@@ -42,6 +42,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from phaselens.instrumentation import names as N
 from phaselens.instrumentation.clock import ClockAnchor
 from phaselens.instrumentation.client_transport import RECEIPTS, StreamingTransport
+from phaselens.common.quantile import quantile
 from phaselens.instrumentation.sse import DONE, SSEError, SSEParser
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -396,22 +397,6 @@ def _result_attributes(result: StreamResult) -> dict:
         N.PL_CLIENT_SENT_WALL_NS: result.sent_wall_ns, N.PL_CLIENT_DONE_WALL_NS: result.done_wall_ns,
     }
     return {k: v for k, v in attrs.items() if v is not None}
-
-
-def quantile(sorted_values: list[float], q: float) -> float | None:
-    """Linear-interpolated quantile of an ascending list (numpy's default method); None if empty.
-    An infinite neighbour makes the result infinite (no inf − inf = nan)."""
-    if not sorted_values:
-        return None
-    pos = q * (len(sorted_values) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    a, b = sorted_values[lo], sorted_values[hi]
-    if a == b or pos == lo:
-        return a
-    if b == float("inf"):
-        return b
-    return a + (b - a) * (pos - lo)
 
 
 async def _clock_stamped(chunks, clock_ns: Callable[[], int]):

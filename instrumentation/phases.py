@@ -18,15 +18,17 @@ Boundaries (monotonic ns of one process):
 - delivery    = end − last_token, end = responded (or the engine's last stamp when that is later).  e2e = responded − received = TTFT + decode + delivery.
 - server TPOT = (last_token − first_token) / (output_tokens − 1), for output_tokens > 1.
 - ITL         = gaps between consecutive token stamps, starting at the first token (one per decode
-                step that gave the request tokens); p50/p99 by nearest rank.
+                step that gave the request tokens); p50/p99 by `phaselens.common.quantile` (linear
+                interpolation between closest ranks, as the client and ClickHouse compute them).
 - stall       = Σ over ITL gaps g with g > 2·p50 of (g − p50): the time lost against a typical step
                 in gaps at least twice the median (preemption waits, long prefill steps of others…).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from phaselens.common.quantile import quantile
 
 from .timeline import CHUNK_FIELDS, RequestTimeline
 
@@ -65,17 +67,11 @@ class Phases:
         return self.end_ns - self.received_ns
 
 
-def percentile_nearest_rank(sorted_values: list[int], p: float) -> int:
-    """The value at rank ⌈p·n⌉ (1-based) of an ascending list; 0 for an empty list."""
-    if not sorted_values:
-        return 0
-    rank = max(1, math.ceil(p * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
-
-
-def stall_ns(itl_ns: list[int]) -> int:
+def stall_ns(itl_ns: list[int]) -> float:
     """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring)."""
-    median = percentile_nearest_rank(sorted(itl_ns), 0.5)
+    if not itl_ns:
+        return 0
+    median = quantile(sorted(itl_ns), 0.5)
     return sum(g - median for g in itl_ns if g > STALL_FACTOR * median)
 
 

@@ -33,11 +33,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
 
+from phaselens.common.quantile import quantile
+
 from . import names
 from .clock import ClockAnchor
 from .handle import RequestHandle
 from .observer import FINISH_ERROR
-from .phases import Phases, percentile_nearest_rank, stall_ns
+from .phases import Phases, stall_ns
 from .timeline import CHUNK_FIELDS, StepRecord
 
 NS_PER_MS = 1e6
@@ -188,8 +190,8 @@ def decode_attributes(phases: Phases) -> dict[str, Any]:
     return {
         names.PL_DECODE_TOKENS: phases.decode_tokens,
         names.PL_DECODE_STEPS: phases.decode_steps,
-        names.PL_ITL_P50_MS: _ms(percentile_nearest_rank(itl, 0.5)),
-        names.PL_ITL_P99_MS: _ms(percentile_nearest_rank(itl, 0.99)),
+        names.PL_ITL_P50_MS: _ms(quantile(itl, 0.5) if itl else 0),
+        names.PL_ITL_P99_MS: _ms(quantile(itl, 0.99) if itl else 0),
         names.PL_ITL_MAX_MS: _ms(itl[-1] if itl else 0),
         names.PL_STALL_MS: _ms(stall_ns(phases.itl_ns)),
     }

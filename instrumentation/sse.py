@@ -11,18 +11,11 @@ non-integer `retry`, invalid UTF-8, an over-long line and a stream that ends ins
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 DONE = "[DONE]"  # OpenAI's end-of-stream sentinel, sent as `data: [DONE]`
-DONE_EVENT = b"data: [DONE]\n\n"
 MAX_LINE_BYTES = 4 * 1024 * 1024
 _LINE_ENDS = (b"\n", b"\r")
-
-
-def encode_event(obj) -> bytes:
-    """One `data:` event carrying `obj` as compact JSON (what OpenAI-compatible servers stream)."""
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 class SSEError(ValueError):

@@ -1,7 +1,8 @@
 """Run-level metrics from per-request `StreamResult`s (per-request formulas: phaselens.instrumentation.client).
 
-- Statistics: mean, std (population), min, max and the requested percentiles (linear interpolation,
-  numpy's default) over the successful requests; ITL is pooled over every gap of every request.
+- Statistics: mean, std (population), min, max and the requested percentiles
+  (`phaselens.common.quantile`: linear interpolation between closest ranks) over the successful
+  requests; ITL is pooled over every gap of every request.
 - Latency from the intended send time (coordinated-omission aware):
       ttft_from_intended = TTFT + schedule lag,  e2e_from_intended = e2e + schedule lag,
   schedule lag = actual send − intended send (a full client semaphore or a late event loop shows here).
@@ -20,8 +21,9 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from phaselens.instrumentation.client import StreamResult, quantile
-from phaselens.instrumentation.slo import parse_slo_ms
+from phaselens.common.quantile import quantile
+from phaselens.common.slo import SLO
+from phaselens.instrumentation.client import StreamResult
 
 INF = float("inf")
 
@@ -52,36 +54,18 @@ def stat(values: list[float], percentiles: tuple[float, ...]) -> Stat | None:
                 percentiles={pct_label(p): quantile(ordered, p / 100) for p in percentiles})
 
 
-@dataclass(slots=True, frozen=True)
-class SLO:
-    """Latency objectives in ms; None = not set."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-
-    @classmethod
-    def parse(cls, items: list[str] | str) -> "SLO":
-        """From `["ttft:200", "tpot:50"]` or `"ttft:200,tpot:50"`."""
-        values = parse_slo_ms(items)
-        if not values:
-            raise ValueError("no SLO given: use ttft:MS, tpot:MS and/or e2el:MS")
-        return cls(**{f"{k}_ms": v for k, v in values.items()})
-
-    def met(self, r: StreamResult) -> bool:
-        if not r.ok:
-            return False
-        lag = r.schedule_lag_ms or 0.0
-        return ((self.ttft_ms is None or (r.ttft_ms is not None and r.ttft_ms + lag <= self.ttft_ms))
-                and (self.tpot_ms is None or r.tpot_ms is None or r.tpot_ms <= self.tpot_ms)
-                and (self.e2el_ms is None or (r.e2e_ms is not None and r.e2e_ms + lag <= self.e2el_ms)))
-
-    def describe(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+def meets(slo: SLO, r: StreamResult) -> bool:
+    """The request succeeded and holds every SLO given (TTFT and e2e from the intended send time)."""
+    if not r.ok:
+        return False
+    lag = r.schedule_lag_ms or 0.0
+    return ((slo.ttft_ms is None or (r.ttft_ms is not None and r.ttft_ms + lag <= slo.ttft_ms))
+            and (slo.tpot_ms is None or r.tpot_ms is None or r.tpot_ms <= slo.tpot_ms)
+            and (slo.e2el_ms is None or (r.e2e_ms is not None and r.e2e_ms + lag <= slo.e2el_ms)))
 
 
 def attainment(results: list[StreamResult], slo: SLO) -> float:
-    return sum(slo.met(r) for r in results) / len(results) if results else 0.0
+    return sum(meets(slo, r) for r in results) / len(results) if results else 0.0
 
 
 def _tail(results: list[StreamResult], value, percentiles) -> dict[str, float] | None:
@@ -126,7 +110,7 @@ def summarize(results: list[StreamResult], duration_s: float, percentiles: tuple
                                 for name in ("ttft", "e2e", "ttft_from_intended", "e2e_from_intended")},
     }
     if slo is not None:
-        met = sum(slo.met(r) for r in results)
+        met = sum(meets(slo, r) for r in results)
         summary["goodput"] = {"slo_ms": slo.describe(), "met": met,
                               "attainment": met / len(results) if results else 0.0,
                               "requests_per_s": per_s(met)}

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from phaselens.instrumentation.sse import DONE_EVENT, encode_event
+from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 
 def completion_chunk(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from phaselens.common.slo import SLO, parse_slo
 from phaselens.instrumentation.client import TracedClient
 from phaselens.instrumentation.otel_setup import configure, export_counters
 from phaselens.loadgen import metrics, report, runner, sweep
@@ -76,8 +77,8 @@ def config_of(opts: BenchOptions, plan: runner.RunPlan, workload) -> dict:
             "options": {k: v for k, v in asdict(opts).items() if k != "api_key"}}
 
 
-def slo_of(opts: BenchOptions) -> metrics.SLO | None:
-    return metrics.SLO.parse(opts.slo) if opts.slo else None
+def slo_of(opts: BenchOptions) -> SLO | None:
+    return parse_slo(opts.slo) if opts.slo else None
 
 
 CHUNK_TOKEN_COUNTERS = {"chunk": None, "bytes": lambda text: len(text.encode())}  # None: 1 per chunk

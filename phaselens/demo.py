@@ -24,8 +24,9 @@ import numpy as np
 from rich.console import Console
 
 from phaselens.analysis import budget_format, report_page
-from phaselens.analysis.budget import AnalysisError, budget, parse_slo
+from phaselens.analysis.budget import GOODPUT_SLO_KEYS, AnalysisError, budget
 from phaselens.analysis.report import build as build_report
+from phaselens.common.slo import SLO, parse_slo
 from phaselens.loadgen.workloads import words
 from phaselens.stack import CLIENT_SERVICE, SERVER_SERVICE, Stack, StackError
 
@@ -55,9 +56,12 @@ class DemoOptions:
         if not 0 < self.rate < float("inf"):
             raise ValueError(f"--rate must be a positive number of requests/s, not {self.rate}")
         try:
-            parse_slo(self.slo)
-        except AnalysisError as e:
-            raise ValueError(str(e)) from None
+            self.goodput_slo()
+        except ValueError as e:
+            raise ValueError(f"--slo: {e}") from None
+
+    def goodput_slo(self) -> SLO:
+        return parse_slo(self.slo, GOODPUT_SLO_KEYS)
 
 
 @dataclass(slots=True)
@@ -189,7 +193,7 @@ def _sleep_until_interrupted() -> None:
 
 def _print_budget(stack: Stack, since: str, opts: DemoOptions, console: Console) -> None:
     with stack.client() as client:
-        summary = budget(client, database=stack.database, since=since, slo=opts.slo)
+        summary = budget(client, database=stack.database, since=since, slo=opts.goodput_slo())
     console.print(budget_format.to_rich(summary))
 
 
@@ -204,7 +208,7 @@ def _write_report(stack: Stack, since: str, opts: DemoOptions, load: LoadRun, co
                   ("throughput", load.summary.get("summary", {}).get("throughput")),
                   ("versions", load.summary.get("config", {}).get("versions")))}}
     with stack.client() as client:
-        data = build_report(client, database=stack.database, since=since, slo=opts.slo, config=config,
+        data = build_report(client, database=stack.database, since=since, slo=opts.goodput_slo(), config=config,
                             title="phaselens demo report")
     report_page.write(opts.report_path, data)
     console.print(f"[green]✓[/] report written to {Path(opts.report_path).resolve()}")

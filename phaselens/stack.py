@@ -22,8 +22,9 @@ from pathlib import Path
 from phaselens.analysis import schema as analysis_schema
 from phaselens.analysis.schema import FACTS_VIEW
 from phaselens.collectors import schema as collector_schema
-from phaselens.collectors.clickhouse_url import connect
-from phaselens.collectors.embedded import LOOPBACK, EmbeddedClickHouse, die_with_parent, free_port, terminate
+from phaselens.storage.clickhouse_url import connect
+from phaselens.common.process import LOOPBACK, die_with_parent, free_port, terminate
+from phaselens.storage.embedded import EmbeddedClickHouse
 
 SERVER_SERVICE = "phaselens-reference-server"
 CLIENT_SERVICE = "phaselens-loadgen"

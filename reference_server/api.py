@@ -12,7 +12,6 @@ at the engine's next iteration. Errors are always OpenAI-shaped JSON, FastAPI's 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import uuid
 from dataclasses import dataclass, replace
@@ -24,15 +23,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from phaselens.common.exposure import authorized
 from phaselens.instrumentation import names
 from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NullRequestObserver
 
 from phaselens.reference_server import chat_template
 from phaselens.reference_server.engine import Engine, QueueFullError
 from phaselens.reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
-from phaselens.instrumentation.sse import DONE_EVENT, encode_event
 from phaselens.reference_server.responses import Envelope
 from phaselens.reference_server.sequence import SamplingParams, SeqOutput
+from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -150,7 +150,7 @@ class _Routes:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self) -> Response:
-        blocks = self.engine.blocks
+        blocks = self.engine.scheduler.blocks
         return JSONResponse({"status": "ok", "running": self.engine.num_running, "waiting": self.engine.num_waiting,
                              "kv_blocks_used": blocks.num_used, "kv_blocks_total": blocks.num_blocks})
 
@@ -172,11 +172,7 @@ class _Routes:
         return await self._respond(request, job, stream, handle, seq_id)
 
     def _authorize(self, request: Request) -> None:
-        token = self.settings.auth_token
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        if not authorized(request.headers.get("authorization"), self.settings.auth_token):
             raise ApiError(401, "missing or wrong bearer token", type_="authentication_error", code="invalid_api_key")
 
     async def _read_json(self, request: Request) -> Any:

@@ -1,11 +1,17 @@
-"""The serving loop: one thread running `schedule() → run() → postprocess()` while there is work.
+"""The serving loop: one thread running `step()` while there is work, and a step reads
+
+    batch = scheduler.schedule()           → stamp queue waits: preempted, scheduled
+    token_ids = runner.run(batch)          → stamp prefill chunks (the step's start → forward end)
+    scheduler.postprocess(batch, token_ids) → stamp first_token / token, finish, hand out the text
+                                            → step observer
+
+The scheduler owns the queues and the KV blocks and decides what each token does to its sequence;
+the runner owns the model; the engine owns the threads, the observers and the streams.
 
 Other threads talk to it only through `submit()` and `abort()` (a locked inbox drained at the top
 of each iteration). Results go out through each sequence's `sink` on the loop thread; the API
-layer's sink hops to its event loop with `call_soon_threadsafe`.
-
-Phase stamps (observer calls) are taken on this thread: `prefill_chunk` spans the step that ran
-the chunk, `first_token`/`token` come after the step's single host sync (`.tolist()`).
+layer's sink hops to its event loop with `call_soon_threadsafe`. Token stamps come after the
+step's single host sync (`.tolist()` inside `run`), never after a kernel launch.
 """
 
 from __future__ import annotations
@@ -17,10 +23,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, NULL_REQUEST, NULL_STEP
+from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, NULL_STEP
 from phaselens.instrumentation.observer import RequestObserver, StepObserver
 
-from phaselens.reference_server.block_manager import BlockManager
 from phaselens.reference_server.config import EngineConfig
 from phaselens.reference_server.detokenizer import TextTracker
 from phaselens.reference_server.model_runner import ModelRunner
@@ -51,8 +56,7 @@ class Engine:
         config.validate()
         self.config = config
         self.runner = runner or ModelRunner(config)
-        self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
-        self.scheduler = Scheduler(config, self.blocks)
+        self.scheduler = Scheduler(config, self.runner.loaded.eos_ids, self.runner.max_model_len)
         self.step_observer = step_observer
         self.stats = EngineStats()
         self._ids = itertools.count(1)
@@ -119,7 +123,7 @@ class Engine:
                 return
         self._drain()
         for seq in list(self._live.values()):
-            self._finish(seq, FINISH_ABORT, SeqOutput())
+            self._end(seq, FINISH_ABORT)
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -139,69 +143,62 @@ class Engine:
                     log.exception("failing the running batch failed")
 
     def step(self) -> Batch:
-        """One iteration. Public so tests can drive the engine without the thread."""
+        """One iteration: schedule → run → postprocess, observer stamps at the seams (module
+        docstring). Public so tests can drive the engine without the thread."""
         self._drain()
         start_ns = time.monotonic_ns()
         batch = self.scheduler.schedule()
+        self._stamp_waits(batch)
         if batch.items:
-            ids = self.runner.run(batch)
-            self._postprocess(batch, ids, start_ns, time.monotonic_ns())
+            token_ids = self.runner.run(batch)
+            self._stamp_prefill(batch, start_ns, time.monotonic_ns())
+            self.scheduler.postprocess(batch, token_ids)
+            self._hand_out(batch)
+            self._record_step(batch, start_ns)
         self.stats.preemptions += batch.preemptions
         return batch
 
-    def _postprocess(self, batch: Batch, ids: list[int], start_ns: int, run_end_ns: int) -> None:
-        sampled = iter(ids)
+    @staticmethod
+    def _stamp_waits(batch: Batch) -> None:
+        for seq in batch.preempted:  # before the admissions: see Batch
+            seq.observer.preempted()
+        for seq in batch.admitted:
+            seq.observer.scheduled()
+
+    @staticmethod
+    def _stamp_prefill(batch: Batch, start_ns: int, run_end_ns: int) -> None:
+        """A chunk spans the whole step that ran it: scheduling, input building and the forward."""
         for item in batch.items:
-            seq = item.seq
-            seq.num_computed += item.num_tokens
-            self.blocks.register_full_blocks(seq)
             if item.prefill:
-                seq.observer.prefill_chunk(start_ns, run_end_ns, item.num_tokens, item.cached_tokens)
-            if item.samples:
-                self._append_token(seq, next(sampled))
-        self._record_step(batch, start_ns)
+                item.seq.observer.prefill_chunk(start_ns, run_end_ns, item.num_tokens, item.cached_tokens)
 
-    def _append_token(self, seq: Sequence, token_id: int) -> None:
-        seq.token_ids.append(token_id)
-        reason, out = self._check_finish(seq, token_id)
-        if seq.num_output_tokens == 1:
-            seq.observer.first_token()
-        else:
-            seq.observer.token(1)
-        if reason is None:
-            seq.sink(out)
-        else:
-            self._finish(seq, reason, out)
+    def _hand_out(self, batch: Batch) -> None:
+        """Per sampled token: stamp it, then stream its text (a finished sequence: its final output)."""
+        for item in batch.items:
+            out = item.output
+            if out is None:
+                continue
+            seq = item.seq
+            if seq.num_output_tokens == 1:
+                seq.observer.first_token()
+            else:
+                seq.observer.token(1)
+            if out.finish_reason is None:
+                seq.sink(out)
+            else:
+                self._close(seq, out)
 
-    def _check_finish(self, seq: Sequence, token_id: int) -> tuple[str | None, SeqOutput]:
-        """finish reason (or None) and the text this token releases; EOS adds no text."""
-        out = SeqOutput(new_tokens=1)
-        if token_id in self.runner.loaded.eos_ids and not seq.params.ignore_eos:
-            return FINISH_STOP, out
-        delta = seq.text.push(token_id)
-        out.reasoning, out.content = delta.reasoning, delta.content
-        if delta.stopped:
-            return FINISH_STOP, out
-        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
-            return FINISH_LENGTH, out
-        return None, out
+    def _end(self, seq: Sequence, reason: str) -> None:
+        """Finish `seq` from outside a step (abort, error, stop)."""
+        self._close(seq, self.scheduler.finish(seq, reason))
 
-    def _finish(self, seq: Sequence, reason: str, out: SeqOutput) -> None:
-        """Free the KV at once, flush held text, tell the observer, then the stream."""
-        self.scheduler.remove(seq)
+    def _close(self, seq: Sequence, out: SeqOutput) -> None:
+        """A finished sequence (its KV already freed by the scheduler): count it, tell the observer,
+        then the stream."""
         self._live.pop(seq.seq_id, None)
-        if reason in (FINISH_STOP, FINISH_LENGTH):
-            rest = seq.text.finish()
-            out.reasoning += rest.reasoning
-            out.content += rest.content
-        seq.finish_reason = reason
-        out.finish_reason = reason
-        out.output_tokens = seq.num_output_tokens
-        out.reasoning_tokens = min(seq.num_output_tokens, seq.params.reasoning_tokens)
-        out.cached_tokens = seq.cached_tokens
-        self.stats.finished += reason != FINISH_ABORT
-        self.stats.aborted += reason == FINISH_ABORT
-        seq.observer.finished(reason)
+        self.stats.finished += out.finish_reason != FINISH_ABORT
+        self.stats.aborted += out.finish_reason == FINISH_ABORT
+        seq.observer.finished(out.finish_reason)
         seq.sink(out)
 
     def _record_step(self, batch: Batch, start_ns: int) -> None:
@@ -209,8 +206,9 @@ class Engine:
         self.stats.steps += 1
         self.stats.prefill_tokens += prefill
         self.stats.decode_tokens += decode
-        self.step_observer.step(start_ns, time.monotonic_ns(), prefill, decode, self.blocks.num_used,
-                                self.blocks.num_blocks, batch.preemptions, self.num_waiting,
+        blocks = self.scheduler.blocks
+        self.step_observer.step(start_ns, time.monotonic_ns(), prefill, decode, blocks.num_used,
+                                blocks.num_blocks, batch.preemptions, self.num_waiting,
                                 [i.seq.observer for i in batch.items])
 
     def _drain(self) -> None:
@@ -223,8 +221,8 @@ class Engine:
         for seq_id in aborted:
             seq = self._live.get(seq_id)
             if seq is not None:
-                self._finish(seq, FINISH_ABORT, SeqOutput())
+                self._end(seq, FINISH_ABORT)
 
     def _fail_running(self) -> None:
         for seq in list(self.scheduler.running):
-            self._finish(seq, FINISH_ERROR, SeqOutput())
+            self._end(seq, FINISH_ERROR)

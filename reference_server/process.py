@@ -18,7 +18,7 @@ import uvicorn
 
 from phaselens.reference_server.api import ApiSettings, create_app
 from phaselens.reference_server.config import EngineConfig
-from phaselens.instrumentation.exposure import check_exposure
+from phaselens.common.exposure import check_exposure
 from phaselens.reference_server.engine import Engine
 
 SERVICE_NAME = "phaselens-server"

@@ -1,4 +1,7 @@
-"""Iteration-level scheduling: which sequences run this step, and how many tokens each computes.
+"""Iteration-level scheduling: which sequences run this step and how many tokens each computes
+(`schedule()`), and what the step's sampled tokens do to them (`postprocess()`). The scheduler owns
+the KV blocks: it allocates them on admission and decode growth, frees them on preemption and at
+the finish, and publishes full blocks to the prefix cache.
 
 Every step has a token budget (`max_num_batched_tokens`) and a seat limit (`max_num_seqs`).
 
@@ -11,6 +14,9 @@ Every step has a token budget (`max_num_batched_tokens`) and a seat limit (`max_
 When a decode needs a new block and none is free, the newest running sequence is preempted by
 recompute: its blocks are freed and it goes back to the front of the waiting queue with its
 output so far; re-admission recomputes its KV (often from the prefix cache).
+
+A sequence finishes on EOS (unless `ignore_eos`), on a stop string, at `max_tokens`, at the context
+length, or when the engine ends it (abort, error); its KV is freed at once.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from phaselens.instrumentation.observer import FINISH_LENGTH, FINISH_STOP
+
 from phaselens.reference_server.block_manager import BlockManager
 from phaselens.reference_server.config import POLICY_MIXED, EngineConfig
-from phaselens.reference_server.sequence import SeqStatus, Sequence
+from phaselens.reference_server.sequence import SeqOutput, SeqStatus, Sequence
 
 
 @dataclass(slots=True)
@@ -30,6 +38,7 @@ class ScheduledSeq:
     prefill: bool
     cached_tokens: int = 0  # prefix-cache hits of this admission (first chunk only)
     samples: bool = True  # a decode, or the chunk that ends the prefill: the step yields a token
+    output: SeqOutput | None = None  # what the sampled token released (postprocess)
 
     @classmethod
     def prefill_chunk(cls, seq: Sequence, num_tokens: int, cached_tokens: int = 0) -> "ScheduledSeq":
@@ -40,7 +49,15 @@ class ScheduledSeq:
 @dataclass(slots=True)
 class Batch:
     items: list[ScheduledSeq] = field(default_factory=list)
-    preemptions: int = 0
+    # Queue-wait boundaries of this step, for the observers. A preemption always comes before an
+    # admission within one step (decodes, which preempt, are scheduled before new prompts, or
+    # alone), so stamping `preempted` first, then `admitted`, keeps each request's order.
+    preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def preemptions(self) -> int:
+        return len(self.preempted)
 
     @property
     def prefill_tokens(self) -> int:
@@ -52,9 +69,11 @@ class Batch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager) -> None:
+    def __init__(self, config: EngineConfig, eos_ids: frozenset[int], max_model_len: int) -> None:
         self.config = config
-        self.blocks = blocks
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self.eos_ids = eos_ids
+        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -78,14 +97,55 @@ class Scheduler:
             self._schedule_decodes(batch, budget)
         return batch
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a finished or aborted sequence out of the queues and free its KV at once."""
+    def postprocess(self, batch: Batch, token_ids: list[int]) -> None:
+        """After the forward: advance each sequence by the KV the step computed, publish its full
+        blocks, and append the sampled ids (one per sampling item, in batch order) into
+        `item.output`; a sequence that finishes leaves the queues and frees its KV here."""
+        sampled = iter(token_ids)
+        for item in batch.items:
+            seq = item.seq
+            seq.num_computed += item.num_tokens
+            self.blocks.register_full_blocks(seq)
+            if item.samples:
+                item.output = self._append_token(seq, next(sampled))
+
+    def finish(self, seq: Sequence, reason: str, out: SeqOutput | None = None) -> SeqOutput:
+        """End `seq` (any queue): free its KV at once; on a normal end flush the text the detokenizer
+        held back. Returns its final output, `finish_reason` set."""
+        out = SeqOutput() if out is None else out
         if seq.status == SeqStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free(seq)
         seq.status = SeqStatus.FINISHED
+        if reason in (FINISH_STOP, FINISH_LENGTH):
+            rest = seq.text.finish()
+            out.reasoning += rest.reasoning
+            out.content += rest.content
+        seq.finish_reason = out.finish_reason = reason
+        out.output_tokens = seq.num_output_tokens
+        out.reasoning_tokens = min(seq.num_output_tokens, seq.params.reasoning_tokens)
+        out.cached_tokens = seq.cached_tokens
+        return out
+
+    def _append_token(self, seq: Sequence, token_id: int) -> SeqOutput:
+        seq.token_ids.append(token_id)
+        reason, out = self._check_finish(seq, token_id)
+        return out if reason is None else self.finish(seq, reason, out)
+
+    def _check_finish(self, seq: Sequence, token_id: int) -> tuple[str | None, SeqOutput]:
+        """Finish reason (or None) and the text this token releases; EOS adds no text."""
+        out = SeqOutput(new_tokens=1)
+        if token_id in self.eos_ids and not seq.params.ignore_eos:
+            return FINISH_STOP, out
+        delta = seq.text.push(token_id)
+        out.reasoning, out.content = delta.reasoning, delta.content
+        if delta.stopped:
+            return FINISH_STOP, out
+        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FINISH_LENGTH, out
+        return None, out
 
     def _schedule_decodes(self, batch: Batch, budget: int) -> int:
         for seq in [s for s in self.running if not s.in_prefill]:
@@ -115,8 +175,7 @@ class Scheduler:
         seq.num_computed = 0
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
-        batch.preemptions += 1
-        seq.observer.preempted()
+        batch.preempted.append(seq)
 
     def _schedule_running_prefills(self, batch: Batch, budget: int) -> int:
         for seq in self.running:
@@ -143,7 +202,7 @@ class Scheduler:
                 seq.cached_tokens = cached
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
-            seq.observer.scheduled()
+            batch.admitted.append(seq)
             n = min(seq.tokens_to_compute, budget)
             batch.items.append(ScheduledSeq.prefill_chunk(seq, n, cached))
             budget -= n

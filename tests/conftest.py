@@ -7,7 +7,7 @@ import itertools
 import clickhouse_connect
 import pytest
 
-from phaselens.collectors.embedded import EmbeddedClickHouse
+from phaselens.storage.embedded import EmbeddedClickHouse
 
 _db_counter = itertools.count()
 

@@ -9,6 +9,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from phaselens.analysis import budget as B
 from phaselens.analysis import queries as Q
+from phaselens.common.slo import SLO
 from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import client, loaded, new_database, rows_by_trace, stat  # noqa: F401 (client: fixture)
@@ -125,7 +126,7 @@ def test_tail_attribution(client, clean):
 
 def test_goodput_and_attainment(client, mixed):
     w, db = mixed
-    report = B.budget(client, database=db, since=None, slo="ttft:40,tpot:12")
+    report = B.budget(client, database=db, since=None, slo=SLO(ttft_ms=40, tpot_ms=12))
     good = [r for r in w.requests if r.status == "ok"
             and (r.client_ttft_ms if r.has_client else r.server_ttft_ms) <= 40 and (r.tpot_ms or 0) <= 12]
     window_s = (max(r.start_ns + spangen._ns(r.server_e2e_ms) for r in w.requests)
@@ -166,7 +167,7 @@ def test_clock_shift_and_wall_step_move_only_the_offset_estimate(clickhouse, cli
     for shift, step in ((0, 0), (HOUR_NS, 0), (-HOUR_NS, 2 * 10**9)):
         w = spangen.generate(**kw, client_clock_shift_ns=shift, wall_step_ns=step)
         db = loaded(clickhouse, w)
-        reports.append(B.budget(client, database=db, since=None, slo="ttft:40,tpot:12").to_dict())
+        reports.append(B.budget(client, database=db, since=None, slo=SLO(ttft_ms=40, tpot_ms=12)).to_dict())
         rows.append((w, rows_by_trace(client, db)))
     for r in reports[1:]:
         assert {**r, "filters": None} == {**reports[0], "filters": None}

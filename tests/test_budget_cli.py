@@ -10,7 +10,8 @@ import json
 import pytest
 
 from phaselens.analysis.budget import budget
-from phaselens.collectors.embedded import free_port
+from phaselens.common.slo import SLO
+from phaselens.common.process import free_port
 from phaselens.commands import budget as budget_command
 from tests import spangen
 from tests.analysis_fixtures import client, loaded, new_database  # noqa: F401 (client: fixture)
@@ -37,7 +38,7 @@ def test_json_matches_the_python_api(clickhouse, client, db, capsys):
                       "--slo", "ttft:40,tpot:15", "--format", "json")
     assert rc == 0
     got = json.loads(out)
-    want = budget(client, database=db, since="1h", slo="ttft:40,tpot:15").to_dict()
+    want = budget(client, database=db, since="1h", slo=SLO(ttft_ms=40, tpot_ms=15)).to_dict()
     assert got["requests"] == want["requests"] == 25 and got["with_client"] == 20
     assert got["components"] == json.loads(json.dumps(want["components"]))
     assert got["goodput"]["ttft_slo_ms"] == 40 and got["goodput"]["good_requests"] == want["goodput"]["good_requests"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import clickhouse_connect
 import httpx
 
-from phaselens.collectors.embedded import free_port
+from phaselens.common.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # Only the command under test is registered: phaselens.cli imports every command (some load torch).

@@ -15,8 +15,9 @@ import pytest
 
 from tests.collector_payloads import export_request
 from phaselens.collectors import render, schema
-from phaselens.collectors.clickhouse_url import connect
-from phaselens.collectors.embedded import EmbeddedClickHouse, free_port
+from phaselens.storage.clickhouse_url import connect
+from phaselens.common.process import free_port
+from phaselens.storage.embedded import EmbeddedClickHouse
 from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.service import Collector
 from phaselens.collectors.spool import Spool, SpoolLocked

@@ -28,7 +28,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from phaselens.collectors.otlp_json import parse_traces
 from phaselens.collectors.service import Collector
-from phaselens.instrumentation.exposure import InsecureBindError
+from phaselens.common.exposure import InsecureBindError
 from tests.collector_fixtures import collector, rows, traces_db, wait_rows  # noqa: F401
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"

@@ -3,10 +3,9 @@ no Grafana server can run here): the exact API calls and bodies, idempotence, an
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from phaselens.common.process import free_port
 from phaselens.dashboards import generate
 from phaselens.dashboards.datasource import DATASOURCE_UID, ClickHouseTarget, datasource
 from phaselens.dashboards.push import PUSH_MESSAGE, PushError, connect, push
@@ -86,12 +85,6 @@ def test_dashboard_in_another_folder_is_moved(grafana):
     assert grafana.state.dashboards[boards[0]["uid"]]["meta"]["folderUid"] == "team-llm"
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _one_error_line(capsys) -> str:
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
@@ -100,7 +93,7 @@ def _one_error_line(capsys) -> str:
 
 
 def test_wrong_url_is_one_clear_line(capsys):
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     assert _cli_push(url, "--token", ADMIN_TOKEN) == 1
     line = _one_error_line(capsys)
     assert line == (f"error: cannot connect to Grafana at {url}: [Errno 111] Connection refused "

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import clickhouse_connect
 
-from phaselens.collectors.embedded import EmbeddedClickHouse, free_port
+from phaselens.common.process import free_port
+from phaselens.storage.embedded import EmbeddedClickHouse
 from tests.report_fixtures import colour_stats, console_messages, decode_png, run_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +155,6 @@ def test_demo_rejects_bad_options_before_starting_anything(capsys):
 
     for argv, message in ((["--rate", "0"], "--rate must be a positive number"),
                           (["--requests", "0"], "--requests must be ≥ 1"),
-                          (["--slo", "p99:5"], "--slo takes ttft:MS,tpot:MS")):
+                          (["--slo", "p99:5"], "--slo: bad SLO 'p99:5': use ttft:MS, tpot:MS")):
         assert cli.main(["demo", *argv]) == 2
         assert message in capsys.readouterr().err

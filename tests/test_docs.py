@@ -21,7 +21,7 @@ CITATION = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
 OLD_CITATION = re.compile(r"design\s§|contract\s[A-Z]\b|project\sbrief|issue\s\d+")
 # Files whose old citations wait for the restructuring of their folders to merge (the replacements
 # are listed in that work's notes); each must still hold one, so the list cannot go stale.
-PENDING = {"collectors/embedded.py", "instrumentation/clock.py", "instrumentation/handle.py",
+PENDING = {"instrumentation/clock.py", "instrumentation/handle.py",
            "instrumentation/client.py", "instrumentation/spans.py", "instrumentation/genai_metrics.py",
            "instrumentation/server.py"}
 

@@ -3,7 +3,7 @@
 import clickhouse_connect
 import pytest
 
-from phaselens.collectors.embedded import EmbeddedClickHouse, EmbeddedClickHouseError, ping
+from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError, ping
 
 
 def test_serves_sql_over_http(ch_client):

@@ -56,7 +56,7 @@ def test_greedy_equals_generate_while_requests_join_and_leave(policy):
     mixed = [b for b in batches if b.prefill_tokens and b.decode_tokens]
     assert bool(mixed) == (policy == "mixed")
     assert all(b.prefill_tokens + b.decode_tokens <= 24 for b in batches)
-    assert engine.blocks.num_used == 0
+    assert engine.scheduler.blocks.num_used == 0
 
 
 def test_preemption_by_recompute_keeps_outputs_exact():
@@ -75,7 +75,7 @@ def test_preemption_by_recompute_keeps_outputs_exact():
         assert names.index("preempted") < len(names) - 1 - names[::-1].index("scheduled")
     for text, sink in zip(texts, sinks):
         assert_matches_generate(text, sink, 30, ignore_eos=True)
-    assert engine.blocks.num_used == 0
+    assert engine.scheduler.blocks.num_used == 0
 
 
 def test_prefix_cache_hit_reports_cached_tokens_and_stays_exact():
@@ -172,7 +172,7 @@ def test_abort_frees_kv_and_queue_bound():
     seq_id = engine.submit(ids(PROMPTS[2]), greedy(100, ignore_eos=True), recorder, sink)
     engine.step()
     engine.step()
-    assert engine.blocks.num_used > 0
+    assert engine.scheduler.blocks.num_used > 0
     engine.submit(ids("a"), greedy(1))
     with pytest.raises(QueueFullError):
         engine.submit(ids("b"), greedy(1))
@@ -180,7 +180,25 @@ def test_abort_frees_kv_and_queue_bound():
     engine.step()
     assert sink.final.finish_reason == FINISH_ABORT and recorder.calls[-1] == ("finished", FINISH_ABORT)
     run_until_idle(engine)
-    assert engine.blocks.num_used == 0 and engine.num_running == 0
+    assert engine.scheduler.blocks.num_used == 0 and engine.num_running == 0
+
+
+def test_step_is_schedule_run_postprocess_with_stamps_at_the_seams():
+    """The scheduler has appended the token and freed a finished sequence's KV before the engine
+    stamps it and hands it to the stream; the stamp comes before the text."""
+    engine = make_engine(block_size=8)
+    recorder = Recorder()
+    seen = []
+    engine.submit(ids(PROMPTS[0]), greedy(3, ignore_eos=True), recorder,
+                  sink=lambda out: seen.append((out.finish_reason, engine.scheduler.blocks.num_used,
+                                                recorder.names()[-1])))
+    batch = engine.step()
+    assert [s.seq_id for s in batch.admitted] == [1] and batch.items[0].output.new_tokens == 1
+    assert recorder.names() == ["enqueued", "scheduled", "prefill_chunk", "first_token"]
+    run_until_idle(engine)
+    assert [(reason, stamp) for reason, _, stamp in seen] == [(None, "first_token"), (None, "token"),
+                                                               (FINISH_LENGTH, "finished")]
+    assert seen[0][1] == seen[1][1] == len(ids(PROMPTS[0])) // 8 + 1 and seen[2][1] == 0
 
 
 def test_too_long_request_is_refused():

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from phaselens.common.slo import parse_slo
 from phaselens.instrumentation.client import StreamResult, compute_metrics
 from phaselens.loadgen import metrics, sweep
 from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals, coefficient_of_variation
@@ -135,7 +136,7 @@ def test_run_summary_formulas_by_hand():
                result(20, 60, [1, 1, 3], lag=0, usage=5, input_tokens=5),     # TPOT 10, ITL 20, 20
                result(30, 30, [1], lag=1, usage=1, input_tokens=5),           # one token: no TPOT
                result(error="timeout", lag=0)]
-    s = metrics.summarize(results, duration_s=2.0, percentiles=(50, 99), slo=metrics.SLO.parse("ttft:25,tpot:12"))
+    s = metrics.summarize(results, duration_s=2.0, percentiles=(50, 99), slo=parse_slo("ttft:25,tpot:12"))
     assert s["requests"] == {"total": 4, "completed": 3, "failed": 1, "error_rate": 0.25, "errors": {"timeout": 1}}
     assert s["throughput"] == {"requests_per_s": 1.5, "output_tokens_per_s": 8.5, "total_tokens_per_s": 16.0}
     ttft = s["latency_ms"]["ttft"]
@@ -164,7 +165,7 @@ def test_usage_mismatch_is_counted():
 @pytest.mark.parametrize("bad", ["ttft", "ttft:0", "speed:3", "ttft:1,ttft:2", "", "tpot:x"])
 def test_bad_slos_raise(bad):
     with pytest.raises(ValueError):
-        metrics.SLO.parse(bad)
+        parse_slo(bad)
 
 
 @pytest.mark.parametrize("capacity, start", [(37.0, 1.0), (37.0, 200.0), (0.3, 1.0)])

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OLD_NAMES = {"instrumentation", "reference_server", "loadgen", "collectors", "analysis", "dashboards"}
+OLD_NAMES = {"instrumentation", "reference_server", "loadgen", "collectors", "analysis", "dashboards", "storage",
+             "common"}
 SOURCE_DIRS = (*sorted(OLD_NAMES), "phaselens", "benchmarks", "tests")
 
 
@@ -57,6 +58,7 @@ def test_wheel_holds_only_the_phaselens_namespace(wheel):
     assert tops == {"phaselens", next(t for t in tops if t.endswith(".dist-info"))}
     for expected in ("phaselens/instrumentation/server.py", "phaselens/reference_server/engine.py",
                      "phaselens/loadgen/runner.py", "phaselens/collectors/otelcol.yaml",
+                     "phaselens/storage/embedded.py", "phaselens/common/quantile.py",
                      "phaselens/analysis/report_assets/template.html",
                      "phaselens/dashboards/generated/phaselens-latency-budget.json",
                      "phaselens/commands/demo.py"):
@@ -68,7 +70,7 @@ def test_wheel_holds_only_the_phaselens_namespace(wheel):
 
 def _decoys(cwd: Path) -> None:
     """Folders named like our old top-level packages, each failing loudly when imported."""
-    for name in ("analysis", "collectors", "instrumentation", "loadgen", "dashboards", "reference_server"):
+    for name in sorted(OLD_NAMES):
         (cwd / name).mkdir()
         (cwd / name / "__init__.py").write_text(f"raise ImportError('decoy {name} was imported')\n")
 

@@ -84,7 +84,7 @@ def test_report_command_writes_the_page(run, clickhouse, tmp_path, capsys):
 
 
 def test_report_command_fails_clearly(clickhouse, tmp_path, capsys):
-    from phaselens.collectors.embedded import free_port
+    from phaselens.common.process import free_port
 
     code = cli.main(["report", "--clickhouse", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "x.html")])
     assert code == 1 and "cannot reach ClickHouse" in capsys.readouterr().err

@@ -10,8 +10,8 @@ import sys
 import httpx
 import pytest
 
+from phaselens.common.exposure import authorized, check_exposure
 from phaselens.reference_server.config import EngineConfig
-from phaselens.instrumentation.exposure import check_exposure
 
 
 def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
@@ -44,6 +44,12 @@ def test_non_loopback_host_needs_a_token(host, token, insecure, ok):
     else:
         with pytest.raises(ValueError, match="auth-token"):
             check_exposure(host, token, insecure)
+
+
+def test_bearer_token_check_shared_by_server_and_collector():
+    assert authorized(None, None) and authorized("Bearer x", None)
+    assert authorized("Bearer s3cret", "s3cret")
+    assert not any(authorized(h, "s3cret") for h in (None, "", "Bearer s3cre", "bearer s3cret", "s3cret"))
 
 
 def test_bad_engine_flags_are_refused():

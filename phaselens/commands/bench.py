@@ -9,8 +9,8 @@ import math
 
 from rich.console import Console
 
+from phaselens.common.slo import parse_slo
 from phaselens.loadgen import report, session
-from phaselens.loadgen.metrics import SLO
 from phaselens.loadgen.workloads import LengthDist
 
 _EPILOG = """formulas (client monotonic clock): TTFT = first non-empty content chunk − sent (role-only chunks
@@ -122,7 +122,7 @@ def _options(args, slo: list[str]) -> session.BenchOptions:
     if args.dataset and args.trace:
         p.error("--dataset and --trace both choose prompts: give one")
     try:
-        SLO.parse(slo) if slo else None
+        parse_slo(slo) if slo else None
     except ValueError as exc:
         p.error(str(exc))
     return session.BenchOptions(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from phaselens.analysis import budget_format
-from phaselens.analysis.budget import AnalysisError, budget, open_client, parse_slo
+from phaselens.analysis.budget import GOODPUT_SLO_KEYS, AnalysisError, budget, open_client
+from phaselens.common.slo import parse_slo
 
 
 def register(subparsers) -> None:
@@ -25,7 +26,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     try:
-        slo = parse_slo(args.slo)
+        slo = parse_slo(args.slo, GOODPUT_SLO_KEYS) if args.slo else None
+    except ValueError as e:
+        print(f"error: --slo: {e}", file=sys.stderr)
+        return 1
+    try:
         client = open_client(args.clickhouse)
         try:
             report = budget(client, database=args.database, service=args.service, model=args.model,

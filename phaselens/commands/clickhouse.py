@@ -6,7 +6,7 @@ import signal
 import sys
 import threading
 
-from phaselens.collectors.embedded import EmbeddedClickHouse, EmbeddedClickHouseError
+from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError
 
 
 def register(subparsers) -> None:

@@ -8,7 +8,7 @@ import sys
 import threading
 
 from phaselens.collectors.service import Collector, default_spool_dir
-from phaselens.instrumentation.exposure import InsecureBindError
+from phaselens.common.exposure import InsecureBindError
 
 
 def register(subparsers) -> None:

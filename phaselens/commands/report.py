@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from phaselens.analysis.budget import AnalysisError, open_client, parse_slo
+from phaselens.analysis.budget import GOODPUT_SLO_KEYS, AnalysisError, open_client
+from phaselens.common.slo import parse_slo
 from phaselens.analysis.report import write_report
 
 
@@ -29,7 +30,11 @@ def _without_credentials(url: str) -> str:
 
 def run(args) -> int:
     try:
-        slo = parse_slo(args.slo)
+        slo = parse_slo(args.slo, GOODPUT_SLO_KEYS) if args.slo else None
+    except ValueError as e:
+        print(f"error: --slo: {e}", file=sys.stderr)
+        return 1
+    try:
         client = open_client(args.clickhouse)
         try:
             data = write_report(client, args.out, database=args.database,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
-from phaselens.collectors.clickhouse_url import connect
+from phaselens.storage.clickhouse_url import connect
 
 
 def register(subparsers) -> None:

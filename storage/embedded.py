@@ -9,11 +9,9 @@ chdb entry point: chdb-core is pinned exactly and this module is the only place 
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,9 +20,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phaselens.instrumentation.exposure import is_loopback
+from phaselens.common.exposure import is_loopback
+from phaselens.common.process import LOOPBACK, die_with_parent, free_port, port_in_use, terminate
 
-LOOPBACK = "127.0.0.1"
 _CONFIG = """<clickhouse>
   <listen_host>{host}</listen_host>
   <http_port>{http_port}</http_port>
@@ -46,32 +44,12 @@ class EmbeddedClickHouseError(RuntimeError):
     pass
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int, host: str = LOOPBACK) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex((host, port)) == 0
-
-
 def ping(url: str, timeout_s: float = 0.5) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/ping", timeout=timeout_s) as r:
             return r.read().strip() == b"Ok."
     except OSError:
         return False
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """`preexec_fn` (Linux): SIGTERM this child when its parent dies, even by SIGKILL, so a crashed
-    test or demo leaves no server behind."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def serve_forever(data_dir: str, http_port: int, tcp_port: int, host: str = LOOPBACK) -> None:
@@ -120,7 +98,7 @@ class EmbeddedClickHouse:
                 raise EmbeddedClickHouseError(f"port {port} on {self.host} is already in use")
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log_path = self.log_path or str(Path(self.data_dir) / "clickhouse.log")
-        cmd = [sys.executable, "-m", "phaselens.collectors.embedded", self.data_dir,
+        cmd = [sys.executable, "-m", "phaselens.storage.embedded", self.data_dir,
                str(self.http_port), str(self.tcp_port), self.host]
         with open(log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -159,18 +137,6 @@ class EmbeddedClickHouse:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def terminate(proc: subprocess.Popen, timeout_s: float) -> int:
-    """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 if __name__ == "__main__":
