@@ -2,7 +2,7 @@
 
 chdb's clickhouse-local opens the server listeners only for the duration of one full
 `chdb._chdb.query(..., path=DATA_DIR)` call, reading ports and listen_host from `config.xml` in the
-current directory (design §4). So the server process writes that config, runs one statement that
+current directory (docs/contracts.md#embedded-clickhouse). So the server process writes that config, runs one statement that
 starts the listeners and then sleeps for ever, and is stopped with SIGTERM. This relies on a private
 chdb entry point: chdb-core is pinned exactly and this module is the only place that knows.
 """

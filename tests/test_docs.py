@@ -4,18 +4,15 @@ citation of a page (and of a section of it) resolves, and every file a page name
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from phaselens.instrumentation import names, observer
+from tests.source_tree import ROOT, python_sources
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-SOURCE_DIRS = ("instrumentation", "reference_server", "loadgen", "collectors", "analysis", "dashboards",
-               "phaselens", "benchmarks", "tests")
 CITATION = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
 # Citations of texts a reader of the repository cannot see (spelt so this file does not match itself).
 OLD_CITATION = re.compile(r"design\s§|contract\s[A-Z]\b|project\sbrief|issue\s\d+")
@@ -34,10 +31,6 @@ def _anchors(page: str) -> set[str]:
     """GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens."""
     headings = re.findall(r"^#+ (.+)$", _page(page), re.M)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
-
-
-def _sources() -> list[Path]:
-    return [p for folder in SOURCE_DIRS for p in sorted((ROOT / folder).rglob("*.py"))]
 
 
 def test_span_model_names_every_name_of_the_names_module():
@@ -62,7 +55,7 @@ def test_contracts_name_every_column_and_observer_method():
 
 
 def test_every_citation_of_a_page_resolves():
-    cited = [(path, page, anchor) for path in [*_sources(), *DOCS.glob("*.md"), ROOT / "README.md"]
+    cited = [(path, page, anchor) for path in [*python_sources(), *DOCS.glob("*.md"), ROOT / "README.md"]
              for page, anchor in CITATION.findall(path.read_text(encoding="utf-8"))]
     cited += [(path, page, anchor) for path in DOCS.glob("*.md")
               for page, anchor in re.findall(r"\]\(([\w-]+\.md)(?:#([\w-]+))?\)", path.read_text(encoding="utf-8"))]
@@ -80,6 +73,6 @@ def test_every_file_a_page_names_exists(page):
 
 
 def test_no_source_cites_a_text_the_repository_lacks():
-    holding = {str(p.relative_to(ROOT)) for p in _sources() if OLD_CITATION.search(p.read_text(encoding="utf-8"))}
+    holding = {str(p.relative_to(ROOT)) for p in python_sources() if OLD_CITATION.search(p.read_text(encoding="utf-8"))}
     assert holding - PENDING == set()
     assert PENDING - holding == set(), "cleared: remove these files from PENDING"

@@ -6,11 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-# Folder → import name (pyproject.toml's package-dir).
-PACKAGES = {"instrumentation": "phaselens.instrumentation", "reference_server": "phaselens.reference_server",
-            "loadgen": "phaselens.loadgen", "collectors": "phaselens.collectors", "analysis": "phaselens.analysis",
-            "dashboards": "phaselens.dashboards", "phaselens": "phaselens"}
+from tests.source_tree import PACKAGES, ROOT
 
 
 def _modules() -> dict[str, Path]:
