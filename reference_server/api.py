@@ -40,7 +40,11 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 @dataclass(slots=True)
 class ApiSettings:
-    model_name: str
+    """`served_model_names` are listed by /v1/models and accepted in requests, as are `model_aliases`
+    (not listed). A response names the model exactly as the request did."""
+
+    served_model_names: tuple[str, ...]
+    model_aliases: tuple[str, ...] = ()
     reasoning_tokens: int = 0  # chat only: the first N output tokens stream as reasoning_content
     auth_token: str | None = None  # when set, /v1/* needs `Authorization: Bearer <token>`
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -145,9 +149,9 @@ class _Routes:
             self._authorize(request)
         except ApiError as error:
             return error_response(error)
-        card = {"id": self.settings.model_name, "object": "model", "created": 0, "owned_by": "phaselens",
-                "max_model_len": self.engine.max_model_len}
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "phaselens",
+                  "max_model_len": self.engine.max_model_len} for name in self.settings.served_model_names]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def health(self) -> Response:
         blocks = self.engine.scheduler.blocks
@@ -195,9 +199,10 @@ class _Routes:
 
     def _prepare(self, parsed: ParsedRequest, chat: bool) -> Job:
         """Tokenize and check lengths against the context; fill the OpenAI defaults."""
-        if parsed.model != self.settings.model_name:
-            raise bad(f"model {parsed.model!r} is not served here (serving {self.settings.model_name!r})",
-                      "model", code="model_not_found")
+        settings = self.settings
+        if parsed.model not in settings.served_model_names and parsed.model not in settings.model_aliases:
+            raise bad(f"model {parsed.model!r} is not served here (serving "
+                      f"{', '.join(map(repr, settings.served_model_names))})", "model", code="model_not_found")
         prompt_ids = self._tokenize(parsed, chat)
         context = self.engine.max_model_len
         room = context - len(prompt_ids)

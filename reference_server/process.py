@@ -33,6 +33,17 @@ class ServeOptions:
     auth_token: str | None = None
     insecure: bool = False
     telemetry: bool = True
+    served_model_names: tuple[str, ...] = ()  # empty: the --model argument as given
+
+
+def model_names(options: ServeOptions, loaded_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(served names, aliases), as vLLM names models: `--served-model-name` when given, else the
+    `--model` argument exactly as typed (often a path, and harnesses send it back as typed), with
+    the model's own name (a folder's base name) accepted too."""
+    if options.served_model_names:
+        return tuple(dict.fromkeys(options.served_model_names)), ()
+    given = options.engine.model
+    return (given,), (() if loaded_name == given else (loaded_name,))
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -52,8 +63,9 @@ def serve(options: ServeOptions) -> int:
     telemetry = _telemetry() if options.telemetry else None
     if telemetry is not None:
         engine.step_observer = telemetry.step_observer
-    settings = ApiSettings(model_name=engine.runner.loaded.name, reasoning_tokens=options.reasoning_tokens,
-                           auth_token=options.auth_token)
+    served, aliases = model_names(options, engine.runner.loaded.name)
+    settings = ApiSettings(served_model_names=served, model_aliases=aliases,
+                           reasoning_tokens=options.reasoning_tokens, auth_token=options.auth_token)
     app = create_app(engine, settings, telemetry)
     engine.start()
     try:

@@ -41,7 +41,7 @@ def test_client_span_is_parent_of_the_server_span_and_usage_is_used():
                                 timeout_s=60, keep_text=True) as client:
             return await runner.run(plan, client, work.requests())
 
-    with LiveServer(engine, ApiSettings(model_name="tiny", reasoning_tokens=2), telemetry) as server:
+    with LiveServer(engine, ApiSettings(served_model_names=("tiny",), reasoning_tokens=2), telemetry) as server:
         per_chunk = asyncio.run(drive(server.url, None))
         per_byte = asyncio.run(drive(server.url, session.CHUNK_TOKEN_COUNTERS["bytes"]))
     telemetry.shutdown()

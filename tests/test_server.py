@@ -40,7 +40,7 @@ def server(traced):
     telemetry, _ = traced
     engine = make_engine(max_num_seqs=64, max_num_batched_tokens=256, kv_cache_tokens=8192, block_size=16)
     engine.step_observer = telemetry.step_observer
-    with LiveServer(engine, ApiSettings(model_name="tiny", reasoning_tokens=3, max_body_bytes=64 << 10),
+    with LiveServer(engine, ApiSettings(served_model_names=("tiny",), reasoning_tokens=3, max_body_bytes=64 << 10),
                     telemetry) as live:
         yield live
 
@@ -215,7 +215,7 @@ def test_queue_full_answers_503():
             await asyncio.gather(*holders, return_exceptions=True)
             return refused
 
-    with LiveServer(engine, ApiSettings(model_name="tiny")) as live:
+    with LiveServer(engine, ApiSettings(served_model_names=("tiny",))) as live:
         refused = asyncio.run(main(live.url))
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "queue_full"
@@ -225,7 +225,7 @@ def test_queue_full_answers_503():
 
 def test_bearer_token_is_required_when_configured():
     engine = make_engine()
-    with LiveServer(engine, ApiSettings(model_name="tiny", auth_token=TOKEN)) as live:
+    with LiveServer(engine, ApiSettings(served_model_names=("tiny",), auth_token=TOKEN)) as live:
         denied = httpx.post(f"{live.url}/v1/completions", json={"model": "tiny", "prompt": "x"})
         assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error"
         ok = openai.OpenAI(base_url=live.url + "/v1", api_key=TOKEN, max_retries=0).completions.create(

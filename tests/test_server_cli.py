@@ -34,6 +34,53 @@ def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
             proc.wait()
 
 
+def _serve(*args: str) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+    proc = subprocess.Popen([sys.executable, "-m", "phaselens", "serve", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline()
+    if not line.startswith("READY server "):
+        proc.kill()
+        raise AssertionError((line, proc.stderr.read()))
+    return proc, line.split()[-1]
+
+
+def _complete(url: str, model: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2}, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> str:
+    from phaselens.reference_server.model_loader import build_tiny
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
+    tiny = build_tiny()
+    tiny.model.save_pretrained(folder)
+    tiny.tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("served", [(), ("team/llama-x", "llama")])
+def test_model_names_follow_vllm(model_folder, served):
+    """Default: `--model` exactly as given (a path, as harnesses send it back) and its base name;
+    with `--served-model-name`, those names only. /v1/models lists the served names."""
+    flags = ("--served-model-name", *served) if served else ()
+    proc, url = _serve("--model", model_folder, *flags)
+    try:
+        listed = [card["id"] for card in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+        assert listed == (list(served) or [model_folder])
+        accepted = list(served) or [model_folder, "tiny-llama"]
+        for name in accepted:
+            reply = _complete(url, name)
+            assert reply.status_code == 200 and reply.json()["model"] == name, reply.text
+        for name in {"tiny", "tiny-llama", model_folder} - set(accepted):
+            reply = _complete(url, name)
+            assert reply.status_code == 400 and reply.json()["error"]["code"] == "model_not_found"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.mark.parametrize("host,token,insecure,ok", [
     ("127.0.0.1", None, False, True), ("::1", None, False, True), ("localhost", None, False, True),
     ("0.0.0.0", None, False, False), ("0.0.0.0", "t", False, True), ("10.1.2.3", None, True, True),

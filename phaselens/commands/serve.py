@@ -14,6 +14,9 @@ def register(subparsers) -> None:
                                           "through OTLP as configured by the OTEL_* environment variables.")
     d = EngineConfig()
     p.add_argument("--model", default="tiny", help="'tiny' (built-in random Llama) or a local HF model folder")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model name(s) /v1/models lists and requests may use (default: --model exactly as "
+                        "given; its base name is accepted too)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--device", choices=DEVICES, default=d.device)
@@ -45,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         kv_cache_tokens=args.kv_cache_tokens, block_size=args.block_size, policy=args.policy,
         max_waiting=args.max_waiting, seed=args.seed, cpu_threads=args.cpu_threads)
     options = ServeOptions(engine=engine, host=args.host, port=args.port, reasoning_tokens=args.reasoning_tokens,
-                           auth_token=args.auth_token, insecure=args.insecure, telemetry=not args.no_telemetry)
+                           auth_token=args.auth_token, insecure=args.insecure, telemetry=not args.no_telemetry,
+                           served_model_names=tuple(args.served_model_name or ()))
     try:
         return serve(options)
     except (ValueError, OSError) as exc:
