@@ -12,6 +12,7 @@ at the engine's next iteration. Errors are always OpenAI-shaped JSON, FastAPI's 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import uuid
 from dataclasses import dataclass, replace
@@ -110,9 +111,17 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
 
 
+# FastAPI ≥ 0.165 traces, meters and logs every request by itself once a global provider is set:
+# a second SERVER span per request (a sibling of ours, from the same traceparent) and its operation
+# spans, all built on the event loop. The phaselens middleware is this server's telemetry.
+_NO_FASTAPI_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+                         if "telemetry" in inspect.signature(FastAPI).parameters else {})
+
+
 def create_app(engine: Engine, settings: ApiSettings, telemetry: Any = None):
     """The ASGI app; wrapped in the telemetry ingress middleware when `telemetry` is given."""
-    app = FastAPI(title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None,
+                  **_NO_FASTAPI_TELEMETRY)
     routes = _Routes(engine, settings, telemetry)
 
     @app.exception_handler(RequestValidationError)
