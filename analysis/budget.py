@@ -22,6 +22,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from phaselens.analysis import queries as q
+from phaselens.analysis import span_models
 from phaselens.analysis.dialect import QueryError
 from phaselens.common.slo import SLO
 
@@ -107,6 +108,8 @@ class BudgetReport:
     goodput: Goodput
     stalls: DecodeStalls
     filters: dict = field(default_factory=dict)
+    span_models: list[str] = field(default_factory=list)  # whose spans the rows came from
+    unseparated: list[str] = field(default_factory=list)  # what those span models cannot separate
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -186,7 +189,8 @@ def budget(client, database: str = "otel", service: str | None = None, model: st
         reference=reference, components=components, distributions=dists,
         tail=_tail(row, dists) if requests else None, goodput=_goodput(row, slos, requests),
         stalls=_stalls(_run(client, "decode_stalls", filters)),
-        filters={k: v for k, v in filters.items() if v is not None})
+        filters={k: v for k, v in filters.items() if v is not None},
+        span_models=list(row.get("span_models") or []), unseparated=span_models.notes(row.get("span_models") or []))
 
 
 def _stalls(row: dict) -> DecodeStalls:

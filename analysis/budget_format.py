@@ -48,6 +48,9 @@ def to_rich(report: BudgetReport) -> Group:
     for name in TPOT_ITL:
         tpot.add_row(name, *_stat_cells(report.distributions[name]))
     parts = [budget, tpot]
+    if report.span_models:
+        parts.append(f"span models: {', '.join(report.span_models)}")
+    parts += [f"not separated by {note}" for note in report.unseparated]
     if report.tail is not None:
         t = report.tail
         tail = _table(f"Tail: {t.requests} requests with TTFT > p99 = {_ms(t.threshold_ms)} ms "

@@ -39,8 +39,11 @@ from phaselens.instrumentation import names as n
 LEVELS = (0.5, 0.9, 0.99)
 LEVEL_LABELS = ("p50", "p90", "p99")
 # Budget components: (name shown, facts column), in TTFT order.
+# `before_engine_ms` is set only for span models that cannot split ingress and first_token (vLLM's
+# native span): server TTFT − queue − prefill (analysis/schema.py).
 COMPONENTS = (("ingress_ms", "ingress_ms"), ("queue_ms", "ttft_queue_ms"), ("prefill_ms", "prefill_ms"),
-              ("first_token_ms", "first_token_ms"), ("residual_ms", "residual_ms"))
+              ("first_token_ms", "first_token_ms"), ("before_engine_ms", "before_engine_ms"),
+              ("residual_ms", "residual_ms"))
 # Every distribution the budget reports: (name, expression over the facts view).
 DISTRIBUTIONS = (("ttft_ms", "ttft_ms"), ("client_ttft_ms", "client_ttft_ms"), ("server_ttft_ms", "server_ttft_ms"),
                  ("client_ttfo_ms", "client_ttfo_ms"), *COMPONENTS,
@@ -118,6 +121,7 @@ def budget_summary(d: Dialect) -> str:
     return _drop_tail_rows(
         f"SELECT count() AS requests, countIf(has_client) AS with_client, countIf({ERROR}) AS errors,\n"
         f"    countIf(has_server) AS with_server, countIf({_meets_slo(d)}) AS good,\n"
+        "    arraySort(groupUniqArrayIf(span_model, span_model IS NOT NULL)) AS span_models,\n"
         f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}")
 
 
@@ -359,7 +363,7 @@ _GOODPUT = ("time", "goodput_rps", "completed_rps", "slo_attainment")
 _TAIL = ("threshold_ms", "tail_requests", "ttft_tail_mean", *(f"{c}_tail_mean" for c in _COMP_NAMES))
 QUERIES: dict[str, Query] = {
     "budget_summary": Query(budget_summary, ("requests", "with_client", "errors", "with_server", "good",
-                                             "window_s", *_dist_columns(), *_TAIL)),
+                                             "span_models", "window_s", *_dist_columns(), *_TAIL)),
     "tail_attribution": Query(tail_attribution, (*_TAIL, "ttft_median", *(f"{c}_median" for c in _COMP_NAMES))),
     "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
     "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),

@@ -36,7 +36,7 @@ def build(client, database: str = "otel", since: str | None = "1h", service: str
     settings = {"ClickHouse database": database, "time range": window, "service filter": service or "all",
                 "model filter": model or "all", **(config or {})}
     return ReportData(title, subtitle, _kpis(summary), _budget_rows(summary), points, traces,
-                      _steps(client, filters), settings, BUDGET_NOTE, f"{summary.reference} TTFT")
+                      _steps(client, filters), settings, _budget_note(summary), f"{summary.reference} TTFT")
 
 
 def write_report(client, path: str, **build_args) -> ReportData:
@@ -44,6 +44,11 @@ def write_report(client, path: str, **build_args) -> ReportData:
     data = build(client, **build_args)
     report_page.write(path, data)
     return data
+
+
+def _budget_note(summary: BudgetReport) -> str:
+    """The method note, plus what the span models in the selection cannot separate."""
+    return " ".join([BUDGET_NOTE, *(f"Not separated by {note}." for note in summary.unseparated)])
 
 
 def _budget_rows(summary: BudgetReport) -> list[BudgetRow]:

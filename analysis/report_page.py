@@ -18,6 +18,7 @@ COMPONENTS = (
     ("queue_ms", "queue", "#f0a04b"),
     ("prefill_ms", "prefill", "#5bb07a"),
     ("first_token_ms", "first token", "#b07ad0"),
+    ("before_engine_ms", "before the engine (span model without ingress/first token)", "#d08a8a"),
     ("residual_ms", "residual (network + client)", "#a9b0bc"),
 )
 SPAN_COLORS = {

@@ -46,8 +46,10 @@ def num(key: str) -> str:
     return f"toFloat64OrNull({attr(key)})"
 
 
+# A server we do not own (vLLM's `llm_request`) is recognised by the de-facto TTFT key.
 IS_SERVER = (f"SpanKind IN {SERVER_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
-             f"OR mapContains(SpanAttributes, '{n.PL_SERVER_TTFT_MS}'))")
+             f"OR mapContains(SpanAttributes, '{n.PL_SERVER_TTFT_MS}') "
+             f"OR mapContains(SpanAttributes, '{n.LATENCY_TIME_TO_FIRST_TOKEN}'))")
 IS_CLIENT = (f"SpanKind IN {CLIENT_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
              f"OR mapContains(SpanAttributes, '{n.PL_CLIENT_E2E_MS}'))")
 
@@ -114,6 +116,7 @@ NUMERIC_ATTRS = {
     # de-facto engine keys (seconds): spans from vLLM/SGLang-style servers still yield a budget
     "a_lat_queue_s": n.LATENCY_TIME_IN_QUEUE, "a_lat_ttft_s": n.LATENCY_TIME_TO_FIRST_TOKEN,
     "a_lat_prefill_s": n.LATENCY_TIME_IN_MODEL_PREFILL, "a_lat_decode_s": n.LATENCY_TIME_IN_MODEL_DECODE,
+    "a_prompt_tokens": n.GEN_AI_USAGE_PROMPT_TOKENS, "a_completion_tokens": n.GEN_AI_USAGE_COMPLETION_TOKENS,
     "a_sent_wall_ns": n.PL_CLIENT_SENT_WALL_NS, "a_done_wall_ns": n.PL_CLIENT_DONE_WALL_NS,
     "a_received_wall_ns": n.PL_RECEIVED_WALL_NS, "a_responded_wall_ns": n.PL_RESPONDED_WALL_NS,
 }
@@ -128,6 +131,7 @@ PARTS: tuple[Part, ...] = (
     _kind_part("server_duration_ns", "max", "Nullable(UInt64)", "toNullable(Duration)", IS_SERVER),
     _kind_part("server_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_SERVER),
     _kind_part("client_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_CLIENT),
+    _kind_part("server_span", "any", "Nullable(String)", "toNullable(toString(SpanName))", IS_SERVER),
     Part("has_error", "max", "UInt8", f"max(StatusCode IN {ERROR_CODES})"),
     *(_phase_part(phase, name) for phase, name in PHASE_SPANS.items()),
     _count_part("queue_ns", n.SPAN_QUEUE, "Duration"),
@@ -156,6 +160,23 @@ def _wall_offset_ms() -> str:
     return "((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6"
 
 
+def _span_model() -> str:
+    """Whose spans the row was built from: the phaselens tree (it carries `phaselens.server.ttft_ms`),
+    vLLM's native `llm_request`, another server's de-facto keys; NULL without a server view."""
+    return (f"multiIf(a_server_ttft_ms IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
+            f"server_span = '{n.SPAN_VLLM_REQUEST}', '{n.SPAN_MODEL_VLLM}', "
+            f"server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, '{n.SPAN_MODEL_ENGINE_KEYS}', NULL)")
+
+
+def _before_engine_ms() -> str:
+    """For a span model without ingress and first-token terms (vLLM's native span):
+        before_engine = server_ttft − queue − prefill      (ms, one server's clocks)
+    vLLM: tokenisation, the hop into the EngineCore and the first token's hop back to the API
+    server. NULL when the span model separates those terms (the phaselens tree)."""
+    return ("if(ingress_ms IS NULL AND first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, "
+            "server_ttft_ms - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL)")
+
+
 # The wide per-request view: (name, expression over the merged parts). The first block is the
 # documented `phaselens_requests` column set, in order; the rest serve the queries.
 REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -166,8 +187,8 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("server_start_time", "server_start"),
     ("status", "if(has_error = 1 OR t_error_type IS NOT NULL, 'error', 'ok')"),  # error.type: semconv failure
     ("error_type", "t_error_type"),
-    ("input_tokens", "CAST(a_input_tokens AS Nullable(UInt32))"),
-    ("output_tokens", "CAST(a_output_tokens AS Nullable(UInt32))"),
+    ("input_tokens", "CAST(coalesce(a_input_tokens, a_prompt_tokens) AS Nullable(UInt32))"),
+    ("output_tokens", "CAST(coalesce(a_output_tokens, a_completion_tokens) AS Nullable(UInt32))"),
     ("cached_tokens", "CAST(coalesce(a_cached_tokens, a_prefix_cached) AS Nullable(UInt32))"),
     ("reasoning_tokens", "CAST(a_reasoning_tokens AS Nullable(UInt32))"),
     ("client_ttft_ms", "a_client_ttft_ms"),
@@ -191,6 +212,8 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
                     "AS Nullable(UInt32))"),
     ("residual_ms", "client_ttft_ms - server_ttft_ms"),
     ("clock_offset_estimate_ms", _wall_offset_ms()),
+    ("span_model", _span_model()),
+    ("before_engine_ms", _before_engine_ms()),
 )
 EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("start_time", "coalesce(server_start, client_start)"),

@@ -102,7 +102,9 @@ def budget_panels(src: Source) -> list[dict]:
               "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
               "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
               "+ residual. Every term is a duration on one clock; residual = client TTFT - server TTFT "
-              "(network both ways and client overhead).",
+              "(network both ways and client overhead). A server whose own spans cannot split ingress and "
+              "first token (vLLM's native llm_request span: span_model vllm-native) fills before_engine "
+              "= server TTFT - queue - prefill instead, and its first chunk's delivery stays in residual.",
               [src.target("budget_stack", FORMAT_TABLE)], width=10, height=9, unit="ms",
               custom={"fillOpacity": 80, "lineWidth": 1},
               options={"orientation": "horizontal", "stacking": "normal", "showValue": "auto",

@@ -70,6 +70,14 @@ LATENCY_E2E = "gen_ai.latency.e2e"
 LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
 LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode"
 LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference"
+# vLLM's native span (one SERVER span per request, phases as the keys above) and its usage keys
+SPAN_VLLM_REQUEST = "llm_request"
+GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+# Span models: which producer's spans a request row was built from (view column `span_model`)
+SPAN_MODEL_PHASELENS = "phaselens"  # the phaselens tree: reference server, or vLLM with the plugin
+SPAN_MODEL_VLLM = "vllm-native"  # vLLM's own `llm_request` span
+SPAN_MODEL_ENGINE_KEYS = "engine-keys"  # another SERVER span with only the de-facto keys
 
 # --- phaselens keys -------------------------------------------------------------------------
 # Server view (durations in ms, one clock)

@@ -143,7 +143,8 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
         "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "client_ttft_ms",
         "client_ttfo_ms", "client_tpot_ms", "client_e2e_ms", "server_ttft_ms", "ingress_ms", "queue_ms",
         "prefill_ms", "prefill_chunks", "first_token_ms", "decode_ms", "delivery_ms", "server_tpot_ms",
-        "itl_p99_ms", "stall_ms", "preemptions", "residual_ms", "clock_offset_estimate_ms"]
+        "itl_p99_ms", "stall_ms", "preemptions", "residual_ms", "clock_offset_estimate_ms", "span_model",
+        "before_engine_ms"]
     steps = [r[0] for r in client.query(f"DESCRIBE {db}.phaselens_steps").result_rows]
     assert tuple(steps) == S.STEPS_VIEW_COLUMNS
 

@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_parts" (
     server_duration_ns SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
     server_service SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     client_service SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    server_span SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     has_error SimpleAggregateFunction(max, UInt8) CODEC(NONE),
     d_ingress SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
     d_prefill SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
@@ -100,6 +101,8 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_parts" (
     a_lat_ttft_s SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_lat_prefill_s SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_lat_decode_s SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    a_prompt_tokens SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    a_completion_tokens SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_sent_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     a_done_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     a_received_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
@@ -117,11 +120,12 @@ SETTINGS non_replicated_deduplication_window = 10000;
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_request_parts_mv" TO "otel"."phaselens_request_parts"
 AS SELECT TraceId,
     min(Timestamp) AS first_seen,
-    minIf(toNullable(Timestamp), SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms'))) AS server_start,
+    minIf(toNullable(Timestamp), SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) AS server_start,
     minIf(toNullable(Timestamp), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_start,
-    maxIf(toNullable(Duration), SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms'))) AS server_duration_ns,
-    anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms'))) AS server_service,
+    maxIf(toNullable(Duration), SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) AS server_duration_ns,
+    anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) AS server_service,
     anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_service,
+    anyIf(toNullable(toString(SpanName)), SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) AS server_span,
     max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS has_error,
     maxIf(toNullable(Duration), SpanName = 'llm.ingress') AS d_ingress,
     maxIf(toNullable(Duration), SpanName = 'llm.prefill') AS d_prefill,
@@ -159,6 +163,8 @@ AS SELECT TraceId,
     max(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token'])) AS a_lat_ttft_s,
     max(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) AS a_lat_prefill_s,
     max(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_decode'])) AS a_lat_decode_s,
+    max(toFloat64OrNull(SpanAttributes['gen_ai.usage.prompt_tokens'])) AS a_prompt_tokens,
+    max(toFloat64OrNull(SpanAttributes['gen_ai.usage.completion_tokens'])) AS a_completion_tokens,
     max(toInt64OrNull(SpanAttributes['phaselens.client.sent_wall_ns'])) AS a_sent_wall_ns,
     max(toInt64OrNull(SpanAttributes['phaselens.client.done_wall_ns'])) AS a_done_wall_ns,
     max(toInt64OrNull(SpanAttributes['phaselens.server.received_wall_ns'])) AS a_received_wall_ns,
@@ -182,8 +188,8 @@ SELECT
     server_start AS server_start_time,
     if(has_error = 1 OR t_error_type IS NOT NULL, 'error', 'ok') AS status,
     t_error_type AS error_type,
-    CAST(a_input_tokens AS Nullable(UInt32)) AS input_tokens,
-    CAST(a_output_tokens AS Nullable(UInt32)) AS output_tokens,
+    CAST(coalesce(a_input_tokens, a_prompt_tokens) AS Nullable(UInt32)) AS input_tokens,
+    CAST(coalesce(a_output_tokens, a_completion_tokens) AS Nullable(UInt32)) AS output_tokens,
     CAST(coalesce(a_cached_tokens, a_prefix_cached) AS Nullable(UInt32)) AS cached_tokens,
     CAST(a_reasoning_tokens AS Nullable(UInt32)) AS reasoning_tokens,
     a_client_ttft_ms AS client_ttft_ms,
@@ -204,6 +210,8 @@ SELECT
     CAST(coalesce(a_preemptions, if(queue_spans = 0, NULL, queue_spans - 1)) AS Nullable(UInt32)) AS preemptions,
     client_ttft_ms - server_ttft_ms AS residual_ms,
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
+    multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
+    if(ingress_ms IS NULL AND first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
     coalesce(server_start, client_start) AS start_time,
     coalesce(a_queue_ms, if(queue_spans = 0, NULL, queue_ns / 1e6), a_lat_queue_s * 1000) AS ttft_queue_ms,
     server_start + toIntervalNanosecond(server_duration_ns) AS server_end_time,
@@ -221,7 +229,7 @@ FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, residual_ms, clock_offset_estimate_ms
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms
 FROM "otel"."phaselens_request_facts";
 
 CREATE OR REPLACE VIEW "otel"."phaselens_steps" AS

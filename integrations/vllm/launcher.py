@@ -1,0 +1,113 @@
+"""Start and stop a real vLLM server on loopback (no vLLM import here: it runs in vLLM's own
+virtualenv, `python -m phaselens.integrations.vllm.serve`).
+
+    with VllmServer(python, model_dir, otlp_endpoint=...) as server:
+        server.url  # http://127.0.0.1:PORT, /health answered
+
+Settings that make vLLM start on a small CPU machine in ~40 s (docs/vllm.md): 1 GiB KV cache,
+float32, eager mode, loopback only, no usage statistics, no download; spans leave vLLM's batch
+processor after `bsp_delay_ms` instead of the SDK's 5 s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phaselens.common.process import LOOPBACK, free_port
+
+VENV_ENV = "PHASELENS_VLLM_PYTHON"  # a python with vLLM installed; default: ./.venv-vllm/bin/python
+DEFAULT_MODEL_NAME = "tiny"
+
+
+def default_python() -> Path | None:
+    """The python of a virtualenv with vLLM: $PHASELENS_VLLM_PYTHON, else ./.venv-vllm/bin/python."""
+    path = Path(os.environ.get(VENV_ENV) or ".venv-vllm/bin/python")
+    return path if path.exists() else None
+
+
+def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": LOOPBACK, "VLLM_LOOPBACK_IP": LOOPBACK,
+           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1",
+           "PHASELENS_PARENT_PID": str(os.getpid())}
+    return {**env, **(extra or {})}
+
+
+@dataclass(slots=True)
+class VllmServer:
+    """One `vllm serve` child in a session of its own (its EngineCore and workers die with it)."""
+
+    python: Path
+    model_dir: Path
+    log_path: Path
+    otlp_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint
+    env: dict[str, str] = field(default_factory=dict)
+    served_name: str = DEFAULT_MODEL_NAME
+    max_model_len: int = 512
+    bsp_delay_ms: int = 100
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def argv(self) -> list[str]:
+        args = [str(self.python), "-m", "phaselens.integrations.vllm.serve", str(self.model_dir),
+                "--host", LOOPBACK, "--port", str(self.port), "--served-model-name", self.served_name,
+                "--dtype", "float32", "--max-model-len", str(self.max_model_len), "--enforce-eager"]
+        if self.otlp_endpoint:
+            args += ["--otlp-traces-endpoint", self.otlp_endpoint]
+        return args
+
+    def start(self, timeout_s: float = 240.0) -> "VllmServer":
+        self.port = self.port or free_port()
+        env = vllm_env({"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), **self.env})
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
+        self._wait_healthy(timeout_s)
+        return self
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"vLLM not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM to vLLM's process group (API server, EngineCore, workers), SIGKILL after `timeout_s`."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return proc.returncode
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
