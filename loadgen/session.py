@@ -13,6 +13,7 @@ from phaselens.instrumentation.client import TracedClient
 from phaselens.instrumentation.otel_setup import configure, export_counters
 from phaselens.loadgen import metrics, report, runner, sweep
 from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals
+from phaselens.loadgen.token_prompts import TokenPrompts
 from phaselens.loadgen.workloads import DatasetWorkload, LengthDist, SyntheticWorkload, TraceWorkload
 
 SERVICE_NAME = "phaselens-loadgen"
@@ -41,14 +42,16 @@ class BenchOptions:
     api_key: str | None = None
     timeout_s: float = 300.0
     chunk_tokens: str = "chunk"  # tokens per content chunk: "chunk" (1 each) or "bytes" (UTF-8 bytes)
+    tokenizer: str | None = None  # --input-len in this tokenizer's tokens (local files only), else words
 
 
 def build_plan(opts: BenchOptions, rate: float | None = None) -> tuple[runner.RunPlan, object]:
     """(plan, workload) for the options; `rate` overrides `opts.rate` (sweep probes)."""
     rate = rate if rate is not None else opts.rate
     output = LengthDist.parse(opts.output_len) if opts.output_len else None
+    tokens = TokenPrompts.load(opts.tokenizer) if opts.tokenizer else None
     synthetic = SyntheticWorkload(LengthDist.parse(opts.input_len), output or LengthDist("fixed", 128),
-                                  opts.shared_prefix, opts.seed)
+                                  opts.shared_prefix, opts.seed, tokens)
     if opts.trace:
         arrivals = TraceArrivals(opts.trace)
         workload = TraceWorkload(arrivals.entries, synthetic)

@@ -1,7 +1,8 @@
 """Workloads: what each request asks for (prompt or messages, output length), seeded.
 
-Synthetic prompts are made of common English words, each about one token for BPE tokenizers
-(`--input-len` counts words; the server's `usage.prompt_tokens` reports the exact count). Output
+Synthetic prompts are made of common English words, each about one token for English BPE tokenizers
+(`--input-len` counts words; the server's `usage.prompt_tokens` reports the exact count), or, with a
+tokenizer (`--tokenizer`, `token_prompts.py`), of exactly `--input-len` tokens of it. Output
 length is held with `max_tokens`, plus `ignore_eos`/`min_tokens` (vLLM/SGLang extensions) when asked.
 Length distributions, as strings:
     N | fixed:N           always N
@@ -21,6 +22,7 @@ from typing import Iterator
 import numpy as np
 
 from phaselens.loadgen.arrivals import TraceEntry
+from phaselens.loadgen.token_prompts import TokenPrompts
 
 _WORDS = (
     "the of and to in is was for on that with as by at from his her this are were be had have not but "
@@ -112,18 +114,24 @@ class SyntheticWorkload:
 
     input_len: LengthDist
     output_len: LengthDist
-    shared_prefix: int = 0
+    shared_prefix: int = 0  # in words, with a tokenizer too
     seed: int = 0
+    tokens: TokenPrompts | None = None  # input_len counts this tokenizer's tokens, else words
+
+    def body(self, rng: np.random.Generator, n: int) -> str:
+        """A prompt body of n tokens of `tokens`, else of n words."""
+        return self.tokens.prompt(rng, n, words) if self.tokens is not None else words(rng, n)
 
     def requests(self) -> Iterator[RequestSpec]:
         rng = np.random.default_rng(self.seed)
         prefix = words(rng, self.shared_prefix) if self.shared_prefix else ""
         while True:
-            body = words(rng, self.input_len.sample(rng))
+            body = self.body(rng, self.input_len.sample(rng))
             yield RequestSpec(prompt=f"{prefix} {body}" if prefix else body, max_tokens=self.output_len.sample(rng))
 
     def describe(self) -> dict:
         return {"kind": "synthetic", "input_len": str(self.input_len), "output_len": str(self.output_len),
+                "input_unit": f"tokens of {self.tokens.name}" if self.tokens else "words (≈ tokens)",
                 "shared_prefix": self.shared_prefix, "seed": self.seed}
 
 
@@ -210,7 +218,7 @@ class TraceWorkload:
             if entry.prompt is not None:
                 spec.prompt = entry.prompt
             elif entry.input_len is not None:
-                spec.prompt = words(rng, entry.input_len)
+                spec.prompt = self.base.body(rng, entry.input_len)
             if entry.output_len is not None:
                 spec.max_tokens = entry.output_len
             yield spec

@@ -42,6 +42,7 @@ class DemoOptions:
     rate: float = DEFAULT_RATE
     model: str = "tiny"
     device: str = "cpu"
+    server: str = "reference"  # stack.SERVER_KINDS
     data_dir: str | None = None  # None: a temporary directory, removed at the end
     keep_running: bool = False
     report_path: str = "phaselens-report.html"
@@ -53,6 +54,8 @@ class DemoOptions:
         """ValueError naming the first bad option."""
         if self.requests < 1:
             raise ValueError(f"--requests must be ≥ 1, not {self.requests}")
+        if self.server != "reference" and self.model != "tiny":
+            raise ValueError("--server vllm runs the tiny model (built offline); --model is for the reference server")
         if not 0 < self.rate < float("inf"):
             raise ValueError(f"--rate must be a positive number of requests/s, not {self.rate}")
         try:
@@ -134,7 +137,7 @@ def run(opts: DemoOptions, console: Console) -> int:
     A temporary data directory is removed afterwards, unless something failed (its logs/ tell why)."""
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="phaselens-demo-")
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    stack = Stack(data_dir, model=opts.model, device=opts.device)
+    stack = Stack(data_dir, model=opts.model, device=opts.device, server_kind=opts.server)
     code = 1
     try:
         code = 0 if _session(stack, opts, console) else 1
@@ -164,7 +167,8 @@ def _session(stack: Stack, opts: DemoOptions, console: Console) -> bool:
     with console.status("starting…") as status:
         stack.start(on_phase=lambda phase: status.update(f"starting {phase}…"))
     console.print(f"[green]✓[/] ClickHouse {stack.clickhouse_url} · collector OTLP/gRPC {stack.otlp_grpc_endpoint} "
-                  f"· server {stack.server_url} ({opts.model}, {opts.device}) · up in {time.monotonic() - begin:.1f} s")
+                  f"· server {stack.server_url} ({opts.server}, {opts.model}, {opts.device}) "
+                  f"· up in {time.monotonic() - begin:.1f} s")
     run_dir = Path(stack.data_dir) / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"load: {opts.requests} requests, Poisson {opts.rate:g} req/s, mixed prompt lengths")

@@ -27,9 +27,12 @@ from phaselens.common.process import LOOPBACK, die_with_parent, free_port, termi
 from phaselens.storage.embedded import EmbeddedClickHouse
 
 SERVER_SERVICE = "phaselens-reference-server"
+VLLM_SERVICE = "vllm"
 CLIENT_SERVICE = "phaselens-loadgen"
 # Spans reach the collector within ~0.2 s instead of the SDK's default 5 s batch delay.
 BSP_SCHEDULE_DELAY_MS = "200"
+SERVER_KINDS = ("reference", "vllm", "vllm-native")
+VLLM_MAX_MODEL_LEN = 2048  # the demo's longest prompts are ~1,000 tokens of the tiny byte-level vocabulary
 
 
 class StackError(RuntimeError):
@@ -96,6 +99,7 @@ class Stack:
     device: str = "cpu"
     database: str = "otel"
     server_args: tuple[str, ...] = ()
+    server_kind: str = "reference"  # SERVER_KINDS: the reference server, or a real vLLM (with or without the plugin)
     ready_timeout_s: float = 180.0
     stop_timeout_s: float = 15.0
     clickhouse: EmbeddedClickHouse | None = field(default=None, init=False)
@@ -122,13 +126,8 @@ class Stack:
 
     def start(self, on_phase=lambda phase: None) -> "Stack":
         """Bring every part up; `on_phase(name)` is called before each step (for progress display)."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            on_phase("clickhouse")
-            self.clickhouse = EmbeddedClickHouse(str(Path(self.data_dir) / "clickhouse"),
-                                                 log_path=str(self.log_dir / "clickhouse.log")).start()
-            on_phase("schema")
-            self.apply_schema()
+            self._start_storage(on_phase)
             # Both import heavy libraries (seconds each): start them together. The server's exporter
             # retries until the collector listens, and no request is sent before both are READY.
             on_phase("collector and server")
@@ -140,6 +139,26 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def start_pipeline(self, on_phase=lambda phase: None) -> "Stack":
+        """ClickHouse, schema and collector only: for a server started elsewhere (a real vLLM)."""
+        try:
+            self._start_storage(on_phase)
+            on_phase("collector")
+            self._spawn_collector()
+            self.collector.wait_ready(self.ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_storage(self, on_phase) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        on_phase("clickhouse")
+        self.clickhouse = EmbeddedClickHouse(str(Path(self.data_dir) / "clickhouse"),
+                                             log_path=str(self.log_dir / "clickhouse.log")).start()
+        on_phase("schema")
+        self.apply_schema()
 
     def apply_schema(self) -> None:
         """Contract C: the collector's tables first, then the analysis views."""
@@ -159,8 +178,27 @@ class Stack:
         self.collector = spawn("collector", argv, self.log_dir, project_env())
 
     def _spawn_server(self) -> None:
+        if self.server_kind != "reference":
+            self.server = self._vllm_server()
+            self.server.spawn()
+            return
         argv = ["serve", "--model", self.model, "--device", self.device, "--port", "0", *self.server_args]
         self.server = spawn("server", argv, self.log_dir, self.otel_env(SERVER_SERVICE))
+
+    def _vllm_server(self):
+        """A real vLLM on the tiny model (saved into the data directory), tracing to this collector:
+        with the phaselens plugin ("vllm") or with its native spans only ("vllm-native")."""
+        from phaselens.integrations.vllm.launcher import VllmServer, default_python
+        from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+
+        python = default_python()
+        if python is None:
+            raise StackError("no vLLM found: run ./setup.sh --vllm, or set PHASELENS_VLLM_PYTHON to a python with vLLM")
+        model_dir = save_tiny_llama(Path(self.data_dir) / "tiny-llama")
+        env = {k: v for k, v in self.otel_env(VLLM_SERVICE).items() if k.startswith("OTEL_")}
+        env["VLLM_PLUGINS"] = "phaselens" if self.server_kind == "vllm" else ""
+        return VllmServer(python, model_dir, self.log_dir / "server.log", otlp_endpoint=self.otlp_grpc_endpoint,
+                          env=env, served_name=self.model, max_model_len=VLLM_MAX_MODEL_LEN)
 
     def served_model(self) -> str:
         """The model name the server answers to (`tiny`, or a local model folder's base name)."""

@@ -190,3 +190,40 @@ def test_sweep_reports_unbounded_and_zero_capacity():
     assert (high.capacity, high.bounded, [p.rate for p in high.probes]) == (64.0, False, [1, 2, 4, 8, 16, 32, 64])
     low = asyncio.run(sweep.find_capacity(never, 0.9, 1.0, 64.0, min_rate=0.25))
     assert (low.capacity, [p.rate for p in low.probes]) == (0.0, [1.0, 0.5, 0.25])
+
+
+
+@pytest.fixture()
+def tiny_tokens(tmp_path):
+    """The tiny vLLM model's byte-level BPE tokenizer (several tokens per English word)."""
+    from phaselens.integrations.vllm.tiny_model import _tokenizer
+    from phaselens.loadgen.token_prompts import TokenPrompts
+
+    _tokenizer(vocab_size=384).save_pretrained(tmp_path)
+    return TokenPrompts.load(str(tmp_path))
+
+
+def test_token_prompts_have_exactly_n_tokens_of_the_given_tokenizer(tiny_tokens):
+    from phaselens.loadgen.workloads import words
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 50, 300):
+        assert tiny_tokens.count(tiny_tokens.prompt(rng, n, words)) == n
+
+
+def test_synthetic_workload_counts_tokens_with_a_tokenizer_and_words_without(tiny_tokens):
+    dist = LengthDist.parse("uniform:16:128")
+    with_tokens = SyntheticWorkload(dist, LengthDist("fixed", 4), seed=1, tokens=tiny_tokens)
+    plain = SyntheticWorkload(dist, LengthDist("fixed", 4), seed=1)
+    counted = [tiny_tokens.count(s.prompt) for s, _ in zip(with_tokens.requests(), range(16))]
+    assert all(16 <= c <= 128 for c in counted) and len(set(counted)) > 8
+    words_only = [tiny_tokens.count(s.prompt) for s, _ in zip(plain.requests(), range(16))]
+    assert max(words_only) > 128  # ~3 tokens a word here: the word approximation overshoots the range
+    assert with_tokens.describe()["input_unit"].startswith("tokens of ")
+
+
+def test_unknown_tokenizer_is_a_usage_error(tmp_path):
+    from phaselens.loadgen.token_prompts import TokenPrompts
+
+    with pytest.raises(ValueError, match="--tokenizer"):
+        TokenPrompts.load(str(tmp_path / "missing"))

@@ -11,9 +11,11 @@ processor after `bsp_delay_ms` instead of the SDK's 5 s.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,10 +28,13 @@ VENV_ENV = "PHASELENS_VLLM_PYTHON"  # a python with vLLM installed; default: ./.
 DEFAULT_MODEL_NAME = "tiny"
 
 
-def default_python() -> Path | None:
-    """The python of a virtualenv with vLLM: $PHASELENS_VLLM_PYTHON, else ./.venv-vllm/bin/python."""
-    path = Path(os.environ.get(VENV_ENV) or ".venv-vllm/bin/python")
-    return path if path.exists() else None
+def default_python(root: Path = Path(".")) -> Path | None:
+    """A python with vLLM: $PHASELENS_VLLM_PYTHON, else `root`/.venv-vllm/bin/python, else this one
+    when vLLM is installed beside phaselens (`pip install 'phaselens[vllm]'`)."""
+    path = Path(os.environ[VENV_ENV]) if os.environ.get(VENV_ENV) else Path(root) / ".venv-vllm/bin/python"
+    if path.exists():
+        return path
+    return Path(sys.executable) if importlib.util.find_spec("vllm") is not None else None
 
 
 def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -67,15 +72,19 @@ class VllmServer:
         return args
 
     def start(self, timeout_s: float = 240.0) -> "VllmServer":
+        self.spawn()
+        self.wait_ready(timeout_s)
+        return self
+
+    def spawn(self) -> None:
         self.port = self.port or free_port()
         env = vllm_env({"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), **self.env})
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, start_new_session=True)
-        self._wait_healthy(timeout_s)
-        return self
 
-    def _wait_healthy(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float) -> str:
+        """Block until /health answers 200 (as `phaselens.stack.Child.wait_ready`); returns the url."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -83,7 +92,7 @@ class VllmServer:
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
-                        return
+                        return self.url
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.5)

@@ -74,7 +74,11 @@ def _common(p: argparse.ArgumentParser, default) -> None:
     bound.add_argument("--duration", type=_positive(float), default=default(None), help="seconds of arrivals")
     p.add_argument("--warmup", type=_non_negative_int, default=default(0), help="unmeasured requests first")
     p.add_argument("--input-len", type=_dist, default=default("128"),
-                   help="prompt words: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:SIGMA")
+                   help="prompt length: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:SIGMA; in tokens "
+                        "of --tokenizer, else in English words (≈ 1 token each for an English BPE vocabulary)")
+    p.add_argument("--tokenizer", metavar="NAME|PATH", default=default(None),
+                   help="count --input-len in this tokenizer's tokens (transformers, local files only: a "
+                        "folder or a cached model id)")
     p.add_argument("--output-len", type=_dist, default=default(None), help="max_tokens distribution (default 128)")
     p.add_argument("--dataset", metavar="FILE.jsonl", default=default(None),
                    help="prompts: {prompt}, {messages} or ShareGPT {conversations} per line")
@@ -131,7 +135,8 @@ def _options(args, slo: list[str]) -> session.BenchOptions:
         trace=args.trace, requests=args.requests, duration_s=args.duration, warmup=args.warmup,
         input_len=args.input_len, output_len=args.output_len, dataset=args.dataset,
         shared_prefix=args.shared_prefix, ignore_eos=args.ignore_eos, slo=slo, percentiles=args.percentiles,
-        seed=args.seed, api_key=args.api_key, timeout_s=args.timeout, chunk_tokens=args.chunk_tokens)
+        seed=args.seed, api_key=args.api_key, timeout_s=args.timeout, chunk_tokens=args.chunk_tokens,
+        tokenizer=args.tokenizer)
 
 
 def _loaded(args, build):

@@ -7,6 +7,7 @@ import sys
 from rich.console import Console
 
 from phaselens.demo import DEFAULT_RATE, DEFAULT_SLO, DemoOptions, run as run_demo
+from phaselens.stack import SERVER_KINDS
 
 
 def register(subparsers) -> None:
@@ -19,6 +20,9 @@ def register(subparsers) -> None:
                    help=f"Poisson arrivals, requests/s (default {DEFAULT_RATE:g}: near the tiny model's capacity on 2 cores)")
     p.add_argument("--model", default="tiny", help="'tiny' (built in, random weights) or a local HF model folder")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--server", choices=SERVER_KINDS, default="reference",
+                   help="reference (default); vllm: a real vLLM on the tiny model with the phaselens plugin; "
+                        "vllm-native: the same vLLM with its own spans only (needs ./setup.sh --vllm)")
     p.add_argument("--data", metavar="DIR", default=None,
                    help="keep ClickHouse data, spool and logs here (default: a temporary directory, removed)")
     p.add_argument("--slo", default=DEFAULT_SLO, metavar="ttft:MS,tpot:MS", help=f"goodput SLOs (default {DEFAULT_SLO})")
@@ -29,7 +33,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    opts = DemoOptions(requests=args.requests, rate=args.rate, model=args.model, device=args.device,
+    opts = DemoOptions(requests=args.requests, rate=args.rate, model=args.model, device=args.device, server=args.server,
                        data_dir=args.data, keep_running=args.keep_running, report_path=args.report,
                        slo=args.slo, seed=args.seed)
     try:

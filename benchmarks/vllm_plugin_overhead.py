@@ -1,0 +1,86 @@
+"""The vLLM plugin's cost: vLLM's output tokens/s with and without it, in the same run.
+
+One embedded ClickHouse and one collector; then, alternately, a vLLM with only its native tracing
+(`--otlp-traces-endpoint`, plugin excluded by VLLM_PLUGINS) and a vLLM with the phaselens plugin
+(same endpoint), each serving the same bounded closed-loop `phaselens bench` (after a warm-up).
+Alternating, `--rounds` times, spreads drift (thermal, other work on the machine) over both.
+Prints ONE JSON object: each run's output tokens/s and client TTFT p50, the means, and the plugin's
+change in % next to the spread between runs of the same configuration (the noise).
+
+    python benchmarks/vllm_plugin_overhead.py [--rounds 2] [--requests 64] [--concurrency 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from phaselens.integrations.vllm.launcher import VllmServer, default_python
+from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+from phaselens.stack import Stack
+
+CONFIGS = {"native": {"VLLM_PLUGINS": ""}, "plugin": {"VLLM_PLUGINS": "phaselens"}}
+
+
+def _bench(url: str, model_dir: Path, out: Path, args) -> dict:
+    argv = [sys.executable, "-m", "phaselens", "bench", "--url", url, "--model", "tiny", "--tokenizer", str(model_dir),
+            "--concurrency", str(args.concurrency), "--requests", str(args.requests), "--warmup", "4",
+            "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--ignore-eos", "--quiet",
+            "--timeout", "120", "--json", str(out)]
+    env = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
+           "PATH": "/usr/bin:/bin"}
+    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=600)
+    summary = json.loads(out.read_text())["summary"]
+    return {"output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
+            "client_ttft_p50_ms": summary["latency_ms"]["ttft"]["p50"],
+            "failed": summary["requests"]["failed"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=64)
+    args = p.parse_args()
+    python = default_python()
+    if python is None:
+        sys.exit("no vLLM virtualenv: ./setup.sh --vllm (or PHASELENS_VLLM_PYTHON)")
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        model_dir = save_tiny_llama(tmp_path / "model")
+        stack = Stack(str(tmp_path / "stack")).start_pipeline()  # ClickHouse + schema + collector, no server
+        try:
+            for round_index in range(args.rounds):
+                for name, env in CONFIGS.items():
+                    log = tmp_path / f"vllm-{name}-{round_index}.log"
+                    with VllmServer(python, model_dir, log, otlp_endpoint=stack.otlp_grpc_endpoint,
+                                    env={"OTEL_SERVICE_NAME": f"vllm-{name}", "OTEL_METRICS_EXPORTER": "none",
+                                         **env}) as server:
+                        figures = _bench(server.url, model_dir, tmp_path / f"{name}-{round_index}.json", args)
+                    runs.append({"config": name, "round": round_index, **figures})
+        finally:
+            stack.stop()
+    print(json.dumps(_result(runs, args), indent=2))
+
+
+def _result(runs: list[dict], args) -> dict:
+    by = {name: [r["output_tokens_per_s"] for r in runs if r["config"] == name] for name in CONFIGS}
+    means = {name: statistics.fmean(values) for name, values in by.items()}
+    noise = max((max(v) - min(v)) / statistics.fmean(v) * 100 for v in by.values()) if args.rounds > 1 else None
+    return {"benchmark": "vllm_plugin_overhead", "requests": args.requests, "concurrency": args.concurrency,
+            "input_tokens": args.input_len, "output_tokens": args.output_len, "runs": runs,
+            "output_tokens_per_s_mean": means,
+            "plugin_change_pct": (means["plugin"] - means["native"]) / means["native"] * 100,
+            "same_config_spread_pct": noise}
+
+
+if __name__ == "__main__":
+    main()

