@@ -37,7 +37,7 @@ def _bench(url: str, model_dir: Path, out: Path, args) -> dict:
     subprocess.run(argv, env=env, check=True, capture_output=True, timeout=600)
     summary = json.loads(out.read_text())["summary"]
     return {"output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
-            "client_ttft_p50_ms": summary["latency_ms"]["ttft"]["p50"],
+            "client_ttft_p50_ms": summary["latency_ms"]["ttft"]["percentiles"]["p50"],
             "failed": summary["requests"]["failed"]}
 
 
