@@ -45,7 +45,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
 from opentelemetry.sdk.version import __version__ as otel_sdk_version  # noqa: E402
 
-from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequestObserver  # noqa: E402
+from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequest  # noqa: E402
 from phaselens.instrumentation.otel_setup import add_counting_processor  # noqa: E402
 from phaselens.instrumentation.server import ServerTelemetry  # noqa: E402
 
@@ -102,7 +102,7 @@ def make_providers() -> tuple[TracerProvider, MeterProvider, EncodingDiscardExpo
     return provider, MeterProvider(), exporter
 
 
-class NaiveRequest(NullRequestObserver):
+class NaiveRequest(NullRequest):
     """Tracing the naive way: the request's context, and a span per token."""
 
     __slots__ = ("context",)

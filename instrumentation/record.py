@@ -1,0 +1,124 @@
+"""The records the span pipeline carries: frozen plain data, no OpenTelemetry object inside.
+
+A closed request becomes one `RequestRecord`, an engine iteration one `StepRecord`. Both cross a
+process pipe as they are (`wire`), and one builder turns either into spans (`builder`). Ids are
+ints as in OTel (128-bit trace id, 64-bit span id); trace flags an int (bit 0 sampled, bit 1
+random trace id); trace state its W3C header string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class SpanIds:
+    """A span context as plain values."""
+
+    trace_id: int
+    span_id: int
+    trace_flags: int
+    trace_state: str = ""  # W3C tracestate header form
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.trace_flags & 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What `describe()` was told: GenAI request attributes."""
+
+    operation: str
+    model: str
+    request_id: str | None = None
+    input_tokens: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stream: bool | None = None
+    prompt: Any = None  # str or chat messages; kept only when content capture is on
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What `complete()` or `fail()` was told."""
+
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    completion: str | None = None  # kept only when content capture is on
+    error_type: str | None = None
+    status_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpFacts:
+    """What the ingress middleware saw of the HTTP exchange."""
+
+    method: str = ""
+    path: str = ""
+    server_address: str | None = None
+    server_port: int | None = None
+    status_code: int | None = None
+    client_disconnected: bool = False
+    exception_type: str | None = None
+
+
+NO_OUTCOME = RequestOutcome()
+NO_HTTP = HttpFacts()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One closed request: the SERVER root's ids (chosen at receipt), the sampling decision, the
+    remote parent (None: a root trace), the timeline (monotonic ns of the serving process; layout
+    in `timeline`), and what the API layer and the middleware reported."""
+
+    root: SpanIds
+    parent: SpanIds | None
+    received_ns: int
+    enqueued_ns: int
+    first_token_ns: int
+    finished_ns: int
+    responded_ns: int
+    finish_reason: str
+    waits: tuple[int, ...]
+    chunks: tuple[int, ...]
+    token_ns: tuple[int, ...]
+    token_n: tuple[int, ...]
+    info: RequestInfo | None
+    outcome: RequestOutcome
+    http: HttpFacts
+
+    @property
+    def sampled(self) -> bool:
+        return self.root.sampled
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine iteration, as the loop reported it. `links` holds one entry per batch member:
+    (trace_id, span_id, trace_flags) of its SERVER span, or None for a member that is not sampled
+    (or not ours); so the batch size is `len(links)`."""
+
+    index: int
+    start_ns: int
+    end_ns: int
+    prefill_tokens: int
+    decode_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    preemptions: int
+    queue_depth: int
+    links: tuple[tuple[int, int, int] | None, ...]
+
+    def sampled_links(self) -> list[tuple[int, int, int]]:
+        return [link for link in self.links if link is not None]
+
+
+Record = RequestRecord | StepRecord
