@@ -15,8 +15,9 @@ step observer once. Four loops in the same run:
 - naive:   one SDK span per token (start_span + end on the loop thread), same provider
 
 Figures: loop-thread ns per request per decode step ((on − off) / (S·B), the builder paused so the
-stamps are measured alone); the same per request over its L steps; the SERVER-span start per
-request, which runs on the event-loop thread, reported apart; builder µs per request (spans,
+stamps are measured alone); the same per request over its L steps; opening a request (receipt
+stamp, context extraction, the sampling decision and root ids), which runs on the event-loop
+thread, reported apart; builder µs per request (spans,
 metrics and OTLP encoding, off the loop); throughput loss % = 1 − off/on wall time with a stand-in
 model step (`--model-step-us` of hashing, which releases the GIL as torch kernels do) and the
 builder running, so it competes for the GIL and the CPUs as in a real server; and the naive
@@ -168,7 +169,7 @@ def measure_naive(args, model) -> int:
 
 
 def measure_open_request_ns(telemetry, count: int) -> float:
-    """Event-loop thread: stamp `received`, extract context, start the SERVER span."""
+    """Event-loop thread: stamp `received`, extract context, decide sampling and the root ids."""
     started = time.perf_counter_ns()
     handles = [telemetry.request(dict(SCOPE)) for _ in range(count)]
     elapsed = time.perf_counter_ns() - started

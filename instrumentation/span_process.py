@@ -29,6 +29,7 @@ from .counters import drop_reasons
 from .emitter import SpanEmitter
 from .genai_metrics import GenAiServerMetrics
 from .otel_setup import configure
+from .sink import NICE
 
 REPORT_INTERVAL_S = 0.5
 
@@ -106,12 +107,9 @@ class SpanProcess:
         self.report(final=True)
 
 
-NICE = 10  # as the in-process builder thread: on a busy machine the serving loop gets the CPU first
-
-
 def main(argv: list[str]) -> int:
     report_fd, parent_pid = int(argv[0]), int(argv[1])
-    os.nice(NICE)
+    os.nice(NICE)  # as the thread sink's thread: on a busy machine the serving loop gets the CPU first
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C goes to the server; it closes our pipe
     stream = open(0, "rb", buffering=1 << 20, closefd=False)
