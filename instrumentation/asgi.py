@@ -15,9 +15,12 @@ builder) when the app returns or raises.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, MutableMapping
 
 from opentelemetry import context
+
+if TYPE_CHECKING:  # server imports this module when asked for the middleware
+    from .server import ServerTelemetry
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -28,7 +31,7 @@ Send = Callable[[Message], Awaitable[None]]
 class IngressMiddleware:
     """ASGI middleware; `telemetry` is the ServerTelemetry that owns the handles."""
 
-    def __init__(self, app: Any, telemetry: Any) -> None:
+    def __init__(self, app: Any, telemetry: ServerTelemetry) -> None:
         self.app = app
         self.telemetry = telemetry
 

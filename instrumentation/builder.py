@@ -18,7 +18,7 @@ from .emitter import SpanEmitter
 from .genai_metrics import GenAiServerMetrics
 from .otel_setup import export_counters
 from .phases import compute_phases
-from .record import Record, RequestRecord
+from .record import Record, RequestRecord, StepRecord
 from .spans import request_spans, step_span
 
 _logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class SpanBuilder:
         self._emitter.emit(spans)
         self._counts["requests_built"] += 1
 
-    def _build_step(self, step) -> None:
+    def _build_step(self, step: StepRecord) -> None:
         span = step_span(self._emitter, self._anchor, step) if self._emitter is not None else None
         if span is None:
             self._counts["steps_unsampled"] += 1

@@ -19,7 +19,7 @@ from opentelemetry.trace import NonRecordingSpan
 
 from .clock import ClockNs
 from .ids import span_context
-from .record import NO_OUTCOME, HttpFacts, RequestInfo, RequestOutcome, RequestRecord, SpanIds
+from .record import NO_OUTCOME, HttpFacts, RequestInfo, RequestOutcome, RequestRecord, SpanIds, int64s
 from .timeline import RequestTimeline
 
 
@@ -124,8 +124,9 @@ class ServerRequest(RequestTimeline):
         self._closer.closed(self)
 
     def freeze(self) -> RequestRecord:
-        """The request as a frozen record (the timeline arrays become tuples)."""
+        """The request as a frozen record (the timeline arrays copied into read-only int64 views)."""
         return RequestRecord(self.root, self.parent, self.received_ns, self.enqueued_ns, self.first_token_ns,
-                             self.finished_ns, self.responded_ns, self.finish_reason, tuple(self.waits),
-                             tuple(self.chunks), tuple(self.token_ns), tuple(self.token_n), self.info,
-                             self.outcome, self.http)
+                             self.finished_ns, self.responded_ns, self.finish_reason,
+                             int64s(self.waits.tobytes()), int64s(self.chunks.tobytes()),
+                             int64s(self.token_ns.tobytes()), int64s(self.token_n.tobytes()),
+                             self.info, self.outcome, self.http)

@@ -45,11 +45,11 @@ class RootDecider:
         self._ids = ids
 
     @classmethod
-    def of_provider(cls, tracer_provider: Any, fallback: bool) -> "RootDecider":
-        """The SDK provider's sampler and id generator (public attributes); for another provider the
-        OTEL_TRACES_SAMPLER one when `fallback` (another process emits the spans), else none."""
-        sampler = getattr(tracer_provider, "sampler", None) or (_get_from_env_or_default() if fallback else None)
-        return cls(sampler, getattr(tracer_provider, "id_generator", None) or RandomIdGenerator())
+    def of_provider(cls, tracer_provider: Any) -> "RootDecider":
+        """An SDK provider's sampler and id generator (public attributes); for another provider the
+        OTEL_TRACES_SAMPLER sampler and random ids."""
+        return cls(getattr(tracer_provider, "sampler", None) or _get_from_env_or_default(),
+                   getattr(tracer_provider, "id_generator", None) or RandomIdGenerator())
 
     def decide(self, parent: Context, name: str) -> tuple[SpanIds, SpanIds | None]:
         """(the SERVER span's ids, the remote parent's or None)."""

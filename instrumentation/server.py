@@ -95,22 +95,30 @@ class ServerTelemetry:
         self.capture_content = env_flag(names.ENV_CAPTURE_CONTENT) if capture_content is None else capture_content
         token_events = env_flag(names.ENV_TOKEN_EVENTS) if token_events is None else token_events
         self.builder = builder
-        if builder == BUILDER_PROCESS:
-            self._roots = RootDecider.of_provider(self.tracer_provider, fallback=True)
-            self._sink: Sink = ProcessSink(service_name, self.anchor, token_events, queue_capacity,
-                                           poll_interval_s, self._expire)
-        else:
-            emitter = SpanEmitter.of_provider(self.tracer_provider)
-            self._roots = (RootDecider(emitter.sampler, emitter.ids) if emitter is not None
-                           else RootDecider(None, RandomIdGenerator()))
-            genai_metrics = GenAiServerMetrics(self.meter_provider, lambda: drop_reasons(self.stats()))
-            self._sink = ThreadSink(SpanBuilder(emitter, genai_metrics, self.anchor, self.tracer_provider,
-                                                token_events), queue_capacity, poll_interval_s, self._expire)
+        make_sink = self._process_sink if builder == BUILDER_PROCESS else self._thread_sink
+        self._roots, self._sink = make_sink(service_name, token_events, queue_capacity, poll_interval_s)
         self._closer = Closer(self._sink.submit, clock_ns, int(engine_grace_s * 1e9))
         self.step_observer = StepRecorder(self._sink.submit)
         self._owns_providers = owns_providers
         self._shut_down = False
         self._sink.start()
+
+    def _thread_sink(self, service_name: str, token_events: bool, capacity: int,
+                     poll_interval_s: float) -> tuple[RootDecider, Sink]:
+        """Spans built here and emitted through this provider's processors, with its sampler and ids
+        (none of them when it is not an SDK provider: every request is then unsampled)."""
+        emitter = SpanEmitter.of_provider(self.tracer_provider)
+        roots = RootDecider(emitter.sampler, emitter.ids) if emitter else RootDecider(None, RandomIdGenerator())
+        genai_metrics = GenAiServerMetrics(self.meter_provider, lambda: drop_reasons(self.stats()))
+        builder = SpanBuilder(emitter, genai_metrics, self.anchor, self.tracer_provider, token_events)
+        return roots, ThreadSink(builder, capacity, poll_interval_s, self._expire)
+
+    def _process_sink(self, service_name: str, token_events: bool, capacity: int,
+                      poll_interval_s: float) -> tuple[RootDecider, Sink]:
+        """Spans built by the span-builder process; the decision at receipt uses this provider's
+        sampler and ids, or OTEL_TRACES_SAMPLER's when it has none (the child reads the same)."""
+        roots = RootDecider.of_provider(self.tracer_provider)
+        return roots, ProcessSink(service_name, self.anchor, token_events, capacity, poll_interval_s, self._expire)
 
     @classmethod
     def from_env(cls, service_name: str, **kwargs: Any) -> "ServerTelemetry":

@@ -1,8 +1,8 @@
 """The byte format between the serving process and the span-builder process (`builder="process"`).
 
 A stream of frames, each `<u32 payload length><u8 kind><payload>`; the payload is a `marshal`ed
-tuple of ints, strings, floats, None and tuples — a record's fields in declaration order, nested
-records as tuples of theirs:
+tuple of ints, strings, floats, None, bytes and tuples — a record's fields in declaration order,
+nested records as tuples of theirs, timelines as their int64 bytes:
 
     HELLO    (service_name, anchor_mono_ns, anchor_wall_ns, token_events)    first frame, once
     REQUEST  record.RequestRecord
@@ -18,7 +18,7 @@ import marshal
 import struct
 from typing import Any
 
-from .record import HttpFacts, RequestInfo, RequestOutcome, RequestRecord, SpanIds, StepRecord
+from .record import HttpFacts, RequestInfo, RequestOutcome, RequestRecord, SpanIds, StepRecord, int64s
 
 HEADER = struct.Struct("<IB")
 KIND_HELLO, KIND_REQUEST, KIND_STEP, KIND_FLUSH = 1, 2, 3, 4
@@ -44,8 +44,9 @@ def encode_step(step: StepRecord) -> bytes:
 
 
 def decode_request(fields: tuple) -> RequestRecord:
-    root, parent, *timeline, info, outcome, http = fields
-    return RequestRecord(SpanIds(*root), SpanIds(*parent) if parent is not None else None, *timeline,
+    root, parent, *stamps, waits, chunks, token_ns, token_n, info, outcome, http = fields
+    return RequestRecord(SpanIds(*root), SpanIds(*parent) if parent is not None else None, *stamps,
+                         int64s(waits), int64s(chunks), int64s(token_ns), int64s(token_n),
                          RequestInfo(*info) if info is not None else None, RequestOutcome(*outcome),
                          HttpFacts(*http))
 
