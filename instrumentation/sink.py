@@ -7,12 +7,8 @@
     sink.counters()            every count of the records' way: hand-off, shipping, building, export
 
 `ThreadSink` builds on a thread of this process; `shipper.ProcessSink` ships the records to a
-span-builder process. Both feed the same `builder.SpanBuilder`.
-
-Staying out of the loop's way (both sinks): the thread polls (producers do one deque append: no
-Event, no lock on the loop thread), runs at a lower CPU priority (nice +10, Linux, best effort) and
-gives up the GIL after every record it builds (`time.sleep(0)`), so a serving loop coming back from
-a GIL-free model call waits at most one record's build for the GIL, not the 5 ms switch interval.
+span-builder process. Both feed the same `builder.SpanBuilder`, and both poll their hand-offs
+(producers do one deque append: no Event, no lock on the loop thread).
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from .builder import SpanBuilder
 from .record import Record, RequestRecord, StepRecord
 from .timeline import BoundedHandOff
 
-NICE = 10
+NICE = 10  # span building runs at a lower CPU priority: on a busy machine the serving loop goes first
 
 
 class Sink(Protocol):
@@ -90,7 +86,11 @@ def wait_until(done: Callable[[], bool], timeout_s: float, nudge: Callable[[], N
 
 
 class ThreadSink:
-    """Builds records on a daemon thread of this process; `tick()` runs at every wake-up."""
+    """Builds records on a daemon thread of this process; `tick()` runs at every wake-up.
+
+    Staying out of the loop's way: the thread runs at nice +NICE (Linux, best effort) and gives up
+    the GIL after every record it builds (`time.sleep(0)`), so a serving loop coming back from a
+    GIL-free model call waits at most one record's build for the GIL, not the 5 ms switch interval."""
 
     def __init__(self, builder: SpanBuilder, capacity: int, poll_interval_s: float,
                  tick: Callable[[], None]) -> None:
