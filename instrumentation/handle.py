@@ -10,7 +10,6 @@ freezes the handle into a `record.RequestRecord` and submits it, exactly once.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
 from opentelemetry import trace
@@ -107,13 +106,13 @@ class ServerRequest(RequestTimeline):
 
     def fail(self, error_type: str, status_code: int | None = None) -> None:
         """The request failed or was rejected (`error.type`). Without middleware this closes it."""
-        self.outcome = replace(self.outcome, error_type=error_type, status_code=status_code)
+        self.outcome = self.outcome._replace(error_type=error_type, status_code=status_code)
         if not self.managed:
             self.close()
 
     def note_http(self, **facts: Any) -> None:
         """The middleware's view of the exchange (HttpFacts fields)."""
-        self.http = replace(self.http, **facts)
+        self.http = self.http._replace(**facts)
 
     def close(self, responded_ns: int | None = None) -> None:
         """Stamp `responded` (now, unless given) and hand the request on, once."""

@@ -3,7 +3,9 @@
 A closed request becomes one `RequestRecord`, an engine iteration one `StepRecord`. Both cross a
 process pipe as they are (`wire`), and one builder turns either into spans (`builder`). Ids are
 ints as in OTel (128-bit trace id, 64-bit span id); trace flags an int (bit 0 sampled, bit 1
-random trace id); trace state its W3C header string. Timelines are read-only int64 views over
+random trace id); trace state its W3C header string. Records are NamedTuples: immutable, plain,
+and ~10x cheaper to make than frozen dataclasses (whose __init__ goes through object.__setattr__
+per field: ~9 µs for a closed request, on the event loop, against ~1 µs). Timelines are read-only int64 views over
 bytes (`int64s`): they index, slice and sum like tuples of ints, but freezing one is a memcpy of
 the loop's `array('q')` and the pipe carries it as those bytes (a tuple of 128 stamps costs ~4 µs
 to make and ~6 µs to marshal: large ints, one object each).
@@ -11,8 +13,7 @@ to make and ~6 µs to marshal: large ints, one object each).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 Int64s = memoryview  # format "q", read-only
 
@@ -22,8 +23,7 @@ def int64s(raw: bytes) -> Int64s:
     return memoryview(raw).cast("q")
 
 
-@dataclass(frozen=True, slots=True)
-class SpanIds:
+class SpanIds(NamedTuple):
     """A span context as plain values."""
 
     trace_id: int
@@ -36,8 +36,7 @@ class SpanIds:
         return bool(self.trace_flags & 1)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
+class RequestInfo(NamedTuple):
     """What `describe()` was told: GenAI request attributes."""
 
     operation: str
@@ -53,8 +52,7 @@ class RequestInfo:
     prompt: Any = None  # str or chat messages; kept only when content capture is on
 
 
-@dataclass(frozen=True, slots=True)
-class RequestOutcome:
+class RequestOutcome(NamedTuple):
     """What `complete()` or `fail()` was told."""
 
     output_tokens: int | None = None
@@ -66,8 +64,7 @@ class RequestOutcome:
     status_code: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HttpFacts:
+class HttpFacts(NamedTuple):
     """What the ingress middleware saw of the HTTP exchange."""
 
     method: str = ""
@@ -83,8 +80,7 @@ NO_OUTCOME = RequestOutcome()
 NO_HTTP = HttpFacts()
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
+class RequestRecord(NamedTuple):
     """One closed request: the SERVER root's ids (chosen at receipt), the sampling decision, the
     remote parent (None: a root trace), the timeline (monotonic ns of the serving process; layout
     in `timeline`), and what the API layer and the middleware reported."""
@@ -110,8 +106,7 @@ class RequestRecord:
         return self.root.sampled
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
+class StepRecord(NamedTuple):
     """One engine iteration, as the loop reported it. `links` holds one entry per batch member:
     (trace_id, span_id, trace_flags) of its SERVER span, or None for a member that is not sampled
     (or not ours); so the batch size is `len(links)`."""

@@ -29,18 +29,18 @@ def frame(kind: int, fields: tuple) -> bytes:
     return HEADER.pack(len(payload), kind) + payload
 
 
-def _fields(record: Any) -> tuple | None:
-    return None if record is None else tuple([getattr(record, name) for name in type(record).__slots__])
+def _plain(record: Any) -> tuple | None:
+    """A NamedTuple as a plain tuple (marshal takes exact tuples only)."""
+    return None if record is None else tuple(record)
 
 
 def encode_request(record: RequestRecord) -> bytes:
-    root, parent, *timeline, info, outcome, http = _fields(record)
-    return frame(KIND_REQUEST, (_fields(root), _fields(parent), *timeline, _fields(info), _fields(outcome),
-                                _fields(http)))
+    root, parent, *timeline, info, outcome, http = record
+    return frame(KIND_REQUEST, (tuple(root), _plain(parent), *timeline, _plain(info), tuple(outcome), tuple(http)))
 
 
 def encode_step(step: StepRecord) -> bytes:
-    return frame(KIND_STEP, _fields(step))
+    return frame(KIND_STEP, tuple(step))
 
 
 def decode_request(fields: tuple) -> RequestRecord:

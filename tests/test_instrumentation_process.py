@@ -215,7 +215,6 @@ def test_unknown_builder_is_a_clear_error():
 
 
 def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
-    import dataclasses
     import marshal
 
     from phaselens.instrumentation import wire
@@ -232,7 +231,7 @@ def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
     assert (request.parent.trace_id, request.parent.span_id) == (int(TRACE_ID, 16), int(PARENT_ID, 16))
     assert request.token_ns.tolist() == [1_730_000, 1_740_000, 1_750_000, 1_960_000, 1_970_000]
     assert both.links == (traced.link, None) and traced.link[:2] == (request.root.trace_id, request.root.span_id)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         request.responded_ns = 0
     for record, decode in ((request, wire.decode_request), (step, wire.decode_step), (both, wire.decode_step)):
         frame = wire.encode_request(record) if record is request else wire.encode_step(record)
