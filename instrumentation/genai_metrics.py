@@ -1,4 +1,4 @@
-"""GenAI semconv server histograms (seconds, design §3 buckets), recorded by the builder for every
+"""GenAI semconv server histograms (seconds, buckets: docs/span-model.md#metrics), recorded by the builder for every
 request, sampled or not (sampling thins traces, never metrics)."""
 
 from __future__ import annotations

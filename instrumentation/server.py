@@ -1,4 +1,4 @@
-"""`ServerTelemetry`: the one object a serving process holds (contract A).
+"""`ServerTelemetry`: the one object a serving process holds (docs/contracts.md#request-handle).
 
     telemetry = ServerTelemetry()                 # or ServerTelemetry.from_env("my-server")
     app = telemetry.asgi(app)                     # stamps received/responded, extracts traceparent

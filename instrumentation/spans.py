@@ -106,7 +106,7 @@ def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
 
 
 def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAnchor) -> dict[str, Any]:
-    """Every attribute of the SERVER root span (design §3)."""
+    """Every attribute of the SERVER root span (docs/span-model.md#server-root-span)."""
     info, outcome, http = record.info, record.outcome, record.http
     tokens = output_tokens(record, phases)
     finish_reason = outcome.finish_reason or record.finish_reason or None
