@@ -15,12 +15,11 @@ builder) when the app returns or raises.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, MutableMapping
+from typing import Any, Awaitable, Callable, MutableMapping, Protocol
 
 from opentelemetry import context
 
-if TYPE_CHECKING:  # server imports this module when asked for the middleware
-    from .server import ServerTelemetry
+from .handle import ServerRequest
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -28,10 +27,16 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
+class RequestOpener(Protocol):
+    """What the middleware needs of `server.ServerTelemetry` (which imports this module)."""
+
+    def open_request(self, scope: Scope, *, managed: bool, received_ns: int | None = None) -> ServerRequest: ...
+
+
 class IngressMiddleware:
     """ASGI middleware; `telemetry` is the ServerTelemetry that owns the handles."""
 
-    def __init__(self, app: Any, telemetry: ServerTelemetry) -> None:
+    def __init__(self, app: Any, telemetry: RequestOpener) -> None:
         self.app = app
         self.telemetry = telemetry
 
