@@ -15,8 +15,9 @@ step observer once. Four loops in the same run:
 - naive:   one SDK span per token (start_span + end on the loop thread), same provider
 
 Figures: loop-thread ns per request per decode step ((on − off) / (S·B), the builder paused so the
-stamps are measured alone); the same per request over its L steps; the SERVER-span start per
-request, which runs on the event-loop thread, reported apart; builder µs per request (spans,
+stamps are measured alone); the same per request over its L steps; opening a request (receipt
+stamp, context extraction, the sampling decision and root ids), which runs on the event-loop
+thread, reported apart; builder µs per request (spans,
 metrics and OTLP encoding, off the loop); throughput loss % = 1 − off/on wall time with a stand-in
 model step (`--model-step-us` of hashing, which releases the GIL as torch kernels do) and the
 builder running, so it competes for the GIL and the CPUs as in a real server; and the naive
@@ -44,7 +45,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noq
 from opentelemetry.sdk.version import __version__ as otel_sdk_version  # noqa: E402
 
 from phaselens.common.quantile import quantile  # noqa: E402
-from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequestObserver  # noqa: E402
+from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequest  # noqa: E402
 from phaselens.instrumentation.otel_setup import add_counting_processor  # noqa: E402
 from phaselens.instrumentation.server import ServerTelemetry  # noqa: E402
 
@@ -101,7 +102,7 @@ def make_providers() -> tuple[TracerProvider, MeterProvider, EncodingDiscardExpo
     return provider, MeterProvider(), exporter
 
 
-class NaiveRequest(NullRequestObserver):
+class NaiveRequest(NullRequest):
     """Tracing the naive way: the request's context, and a span per token."""
 
     __slots__ = ("context",)
@@ -167,7 +168,7 @@ def measure_naive(args, model) -> int:
 
 
 def measure_open_request_ns(telemetry, count: int) -> float:
-    """Event-loop thread: stamp `received`, extract context, start the SERVER span."""
+    """Event-loop thread: stamp `received`, extract context, decide sampling and the root ids."""
     started = time.perf_counter_ns()
     handles = [telemetry.request(dict(SCOPE)) for _ in range(count)]
     elapsed = time.perf_counter_ns() - started

@@ -1,22 +1,25 @@
 """Ingress middleware (pure ASGI): the server's `received` and `responded` stamps.
 
 For each HTTP request it stamps `received` on arrival, extracts the W3C traceparent/tracestate and
-baggage with the global propagator, starts the SERVER root span (sampling is decided here, once) and
-leaves the request handle in the scope for `telemetry.request(scope)`. While the app runs, the root
-span is the current span (with the incoming baggage), so the app's own spans nest under it.
+baggage with the global propagator, decides the SERVER span's ids and sampling (here, once) and
+leaves the request handle in the scope for `telemetry.request(scope)`. While the app runs, the
+SERVER span's context is the current span (with the incoming baggage), so the app's own spans nest
+under it.
 
 `responded` is stamped when the last body chunk (`more_body` false) has been handed to the server.
 A client that goes away first — an `http.disconnect` received, or `send` raising — marks the request
 `client_disconnected` (error.type, status ERROR). Requests the app rejects (4xx/5xx) still give one
-SERVER span, with the status code and `error.type`. The handle goes to the span builder when the app
-returns or raises.
+SERVER span, with the status code and `error.type`. The request is closed (and goes on to the span
+builder) when the app returns or raises.
 """
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, MutableMapping
+from typing import Any, Awaitable, Callable, MutableMapping, Protocol
 
 from opentelemetry import context
+
+from .handle import ServerRequest
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -24,10 +27,16 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
+class RequestOpener(Protocol):
+    """What the middleware needs of `server.ServerTelemetry` (which imports this module)."""
+
+    def open_request(self, scope: Scope, *, managed: bool, received_ns: int | None = None) -> ServerRequest: ...
+
+
 class IngressMiddleware:
     """ASGI middleware; `telemetry` is the ServerTelemetry that owns the handles."""
 
-    def __init__(self, app: Any, telemetry: Any) -> None:
+    def __init__(self, app: Any, telemetry: RequestOpener) -> None:
         self.app = app
         self.telemetry = telemetry
 
@@ -36,26 +45,25 @@ class IngressMiddleware:
             await self.app(scope, receive, send)
             return
         handle = self.telemetry.open_request(scope, managed=True)
-        http = handle.http
         clock_ns = handle.clock_ns
         responded_ns = 0
 
         async def receive_stamped() -> Message:
             message = await receive()
             if message.get("type") == "http.disconnect" and not responded_ns:
-                http.client_disconnected = True
+                handle.note_http(client_disconnected=True)
             return message
 
         async def send_stamped(message: Message) -> None:
             nonlocal responded_ns
             kind = message.get("type")
             if kind == "http.response.start":
-                http.status_code = message.get("status")
+                handle.note_http(status_code=message.get("status"))
             try:
                 await send(message)
             except Exception:  # the server could not write: the client is gone
                 if not responded_ns:
-                    http.client_disconnected = True
+                    handle.note_http(client_disconnected=True)
                 raise
             if kind == "http.response.body" and not message.get("more_body", False):
                 responded_ns = clock_ns()
@@ -64,10 +72,10 @@ class IngressMiddleware:
         try:
             await self.app(scope, receive_stamped, send_stamped)
         except BaseException as exc:
-            if not http.client_disconnected:
-                http.exception_type = type(exc).__qualname__
-            if http.status_code is None:
-                http.status_code = 500  # what the server answers for an app that raised
+            if not handle.http.client_disconnected:
+                handle.note_http(exception_type=type(exc).__qualname__)
+            if handle.http.status_code is None:
+                handle.note_http(status_code=500)  # what the server answers for an app that raised
             raise
         finally:
             context.detach(token)

@@ -3,7 +3,7 @@
 One `stream()` call = one CLIENT span `{gen_ai.operation.name} {model}`, started when the request
 is sent, carrying a W3C `traceparent` (global propagator) so the server span becomes its child.
 Every stamp is `time.perf_counter_ns()` of this process; wall time only places the span, through
-one anchor (`phaselens.instrumentation.clock`). Formulas (design §1), all on the client's monotonic clock:
+one anchor (`phaselens.instrumentation.clock`). Formulas (docs/budget-method.md#formulas), all on the client's monotonic clock:
 
     content chunk  = a chunk whose delta carries non-empty text: `text` (completions),
                      `content`, `reasoning_content`, `reasoning` or `tool_calls` (chat).
@@ -243,7 +243,7 @@ def _capture_enabled() -> bool:
 
 
 class TracedClient:
-    """Async streaming client; one CLIENT span per request (contract B of the project brief)."""
+    """Async streaming client; one CLIENT span per request (docs/contracts.md#client-span)."""
 
     def __init__(self, base_url: str, tracer_provider=None, timeout_s: float = 300.0, meter_provider=None,
                  headers: dict | None = None, token_counter: Callable[[str], int] | None = None,

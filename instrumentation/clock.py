@@ -1,4 +1,4 @@
-"""Monotonic → wall time through one anchor per process (design §1).
+"""Monotonic → wall time through one anchor per process (docs/budget-method.md#the-clock-anchor).
 
 Every duration phaselens reports is a difference of two monotonic stamps taken in one process. Wall
 time is needed only to place spans on a timeline, and it is derived, never read per stamp:

@@ -7,7 +7,14 @@ happen under one lock (taken by the span builder and the export worker, never by
 so `dropped` is exact: a span that finds the queue full is refused and counted. Spans in failed
 (or raising) exports are counted in `failed`, delivered ones in `exported`.
 
-Invariant once flushed: spans ended = exported + failed + dropped.
+Invariant once flushed: spans ended = exported + failed + dropped + suppressed.
+
+As the SDK's own processors: exports run with instrumentation suppressed (the context key the SDK
+sets, `_SUPPRESS_INSTRUMENTATION_KEY`), so an instrumented HTTP client inside the exporter makes no
+span of its own call; and a span that ends while instrumentation is suppressed (such a span, if an
+instrumentation made one anyway) is not queued, so export never feeds itself — it is counted in
+`suppressed`. After a fork the child starts with an empty queue, fresh locks and its own export
+thread (the parent's thread does not exist there), as the SDK's BatchSpanProcessor does.
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, attach, detach, get_value, set_value
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -52,6 +61,7 @@ class ExportCounts:
     exported: int = 0
     failed: int = 0
     dropped: int = 0
+    suppressed: int = 0  # ended while instrumentation was suppressed (e.g. inside an export): not exported
 
 
 class CountingBatchSpanProcessor(SpanProcessor):
@@ -61,19 +71,36 @@ class CountingBatchSpanProcessor(SpanProcessor):
         self.exporter = exporter
         self.settings = settings or BatchSettings.from_env()
         self.counts = ExportCounts()
+        self._stopped = False
+        self._start_worker()
+        if hasattr(os, "register_at_fork"):  # weakly: the registration outlives the processor
+            reinit = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: (method := reinit()) and method())
+
+    def _start_worker(self) -> None:
         self._queue: deque[ReadableSpan] = deque()
         self._lock = threading.Lock()  # guards _queue and counts
         self._export_lock = threading.Lock()  # one export at a time (worker or flush)
         self._wake = threading.Event()
-        self._stopped = False
         self._worker = threading.Thread(target=self._run, name="phaselens-span-export", daemon=True)
         self._worker.start()
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's queued spans are the parent's to export; this process
+        counts from zero (`counts` is the object export_counters() reads: reset in place)."""
+        self.counts.exported = self.counts.failed = self.counts.dropped = self.counts.suppressed = 0
+        if not self._stopped:
+            self._start_worker()
 
     def on_start(self, span, parent_context=None) -> None:
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
         if not span.context.trace_flags.sampled:
+            return
+        if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            with self._lock:
+                self.counts.suppressed += 1
             return
         with self._lock:
             if self._stopped or len(self._queue) >= self.settings.max_queue_size:
@@ -101,11 +128,14 @@ class CountingBatchSpanProcessor(SpanProcessor):
                 self._export(batch)
 
     def _export(self, batch: list[ReadableSpan]) -> None:
+        token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
         try:
             ok = self.exporter.export(batch) == SpanExportResult.SUCCESS
         except Exception:  # an exporter bug must not kill the worker
             _logger.exception("phaselens: span export raised (counted as failed)")
             ok = False
+        finally:
+            detach(token)
         with self._lock:
             if ok:
                 self.counts.exported += len(batch)

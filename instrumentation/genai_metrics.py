@@ -1,5 +1,5 @@
-"""GenAI semconv server histograms (seconds, design §3 buckets), recorded by the builder thread for
-every request, sampled or not (sampling thins traces, never metrics)."""
+"""GenAI semconv server histograms (seconds, buckets: docs/span-model.md#metrics), recorded by the builder for every
+request, sampled or not (sampling thins traces, never metrics)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any, Callable, Iterable
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
 from . import names
-from .handle import RequestHandle
 from .phases import Phases
+from .record import RequestRecord
 from .spans import NS_PER_S, error_type, output_tokens, tpot_ns
 
 
@@ -38,12 +38,12 @@ class GenAiServerMetrics:
         return [Observation(count, {names.PL_TELEMETRY_DROP_REASON: reason})
                 for reason, count in self._drop_counts().items()]
 
-    def record(self, handle: RequestHandle, phases: Phases) -> None:
-        attributes = metric_attributes(handle)
-        failure = error_type(handle)
+    def record(self, record: RequestRecord, phases: Phases) -> None:
+        attributes = metric_attributes(record)
+        failure = error_type(record)
         if phases.first_token_ns:
             self._ttft.record(phases.ttft_ns / NS_PER_S, attributes)
-            tpot = tpot_ns(phases, output_tokens(handle, phases))
+            tpot = tpot_ns(phases, output_tokens(record, phases))
             if tpot is not None:
                 self._tpot.record(tpot / NS_PER_S, attributes)
         if failure:
@@ -51,13 +51,13 @@ class GenAiServerMetrics:
         self._duration.record(phases.e2e_ns / NS_PER_S, attributes)
 
 
-def metric_attributes(handle: RequestHandle) -> dict[str, Any]:
+def metric_attributes(record: RequestRecord) -> dict[str, Any]:
     attributes: dict[str, Any] = {names.GEN_AI_PROVIDER_NAME: names.PROVIDER_PHASELENS}
-    if handle.info is not None:
-        attributes[names.GEN_AI_OPERATION_NAME] = handle.info.operation
-        attributes[names.GEN_AI_REQUEST_MODEL] = handle.info.model
-        attributes[names.GEN_AI_RESPONSE_MODEL] = handle.info.model
-    if handle.http.server_address is not None:
-        attributes[names.SERVER_ADDRESS] = handle.http.server_address
-        attributes[names.SERVER_PORT] = handle.http.server_port
+    if record.info is not None:
+        attributes[names.GEN_AI_OPERATION_NAME] = record.info.operation
+        attributes[names.GEN_AI_REQUEST_MODEL] = record.info.model
+        attributes[names.GEN_AI_RESPONSE_MODEL] = record.info.model
+    if record.http.server_address is not None:
+        attributes[names.SERVER_ADDRESS] = record.http.server_address
+        attributes[names.SERVER_PORT] = record.http.server_port
     return attributes

@@ -1,91 +1,89 @@
-"""The per-request handle the API layer and the engine share (contract A: `telemetry.request(scope)`).
+"""The per-request handle the API layer and the engine share (`observer.RequestHandle`).
 
 It is a `RequestTimeline` (the engine's stamps) plus what the API layer knows: the request's
-description (`describe`), its outcome (`complete` / `fail`), the HTTP facts the middleware saw,
-and the open SERVER root span, started at receipt so its SpanContext is known for links and
-children. `close()` stamps `responded` and hands the handle to the span builder exactly once.
+description (`describe`), its outcome (`complete` / `fail`) and the HTTP facts the middleware saw,
+and the ids of its SERVER span, chosen at receipt (`ids.RootDecider`) so that step links and the
+app's own spans can name it before it exists. `close()` stamps `responded`; the `Closer` then
+freezes the handle into a `record.RequestRecord` and submits it, exactly once.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span
+from opentelemetry.trace import NonRecordingSpan
 
 from .clock import ClockNs
+from .ids import span_context
+from .record import NO_OUTCOME, HttpFacts, RequestInfo, RequestOutcome, RequestRecord, SpanIds, int64s
 from .timeline import RequestTimeline
 
 
-@dataclass(slots=True)
-class RequestInfo:
-    """What `describe()` was told: GenAI request attributes."""
+class Closer:
+    """Where closed requests go. One the engine is done with is frozen and submitted at once; one
+    closed while the engine still works on it (a client that left mid-stream) waits until the
+    engine stamps `finished`, or `grace_ns` after `responded`, so no timeline is frozen while it is
+    written. `expire()` runs on the sink's thread at each wake-up, and at flush and stop."""
 
-    operation: str
-    model: str
-    request_id: str | None = None
-    input_tokens: int | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stream: bool | None = None
-    prompt: Any = None  # kept only when content capture is on
+    __slots__ = ("_submit", "_clock_ns", "grace_ns", "_waiting")
 
+    def __init__(self, submit: Callable[[RequestRecord], Any], clock_ns: ClockNs, grace_ns: int) -> None:
+        self._submit = submit
+        self._clock_ns = clock_ns
+        self.grace_ns = grace_ns
+        self._waiting: dict[int, ServerRequest] = {}  # added on the event loop, taken by expire()
 
-@dataclass(slots=True)
-class RequestOutcome:
-    """What `complete()` or `fail()` was told."""
+    def closed(self, handle: "ServerRequest") -> None:
+        if handle.engine_done:
+            self._submit(handle.freeze())
+        else:
+            self._waiting[id(handle)] = handle
 
-    output_tokens: int | None = None
-    finish_reason: str | None = None
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-    completion: str | None = None  # kept only when content capture is on
-    error_type: str | None = None
-    status_code: int | None = None
+    def expire(self, force: bool = False) -> None:
+        """Submit the waiting requests that are ready (all of them with `force`)."""
+        if not self._waiting:
+            return
+        now = self._clock_ns()
+        for key, handle in list(self._waiting.items()):
+            ready = force or handle.engine_done or now - handle.responded_ns >= self.grace_ns
+            # pop() decides who submits when expire() runs on two threads (sink wake-up and stop)
+            if ready and self._waiting.pop(key, None) is not None:
+                self._submit(handle.freeze())
 
-
-@dataclass(slots=True)
-class HttpFacts:
-    """What the ingress middleware saw of the HTTP exchange."""
-
-    method: str = ""
-    path: str = ""
-    server_address: str | None = None
-    server_port: int | None = None
-    status_code: int | None = None
-    client_disconnected: bool = False
-    exception_type: str | None = None
+    def __len__(self) -> int:
+        return len(self._waiting)
 
 
-class RequestHandle(RequestTimeline):
-    """observer.RequestObserver + describe/complete/fail for one request."""
+class ServerRequest(RequestTimeline):
+    """observer.RequestHandle for one request of this server."""
 
-    __slots__ = ("span", "parent", "context", "sampled", "info", "outcome", "http", "managed", "capture_content",
-                 "_submit", "_closed")
+    __slots__ = ("root", "parent", "link", "span", "context", "info", "outcome", "http", "managed",
+                 "capture_content", "_closer", "_closed")
 
-    def __init__(self, span: Span, submit: Callable[["RequestHandle"], Any], *, capture_content: bool,
-                 parent: Context | None = None,
-                 clock_ns: ClockNs = time.monotonic_ns, received_ns: int | None = None,
+    def __init__(self, root: SpanIds, parent: SpanIds | None, incoming: Context, closer: Closer, http: HttpFacts, *,
+                 capture_content: bool, clock_ns: ClockNs = time.monotonic_ns, received_ns: int | None = None,
                  managed: bool = False) -> None:
         RequestTimeline.__init__(self, clock_ns, received_ns)
-        self.span = span
-        self.parent = parent  # the incoming context (the remote parent span, baggage)
-        self.context = trace.set_span_in_context(span, parent)  # incoming baggage + the root span
-        # the one sampling decision: a recording root span, or (process builder) a sampled flag
-        self.sampled = span.is_recording() or span.get_span_context().trace_flags.sampled
+        self.root = root
+        self.parent = parent  # the remote parent's ids, or None
+        # what an engine step links: (trace_id, span_id, trace_flags), None when not sampled
+        self.link = (root.trace_id, root.span_id, root.trace_flags) if root.sampled else None
+        self.span = NonRecordingSpan(span_context(root))  # current while the app runs: its spans nest
+        self.context = trace.set_span_in_context(self.span, incoming)  # incoming baggage + the root
         self.info: RequestInfo | None = None
-        self.outcome = RequestOutcome()
-        self.http = HttpFacts()
+        self.outcome = NO_OUTCOME
+        self.http = http
         self.managed = managed  # True: the middleware closes it when the response ends
         self.capture_content = capture_content
-        self._submit = submit
+        self._closer = closer
         self._closed = False
+
+    @property
+    def sampled(self) -> bool:
+        return self.root.sampled
 
     def describe(self, operation: str, model: str, request_id: str | None = None,
                  input_tokens: int | None = None, max_tokens: int | None = None,
@@ -99,26 +97,35 @@ class RequestHandle(RequestTimeline):
     def complete(self, output_tokens: int | None = None, finish_reason: str | None = None,
                  cached_tokens: int = 0, reasoning_tokens: int = 0, completion: str | None = None) -> None:
         """Usage as reported to the client. Without middleware this also closes the request."""
-        outcome = self.outcome
-        outcome.output_tokens = output_tokens
-        outcome.finish_reason = finish_reason
-        outcome.cached_tokens = cached_tokens
-        outcome.reasoning_tokens = reasoning_tokens
-        outcome.completion = completion if self.capture_content else None
+        failed = self.outcome
+        self.outcome = RequestOutcome(output_tokens, finish_reason, cached_tokens, reasoning_tokens,
+                                      completion if self.capture_content else None,
+                                      failed.error_type, failed.status_code)
         if not self.managed:
             self.close()
 
     def fail(self, error_type: str, status_code: int | None = None) -> None:
         """The request failed or was rejected (`error.type`). Without middleware this closes it."""
-        self.outcome.error_type = error_type
-        self.outcome.status_code = status_code
+        self.outcome = self.outcome._replace(error_type=error_type, status_code=status_code)
         if not self.managed:
             self.close()
 
+    def note_http(self, **facts: Any) -> None:
+        """The middleware's view of the exchange (HttpFacts fields)."""
+        self.http = self.http._replace(**facts)
+
     def close(self, responded_ns: int | None = None) -> None:
-        """Stamp `responded` (now, unless given) and hand the handle to the builder, once."""
+        """Stamp `responded` (now, unless given) and hand the request on, once."""
         if self._closed:
             return
         self._closed = True
         self.responded_ns = self.clock_ns() if responded_ns is None else responded_ns
-        self._submit(self)
+        self._closer.closed(self)
+
+    def freeze(self) -> RequestRecord:
+        """The request as a frozen record (the timeline arrays copied into read-only int64 views)."""
+        return RequestRecord(self.root, self.parent, self.received_ns, self.enqueued_ns, self.first_token_ns,
+                             self.finished_ns, self.responded_ns, self.finish_reason,
+                             int64s(self.waits.tobytes()), int64s(self.chunks.tobytes()),
+                             int64s(self.token_ns.tobytes()), int64s(self.token_n.tobytes()),
+                             self.info, self.outcome, self.http)

@@ -14,6 +14,9 @@ SPAN_DECODE = "llm.decode"
 SPAN_DELIVERY = "llm.delivery"
 SPAN_ENGINE_STEP = "llm.engine_step"
 
+SERVER_SERVICE_NAME = "phaselens-server"  # service.name of a phaselens server when OTEL_SERVICE_NAME sets none
+VLLM_SERVICE_NAME = "vllm"  # service.name of vLLM with the phaselens plugin when OTEL_SERVICE_NAME sets none
+
 PHASE_SPANS = (SPAN_INGRESS, SPAN_QUEUE, SPAN_PREFILL, SPAN_FIRST_TOKEN, SPAN_DECODE, SPAN_DELIVERY)
 SERVER_SCOPE = "phaselens.instrumentation"  # tracer/meter scope (ScopeName) of the server spans
 

@@ -14,7 +14,7 @@ Every method must be safe to call on the loop thread: no I/O, no lock, no except
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -67,10 +67,31 @@ class StepObserver(Protocol):
         (their server spans become the links of the `llm.engine_step` span)."""
 
 
-class NullRequestObserver:
-    """Tracing off: every stamp is a no-op."""
+class RequestHandle(RequestObserver, Protocol):
+    """What the API layer holds for one request (`ServerTelemetry.request(scope)`): the engine's
+    stamps plus the request's description and outcome. `complete`/`fail` also close the request
+    when no ingress middleware does."""
+
+    def describe(self, operation: str, model: str, request_id: str | None = None,
+                 input_tokens: int | None = None, max_tokens: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                 seed: int | None = None, stream: bool | None = None, prompt: Any = None) -> None:
+        """The request as parsed (GenAI request attributes); `prompt` is kept only with content capture on."""
+
+    def complete(self, output_tokens: int | None = None, finish_reason: str | None = None,
+                 cached_tokens: int = 0, reasoning_tokens: int = 0, completion: str | None = None) -> None:
+        """Usage as reported to the client."""
+
+    def fail(self, error_type: str, status_code: int | None = None) -> None:
+        """The request failed or was rejected (`error.type`)."""
+
+
+class NullRequest:
+    """The one no-op request handle (tracing off): every call does nothing. `link` None: an engine
+    step never links it."""
 
     __slots__ = ()
+    link = None
 
     def enqueued(self) -> None: ...
     def scheduled(self) -> None: ...
@@ -80,6 +101,16 @@ class NullRequestObserver:
     def preempted(self) -> None: ...
     def finished(self, reason: str) -> None: ...
 
+    def describe(self, operation: str, model: str, request_id: str | None = None,
+                 input_tokens: int | None = None, max_tokens: int | None = None,
+                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                 seed: int | None = None, stream: bool | None = None, prompt: Any = None) -> None: ...
+
+    def complete(self, output_tokens: int | None = None, finish_reason: str | None = None,
+                 cached_tokens: int = 0, reasoning_tokens: int = 0, completion: str | None = None) -> None: ...
+
+    def fail(self, error_type: str, status_code: int | None = None) -> None: ...
+
 
 class NullStepObserver:
     __slots__ = ()
@@ -88,5 +119,5 @@ class NullStepObserver:
              kv_blocks_total, preemptions, queue_depth, requests) -> None: ...
 
 
-NULL_REQUEST = NullRequestObserver()
+NULL_REQUEST = NullRequest()
 NULL_STEP = NullStepObserver()

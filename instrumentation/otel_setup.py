@@ -50,7 +50,8 @@ def export_counters(tracer_provider: object) -> dict[str, int]:
     counts = _counts_by_provider.get(tracer_provider, []) if tracer_provider is not None else []
     return {"export_exported": sum(c.exported for c in counts),
             "export_failed": sum(c.failed for c in counts),
-            "export_dropped": sum(c.dropped for c in counts)}
+            "export_dropped": sum(c.dropped for c in counts),
+            "export_suppressed": sum(c.suppressed for c in counts)}
 
 
 @dataclass(slots=True)

@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 
 from phaselens.common.quantile import quantile
 
+from .record import RequestRecord
 from .timeline import CHUNK_FIELDS, RequestTimeline
+
+Timeline = RequestRecord | RequestTimeline  # the same stamps, frozen or still being written
 
 STALL_FACTOR = 2
 
@@ -80,7 +83,7 @@ def overlap_ns(waits: list[tuple[int, int]], start_ns: int, end_ns: int) -> int:
     return sum(max(0, min(b, end_ns) - max(a, start_ns)) for a, b in waits)
 
 
-def last_stamp_ns(timeline: RequestTimeline) -> int:
+def last_stamp_ns(timeline: Timeline) -> int:
     """The latest stamp a request got: where open phases end when it never responded."""
     stamps = [timeline.received_ns, timeline.enqueued_ns, timeline.first_token_ns, timeline.finished_ns]
     stamps.extend(timeline.waits[-1:])
@@ -89,7 +92,7 @@ def last_stamp_ns(timeline: RequestTimeline) -> int:
     return max(stamps)
 
 
-def closed_waits(timeline: RequestTimeline, end_ns: int) -> list[tuple[int, int]]:
+def closed_waits(timeline: Timeline, end_ns: int) -> list[tuple[int, int]]:
     """Queue waits as (start, end) pairs; a wait never ended ends at `end_ns`."""
     waits = list(timeline.waits)
     if len(waits) % 2:
@@ -97,7 +100,7 @@ def closed_waits(timeline: RequestTimeline, end_ns: int) -> list[tuple[int, int]
     return list(zip(waits[0::2], waits[1::2]))
 
 
-def compute_phases(timeline: RequestTimeline) -> Phases:
+def compute_phases(timeline: Timeline) -> Phases:
     """Phase boundaries and budget terms; the TTFT identity in the module docstring holds exactly."""
     end_ns = max(timeline.responded_ns, last_stamp_ns(timeline))
     p = Phases(received_ns=timeline.received_ns, end_ns=end_ns, enqueued_ns=timeline.enqueued_ns)

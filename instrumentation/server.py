@@ -1,4 +1,4 @@
-"""`ServerTelemetry`: the one object a serving process holds (contract A).
+"""`ServerTelemetry`: the one object a serving process holds (docs/contracts.md#request-handle).
 
     telemetry = ServerTelemetry()                 # or ServerTelemetry.from_env("my-server")
     app = telemetry.asgi(app)                     # stamps received/responded, extracts traceparent
@@ -6,18 +6,19 @@
     engine = Engine(step_observer=telemetry.step_observer)
     telemetry.stats(); telemetry.shutdown()
 
-The loop thread only stamps integers into the handle; finished handles and engine steps become
-spans and GenAI metrics off it, in one of two places (`builder=`, default "thread"; for `from_env`
+The loop thread only stamps integers into the handle. At receipt (event-loop thread, outside the
+engine) the request's trace id, SERVER span id and sampling are decided once (`ids.RootDecider`);
+closing it freezes it into a plain record (`record.RequestRecord`); engine steps become records
+with their links as ids. Records go to a sink (`sink`) that builds their spans and GenAI metrics
+off the loop, in one of two places (`builder=`, default "thread"; for `from_env`
 PHASELENS_SPAN_BUILDER, default "process"):
 
-- "thread": a background `SpanBuilder` thread in this process. The SERVER root span is
-  started when the request is received (on the event-loop thread, outside the engine) so that its
-  SpanContext is known for the child spans and the `llm.engine_step` links; the builder ends it.
-- "process": the records are shipped as bytes to a span-builder child process (see
-  `phaselens.instrumentation.shipper`), so the ~1 ms of SDK work per request no longer holds this
-  process's GIL. At receipt only the sampling decision and the root ids are made here; the child
-  starts the SERVER span with those ids and exports with its own providers, configured from the
-  same OTEL_* environment (the providers given here only lend their sampler and id generator).
+- "thread": `sink.ThreadSink`, a background thread in this process, emitting through the given
+  tracer provider's span processors.
+- "process": `shipper.ProcessSink` ships the records as bytes to a span-builder child process, so
+  the ~1 ms of SDK work per request no longer holds this process's GIL; the child exports with its
+  own providers, configured from the same OTEL_* environment (the providers given here only lend
+  their sampler and id generator to the decision at receipt).
 """
 
 from __future__ import annotations
@@ -28,20 +29,25 @@ from typing import Any, MutableMapping
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import SpanKind, TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import TracerProvider
 
 from . import names
-from .builder import BuildOptions, SpanBuilder
-from .genai_metrics import GenAiServerMetrics
+from .builder import SpanBuilder
 from .clock import ClockAnchor, ClockNs, process_anchor
-from .handle import RequestHandle
-from .otel_setup import export_counters
-from .shipper import ProcessSpanBuilder, RootDecider, ShippedRequestHandle
-from .timeline import BoundedHandOff, StepRecorder
+from .counters import drop_reasons, with_losses
+from .emitter import SpanEmitter
+from .genai_metrics import GenAiServerMetrics
+from .handle import Closer, ServerRequest
+from .ids import RootDecider
+from .observer import RequestHandle
+from .record import HttpFacts
+from .shipper import ProcessSink
+from .sink import Sink, ThreadSink, wait_until
+from .timeline import StepRecorder
 
 SCOPE_KEY = "phaselens.request"  # where the middleware leaves the handle in the ASGI scope
 DEFAULT_QUEUE_CAPACITY = 8192
-DEFAULT_SERVICE_NAME = "phaselens-server"
 BUILDER_THREAD, BUILDER_PROCESS = "thread", "process"
 
 
@@ -78,7 +84,7 @@ class ServerTelemetry:
                  queue_capacity: int = DEFAULT_QUEUE_CAPACITY, capture_content: bool | None = None,
                  token_events: bool | None = None, poll_interval_s: float = 0.02,
                  engine_grace_s: float = 5.0, owns_providers: bool = False, builder: str = BUILDER_THREAD,
-                 service_name: str = DEFAULT_SERVICE_NAME) -> None:
+                 service_name: str = names.SERVER_SERVICE_NAME) -> None:
         if builder not in (BUILDER_THREAD, BUILDER_PROCESS):
             raise ValueError(f"builder={builder!r}: expected {BUILDER_THREAD!r} or {BUILDER_PROCESS!r}")
         self.tracer_provider = tracer_provider or trace.get_tracer_provider()
@@ -87,25 +93,32 @@ class ServerTelemetry:
         self.anchor = anchor or (process_anchor() if clock_ns is time.monotonic_ns
                                  else ClockAnchor.capture(clock_ns))
         self.capture_content = env_flag(names.ENV_CAPTURE_CONTENT) if capture_content is None else capture_content
-        self._tracer = self.tracer_provider.get_tracer(names.SERVER_SCOPE)
-        self._requests = BoundedHandOff(queue_capacity)
-        self._steps = BoundedHandOff(queue_capacity)
-        self.step_observer = StepRecorder(self._steps)
-        options = BuildOptions(
-            token_events=env_flag(names.ENV_TOKEN_EVENTS) if token_events is None else token_events,
-            engine_grace_ns=int(engine_grace_s * 1e9))
+        token_events = env_flag(names.ENV_TOKEN_EVENTS) if token_events is None else token_events
         self.builder = builder
-        self._roots = RootDecider(self.tracer_provider) if builder == BUILDER_PROCESS else None
-        if self._roots is not None:
-            self._builder = ProcessSpanBuilder(service_name, self.anchor, self.clock_ns, self._requests,
-                                               self._steps, options, poll_interval_s)
-        else:
-            genai_metrics = GenAiServerMetrics(self.meter_provider, self._drop_counts)
-            self._builder = SpanBuilder(self._tracer, genai_metrics, self.anchor, self.clock_ns,
-                                        self._requests, self._steps, options, poll_interval_s)
+        make_sink = self._process_sink if builder == BUILDER_PROCESS else self._thread_sink
+        self._roots, self._sink = make_sink(service_name, token_events, queue_capacity, poll_interval_s)
+        self._closer = Closer(self._sink.submit, clock_ns, int(engine_grace_s * 1e9))
+        self.step_observer = StepRecorder(self._sink.submit)
         self._owns_providers = owns_providers
         self._shut_down = False
-        self._builder.start()
+        self._sink.start()
+
+    def _thread_sink(self, service_name: str, token_events: bool, capacity: int,
+                     poll_interval_s: float) -> tuple[RootDecider, Sink]:
+        """Spans built here and emitted through this provider's processors, with its sampler and ids
+        (none of them when it is not an SDK provider: every request is then unsampled)."""
+        emitter = SpanEmitter.of_provider(self.tracer_provider)
+        roots = RootDecider(emitter.sampler, emitter.ids) if emitter else RootDecider(None, RandomIdGenerator())
+        genai_metrics = GenAiServerMetrics(self.meter_provider, lambda: drop_reasons(self.stats()))
+        builder = SpanBuilder(emitter, genai_metrics, self.anchor, self.tracer_provider, token_events)
+        return roots, ThreadSink(builder, capacity, poll_interval_s, self._expire)
+
+    def _process_sink(self, service_name: str, token_events: bool, capacity: int,
+                      poll_interval_s: float) -> tuple[RootDecider, Sink]:
+        """Spans built by the span-builder process; the decision at receipt uses this provider's
+        sampler and ids, or OTEL_TRACES_SAMPLER's when it has none (the child reads the same)."""
+        roots = RootDecider.of_provider(self.tracer_provider)
+        return roots, ProcessSink(service_name, self.anchor, token_events, capacity, poll_interval_s, self._expire)
 
     @classmethod
     def from_env(cls, service_name: str, **kwargs: Any) -> "ServerTelemetry":
@@ -136,81 +149,59 @@ class ServerTelemetry:
         return handle
 
     def open_request(self, scope: MutableMapping[str, Any], *, managed: bool,
-                     received_ns: int | None = None) -> RequestHandle:
-        """Stamp `received`, start the SERVER root span (child of an incoming traceparent) and leave
-        the handle in the scope. The sampling decision is taken here, once, for the whole request."""
+                     received_ns: int | None = None) -> ServerRequest:
+        """Stamp `received`, decide the request's ids and sampling (child of an incoming
+        traceparent) and leave the handle in the scope."""
         received_ns = self.clock_ns() if received_ns is None else received_ns
-        parent = propagate.extract(_headers(scope))
+        incoming = propagate.extract(_headers(scope))
         method = scope.get("method", "")
-        if self._roots is not None:
-            span, make_handle = self._roots.root(parent, method or "request"), ShippedRequestHandle
-        else:
-            span = self._tracer.start_span(method or "request", context=parent, kind=SpanKind.SERVER,
-                                           start_time=self.anchor.to_wall_ns(received_ns))
-            make_handle = RequestHandle
-        handle = make_handle(span, self._requests.offer, capture_content=self.capture_content, parent=parent,
-                             clock_ns=self.clock_ns, received_ns=received_ns, managed=managed)
-        http = handle.http
-        http.method, http.path = method, scope.get("path", "")
-        server = scope.get("server")
-        if server:
-            http.server_address, http.server_port = server[0], server[1]
+        root, parent = self._roots.decide(incoming, method or "request")
+        server = scope.get("server") or (None, None)
+        http = HttpFacts(method, scope.get("path", ""), server[0], server[1])
+        handle = ServerRequest(root, parent, incoming, self._closer, http, capture_content=self.capture_content,
+                               clock_ns=self.clock_ns, received_ns=received_ns, managed=managed)
         scope[SCOPE_KEY] = handle
         return handle
+
+    def _expire(self) -> None:
+        """At each wake-up of the sink's thread: requests the engine has let go of go on."""
+        self._closer.expire()
 
     # --- process ---------------------------------------------------------------------------------
     @property
     def span_builder_pid(self) -> int | None:
         """The span-builder process's pid (builder="process"), else None."""
-        return getattr(self._builder, "pid", None)
+        return getattr(self._sink, "pid", None)
 
     def stats(self) -> dict[str, int]:
-        """Counters. `requests_dropped`/`steps_dropped`: records lost at the hand-off (queue full);
-        `spans_dropped`: spans lost anywhere (step records dropped, build errors, export queue full,
-        failed exports, records lost on the way to a span-builder process); `spans_built`: spans ended
-        by the builder; `export_*`: see otel_setup. Process builder only: `records_shipped`,
-        `bytes_shipped`, `channel_dropped` (child dead or pipe broken), `channel_lost` (shipped, never
-        received by a child that died), `encode_errors`, `shipper_cpu_ns`,
-        `child_alive`, `child_restarts` (a dead child is replaced at the next shipment, then at most
-        once per backoff), `child_cpu_ns`, and the children's counters as of their last reports
-        (every 0.5 s and at each flush), summed over the children that died."""
-        counters = {
-            "requests_offered": self._requests.offered,
-            "requests_dropped": self._requests.dropped,
-            "steps_offered": self._steps.offered,
-            "steps_dropped": self._steps.dropped,
-            "queue_full": self._requests.dropped + self._steps.dropped,  # hand-off refusals
-            "queued": len(self._requests) + len(self._steps),
-            **export_counters(self.tracer_provider),
-            **self._builder.counters(),  # the span-builder process's export counters win
-        }
-        # Losses of any kind (a dropped request record loses its whole span tree): never silent.
-        counters["spans_dropped"] = (counters["requests_dropped"] + counters["steps_dropped"]
-                                     + counters["build_errors"] + counters.get("decode_errors", 0)
-                                     + counters["export_dropped"] + counters["export_failed"]
-                                     + counters.get("channel_dropped", 0) + counters.get("channel_lost", 0)
-                                     + counters.get("encode_errors", 0))
-        return counters
-
-    def _drop_counts(self) -> dict[str, int]:
-        """Losses by reason, for the phaselens.telemetry.dropped counter."""
-        exported = export_counters(self.tracer_provider)
-        return {"request_handoff_full": self._requests.dropped, "step_handoff_full": self._steps.dropped,
-                "build_error": self._builder.counters()["build_errors"],
-                "export_queue_full": exported["export_dropped"], "export_failed": exported["export_failed"]}
+        """Counters, all from the sink (`sink.Sink.counters`) plus `requests_pending` (closed, waiting
+        for the engine) and `spans_dropped` (every loss, `counters.LOSSES`). `requests_dropped` /
+        `steps_dropped`: records lost at the hand-off (queue full, or after shutdown); `spans_built`:
+        spans emitted by the builder; `export_*`: see otel_setup. Process builder only:
+        `records_shipped`, `bytes_shipped`, `channel_dropped` (child dead or pipe broken),
+        `channel_lost` (shipped, never received by a child that died), `encode_errors`,
+        `shipper_cpu_ns`, `child_alive`, `child_restarts` (a dead child is replaced at the next
+        shipment, then at most once per backoff), `child_cpu_ns`, `records_received`,
+        `decode_errors`, and the children's counters as of their last reports (every 0.5 s and at
+        each flush), summed over the children that died."""
+        return with_losses({**self._sink.counters(), "requests_pending": len(self._closer)})
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every handed-off record is built into spans (not exported)."""
-        return self._builder.flush(timeout_s)
+        """Wait until every closed request and every step so far is built into spans (for the
+        process builder: also exported); a request still waiting for the engine is waited for."""
+        deadline = time.monotonic() + timeout_s
+        if not wait_until(lambda: not len(self._closer), timeout_s, self._closer.expire):
+            return False
+        return self._sink.flush(max(0.0, deadline - time.monotonic()))
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Flush the span builder, stop it, then flush (or shut down, when owned) the providers."""
+        """Hand on every closed request (without waiting for the engine), stop the sink, then flush
+        (or shut down, when owned) the providers. Records arriving later are counted as dropped."""
         if self._shut_down:
             return
         self._shut_down = True
-        self._builder.stop(timeout_s)
-        self._requests.close()  # records arriving from now on are counted as dropped
-        self._steps.close()
+        self._closer.expire(force=True)
+        self._sink.stop(timeout_s)
         for provider in (self.tracer_provider, self.meter_provider):
             action = getattr(provider, "shutdown" if self._owns_providers else "force_flush", None)
             if action is not None:

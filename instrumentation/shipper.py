@@ -1,17 +1,10 @@
-"""Out-of-process span building, the serving side (`ServerTelemetry(builder="process")`).
+"""Out-of-process span building, the serving side: `ProcessSink` (`ServerTelemetry(builder="process")`).
 
-Building spans costs ~1 ms of Python per request (SDK spans, step links, metrics, OTLP encoding);
-in-process that runs under the serving loop's GIL. Here the serving process keeps only what the
-loop stamped and ships it as bytes (`phaselens.instrumentation.wire`) to a child process
-(`phaselens.instrumentation.span_process`) that runs the same builder and exporters:
-
-- `RootDecider`, on the event-loop thread at receipt: extracts nothing itself (the middleware does),
-  takes the sampling decision once with the provider's sampler (parent-based, cheap) and makes the
-  trace id (no valid parent) and root span id; the handle holds them in a non-recording span, so
-  the app's own spans still nest under the SERVER span the child will create with those ids.
-- `ProcessSpanBuilder`, a thread with the SpanBuilder's interface: drains the same hand-offs,
-  holds requests the engine is not done with, encodes records (a few µs each) and writes them to
-  the child's stdin in one `os.write` per drain (the write itself runs without the GIL).
+Building spans costs ~1 ms of Python per request (spans, step links, metrics, OTLP encoding);
+in-process that runs under the serving loop's GIL. This sink keeps the records and ships them as
+bytes (`wire`) to a child process (`python -m phaselens.instrumentation.span_process`) that runs the
+same `SpanBuilder` and exporters: a thread drains the hand-offs, encodes the records (a few µs each)
+and writes them to the child's stdin in one `os.write` per drain (the write runs without the GIL).
 
 Never hurts the loop: the hand-offs are bounded (full → dropped, counted). A child that dies is
 restarted at the next shipment, then at most once per backoff (0.5 s, doubling to 30 s): records
@@ -30,18 +23,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any
-
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, get_current_span
+from typing import IO, Callable
 
 from . import wire
-from .builder import BuildOptions, PendingRequests
-from .clock import ClockAnchor, ClockNs
-from .handle import RequestHandle
-from .timeline import BoundedHandOff
+from .clock import ClockAnchor
+from .record import Record, RequestRecord
+from .sink import HandOffs, wait_until
 
 PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~1000 requests while the child is busy
 # one drain and write per interval: each wake-up costs this process GIL time (measured: 20 ms → 0.25 s
@@ -50,34 +37,7 @@ SHIP_INTERVAL_S = 0.25
 _F_SETPIPE_SZ = 1031
 RESTART_BACKOFF_S = 0.5  # the wait before a second restart; doubles per restart, up to the max
 RESTART_BACKOFF_MAX_S = 30.0
-_NOT_SUMMED = ("ack", "final", "requests_pending")  # report fields that are not cumulative counts
-
-
-class ShippedRequestHandle(RequestHandle):
-    """A RequestHandle whose root span is built in the child; `link_key` names it in step frames."""
-
-    __slots__ = ("link_key",)
-
-    def __init__(self, span: NonRecordingSpan, *args: Any, **kwargs: Any) -> None:
-        RequestHandle.__init__(self, span, *args, **kwargs)
-        self.link_key = wire.link_key(span.get_span_context()) if self.sampled else b""
-
-
-class RootDecider:
-    """Sampling decision and root ids for a request, without starting a span."""
-
-    def __init__(self, tracer_provider: Any) -> None:
-        # the provider's own sampler and ids when it is an SDK provider, else OTEL_TRACES_SAMPLER's
-        self._sampler = getattr(tracer_provider, "sampler", None) or _get_from_env_or_default()
-        self._ids = getattr(tracer_provider, "id_generator", None) or RandomIdGenerator()
-
-    def root(self, parent: Context, name: str) -> NonRecordingSpan:
-        parent_context = get_current_span(parent).get_span_context()
-        trace_id = parent_context.trace_id if parent_context.is_valid else self._ids.generate_trace_id()
-        result = self._sampler.should_sample(parent, trace_id, name, SpanKind.SERVER)
-        flags = TraceFlags(TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT)
-        return NonRecordingSpan(SpanContext(trace_id, self._ids.generate_span_id(), False, flags,
-                                            result.trace_state))
+_NOT_SUMMED = ("ack", "final")  # report fields that are not cumulative counts
 
 
 @dataclass(slots=True)
@@ -101,17 +61,17 @@ class _Child:
         return 0 if self.report.get("final") else max(0, self.shipped - self.report.get("records_received", 0))
 
 
-class ProcessSpanBuilder:
-    """Drains `requests` and `steps` into the span-builder process (same interface as SpanBuilder)."""
+class ProcessSink:
+    """sink.Sink that ships records to the span-builder process; `tick()` runs at every wake-up."""
 
-    def __init__(self, service_name: str, anchor: ClockAnchor, clock_ns: ClockNs, requests: BoundedHandOff,
-                 steps: BoundedHandOff, options: BuildOptions, poll_interval_s: float) -> None:
-        self._requests, self._steps = requests, steps
-        self._pending = PendingRequests(clock_ns, options.engine_grace_ns)
+    def __init__(self, service_name: str, anchor: ClockAnchor, token_events: bool, capacity: int,
+                 poll_interval_s: float, tick: Callable[[], None]) -> None:
+        self._handoffs = HandOffs(capacity)
+        self.submit = self._handoffs.submit  # the hot path, one call level less
+        self._tick = tick
         self._interval_s = max(poll_interval_s, SHIP_INTERVAL_S)
         self._wake = threading.Event()
-        self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns,
-                                                   options.token_events))
+        self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns, token_events))
         self._counts = {"records_shipped": 0, "bytes_shipped": 0, "channel_dropped": 0, "encode_errors": 0,
                         "steps_unsampled": 0, "shipper_cpu_ns": 0, "child_restarts": 0}
         self._done = 0  # records taken off the hand-offs and shipped, dropped or skipped
@@ -152,43 +112,39 @@ class ProcessSpanBuilder:
     def _run(self) -> None:
         self._write(self._child, [self._hello])
         while not self._stop.is_set():
-            self._drain(force=False)
+            self._tick()
+            self._drain()
             self._counts["shipper_cpu_ns"] = time.thread_time_ns()  # what shipping costs this process
             self._wake.wait(self._interval_s)
             self._wake.clear()
-        self._drain(force=True)
+        self._drain()
         try:
             self._child.proc.stdin.close()  # EOF: the child builds what it holds, exports and exits
         except OSError:
             pass
 
-    def _drain(self, force: bool) -> None:
-        """Ship what is ready, and any flush asked for."""
-        frames: list[bytes] = []
-        steps = requests = 0
-        while (step := self._steps.take()) is not None:
-            steps += 1
-            payload = self._encoded(wire.encode_step, step)
-            if payload is None:
-                self._counts["steps_unsampled"] += 1
-            else:
-                frames.append(payload)
-        while (handle := self._requests.take()) is not None:
-            requests += 1
-            self._pending.add(handle)
-        ready = self._pending.take_ready(force)
-        frames.extend(payload for handle in ready if (payload := self._encoded(wire.encode_request, handle)))
-        records = len(frames)
+    def _drain(self) -> None:
+        """Ship what is waiting, and any flush asked for."""
+        records = self._handoffs.take()
+        frames = [payload for record in records if (payload := self._encoded(record))]
+        shipped = len(frames)
         while self._flush_asked:
             frames.append(wire.frame(wire.KIND_FLUSH, (self._flush_asked.pop(0),)))
         if frames:
-            self._send(frames, records)
-        self._done += steps + len(ready)
+            self._send(frames, shipped)
+        self._done += len(records)
 
-    def _encoded(self, encode, record) -> bytes | None:
+    def _encoded(self, record: Record) -> bytes | None:
+        """The record's frame; None when it is not shipped (a batch with no sampled member, or a
+        record the pipe cannot carry, e.g. a prompt marshal cannot encode: lost, counted)."""
         try:
-            return encode(record)
-        except Exception:  # e.g. a prompt marshal cannot carry: lose this record, counted
+            if isinstance(record, RequestRecord):
+                return wire.encode_request(record)
+            if not any(record.links):
+                self._counts["steps_unsampled"] += 1
+                return None
+            return wire.encode_step(record)
+        except Exception:
             self._counts["encode_errors"] += 1
             return None
 
@@ -261,17 +217,15 @@ class ProcessSpanBuilder:
     def counters(self) -> dict[str, int]:
         with self._child_changed:
             child, retired = self._child, dict(self._retired)
-            report = {k: v for k, v in child.report.items() if k not in ("ack", "final")}
+            report = {k: v for k, v in child.report.items() if k not in _NOT_SUMMED}
         alive = child.alive()
-        counters = {}
+        counters = {"spans_built": 0, "build_errors": 0, "export_exported": 0, "export_failed": 0,
+                    "export_dropped": 0, **self._handoffs.counters()}
         for counts in (report, retired, self._counts):  # steps_unsampled is counted on both sides
             for key, value in counts.items():
                 counters[key] = counters.get(key, 0) + value
         counters["child_alive"] = int(alive)
         counters["channel_lost"] = retired.get("channel_lost", 0) + (0 if alive else child.lost())
-        counters["requests_pending"] = report.get("requests_pending", 0) + len(self._pending)
-        counters.setdefault("spans_built", 0)
-        counters.setdefault("build_errors", 0)
         return counters
 
     # --- flush and stop --------------------------------------------------------------------------------
@@ -281,11 +235,8 @@ class ProcessSpanBuilder:
         (what could not be shipped is counted in `channel_dropped` by then)."""
         deadline = time.monotonic() + timeout_s
         # counted from what the hand-offs accepted: a record just taken but not yet shipped still counts
-        while self._done < sum(h.offered - h.dropped for h in (self._requests, self._steps)):
-            if time.monotonic() >= deadline:
-                return False
-            self._wake.set()
-            time.sleep(0.002)
+        if not wait_until(lambda: self._done >= self._handoffs.accepted(), timeout_s, self._wake.set):
+            return False
         with self._child_changed:
             child = self._child
             self._sequence += 1
@@ -297,8 +248,8 @@ class ProcessSpanBuilder:
                 max(0.0, deadline - time.monotonic())) and not child.dead
 
     def stop(self, timeout_s: float) -> None:
-        """Ship everything left (pending requests without waiting for the engine), close the pipe and
-        wait for the child to export and exit; kill it when it does not within `timeout_s`."""
+        """Ship everything left, close the pipe and wait for the child to export and exit; kill it
+        when it does not within `timeout_s`. Later submits are counted as dropped."""
         self._stop.set()
         self._wake.set()
         self._shipper.join(timeout_s)
@@ -309,3 +260,4 @@ class ProcessSpanBuilder:
             child.proc.kill()
             child.proc.wait()
         child.reader.join(timeout_s)
+        self._handoffs.close()

@@ -1,4 +1,4 @@
-"""Records → OpenTelemetry spans with explicit start/end times (runs on the builder thread only).
+"""Records → finished OpenTelemetry spans (`emitter.SpanEmitter`), on the builder's thread only.
 
 Per request (one trace, child of the client's span when a traceparent arrived):
 
@@ -21,56 +21,39 @@ spans of the batch's sampled requests; a step whose batch holds no sampled reque
 the step's own trace is sampled by the provider's root sampler (always, by default; with a ratio
 sampler, that share of steps). The SDK keeps 128 links per span by default
 (OTEL_SPAN_LINK_COUNT_LIMIT) and 128 events (OTEL_SPAN_EVENT_COUNT_LIMIT, per-token events).
+
+Every span of a request shares the trace id, flags and trace state of its SERVER span: the one
+sampling decision, taken at receipt, holds for the whole tree. Child span ids come from the
+provider's id generator.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from phaselens.common.quantile import quantile
 
 from . import names
 from .clock import ClockAnchor
-from .handle import RequestHandle
+from .emitter import SpanEmitter
+from .ids import child_flags, span_context
 from .observer import FINISH_ERROR
 from .phases import Phases, stall_ns
-from .timeline import CHUNK_FIELDS, StepRecord
+from .record import RequestRecord, StepRecord
+from .timeline import CHUNK_FIELDS
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
 
 
-@dataclass(slots=True)
-class SpanWriter:
-    """Starts and ends spans on explicit monotonic times; counts the spans it ended."""
-
-    tracer: Tracer
-    anchor: ClockAnchor
-    ended: int = 0
-
-    def child(self, parent: Context, name: str, start_ns: int, attributes: dict[str, Any] | None = None) -> Any:
-        """A span under `parent` (a context holding the parent span)."""
-        return self.tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL,
-                                      start_time=self.anchor.to_wall_ns(start_ns), attributes=attributes)
-
-    def end(self, span: Any, end_ns: int) -> None:
-        span.end(end_time=self.anchor.to_wall_ns(end_ns))
-        self.ended += 1
-
-    def leaf(self, parent: Context, name: str, start_ns: int, end_ns: int,
-             attributes: dict[str, Any] | None = None) -> None:
-        self.end(self.child(parent, name, start_ns, attributes), end_ns)
-
-
-def error_type(handle: RequestHandle) -> str | None:
+def error_type(record: RequestRecord) -> str | None:
     """The request's `error.type`: what the app said, else what the transport or engine saw."""
-    http, outcome = handle.http, handle.outcome
+    http, outcome = record.http, record.outcome
     status = outcome.status_code or http.status_code
     if outcome.error_type:
         return outcome.error_type
@@ -80,15 +63,15 @@ def error_type(handle: RequestHandle) -> str | None:
         return http.exception_type
     if status is not None and status >= 400:
         return str(status)
-    if handle.finish_reason == FINISH_ERROR:
+    if record.finish_reason == FINISH_ERROR:
         return FINISH_ERROR
     return None
 
 
-def output_tokens(handle: RequestHandle, phases: Phases) -> int:
+def output_tokens(record: RequestRecord, phases: Phases) -> int:
     """Usage as reported by `complete()`, else counted from the stamps (1 + Σ tokens per step)."""
-    if handle.outcome.output_tokens is not None:
-        return handle.outcome.output_tokens
+    if record.outcome.output_tokens is not None:
+        return record.outcome.output_tokens
     return (1 + phases.decode_tokens) if phases.first_token_ns else 0
 
 
@@ -122,14 +105,14 @@ def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
                        for m in content], default=str)
 
 
-def request_attributes(handle: RequestHandle, phases: Phases, anchor: ClockAnchor) -> dict[str, Any]:
-    """Every attribute of the SERVER root span (design §3)."""
-    info, outcome, http = handle.info, handle.outcome, handle.http
-    tokens = output_tokens(handle, phases)
-    finish_reason = outcome.finish_reason or handle.finish_reason or None
+def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAnchor) -> dict[str, Any]:
+    """Every attribute of the SERVER root span (docs/span-model.md#server-root-span)."""
+    info, outcome, http = record.info, record.outcome, record.http
+    tokens = output_tokens(record, phases)
+    finish_reason = outcome.finish_reason or record.finish_reason or None
     tpot = tpot_ns(phases, tokens)
     inference_ns = phases.prefill_ns + phases.first_token_phase_ns + phases.decode_ns
-    cached = outcome.cached_tokens or sum(handle.chunks[3::CHUNK_FIELDS])
+    cached = outcome.cached_tokens or sum(record.chunks[3::CHUNK_FIELDS])
     attributes: dict[str, Any] = {
         names.GEN_AI_PROVIDER_NAME: names.PROVIDER_PHASELENS,
         names.HTTP_REQUEST_METHOD: http.method or None,
@@ -137,7 +120,7 @@ def request_attributes(handle: RequestHandle, phases: Phases, anchor: ClockAncho
         names.HTTP_RESPONSE_STATUS_CODE: outcome.status_code or http.status_code,
         names.SERVER_ADDRESS: http.server_address,
         names.SERVER_PORT: http.server_port,
-        names.ERROR_TYPE: error_type(handle),
+        names.ERROR_TYPE: error_type(record),
         names.PL_INGRESS_MS: _ms(phases.ingress_ns),
         names.PL_QUEUE_MS: _ms(phases.queue_ns),
         names.PL_PREFILL_MS: _ms(phases.prefill_ns),
@@ -197,78 +180,106 @@ def decode_attributes(phases: Phases) -> dict[str, Any]:
     }
 
 
-def _chunk_spans(writer: SpanWriter, handle: RequestHandle, phases: Phases, prefill: Any, decode: Any) -> None:
+class _Tree:
+    """The spans of one request's trace, collected in the order they would have ended."""
+
+    __slots__ = ("emitter", "anchor", "root", "spans")
+
+    def __init__(self, emitter: SpanEmitter, anchor: ClockAnchor, root: SpanContext) -> None:
+        self.emitter, self.anchor, self.root = emitter, anchor, root
+        self.spans: list[ReadableSpan] = []
+
+    def new_context(self) -> SpanContext:
+        """A child's context: the root's trace, flags and state, a fresh span id."""
+        root = self.root
+        return SpanContext(root.trace_id, self.emitter.ids.generate_span_id(), False, root.trace_flags,
+                           root.trace_state)
+
+    def add(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int, end_ns: int,
+            attributes: dict[str, Any] | None = None, **options: Any) -> None:
+        to_wall = self.anchor.to_wall_ns
+        self.spans.append(self.emitter.span(name, context, parent, to_wall(start_ns), to_wall(end_ns), attributes,
+                                            **options))
+
+    def leaf(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None,
+             parent: SpanContext | None = None) -> None:
+        self.add(name, self.new_context(), parent or self.root, start_ns, end_ns, attributes)
+
+
+def _chunk_spans(tree: _Tree, record: RequestRecord, phases: Phases, prefill: SpanContext | None,
+                 decode: SpanContext | None) -> None:
     """llm.prefill.chunk spans: initial chunks under llm.prefill (when more than one), recompute
     chunks after the first token under llm.decode."""
-    chunks = handle.chunks
-    count = len(chunks) // CHUNK_FIELDS
-    for index in range(count):
+    chunks = record.chunks
+    for index in range(len(chunks) // CHUNK_FIELDS):
         start, end, tokens, cached = chunks[index * CHUNK_FIELDS:(index + 1) * CHUNK_FIELDS]
         recompute = index >= phases.initial_chunks
         parent = decode if recompute else prefill
         if parent is None or (not recompute and phases.initial_chunks < 2):
             continue
-        writer.leaf(trace.set_span_in_context(parent), names.SPAN_PREFILL_CHUNK, start, end, {
+        tree.leaf(names.SPAN_PREFILL_CHUNK, start, end, {
             names.PL_CHUNK_INDEX: index, names.PL_CHUNK_TOKENS: tokens, names.PL_CACHED_TOKENS: cached,
-            names.PL_PREFILL_RECOMPUTE: recompute})
+            names.PL_PREFILL_RECOMPUTE: recompute}, parent)
 
 
-def _prefill_attributes(handle: RequestHandle, phases: Phases) -> dict[str, Any]:
-    initial = handle.chunks[:phases.initial_chunks * CHUNK_FIELDS]
+def _prefill_attributes(record: RequestRecord, phases: Phases) -> dict[str, Any]:
+    initial = record.chunks[:phases.initial_chunks * CHUNK_FIELDS]
     return {names.PL_PREFILL_CHUNKS: phases.initial_chunks,
             names.PL_CHUNK_TOKENS: sum(initial[2::CHUNK_FIELDS]),
             names.PL_CACHED_TOKENS: sum(initial[3::CHUNK_FIELDS])}
 
 
-def _token_events(writer: SpanWriter, span: Any, handle: RequestHandle) -> None:
-    for t_ns, n in zip(handle.token_ns, handle.token_n):
-        span.add_event(names.EVENT_TOKEN, {names.PL_TOKEN_COUNT: n}, timestamp=writer.anchor.to_wall_ns(t_ns))
+def _token_events(tree: _Tree, record: RequestRecord) -> list:
+    to_wall, event = tree.anchor.to_wall_ns, tree.emitter.event
+    return [event(names.EVENT_TOKEN, {names.PL_TOKEN_COUNT: n}, to_wall(t_ns))
+            for t_ns, n in zip(record.token_ns, record.token_n)]
 
 
-def build_request_spans(writer: SpanWriter, handle: RequestHandle, phases: Phases, token_events: bool) -> None:
-    """Emit the phase spans of one sampled request, then end its SERVER span."""
-    root = trace.set_span_in_context(handle.span)
+def request_spans(emitter: SpanEmitter, anchor: ClockAnchor, record: RequestRecord, phases: Phases,
+                  token_events: bool) -> list[ReadableSpan]:
+    """The spans of one sampled request: phase spans, then the SERVER span."""
+    tree = _Tree(emitter, anchor, span_context(record.root))
     # rejected before reaching the engine: the whole request was ingress
-    writer.leaf(root, names.SPAN_INGRESS, phases.received_ns, phases.enqueued_ns or phases.end_ns)
+    tree.leaf(names.SPAN_INGRESS, phases.received_ns, phases.enqueued_ns or phases.end_ns)
     for index, (start, end) in enumerate(phases.waits):
-        writer.leaf(root, names.SPAN_QUEUE, start, end, {names.PL_QUEUE_WAIT_INDEX: index})
-    prefill = decode = None
-    if phases.scheduled_ns:
-        prefill = writer.child(root, names.SPAN_PREFILL, phases.scheduled_ns, _prefill_attributes(handle, phases))
+        tree.leaf(names.SPAN_QUEUE, start, end, {names.PL_QUEUE_WAIT_INDEX: index})
+    prefill = tree.new_context() if phases.scheduled_ns else None
+    decode = None
     if phases.first_token_ns:
-        writer.leaf(root, names.SPAN_FIRST_TOKEN, phases.prefill_end_ns, phases.first_token_ns)
-        decode = writer.child(root, names.SPAN_DECODE, phases.first_token_ns, decode_attributes(phases))
-        if token_events:
-            _token_events(writer, decode, handle)
-        writer.leaf(root, names.SPAN_DELIVERY, phases.last_token_ns, phases.end_ns)
-    _chunk_spans(writer, handle, phases, prefill, decode)
+        tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ns, phases.first_token_ns)
+        decode = tree.new_context()
+        tree.leaf(names.SPAN_DELIVERY, phases.last_token_ns, phases.end_ns)
+    _chunk_spans(tree, record, phases, prefill, decode)
     if prefill is not None:
-        writer.end(prefill, phases.prefill_end_ns)
+        tree.add(names.SPAN_PREFILL, prefill, tree.root, phases.scheduled_ns, phases.prefill_end_ns,
+                 _prefill_attributes(record, phases))
     if decode is not None:
-        writer.end(decode, phases.last_token_ns)
-    _end_root(writer, handle, phases)
+        tree.add(names.SPAN_DECODE, decode, tree.root, phases.first_token_ns, phases.last_token_ns,
+                 decode_attributes(phases), events=_token_events(tree, record) if token_events else ())
+    _add_root(tree, record, phases)
+    return tree.spans
 
 
-def _end_root(writer: SpanWriter, handle: RequestHandle, phases: Phases) -> None:
-    root = handle.span
-    attributes = request_attributes(handle, phases, writer.anchor)
-    if handle.info is not None:
-        root.update_name(names.root_span_name(handle.info.operation, handle.info.model))
-    root.set_attributes(attributes)
+def _add_root(tree: _Tree, record: RequestRecord, phases: Phases) -> None:
+    attributes = request_attributes(record, phases, tree.anchor)
+    info = record.info
+    name = names.root_span_name(info.operation, info.model) if info is not None else record.http.method or "request"
     failure = attributes.get(names.ERROR_TYPE)
-    if failure:
-        root.set_status(Status(StatusCode.ERROR, failure))
-    writer.end(root, phases.end_ns)
+    parent = span_context(record.parent, is_remote=True) if record.parent is not None else None
+    tree.add(name, tree.root, parent, phases.received_ns, phases.end_ns, attributes, kind=SpanKind.SERVER,
+             status=Status(StatusCode.ERROR, failure) if failure else Status(StatusCode.UNSET))
 
 
-def build_step_span(writer: SpanWriter, step: StepRecord) -> bool:
-    """One llm.engine_step span in its own trace, linked to the batch's sampled SERVER spans."""
-    links = [Link(h.span.get_span_context()) for h in step.requests if getattr(h, "sampled", False)]
-    if not links:
-        return False
+def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> ReadableSpan | None:
+    """One llm.engine_step span in a trace of its own, linked to the batch's sampled SERVER spans;
+    None when no member is sampled or the provider's sampler does not record the step's trace."""
+    sampled = step.sampled_links()
+    if not sampled:
+        return None
+    links = [emitter.link(*link) for link in sampled]
     attributes = {
         names.PL_STEP_INDEX: step.index,
-        names.PL_STEP_NUM_SEQS: len(step.requests),
+        names.PL_STEP_NUM_SEQS: len(step.links),
         names.PL_STEP_PREFILL_TOKENS: step.prefill_tokens,
         names.PL_STEP_DECODE_TOKENS: step.decode_tokens,
         names.PL_STEP_KV_BLOCKS_USED: step.kv_blocks_used,
@@ -277,8 +288,13 @@ def build_step_span(writer: SpanWriter, step: StepRecord) -> bool:
         names.PL_STEP_QUEUE_DEPTH: step.queue_depth,
         names.PL_STEP_DURATION_MS: _ms(step.end_ns - step.start_ns),
     }
-    span = writer.tracer.start_span(names.SPAN_ENGINE_STEP, context=Context(),
-                                    kind=SpanKind.INTERNAL, links=links, attributes=attributes,
-                                    start_time=writer.anchor.to_wall_ns(step.start_ns))
-    writer.end(span, step.end_ns)
-    return True
+    trace_id = emitter.ids.generate_trace_id()
+    result = emitter.sampler.should_sample(Context(), trace_id, names.SPAN_ENGINE_STEP, SpanKind.INTERNAL,
+                                           attributes, links)
+    if not result.decision.is_recording():
+        return None
+    context = SpanContext(trace_id, emitter.ids.generate_span_id(), False,
+                          TraceFlags(child_flags(result.decision.is_sampled(), emitter.ids.is_trace_id_random())),
+                          result.trace_state)
+    return emitter.span(names.SPAN_ENGINE_STEP, context, None, anchor.to_wall_ns(step.start_ns),
+                        anchor.to_wall_ns(step.end_ns), result.attributes, links=links)

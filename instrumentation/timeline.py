@@ -3,8 +3,8 @@
 `RequestTimeline` implements `observer.RequestObserver`; `StepRecorder` implements
 `observer.StepObserver`. Every method appends integers (monotonic ns from the injected clock,
 counts) to `array('q')` buffers or int slots: no OpenTelemetry call, no lock, no object kept per
-token. The records are handed to the span builder thread through `BoundedHandOff`, which never
-blocks and never raises: when full it drops the record and counts it.
+token. Records reach the span pipeline through a sink's `BoundedHandOff`, which never blocks and
+never raises: when full it drops the record and counts it.
 
 Layout of a request timeline (all monotonic ns, 0 = not stamped):
     received_ns, enqueued_ns, first_token_ns, finished_ns, responded_ns
@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .clock import ClockNs
+from .record import StepRecord
 
 CHUNK_FIELDS = 4  # start, end, tokens, cached
 
@@ -74,29 +74,13 @@ class RequestTimeline:
         self.waits.append(self.clock_ns())
 
     def finished(self, reason: str) -> None:
+        self.finish_reason = reason  # before finished_ns: a reader that sees `engine_done` sees both
         self.finished_ns = self.clock_ns()
-        self.finish_reason = reason
 
     @property
     def engine_done(self) -> bool:
         """The engine will write no more stamps (finished, or never handed to the engine)."""
         return self.finished_ns != 0 or self.enqueued_ns == 0
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """One engine iteration, as the loop reported it."""
-
-    index: int
-    start_ns: int
-    end_ns: int
-    prefill_tokens: int
-    decode_tokens: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    preemptions: int
-    queue_depth: int
-    requests: tuple
 
 
 class BoundedHandOff:
@@ -141,12 +125,15 @@ class BoundedHandOff:
 
 
 class StepRecorder:
-    """observer.StepObserver: one StepRecord per engine iteration into the hand-off."""
+    """observer.StepObserver: one StepRecord per engine iteration, handed to `submit`.
 
-    __slots__ = ("_handoff", "_index")
+    The links are read from the members' `link` (their SERVER span's ids, fixed at receipt): one
+    list comprehension per step, no OTel object."""
 
-    def __init__(self, handoff: BoundedHandOff) -> None:
-        self._handoff = handoff
+    __slots__ = ("_submit", "_index")
+
+    def __init__(self, submit: Callable[[StepRecord], Any]) -> None:
+        self._submit = submit
         self._index = 0
 
     def step(self, start_ns: int, end_ns: int, prefill_tokens: int, decode_tokens: int,
@@ -154,6 +141,9 @@ class StepRecorder:
              requests: Sequence[Any]) -> None:
         index = self._index
         self._index = index + 1
-        self._handoff.offer(StepRecord(index, start_ns, end_ns, prefill_tokens, decode_tokens,
-                                       kv_blocks_used, kv_blocks_total, preemptions, queue_depth,
-                                       tuple(requests)))
+        try:
+            links = tuple([request.link for request in requests])
+        except AttributeError:  # a loop that also batches observers of its own: counted, not linked
+            links = tuple([getattr(request, "link", None) for request in requests])
+        self._submit(StepRecord(index, start_ns, end_ns, prefill_tokens, decode_tokens, kv_blocks_used,
+                                kv_blocks_total, preemptions, queue_depth, links))

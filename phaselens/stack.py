@@ -22,12 +22,13 @@ from pathlib import Path
 from phaselens.analysis import schema as analysis_schema
 from phaselens.analysis.schema import FACTS_VIEW
 from phaselens.collectors import schema as collector_schema
-from phaselens.storage.clickhouse_url import connect
 from phaselens.common.process import LOOPBACK, die_with_parent, free_port, terminate
+from phaselens.instrumentation import names
+from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse
 
-SERVER_SERVICE = "phaselens-reference-server"
-VLLM_SERVICE = "vllm"
+SERVER_SERVICE = names.SERVER_SERVICE_NAME
+VLLM_SERVICE = names.VLLM_SERVICE_NAME
 CLIENT_SERVICE = "phaselens-loadgen"
 # Spans reach the collector within ~0.2 s instead of the SDK's default 5 s batch delay.
 BSP_SCHEDULE_DELAY_MS = "200"

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phaselens.common.exposure import authorized
 from phaselens.instrumentation import names
-from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NullRequestObserver
+from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, RequestHandle
 
 from phaselens.reference_server import chat_template
 from phaselens.reference_server.engine import Engine, QueueFullError
@@ -49,19 +49,6 @@ class ApiSettings:
     reasoning_tokens: int = 0  # chat only: the first N output tokens stream as reasoning_content
     auth_token: str | None = None  # when set, /v1/* needs `Authorization: Bearer <token>`
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-
-
-class Untraced(NullRequestObserver):
-    """The request handle when the app runs without telemetry."""
-
-    __slots__ = ()
-
-    def describe(self, **_: Any) -> None: ...
-    def complete(self, **_: Any) -> None: ...
-    def fail(self, error_type: str, status_code: int | None = None) -> None: ...
-
-
-UNTRACED = Untraced()
 
 
 class OutputStream:
@@ -168,7 +155,7 @@ class _Routes:
                              "kv_blocks_used": blocks.num_used, "kv_blocks_total": blocks.num_blocks})
 
     async def _serve(self, request: Request, chat: bool) -> Response:
-        handle = self.telemetry.request(request.scope) if self.telemetry is not None else UNTRACED
+        handle = self.telemetry.request(request.scope) if self.telemetry is not None else NULL_REQUEST
         try:
             self._authorize(request)
             parsed = (parse_chat if chat else parse_completion)(await self._read_json(request))
@@ -239,7 +226,7 @@ class _Routes:
             return loaded.tokenizer.encode(text, add_special_tokens=False)
         return loaded.tokenizer.encode(parsed.prompt, add_special_tokens=loaded.add_special_tokens)
 
-    def _describe(self, handle: Any, job: Job, chat: bool) -> None:
+    def _describe(self, handle: RequestHandle, job: Job, chat: bool) -> None:
         parsed, params = job.parsed, job.params
         handle.describe(operation=names.OP_CHAT if chat else names.OP_TEXT_COMPLETION, model=parsed.model,
                         request_id=job.envelope.request_id, input_tokens=len(job.prompt_ids),
@@ -247,7 +234,7 @@ class _Routes:
                         top_k=params.top_k, seed=params.seed, stream=parsed.stream,
                         prompt=parsed.messages if chat else parsed.prompt)
 
-    def _submit(self, job: Job, handle: Any, stream: OutputStream) -> int:
+    def _submit(self, job: Job, handle: RequestHandle, stream: OutputStream) -> int:
         try:
             return self.engine.submit(job.prompt_ids, job.params, observer=handle, sink=stream.sink)
         except QueueFullError as exc:
@@ -255,7 +242,7 @@ class _Routes:
         except ValueError as exc:
             raise bad(str(exc), "max_tokens", code="context_length_exceeded") from None
 
-    async def _events(self, job: Job, stream: OutputStream, handle: Any, seq_id: int) -> AsyncIterator[bytes]:
+    async def _events(self, job: Job, stream: OutputStream, handle: RequestHandle, seq_id: int) -> AsyncIterator[bytes]:
         """SSE body: role chunk (chat), deltas, finish chunk, usage chunk (if asked), [DONE]."""
         envelope, finished, text = job.envelope, False, []
         try:
@@ -282,7 +269,7 @@ class _Routes:
             if not finished:
                 self.engine.abort(seq_id)
 
-    async def _respond(self, request: Request, job: Job, stream: OutputStream, handle: Any, seq_id: int) -> Response:
+    async def _respond(self, request: Request, job: Job, stream: OutputStream, handle: RequestHandle, seq_id: int) -> Response:
         """Non-streaming: wait for the end, unless the client leaves first (then abort)."""
         collect = asyncio.ensure_future(_collect(stream))
         gone = asyncio.ensure_future(_disconnected(request))
@@ -298,7 +285,7 @@ class _Routes:
         self._complete(handle, final, content)
         return JSONResponse(job.envelope.full(reasoning, content, final))
 
-    def _engine_failure(self, out: SeqOutput, handle: Any) -> ApiError:
+    def _engine_failure(self, out: SeqOutput, handle: RequestHandle) -> ApiError:
         if out.finish_reason == FINISH_ERROR:
             error = ApiError(500, "the engine failed while running this request", type_="server_error",
                              code="engine_error")
@@ -308,7 +295,7 @@ class _Routes:
         return error
 
     @staticmethod
-    def _complete(handle: Any, final: SeqOutput, completion: str) -> None:
+    def _complete(handle: RequestHandle, final: SeqOutput, completion: str) -> None:
         handle.complete(output_tokens=final.output_tokens, finish_reason=final.finish_reason,
                         cached_tokens=final.cached_tokens, reasoning_tokens=final.reasoning_tokens,
                         completion=completion)

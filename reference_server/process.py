@@ -20,8 +20,8 @@ from phaselens.reference_server.api import ApiSettings, create_app
 from phaselens.reference_server.config import EngineConfig
 from phaselens.common.exposure import check_exposure
 from phaselens.reference_server.engine import Engine
+from phaselens.instrumentation import names
 
-SERVICE_NAME = "phaselens-server"
 
 
 @dataclass(slots=True)
@@ -81,7 +81,7 @@ def serve(options: ServeOptions) -> int:
 def _telemetry():
     from phaselens.instrumentation.server import ServerTelemetry
 
-    return ServerTelemetry.from_env(SERVICE_NAME)
+    return ServerTelemetry.from_env(names.SERVER_SERVICE_NAME)
 
 
 async def _run(app, sock: socket.socket) -> None:

@@ -16,11 +16,6 @@ DOCS = ROOT / "docs"
 CITATION = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
 # Citations of texts a reader of the repository cannot see (spelt so this file does not match itself).
 OLD_CITATION = re.compile(r"design\s§|contract\s[A-Z]\b|project\sbrief|issue\s\d+")
-# Files whose old citations wait for the restructuring of their folders to merge (the replacements
-# are listed in that work's notes); each must still hold one, so the list cannot go stale.
-PENDING = {"instrumentation/clock.py", "instrumentation/handle.py",
-           "instrumentation/client.py", "instrumentation/spans.py", "instrumentation/genai_metrics.py",
-           "instrumentation/server.py"}
 
 
 def _page(name: str) -> str:
@@ -74,5 +69,4 @@ def test_every_file_a_page_names_exists(page):
 
 def test_no_source_cites_a_text_the_repository_lacks():
     holding = {str(p.relative_to(ROOT)) for p in python_sources() if OLD_CITATION.search(p.read_text(encoding="utf-8"))}
-    assert holding - PENDING == set()
-    assert PENDING - holding == set(), "cleared: remove these files from PENDING"
+    assert holding == set()

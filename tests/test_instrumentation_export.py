@@ -145,3 +145,74 @@ def test_bad_batch_setting_is_a_clear_error(env):
     env.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "lots")
     with pytest.raises(ValueError, match="OTEL_BSP_MAX_QUEUE_SIZE"):
         BatchSettings.from_env()
+
+
+class SelfTracingExporter(SpanExporter):
+    """An exporter whose HTTP client is instrumented without checking suppression: each export makes
+    a span through the same provider. It also notes whether instrumentation was suppressed."""
+
+    def __init__(self) -> None:
+        self.tracer = None
+        self.names: list[str] = []
+        self.suppressed: list[bool] = []
+
+    def export(self, spans):
+        from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
+
+        self.names.extend(span.name for span in spans)
+        self.suppressed.append(bool(get_value(_SUPPRESS_INSTRUMENTATION_KEY)))
+        if len(self.suppressed) < 10:  # a processor that feeds itself fails the test instead of looping
+            self.tracer.start_span("POST /v1/traces").end()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_export_runs_suppressed_and_never_feeds_itself(env):
+    exporter = SelfTracingExporter()
+    processor = CountingBatchSpanProcessor(exporter, BatchSettings(max_queue_size=10, max_export_batch_size=10,
+                                                                   schedule_delay_ms=3_600_000))
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    exporter.tracer = provider.get_tracer("t")
+    for name in ("a", "b"):
+        exporter.tracer.start_span(name).end()
+    for _ in range(3):  # a span queued by an export would be exported by the next flush
+        provider.force_flush()
+    assert exporter.names == ["a", "b"] and exporter.suppressed == [True]
+    counts = processor.counts
+    assert (counts.exported, counts.suppressed, counts.dropped) == (2, 1, 0)
+    provider.shutdown()
+
+
+def test_a_forked_child_exports_on_its_own_thread(env):
+    import os
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    processor = CountingBatchSpanProcessor(exporter, BatchSettings(max_queue_size=10, max_export_batch_size=1,
+                                                                   schedule_delay_ms=3_600_000))
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("parent").end()
+    provider.force_flush()
+    pid = os.fork()
+    if pid == 0:  # the child: no force_flush, only its own export thread can deliver the span
+        tracer.start_span("child").end()
+        deadline = time.monotonic() + 5
+        while processor.counts.exported < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        names = [s.name for s in exporter.get_finished_spans()]
+        os._exit(0 if processor.counts.exported == 1 and names[-1:] == ["child"] else 1)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+    assert processor.counts.exported == 1  # the parent's count is its own
+    provider.shutdown()

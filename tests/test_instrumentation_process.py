@@ -212,3 +212,28 @@ def test_the_child_dies_with_its_server_process(receiver, tmp_path):
 def test_unknown_builder_is_a_clear_error():
     with pytest.raises(ValueError, match="builder='fork'"):
         ServerTelemetry(builder="fork")
+
+
+def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
+    import marshal
+
+    from phaselens.instrumentation import wire
+
+    submitted = []
+    rig = make_rig(capture_content=True, poll_interval_s=3600)
+    rig.telemetry._sink.submit = submitted.append  # the records as the sink receives them
+    rig.telemetry._closer._submit = submitted.append
+    rig.telemetry.step_observer._submit = submitted.append
+    traced = script_request(rig, prompt=[{"role": "user", "content": "hi"}])
+    rig.telemetry.step_observer.step(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1, [traced, NULL_REQUEST])
+    step, request, both = submitted
+    assert request.root.span_id == traced.span.get_span_context().span_id and request.sampled
+    assert (request.parent.trace_id, request.parent.span_id) == (int(TRACE_ID, 16), int(PARENT_ID, 16))
+    assert request.token_ns.tolist() == [1_730_000, 1_740_000, 1_750_000, 1_960_000, 1_970_000]
+    assert both.links == (traced.link, None) and traced.link[:2] == (request.root.trace_id, request.root.span_id)
+    with pytest.raises(AttributeError):
+        request.responded_ns = 0
+    for record, decode in ((request, wire.decode_request), (step, wire.decode_step), (both, wire.decode_step)):
+        frame = wire.encode_request(record) if record is request else wire.encode_step(record)
+        assert decode(marshal.loads(frame[wire.HEADER.size:])) == record
+    rig.telemetry.shutdown()

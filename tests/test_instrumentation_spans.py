@@ -272,3 +272,42 @@ def test_records_after_shutdown_are_counted_not_lost():
     script_request(rig)
     stats = rig.telemetry.stats()
     assert stats["requests_dropped"] == 1 and stats["steps_dropped"] == 1 and stats["requests_built"] == 0
+
+
+def test_the_sdk_span_limits_apply_as_to_an_sdk_span(monkeypatch):
+    """OTEL_* span limits bound the built spans exactly as the SDK bounds a span it starts."""
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "4")
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "20")
+    monkeypatch.setenv("OTEL_SPAN_EVENT_COUNT_LIMIT", "2")
+    monkeypatch.setenv("OTEL_SPAN_LINK_COUNT_LIMIT", "1")
+    rig = make_rig(token_events=True)
+    other = rig.telemetry.request(http_scope(traceparent=None))
+    script_request(rig)  # its step links this request only; one more step links both
+    rig.telemetry.step_observer.step(1_980_000, 1_985_000, 0, 2, 3, 16, 0, 0, [other, other])
+    other.fail("invalid_request_error", 400)
+    spans = rig.by_name()
+    root = spans["text_completion tiny"][0]
+    sdk_span = rig.telemetry.tracer_provider.get_tracer("sdk").start_span("x", attributes=dict(
+        json.loads(json.dumps(_unbounded_root_attributes(rig)))))
+    sdk_span.end()
+    assert dict(root.attributes) == dict(sdk_span.attributes)
+    assert root.dropped_attributes == sdk_span.dropped_attributes > 0
+    assert len(root.attributes) == 20 and root.attributes[names.GEN_AI_RESPONSE_ID] == "cmpl"  # "cmpl-1", cut to 4
+    decode = spans[names.SPAN_DECODE][0]
+    assert len(decode.events) == 2 and decode.dropped_events == 3
+    step = max(spans[names.SPAN_ENGINE_STEP], key=lambda s: s.dropped_links)
+    assert len(step.links) == 1 and step.dropped_links == 1
+
+
+def _unbounded_root_attributes(rig) -> dict:
+    """The root attributes of script_request with no limits in force (a second rig, env cleared)."""
+    import os
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("OTEL_SPAN_")}
+    try:
+        plain = make_rig()
+        script_request(plain)
+        root = plain.by_name()["text_completion tiny"][0]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in root.attributes.items()}
+    finally:
+        os.environ.update(saved)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -45,9 +46,13 @@ def test_old_top_level_names_are_not_importable(name, tmp_path):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """Built from a copy of the tree: setuptools builds in place, and a `build/` left by an earlier
+    build would carry stale modules into the wheel."""
+    out, tree = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("tree") / "phaselens"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "*.so",
+                                                               "__pycache__", ".pytest_cache", ".hypothesis"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(ROOT)], check=True, capture_output=True)
+                    "-w", str(out), str(tree)], check=True, capture_output=True)
     (path,) = out.glob("phaselens-*.whl")
     return path
 

@@ -21,11 +21,12 @@ import os
 import sys
 from typing import Any, Callable
 
+from phaselens.instrumentation import names
+
 from .tracker import VllmTracker
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 MARK = "__phaselens_wrapped__"
-DEFAULT_SERVICE = "vllm"
 TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 _tracker: VllmTracker | None = None
 _failed: set[str] = set()
@@ -57,7 +58,7 @@ def tracker() -> VllmTracker:
         # vLLM put --otlp-traces-endpoint into OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and exports to it
         # over gRPC unless this variable says otherwise; phaselens's own default is http/protobuf.
         os.environ.setdefault(TRACES_PROTOCOL, "grpc")
-        telemetry = ServerTelemetry.from_env(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE)
+        telemetry = ServerTelemetry.from_env(os.environ.get("OTEL_SERVICE_NAME") or names.VLLM_SERVICE_NAME)
         atexit.register(telemetry.shutdown)
         _tracker = VllmTracker(telemetry, served_model_name(sys.argv))
     return _tracker
