@@ -74,11 +74,13 @@ def main() -> None:
 def _result(runs: list[dict], args) -> dict:
     by = {name: [r["output_tokens_per_s"] for r in runs if r["config"] == name] for name in CONFIGS}
     means = {name: statistics.fmean(values) for name, values in by.items()}
+    medians = {name: statistics.median(values) for name, values in by.items()}
     noise = max((max(v) - min(v)) / statistics.fmean(v) * 100 for v in by.values()) if args.rounds > 1 else None
     return {"benchmark": "vllm_plugin_overhead", "requests": args.requests, "concurrency": args.concurrency,
             "input_tokens": args.input_len, "output_tokens": args.output_len, "runs": runs,
-            "output_tokens_per_s_mean": means,
+            "output_tokens_per_s_mean": means, "output_tokens_per_s_median": medians,
             "plugin_change_pct": (means["plugin"] - means["native"]) / means["native"] * 100,
+            "plugin_change_pct_of_medians": (medians["plugin"] - medians["native"]) / medians["native"] * 100,
             "same_config_spread_pct": noise}
 
 

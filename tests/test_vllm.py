@@ -61,24 +61,32 @@ def _otel_env(endpoint: str, service: str) -> dict[str, str]:
             "OTEL_BSP_SCHEDULE_DELAY": "100"}
 
 
-def _serve_and_bench(tmp: Path, model_dir: Path, endpoint: str, env: dict[str, str],
-                     input_len: str) -> tuple[list[dict], str]:
-    """Start vLLM (tracing to the collector), run one bounded bench against it, stop it; returns the
-    bench's per-request lines and vLLM's log."""
+def _bench(url: str, model_dir: Path, endpoint: str, out: Path, *args: str) -> list[dict]:
+    """One bounded `phaselens bench` run (client spans to the collector); its per-request lines."""
+    subprocess.run([sys.executable, "-m", "phaselens", "bench", "--url", url, "--model", "tiny",
+                    "--tokenizer", str(model_dir), "--concurrency", "2", "--quiet", "--per-request", str(out), *args],
+                   env={**os.environ, **_otel_env(endpoint, "phaselens-loadgen")}, capture_output=True, text=True,
+                   timeout=240)
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _serve_and_bench(tmp: Path, model_dir: Path, endpoint: str, env: dict[str, str], input_len: str,
+                     then: tuple[str, ...] = ()) -> tuple[list[dict], str, list[dict]]:
+    """Start vLLM (tracing to the collector), run one bounded bench against it (then, when given,
+    a second one with the arguments `then`, and a third plain one so that vLLM steps on), stop it;
+    returns the first bench's per-request lines, vLLM's log and the second bench's lines."""
     server = VllmServer(VLLM_PYTHON, model_dir, tmp / "vllm.log", otlp_endpoint=endpoint,
                         env={**_otel_env(endpoint, "vllm"), **env})
-    per_request = tmp / "requests.jsonl"
+    common = ("--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--timeout", "60")
+    second: list[dict] = []
     with server:
-        bench = subprocess.run(
-            [sys.executable, "-m", "phaselens", "bench", "--url", server.url, "--model", "tiny",
-             "--tokenizer", str(model_dir), "--concurrency", "2", "--requests", str(REQUESTS),
-             "--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--quiet",
-             "--timeout", "60", "--per-request", str(per_request)],
-            env={**os.environ, **_otel_env(endpoint, "phaselens-loadgen")}, capture_output=True,
-            text=True, timeout=240)
-        assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
+        results = _bench(server.url, model_dir, endpoint, tmp / "requests.jsonl", "--requests", str(REQUESTS), *common)
+        if then:
+            second = _bench(server.url, model_dir, endpoint, tmp / "then.jsonl", *then)
+            _bench(server.url, model_dir, endpoint, tmp / "after.jsonl", "--requests", "2", "--input-len", input_len,
+                   "--output-len", "48", "--ignore-eos")
         time.sleep(0.5)  # vLLM's and phaselens's batch processors export every 0.1 s
-    return [json.loads(line) for line in per_request.read_text().splitlines()], server.log_tail(200_000)
+    return results, server.log_tail(200_000), second
 
 
 def _wait_requests(client, db: str, trace_ids: list[str], where: str, timeout_s: float = 30.0) -> list[dict]:
@@ -97,16 +105,18 @@ def _wait_requests(client, db: str, trace_ids: list[str], where: str, timeout_s:
 def unknown_version_run(pipeline, model_dir, tmp_path_factory):
     """vLLM with the plugin installed and allowed (VLLM_PLUGINS unset) but told 0.32 is unknown."""
     db, client, endpoint = pipeline
-    results, log = _serve_and_bench(tmp_path_factory.mktemp("native"), model_dir, endpoint,
-                                    {"PHASELENS_VLLM_SUPPORTED": UNKNOWN_RANGE}, "uniform:16:64")
+    results, log, _ = _serve_and_bench(tmp_path_factory.mktemp("native"), model_dir, endpoint,
+                                       {"PHASELENS_VLLM_SUPPORTED": UNKNOWN_RANGE}, "uniform:16:64")
     return results, log
 
 
 @pytest.fixture(scope="module")
 def plugin_run(pipeline, model_dir, tmp_path_factory):
     db, client, endpoint = pipeline
+    # then: two requests whose client gives up mid-decode (vLLM aborts them, never finishing them)
     return _serve_and_bench(tmp_path_factory.mktemp("plugin"), model_dir, endpoint, {"VLLM_PLUGINS": "phaselens"},
-                            str(PROMPT_TOKENS))
+                            str(PROMPT_TOKENS), then=("--requests", "2", "--input-len", "16", "--output-len", "400",
+                                                      "--ignore-eos", "--timeout", "0.5"))
 
 
 def test_unknown_vllm_version_logs_one_clear_line_and_vllm_serves_untouched(unknown_version_run):
@@ -154,7 +164,7 @@ def test_native_llm_request_spans_become_budget_rows_under_the_client_span(pipel
 
 def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(pipeline, plugin_run):
     db, client, _ = pipeline
-    results, log = plugin_run
+    results, log, _ = plugin_run
     assert [r["error"] for r in results] == [None] * REQUESTS
     assert "phaselens: vLLM 0.32.0 plugin installed" in log
     trace_ids = [r["trace_id"] for r in results]
@@ -196,3 +206,22 @@ def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(pipeli
     assert max(kv_used) > 0 and max(kv_used) < 1_000_000
     # every output of a request (OUTPUT_TOKENS tokens, one per step) came from a step linked to it
     assert all(linked_steps.get(span_id, 0) == OUTPUT_TOKENS for span_id in server_ids.values()), linked_steps
+
+
+def test_plugin_closes_requests_vllm_aborted_as_client_disconnected(pipeline, plugin_run):
+    db, client, _ = pipeline
+    _, _, abandoned = plugin_run
+    assert [r["error"] is not None for r in abandoned] == [True, True]  # the client timed out mid-stream
+    trace_ids = [r["trace_id"] for r in abandoned]
+    deadline = time.monotonic() + 30
+    while True:
+        spans = list(client.query(
+            f"SELECT SpanAttributes FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}} "
+            "AND SpanKind = 'Server' AND ServiceName = 'vllm'", parameters={"ids": trace_ids}).named_results())
+        if len(spans) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert [s["SpanAttributes"][n.ERROR_TYPE] for s in spans] == [n.ERROR_CLIENT_DISCONNECTED] * 2
+    assert all(s["SpanAttributes"][n.PL_FINISH_REASON] == "abort" for s in spans)
+    # a handle opens with the first output: these were cut off after their first token
+    assert all(float(s["SpanAttributes"][n.PL_SERVER_TTFT_MS]) > 0 for s in spans)

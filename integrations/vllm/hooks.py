@@ -29,7 +29,7 @@ _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its
 MARK = "__phaselens_wrapped__"
 TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 _tracker: VllmTracker | None = None
-_failed: set[str] = set()
+_warned: set[str] = set()  # what was logged already: one line each per process
 
 
 def served_model_name(argv: list[str]) -> str:
@@ -64,13 +64,19 @@ def tracker() -> VllmTracker:
     return _tracker
 
 
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        _logger.warning(message)
+
+
 def _guard(what: str, fn: Callable, *args: Any) -> Any:
     """Run phaselens's part; on an exception log it once per hook and go on serving."""
     try:
         return fn(*args)
     except Exception:
-        if what not in _failed:
-            _failed.add(what)
+        if what not in _warned:
+            _warned.add(what)
             _logger.exception("phaselens: the %s hook failed; vLLM keeps serving (logged once)", what)
         return None
 
@@ -80,7 +86,8 @@ def _process_outputs(original: Callable) -> Callable:
     def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None,
                         *args, **kwargs):
         if not self.tracing_enabled:  # vLLM drops traceparent and never calls do_tracing without it
-            _guard("setup", tracker().idle, "start vLLM with --otlp-traces-endpoint URL to turn tracing on")
+            _warn_once("untraced", "phaselens: no spans from this vLLM: start it with --otlp-traces-endpoint URL "
+                       "to turn tracing on")
             return original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
         t = tracker()
         seen = _guard("process_outputs", t.before_outputs, self, engine_core_outputs, engine_core_timestamp,
