@@ -216,12 +216,13 @@ def test_plugin_closes_requests_vllm_aborted_as_client_disconnected(pipeline, pl
     deadline = time.monotonic() + 30
     while True:
         spans = list(client.query(
-            f"SELECT SpanAttributes FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}} "
+            f"SELECT SpanName, SpanAttributes FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}} "
             "AND SpanKind = 'Server' AND ServiceName = 'vllm'", parameters={"ids": trace_ids}).named_results())
         if len(spans) == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert [s["SpanAttributes"][n.ERROR_TYPE] for s in spans] == [n.ERROR_CLIENT_DISCONNECTED] * 2
     assert all(s["SpanAttributes"][n.PL_FINISH_REASON] == "abort" for s in spans)
+    assert [s["SpanName"] for s in spans] == [n.root_span_name(n.OP_TEXT_COMPLETION, "tiny")] * 2
     # a handle opens with the first output: these were cut off after their first token
     assert all(float(s["SpanAttributes"][n.PL_SERVER_TTFT_MS]) > 0 for s in spans)

@@ -46,14 +46,15 @@ def _ns(seconds: float) -> int:
 class VllmTracker:
     """Open handles by vLLM request id, the current step's members, and the step recorder."""
 
-    __slots__ = ("telemetry", "model", "clock_ns", "_open", "_states", "_step_handles", "_step_first_tokens",
+    __slots__ = ("telemetry", "model", "clock_ns", "_open", "_states_of", "_states", "_step_handles", "_step_first_tokens",
                  "_step_scheduled_ns", "_step_end_s", "_step_iteration", "_prev_step_end_ns", "_steps_seen", "_idle_reason")
 
     def __init__(self, telemetry: Any, model: str) -> None:
         self.telemetry = telemetry
         self.model = model
         self.clock_ns = telemetry.clock_ns
-        self._open: dict[str, Any] = {}  # vLLM request id → RequestHandle
+        self._open: dict[str, Any] = {}  # vLLM request id → its handle (its vLLM state in `_states_of`)
+        self._states_of: dict[str, Any] = {}  # vLLM request id → vLLM's RequestState, kept for aborts
         self._states: dict | None = None  # the output processor's live requests (its own dict)
         self._step_handles: list = []
         self._step_first_tokens = 0
@@ -119,24 +120,29 @@ class VllmTracker:
         handle = self.telemetry.open_request({"headers": headers, "method": "POST"}, managed=False,
                                              received_ns=received_ns)
         self._open[req_id] = handle
+        self._states_of[req_id] = state
         return handle
 
     # --- per finished request (do_tracing) -------------------------------------------------------
     def finished(self, req_state: Any, finish_reason: Any) -> None:
         handle = self._open.pop(req_state.request_id, None)
+        self._states_of.pop(req_state.request_id, None)
         if handle is None:
             return
-        stats = req_state.stats
-        self._stamp_engine(handle, stats, req_state.prompt_len, req_state.num_cached_tokens)
+        reason = str(getattr(finish_reason, "name", finish_reason) or "").lower()
+        self._settle(handle, req_state, FINISH_REASONS.get(reason, reason))
+        handle.complete(output_tokens=req_state.stats.num_generation_tokens, finish_reason=reason or None,
+                        cached_tokens=req_state.num_cached_tokens)  # closes the handle: to the builder
+
+    def _settle(self, handle: Any, req_state: Any, reason: str) -> None:
+        """What a finished or aborted request is: the EngineCore's stamps, its description, `finished`."""
+        self._stamp_engine(handle, req_state.stats, req_state.prompt_len, req_state.num_cached_tokens)
         external = req_state.external_req_id
         operation = n.OP_CHAT if str(external).startswith("chatcmpl") else n.OP_TEXT_COMPLETION
         handle.describe(operation, req_state.lora_name or self.model, request_id=external,
                         input_tokens=req_state.prompt_len, max_tokens=req_state.max_tokens_param,
                         temperature=req_state.temperature, top_p=req_state.top_p, stream=True)
-        reason = str(getattr(finish_reason, "name", finish_reason) or "").lower()
-        handle.finished(FINISH_REASONS.get(reason, reason))
-        handle.complete(output_tokens=stats.num_generation_tokens, finish_reason=reason or None,
-                        cached_tokens=req_state.num_cached_tokens)  # closes the handle: to the builder
+        handle.finished(reason)
 
     @staticmethod
     def _stamp_engine(handle: Any, stats: Any, prompt_tokens: int, cached_tokens: int) -> None:
@@ -185,6 +191,6 @@ class VllmTracker:
         if live is None:
             return
         for req_id in [r for r in self._open if r not in live]:
-            handle = self._open.pop(req_id)
-            handle.finished(FINISH_ABORT)
-            handle.fail(n.ERROR_CLIENT_DISCONNECTED)
+            handle, state = self._open.pop(req_id), self._states_of.pop(req_id)
+            self._settle(handle, state, FINISH_ABORT)
+            handle.fail(n.ERROR_CLIENT_DISCONNECTED)  # closes the handle
