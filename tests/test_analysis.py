@@ -126,7 +126,9 @@ def test_tail_attribution(client, clean):
     prefill = next(c for c in tail.components if c.name == "prefill_ms")
     want = np.mean([r.prefill_ms for r in in_tail]) - np.median([r.prefill_ms for r in w.requests])
     assert prefill.delta_ms == pytest.approx(want, abs=1e-6)
-    grew = [c for c in tail.components if c.delta_ms is not None]  # before_engine_ms: NULL for this span model
+    lacking = next(c for c in tail.components if c.name == "before_engine_ms")  # NULL for this span model
+    assert (lacking.tail_mean_ms, lacking.median_ms, lacking.delta_ms) == (None, None, None)  # not a 0 ms mean
+    grew = [c for c in tail.components if c.delta_ms is not None]
     assert tail.grew_most == max(grew, key=lambda c: c.delta_ms).name
 
 
