@@ -101,8 +101,9 @@ def budget_panels(src: Source) -> list[dict]:
         panel("barchart", "TTFT budget: p50 / p90 / p99 / mean",
               "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
               "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
-              "+ residual. Every term is a duration on one clock; residual = client TTFT - server TTFT "
-              "(network both ways and client overhead).",
+              "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
+              "delivery of the first output (token handed to the stream -> bytes handed to the transport); "
+              "residual = client TTFT - server time to first chunk (network both ways and client overhead).",
               [src.target("budget_stack", FORMAT_TABLE)], width=10, height=9, unit="ms",
               custom={"fillOpacity": 80, "lineWidth": 1},
               options={"orientation": "horizontal", "stacking": "normal", "showValue": "auto",
