@@ -192,6 +192,15 @@ def latency_over_time(d: Dialect) -> str:
     return _series(d, "start_time", _requests(d), selects)
 
 
+def delivery_over_time(d: Dialect) -> str:
+    """Where the server's first-chunk time goes (first_chunk = loop_wait + encode + write), against
+    the residual (network + client): a starved event loop shows in loop_wait, a slow network or
+    client in the residual."""
+    return _series(d, "start_time", _requests(d), [
+        f"quantileExactInclusive(0.9)({expr}) AS {name.removesuffix('_ms')}_p90_ms"
+        for name, expr in (*FIRST_CHUNK_SPLIT, ("first_chunk_ms", "first_chunk_ms"), ("residual_ms", "residual_ms"))])
+
+
 def goodput_over_time(d: Dialect) -> str:
     """Goodput: completed requests per second meeting every SLO; attainment: their fraction."""
     good = f"countIf({_meets_slo(d)})"
@@ -376,6 +385,8 @@ QUERIES: dict[str, Query] = {
     "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
     "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),
     "latency_over_time": Query(latency_over_time, ("time", *_LATENCY), panel=True),
+    "delivery_over_time": Query(delivery_over_time, ("time", "loop_wait_p90_ms", "encode_p90_ms", "write_p90_ms",
+                                                     "first_chunk_p90_ms", "residual_p90_ms"), panel=True),
     "goodput_over_time": Query(goodput_over_time, _GOODPUT, panel=True),
     "throughput_over_time": Query(throughput_over_time, (
         "time", "requests_per_s", "errors_per_s", "input_tokens_per_s", "output_tokens_per_s"), panel=True),

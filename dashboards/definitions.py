@@ -119,6 +119,12 @@ def budget_panels(src: Source) -> list[dict]:
                     "request; ITL = the gaps between streamed chunks (p99 within each request). Different "
                     "statistics, both shown, client and server view.",
                     unit="ms", transformations=series("latency_over_time", only=_per_token())),
+        time_series(src, "delivery_over_time", "Server delivery of the first chunk vs the residual (p90)",
+                    "Is my event loop starved or is my network slow? first chunk = the server's time from "
+                    "the first token handed to the stream to its bytes handed to the transport = loop wait "
+                    "(the event loop was late) + encode (SSE) + write (send); residual = client TTFT - "
+                    "server time to first chunk (network both ways + client).",
+                    unit="ms"),
         time_series(src, "goodput_over_time", "Goodput and SLO attainment",
                     "How many completed requests per second meet every SLO (TTFT <= $ttft_slo_ms ms and "
                     "TPOT <= $tpot_slo_ms ms), against all completed requests, and what fraction of "

@@ -62,7 +62,8 @@ def test_every_panel_query_runs_as_grafana_renders_it(client, data):
     variables = {"service": "$__all", "model": "tiny", "ttft_slo_ms": "40", "tpot_slo_ms": "15",
                  "trace_id": w.requests[1].trace_id}
     assert set(Q.PANEL_COLUMNS) == {
-        "budget_stack", "latency_over_time", "goodput_over_time", "throughput_over_time", "slowest_requests",
+        "budget_stack", "latency_over_time", "delivery_over_time", "goodput_over_time", "throughput_over_time",
+        "slowest_requests",
         "engine_batch_over_time", "engine_kv_over_time", "decode_stalls_over_time", "queue_depth_over_time",
         "request_trace"}
     for name, columns in Q.PANEL_COLUMNS.items():
