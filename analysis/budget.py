@@ -101,6 +101,7 @@ class BudgetReport:
     with_client: int
     with_server: int
     errors: int
+    no_output: int  # completed with a client view but no content chunk: no client TTFT, not an error
     reference: str  # which TTFT the shares divide by: "client" or "server"
     components: list[ComponentBudget]
     distributions: dict[str, Stat]
@@ -186,6 +187,7 @@ def budget(client, database: str = "otel", service: str | None = None, model: st
     return BudgetReport(
         requests=requests, with_client=int(row.get("with_client") or 0),
         with_server=int(row.get("with_server") or 0), errors=int(row.get("errors") or 0),
+        no_output=int(row.get("no_output") or 0),
         reference=reference, components=components, distributions=dists,
         tail=_tail(row, dists) if requests else None, goodput=_goodput(row, slos, requests),
         stalls=_stalls(_run(client, "decode_stalls", filters)),

@@ -9,10 +9,12 @@ import json
 from rich.console import Group
 from rich.table import Table
 
+from phaselens.analysis import queries as q
 from phaselens.analysis.budget import BudgetReport, Stat
 
 TPOT_ITL = ("client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms", "server_itl_p99_ms",
-            "client_e2e_ms", "server_e2e_ms", "stall_ms", "queue_all_waits_ms")
+            "client_e2e_ms", "server_e2e_ms", "e2e_residual_ms", "stall_ms", "queue_all_waits_ms")
+FIRST_CHUNK_SPLIT = tuple(name for name, _ in q.FIRST_CHUNK_SPLIT)
 
 
 def _ms(x) -> str:
@@ -37,17 +39,22 @@ def _table(title: str, headers: list[str]) -> Table:
 def to_rich(report: BudgetReport) -> Group:
     ref = f"{report.reference}_ttft_ms"
     budget = _table(f"TTFT budget ({report.requests} requests, {report.with_client} with a client view, "
-                    f"{report.errors} errors; shares of {report.reference} TTFT)",
+                    f"{report.errors} errors, {report.no_output} with no output; shares of {report.reference} TTFT)",
                     ["term (ms)", "p50", "p90", "p99", "mean", "share p50", "share p99", "share mean"])
     for c in report.components:
         budget.add_row(c.name, *_stat_cells(c.ms), _pct(c.share.p50), _pct(c.share.p99), _pct(c.share.mean))
-    for name in ("client_ttft_ms", "server_ttft_ms", "client_ttfo_ms"):
+    for name in ("client_ttft_ms", "server_ttfc_ms", "server_ttft_ms", "client_ttfo_ms"):
         style = "bold" if name == ref else None
         budget.add_row(name, *_stat_cells(report.distributions[name]), "", "", "", style=style)
     tpot = _table("TPOT / ITL / e2e (ms)", ["statistic", "p50", "p90", "p99", "mean"])
     for name in TPOT_ITL:
         tpot.add_row(name, *_stat_cells(report.distributions[name]))
-    parts = [budget, tpot]
+    split = _table("first_chunk: where the server's delivery went (ms; loop_wait = event loop late, "
+                   "encode = SSE encoding and framework, write = handing bytes to the transport)",
+                   ["part", "p50", "p90", "p99", "mean"])
+    for name in FIRST_CHUNK_SPLIT:
+        split.add_row(name, *_stat_cells(report.distributions[name]))
+    parts = [budget, split, tpot]
     if report.span_models:
         parts.append(f"span models: {', '.join(report.span_models)}")
     parts += [f"not separated by {note}" for note in report.unseparated]

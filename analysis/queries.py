@@ -10,8 +10,12 @@ Filters (CLI): database, service, model, since ("15m"; None = all time), bucket_
 ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
 
 Budget terms (docs/budget-method.md), each a duration on one clock, from `phaselens_request_facts`:
-    TTFT_client = ingress + queue + prefill + first_token + residual,
-    residual = client_ttft − server_ttft (network both ways + client overhead).
+    TTFT_client = ingress + queue + prefill + first_token + first_chunk + residual,
+    first_chunk = first token handed to the stream → its bytes handed to the server's transport,
+    residual = client_ttft − server_ttfc (network both ways + client overhead), server_ttfc =
+    server_ttft + first_chunk. A request without a first-chunk stamp (not streamed, or a span model
+    that does not separate it) counts first_chunk = 0 in the budget: its delivery stays in the
+    residual, which is then client_ttft − server_ttft, so the mean row still adds up exactly.
 The queue term is `ttft_queue_ms`, the waits before the first token; `queue_ms` counts all waits.
 A request's TTFT for ranking and SLOs is the client's when there is a client span, else the server's
 (`ttft_ms`); likewise `tpot_ms`.
@@ -43,15 +47,21 @@ LEVEL_LABELS = ("p50", "p90", "p99")
 # native span): server TTFT − queue − prefill (analysis/schema.py).
 COMPONENTS = (("ingress_ms", "ingress_ms"), ("queue_ms", "ttft_queue_ms"), ("prefill_ms", "prefill_ms"),
               ("first_token_ms", "first_token_ms"), ("before_engine_ms", "before_engine_ms"),
-              ("residual_ms", "residual_ms"))
+              ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"), ("residual_ms", "residual_ms"))
+# Where the server's first-chunk time went (first_chunk = loop_wait + encode + write): a late event
+# loop (loop_wait) against SSE encoding and the framework (encode) and the transport (write).
+FIRST_CHUNK_SPLIT = (("loop_wait_ms", "loop_wait_ms"), ("encode_ms", "encode_ms"), ("write_ms", "write_ms"))
 # Every distribution the budget reports: (name, expression over the facts view).
 DISTRIBUTIONS = (("ttft_ms", "ttft_ms"), ("client_ttft_ms", "client_ttft_ms"), ("server_ttft_ms", "server_ttft_ms"),
-                 ("client_ttfo_ms", "client_ttfo_ms"), *COMPONENTS,
+                 ("client_ttfo_ms", "client_ttfo_ms"), ("server_ttfc_ms", "server_ttfc_ms"), *COMPONENTS,
+                 *FIRST_CHUNK_SPLIT, ("e2e_residual_ms", "e2e_residual_ms"),
                  ("client_tpot_ms", "client_tpot_ms"), ("server_tpot_ms", "server_tpot_ms"),
                  ("client_itl_p99_ms", "client_itl_p99_ms"), ("server_itl_p99_ms", "itl_p99_ms"),
                  ("client_e2e_ms", "client_e2e_ms"), ("server_e2e_ms", "server_e2e_ms"),
                  ("stall_ms", "stall_ms"), ("queue_all_waits_ms", "queue_ms"))
 ERROR = "status = 'error'"
+# completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
+NO_OUTPUT = "status = 'ok' AND has_client AND client_ttft_ms IS NULL"
 
 
 def _quantiles(d: Dialect, expr: str) -> str:
@@ -123,6 +133,7 @@ def budget_summary(d: Dialect) -> str:
         f"SELECT count() AS requests, countIf(has_client) AS with_client, countIf({ERROR}) AS errors,\n"
         f"    countIf(has_server) AS with_server, countIf({_meets_slo(d)}) AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model IS NOT NULL)) AS span_models,\n"
+        f"    countIf({NO_OUTPUT}) AS no_output,\n"
         f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}")
 
 
@@ -183,6 +194,15 @@ def latency_over_time(d: Dialect) -> str:
                                      ("client_e2e_p50_ms", 0.5, "client_e2e_ms"),
                                      ("client_e2e_p99_ms", 0.99, "client_e2e_ms"))]
     return _series(d, "start_time", _requests(d), selects)
+
+
+def delivery_over_time(d: Dialect) -> str:
+    """Where the server's first-chunk time goes (first_chunk = loop_wait + encode + write), against
+    the residual (network + client): a starved event loop shows in loop_wait, a slow network or
+    client in the residual."""
+    return _series(d, "start_time", _requests(d), [
+        f"quantileExactInclusive(0.9)({expr}) AS {name.removesuffix('_ms')}_p90_ms"
+        for name, expr in (*FIRST_CHUNK_SPLIT, ("first_chunk_ms", "first_chunk_ms"), ("residual_ms", "residual_ms"))])
 
 
 def goodput_over_time(d: Dialect) -> str:
@@ -364,11 +384,13 @@ _GOODPUT = ("time", "goodput_rps", "completed_rps", "slo_attainment")
 _TAIL = ("threshold_ms", "tail_requests", "ttft_tail_mean", *(f"{c}_tail_mean" for c in _COMP_NAMES))
 QUERIES: dict[str, Query] = {
     "budget_summary": Query(budget_summary, ("requests", "with_client", "errors", "with_server", "good",
-                                             "span_models", "window_s", *_dist_columns(), *_TAIL)),
+                                             "span_models", "no_output", "window_s", *_dist_columns(), *_TAIL)),
     "tail_attribution": Query(tail_attribution, (*_TAIL, "ttft_median", *(f"{c}_median" for c in _COMP_NAMES))),
     "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
     "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),
     "latency_over_time": Query(latency_over_time, ("time", *_LATENCY), panel=True),
+    "delivery_over_time": Query(delivery_over_time, ("time", "loop_wait_p90_ms", "encode_p90_ms", "write_p90_ms",
+                                                     "first_chunk_p90_ms", "residual_p90_ms"), panel=True),
     "goodput_over_time": Query(goodput_over_time, _GOODPUT, panel=True),
     "throughput_over_time": Query(throughput_over_time, (
         "time", "requests_per_s", "errors_per_s", "input_tokens_per_s", "output_tokens_per_s"), panel=True),

@@ -61,7 +61,7 @@ def _kpis(s: BudgetReport) -> list[tuple[str, str]]:
     ttft, tpot = s.distributions[f"{s.reference}_ttft_ms"], s.distributions[f"{s.reference}_tpot_ms"]
     g = s.goodput
     slo = " · ".join(f"{k} ≤ {v:g} ms" for k, v in (("TTFT", g.ttft_slo_ms), ("TPOT", g.tpot_slo_ms)) if v)
-    kpis = [(str(s.requests), f"requests ({s.errors} errors)"),
+    kpis = [(str(s.requests), f"requests ({s.errors} errors, {s.no_output} with no output)"),
             (_fmt_ms(ttft.p50), f"p50 {s.reference} TTFT"), (_fmt_ms(ttft.p99), f"p99 {s.reference} TTFT"),
             (_fmt_ms(tpot.p50), f"p50 {s.reference} TPOT"),
             ("–" if g.goodput_rps is None else f"{g.goodput_rps:.2f} req/s",

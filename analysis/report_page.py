@@ -19,6 +19,7 @@ COMPONENTS = (
     ("prefill_ms", "prefill", "#5bb07a"),
     ("first_token_ms", "first token", "#b07ad0"),
     ("before_engine_ms", "before the engine (span model without ingress/first token)", "#d08a8a"),
+    ("first_chunk_ms", "first chunk (server delivery)", "#e07b9a"),
     ("residual_ms", "residual (network + client)", "#a9b0bc"),
 )
 SPAN_COLORS = {
@@ -27,6 +28,7 @@ SPAN_COLORS = {
     names.SPAN_PREFILL: "#5bb07a",
     names.SPAN_PREFILL_CHUNK: "#8fd0a4",
     names.SPAN_FIRST_TOKEN: "#b07ad0",
+    names.SPAN_FIRST_CHUNK: "#e07b9a",
     names.SPAN_DECODE: "#4f7fc0",
     names.SPAN_DELIVERY: "#6cc0c0",
 }

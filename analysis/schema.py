@@ -99,7 +99,7 @@ def _kind_part(column: str, merge: str, value_type: str, expr: str, cond: str) -
 
 
 PHASE_SPANS = {"ingress": n.SPAN_INGRESS, "prefill": n.SPAN_PREFILL, "first_token": n.SPAN_FIRST_TOKEN,
-               "decode": n.SPAN_DECODE, "delivery": n.SPAN_DELIVERY}
+               "first_chunk": n.SPAN_FIRST_CHUNK, "decode": n.SPAN_DECODE, "delivery": n.SPAN_DELIVERY}
 NUMERIC_ATTRS = {
     "a_input_tokens": n.GEN_AI_USAGE_INPUT_TOKENS, "a_output_tokens": n.GEN_AI_USAGE_OUTPUT_TOKENS,
     "a_cached_tokens": n.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "a_prefix_cached": n.PL_CACHED_TOKENS,
@@ -110,6 +110,9 @@ NUMERIC_ATTRS = {
     "a_server_ttft_ms": n.PL_SERVER_TTFT_MS, "a_server_tpot_ms": n.PL_SERVER_TPOT_MS,
     "a_ingress_ms": n.PL_INGRESS_MS, "a_queue_ms": n.PL_QUEUE_MS, "a_prefill_ms": n.PL_PREFILL_MS,
     "a_first_token_ms": n.PL_FIRST_TOKEN_MS, "a_decode_ms": n.PL_DECODE_MS,
+    "a_first_chunk_ms": n.PL_FIRST_CHUNK_MS, "a_loop_wait_ms": n.PL_FIRST_CHUNK_LOOP_WAIT_MS,
+    "a_encode_ms": n.PL_FIRST_CHUNK_ENCODE_MS, "a_write_ms": n.PL_FIRST_CHUNK_WRITE_MS,
+    "a_server_ttfc_ms": n.PL_SERVER_TTFC_MS, "a_server_last_chunk_ms": n.PL_SERVER_LAST_CHUNK_MS,
     "a_delivery_ms": n.PL_DELIVERY_MS, "a_prefill_chunks": n.PL_PREFILL_CHUNKS,
     "a_itl_p50_ms": n.PL_ITL_P50_MS, "a_itl_p99_ms": n.PL_ITL_P99_MS, "a_stall_ms": n.PL_STALL_MS,
     "a_preemptions": n.PL_PREEMPTIONS,
@@ -197,12 +200,14 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("client_e2e_ms", "a_client_e2e_ms"),
     ("server_ttft_ms", "coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, "
                        "ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms))"),
+    ("server_ttfc_ms", "coalesce(a_server_ttfc_ms, server_ttft_ms + first_chunk_ms)"),
     ("ingress_ms", _phase_ms("ingress", "a_ingress_ms")),
     ("queue_ms", f"coalesce({_spans_ms('queue')}, a_queue_ms, a_lat_queue_s * 1000)"),  # all waits
     ("prefill_ms", _phase_ms("prefill", "a_prefill_ms", "a_lat_prefill_s")),
     ("prefill_chunks", "CAST(coalesce(a_prefill_chunks, if(chunk_spans > 0, chunk_spans, "
                        "if(d_prefill IS NULL, NULL, 1))) AS Nullable(UInt32))"),
     ("first_token_ms", _phase_ms("first_token", "a_first_token_ms")),
+    ("first_chunk_ms", _phase_ms("first_chunk", "a_first_chunk_ms")),
     ("decode_ms", _phase_ms("decode", "a_decode_ms", "a_lat_decode_s")),
     ("delivery_ms", _phase_ms("delivery", "a_delivery_ms")),
     ("server_tpot_ms", "coalesce(a_server_tpot_ms, if(output_tokens > 1, decode_ms / (output_tokens - 1), NULL))"),
@@ -210,7 +215,9 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("stall_ms", "a_stall_ms"),
     ("preemptions", "CAST(coalesce(a_preemptions, if(queue_spans = 0, NULL, queue_spans - 1)) "
                     "AS Nullable(UInt32))"),
-    ("residual_ms", "client_ttft_ms - server_ttft_ms"),
+    # network both ways + client: against the server's first content bytes where it stamped them
+    ("residual_ms", "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms)"),
+    ("e2e_residual_ms", "client_e2e_ms - a_server_last_chunk_ms"),
     ("clock_offset_estimate_ms", _wall_offset_ms()),
     ("span_model", _span_model()),
     ("before_engine_ms", _before_engine_ms()),
@@ -220,6 +227,10 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ttft_queue_ms", _phase_ms("queue", "a_queue_ms", "a_lat_queue_s")),  # waits before the first token
     ("server_end_time", "server_start + toIntervalNanosecond(server_duration_ns)"),
     ("server_e2e_ms", "server_duration_ns / 1e6"),
+    ("server_last_chunk_ms", "a_server_last_chunk_ms"),
+    ("loop_wait_ms", "a_loop_wait_ms"),
+    ("encode_ms", "a_encode_ms"),
+    ("write_ms", "a_write_ms"),
     ("has_client", "client_start IS NOT NULL"),
     ("has_server", "server_start IS NOT NULL"),
     ("finish_reason", "t_finish_reason"),
@@ -295,7 +306,11 @@ def statements(database: str = "otel", cluster: str | None = None, ttl: str | No
         f" ENGINE = {engine}\nORDER BY TraceId"
         + (f"\nTTL toDateTime(first_seen) + {ttl_interval(ttl)}" if ttl else "")
         + ("" if cluster else f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"),
+        # a schema applied by an older phaselens gains the newer columns (before the view, whose
+        # query is checked against the table), and its view writes them
+        f"ALTER TABLE {parts}{on}\n    " + ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {p.ddl()}" for p in PARTS),
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PARTS_MV)}{on} TO {parts}\nAS {parts_select(traces)}",
+        f"ALTER TABLE {db}.{ident(PARTS_MV)}{on} MODIFY QUERY {parts_select(traces)}",
     ]
     if cluster:
         out.append(f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\n"

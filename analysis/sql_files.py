@@ -17,6 +17,7 @@ from pathlib import Path
 from phaselens.analysis import queries
 from phaselens.analysis import schema as analysis_schema
 from phaselens.analysis.dialect import client_params
+from phaselens.common import generated_files
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SQL_DIR = "sql"
@@ -67,23 +68,9 @@ def files() -> dict[str, str]:
 
 def write(root: Path = PACKAGE_DIR) -> list[Path]:
     """Write every file under `root`/sql; a `.sql` file no query renders any more is removed."""
-    rendered = files()
-    for old in (Path(root) / SQL_DIR).glob("*.sql"):
-        if f"{SQL_DIR}/{old.name}" not in rendered:
-            old.unlink()
-    written = []
-    for rel, text in rendered.items():
-        path = Path(root) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
+    return generated_files.write(root, files(), f"{SQL_DIR}/*.sql")
 
 
 def stale_files(root: Path = PACKAGE_DIR) -> list[Path]:
     """Files under `root`/sql that are missing, differ from a fresh rendering, or are left over."""
-    rendered = files()
-    stale = [Path(root) / rel for rel, text in rendered.items()
-             if not (Path(root) / rel).is_file() or (Path(root) / rel).read_text(encoding="utf-8") != text]
-    extra = [p for p in sorted((Path(root) / SQL_DIR).glob("*.sql")) if f"{SQL_DIR}/{p.name}" not in rendered]
-    return stale + extra
+    return generated_files.stale(root, files(), f"{SQL_DIR}/*.sql")

@@ -47,6 +47,9 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "phaselens-collector"
     timeout = 30  # seconds a connection may stall mid-request before its thread gives up
+    # headers and body go out in two writes: without TCP_NODELAY the body waits for the exporter's
+    # delayed ACK of the headers (~40 ms on Linux) on every keep-alive request
+    disable_nagle_algorithm = True
     collector = None  # set on a subclass per server: the HttpReceiver
 
     def log_message(self, fmt, *args) -> None:  # quiet: counters tell the story

@@ -101,10 +101,12 @@ def budget_panels(src: Source) -> list[dict]:
         panel("barchart", "TTFT budget: p50 / p90 / p99 / mean",
               "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
               "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
-              "+ residual. Every term is a duration on one clock; residual = client TTFT - server TTFT "
-              "(network both ways and client overhead). A server whose own spans cannot split ingress and "
-              "first token (vLLM's native llm_request span: span_model vllm-native) fills before_engine "
-              "= server TTFT - queue - prefill instead, and its first chunk's delivery stays in residual.",
+              "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
+              "delivery of the first output (token handed to the stream -> bytes handed to the transport); "
+              "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
+              "A server whose own spans cannot split ingress and first token (vLLM's native llm_request "
+              "span: span_model vllm-native) fills before_engine = server TTFT - queue - prefill instead, "
+              "and its first chunk's delivery stays in residual.",
               [src.target("budget_stack", FORMAT_TABLE)], width=10, height=9, unit="ms",
               custom={"fillOpacity": 80, "lineWidth": 1},
               options={"orientation": "horizontal", "stacking": "normal", "showValue": "auto",
@@ -120,6 +122,12 @@ def budget_panels(src: Source) -> list[dict]:
                     "request; ITL = the gaps between streamed chunks (p99 within each request). Different "
                     "statistics, both shown, client and server view.",
                     unit="ms", transformations=series("latency_over_time", only=_per_token())),
+        time_series(src, "delivery_over_time", "Server delivery of the first chunk vs the residual (p90)",
+                    "Is my event loop starved or is my network slow? first chunk = the server's time from "
+                    "the first token handed to the stream to its bytes handed to the transport = loop wait "
+                    "(the event loop was late) + encode (SSE) + write (send); residual = client TTFT - "
+                    "server time to first chunk (network both ways + client).",
+                    unit="ms"),
         time_series(src, "goodput_over_time", "Goodput and SLO attainment",
                     "How many completed requests per second meet every SLO (TTFT <= $ttft_slo_ms ms and "
                     "TPOT <= $tpot_slo_ms ms), against all completed requests, and what fraction of "

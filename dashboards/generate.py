@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from phaselens.common import generated_files
 from phaselens.dashboards import definitions
 from phaselens.dashboards.datasource import ClickHouseTarget, datasource
 
@@ -56,26 +57,9 @@ def files() -> dict[str, str]:
 
 def write(root: Path = PACKAGE_DIR) -> list[Path]:
     """Write every generated file under `root`; stale dashboard JSON (renamed uids) is removed."""
-    rendered = files()
-    generated = Path(root) / GENERATED_DIR
-    if generated.is_dir():
-        for old in generated.glob("*.json"):
-            if f"{GENERATED_DIR}/{old.name}" not in rendered:
-                old.unlink()
-    written = []
-    for rel, text in rendered.items():
-        path = Path(root) / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
-    return written
+    return generated_files.write(root, files(), f"{GENERATED_DIR}/*.json")
 
 
 def stale_files(root: Path = PACKAGE_DIR) -> list[Path]:
     """Files under `root` that are missing, differ from a fresh generation, or are left over."""
-    rendered = files()
-    stale = [Path(root) / rel for rel, text in rendered.items()
-             if not (Path(root) / rel).is_file() or (Path(root) / rel).read_text(encoding="utf-8") != text]
-    extra = [p for p in (Path(root) / GENERATED_DIR).glob("*.json")
-             if f"{GENERATED_DIR}/{p.name}" not in rendered]
-    return stale + extra
+    return generated_files.stale(root, files(), f"{GENERATED_DIR}/*.json")

@@ -7,6 +7,9 @@ SERVER span's context is the current span (with the incoming baggage), so the ap
 under it.
 
 `responded` is stamped when the last body chunk (`more_body` false) has been handed to the server.
+A body chunk sent after the app called `output_ready()` carries output: the middleware stamps
+around its `send` (the `first_chunk` budget term and its loop-wait / encode / write split, in
+`phases`).
 A client that goes away first — an `http.disconnect` received, or `send` raising — marks the request
 `client_disconnected` (error.type, status ERROR). Requests the app rejects (4xx/5xx) still give one
 SERVER span, with the status code and `error.type`. The request is closed (and goes on to the span
@@ -25,6 +28,11 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+# FastAPI ≥ 0.165 traces every request by itself once a global tracer provider is set: its own SERVER
+# span (from the same traceparent: a sibling of ours) and operation spans. It skips a request whose
+# scope already holds this key (how it hands a request to a mounted app), so marking the scope keeps
+# one SERVER span per request, ours, and spares the event loop the spans nobody asked for.
+FASTAPI_TELEMETRY_KEY = "fastapi.telemetry"
 
 
 class RequestOpener(Protocol):
@@ -45,6 +53,7 @@ class IngressMiddleware:
             await self.app(scope, receive, send)
             return
         handle = self.telemetry.open_request(scope, managed=True)
+        scope.setdefault(FASTAPI_TELEMETRY_KEY, None)
         clock_ns = handle.clock_ns
         responded_ns = 0
 
@@ -59,12 +68,17 @@ class IngressMiddleware:
             kind = message.get("type")
             if kind == "http.response.start":
                 handle.note_http(status_code=message.get("status"))
+            carries_output = handle.output_pending and kind == "http.response.body"
+            if carries_output:
+                handle.chunk_sending()
             try:
                 await send(message)
             except Exception:  # the server could not write: the client is gone
                 if not responded_ns:
                     handle.note_http(client_disconnected=True)
                 raise
+            if carries_output:
+                handle.chunk_sent()
             if kind == "http.response.body" and not message.get("more_body", False):
                 responded_ns = clock_ns()
 

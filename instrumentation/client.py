@@ -118,6 +118,12 @@ class StreamResult:
         return self.error_type is None
 
     @property
+    def no_output(self) -> bool:
+        """Completed without a content chunk (the first token was EOS, or text that decodes to
+        nothing): a success with no TTFT, counted apart rather than dropped from the figures."""
+        return self.ok and self.first_chunk_ns is None
+
+    @property
     def output_tokens_used(self) -> int:
         """The output token count the formulas use: `usage` when present, else counted."""
         return self.output_tokens if self.output_tokens is not None else self.counted_tokens
@@ -394,6 +400,7 @@ def _result_attributes(result: StreamResult) -> dict:
         N.PL_CLIENT_CHUNKS: len(result.chunk_ns), N.PL_CLIENT_COUNTED_TOKENS: result.counted_tokens,
         N.PL_CLIENT_USAGE_MISMATCH: result.usage_mismatch,
         N.PL_CLIENT_INTENDED_DELAY_MS: result.schedule_lag_ms,
+        N.PL_CLIENT_OUTCOME: N.OUTCOME_NO_OUTPUT if result.no_output else None,
         N.PL_CLIENT_SENT_WALL_NS: result.sent_wall_ns, N.PL_CLIENT_DONE_WALL_NS: result.done_wall_ns,
     }
     return {k: v for k, v in attrs.items() if v is not None}

@@ -58,10 +58,11 @@ class Closer:
 
 
 class ServerRequest(RequestTimeline):
-    """observer.RequestHandle for one request of this server."""
+    """observer.RequestHandle for one request of this server. The timeline's content-chunk stamps
+    are written here, on the event loop: by the API layer (`output_ready`) and the middleware."""
 
     __slots__ = ("root", "parent", "link", "span", "context", "info", "outcome", "http", "managed",
-                 "capture_content", "_closer", "_closed")
+                 "capture_content", "output_pending", "_closer", "_closed")
 
     def __init__(self, root: SpanIds, parent: SpanIds | None, incoming: Context, closer: Closer, http: HttpFacts, *,
                  capture_content: bool, clock_ns: ClockNs = time.monotonic_ns, received_ns: int | None = None,
@@ -78,6 +79,7 @@ class ServerRequest(RequestTimeline):
         self.http = http
         self.managed = managed  # True: the middleware closes it when the response ends
         self.capture_content = capture_content
+        self.output_pending = False  # output_ready() was called; the next body chunk carries it
         self._closer = closer
         self._closed = False
 
@@ -110,6 +112,25 @@ class ServerRequest(RequestTimeline):
         if not self.managed:
             self.close()
 
+    def output_ready(self) -> None:
+        """See observer.RequestHandle.output_ready."""
+        if not self.output_ready_ns:
+            self.output_ready_ns = self.clock_ns()
+        self.output_pending = True
+
+    def chunk_sending(self) -> None:
+        """The middleware hands a body chunk carrying output to `send`."""
+        if not self.chunk_send_ns:
+            self.chunk_send_ns = self.clock_ns()
+
+    def chunk_sent(self) -> None:
+        """That `send` returned: the chunk's bytes are with the server's transport."""
+        t = self.clock_ns()
+        if not self.first_chunk_ns:
+            self.first_chunk_ns = t
+        self.last_chunk_ns = t
+        self.output_pending = False
+
     def note_http(self, **facts: Any) -> None:
         """The middleware's view of the exchange (HttpFacts fields)."""
         self.http = self.http._replace(**facts)
@@ -125,7 +146,8 @@ class ServerRequest(RequestTimeline):
     def freeze(self) -> RequestRecord:
         """The request as a frozen record (the timeline arrays copied into read-only int64 views)."""
         return RequestRecord(self.root, self.parent, self.received_ns, self.enqueued_ns, self.first_token_ns,
-                             self.finished_ns, self.responded_ns, self.finish_reason,
+                             self.finished_ns, self.responded_ns, self.output_ready_ns, self.chunk_send_ns,
+                             self.first_chunk_ns, self.last_chunk_ns, self.finish_reason,
                              int64s(self.waits.tobytes()), int64s(self.chunks.tobytes()),
                              int64s(self.token_ns.tobytes()), int64s(self.token_n.tobytes()),
                              self.info, self.outcome, self.http)

@@ -10,6 +10,7 @@ SPAN_QUEUE = "llm.queue"
 SPAN_PREFILL = "llm.prefill"
 SPAN_PREFILL_CHUNK = "llm.prefill.chunk"
 SPAN_FIRST_TOKEN = "llm.first_token"
+SPAN_FIRST_CHUNK = "llm.first_chunk"  # first token handed to the stream → its bytes handed to the transport
 SPAN_DECODE = "llm.decode"
 SPAN_DELIVERY = "llm.delivery"
 SPAN_ENGINE_STEP = "llm.engine_step"
@@ -17,6 +18,8 @@ SPAN_ENGINE_STEP = "llm.engine_step"
 SERVER_SERVICE_NAME = "phaselens-server"  # service.name of a phaselens server when OTEL_SERVICE_NAME sets none
 VLLM_SERVICE_NAME = "vllm"  # service.name of vLLM with the phaselens plugin when OTEL_SERVICE_NAME sets none
 
+# The phases of every request that reached its first token; llm.first_chunk only where a streamed
+# response told the handle which body chunk carries output (`output_ready()`).
 PHASE_SPANS = (SPAN_INGRESS, SPAN_QUEUE, SPAN_PREFILL, SPAN_FIRST_TOKEN, SPAN_DECODE, SPAN_DELIVERY)
 SERVER_SCOPE = "phaselens.instrumentation"  # tracer/meter scope (ScopeName) of the server spans
 
@@ -88,9 +91,15 @@ PL_INGRESS_MS = "phaselens.ingress_ms"
 PL_QUEUE_MS = "phaselens.queue_ms"
 PL_PREFILL_MS = "phaselens.prefill_ms"
 PL_FIRST_TOKEN_MS = "phaselens.first_token_ms"
+PL_FIRST_CHUNK_MS = "phaselens.first_chunk_ms"  # = loop_wait + encode + write
+PL_FIRST_CHUNK_LOOP_WAIT_MS = "phaselens.first_chunk.loop_wait_ms"  # handed to the stream → the event loop took it
+PL_FIRST_CHUNK_ENCODE_MS = "phaselens.first_chunk.encode_ms"  # taken → its body chunk handed to send (SSE encoding)
+PL_FIRST_CHUNK_WRITE_MS = "phaselens.first_chunk.write_ms"  # send called → returned (bytes with the transport)
 PL_DECODE_MS = "phaselens.decode_ms"
 PL_DELIVERY_MS = "phaselens.delivery_ms"
 PL_SERVER_TTFT_MS = "phaselens.server.ttft_ms"
+PL_SERVER_TTFC_MS = "phaselens.server.ttfc_ms"  # received → first content bytes handed to the transport
+PL_SERVER_LAST_CHUNK_MS = "phaselens.server.last_chunk_ms"  # received → last content bytes handed to it
 PL_SERVER_TPOT_MS = "phaselens.server.tpot_ms"
 PL_PREFILL_CHUNKS = "phaselens.prefill.chunks"
 PL_CHUNK_INDEX = "phaselens.prefill.chunk_index"
@@ -137,6 +146,8 @@ PL_CLIENT_CHUNKS = "phaselens.client.chunks"
 PL_CLIENT_COUNTED_TOKENS = "phaselens.client.counted_tokens"
 PL_CLIENT_USAGE_MISMATCH = "phaselens.client.usage_mismatch"
 PL_CLIENT_INTENDED_DELAY_MS = "phaselens.client.schedule_lag_ms"
+PL_CLIENT_OUTCOME = "phaselens.client.outcome"  # OUTCOME_NO_OUTPUT, else absent (ok, or error.type)
+OUTCOME_NO_OUTPUT = "no_output"  # completed without a content chunk (e.g. EOS first): no TTFT, not an error
 PL_CLIENT_SENT_WALL_NS = "phaselens.client.sent_wall_ns"
 PL_CLIENT_DONE_WALL_NS = "phaselens.client.done_wall_ns"
 

@@ -85,6 +85,12 @@ class RequestHandle(RequestObserver, Protocol):
     def fail(self, error_type: str, status_code: int | None = None) -> None:
         """The request failed or was rejected (`error.type`)."""
 
+    def output_ready(self) -> None:
+        """Streaming: the API layer took output that carries content (text or reasoning, not a
+        role-only chunk) off the engine's stream; the next body chunk it sends carries it. The
+        ingress middleware stamps when that chunk is handed to the transport (the `first_chunk`
+        budget term)."""
+
 
 class NullRequest:
     """The one no-op request handle (tracing off): every call does nothing. `link` None: an engine
@@ -110,6 +116,7 @@ class NullRequest:
                  cached_tokens: int = 0, reasoning_tokens: int = 0, completion: str | None = None) -> None: ...
 
     def fail(self, error_type: str, status_code: int | None = None) -> None: ...
+    def output_ready(self) -> None: ...
 
 
 class NullStepObserver:

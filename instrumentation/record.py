@@ -83,7 +83,8 @@ NO_HTTP = HttpFacts()
 class RequestRecord(NamedTuple):
     """One closed request: the SERVER root's ids (chosen at receipt), the sampling decision, the
     remote parent (None: a root trace), the timeline (monotonic ns of the serving process; layout
-    in `timeline`), and what the API layer and the middleware reported."""
+    in `timeline`; the four stamps of the response's content chunks in `handle.ServerRequest`), and
+    what the API layer and the middleware reported."""
 
     root: SpanIds
     parent: SpanIds | None
@@ -92,6 +93,10 @@ class RequestRecord(NamedTuple):
     first_token_ns: int
     finished_ns: int
     responded_ns: int
+    output_ready_ns: int
+    chunk_send_ns: int
+    first_chunk_ns: int
+    last_chunk_ns: int
     finish_reason: str
     waits: Int64s
     chunks: Int64s

@@ -99,6 +99,7 @@ def summarize(results: list[StreamResult], duration_s: float, percentiles: tuple
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
     summary = {
         "requests": {"total": len(results), "completed": len(ok), "failed": len(results) - len(ok),
+                     "no_output": sum(r.no_output for r in ok),
                      "error_rate": (len(results) - len(ok)) / len(results) if results else 0.0,
                      "errors": dict(Counter(r.error_type for r in results if not r.ok))},
         "duration_s": duration_s,

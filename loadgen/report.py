@@ -69,6 +69,7 @@ def summary_tables(summary: dict, percentiles: tuple[float, ...], title: str) ->
     req, thr, tok = summary["requests"], summary["throughput"], summary["tokens"]
     rows = [("Requests completed / failed", f"{req['completed']} / {req['failed']}"),
             ("Error rate", f"{req['error_rate']:.1%}"),
+            ("Completed with no output (no TTFT)", str(req["no_output"])),
             *((f"  errors: {k}", str(v)) for k, v in req["errors"].items()),
             ("Duration (s)", _fmt(summary["duration_s"])),
             ("Request throughput (req/s)", _fmt(thr["requests_per_s"])),

@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+        if not info.name.startswith("_"):  # a private module is shared by commands, not one itself
+            importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
     return parser
 
 

@@ -162,7 +162,7 @@ class Stack:
         self.apply_schema()
 
     def apply_schema(self) -> None:
-        """Contract C: the collector's tables first, then the analysis views."""
+        """The collector's tables first, then the analysis views (docs/contracts.md)."""
         statements = analysis_schema.all_statements(self.database)
         with self.client() as client:
             collector_schema.apply(client, statements)

@@ -48,7 +48,10 @@ def model_names(options: ServeOptions, loaded_name: str) -> tuple[tuple[str, ...
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and an
+    # accepted socket inherits proto 0 from `socket(family, SOCK_STREAM)`. Without it, Nagle holds a
+    # response's first chunk until the client's delayed ACK (~40 ms on Linux) of the previous write.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)

@@ -91,8 +91,16 @@ PARENT_ID = "b7ad6b7169203331"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 
 
+def _send_chunk(req, clock, ready_ns: int, send_ns: int, sent_ns: int) -> None:
+    """What the API layer and the middleware stamp for one streamed content chunk."""
+    clock.now_ns = ready_ns; req.output_ready()
+    clock.now_ns = send_ns; req.chunk_sending()
+    clock.now_ns = sent_ns; req.chunk_sent()
+
+
 def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="world"):
-    """received 1.000 ms … responded 1.990 ms: chunked prefill, one preemption during decode."""
+    """received 1.000 ms … responded 1.990 ms: chunked prefill, one preemption during decode; the
+    first content chunk taken at 1.724, handed to send at 1.726, sent at 1.727; the last sent at 1.972."""
     clock = rig.clock
     clock.now_ns = 1_000_000
     req = rig.telemetry.request(http_scope(traceparent=traceparent))
@@ -103,6 +111,7 @@ def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="wor
     req.prefill_chunk(1_410_000, 1_500_000, 8, 4)
     req.prefill_chunk(1_600_000, 1_700_000, 4, 0)
     clock.now_ns = 1_720_000; req.first_token()
+    _send_chunk(req, clock, 1_724_000, 1_726_000, 1_727_000)
     for t_ns, n in ((1_730_000, 1), (1_740_000, 1), (1_750_000, 2)):
         clock.now_ns = t_ns; req.token(n)
     clock.now_ns = 1_760_000; req.preempted()
@@ -110,6 +119,7 @@ def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="wor
     req.prefill_chunk(1_905_000, 1_950_000, 16, 0)
     for t_ns in (1_960_000, 1_970_000):
         clock.now_ns = t_ns; req.token()
+    _send_chunk(req, clock, 1_971_000, 1_971_500, 1_972_000)
     clock.now_ns = 1_975_000; req.finished(FINISH_LENGTH)
     rig.telemetry.step_observer.step(1_940_000, 1_970_000, 16, 1, 3, 16, 0, 2, [req])
     clock.now_ns = 1_990_000
@@ -176,6 +186,7 @@ def make_app(telemetry: ServerTelemetry):
         async def chunks():
             try:
                 while (text := await job.out.get()) is not None:
+                    req.output_ready()
                     yield f"data: {json.dumps({'choices': [{'text': text}]})}\n\n"
                 yield "data: [DONE]\n\n"
                 req.complete(output_tokens=body["max_tokens"], finish_reason=FINISH_LENGTH)

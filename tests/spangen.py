@@ -58,6 +58,10 @@ class RequestTruth:
     prefill_ms: float = 0.0
     prefill_chunks: int = 1
     first_token_ms: float = 0.0
+    # the server's first-chunk delivery, = loop_wait + encode + write (each a whole µs)
+    loop_wait_ms: float = 0.0
+    encode_ms: float = 0.0
+    write_ms: float = 0.0
     decode_ms: float = 0.0
     delivery_ms: float = 0.0
     uplink_ms: float = 0.0  # client sent → server received
@@ -74,12 +78,20 @@ class RequestTruth:
         return self.ingress_ms + self.queue_waits_ms[0] + self.prefill_ms + self.first_token_ms
 
     @property
+    def first_chunk_ms(self) -> float:
+        return round(self.loop_wait_ms + self.encode_ms + self.write_ms, 3)
+
+    @property
+    def server_ttfc_ms(self) -> float:
+        return round(self.server_ttft_ms + self.first_chunk_ms, 3)
+
+    @property
     def server_e2e_ms(self) -> float:
         return self.server_ttft_ms + self.decode_ms + self.delivery_ms
 
     @property
     def client_ttft_ms(self) -> float | None:
-        return self.uplink_ms + self.server_ttft_ms + self.downlink_ms if self.has_client else None
+        return self.uplink_ms + self.server_ttfc_ms + self.downlink_ms if self.has_client else None
 
     @property
     def client_e2e_ms(self) -> float | None:
@@ -167,6 +179,7 @@ def generate(n_requests: int, seed: int = 0, *, models: tuple[str, ...] = ("tiny
             input_tokens=rng.randint(8, 512), output_tokens=out, cached_tokens=rng.choice((0, 0, 16)),
             ingress_ms=_ms(rng, 0.8), queue_waits_ms=[_ms(rng, 5.0, 0.8)], prefill_ms=_ms(rng, 20.0),
             prefill_chunks=rng.choice((1, 1, 2)), first_token_ms=_ms(rng, 0.5),
+            loop_wait_ms=_ms(rng, 2.0), encode_ms=_ms(rng, 0.1), write_ms=_ms(rng, 0.05),
             decode_ms=_ms(rng, 10.0 * (out - 1)), delivery_ms=_ms(rng, 0.3),
             uplink_ms=_ms(rng, 1.0), downlink_ms=_ms(rng, 1.0),
             has_client=not (server_only_every and i % server_only_every == server_only_every - 1),
@@ -261,7 +274,8 @@ def _server_attrs(r: RequestTruth, phase_attributes: bool) -> dict:
              n.GEN_AI_REQUEST_ID: r.request_id, n.GEN_AI_RESPONSE_ID: r.request_id,
              n.GEN_AI_USAGE_INPUT_TOKENS: r.input_tokens, n.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens,
              n.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: r.cached_tokens,
-             n.PL_SERVER_TTFT_MS: r.server_ttft_ms, n.PL_PREEMPTIONS: r.preemptions,
+             n.PL_SERVER_TTFT_MS: r.server_ttft_ms, n.PL_SERVER_TTFC_MS: r.server_ttfc_ms,
+             n.PL_PREEMPTIONS: r.preemptions,
              n.PL_FINISH_REASON: "abort" if r.aborted else "length",
              n.PL_RECEIVED_WALL_NS: r.wall_stamps_ns()[1], n.PL_RESPONDED_WALL_NS: r.wall_stamps_ns()[2]}
     if r.tpot_ms is not None:
@@ -269,11 +283,17 @@ def _server_attrs(r: RequestTruth, phase_attributes: bool) -> dict:
     if phase_attributes:
         attrs.update({n.PL_INGRESS_MS: r.ingress_ms, n.PL_QUEUE_MS: r.queue_waits_ms[0],
                       n.PL_PREFILL_MS: r.prefill_ms, n.PL_FIRST_TOKEN_MS: r.first_token_ms,
+                      n.PL_FIRST_CHUNK_MS: r.first_chunk_ms, **_split_attrs(r),
                       n.PL_DECODE_MS: r.decode_ms, n.PL_DELIVERY_MS: r.delivery_ms,
                       n.PL_PREFILL_CHUNKS: r.prefill_chunks})
     if r.aborted:
         attrs[n.ERROR_TYPE] = n.ERROR_CLIENT_DISCONNECTED
     return attrs
+
+
+def _split_attrs(r: RequestTruth) -> dict:
+    return {n.PL_FIRST_CHUNK_LOOP_WAIT_MS: r.loop_wait_ms, n.PL_FIRST_CHUNK_ENCODE_MS: r.encode_ms,
+            n.PL_FIRST_CHUNK_WRITE_MS: r.write_ms}
 
 
 def _client_attrs(r: RequestTruth) -> dict:
@@ -320,7 +340,8 @@ def _emit_request(r: RequestTruth, client_tracer, server_tracer, phase_attribute
 
 def _emit_phases(r: RequestTruth, tracer, ctx) -> None:
     """ingress → queue → prefill(+chunks) → first_token → decode (with a second queue wait when
-    preempted) → delivery, back to back on the server clock."""
+    preempted) → delivery, back to back on the server clock; first_chunk from the first token on,
+    beside decode."""
     t = r.start_ns
 
     def span(name: str, start: int, dur_ms: float, attrs: dict | None = None, parent=ctx) -> int:
@@ -338,6 +359,7 @@ def _emit_phases(r: RequestTruth, tracer, ctx) -> None:
         c = span(n.SPAN_PREFILL_CHUNK, c, chunk_ms, {n.PL_CHUNK_INDEX: k}, parent=chunk_ctx)
     prefill.end(end_time=t + _ns(r.prefill_ms))
     t = span(n.SPAN_FIRST_TOKEN, t + _ns(r.prefill_ms), r.first_token_ms)
+    span(n.SPAN_FIRST_CHUNK, t, r.first_chunk_ms, _split_attrs(r))
     decode_attrs = {n.PL_DECODE_TOKENS: r.output_tokens - 1, n.PL_DECODE_STEPS: r.output_tokens - 1,
                     n.PL_ITL_P99_MS: r.itl_p99_ms, n.PL_STALL_MS: r.stall_ms}
     if r.preemptions:

@@ -98,6 +98,7 @@ def test_budget_equals_the_hand_computed_one(client, clean):
              "queue_ms": [r.queue_waits_ms[0] for r in w.requests],
              "prefill_ms": [r.prefill_ms for r in w.requests],
              "first_token_ms": [r.first_token_ms for r in w.requests],
+             "first_chunk_ms": [r.first_chunk_ms for r in w.requests],
              "residual_ms": [r.residual_ms for r in w.requests]}
     # the phaselens tree separates ingress and first token: no before-the-engine remainder
     assert report.span_models == ["phaselens"] and report.unseparated == []
@@ -164,7 +165,7 @@ def test_replayed_batches_change_nothing(clickhouse, client):
     before = rows_by_trace(client, db)
     spangen.emit(w, clickhouse.url, db, transport="insert", token_prefix="batch")
     assert client.query(f"SELECT count() FROM {db}.otel_traces").result_rows[0][0] == sum(
-        8 + r.prefill_chunks + r.preemptions for r in w.requests)
+        9 + r.prefill_chunks + r.preemptions for r in w.requests)
     assert rows_by_trace(client, db) == before
 
 

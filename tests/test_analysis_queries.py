@@ -62,7 +62,8 @@ def test_every_panel_query_runs_as_grafana_renders_it(client, data):
     variables = {"service": "$__all", "model": "tiny", "ttft_slo_ms": "40", "tpot_slo_ms": "15",
                  "trace_id": w.requests[1].trace_id}
     assert set(Q.PANEL_COLUMNS) == {
-        "budget_stack", "latency_over_time", "goodput_over_time", "throughput_over_time", "slowest_requests",
+        "budget_stack", "latency_over_time", "delivery_over_time", "goodput_over_time", "throughput_over_time",
+        "slowest_requests",
         "engine_batch_over_time", "engine_kv_over_time", "decode_stalls_over_time", "queue_depth_over_time",
         "request_trace"}
     for name, columns in Q.PANEL_COLUMNS.items():
@@ -77,7 +78,7 @@ def test_request_trace_returns_every_span_of_the_trace(client, data):
     r = w.requests[0]
     sql, params = Q.render_cli("request_trace", database=db, trace_id=r.trace_id)
     rows = list(client.query(sql, parameters=params).named_results())
-    assert len(rows) == 8 + r.prefill_chunks + r.preemptions
+    assert len(rows) == 9 + r.prefill_chunks + r.preemptions
     server = next(x for x in rows if x["spanID"] == r.server_span_id)
     assert server["duration"] == pytest.approx(r.server_e2e_ms, abs=1e-6)
     assert {t["key"] for t in server["tags"]} >= {n.PL_SERVER_TTFT_MS, n.GEN_AI_REQUEST_MODEL}
@@ -141,10 +142,10 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
     assert names == [
         "trace_id", "request_id", "service", "model", "server_start_time", "status", "error_type",
         "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "client_ttft_ms",
-        "client_ttfo_ms", "client_tpot_ms", "client_e2e_ms", "server_ttft_ms", "ingress_ms", "queue_ms",
-        "prefill_ms", "prefill_chunks", "first_token_ms", "decode_ms", "delivery_ms", "server_tpot_ms",
-        "itl_p99_ms", "stall_ms", "preemptions", "residual_ms", "clock_offset_estimate_ms", "span_model",
-        "before_engine_ms"]
+        "client_ttfo_ms", "client_tpot_ms", "client_e2e_ms", "server_ttft_ms", "server_ttfc_ms", "ingress_ms",
+        "queue_ms", "prefill_ms", "prefill_chunks", "first_token_ms", "first_chunk_ms", "decode_ms",
+        "delivery_ms", "server_tpot_ms", "itl_p99_ms", "stall_ms", "preemptions", "residual_ms",
+        "e2e_residual_ms", "clock_offset_estimate_ms", "span_model", "before_engine_ms"]
     steps = [r[0] for r in client.query(f"DESCRIBE {db}.phaselens_steps").result_rows]
     assert tuple(steps) == S.STEPS_VIEW_COLUMNS
 
@@ -175,3 +176,25 @@ def test_both_dialects_answer_every_question_a_template_may_ask():
     for dialect in (CliDialect, GrafanaDialect):
         answered = {name: inspect.signature(getattr(dialect, name, None) or (lambda: None)) for name in asked}
         assert {n: list(s.parameters) for n, s in answered.items()} == {n: list(s.parameters) for n, s in asked.items()}
+
+
+def test_a_schema_from_an_older_phaselens_is_upgraded_in_place(clickhouse, client, monkeypatch):
+    """A parts table and view made before the first-chunk columns existed: applying the schema again
+    adds the columns and points the view at them, so new spans fill them and old rows stay."""
+    db = "upgrade_test"
+    client.command(f"DROP DATABASE IF EXISTS {db}")
+    new_columns = {"d_first_chunk", "a_first_chunk_ms", "a_loop_wait_ms", "a_encode_ms", "a_write_ms",
+                   "a_server_ttfc_ms", "a_server_last_chunk_ms"}
+    with monkeypatch.context() as m:  # what an older phaselens created: the tables and the parts view
+        m.setattr(S, "PARTS", tuple(p for p in S.PARTS if p.column not in new_columns))
+        S.collector_schema.apply(client, S.all_statements(db)[:-3])
+    described = {r[0] for r in client.query(f"DESCRIBE {db}.{S.PARTS_TABLE}").result_rows}
+    assert not described & new_columns
+    S.collector_schema.apply(client, S.all_statements(db))
+    described = {r[0] for r in client.query(f"DESCRIBE {db}.{S.PARTS_TABLE}").result_rows}
+    assert new_columns <= described
+    w = spangen.generate(6, seed=3)
+    spangen.emit(w, clickhouse.url, db)
+    rows = {r["trace_id"]: r for r in client.query(
+        f"SELECT trace_id, first_chunk_ms FROM {db}.phaselens_requests").named_results()}
+    assert all(rows[r.trace_id]["first_chunk_ms"] == pytest.approx(r.first_chunk_ms) for r in w.requests)

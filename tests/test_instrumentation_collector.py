@@ -49,7 +49,7 @@ def test_spans_arrive_in_clickhouse_over_otlp_grpc(collector, ch_client, monkeyp
                                          anchor=ClockAnchor.capture(clock, lambda: WALL_BASE_NS))
     script_request(SimpleNamespace(telemetry=telemetry, clock=clock))
     telemetry.shutdown()
-    assert telemetry.stats()["export_exported"] == 12
+    assert telemetry.stats()["export_exported"] == 13
     rows = {row["SpanName"]: row for row in query_rows(ch_client, database, want=12)}
     root = rows["text_completion tiny"]
     assert (root["TraceId"], root["ParentSpanId"], root["SpanKind"]) == (TRACE_ID, PARENT_ID, "Server")

@@ -92,15 +92,22 @@ def test_traceparent_continues_across_the_hop(server, client_tracer):
     url, spans_path = server
     context, trace_id, (status, chunks) = traced(client_tracer, lambda h: read_stream(url, {"max_tokens": 4}, h))
     assert status == 200 and len(chunks) == 5
-    spans = {s["name"]: s for s in server_spans(spans_path, trace_id, want=7)}
+    spans = {s["name"]: s for s in server_spans(spans_path, trace_id, want=8)}
     root = spans["text_completion tiny"]
     assert root["kind"] == "SpanKind.SERVER" and root["parent_id"] == f"0x{context.span_id:016x}"
-    assert set(names.PHASE_SPANS) <= set(spans)
-    assert all(spans[name]["parent_id"] == root["context"]["span_id"] for name in names.PHASE_SPANS)
+    phase_spans = (*names.PHASE_SPANS, names.SPAN_FIRST_CHUNK)  # a streamed response: all of them
+    assert set(phase_spans) <= set(spans)
+    assert all(spans[name]["parent_id"] == root["context"]["span_id"] for name in phase_spans)
     attributes = root["attributes"]
     phases_ms = sum(attributes[k] for k in (names.PL_INGRESS_MS, names.PL_QUEUE_MS, names.PL_PREFILL_MS,
                                              names.PL_FIRST_TOKEN_MS))
     assert phases_ms == pytest.approx(attributes[names.PL_SERVER_TTFT_MS], abs=1e-6)
+    split_ms = sum(attributes[k] for k in (names.PL_FIRST_CHUNK_LOOP_WAIT_MS, names.PL_FIRST_CHUNK_ENCODE_MS,
+                                            names.PL_FIRST_CHUNK_WRITE_MS))
+    assert split_ms == pytest.approx(attributes[names.PL_FIRST_CHUNK_MS], abs=1e-6)
+    assert attributes[names.PL_SERVER_TTFT_MS] + attributes[names.PL_FIRST_CHUNK_MS] == pytest.approx(
+        attributes[names.PL_SERVER_TTFC_MS], abs=1e-6)
+    assert attributes[names.PL_SERVER_TTFC_MS] <= attributes[names.PL_SERVER_LAST_CHUNK_MS]
     assert attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 4 and attributes[names.HTTP_RESPONSE_STATUS_CODE] == 200
     assert spans[names.SPAN_DECODE]["attributes"][names.PL_DECODE_STEPS] == 3
 

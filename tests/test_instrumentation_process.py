@@ -67,7 +67,7 @@ def test_process_builder_exports_exactly_the_spans_of_the_thread_builder(receive
     script_mix(process_rig)
     assert process_rig.telemetry.flush(20), process_rig.telemetry.stats()
     assert shapes_of_otlp_spans(receiver.spans) == expected
-    assert len(expected) == 2 * 11 + 2 + 3  # 2 full requests, a rejected one (root + ingress), 3 steps
+    assert len(expected) == 2 * 12 + 2 + 3  # 2 full requests, a rejected one (root + ingress), 3 steps
     stats, thread_stats = process_rig.telemetry.stats(), thread_rig.telemetry.stats()
     for key in ("requests_built", "requests_unsampled", "steps_built", "steps_unsampled", "spans_built"):
         assert stats[key] == thread_stats[key], key
@@ -120,7 +120,7 @@ def test_sampling_ratio_keeps_whole_traces(receiver):
         if span.name != names.SPAN_ENGINE_STEP:
             per_trace[span.trace_id] = per_trace.get(span.trace_id, 0) + 1
     sampled = {h.span.get_span_context().trace_id.to_bytes(16, "big") for h in handles if h.sampled}
-    assert 10 < len(sampled) < 50 and set(per_trace) == sampled and set(per_trace.values()) == {11}
+    assert 10 < len(sampled) < 50 and set(per_trace) == sampled and set(per_trace.values()) == {12}
     rig.telemetry.shutdown()
 
 

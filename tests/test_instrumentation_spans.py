@@ -37,6 +37,7 @@ def test_span_tree_timing_exact():
         names.SPAN_PREFILL: [(1_400_000, 1_700_000)],
         names.SPAN_PREFILL_CHUNK: [(1_410_000, 1_500_000), (1_600_000, 1_700_000), (1_905_000, 1_950_000)],
         names.SPAN_FIRST_TOKEN: [(1_700_000, 1_720_000)],
+        names.SPAN_FIRST_CHUNK: [(1_720_000, 1_727_000)],
         names.SPAN_DECODE: [(1_720_000, 1_970_000)],
         names.SPAN_DELIVERY: [(1_970_000, 1_990_000)],
         "text_completion tiny": [(1_000_000, 1_990_000)],
@@ -49,7 +50,7 @@ def test_span_tree_timing_exact():
                    if s.parent is not None and s.parent.span_id in by_id}
     assert parent_name[(names.SPAN_PREFILL_CHUNK, 0)] == names.SPAN_PREFILL
     assert parent_name[(names.SPAN_PREFILL_CHUNK, 2)] == names.SPAN_DECODE
-    for name in names.PHASE_SPANS:
+    for name in (*names.PHASE_SPANS, names.SPAN_FIRST_CHUNK):
         assert parent_name[name] == "text_completion tiny"
     assert [s.attributes[names.PL_QUEUE_WAIT_INDEX] for s in sorted(spans[names.SPAN_QUEUE], key=lambda s: s.start_time)] == [0, 1]
     assert all(s.context.trace_id == root.context.trace_id for group in spans.values() for s in group
@@ -83,9 +84,14 @@ def test_root_attributes_exact():
         names.LATENCY_TIME_IN_QUEUE: 300_000 / 1e9, names.LATENCY_TIME_TO_FIRST_TOKEN: ttft_ns / 1e9,
         names.LATENCY_E2E: 990_000 / 1e9, names.LATENCY_TIME_IN_MODEL_PREFILL: 320_000 / 1e9,
         names.LATENCY_TIME_IN_MODEL_DECODE: decode_ns / 1e9, names.LATENCY_TIME_IN_MODEL_INFERENCE: 570_000 / 1e9,
+        names.PL_FIRST_CHUNK_MS: 0.007, names.PL_FIRST_CHUNK_LOOP_WAIT_MS: 0.004,
+        names.PL_FIRST_CHUNK_ENCODE_MS: 0.002, names.PL_FIRST_CHUNK_WRITE_MS: 0.001,
+        names.PL_SERVER_TTFC_MS: 0.727, names.PL_SERVER_LAST_CHUNK_MS: 0.972,
     }
-    # the budget identity holds exactly in ns: ingress + queue + prefill + first_token = server TTFT
+    # the budget identities hold exactly in ns: ingress + queue + prefill + first_token = server TTFT,
+    # server TTFT + first_chunk = server TTFC, first_chunk = loop_wait + encode + write
     assert 100_000 + 300_000 + 300_000 + 20_000 == ttft_ns
+    assert ttft_ns + 7_000 == 727_000 and 4_000 + 2_000 + 1_000 == 7_000
     assert root.status.status_code == StatusCode.UNSET
 
 
@@ -103,6 +109,9 @@ def test_phase_span_attributes():
     assert [(c.attributes[names.PL_CHUNK_TOKENS], c.attributes[names.PL_PREFILL_RECOMPUTE]) for c in chunks] == [
         (8, False), (4, False), (16, True)]
     assert spans[names.SPAN_DECODE][0].events == ()  # token events are opt-in
+    assert dict(spans[names.SPAN_FIRST_CHUNK][0].attributes) == {
+        names.PL_FIRST_CHUNK_LOOP_WAIT_MS: 0.004, names.PL_FIRST_CHUNK_ENCODE_MS: 0.002,
+        names.PL_FIRST_CHUNK_WRITE_MS: 0.001}
 
 
 def test_engine_step_span_links_the_request_and_has_its_own_trace():
@@ -155,7 +164,7 @@ def test_sampling_off_builds_no_span_but_keeps_metrics():
     assert rig.metric_points(names.METRIC_SERVER_TTFT)[0].count == 3
     script_request(rig, traceparent=TRACEPARENT)  # a sampled parent wins: parent-based, one decision
     spans = rig.spans()
-    assert len(spans) == 11 and {s.context.trace_id for s in spans} == {int(TRACE_ID, 16)}
+    assert len(spans) == 12 and {s.context.trace_id for s in spans} == {int(TRACE_ID, 16)}
     # the engine-step trace has no parent: the root sampler (here ALWAYS_OFF) decides it
     assert names.SPAN_ENGINE_STEP not in {s.name for s in spans}
 
@@ -170,7 +179,7 @@ def test_sampling_ratio_keeps_whole_traces():
         if span.name != names.SPAN_ENGINE_STEP:
             per_trace[span.context.trace_id] = per_trace.get(span.context.trace_id, 0) + 1
     assert 60 <= len(per_trace) <= 140
-    assert set(per_trace.values()) == {11}  # every sampled request is complete
+    assert set(per_trace.values()) == {12}  # every sampled request is complete
     assert rig.telemetry.stats()["requests_unsampled"] == 200 - len(per_trace)
 
 

@@ -137,7 +137,8 @@ def test_run_summary_formulas_by_hand():
                result(30, 30, [1], lag=1, usage=1, input_tokens=5),           # one token: no TPOT
                result(error="timeout", lag=0)]
     s = metrics.summarize(results, duration_s=2.0, percentiles=(50, 99), slo=parse_slo("ttft:25,tpot:12"))
-    assert s["requests"] == {"total": 4, "completed": 3, "failed": 1, "error_rate": 0.25, "errors": {"timeout": 1}}
+    assert s["requests"] == {"total": 4, "completed": 3, "failed": 1, "no_output": 0, "error_rate": 0.25,
+                             "errors": {"timeout": 1}}
     assert s["throughput"] == {"requests_per_s": 1.5, "output_tokens_per_s": 8.5, "total_tokens_per_s": 16.0}
     ttft = s["latency_ms"]["ttft"]
     assert (ttft["count"], ttft["mean"], ttft["min"], ttft["max"]) == (3, 20.0, 10.0, 30.0)
@@ -154,6 +155,17 @@ def test_run_summary_formulas_by_hand():
     assert s["goodput"] == {"slo_ms": {"ttft_ms": 25.0, "tpot_ms": 12.0}, "met": 2, "attainment": 0.5,
                             "requests_per_s": 1.0}
     assert (s["tokens"]["usage_mismatch_requests"], s["tokens"]["input"], s["tokens"]["output"]) == (0, 15, 17)
+
+
+def test_a_completed_request_without_output_is_counted_not_dropped():
+    """EOS as the first token: the server answered, no content chunk came, so there is no TTFT."""
+    silent = result(usage=1)
+    assert silent.ok and silent.no_output and silent.ttft_ms is None
+    s = metrics.summarize([result(10, 20, [1, 1], usage=2), silent], 1.0, (50, 99))
+    assert s["requests"] == {"total": 2, "completed": 2, "failed": 0, "no_output": 1, "error_rate": 0.0,
+                             "errors": {}}
+    assert s["latency_ms"]["ttft"]["count"] == 1  # its TTFT does not exist ...
+    assert s["failure_adjusted_ms"]["ttft"]["p99"] == math.inf  # ... and the tail does not forget it
 
 
 def test_usage_mismatch_is_counted():

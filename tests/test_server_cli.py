@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 
+import asyncio
+import socket
+
 import httpx
 import pytest
 
@@ -104,3 +107,25 @@ def test_bad_engine_flags_are_refused():
         EngineConfig(policy="fifo").validate()
     with pytest.raises(ValueError, match="max_num_seqs"):
         EngineConfig(max_num_seqs=0).validate()
+
+
+def test_accepted_connections_have_tcp_nodelay():
+    """asyncio sets TCP_NODELAY only on sockets whose proto says TCP; without it a streamed
+    response's first chunk after a keep-alive request waited ~40 ms for the client's delayed ACK."""
+    from phaselens.reference_server.process import bind
+
+    async def accepted_nodelay() -> int:
+        seen = asyncio.get_running_loop().create_future()
+
+        async def on_connect(reader, writer):
+            seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=bind("127.0.0.1", 0))
+        _, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        value = await asyncio.wait_for(seen, 10)
+        writer.close()
+        server.close()
+        return value
+
+    assert asyncio.run(accepted_nodelay()) == 1

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from phaselens.commands._generated import report_stale, report_written
 from phaselens.dashboards import generate, push
 from phaselens.dashboards.datasource import DEFAULT_PORTS, ClickHouseTarget, datasource
 
@@ -41,18 +42,11 @@ def register(subparsers) -> None:
 
 
 def run_generate(args) -> int:
-    for path in generate.write(args.out):
-        print(path)
-    return 0
+    return report_written(generate.write(args.out))
 
 
 def run_check(args) -> int:
-    stale = generate.stale_files(args.out)
-    for path in stale:
-        print(f"out of date: {path}", file=sys.stderr)
-    if stale:
-        print("run `phaselens dashboards generate`", file=sys.stderr)
-    return 1 if stale else 0
+    return report_stale(generate.stale_files(args.out), "phaselens dashboards generate")
 
 
 def run_push(args) -> int:

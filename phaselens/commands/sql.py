@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from phaselens.analysis import sql_files
+from phaselens.commands._generated import report_stale, report_written
 
 
 def register(subparsers) -> None:
@@ -20,15 +20,8 @@ def register(subparsers) -> None:
 
 
 def run_write(args) -> int:
-    for path in sql_files.write(args.out):
-        print(path)
-    return 0
+    return report_written(sql_files.write(args.out))
 
 
 def run_check(args) -> int:
-    stale = sql_files.stale_files(args.out)
-    for path in stale:
-        print(f"out of date: {path}", file=sys.stderr)
-    if stale:
-        print("run `phaselens sql write`", file=sys.stderr)
-    return 1 if stale else 0
+    return report_stale(sql_files.stale_files(args.out), "phaselens sql write")
