@@ -50,7 +50,7 @@ def to_rich(report: BudgetReport) -> Group:
     for name in TPOT_ITL:
         tpot.add_row(name, *_stat_cells(report.distributions[name]))
     split = _table("first_chunk: where the server's delivery went (ms; loop_wait = event loop late, "
-                   "encode = SSE encoding and framework, write = handing bytes to the transport)",
+                   "encode = SSE encoding and framework, write = send until it returned, outside the term)",
                    ["part", "p50", "p90", "p99", "mean"])
     for name in FIRST_CHUNK_SPLIT:
         split.add_row(name, *_stat_cells(report.distributions[name]))

@@ -11,7 +11,7 @@ ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
 
 Budget terms (docs/budget-method.md), each a duration on one clock, from `phaselens_request_facts`:
     TTFT_client = ingress + queue + prefill + first_token + first_chunk + residual,
-    first_chunk = first token handed to the stream → its bytes handed to the server's transport,
+    first_chunk = first token handed to the stream → its chunk handed to the server's `send`,
     residual = client_ttft − server_ttfc (network both ways + client overhead), server_ttfc =
     server_ttft + first_chunk. A request without a first-chunk stamp (not streamed, or a span model
     that does not separate it) counts first_chunk = 0 in the budget: its delivery stays in the
@@ -48,8 +48,8 @@ LEVEL_LABELS = ("p50", "p90", "p99")
 COMPONENTS = (("ingress_ms", "ingress_ms"), ("queue_ms", "ttft_queue_ms"), ("prefill_ms", "prefill_ms"),
               ("first_token_ms", "first_token_ms"), ("before_engine_ms", "before_engine_ms"),
               ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"), ("residual_ms", "residual_ms"))
-# Where the server's first-chunk time went (first_chunk = loop_wait + encode + write): a late event
-# loop (loop_wait) against SSE encoding and the framework (encode) and the transport (write).
+# Where the server's first-chunk time went (first_chunk = loop_wait + encode): a late event loop
+# (loop_wait) against SSE encoding and the framework (encode); write (send until it returned) beside it.
 FIRST_CHUNK_SPLIT = (("loop_wait_ms", "loop_wait_ms"), ("encode_ms", "encode_ms"), ("write_ms", "write_ms"))
 # Every distribution the budget reports: (name, expression over the facts view).
 DISTRIBUTIONS = (("ttft_ms", "ttft_ms"), ("client_ttft_ms", "client_ttft_ms"), ("server_ttft_ms", "server_ttft_ms"),
@@ -197,7 +197,7 @@ def latency_over_time(d: Dialect) -> str:
 
 
 def delivery_over_time(d: Dialect) -> str:
-    """Where the server's first-chunk time goes (first_chunk = loop_wait + encode + write), against
+    """Where the server's first-chunk time goes (first_chunk = loop_wait + encode; write beside it), against
     the residual (network + client): a starved event loop shows in loop_wait, a slow network or
     client in the residual."""
     return _series(d, "start_time", _requests(d), [

@@ -102,7 +102,7 @@ def budget_panels(src: Source) -> list[dict]:
               "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
               "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
               "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
-              "delivery of the first output (token handed to the stream -> bytes handed to the transport); "
+              "delivery of the first output (token handed to the stream -> chunk handed to the server's send); "
               "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
               "A server whose own spans cannot split ingress and first token (vLLM's native llm_request "
               "span: span_model vllm-native) fills before_engine = server TTFT - queue - prefill instead, "
@@ -124,7 +124,7 @@ def budget_panels(src: Source) -> list[dict]:
                     unit="ms", transformations=series("latency_over_time", only=_per_token())),
         time_series(src, "delivery_over_time", "Server delivery of the first chunk vs the residual (p90)",
                     "Is my event loop starved or is my network slow? first chunk = the server's time from "
-                    "the first token handed to the stream to its bytes handed to the transport = loop wait "
+                    "the first token handed to the stream to its chunk handed to the server's send = loop wait "
                     "(the event loop was late) + encode (SSE) + write (send); residual = client TTFT - "
                     "server time to first chunk (network both ways + client).",
                     unit="ms"),

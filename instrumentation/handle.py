@@ -119,16 +119,16 @@ class ServerRequest(RequestTimeline):
         self.output_pending = True
 
     def chunk_sending(self) -> None:
-        """The middleware hands a body chunk carrying output to `send`."""
-        if not self.chunk_send_ns:
-            self.chunk_send_ns = self.clock_ns()
-
-    def chunk_sent(self) -> None:
-        """That `send` returned: the chunk's bytes are with the server's transport."""
+        """The middleware hands a body chunk carrying output to the server's `send`."""
         t = self.clock_ns()
         if not self.first_chunk_ns:
             self.first_chunk_ns = t
         self.last_chunk_ns = t
+
+    def chunk_sent(self) -> None:
+        """That `send` returned (its bytes written, or queued behind a full socket buffer)."""
+        if not self.first_chunk_sent_ns:
+            self.first_chunk_sent_ns = self.clock_ns()
         self.output_pending = False
 
     def note_http(self, **facts: Any) -> None:
@@ -146,8 +146,8 @@ class ServerRequest(RequestTimeline):
     def freeze(self) -> RequestRecord:
         """The request as a frozen record (the timeline arrays copied into read-only int64 views)."""
         return RequestRecord(self.root, self.parent, self.received_ns, self.enqueued_ns, self.first_token_ns,
-                             self.finished_ns, self.responded_ns, self.output_ready_ns, self.chunk_send_ns,
-                             self.first_chunk_ns, self.last_chunk_ns, self.finish_reason,
+                             self.finished_ns, self.responded_ns, self.output_ready_ns, self.first_chunk_ns,
+                             self.first_chunk_sent_ns, self.last_chunk_ns, self.finish_reason,
                              int64s(self.waits.tobytes()), int64s(self.chunks.tobytes()),
                              int64s(self.token_ns.tobytes()), int64s(self.token_n.tobytes()),
                              self.info, self.outcome, self.http)

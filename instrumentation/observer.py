@@ -88,7 +88,7 @@ class RequestHandle(RequestObserver, Protocol):
     def output_ready(self) -> None:
         """Streaming: the API layer took output that carries content (text or reasoning, not a
         role-only chunk) off the engine's stream; the next body chunk it sends carries it. The
-        ingress middleware stamps when that chunk is handed to the transport (the `first_chunk`
+        ingress middleware stamps when that chunk is handed to the server's `send` (the `first_chunk`
         budget term)."""
 
 

@@ -13,17 +13,21 @@ Boundaries (monotonic ns of one process):
                 and a chunk's own start, and between chunks, belongs to prefill unless it is a queue wait.
 - first_token = (first_token − prefill_end) − queue waits inside that interval.
 - So, exactly:  server TTFT = first_token − received = ingress + queue + prefill + first_token.
-- first_chunk = first_chunk_sent − first_token: the server's part of delivering the first output,
-                from the first token handed to the stream to the bytes of the first body chunk
-                carrying output handed to the server's transport (a streamed response; 0 without).
-                Exactly  first_chunk = loop_wait + encode + write:
+- first_chunk = first_chunk − first_token: the server's part of delivering the first output, from
+                the first token handed to the stream to the first body chunk carrying output handed
+                to the server's `send` (a streamed response; 0 without). Exactly
+                first_chunk = loop_wait + encode:
                   loop_wait = output_ready − first_token   (the event loop took the output: how
                               late the loop was, plus any token that gave no text yet)
-                  encode    = chunk_send − output_ready     (SSE encoding, the framework's work)
-                  write     = first_chunk_sent − chunk_send (`send` until the bytes are handed on)
-- So, exactly:  server TTFC = first_chunk_sent − received = server TTFT + first_chunk, and the
+                  encode    = first_chunk − output_ready   (SSE encoding, the framework's work)
+                Beside it, write = first_chunk_sent − first_chunk (`send` until it returned): the
+                bytes going out, on the residual's side (a full socket buffer is a slow reader).
+                The term ends where `send` is called, not where it returns: the client may read
+                the bytes before the server's coroutine resumes, and the residual stays ≥ 0.
+- So, exactly:  server TTFC = first_chunk − received = server TTFT + first_chunk, and the
                 client's residual = client TTFT − server TTFC is network both ways + client only.
-- server last chunk = last_chunk_sent − received (the stream's end as the client's e2e sees it).
+- server last chunk = last_chunk − received (the last content chunk handed to `send`: the stream's
+                end as the client's e2e sees it).
 - decode      = last_token − first_token (waits after a preemption in decode are inside it and show
                 as ITL stalls; they are also exported as their own llm.queue spans).
 - delivery    = end − last_token, end = responded (or the engine's last stamp when that is later).  e2e = responded − received = TTFT + decode + delivery.
@@ -64,7 +68,7 @@ class Phases:
     queue_ns: int = 0
     prefill_ns: int = 0
     first_token_phase_ns: int = 0
-    first_chunk_ns: int = 0  # stamp: the first content chunk's `send` returned
+    first_chunk_ns: int = 0  # stamp: the first content chunk handed to `send`
     last_chunk_ns: int = 0
     first_chunk_phase_ns: int = 0
     loop_wait_ns: int = 0
@@ -84,7 +88,7 @@ class Phases:
 
     @property
     def ttfc_ns(self) -> int:
-        """Server time to first chunk: received → the first content bytes handed to the transport."""
+        """Server time to first chunk: received → the first content chunk handed to the server's `send`."""
         return self.first_chunk_ns - self.received_ns if self.first_chunk_ns else 0
 
     @property
@@ -156,9 +160,9 @@ def compute_phases(timeline: Timeline) -> Phases:
 
 def _first_chunk(p: Phases, timeline: Timeline) -> None:
     """The first_chunk term and its split (module docstring), when a content chunk was sent."""
-    ready, send, sent = timeline.output_ready_ns, timeline.chunk_send_ns, timeline.first_chunk_ns
-    if not (p.first_token_ns <= ready <= send <= sent):  # not streamed, or no content at all
+    ready, first, sent = timeline.output_ready_ns, timeline.first_chunk_ns, timeline.first_chunk_sent_ns
+    if not (p.first_token_ns <= ready <= first <= sent):  # not streamed, or no content at all
         return
-    p.first_chunk_ns, p.last_chunk_ns = sent, timeline.last_chunk_ns
-    p.loop_wait_ns, p.encode_ns, p.write_ns = ready - p.first_token_ns, send - ready, sent - send
-    p.first_chunk_phase_ns = sent - p.first_token_ns
+    p.first_chunk_ns, p.last_chunk_ns = first, timeline.last_chunk_ns
+    p.loop_wait_ns, p.encode_ns, p.write_ns = ready - p.first_token_ns, first - ready, sent - first
+    p.first_chunk_phase_ns = first - p.first_token_ns

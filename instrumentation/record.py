@@ -94,8 +94,8 @@ class RequestRecord(NamedTuple):
     finished_ns: int
     responded_ns: int
     output_ready_ns: int
-    chunk_send_ns: int
     first_chunk_ns: int
+    first_chunk_sent_ns: int
     last_chunk_ns: int
     finish_reason: str
     waits: Int64s

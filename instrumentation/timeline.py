@@ -8,10 +8,10 @@ never raises: when full it drops the record and counts it.
 
 Layout of a request timeline (all monotonic ns, 0 = not stamped):
     received_ns, enqueued_ns, first_token_ns, finished_ns, responded_ns
-    output_ready_ns, chunk_send_ns, first_chunk_ns, last_chunk_ns   the response's content chunks,
-               stamped on the event loop (`handle.ServerRequest`): the API layer took the first
-               output carrying content off the engine's stream; its body chunk handed to `send`;
-               that `send` returned (bytes with the server's transport); the same for the last one
+    output_ready_ns, first_chunk_ns, first_chunk_sent_ns, last_chunk_ns   the response's content
+               chunks, stamped on the event loop (`handle.ServerRequest`): the API layer took the
+               first output carrying content off the engine's stream; its body chunk handed to the
+               server's `send`; that `send` returned; the last content chunk handed to `send`
     waits      flat [start0, end0, start1, end1, …]  queue waits; odd length = a wait still open
     chunks     flat [start, end, tokens, cached, …]  prefill chunks (initial and recompute)
     token_ns   one stamp per `token()` call (a decode step that gave this request tokens)
@@ -36,7 +36,7 @@ class RequestTimeline:
 
     __slots__ = (
         "clock_ns", "received_ns", "enqueued_ns", "first_token_ns", "finished_ns", "responded_ns",
-        "output_ready_ns", "chunk_send_ns", "first_chunk_ns", "last_chunk_ns", "finish_reason", "waits", "chunks", "token_ns", "token_n",
+        "output_ready_ns", "first_chunk_ns", "first_chunk_sent_ns", "last_chunk_ns", "finish_reason", "waits", "chunks", "token_ns", "token_n",
     )
 
     def __init__(self, clock_ns: ClockNs = time.monotonic_ns, received_ns: int | None = None) -> None:
@@ -46,7 +46,7 @@ class RequestTimeline:
         self.first_token_ns = 0
         self.finished_ns = 0
         self.responded_ns = 0
-        self.output_ready_ns = self.chunk_send_ns = self.first_chunk_ns = self.last_chunk_ns = 0
+        self.output_ready_ns = self.first_chunk_ns = self.first_chunk_sent_ns = self.last_chunk_ns = 0
         self.finish_reason = ""
         self.waits = array("q")
         self.chunks = array("q")

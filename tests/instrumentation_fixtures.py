@@ -100,7 +100,8 @@ def _send_chunk(req, clock, ready_ns: int, send_ns: int, sent_ns: int) -> None:
 
 def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="world"):
     """received 1.000 ms … responded 1.990 ms: chunked prefill, one preemption during decode; the
-    first content chunk taken at 1.724, handed to send at 1.726, sent at 1.727; the last sent at 1.972."""
+    first content chunk taken at 1.724, handed to send at 1.726, sent at 1.727; the last handed to
+    send at 1.9715."""
     clock = rig.clock
     clock.now_ns = 1_000_000
     req = rig.telemetry.request(http_scope(traceparent=traceparent))

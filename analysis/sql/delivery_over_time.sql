@@ -4,7 +4,7 @@
 -- Run: clickhouse-client --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --param_model='tiny' --param_bucket_s='10' --queries-file delivery_over_time.sql
 -- Grafana panels render the same template with macros: dashboards/generated/*.json.
 --
--- Where the server's first-chunk time goes (first_chunk = loop_wait + encode + write), against
+-- Where the server's first-chunk time goes (first_chunk = loop_wait + encode; write beside it), against
 -- the residual (network + client): a starved event loop shows in loop_wait, a slow network or
 -- client in the residual.
 SELECT toStartOfInterval(bucket_start, toIntervalSecond({bucket_s:UInt32})) AS time,
