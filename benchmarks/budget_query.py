@@ -24,7 +24,8 @@ from pathlib import Path
 
 from phaselens.analysis import queries as Q  # noqa: E402
 from phaselens.analysis import schema as S  # noqa: E402
-from phaselens.analysis.budget import budget  # noqa: E402
+from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget  # noqa: E402
+from phaselens.common.slo import parse_slo  # noqa: E402
 from phaselens.collectors import schema as CS  # noqa: E402
 from phaselens.storage.clickhouse_url import connect  # noqa: E402
 from phaselens.storage.embedded import EmbeddedClickHouse  # noqa: E402
@@ -169,7 +170,8 @@ def run(client, n_requests: int, repeat: int, pid: int | None = None) -> dict:
                        settings={"max_memory_usage": 8 << 30})
     ingest_s = time.perf_counter() - start
     spans = client.query(f"SELECT count() FROM {DATABASE}.otel_traces").result_rows[0][0]
-    full = lambda **kw: budget(client, database=DATABASE, since="1h", slo="ttft:60,tpot:12", **kw)  # noqa: E731
+    slo = parse_slo("ttft:60,tpot:12", GOODPUT_SLO_KEYS)
+    full = lambda **kw: budget(client, database=DATABASE, since="1h", slo=slo, **kw)  # noqa: E731
     report = full()
     assert report.requests == n_requests, (report.requests, n_requests)
     as_ingested = _timed(full, repeat, pid)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
+# The payload generator is shared with the tests (tests/collector_payloads.py), which are not installed.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.collector_payloads import export_request  # noqa: E402
 from phaselens.instrumentation import names  # noqa: E402
