@@ -48,8 +48,6 @@ from .record import RequestRecord, StepRecord
 from .timeline import CHUNK_FIELDS
 
 NS_PER_MS = 1e6
-FIRST_CHUNK_SPLIT = (names.PL_FIRST_CHUNK_LOOP_WAIT_MS, names.PL_FIRST_CHUNK_ENCODE_MS,
-                     names.PL_FIRST_CHUNK_WRITE_MS)  # what llm.first_chunk carries
 NS_PER_S = 1e9
 
 
@@ -171,19 +169,21 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
     return _drop_none(attributes)
 
 
+def first_chunk_split(phases: Phases) -> dict[str, Any]:
+    """What llm.first_chunk carries: loop_wait + encode (= the term) and write beside it."""
+    return {names.PL_FIRST_CHUNK_LOOP_WAIT_MS: _ms(phases.loop_wait_ns),
+            names.PL_FIRST_CHUNK_ENCODE_MS: _ms(phases.encode_ns),
+            names.PL_FIRST_CHUNK_WRITE_MS: _ms(phases.write_ns)}
+
+
 def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
-    """The first_chunk term and its split (phases), on the root and on llm.first_chunk; {} when no
-    content chunk was streamed."""
+    """The first_chunk term, its split, server TTFC and last chunk, on the root; {} when no content
+    chunk was streamed."""
     if not phases.first_chunk_ns:
         return {}
-    return {
-        names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns),
-        names.PL_FIRST_CHUNK_LOOP_WAIT_MS: _ms(phases.loop_wait_ns),
-        names.PL_FIRST_CHUNK_ENCODE_MS: _ms(phases.encode_ns),
-        names.PL_FIRST_CHUNK_WRITE_MS: _ms(phases.write_ns),
-        names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
-        names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ns - phases.received_ns),
-    }
+    return {names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns), **first_chunk_split(phases),
+            names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
+            names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ns - phases.received_ns)}
 
 
 def decode_attributes(phases: Phases) -> dict[str, Any]:
@@ -266,9 +266,8 @@ def request_spans(emitter: SpanEmitter, anchor: ClockAnchor, record: RequestReco
     if phases.first_token_ns:
         tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ns, phases.first_token_ns)
         if phases.first_chunk_ns:
-            split = first_chunk_attributes(phases)
             tree.leaf(names.SPAN_FIRST_CHUNK, phases.first_token_ns, phases.first_chunk_ns,
-                      {key: split[key] for key in FIRST_CHUNK_SPLIT})
+                      first_chunk_split(phases))
         decode = tree.new_context()
         tree.leaf(names.SPAN_DELIVERY, phases.last_token_ns, phases.end_ns)
     _chunk_spans(tree, record, phases, prefill, decode)
