@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phaselens.collectors import schema as collector_schema
-from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, ident, ttl_interval
+from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, DISTRIBUTED_TABLE, TRACES_TABLE, ident, ttl_interval
 from phaselens.instrumentation import names as n
 
 PARTS_TABLE = "phaselens_request_parts"
@@ -287,35 +287,41 @@ def facts_select(parts: str, final: bool = True) -> str:
             "WHERE server_start IS NOT NULL OR client_start IS NOT NULL")
 
 
-def statements(database: str = "otel", cluster: str | None = None, ttl: str | None = None) -> list[str]:
+def statements(database: str = "otel", cluster: str | None = None, ttl: str | None = None,
+               on_cluster: bool = True) -> list[str]:
     """CREATE statements (idempotent), to run after `phaselens.collectors.schema.statements(...)`; `ttl`
     (e.g. 72h, as for otel_traces) drops request rows that long after their first span.
 
-    With `cluster`: ON CLUSTER DDL, a ReplicatedAggregatingMergeTree per shard fed from the local
-    `otel_traces` (the collector's Distributed table shards by TraceId, so a request's spans meet on
-    one shard), and a Distributed table over the parts that the views read.
+    With `cluster`: the parts table per shard, fed from the local `otel_traces` (the collector's
+    Distributed table shards by TraceId, so a request's spans meet on one shard and FINAL merges
+    them there), and a Distributed table over the parts that the views read. `on_cluster`: ON
+    CLUSTER DDL and a ReplicatedAggregatingMergeTree; else statements for every node in turn, with
+    a plain AggregatingMergeTree.
     """
     db = ident(database)
-    on = f" ON CLUSTER {ident(cluster)}" if cluster else ""
-    engine = "ReplicatedAggregatingMergeTree()" if cluster else "AggregatingMergeTree()"
+    replicated = bool(cluster) and on_cluster
+    on = f" ON CLUSTER {ident(cluster)}" if replicated else ""
+    engine = "ReplicatedAggregatingMergeTree()" if replicated else "AggregatingMergeTree()"
     parts, traces = f"{db}.{ident(PARTS_TABLE)}", f"{db}.{ident(TRACES_TABLE)}"
     parts_read = f"{db}.{ident(PARTS_DISTRIBUTED)}" if cluster else parts
     part_cols = ",\n    ".join(p.ddl() for p in PARTS)
+    add_columns = ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {p.ddl()}" for p in PARTS)
     out = [
         f"CREATE TABLE IF NOT EXISTS {parts}{on} (\n    TraceId String CODEC(ZSTD(1)),\n    {part_cols}\n)"
         f" ENGINE = {engine}\nORDER BY TraceId"
         + (f"\nTTL toDateTime(first_seen) + {ttl_interval(ttl)}" if ttl else "")
-        + ("" if cluster else f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"),
+        + ("" if replicated else f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"),
         # a schema applied by an older phaselens gains the newer columns (before the view, whose
         # query is checked against the table), and its view writes them
-        f"ALTER TABLE {parts}{on}\n    " + ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {p.ddl()}" for p in PARTS),
+        f"ALTER TABLE {parts}{on}\n    {add_columns}",
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PARTS_MV)}{on} TO {parts}\nAS {parts_select(traces)}",
         f"ALTER TABLE {db}.{ident(PARTS_MV)}{on} MODIFY QUERY {parts_select(traces)}",
     ]
     if cluster:
-        out.append(f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\n"
-                   f"ENGINE = Distributed('{cluster}', '{database}', '{PARTS_TABLE}', cityHash64(TraceId))")
-    steps_source = f"{db}.{ident(TRACES_TABLE + '_distributed')}" if cluster else traces
+        out += [f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\n"
+                f"ENGINE = {collector_schema.distributed_engine(cluster, database, PARTS_TABLE)}",
+                f"ALTER TABLE {parts_read}{on}\n    {add_columns}"]  # an upgrade reaches the reads too
+    steps_source = f"{db}.{ident(DISTRIBUTED_TABLE)}" if cluster else traces
     out += [
         f"CREATE OR REPLACE VIEW {db}.{ident(FACTS_VIEW)}{on} AS\n{facts_select(parts_read)}",
         f"CREATE OR REPLACE VIEW {db}.{ident(REQUESTS_VIEW)}{on} AS\n"
@@ -327,11 +333,12 @@ def statements(database: str = "otel", cluster: str | None = None, ttl: str | No
 
 
 def all_statements(database: str = "otel", ttl: str | None = None, cluster: str | None = None,
-                   table_engine: str | None = None) -> list[str]:
+                   table_engine: str | None = None, on_cluster: bool = True) -> list[str]:
     """Everything `phaselens schema apply` creates, in order: the exporter's tables
     (`phaselens.collectors.schema`), then the per-request analysis tables and views."""
-    return (collector_schema.statements(database, ttl=ttl, cluster=cluster, table_engine=table_engine)
-            + statements(database, cluster=cluster, ttl=ttl))
+    return (collector_schema.statements(database, ttl=ttl, cluster=cluster, table_engine=table_engine,
+                                        on_cluster=on_cluster)
+            + statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster))
 
 
 def script(statements: list[str]) -> str:

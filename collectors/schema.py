@@ -112,43 +112,55 @@ def _engine(table_engine: str | None, cluster: str | None, family: str, keep_par
     return f"{'Replicated' if replicated else ''}{family}{params}"
 
 
+def distributed_engine(cluster: str, database: str, table: str) -> str:
+    """Sharded by the trace id: a request's spans, inserted by different processes in different
+    batches, meet on one shard, so the per-request materialized view stays shard-local."""
+    ident(cluster)
+    return f"Distributed('{cluster}', '{database}', '{table}', cityHash64(TraceId))"
+
+
 def _settings(engine: str) -> str:
     dedup = "" if engine.startswith("Replicated") else f", non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
     return f"SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1{dedup}"
 
 
 def statements(database: str = "otel", ttl: str | None = None, cluster: str | None = None,
-               table_engine: str | None = None) -> list[str]:
-    """CREATE statements (idempotent, IF NOT EXISTS) in the order they must run."""
+               table_engine: str | None = None, on_cluster: bool = True) -> list[str]:
+    """CREATE statements (idempotent, IF NOT EXISTS) in the order they must run.
+
+    With `cluster`: a Distributed table sharded by cityHash64(TraceId) over the local tables, and
+    either ON CLUSTER DDL with Replicated engines (`on_cluster`, needs Keeper and distributed DDL)
+    or statements to run on every node in turn, with plain engines unless `table_engine` says."""
     db = ident(database)
-    on_cluster = f" ON CLUSTER {ident(cluster)}" if cluster else ""
+    replicated_cluster = cluster if on_cluster else None
+    on_clause = f" ON CLUSTER {ident(cluster)}" if replicated_cluster else ""
     interval = ttl_interval(ttl) if ttl else None
-    traces_engine = _engine(table_engine, cluster, "MergeTree", keep_params=True)
-    lookup_engine = _engine(table_engine, cluster, "AggregatingMergeTree", keep_params=False)
+    traces_engine = _engine(table_engine, replicated_cluster, "MergeTree", keep_params=True)
+    lookup_engine = _engine(table_engine, replicated_cluster, "AggregatingMergeTree", keep_params=False)
     traces, lookup = f"{db}.{ident(TRACES_TABLE)}", f"{db}.{ident(TRACE_ID_TS_TABLE)}"
     out = [
-        f"CREATE DATABASE IF NOT EXISTS {db}{on_cluster}",
-        f"CREATE TABLE IF NOT EXISTS {traces}{on_cluster} ({_TRACES_COLUMNS}\n) ENGINE = {traces_engine}\n"
+        f"CREATE DATABASE IF NOT EXISTS {db}{on_clause}",
+        f"CREATE TABLE IF NOT EXISTS {traces}{on_clause} ({_TRACES_COLUMNS}\n) ENGINE = {traces_engine}\n"
         "PARTITION BY toDate(Timestamp)\n"
         "PRIMARY KEY (ServiceName, SpanName, toDateTime(Timestamp))\n"
         "ORDER BY (ServiceName, SpanName, toDateTime(Timestamp), Timestamp)\n"
         + (f"TTL toDateTime(Timestamp) + {interval}\n" if interval else "")
         + _settings(traces_engine),
-        f"CREATE TABLE IF NOT EXISTS {lookup}{on_cluster} (\n"
+        f"CREATE TABLE IF NOT EXISTS {lookup}{on_clause} (\n"
         "    TraceId String CODEC(ZSTD(1)),\n"
         "    Start SimpleAggregateFunction(min, DateTime) CODEC(ZSTD(1)),\n"
         "    End SimpleAggregateFunction(max, DateTime) CODEC(ZSTD(1))\n"
         f") ENGINE = {lookup_engine}\nPARTITION BY toStartOfWeek(Start)\nORDER BY (TraceId)\n"
         + (f"TTL Start + {interval}\n" if interval else "")
         + _settings(lookup_engine),
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(TRACE_ID_TS_MV)}{on_cluster} TO {lookup}\n"
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(TRACE_ID_TS_MV)}{on_clause} TO {lookup}\n"
         f"AS SELECT TraceId, min(Timestamp) AS Start, max(Timestamp) AS End\n"
         f"FROM {traces} WHERE TraceId != '' GROUP BY TraceId",
     ]
     if cluster:
         out.append(
-            f"CREATE TABLE IF NOT EXISTS {db}.{ident(DISTRIBUTED_TABLE)}{on_cluster} AS {traces}\n"
-            f"ENGINE = Distributed('{cluster}', '{database}', '{TRACES_TABLE}', cityHash64(TraceId))"
+            f"CREATE TABLE IF NOT EXISTS {db}.{ident(DISTRIBUTED_TABLE)}{on_clause} AS {traces}\n"
+            f"ENGINE = {distributed_engine(cluster, database, TRACES_TABLE)}"
         )
     return out
 

@@ -28,7 +28,7 @@ _CONFIG = """<clickhouse>
   <http_port>{http_port}</http_port>
   <tcp_port>{tcp_port}</tcp_port>
   <logger><level>warning</level><console>1</console></logger>
-</clickhouse>
+{extra}</clickhouse>
 """
 # sleep() is capped at 3 s per block; one row per block keeps the statement alive ~95 years, and
 # the filter keeps it from producing output. The HTTP interface inherits this statement's output
@@ -52,13 +52,16 @@ def ping(url: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def serve_forever(data_dir: str, http_port: int, tcp_port: int, host: str = LOOPBACK) -> None:
-    """Body of the server process: blocks until SIGTERM/SIGINT."""
+def serve_forever(data_dir: str, http_port: int, tcp_port: int, host: str = LOOPBACK,
+                  extra_config: str = "") -> None:
+    """Body of the server process: blocks until SIGTERM/SIGINT. `extra_config`: XML elements
+    added inside `<clickhouse>` (a cluster definition, see storage/cluster.py)."""
     import chdb._chdb as chdb_native  # private entry point, see module docstring
 
     run_dir = Path(data_dir).resolve() / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.xml").write_text(_CONFIG.format(host=host, http_port=http_port, tcp_port=tcp_port))
+    (run_dir / "config.xml").write_text(_CONFIG.format(host=host, http_port=http_port, tcp_port=tcp_port,
+                                                              extra=extra_config))
     os.chdir(run_dir)
     db_path = str(Path(data_dir).resolve() / "db")
     # The statement blocks in C; it runs on a worker so that the main thread stays in Python and
@@ -82,6 +85,7 @@ class EmbeddedClickHouse:
     tcp_port: int = 0
     host: str = LOOPBACK
     log_path: str | None = None
+    extra_config: str = ""  # XML inside <clickhouse>, e.g. storage/cluster.py's cluster definition
     _proc: subprocess.Popen | None = field(default=None, init=False)
 
     @property
@@ -99,7 +103,7 @@ class EmbeddedClickHouse:
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log_path = self.log_path or str(Path(self.data_dir) / "clickhouse.log")
         cmd = [sys.executable, "-m", "phaselens.storage.embedded", self.data_dir,
-               str(self.http_port), str(self.tcp_port), self.host]
+               str(self.http_port), str(self.tcp_port), self.host, self.extra_config]
         with open(log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True,
@@ -140,4 +144,4 @@ class EmbeddedClickHouse:
 
 
 if __name__ == "__main__":
-    serve_forever(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    serve_forever(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], *sys.argv[5:6])

@@ -1,10 +1,22 @@
-"""`phaselens schema apply`: create the exporter-compatible trace tables, then the analysis views."""
+"""`phaselens schema apply`: create the exporter-compatible trace tables, then the analysis views.
+
+With `--cluster NAME`, two ways (`--ddl`): `on-cluster` sends each statement once with ON CLUSTER
+and Replicated engines (a cluster with Keeper and distributed DDL); `per-node` runs plain-engine
+statements on every node `system.clusters` lists for NAME, in turn (a cluster without distributed
+DDL, e.g. `phaselens clickhouse --shards N`). Both are idempotent: applying twice changes nothing.
+"""
 
 from __future__ import annotations
+
+import sys
 
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from phaselens.storage.clickhouse_url import connect
+from phaselens.storage.cluster_nodes import ClusterError, cluster_nodes
+
+DDL_MODES = ("on-cluster", "per-node")
+_DDL_DISABLED = "Code: 392"  # QUERY_IS_PROHIBITED: "Replicated DDL queries are disabled"
 
 
 def register(subparsers) -> None:
@@ -14,22 +26,51 @@ def register(subparsers) -> None:
     apply_p.add_argument("--clickhouse", required=True, metavar="URL", help="e.g. http://127.0.0.1:8123")
     apply_p.add_argument("--database", default="otel")
     apply_p.add_argument("--ttl", default=None, help="row lifetime, e.g. 72h or 30d (default: keep)")
-    apply_p.add_argument("--cluster", default=None, help="cluster name: ON CLUSTER, Replicated engines, Distributed table")
+    apply_p.add_argument("--cluster", default=None, help="cluster name: Distributed tables sharded by trace id")
+    apply_p.add_argument("--ddl", choices=DDL_MODES, default="on-cluster",
+                         help="with --cluster: ON CLUSTER + Replicated engines (needs Keeper), or the "
+                              "statements on every node of system.clusters with plain engines")
     apply_p.add_argument("--table-engine", default=None, help="e.g. ReplicatedMergeTree('/clickhouse/tables/{shard}/otel_traces', '{replica}')")
     apply_p.add_argument("--print", action="store_true", help="print the statements instead of running them")
     apply_p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    per_node = bool(args.cluster) and args.ddl == "per-node"
     statements = analysis_schema.all_statements(args.database, ttl=args.ttl, cluster=args.cluster,
-                                                table_engine=args.table_engine)
+                                                table_engine=args.table_engine, on_cluster=not per_node)
     if args.print:
         print(analysis_schema.script(statements))
         return 0
-    client = connect(args.clickhouse)
+    try:
+        urls = _node_urls(args.clickhouse, args.cluster) if per_node else [args.clickhouse]
+        for url in urls:
+            _apply(url, statements)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        if args.cluster and _DDL_DISABLED in str(exc):
+            print(f"error: this cluster runs no distributed DDL (ON CLUSTER refused: {_DDL_DISABLED}); "
+                  "apply the schema node by node with --ddl per-node", file=sys.stderr)
+            return 1
+        raise
+    where = f"{len(urls)} nodes of cluster {args.cluster}" if per_node else args.clickhouse
+    print(f"applied {len(statements)} statements to database {args.database} on {where}")
+    return 0
+
+
+def _node_urls(entry_url: str, cluster: str) -> list[str]:
+    client = connect(entry_url)
+    try:
+        return [node.url for node in cluster_nodes(client, entry_url, cluster)]
+    finally:
+        client.close()
+
+
+def _apply(url: str, statements: list[str]) -> None:
+    client = connect(url)
     try:
         collector_schema.apply(client, statements)
     finally:
         client.close()
-    print(f"applied {len(statements)} statements to database {args.database}")
-    return 0
