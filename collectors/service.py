@@ -29,6 +29,7 @@ def default_spool_dir(grpc_port: int) -> str:
 class Collector:
     clickhouse_url: str
     database: str = "otel"
+    cluster: str | None = None  # write through the cluster's Distributed table (sharded by trace id)
     host: str = "127.0.0.1"
     grpc_port: int = 0
     http_port: int = 0
@@ -50,7 +51,7 @@ class Collector:
         self.spool_dir = self.spool_dir or tempfile.mkdtemp(prefix="phaselens-spool-")
         self._spool = Spool(self.spool_dir, max_bytes=self.max_spool_bytes)
         ingest = Ingest(self._spool, self.metrics, self.max_body_bytes, self.auth_token)
-        self._writer = SpoolWriter(self._spool, ClickHouseSink(self.clickhouse_url, self.database),
+        self._writer = SpoolWriter(self._spool, ClickHouseSink(self.clickhouse_url, self.database, self.cluster),
                                    self.metrics, self.batch_spans, self.flush_interval_s)
         try:
             self._http = HttpReceiver(ingest, self.metrics_text, self.host, self.http_port)
