@@ -1,0 +1,236 @@
+"""Scale-out benchmark: ingest and budget-query time on one node vs a 2-shard embedded cluster,
+the same spans, one run; and which shard-aware write path the collector should use.
+
+The spans are budget_query.py's (client span + server tree + engine steps per request), generated
+once server-side, read back as the RowBinary the collector sends, and inserted in batches of
+`--batch-spans` (the collector's default) four ways, each into a fresh database:
+- single: one node, `otel_traces` (what `phaselens collector` does without --cluster);
+- distributed_sync: the cluster's Distributed table, foreground insert (the insert returns when
+  every shard has its rows: what `phaselens collector --cluster` does);
+- distributed_async: the Distributed table, background insert, timed until the queue is flushed
+  (acknowledges before the shards have the rows: not what the collector may use);
+- direct: each batch pre-split by cityHash64(TraceId) % shards and inserted into each shard's local
+  table in parallel (the collector would have to split spans by trace id itself).
+Ingest figures are the server side only (rendering excluded: benchmarks/collector_ingest.py
+measures the collector). Then the full budget (`phaselens.analysis.budget`) over single and over
+distributed_sync, best of `--repeat`, and a back-of-envelope for a fleet at the measured rate.
+Prints ONE JSON object.
+
+    python benchmarks/cluster_scaleout.py [--requests N] [--shards 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.budget_query import _client_insert, _server_insert, _steps_insert, cpu_s  # noqa: E402
+from phaselens.analysis import schema as S  # noqa: E402
+from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget  # noqa: E402
+from phaselens.collectors import schema as CS  # noqa: E402
+from phaselens.collectors.clickhouse_sink import ClickHouseSink  # noqa: E402
+from phaselens.common.slo import parse_slo  # noqa: E402
+from phaselens.instrumentation import names as n  # noqa: E402
+from phaselens.storage.clickhouse_url import connect  # noqa: E402
+from phaselens.storage.cluster import EmbeddedCluster  # noqa: E402
+from phaselens.storage.embedded import EmbeddedClickHouse  # noqa: E402
+
+CLUSTER = "bench"
+STAGE = "stage"
+SPREAD_S = 600
+
+
+def stage(client, n_requests: int) -> int:
+    """budget_query.py's spans in `stage.otel_traces` (no views); returns the span count."""
+    client.command(f"DROP DATABASE IF EXISTS {STAGE}")
+    CS.apply(client, CS.statements(STAGE)[:2])
+    t0 = time.time_ns() - (SPREAD_S + 60) * 10**9
+    for make in (_client_insert, _server_insert, _steps_insert):
+        client.command(make(STAGE).format(t0=t0, n=n_requests))
+    return client.query(f"SELECT count() FROM {STAGE}.otel_traces").result_rows[0][0]
+
+
+def batches(client, batch_spans: int, where: str = "1") -> list[bytes]:
+    """The staged rows as RowBinary in the collector's column order, `batch_spans` rows a batch."""
+    columns = ", ".join(f"`{c}`" for c in CS.INSERT_COLUMNS)
+    out, offset = [], 0
+    while True:
+        body = client.raw_query(f"SELECT {columns} FROM {STAGE}.otel_traces WHERE {where} "
+                                f"ORDER BY ServiceName, Timestamp, SpanId LIMIT {batch_spans} OFFSET {offset}",
+                                fmt="RowBinary")
+        if not body:
+            return out
+        out.append(body)
+        offset += batch_spans
+
+
+def _schema(urls: list[str], database: str, cluster: str | None) -> None:
+    for url in urls:
+        client = connect(url)
+        CS.apply(client, S.all_statements(database, cluster=cluster, on_cluster=False))
+        client.close()
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measured(fn, pids: list[int]) -> tuple[float, float]:
+    """(wall s, server CPU s summed over `pids`): on a shared machine CPU time is the figure to
+    compare, wall time includes waiting for other processes."""
+    cpu0 = sum(cpu_s(pid) for pid in pids)
+    wall = _timed(fn)
+    return wall, sum(cpu_s(pid) for pid in pids) - cpu0
+
+
+def ingest_sink(url: str, database: str, cluster: str | None, bodies: list[bytes]) -> float:
+    sink = ClickHouseSink(url, database, cluster)
+    try:
+        return _timed(lambda: [sink.insert([body], f"{database}-{i}") for i, body in enumerate(bodies)])
+    finally:
+        sink.close()
+
+
+def ingest_async(url: str, database: str, bodies: list[bytes]) -> float:
+    client = connect(url, compress=False)
+    table = f"{database}.{CS.DISTRIBUTED_TABLE}"
+
+    def run() -> None:
+        for body in bodies:
+            client.raw_insert(table, CS.INSERT_COLUMNS, body, fmt="RowBinary",
+                              settings={"distributed_foreground_insert": 0})
+        client.command(f"SYSTEM FLUSH DISTRIBUTED {table}")
+
+    try:
+        return _timed(run)
+    finally:
+        client.close()
+
+
+def ingest_direct(urls: list[str], database: str, per_shard: list[list[bytes]]) -> float:
+    threads = [threading.Thread(target=ingest_sink, args=(url, database, None, bodies))
+               for url, bodies in zip(urls, per_shard)]
+
+    def run() -> None:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    return _timed(run)
+
+
+def budget_s(url: str, database: str, repeat: int) -> tuple[float, dict]:
+    client = connect(url)
+    slo = parse_slo("ttft:60,tpot:12", GOODPUT_SLO_KEYS)
+    report = budget(client, database=database, since="1h", slo=slo)
+    best = min(_timed(lambda: budget(client, database=database, since="1h", slo=slo)) for _ in range(repeat))
+    client.close()
+    return best, report.to_dict()
+
+
+def stored_bytes(urls: list[str], database: str) -> int:
+    """Compressed bytes on disk of every table of `database`, summed over nodes."""
+    total = 0
+    for url in urls:
+        client = connect(url)
+        total += client.query("SELECT sum(data_compressed_bytes) FROM system.parts WHERE active AND "
+                              "database = {db:String}", parameters={"db": database}).result_rows[0][0]
+        client.close()
+    return total
+
+
+def _close(a, b) -> bool:
+    """Equal, floats within 1e-9 relative: a mean summed in another order differs in the last bits."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def _same_budget(a: dict, b: dict) -> bool:
+    """Every figure of the two reports but the database each was read from."""
+    return _close({**a, "filters": None}, {**b, "filters": None})
+
+
+def fleet(spans_per_cpu_s: float, request_spans: float, bytes_per_span: float, args) -> dict:
+    """`--servers` × (`--requests-per-server-s` × spans per request + `--steps-per-server-s` engine
+    step spans): spans/s, stored bytes/day, and shards needed:
+        shards = ⌈fleet spans/s ÷ (measured spans per server CPU-second × cores per shard × headroom)⌉
+    (headroom: the share of a shard's CPU given to ingest, the rest is for queries and merges;
+    assumes ingest scales with a shard's cores, which one 2-core machine cannot show)."""
+    spans_per_s = args.servers * (args.requests_per_server_s * request_spans + args.steps_per_server_s)
+    per_shard = spans_per_cpu_s * args.cores_per_shard * args.headroom
+    return {"servers": args.servers, "requests_per_server_s": args.requests_per_server_s,
+            "steps_per_server_s": args.steps_per_server_s, "spans_per_request": round(request_spans, 2),
+            "spans_per_s": round(spans_per_s), "stored_gib_per_day": round(spans_per_s * bytes_per_span * 86400 / 2**30),
+            "cores_per_shard": args.cores_per_shard, "headroom": args.headroom,
+            "shards_needed": max(1, math.ceil(spans_per_s / per_shard))}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=25_000)
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--batch-spans", type=int, default=50_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--servers", type=int, default=1000)
+    parser.add_argument("--requests-per-server-s", type=float, default=10.0)
+    parser.add_argument("--steps-per-server-s", type=float, default=30.0, help="engine steps with a sampled request")
+    parser.add_argument("--headroom", type=float, default=0.5)
+    parser.add_argument("--cores-per-shard", type=int, default=16, help="for the fleet estimate")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="phaselens-scaleout-") as tmp, \
+            EmbeddedClickHouse(os.path.join(tmp, "single")) as single, \
+            EmbeddedCluster(os.path.join(tmp, "cluster"), shards=args.shards, name=CLUSTER) as cluster:
+        client = connect(single.url)
+        spans = stage(client, args.requests)
+        request_spans = client.query(f"SELECT countIf(SpanName != '{n.SPAN_ENGINE_STEP}') FROM {STAGE}.otel_traces"
+                                     ).result_rows[0][0] / args.requests
+        bodies = batches(client, args.batch_spans)
+        per_shard = [batches(client, args.batch_spans // args.shards, f"cityHash64(TraceId) % {args.shards} = {k}")
+                     for k in range(args.shards)]
+        client.close()
+        _schema([single.url], "single", None)
+        for database in ("sync", "async", "direct"):
+            _schema(cluster.urls, database, CLUSTER)
+        nodes = [node.pid for node in cluster.nodes]
+        ingest = {"single": measured(lambda: ingest_sink(single.url, "single", None, bodies), [single.pid]),
+                  "distributed_sync": measured(lambda: ingest_sink(cluster.urls[0], "sync", CLUSTER, bodies), nodes),
+                  "distributed_async": measured(lambda: ingest_async(cluster.urls[0], "async", bodies), nodes),
+                  "direct": measured(lambda: ingest_direct(cluster.urls, "direct", per_shard), nodes)}
+        budget_single, report_single = budget_s(single.url, "single", args.repeat)
+        budget_sharded, report_sharded = budget_s(cluster.urls[0], "sync", args.repeat)
+        bytes_per_span = stored_bytes([single.url], "single") / spans
+    rates = {mode: round(spans / wall) for mode, (wall, _) in ingest.items()}
+    per_cpu = {mode: round(spans / cpu) for mode, (_, cpu) in ingest.items()}
+    result = {
+        "benchmark": "cluster_scaleout", "requests": args.requests, "spans": spans, "shards": args.shards,
+        "batch_spans": args.batch_spans, "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
+        "ingest_spans_per_s": rates, "ingest_spans_per_server_cpu_s": per_cpu, "baseline": "single",
+        "collector_path": "distributed_sync",
+        "budget_s_best": {"single": round(budget_single, 3), "sharded": round(budget_sharded, 3)},
+        "same_budget": _same_budget(report_single, report_sharded), "requests_in_budget": report_sharded["requests"],
+        "stored_bytes_per_span": round(bytes_per_span, 1),
+        "fleet": fleet(per_cpu["single"], request_spans, bytes_per_span, args),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
