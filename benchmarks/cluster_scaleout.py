@@ -16,7 +16,7 @@ measures the collector). Then the full budget (`phaselens.analysis.budget`) over
 distributed_sync, best of `--repeat`, and a back-of-envelope for a fleet at the measured rate.
 Prints ONE JSON object.
 
-    python benchmarks/cluster_scaleout.py [--requests N] [--shards 2]
+    python benchmarks/cluster_scaleout.py [--requests N] [--shards 2] [--quick]
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ def fleet(spans_per_cpu_s: float, request_spans: float, bytes_per_span: float, a
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=25_000)
+    parser.add_argument("--quick", action="store_true", help="2,000 requests in batches of 5,000 spans")
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--batch-spans", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=3)
@@ -194,6 +195,8 @@ def main() -> int:
     parser.add_argument("--headroom", type=float, default=0.5)
     parser.add_argument("--cores-per-shard", type=int, default=16, help="for the fleet estimate")
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.batch_spans = 2000, 5000
     with tempfile.TemporaryDirectory(prefix="phaselens-scaleout-") as tmp, \
             EmbeddedClickHouse(os.path.join(tmp, "single")) as single, \
             EmbeddedCluster(os.path.join(tmp, "cluster"), shards=args.shards, name=CLUSTER) as cluster:
