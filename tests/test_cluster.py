@@ -175,6 +175,8 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
             assert _wait_for(lambda: len(acked) >= 10)
             os.kill(victim.pid, signal.SIGKILL)
             victim.stop()
+            with pytest.raises(ClusterError, match="shard 2.*does not answer"):
+                cluster_nodes(clients[0], cluster.urls[0], CLUSTER)
             refused_before = len(refused)
             # the inserts fail, the spool fills, exports are refused with a retryable code
             assert _wait_for(lambda: c.metrics.snapshot()["insert_retries"] >= 2 and len(refused) > refused_before)
