@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
-from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, STEPS_VIEW
-from phaselens.collectors.schema import TRACE_ID_TS_TABLE, TRACES_TABLE
+from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, SPANS_VIEW, STEPS_VIEW, TRACE_TIMES_VIEW
 from phaselens.instrumentation import names as n
 
 LEVELS = (0.5, 0.9, 0.99)
@@ -258,11 +257,11 @@ def queue_depth_over_time(d: Dialect) -> str:
 def _one_trace(d: Dialect, select: str, tail: str) -> str:
     """`select` over the spans of `${trace_id}`, the time range bounded by the lookup table (as
     Grafana's plugin does: its Start/End are whole seconds, so the end gets one more)."""
-    lookup = d.table(TRACE_ID_TS_TABLE)
+    lookup = d.table(TRACE_TIMES_VIEW)
     return (f"WITH {d.value('trace_id', 'String')} AS trace_id,\n"
             f"    (SELECT min(Start) FROM {lookup} WHERE TraceId = trace_id) AS trace_start,\n"
             f"    (SELECT max(End) + 1 FROM {lookup} WHERE TraceId = trace_id) AS trace_end\n"
-            f"SELECT {select}\nFROM {d.table(TRACES_TABLE)}\n"
+            f"SELECT {select}\nFROM {d.table(SPANS_VIEW)}\n"
             f"WHERE TraceId = trace_id AND Timestamp >= trace_start AND Timestamp <= trace_end\n{tail}")
 
 
@@ -324,7 +323,7 @@ def request_spans(d: Dialect) -> str:
 
 def services(d: Dialect) -> str:
     """Values of the dashboards' service drop-down: every service.name that sent spans."""
-    return (f"SELECT DISTINCT ServiceName AS service FROM {d.table(TRACES_TABLE)}\n"
+    return (f"SELECT DISTINCT ServiceName AS service FROM {d.table(SPANS_VIEW)}\n"
             f"WHERE {d.time_filter('Timestamp')}\nORDER BY service")
 
 
@@ -337,7 +336,7 @@ def models(d: Dialect) -> str:
 def naive_ttft(d: Dialect) -> str:
     """THE WRONG WAY, kept as documentation: TTFT as (server first-token span end − client span
     start) subtracts timestamps of two machines, so any clock offset lands in the result."""
-    traces = d.table(TRACES_TABLE)
+    traces = d.table(SPANS_VIEW)
     return (f"SELECT c.TraceId AS trace_id, (toUnixTimestamp64Nano(f.Timestamp) + f.Duration "
             "- toUnixTimestamp64Nano(c.Timestamp)) / 1e6 AS naive_ttft_ms\n"
             f"FROM {traces} AS c INNER JOIN {traces} AS f ON f.TraceId = c.TraceId\n"

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phaselens.collectors import schema as collector_schema
-from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, DISTRIBUTED_TABLE, TRACES_TABLE, ident, ttl_interval
+from phaselens.collectors.schema import (DEDUP_WINDOW_BLOCKS, DISTRIBUTED_TABLE, TRACE_ID_TS_DISTRIBUTED,
+                                         TRACE_ID_TS_TABLE, TRACES_TABLE, ident, ttl_interval)
 from phaselens.instrumentation import names as n
 
 PARTS_TABLE = "phaselens_request_parts"
@@ -30,6 +31,8 @@ PARTS_DISTRIBUTED = f"{PARTS_TABLE}_distributed"
 FACTS_VIEW = "phaselens_request_facts"  # every per-request column, the queries read this one
 REQUESTS_VIEW = "phaselens_requests"  # the documented column set (docs/contracts.md#per-request-view)
 STEPS_VIEW = "phaselens_steps"
+SPANS_VIEW = "phaselens_spans"  # otel_traces, of every shard on a cluster: what trace-level queries read
+TRACE_TIMES_VIEW = "phaselens_trace_times"  # the trace-id lookup table, likewise
 
 SERVER_KINDS = "('Server', 'SPAN_KIND_SERVER')"
 CLIENT_KINDS = "('Client', 'SPAN_KIND_CLIENT')"
@@ -321,13 +324,16 @@ def statements(database: str = "otel", cluster: str | None = None, ttl: str | No
         out += [f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\n"
                 f"ENGINE = {collector_schema.distributed_engine(cluster, database, PARTS_TABLE)}",
                 f"ALTER TABLE {parts_read}{on}\n    {add_columns}"]  # an upgrade reaches the reads too
-    steps_source = f"{db}.{ident(DISTRIBUTED_TABLE)}" if cluster else traces
+    spans = f"{db}.{ident(DISTRIBUTED_TABLE)}" if cluster else traces
+    lookup = f"{db}.{ident(TRACE_ID_TS_DISTRIBUTED if cluster else TRACE_ID_TS_TABLE)}"
     out += [
+        f"CREATE OR REPLACE VIEW {db}.{ident(SPANS_VIEW)}{on} AS\nSELECT * FROM {spans}",
+        f"CREATE OR REPLACE VIEW {db}.{ident(TRACE_TIMES_VIEW)}{on} AS\nSELECT TraceId, Start, End FROM {lookup}",
         f"CREATE OR REPLACE VIEW {db}.{ident(FACTS_VIEW)}{on} AS\n{facts_select(parts_read)}",
         f"CREATE OR REPLACE VIEW {db}.{ident(REQUESTS_VIEW)}{on} AS\n"
         f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}\nFROM {db}.{ident(FACTS_VIEW)}",
         f"CREATE OR REPLACE VIEW {db}.{ident(STEPS_VIEW)}{on} AS\nSELECT\n    {_select_list(STEP_COLUMNS)}\n"
-        f"FROM {steps_source}\nWHERE SpanName = '{n.SPAN_ENGINE_STEP}'",
+        f"FROM {spans}\nWHERE SpanName = '{n.SPAN_ENGINE_STEP}'",
     ]
     return out
 

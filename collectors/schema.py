@@ -15,6 +15,7 @@ TRACES_TABLE = "otel_traces"
 TRACE_ID_TS_TABLE = f"{TRACES_TABLE}_trace_id_ts"
 TRACE_ID_TS_MV = f"{TRACE_ID_TS_TABLE}_mv"
 DISTRIBUTED_TABLE = f"{TRACES_TABLE}_distributed"
+TRACE_ID_TS_DISTRIBUTED = f"{TRACE_ID_TS_TABLE}_distributed"
 # How many recent insert blocks a non-replicated MergeTree remembers for deduplication.
 DEDUP_WINDOW_BLOCKS = 10_000
 
@@ -158,10 +159,9 @@ def statements(database: str = "otel", ttl: str | None = None, cluster: str | No
         f"FROM {traces} WHERE TraceId != '' GROUP BY TraceId",
     ]
     if cluster:
-        out.append(
-            f"CREATE TABLE IF NOT EXISTS {db}.{ident(DISTRIBUTED_TABLE)}{on_clause} AS {traces}\n"
-            f"ENGINE = {distributed_engine(cluster, database, TRACES_TABLE)}"
-        )
+        out += [f"CREATE TABLE IF NOT EXISTS {db}.{ident(read)}{on_clause} AS {db}.{ident(local)}\n"
+                f"ENGINE = {distributed_engine(cluster, database, local)}"
+                for read, local in ((DISTRIBUTED_TABLE, TRACES_TABLE), (TRACE_ID_TS_DISTRIBUTED, TRACE_ID_TS_TABLE))]
     return out
 
 

@@ -17,7 +17,9 @@ import time
 import grpc
 import pytest
 
+from phaselens.analysis import queries
 from phaselens.collectors import render
+from phaselens.instrumentation import names
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.collectors.service import Collector
 from phaselens.commands import budget as budget_command
@@ -120,6 +122,7 @@ def test_spans_shard_by_request_and_the_budget_equals_one_nodes(cluster, clients
     split = clients[0].query("SELECT countIf(shards > 1), count() FROM (SELECT TraceId, uniqExact(_shard_num) "
                              "AS shards FROM shard.otel_traces_distributed GROUP BY TraceId)").result_rows[0]
     assert split[0] == 0 and split[1] >= 60
+    _trace_level_queries_see_every_shard(clients, workload)
     sharded, single = _budget(cluster.urls[0], "shard", capsys), _budget(clickhouse.url, "single", capsys)
     assert sharded["requests"] == single["requests"] == 60
     assert sharded["filters"].pop("database") == "shard" and single["filters"].pop("database") == "single"
@@ -127,6 +130,18 @@ def test_spans_shard_by_request_and_the_budget_equals_one_nodes(cluster, clients
     assert got.keys() == want.keys() and len(got) > 100
     # means summed in another order differ in the last bits; everything else is exact
     assert got == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()}
+
+
+def _trace_level_queries_see_every_shard(clients, workload) -> None:
+    """A trace stored on shard 2, asked of shard 1; the services of both shards."""
+    trace_id, spans = clients[1].query("SELECT TraceId, count() FROM shard.otel_traces WHERE SpanName != {s:String} "
+                                       "GROUP BY TraceId ORDER BY TraceId LIMIT 1",
+                                       parameters={"s": names.SPAN_ENGINE_STEP}).result_rows[0]
+    sql, params = queries.render_cli("request_spans", database="shard", trace_id=trace_id)
+    assert len(clients[0].query(sql, parameters=params).result_rows) == spans > 1
+    sql, params = queries.render_cli("services", database="shard")
+    served = {r[0] for r in clients[0].query(sql, parameters=params).result_rows}
+    assert served == {workload.client_service, workload.server_service}
 
 
 def _flat(value, prefix: str = "") -> dict:

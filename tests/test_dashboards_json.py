@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from phaselens.analysis import queries
+from phaselens.analysis.schema import TRACE_TIMES_VIEW
 from phaselens.dashboards import generate
 from phaselens.dashboards.datasource import DATASOURCE_UID
 from phaselens.dashboards.definitions import UID_BUDGET, UID_ENGINE, UID_TRACE
@@ -148,7 +149,7 @@ def test_trace_dashboard_is_a_traces_panel_in_format_3(boards):
     assert panel["type"] == "traces"
     (t,) = panel["targets"]
     assert t["format"] == 3 and t["queryType"] == "traces"
-    assert "otel_traces_trace_id_ts" in t["rawSql"] and "${trace_id}" in t["rawSql"]
+    assert TRACE_TIMES_VIEW in t["rawSql"] and "${trace_id}" in t["rawSql"]  # the lookup table, every shard
 
 
 def test_time_series_panels_use_time_series_format(boards):

@@ -6,6 +6,6 @@
 -- THE WRONG WAY, kept as documentation: TTFT as (server first-token span end − client span
 -- start) subtracts timestamps of two machines, so any clock offset lands in the result.
 SELECT c.TraceId AS trace_id, (toUnixTimestamp64Nano(f.Timestamp) + f.Duration - toUnixTimestamp64Nano(c.Timestamp)) / 1e6 AS naive_ttft_ms
-FROM {database:Identifier}.otel_traces AS c INNER JOIN {database:Identifier}.otel_traces AS f ON f.TraceId = c.TraceId
+FROM {database:Identifier}.phaselens_spans AS c INNER JOIN {database:Identifier}.phaselens_spans AS f ON f.TraceId = c.TraceId
 WHERE c.SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND f.SpanName = 'llm.first_token'
 ORDER BY trace_id

@@ -6,12 +6,12 @@
 -- A request's spans, placed per service: `offset_ms` counts from that service's first span,
 -- on that service's own clock (offsets of two services are never subtracted from each other).
 WITH {trace_id:String} AS trace_id,
-    (SELECT min(Start) FROM {database:Identifier}.otel_traces_trace_id_ts WHERE TraceId = trace_id) AS trace_start,
-    (SELECT max(End) + 1 FROM {database:Identifier}.otel_traces_trace_id_ts WHERE TraceId = trace_id) AS trace_end
+    (SELECT min(Start) FROM {database:Identifier}.phaselens_trace_times WHERE TraceId = trace_id) AS trace_start,
+    (SELECT max(End) + 1 FROM {database:Identifier}.phaselens_trace_times WHERE TraceId = trace_id) AS trace_end
 SELECT ServiceName AS service, SpanName AS span, SpanKind AS kind, SpanId AS span_id,
     ParentSpanId AS parent_span_id,
     (toUnixTimestamp64Nano(Timestamp) - min(toUnixTimestamp64Nano(Timestamp)) OVER (PARTITION BY ServiceName)) / 1e6 AS offset_ms,
     Duration / 1e6 AS duration_ms, StatusCode AS status
-FROM {database:Identifier}.otel_traces
+FROM {database:Identifier}.phaselens_spans
 WHERE TraceId = trace_id AND Timestamp >= trace_start AND Timestamp <= trace_end
 ORDER BY service, offset_ms, span

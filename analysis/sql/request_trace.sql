@@ -6,8 +6,8 @@
 --
 -- One trace in the columns Grafana's trace view expects (plugin QueryType.Traces, format 3).
 WITH {trace_id:String} AS trace_id,
-    (SELECT min(Start) FROM {database:Identifier}.otel_traces_trace_id_ts WHERE TraceId = trace_id) AS trace_start,
-    (SELECT max(End) + 1 FROM {database:Identifier}.otel_traces_trace_id_ts WHERE TraceId = trace_id) AS trace_end
+    (SELECT min(Start) FROM {database:Identifier}.phaselens_trace_times WHERE TraceId = trace_id) AS trace_start,
+    (SELECT max(End) + 1 FROM {database:Identifier}.phaselens_trace_times WHERE TraceId = trace_id) AS trace_end
 SELECT TraceId AS traceID, SpanId AS spanID, ParentSpanId AS parentSpanID,
     ServiceName AS serviceName, SpanName AS operationName,
     multiply(toUnixTimestamp64Nano(Timestamp), 0.000001) AS startTime,
@@ -15,6 +15,6 @@ SELECT TraceId AS traceID, SpanId AS spanID, ParentSpanId AS parentSpanID,
     arrayMap(key -> map('key', key, 'value', SpanAttributes[key]), mapKeys(SpanAttributes)) AS tags,
     arrayMap(key -> map('key', key, 'value', ResourceAttributes[key]), mapKeys(ResourceAttributes)) AS serviceTags,
     if(StatusCode IN ('Error', 'STATUS_CODE_ERROR'), 2, 0) AS statusCode
-FROM {database:Identifier}.otel_traces
+FROM {database:Identifier}.phaselens_spans
 WHERE TraceId = trace_id AND Timestamp >= trace_start AND Timestamp <= trace_end
 LIMIT {limit:UInt32}

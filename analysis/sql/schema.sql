@@ -326,6 +326,12 @@ FROM "otel"."otel_traces"
 WHERE SpanName != 'llm.engine_step' AND TraceId != ''
 GROUP BY TraceId;
 
+CREATE OR REPLACE VIEW "otel"."phaselens_spans" AS
+SELECT * FROM "otel"."otel_traces";
+
+CREATE OR REPLACE VIEW "otel"."phaselens_trace_times" AS
+SELECT TraceId, Start, End FROM "otel"."otel_traces_trace_id_ts";
+
 CREATE OR REPLACE VIEW "otel"."phaselens_request_facts" AS
 SELECT
     TraceId AS trace_id,

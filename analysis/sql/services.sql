@@ -4,6 +4,6 @@
 -- Run: clickhouse-client --param_database='otel' --param_since_ms='900000' --queries-file services.sql
 --
 -- Values of the dashboards' service drop-down: every service.name that sent spans.
-SELECT DISTINCT ServiceName AS service FROM {database:Identifier}.otel_traces
+SELECT DISTINCT ServiceName AS service FROM {database:Identifier}.phaselens_spans
 WHERE Timestamp >= now64(9) - toIntervalMillisecond({since_ms:UInt64})
 ORDER BY service
