@@ -8,6 +8,8 @@
  * with the wrong wire type, invalid UTF-8 in a string field, and invalid ids raise InvalidSpans.
  * Attribute values other than string/bool/int/double/bytes (arrays, maps, merged values) are
  * rendered by a Python callable, `render(payload, any_value)`'s second argument.
+ * With a third argument `slots`, rows are split by trace id as a ClickHouse Distributed table
+ * sharded by cityHash64(TraceId) splits them: slot = cityHash64(lowercase hex TraceId) mod slots.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -268,6 +270,7 @@ typedef struct {
     Slices nested_kvs;   /* attributes of one scope, event or link */
     Buf resource;        /* the current resource's attributes, rendered once */
     Slice service;       /* within `resource` */
+    size_t slots;        /* 0: one output; else rows go to out[slot of their trace id] */
 } Ctx;
 
 /* The shortest digits that read back as |x| (Python's repr, as Go's strconv chooses them), without
@@ -688,10 +691,41 @@ static int put_links(Ctx *ctx, Buf *out) {
     return 0;
 }
 
+/* ---------- shard slots: ClickHouse's cityHash64 (CityHash v1.0.2) of a 32-byte string ---------- */
+
+static uint64_t rotate64(uint64_t v, int shift) { return (v >> shift) | (v << (64 - shift)); }
+
+static uint64_t hash_len16(uint64_t u, uint64_t v) {
+    const uint64_t mul = 0x9ddfea08eb382d69ULL;
+    uint64_t a = (u ^ v) * mul;
+    a ^= a >> 47;
+    uint64_t b = (v ^ a) * mul;
+    b ^= b >> 47;
+    return b * mul;
+}
+
+/* CityHash64 v1.0.2 for 17..32 bytes (HashLen17to32); a hex trace id is always 32. */
+static uint64_t city_hash64_17to32(const uint8_t *s, size_t len) {
+    const uint64_t k0 = 0xc3a5c85c97cb3127ULL, k1 = 0xb492b66fbe98f273ULL, k2 = 0x9ae16a3b2f90404fULL,
+                   k3 = 0xc949d7c7509e6557ULL;
+    uint64_t a = le64(s) * k1, b = le64(s + 8), c = le64(s + len - 8) * k2, d = le64(s + len - 16) * k0;
+    return hash_len16(rotate64(a - b, 43) + rotate64(c, 30) + d, a + rotate64(b ^ k3, 20) - c + len);
+}
+
+static size_t trace_slot(const Ctx *ctx, Slice trace_id) {
+    static const char digits[] = "0123456789abcdef";
+    uint8_t hex[32];
+    for (size_t i = 0; i < 16; i++)
+        hex[2 * i] = (uint8_t)digits[trace_id.p[i] >> 4], hex[2 * i + 1] = (uint8_t)digits[trace_id.p[i] & 15];
+    return (size_t)(city_hash64_17to32(hex, sizeof hex) % ctx->slots);
+}
+
 static int put_span(Ctx *ctx, Buf *out, Slice raw, Slice scope_name, Slice scope_version) {
     Span s;
     if (read_span(ctx, raw, &s))
         return -1;
+    if (ctx->slots)
+        out += trace_slot(ctx, s.trace_id);
     /* enums are int32: protobuf keeps the low 32 bits of a longer varint */
     uint32_t kind_number = (uint32_t)s.kind, status_number = (uint32_t)s.status_code;
     const char *kind = kind_number < 6 ? SPAN_KINDS[kind_number] : "";
@@ -807,34 +841,62 @@ static void ctx_free(Ctx *ctx) {
     PyMem_Free(ctx->nested_kvs.items);
 }
 
+static PyObject *rows_result(Buf *outs, size_t slots, size_t count) {
+    if (!slots)
+        return Py_BuildValue("(y#n)", outs[0].data ? (const char *)outs[0].data : "", (Py_ssize_t)outs[0].len,
+                             (Py_ssize_t)count);
+    PyObject *rows = PyList_New((Py_ssize_t)slots);
+    for (size_t i = 0; rows && i < slots; i++) {
+        PyObject *b = PyBytes_FromStringAndSize(outs[i].data ? (const char *)outs[i].data : "", (Py_ssize_t)outs[i].len);
+        if (!b)
+            Py_CLEAR(rows);
+        else
+            PyList_SET_ITEM(rows, (Py_ssize_t)i, b);
+    }
+    return rows ? Py_BuildValue("(Nn)", rows, (Py_ssize_t)count) : NULL;
+}
+
 static PyObject *render(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer payload;
     PyObject *any_value;
-    if (!PyArg_ParseTuple(args, "y*O:render", &payload, &any_value))
+    Py_ssize_t slots = 0;
+    if (!PyArg_ParseTuple(args, "y*O|n:render", &payload, &any_value, &slots))
         return NULL;
-    Ctx ctx = {.any_value = any_value};
-    Buf out = {0};
+    if (slots < 0 || slots > 4096) {
+        PyBuffer_Release(&payload);
+        PyErr_SetString(PyExc_ValueError, "slots must be 0..4096");
+        return NULL;
+    }
+    Ctx ctx = {.any_value = any_value, .slots = (size_t)slots};
+    Buf *outs = PyMem_Calloc(slots ? (size_t)slots : 1, sizeof(Buf));
+    if (!outs) {
+        PyBuffer_Release(&payload);
+        return PyErr_NoMemory();
+    }
     Slice s = {payload.buf, (const uint8_t *)payload.buf + payload.len};
     Field f;
     size_t count = 0;
     int r;
     while ((r = next_field(&s, &f)) > 0)
-        if (f.num == 1 && (expect(&f, LEN, "resource_spans") || put_resource_spans(&ctx, &out, f.s, &count))) {
+        if (f.num == 1 && (expect(&f, LEN, "resource_spans") || put_resource_spans(&ctx, outs, f.s, &count))) {
             r = -1;
             break;
         }
     ctx_free(&ctx);
     PyBuffer_Release(&payload);
-    PyObject *result = r < 0 ? NULL : Py_BuildValue("(y#n)", out.data ? (const char *)out.data : "", (Py_ssize_t)out.len, (Py_ssize_t)count);
-    PyMem_Free(out.data);
+    PyObject *result = r < 0 ? NULL : rows_result(outs, (size_t)slots, count);
+    for (size_t i = 0; i < (slots ? (size_t)slots : 1); i++)
+        PyMem_Free(outs[i].data);
+    PyMem_Free(outs);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"render", render, METH_VARARGS,
-     "render(payload, any_value) -> (rows, span_count): RowBinary rows of otel_traces, INSERT_COLUMNS order.\n"
-     "any_value(bytes) -> str renders an AnyValue this module does not (arrays, maps, merged values)."},
+     "render(payload, any_value[, slots]) -> (rows, span_count): RowBinary rows of otel_traces, INSERT_COLUMNS order.\n"
+     "any_value(bytes) -> str renders an AnyValue this module does not (arrays, maps, merged values).\n"
+     "With slots: rows is a list of `slots` byte strings, a row in slot cityHash64(hex TraceId) % slots."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,8 +11,8 @@ insert, which ClickHouse splits by cityHash64(TraceId) and writes to every shard
 so an acknowledged batch is on its shards (never in a queue on the entry node), and a shard that is
 down fails the insert: the batch stays spooled and is retried. Each shard receives the batch's
 token (settings travel with the remote insert), so a retry after a partial success is dropped by
-the shards that already have their part. Measured against the alternatives in
-benchmarks/cluster_scaleout.py.
+the shards that already have their part. The collector's default on a cluster is
+the faster direct split (`collectors/shard_sink.py`); this path is `--cluster-insert distributed`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from phaselens.collectors import render
 from phaselens.storage.clickhouse_url import connect
 from phaselens.collectors.schema import DISTRIBUTED_TABLE, INSERT_COLUMNS, TRACES_TABLE, ident
 
@@ -41,8 +42,12 @@ class ClickHouseSink:
         return (f"{ident(self.database)}.{ident(DISTRIBUTED_TABLE)}",
                 {**settings, "distributed_foreground_insert": 1})
 
+    def render(self, payload: bytes) -> bytes:
+        """One request's rows. Raises render.InvalidSpans."""
+        return render.render(payload)[0]
+
     def insert(self, blocks: Iterable[bytes], token: str) -> None:
-        """Blocks from `render.render` (a generator renders them as they are sent), as one insert."""
+        """Blocks from `render` (a generator renders them as they are sent), as one insert."""
         if self._client is None:
             self._client = connect(self.url, compress=False, autogenerate_session_id=False)
         table, settings = self._target()

@@ -36,6 +36,13 @@ def render(payload: bytes) -> tuple[bytes, int]:
     return _otlp_rows.render(payload, _any_value)
 
 
+def render_slots(payload: bytes, slots: int) -> tuple[list[bytes], int]:
+    """One request → (RowBinary rows per slot, span count), a row in slot
+        cityHash64(lowercase hex TraceId) mod slots,
+    the slot a ClickHouse Distributed table sharded by cityHash64(TraceId) gives it. Raises InvalidSpans."""
+    return _otlp_rows.render(payload, _any_value, slots)
+
+
 def count_spans(payload: bytes) -> int:
     """Decodes and validates; returns the number of spans."""
     return render(payload)[1]

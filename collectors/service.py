@@ -15,7 +15,8 @@ from phaselens.collectors.http_receiver import HttpReceiver
 from phaselens.collectors.ingest import Ingest
 from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.spool import Spool
-from phaselens.collectors.writer import ClickHouseSink, SpoolWriter
+from phaselens.collectors.shard_sink import make_sink
+from phaselens.collectors.writer import SpoolWriter
 from phaselens.common.exposure import check_exposure
 
 
@@ -29,7 +30,8 @@ def default_spool_dir(grpc_port: int) -> str:
 class Collector:
     clickhouse_url: str
     database: str = "otel"
-    cluster: str | None = None  # write through the cluster's Distributed table (sharded by trace id)
+    cluster: str | None = None  # a ClickHouse cluster: rows sharded by trace id (collectors/shard_sink.py)
+    cluster_insert: str = "direct"  # or "distributed": through the cluster's Distributed table
     host: str = "127.0.0.1"
     grpc_port: int = 0
     http_port: int = 0
@@ -51,7 +53,8 @@ class Collector:
         self.spool_dir = self.spool_dir or tempfile.mkdtemp(prefix="phaselens-spool-")
         self._spool = Spool(self.spool_dir, max_bytes=self.max_spool_bytes)
         ingest = Ingest(self._spool, self.metrics, self.max_body_bytes, self.auth_token)
-        self._writer = SpoolWriter(self._spool, ClickHouseSink(self.clickhouse_url, self.database, self.cluster),
+        self._writer = SpoolWriter(self._spool, make_sink(self.clickhouse_url, self.database, self.cluster,
+                                                         self.cluster_insert),
                                    self.metrics, self.batch_spans, self.flush_interval_s)
         try:
             self._http = HttpReceiver(ingest, self.metrics_text, self.host, self.http_port)

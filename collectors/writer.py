@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from phaselens.collectors import render
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
+from phaselens.collectors.shard_sink import ShardedSink
 from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.spool import Pending, Record, Spool
 
@@ -22,7 +23,7 @@ class _Abandoned(Exception):
 @dataclass(slots=True)
 class SpoolWriter:
     spool: Spool
-    sink: ClickHouseSink
+    sink: ClickHouseSink | ShardedSink
     metrics: CollectorMetrics
     batch_spans: int = 50_000
     flush_interval_s: float = 0.2
@@ -118,7 +119,7 @@ class SpoolWriter:
             """Rendered as the insert streams: the server parses a block while the next renders."""
             for record in records:
                 try:
-                    yield render.render(record.payload)[0]
+                    yield self.sink.render(record.payload)
                 except render.InvalidSpans as exc:  # spooled by an older version that accepted it
                     unrenderable[record.start] = str(exc)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-_NODES_SQL = ("SELECT shard_num, replica_num, host_address, port FROM system.clusters "
+_NODES_SQL = ("SELECT shard_num, shard_weight, replica_num, host_address, port FROM system.clusters "
               "WHERE cluster = {cluster:String} ORDER BY shard_num, replica_num")
 _HTTP_PORT_SQL = "SELECT getServerPort('http_port') FROM remote({address:String}, system.one)"
 
@@ -23,6 +23,7 @@ class ClusterError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Node:
     shard_num: int
+    shard_weight: int  # the shard's share of a Distributed table's inserts
     replica_num: int
     tcp_address: str  # host:port as the cluster definition has it
     url: str
@@ -47,12 +48,12 @@ def cluster_nodes(client, entry_url: str, cluster: str) -> list[Node]:
         raise ClusterError(f"no cluster {cluster!r} in system.clusters of {entry_url}; "
                            f"it knows: {', '.join(r[0] for r in known) or 'none'}")
     nodes = []
-    for shard_num, replica_num, host, tcp_port in rows:
+    for shard_num, shard_weight, replica_num, host, tcp_port in rows:
         address = _host_port(host, tcp_port)
         try:
             http_port = client.query(_HTTP_PORT_SQL, parameters={"address": address}).result_rows[0][0]
         except Exception as exc:
             raise ClusterError(f"node {address} (shard {shard_num}, replica {replica_num}) of cluster "
                                f"{cluster!r} does not answer: {exc}") from exc
-        nodes.append(Node(shard_num, replica_num, address, _node_url(entry_url, host, http_port)))
+        nodes.append(Node(shard_num, shard_weight, replica_num, address, _node_url(entry_url, host, http_port)))
     return nodes

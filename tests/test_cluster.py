@@ -18,13 +18,12 @@ import grpc
 import pytest
 
 from phaselens.analysis import queries
-from phaselens.collectors import render
-from phaselens.instrumentation import names
-from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.collectors.service import Collector
+from phaselens.collectors.shard_sink import make_sink
 from phaselens.commands import budget as budget_command
 from phaselens.commands import clickhouse as clickhouse_command
 from phaselens.commands import schema as schema_command
+from phaselens.instrumentation import names
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.cluster import EmbeddedCluster
 from phaselens.storage.cluster_nodes import ClusterError, cluster_nodes
@@ -108,40 +107,61 @@ def _budget(url: str, database: str, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_spans_shard_by_request_and_the_budget_equals_one_nodes(cluster, clients, clickhouse, tmp_path, capsys):
-    workload = spangen.generate(60, seed=15, server_only_every=6, n_steps=10)
-    spans = spangen.build_spans(workload)
-    assert _apply(cluster.urls[0], "shard", "--ddl", "per-node") == 0
+WORKLOAD = spangen.generate(60, seed=15, server_only_every=6, n_steps=10)
+
+
+@pytest.fixture(scope="module")
+def spans():
+    return spangen.build_spans(WORKLOAD)
+
+
+@pytest.fixture(scope="module")
+def single(clickhouse, spans, tmp_path_factory) -> str:
+    """The same spans on one node: the database the cluster's budget must equal."""
     assert _cli(schema_command.register, "schema", "apply", "--clickhouse", clickhouse.url, "--database", "single") == 0
-    for url, database, name in ((cluster.urls[0], "shard", CLUSTER), (clickhouse.url, "single", None)):
-        with Collector(url, database=database, cluster=name, spool_dir=str(tmp_path / database)) as c:
-            spangen.export_otlp(spans, c.grpc_endpoint)
-        assert c.metrics.snapshot()["spans_written"] == len(spans)
-    per_shard = [c.query("SELECT count() FROM shard.otel_traces").result_rows[0][0] for c in clients]
+    with Collector(clickhouse.url, database="single", spool_dir=str(tmp_path_factory.mktemp("spool"))) as c:
+        spangen.export_otlp(spans, c.grpc_endpoint)
+    assert c.metrics.snapshot()["spans_written"] == len(spans)
+    return "single"
+
+
+@pytest.mark.parametrize("insert", ["direct", "distributed"])
+def test_spans_shard_by_request_and_the_budget_equals_one_nodes(cluster, clients, clickhouse, single, spans, insert,
+                                                                 tmp_path, capsys):
+    db = f"shard_{insert}"
+    assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
+    with Collector(cluster.urls[0], database=db, cluster=CLUSTER, cluster_insert=insert,
+                   spool_dir=str(tmp_path / "spool")) as c:
+        spangen.export_otlp(spans, c.grpc_endpoint)
+    assert c.metrics.snapshot()["spans_written"] == len(spans)
+    per_shard = [c.query(f"SELECT count() FROM {db}.otel_traces").result_rows[0][0] for c in clients]
     assert sum(per_shard) == len(spans) and min(per_shard) > len(spans) / 4
-    split = clients[0].query("SELECT countIf(shards > 1), count() FROM (SELECT TraceId, uniqExact(_shard_num) "
-                             "AS shards FROM shard.otel_traces_distributed GROUP BY TraceId)").result_rows[0]
-    assert split[0] == 0 and split[1] >= 60
-    _trace_level_queries_see_every_shard(clients, workload)
-    sharded, single = _budget(cluster.urls[0], "shard", capsys), _budget(clickhouse.url, "single", capsys)
-    assert sharded["requests"] == single["requests"] == 60
-    assert sharded["filters"].pop("database") == "shard" and single["filters"].pop("database") == "single"
-    got, want = _flat(sharded), _flat(single)
+    # one shard per trace, and the one a Distributed insert would have chosen
+    split, misplaced, traces = clients[0].query(
+        f"SELECT countIf(shards > 1), sum(misplaced), count() FROM (SELECT TraceId, uniqExact(_shard_num) AS shards, "
+        f"countIf(_shard_num != cityHash64(TraceId) % 2 + 1) AS misplaced FROM {db}.otel_traces_distributed "
+        "GROUP BY TraceId)").result_rows[0]
+    assert (split, misplaced) == (0, 0) and traces >= 60
+    _trace_level_queries_see_every_shard(clients, db)
+    sharded, one_node = _budget(cluster.urls[0], db, capsys), _budget(clickhouse.url, single, capsys)
+    assert sharded["requests"] == one_node["requests"] == 60
+    assert sharded["filters"].pop("database") == db and one_node["filters"].pop("database") == single
+    got, want = _flat(sharded), _flat(one_node)
     assert got.keys() == want.keys() and len(got) > 100
     # means summed in another order differ in the last bits; everything else is exact
     assert got == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()}
 
 
-def _trace_level_queries_see_every_shard(clients, workload) -> None:
+def _trace_level_queries_see_every_shard(clients, db: str) -> None:
     """A trace stored on shard 2, asked of shard 1; the services of both shards."""
-    trace_id, spans = clients[1].query("SELECT TraceId, count() FROM shard.otel_traces WHERE SpanName != {s:String} "
+    trace_id, spans = clients[1].query(f"SELECT TraceId, count() FROM {db}.otel_traces WHERE SpanName != {{s:String}} "
                                        "GROUP BY TraceId ORDER BY TraceId LIMIT 1",
                                        parameters={"s": names.SPAN_ENGINE_STEP}).result_rows[0]
-    sql, params = queries.render_cli("request_spans", database="shard", trace_id=trace_id)
+    sql, params = queries.render_cli("request_spans", database=db, trace_id=trace_id)
     assert len(clients[0].query(sql, parameters=params).result_rows) == spans > 1
-    sql, params = queries.render_cli("services", database="shard")
+    sql, params = queries.render_cli("services", database=db)
     served = {r[0] for r in clients[0].query(sql, parameters=params).result_rows}
-    assert served == {workload.client_service, workload.server_service}
+    assert served == {WORKLOAD.client_service, WORKLOAD.server_service}
 
 
 def _flat(value, prefix: str = "") -> dict:
@@ -210,17 +230,19 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
     assert parts[0] == parts[1] == 60 * 13  # 50 spans: 13 traces of 4 spans or fewer
 
 
-def test_a_replayed_batch_is_dropped_by_every_shard(cluster, clients):
+@pytest.mark.parametrize("insert", ["direct", "distributed"])
+def test_a_replayed_batch_is_dropped_by_every_shard(cluster, clients, insert):
     """The collector's retry after a partial success: the same rows, the same token, again."""
-    assert _apply(cluster.urls[0], "replay", "--ddl", "per-node") == 0
+    db = f"replay_{insert}"
+    assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
     body = export_request(40, time.time_ns(), service="replay").SerializeToString()
-    sink = ClickHouseSink(cluster.urls[0], "replay", CLUSTER)
+    sink = make_sink(cluster.urls[0], db, CLUSTER, insert)
     try:
         for _ in range(2):
-            sink.insert([render.render(body)[0]], "replay-token-1")
+            sink.insert([sink.render(body)], "replay-token-1")
     finally:
         sink.close()
-    per_shard = [c.query("SELECT count() FROM replay.otel_traces").result_rows[0][0] for c in clients]
+    per_shard = [c.query(f"SELECT count() FROM {db}.otel_traces").result_rows[0][0] for c in clients]
     assert sum(per_shard) == 40 and min(per_shard) > 0
 
 

@@ -8,6 +8,7 @@ import sys
 import threading
 
 from phaselens.collectors.service import Collector, default_spool_dir
+from phaselens.collectors.shard_sink import CLUSTER_INSERTS
 from phaselens.common.exposure import InsecureBindError
 
 
@@ -16,7 +17,9 @@ def register(subparsers) -> None:
     p.add_argument("--clickhouse", required=True, metavar="URL", help="e.g. http://127.0.0.1:8123")
     p.add_argument("--database", default="otel")
     p.add_argument("--cluster", default=None, metavar="NAME",
-                   help="write through the Distributed table of this cluster (schema apply --cluster NAME)")
+                   help="a ClickHouse cluster (schema apply --cluster NAME): rows sharded by trace id")
+    p.add_argument("--cluster-insert", choices=CLUSTER_INSERTS, default="direct",
+                   help="with --cluster: straight to each shard (default), or through the Distributed table")
     p.add_argument("--host", default="127.0.0.1", help="listen address (non-loopback needs --auth-token or --insecure)")
     p.add_argument("--grpc-port", type=int, default=4317)
     p.add_argument("--http-port", type=int, default=4318)
@@ -37,7 +40,8 @@ def run(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     collector = Collector(
-        clickhouse_url=args.clickhouse, database=args.database, cluster=args.cluster, host=args.host,
+        clickhouse_url=args.clickhouse, database=args.database, cluster=args.cluster,
+        cluster_insert=args.cluster_insert, host=args.host,
         grpc_port=args.grpc_port, http_port=args.http_port,
         spool_dir=args.spool or default_spool_dir(args.grpc_port),
         auth_token=args.auth_token, insecure=args.insecure, max_spool_bytes=args.max_spool_bytes,
