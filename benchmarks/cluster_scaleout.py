@@ -6,11 +6,12 @@ once server-side, read back as the RowBinary the collector sends, and inserted i
 `--batch-spans` (the collector's default) four ways, each into a fresh database:
 - single: one node, `otel_traces` (what `phaselens collector` does without --cluster);
 - distributed_sync: the cluster's Distributed table, foreground insert (the insert returns when
-  every shard has its rows: what `phaselens collector --cluster` does);
+  every shard has its rows: `phaselens collector --cluster NAME --cluster-insert distributed`);
 - distributed_async: the Distributed table, background insert, timed until the queue is flushed
   (acknowledges before the shards have the rows: not what the collector may use);
-- direct: each batch pre-split by cityHash64(TraceId) % shards and inserted into each shard's local
-  table in parallel (the collector would have to split spans by trace id itself).
+- direct: each batch split by cityHash64(TraceId) % shards and inserted into each shard's local
+  table in parallel by `ShardedSink` (what `phaselens collector --cluster NAME` does; its renderer
+  splits the rows, here they are split up front).
 Ingest figures are the server side only (rendering excluded: benchmarks/collector_ingest.py
 measures the collector). Then the full budget (`phaselens.analysis.budget`) over single and over
 distributed_sync, best of `--repeat`, and a back-of-envelope for a fleet at the measured rate.
@@ -22,12 +23,12 @@ Prints ONE JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from phaselens.analysis import schema as S  # noqa: E402
 from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget  # noqa: E402
 from phaselens.collectors import schema as CS  # noqa: E402
 from phaselens.collectors.clickhouse_sink import ClickHouseSink  # noqa: E402
+from phaselens.collectors.shard_sink import ShardedSink  # noqa: E402
 from phaselens.common.slo import parse_slo  # noqa: E402
 from phaselens.instrumentation import names as n  # noqa: E402
 from phaselens.storage.clickhouse_url import connect  # noqa: E402
@@ -118,17 +120,14 @@ def ingest_async(url: str, database: str, bodies: list[bytes]) -> float:
         client.close()
 
 
-def ingest_direct(urls: list[str], database: str, per_shard: list[list[bytes]]) -> float:
-    threads = [threading.Thread(target=ingest_sink, args=(url, database, None, bodies))
-               for url, bodies in zip(urls, per_shard)]
-
-    def run() -> None:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    return _timed(run)
+def ingest_direct(url: str, database: str, per_shard: list[list[bytes]]) -> float:
+    """The collector's path (`ShardedSink`), fed batches already split per shard."""
+    sink = ShardedSink(url, database, CLUSTER)
+    batches_ = [list(parts) for parts in itertools.zip_longest(*per_shard, fillvalue=b"")]
+    try:
+        return _timed(lambda: [sink.insert([parts], f"{database}-{i}") for i, parts in enumerate(batches_)])
+    finally:
+        sink.close()
 
 
 def budget_s(url: str, database: str, repeat: int) -> tuple[float, dict]:
@@ -215,7 +214,7 @@ def main() -> int:
         ingest = {"single": measured(lambda: ingest_sink(single.url, "single", None, bodies), [single.pid]),
                   "distributed_sync": measured(lambda: ingest_sink(cluster.urls[0], "sync", CLUSTER, bodies), nodes),
                   "distributed_async": measured(lambda: ingest_async(cluster.urls[0], "async", bodies), nodes),
-                  "direct": measured(lambda: ingest_direct(cluster.urls, "direct", per_shard), nodes)}
+                  "direct": measured(lambda: ingest_direct(cluster.urls[0], "direct", per_shard), nodes)}
         budget_single, report_single = budget_s(single.url, "single", args.repeat)
         budget_sharded, report_sharded = budget_s(cluster.urls[0], "sync", args.repeat)
         bytes_per_span = stored_bytes([single.url], "single") / spans
@@ -225,7 +224,7 @@ def main() -> int:
         "benchmark": "cluster_scaleout", "requests": args.requests, "spans": spans, "shards": args.shards,
         "batch_spans": args.batch_spans, "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
         "ingest_spans_per_s": rates, "ingest_spans_per_server_cpu_s": per_cpu, "baseline": "single",
-        "collector_path": "distributed_sync",
+        "collector_path": "direct",
         "budget_s_best": {"single": round(budget_single, 3), "sharded": round(budget_sharded, 3)},
         "same_budget": _same_budget(report_single, report_sharded), "requests_in_budget": report_sharded["requests"],
         "stored_bytes_per_span": round(bytes_per_span, 1),

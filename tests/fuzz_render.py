@@ -86,9 +86,10 @@ def main() -> None:
         data = _mutate(rng, bytearray(rng.choice(seeds)))
         exact = (ctypes.c_char * len(data)).from_buffer_copy(data)  # no slack after: a read past shows
         try:
-            render.render(exact)
+            rows, _ = render.render(exact)
         except render.InvalidSpans:
             continue
+        assert sum(map(len, render.render_slots(exact, 3)[0])) == len(rows)  # the split path, sanitized too
         ExportTraceServiceRequest.FromString(data)  # what the decoder accepted, protobuf accepts too
         accepted += 1
     print(json.dumps({"iterations": args.iterations, "accepted": accepted,

@@ -117,6 +117,28 @@ def test_wire_decoder_matches_the_parsed_message(request):
     assert _rows(request) == _reference(request)
 
 
+@settings(max_examples=60, deadline=None)
+@given(request=_requests(), slots=st.integers(1, 5))
+def test_rows_split_by_trace_keep_every_row_once_and_each_trace_in_one_slot(request, slots):
+    """Where each slot goes is checked against ClickHouse's own placement in tests/test_cluster.py."""
+    payload = request.SerializeToString()
+    parts, count = render.render_slots(payload, slots)
+    split = [read_rows(part) for part in parts]
+    assert len(parts) == slots and count == sum(map(len, split))
+    assert sorted(map(repr, (r for rows in split for r in rows))) == sorted(map(repr, _rows(request)))
+    slot_of = {}
+    for slot, rows in enumerate(split):
+        for row in rows:
+            assert slot_of.setdefault(row[1], slot) == slot  # row[1]: TraceId
+    if slots == 1:
+        assert parts == [render.render(payload)[0]]
+
+
+def test_slot_count_is_checked():
+    with pytest.raises(ValueError, match="slots"):
+        render.render_slots(b"", 5000)
+
+
 def _accepted_only_if_protobuf_accepts(data: bytes) -> None:
     try:
         render.count_spans(data)
