@@ -9,6 +9,8 @@ import statistics
 import time
 
 import pytest
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from phaselens.analysis.budget import budget
 from phaselens.analysis.schema import rust_duration_ms
@@ -163,3 +165,26 @@ def test_tgi_budget_names_the_span_model_and_keeps_the_residual_empty(pipeline, 
     assert means["residual_ms"] is None and means["prefill_ms"] is None
     e2e = [e2e_ms - total for _, _, _, e2e_ms, (_, _, total), _ in TGI]
     assert report.distributions["e2e_residual_ms"].mean == pytest.approx(statistics.mean(e2e))
+
+
+def test_vllm_llm_request_keeps_its_mapping_beside_the_new_span_models(pipeline, client):  # noqa: F811
+    """vLLM 0.32's one SERVER span: its time_in_model_prefill is the prefill term (SGLang's is not)."""
+    db, endpoint = pipeline
+    vllm, loadgen = provider(endpoint, "vllm-regression"), provider(endpoint, "phaselens-loadgen")
+    t0 = T0 + 20 * 10**9
+    span, headers = client_span(loadgen.get_tracer("phaselens.client"), t0 - MS, 60.0, 160.0)
+    keys = {n.LATENCY_TIME_TO_FIRST_TOKEN: 0.05, n.LATENCY_TIME_IN_QUEUE: 0.0125, n.LATENCY_TIME_IN_MODEL_PREFILL: 0.02,
+            n.LATENCY_TIME_IN_MODEL_DECODE: 0.09, n.LATENCY_E2E: 0.15, n.GEN_AI_USAGE_PROMPT_TOKENS: 32,
+            n.GEN_AI_USAGE_COMPLETION_TOKENS: 10, n.GEN_AI_REQUEST_ID: "cmpl-abc-0"}
+    server = vllm.get_tracer("vllm").start_span(n.SPAN_VLLM_REQUEST, kind=SpanKind.SERVER, start_time=t0,
+                                                 context=TraceContextTextMapPropagator().extract(headers),
+                                                 attributes=keys)
+    server.end(end_time=t0 + 150 * MS)
+    span.end(end_time=t0 + 160 * MS)
+    vllm.shutdown()
+    loadgen.shutdown()
+    (row,) = _rows(client, db, n.SPAN_MODEL_VLLM, 1).values()
+    want = {"server_ttft_ms": 50.0, "ttft_queue_ms": 12.5, "prefill_ms": 20.0, "before_engine_ms": 17.5,
+            "decode_ms": 90.0, "residual_ms": 10.0}
+    assert {k: row[k] for k in want} == {k: pytest.approx(v, abs=1e-9) for k, v in want.items()}
+    assert (row["ingress_ms"], row["first_token_ms"], row["request_id"]) == (None, None, "cmpl-abc-0")
