@@ -62,6 +62,10 @@ IS_SERVER = (f"(SpanKind IN {SERVER_KINDS} AND (mapContains(SpanAttributes, '{n.
              f"OR mapContains(SpanAttributes, '{n.PL_SERVER_TTFT_MS}') "
              f"OR mapContains(SpanAttributes, '{n.LATENCY_TIME_TO_FIRST_TOKEN}'))) "
              f"OR ({IS_SGLANG}) OR ({IS_TGI})")
+IS_CLIENT = (f"SpanKind IN {CLIENT_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
+             f"OR mapContains(SpanAttributes, '{n.PL_CLIENT_E2E_MS}'))")
+
+
 # Rust's `Debug` of a `Duration`: a decimal number and a unit, trailing zeros dropped ("1.5ms", "850µs",
 # "42ns", "3.2s"); Rust writes µ as U+00B5, U+03BC and `us` are accepted too.
 _RUST_DURATION = "^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$"
@@ -74,8 +78,6 @@ def rust_duration_ms(value: str) -> str:
     groups = f"extractGroups({value}, '{_RUST_DURATION}')"
     units = ", ".join(f"{groups}[2] = '{unit}', {factor}" for unit, factor in _RUST_UNIT_MS.items())
     return f"toFloat64OrNull({groups}[1]) * multiIf({units}, NULL)"
-IS_CLIENT = (f"SpanKind IN {CLIENT_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
-             f"OR mapContains(SpanAttributes, '{n.PL_CLIENT_E2E_MS}'))")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +178,8 @@ PARTS: tuple[Part, ...] = (
     _kind_part("client_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_CLIENT),
     _kind_part("server_span", "any", "Nullable(String)", "toNullable(toString(SpanName))", IS_SERVER),
     Part("native_model", "any", "Nullable(String)",  # the span model of a native root that is not a SERVER span
-         f"anyIf(toNullable(if({IS_SGLANG}, '{n.SPAN_MODEL_SGLANG}', '{n.SPAN_MODEL_TGI}')), ({IS_SGLANG}) OR ({IS_TGI}))"),
+         f"anyIf(toNullable(if({IS_SGLANG}, '{n.SPAN_MODEL_SGLANG}', '{n.SPAN_MODEL_TGI}')), "
+         f"({IS_SGLANG}) OR ({IS_TGI}))"),
     Part("has_error", "max", "UInt8", f"max(StatusCode IN {ERROR_CODES})"),
     *(_phase_part(phase, name) for phase, name in PHASE_SPANS.items()),
     _count_part("queue_ns", QUEUE_SPANS, "Duration"),
@@ -291,7 +294,8 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("start_time", "coalesce(server_start, client_start)"),
-    ("ttft_queue_ms", _phase_ms("queue", "a_queue_ms", "a_lat_queue_s * 1000", _tgi_ms("queue"))),  # waits before the first token
+    # the waits before the first token
+    ("ttft_queue_ms", _phase_ms("queue", "a_queue_ms", "a_lat_queue_s * 1000", _tgi_ms("queue"))),
     ("server_end_time", "server_start + toIntervalNanosecond(server_duration_ns)"),
     ("server_e2e_ms", "server_duration_ns / 1e6"),
     ("server_last_chunk_ms", "a_server_last_chunk_ms"),

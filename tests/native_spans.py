@@ -167,7 +167,8 @@ def _scheduler_spans(tracer, r: SglangRequest, t0: int, root_ctx, prev) -> None:
     thread = _thread_span(tracer, "Scheduler", 202, _at(t0, received), root_ctx, tp_rank=0)
     process = _slice(tracer, "request_process", _at(t0, received), _at(t0, queued), thread, prev=prev)
     waiting = _slice(tracer, "prefill_waiting", _at(t0, queued), _at(t0, forward), thread, prev=process)
-    prefill = tracer.start_span("prefill_forward", start_time=_at(t0, forward), context=trace.set_span_in_context(thread))
+    prefill = tracer.start_span("prefill_forward", start_time=_at(t0, forward),
+                                context=trace.set_span_in_context(thread))
     prefill.add_link(waiting.get_span_context())
     if len(r.chunks_ms) > 1:
         start = forward
@@ -178,7 +179,8 @@ def _scheduler_spans(tracer, r: SglangRequest, t0: int, root_ctx, prev) -> None:
     steps = r.completion_tokens - 1
     decode_start, step_ms = prefilled + 0.1, (r.decode_ms - 0.1) / steps
     _slice(tracer, "decode_waiting", _at(t0, prefilled), _at(t0, decode_start), thread, prev=prefill)
-    decode = tracer.start_span("decode_forward", start_time=_at(t0, decode_start), context=trace.set_span_in_context(thread))
+    decode = tracer.start_span("decode_forward", start_time=_at(t0, decode_start),
+                               context=trace.set_span_in_context(thread))
     for i in range(steps):
         start = decode_start + i * step_ms
         _slice(tracer, "decode_loop", _at(t0, start), _at(t0, start + step_ms), decode, attrs={"decode_ct": i})
@@ -242,7 +244,8 @@ def _backend_spans(tracer, parent, start: int, end: int) -> None:
     gen = tracer.start_span("generate_stream", start_time=start, context=trace.set_span_in_context(parent),
                             attributes=_code_attrs(infer_ns, "router/src/infer/mod.rs", 99))
     schedule = tracer.start_span("schedule", start_time=start + 1000, context=trace.set_span_in_context(gen),
-                                 attributes=_code_attrs("text_generation_router_v3::backend", "backends/v3/src/backend.rs", 78))
+                                 attributes=_code_attrs("text_generation_router_v3::backend",
+                                                        "backends/v3/src/backend.rs", 78))
     mid = (start + end) // 2
     queued = tracer.start_span("queued", start_time=start + 2000, context=trace.set_span_in_context(schedule))
     _close(queued, mid, 10_000)
