@@ -188,3 +188,27 @@ def test_vllm_llm_request_keeps_its_mapping_beside_the_new_span_models(pipeline,
             "decode_ms": 90.0, "residual_ms": 10.0}
     assert {k: row[k] for k in want} == {k: pytest.approx(v, abs=1e-9) for k, v in want.items()}
     assert (row["ingress_ms"], row["first_token_ms"], row["request_id"]) == (None, None, "cmpl-abc-0")
+
+
+def test_tgi_request_that_failed_before_its_last_token_keeps_its_client_row_only(pipeline, client):  # noqa: F811
+    """TGI records its timings only at the last token: a failed request's handler span has none."""
+    db, endpoint = pipeline
+    router, loadgen = provider(endpoint, TGI_SERVICE), provider(endpoint, "phaselens-loadgen-failed")
+    t0 = T0 + 30 * 10**9
+    span, headers = client_span(loadgen.get_tracer("phaselens.client"), t0 - MS, 5.0, 6.0)
+    handler = router.get_tracer("opentelemetry-otlp").start_span(
+        "generate_stream", start_time=t0, context=TraceContextTextMapPropagator().extract(headers),
+        attributes={"parameters": "GenerateParameters { .. }", "busy_ns": 1000, "idle_ns": 2000})
+    handler.end(end_time=t0 + 2 * MS)
+    span.end(end_time=t0 + 7 * MS)
+    router.shutdown()
+    loadgen.shutdown()
+    trace_id = f"{span.get_span_context().trace_id:032x}"
+    sql = f"SELECT * FROM {db}.phaselens_request_facts WHERE trace_id = {{t:String}}"
+    deadline, rows = time.monotonic() + 20, []
+    while not rows and time.monotonic() < deadline:
+        rows = list(client.query(sql, parameters={"t": trace_id}).named_results())
+        time.sleep(0.1)
+    (row,) = rows
+    assert (row["has_client"], row["has_server"], row["span_model"]) == (True, False, None)
+    assert row["client_ttft_ms"] == pytest.approx(5.0) and row["ingress_ms"] is None
