@@ -16,8 +16,8 @@ from phaselens.faults import collector_faults, serving_faults
 from phaselens.faults.params import Params
 from phaselens.faults.outcome import Outcome
 
-SHORT = Params(warm_s=1.5, after_s=1.0, outage_s=3.0, slow_s=3.0, full_s=4.0, builder_kills=2, capacity_s=2.0,
-               overload_s=2.0, disconnects=4)
+SHORT = Params(warm_s=1.0, after_s=0.5, outage_s=2.0, slow_s=2.0, full_s=3.0, spool_cap_bytes=256 << 10,
+               builder_kills=2, capacity_s=1.5, overload_s=1.5, disconnects=3)
 FULL = Params(warm_s=5.0, after_s=5.0, outage_s=30.0, slow_s=20.0, full_s=20.0, builder_kills=3, capacity_s=5.0,
               overload_s=10.0, disconnects=16)
 
