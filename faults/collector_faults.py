@@ -98,9 +98,7 @@ def _finish(pipeline: Pipeline, name: str, load: SpanLoad, collector: CollectorP
 
 def _loaded_collector(pipeline: Pipeline, name: str, params: Params, **kwargs) -> tuple[CollectorProcess, SpanLoad]:
     collector = pipeline.collector(name, **kwargs)
-    collector.start()
-    if wait_until(collector.healthy, 30) is None:
-        raise RuntimeError(f"collector did not start:\n{collector.log_tail()}")
+    collector.start_serving()
     load = SpanLoad(collector.grpc_endpoint, f"faults-{name}", params.load_spans_per_s).start()
     time.sleep(params.warm_s)
     return collector, load

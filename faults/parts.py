@@ -66,6 +66,12 @@ class CollectorProcess:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           preexec_fn=functools.partial(die_with_parent, os.getpid()))
 
+    def start_serving(self, timeout_s: float = 30.0) -> None:
+        """start(), then wait until it answers /health (RuntimeError with its log otherwise)."""
+        self.start()
+        if wait_until(self.healthy, timeout_s) is None:
+            raise RuntimeError(f"collector did not start:\n{self.log_tail()}")
+
     def exit_code(self) -> int | None:
         return self._proc.poll() if self._proc is not None else None
 

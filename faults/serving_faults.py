@@ -50,9 +50,7 @@ class Served:
     @classmethod
     def start(cls, pipeline: Pipeline) -> "Served":
         collector = pipeline.collector("serving")
-        collector.start()
-        if wait_until(collector.healthy, 30) is None:
-            raise RuntimeError(f"collector did not start:\n{collector.log_tail()}")
+        collector.start_serving()
         try:
             return cls(collector, ServingRig(collector.grpc_endpoint, "faults-serving", max_num_seqs=4,
                                              max_waiting=MAX_WAITING).start())
@@ -122,7 +120,7 @@ def span_builder_killed(pipeline: Pipeline, served: Served, params: Params) -> O
         for _ in range(params.builder_kills):
             old = rig.telemetry.span_builder_pid
             os.kill(old, signal.SIGKILL)
-            recover.append(wait_until(lambda: rig.telemetry.span_builder_pid not in (None, old), 60))
+            recover.append(wait_until(lambda old=old: rig.telemetry.span_builder_pid not in (None, old), 60))
         time.sleep(params.after_s)
     finally:
         replies = load.stop()
@@ -199,6 +197,7 @@ def server_overload(pipeline: Pipeline, served: Served, params: Params) -> Outco
     recover_s, probes = _recovery(rig.url, 2 * median_s)
     return _outcome("server_overload", pipeline, rig, before, [*baseline, *burst, *probes], recover_s,
                     capacity_req_s=round(capacity, 1), offered_req_s=round(OVERLOAD_FACTOR * capacity, 1),
+                    sent_req_s=round(len(burst) / params.overload_s, 1),  # the client's own limit may be lower
                     overload_statuses=_statuses(burst), max_waiting_seen=max(waiting), max_waiting=MAX_WAITING,
                     peak_rss_growth_mb=round(_peak_rss_mb() - rss_before, 1),
                     median_latency_ms_before=round(median_s * 1000, 1),

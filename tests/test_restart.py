@@ -75,8 +75,7 @@ def test_collector_sigkilled_under_load_serves_again_within_5_s_losing_and_dupli
         clickhouse, ch_client, traces_db, tmp_path):
     collector = CollectorProcess(clickhouse.url, str(tmp_path / "spool"), str(tmp_path / "collector.log"),
                                  database=traces_db)
-    collector.start()
-    assert wait_until(collector.healthy, 30) is not None, collector.log_tail()
+    collector.start_serving()
     load = SpanLoad(collector.grpc_endpoint, "restart-test", spans_per_s=2000).start()
     stop_idle = threading.Event()
     _idle_clients(collector.http_port, stop_idle)
