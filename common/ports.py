@@ -35,7 +35,9 @@ def bind_reusable(sock: socket.socket, host: str, port: int, what: str) -> None:
 def port_in_use_error(host: str, port: int, what: str) -> PortInUse:
     owner = listener_owner(port)
     by = f" by {owner}" if owner else ""
-    return PortInUse(errno.EADDRINUSE, f"cannot listen for {what} on {host}:{port}: the port is in use{by}")
+    error = PortInUse(f"cannot listen for {what} on {host}:{port}: the port is in use{by}")
+    error.errno = errno.EADDRINUSE  # set apart from the message, which then reads without "[Errno 98]"
+    return error
 
 
 def listener_owner(port: int) -> str | None:
@@ -83,7 +85,7 @@ def _holds_any(pid: str, targets: set[str]) -> bool:
 def _command_line(pid: str, limit: int = 160) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            text = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            text = " ".join(f.read().decode(errors="replace").replace("\0", " ").split())
     except OSError:
         return "?"
     return text if len(text) <= limit else text[: limit - 1] + "…"
