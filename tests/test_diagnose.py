@@ -16,12 +16,19 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import time
+from html import escape
+
 import pytest
 
+from phaselens.analysis import queries
 from phaselens.analysis.diagnose import CAUSES, diagnose
+from phaselens.analysis.diagnose_format import headline
+from phaselens.analysis.report import write_report
 from phaselens.commands import diagnose as diagnose_command
 from phaselens.common.slo import parse_slo
 from phaselens.stack import Stack, spawn
+from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +43,8 @@ SCENARIOS = {
     # 24 requests at once into 2 seats: most of TTFT is waiting for a seat
     "overload": Scenario(("--max-num-seqs", "2"), ("--rate", "inf", "--requests", "24", "--input-len", "32",
                                                    "--output-len", "32"), "ttft:200,tpot:100"),
-    # long prompts, one output token, 1.5 req/s: TTFT is the prompt's compute
-    "prefill": Scenario((), ("--rate", "1.5", "--requests", "6", "--input-len", LONG_PROMPT_WORDS,
+    # long prompts, one output token, one request at a time: TTFT is the prompt's compute
+    "prefill": Scenario((), ("--concurrency", "1", "--requests", "5", "--input-len", LONG_PROMPT_WORDS,
                              "--output-len", "1"), "ttft:50,tpot:1000"),
     # 8 decoding streams, prompts up to 400 words admitted into their steps (mixed policy)
     "stalls": Scenario(("--policy", "mixed"), ("--concurrency", "8", "--requests", "16", "--input-len",
@@ -169,3 +176,30 @@ def test_cli_errors_are_one_line(capsys):
     assert rc == 1 and err.startswith("error: cannot reach ClickHouse") and err.count("\n") == 1
     rc, _, err = _cli(capsys, "--slo", "ttft:-1")
     assert rc == 1 and err.startswith("error: --slo:")
+
+
+@pytest.mark.parametrize("name", ["kv", "healthy"])
+def test_the_grafana_verdict_panel_says_what_the_cli_says(stack, verdicts, name):
+    """The panel's SQL (macros expanded by the STAND-IN of tests/dashboards_fixtures.py) ranks the
+    same causes with the same roles as `diagnose`."""
+    slo = parse_slo(SCENARIOS[name].slo, ("ttft", "tpot"))
+    now = int(time.time())
+    ctx = GrafanaQueryContext(now - 3600, now + 60, 10, {
+        "service": service(name), "model": ALL, "ttft_slo_ms": f"{slo.ttft_ms:g}", "tpot_slo_ms": f"{slo.tpot_ms:g}"},
+        options={"model": ["tiny"]})
+    with stack.client() as ch:
+        rows = ch.query(expand_grafana_sql(queries.render_grafana("diagnosis_causes", stack.database), ctx)).result_rows
+    assert [(cause, role) for cause, role, *_ in rows] == [(s.cause, s.role) for s in verdicts[name].signals]
+
+
+def test_the_html_report_opens_with_the_diagnosis(stack, verdicts, tmp_path):
+    d = verdicts["overload"]
+    page = tmp_path / "report.html"
+    with stack.client() as ch:
+        write_report(ch, str(page), database=stack.database, since=None, service=service("overload"),
+                     slo=parse_slo(SCENARIOS["overload"].slo, ("ttft", "tpot")))
+    main = page.read_text(encoding="utf-8").split("<main>", 1)[1]
+    assert main.lstrip().startswith('<section id="diagnosis">')  # above the KPIs and every chart
+    diagnosis = main.split("</section>", 1)[0]
+    assert headline(d) in diagnosis and "6. Cause, from server-side evidence" in diagnosis
+    assert all(escape(lever.evidence) in diagnosis for lever in d.levers) and d.levers
