@@ -11,6 +11,7 @@ that would measure it (a quarter of the measured rate, same request count and ou
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -31,7 +32,7 @@ class Figures:
     engine: dict = field(default_factory=dict)  # the diagnosis_engine row
 
     @classmethod
-    def from_rows(cls, figures: list[dict], engine: list[dict]) -> "Figures":
+    def from_rows(cls, figures: list[dict], engine: list[dict]) -> Figures:
         row = figures[0] if figures else {}
         counts = [int(row.get(k) or 0) for k in ("requests", "errors", "with_client", "good")]
         return cls(*counts, _clean(row.get("window_s")) if counts[0] else None, _clean(row.get("prefix_hit_rate")),
@@ -51,7 +52,7 @@ class Figures:
 
 def _clean(x):
     """NaN (ClickHouse's quantile of nothing, 0/0) → None."""
-    return None if x is None or (isinstance(x, float) and x != x) else x
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
 @dataclass(slots=True)

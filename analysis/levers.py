@@ -5,8 +5,8 @@ percentile and sample size where it has them; a cause whose evidence is missing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.diagnose_figures import Figures, LoadDependence

@@ -14,9 +14,8 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
-
 import time
+from dataclasses import dataclass
 from html import escape
 
 import pytest
