@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from phaselens.analysis import levers as lv
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.budget import query_rows
-from phaselens.analysis.diagnose_figures import Figures, LoadDependence, load_dependence
+from phaselens.analysis.diagnose_figures import Figures, LoadDependence, bucket_seconds, load_dependence
 from phaselens.common.slo import SLO
 
 CAUSES = ("queue", "prefill", "decode", "prefill_stalls", "kv_pressure", "delivery", "network", "ingress",
@@ -88,11 +88,18 @@ def diagnose(client, database: str = "otel", service: str | None = None, model: 
                "ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms}
     figures = Figures.from_rows(query_rows(client, "diagnosis_figures", filters),
                                 query_rows(client, "diagnosis_engine", filters))
+    figures.server_url = _server_url(query_rows(client, "diagnosis_target", filters))
     signals = [_signal(row) for row in query_rows(client, "diagnosis_causes", filters)] if figures.requests else []
-    bucket_s = max(1, round((figures.window_s or 10) / 10))
+    bucket_s = bucket_seconds(figures.window_s)
     load = load_dependence(query_rows(client, "queueing_vs_load", {**filters, "bucket_s": bucket_s}), bucket_s,
                            figures)
     return assemble(figures, signals, load, slo, {k: v for k, v in filters.items() if v is not None})
+
+
+def _server_url(rows: list[dict]) -> str | None:
+    row = rows[0] if rows else {}
+    host, port = row.get("server_address"), row.get("server_port")
+    return f"http://{'[' + host + ']' if ':' in (host or '') else host}:{port}" if host and port else None
 
 
 def _signal(row: dict) -> Signal:

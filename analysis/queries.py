@@ -207,6 +207,15 @@ def diagnosis_figures(d: Dialect) -> str:
             f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n    {dists}\n{_requests(d)}")
 
 
+def diagnosis_target(d: Dialect) -> str:
+    """The server the selection's clients called (`server.address`, `server.port` of their CLIENT
+    spans): the URL of the second `phaselens bench` run the load-dependence step may ask for."""
+    addr, port = f"SpanAttributes['{n.SERVER_ADDRESS}']", f"SpanAttributes['{n.SERVER_PORT}']"
+    return (f"SELECT any({addr}) AS server_address, any({port}) AS server_port\nFROM {d.table(TRACES_TABLE)}\n"
+            f"WHERE {d.time_filter('Timestamp')} AND SpanKind IN {CLIENT_KINDS} AND {addr} != ''\n"
+            f"    AND TraceId IN (SELECT trace_id {_requests(d)})")
+
+
 def _meets_diagnosis_slo(d: Dialect) -> str:
     ttft, tpot = _slo(d, "ttft", th.DEFAULT_TTFT_SLO_MS), _slo(d, "tpot", th.DEFAULT_TPOT_SLO_MS)
     return f"status = 'ok' AND ttft_ms <= {ttft} AND (tpot_ms IS NULL OR tpot_ms <= {tpot})"
@@ -505,6 +514,7 @@ QUERIES: dict[str, Query] = {
     "diagnosis_figures": Query(diagnosis_figures, (
         "requests", "errors", "with_client", "good", "window_s", "prefix_hit_rate", "preempted_share", "models",
         *(f"{name}_q" for name, _ in DIAGNOSIS_FIGURES))),
+    "diagnosis_target": Query(diagnosis_target, ("server_address", "server_port")),
     "diagnosis_engine": Query(diagnosis_engine, (
         "steps", *_STALL, "stall_share", "decode_step_p50_ms", "mixed_step_p50_ms", "kv_used_p90", "kv_used_max",
         "preemptions", "batch_size_mean", "queue_depth_max")),

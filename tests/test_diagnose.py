@@ -22,6 +22,7 @@ import pytest
 
 from phaselens.analysis import queries
 from phaselens.analysis.diagnose import CAUSES, diagnose
+from phaselens.analysis.diagnose_figures import Figures, load_dependence
 from phaselens.analysis.diagnose_format import headline
 from phaselens.analysis.report import write_report
 from phaselens.commands import diagnose as diagnose_command
@@ -202,3 +203,28 @@ def test_the_html_report_opens_with_the_diagnosis(stack, verdicts, tmp_path):
     diagnosis = main.split("</section>", 1)[0]
     assert headline(d) in diagnosis and "6. Cause, from server-side evidence" in diagnosis
     assert all(escape(lever.evidence) in diagnosis for lever in d.levers) and d.levers
+
+
+def _buckets(rates_and_queues: list[tuple[float, float]], bucket_s: int) -> list[dict]:
+    """`queueing_vs_load` rows in time order, a partial bucket at each edge."""
+    edge = {"arrivals_per_s": 1.0 / bucket_s, "queue_p50_ms": 0.0}
+    return [edge, *({"arrivals_per_s": r, "queue_p50_ms": q} for r, q in rates_and_queues), edge]
+
+
+def test_load_dependence_compares_the_slower_and_faster_buckets():
+    f = Figures(requests=120, window_s=60.0, models=["tiny"], quantiles={"input_tokens": [100, 200]})
+    grows = load_dependence(_buckets([(1.0, 5.0), (1.2, 6.0), (4.0, 40.0), (5.0, 80.0)], 10), 10, f)
+    assert (grows.single_rate, grows.grows) == (False, True)
+    assert (grows.queue_low_ms, grows.queue_high_ms) == (5.5, 60.0)  # medians of each half
+    flat = load_dependence(_buckets([(1.0, 5.0), (1.2, 6.0), (4.0, 6.0), (5.0, 5.0)], 10), 10, f)
+    assert (flat.single_rate, flat.grows) == (False, False)
+
+
+def test_one_rate_asks_for_a_second_run_at_a_quarter_of_it():
+    f = Figures(requests=120, window_s=60.0, models=["tiny"], server_url="http://127.0.0.1:8000",
+                quantiles={"input_tokens": [100.0, 300.0], "output_tokens": [32.0, 32.0]})
+    # Poisson noise around 2 req/s, and the edge buckets (partial) left out of the comparison
+    d = load_dependence(_buckets([(1.8, 50.0), (2.1, 60.0), (2.3, 90.0)], 10), 10, f)
+    assert (d.single_rate, d.grows, d.buckets) == (True, None, 3)
+    assert d.next_run == ("phaselens bench --url http://127.0.0.1:8000 --model tiny --rate 0.50 --requests 120 "
+                          "--input-len 100 --output-len 32 --ignore-eos")
