@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from phaselens.analysis import levers as lv
 from phaselens.analysis import thresholds as th
-from phaselens.analysis.budget import query_rows
+from phaselens.analysis.budget import AnalysisError, query_rows
 from phaselens.analysis.diagnose_figures import Figures, LoadDependence, bucket_seconds, load_dependence
 from phaselens.common.slo import SLO
 
@@ -88,12 +88,20 @@ def diagnose(client, database: str = "otel", service: str | None = None, model: 
                "ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms}
     figures = Figures.from_rows(query_rows(client, "diagnosis_figures", filters),
                                 query_rows(client, "diagnosis_engine", filters))
+    if not figures.requests:  # a verdict over nothing would read as "none": say what is missing instead
+        raise AnalysisError(f"no requests in the selection ({_describe(filters)}): nothing to diagnose")
     figures.server_url = _server_url(query_rows(client, "diagnosis_target", filters))
-    signals = [_signal(row) for row in query_rows(client, "diagnosis_causes", filters)] if figures.requests else []
+    signals = [_signal(row) for row in query_rows(client, "diagnosis_causes", filters)]
     bucket_s = bucket_seconds(figures.window_s)
     load = load_dependence(query_rows(client, "queueing_vs_load", {**filters, "bucket_s": bucket_s}), bucket_s,
                            figures)
     return assemble(figures, signals, load, slo, {k: v for k, v in filters.items() if v is not None})
+
+
+def _describe(filters: dict) -> str:
+    since = filters.get("since")
+    parts = [f"database {filters['database']}", "all time" if since is None else f"last {since}"]
+    return ", ".join(parts + [f"{k} {filters[k]}" for k in ("service", "model") if filters.get(k)])
 
 
 def _server_url(rows: list[dict]) -> str | None:

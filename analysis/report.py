@@ -39,10 +39,11 @@ def build(client, database: str = "otel", since: str | None = "1h", service: str
                 f"{summary.with_server} with a server view) · {window} · database {database}")
     settings = {"ClickHouse database": database, "time range": window, "service filter": service or "all",
                 "model filter": model or "all", **(config or {})}
-    verdict = diagnose(client, database=database, service=service, model=model, since=since, slo=slo)
+    verdict = (diagnose(client, database=database, service=service, model=model, since=since, slo=slo)
+               if summary.requests else None)
     return ReportData(title, subtitle, _kpis(summary), _budget_rows(summary), points, traces,
                       _steps(client, filters), settings, _budget_note(summary), f"{summary.reference} TTFT",
-                      _diagnosis_view(verdict))
+                      _diagnosis_view(verdict) if verdict else None)
 
 
 def _diagnosis_view(d: Diagnosis) -> DiagnosisView:
