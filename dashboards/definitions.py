@@ -115,9 +115,9 @@ def budget_panels(src: Source) -> list[dict]:
               "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
               "delivery of the first output (token handed to the stream -> chunk handed to the server's send); "
               "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
-              "A server whose own spans cannot split ingress and first token (vLLM's native llm_request "
-              "span: span_model vllm-native) fills before_engine = server TTFT - queue - prefill instead, "
-              "and its first chunk's delivery stays in residual.",
+              "A server whose own spans give no first-token term (span_model vllm-native, sglang-native) "
+              "fills before_engine = server TTFT - ingress - queue - prefill instead, and its first chunk's "
+              "delivery stays in residual; TGI's spans (tgi-native) give no TTFT: only ingress and queue.",
               [src.target("budget_stack", FORMAT_TABLE)], width=10, height=9, unit="ms",
               custom={"fillOpacity": 80, "lineWidth": 1},
               options={"orientation": "horizontal", "stacking": "normal", "showValue": "auto",
