@@ -145,8 +145,8 @@ def _clean(x):
     return None if x is None or _nan(x) else x
 
 
-def _run(client, name: str, filters: dict) -> dict:
-    """One row of a named query as {column: value}; ClickHouse errors become AnalysisError."""
+def query_rows(client, name: str, filters: dict) -> list[dict]:
+    """The rows of a named query as {column: value}; ClickHouse errors become AnalysisError."""
     try:
         sql, params = q.render_cli(name, **filters)
         result = client.query(sql, parameters=params)
@@ -154,7 +154,13 @@ def _run(client, name: str, filters: dict) -> dict:
         raise AnalysisError(str(e)) from None
     except Exception as e:  # clickhouse-connect raises DatabaseError/OperationalError subclasses
         raise AnalysisError(_explain(e, filters.get("database", "otel"))) from None
-    return dict(zip(result.column_names, result.result_rows[0])) if result.result_rows else {}
+    return [dict(zip(result.column_names, row)) for row in result.result_rows]
+
+
+def _run(client, name: str, filters: dict) -> dict:
+    """The first row of a named query as {column: value} ({} when there is none)."""
+    rows = query_rows(client, name, filters)
+    return rows[0] if rows else {}
 
 
 def _explain(error: Exception, database: str) -> str:

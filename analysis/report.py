@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from phaselens.analysis import queries, report_page
 from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
+from phaselens.analysis.diagnose import Diagnosis, diagnose
+from phaselens.analysis.diagnose_format import headline
 from phaselens.analysis.dialect import QueryError
-from phaselens.analysis.report_data import BudgetRow, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView
+from phaselens.analysis.report_data import (
+    BudgetRow, DiagnosisView, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView,
+)
 from phaselens.common.slo import SLO
 
 STATISTICS = ("p50", "p90", "p99", "mean")
@@ -35,8 +39,16 @@ def build(client, database: str = "otel", since: str | None = "1h", service: str
                 f"{summary.with_server} with a server view) · {window} · database {database}")
     settings = {"ClickHouse database": database, "time range": window, "service filter": service or "all",
                 "model filter": model or "all", **(config or {})}
+    verdict = (diagnose(client, database=database, service=service, model=model, since=since, slo=slo)
+               if summary.requests else None)
     return ReportData(title, subtitle, _kpis(summary), _budget_rows(summary), points, traces,
-                      _steps(client, filters), settings, _budget_note(summary), f"{summary.reference} TTFT")
+                      _steps(client, filters), settings, _budget_note(summary), f"{summary.reference} TTFT",
+                      _diagnosis_view(verdict) if verdict else None)
+
+
+def _diagnosis_view(d: Diagnosis) -> DiagnosisView:
+    return DiagnosisView(headline(d), [(f"{s.number}. {s.question}", s.finding, s.evidence) for s in d.steps],
+                         [(lv.cause, lv.action, lv.evidence) for lv in d.levers])
 
 
 def write_report(client, path: str, **build_args) -> ReportData:

@@ -56,6 +56,16 @@ class StepPoint:
 
 
 @dataclass(slots=True)
+class DiagnosisView:
+    """What the report shows of `phaselens diagnose`: the verdict line, the six steps
+    (question, finding, evidence lines) and the levers (cause, action, evidence)."""
+
+    verdict: str
+    steps: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    levers: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class ReportData:
     title: str
     subtitle: str
@@ -67,3 +77,4 @@ class ReportData:
     config: dict[str, str] = field(default_factory=dict)
     budget_note: str = ""
     ttft_label: str = "client TTFT"  # the TTFT the budget divides: the client's, else the server's
+    diagnosis: DiagnosisView | None = None  # the page opens with it

@@ -8,7 +8,9 @@ from pathlib import Path
 from string import Template
 
 from phaselens.analysis import report_charts as charts
-from phaselens.analysis.report_data import BudgetRow, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView
+from phaselens.analysis.report_data import (
+    BudgetRow, DiagnosisView, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView,
+)
 from phaselens.instrumentation import names
 
 ASSETS = Path(__file__).resolve().parent / "report_assets"
@@ -44,6 +46,7 @@ def render(data: ReportData) -> str:
     step_cols = _step_columns(data.steps)
     return page.substitute(
         title=escape(data.title), subtitle=escape(data.subtitle), css=(assets / "report.css").read_text(encoding="utf-8"),
+        diagnosis=_diagnosis(data.diagnosis),
         kpis="".join(f'<div class="kpi"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for v, k in data.kpis),
         budget_note=escape(data.budget_note), budget_chart=_budget_chart(data.budget, data.ttft_label),
         budget_table=_budget_table(data.budget, data.ttft_label), ttft_cdf=_cdf(data.requests, "ttft"),
@@ -59,6 +62,20 @@ def write(path: str, data: ReportData) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(render(data))
     return path
+
+
+def _diagnosis(d: DiagnosisView | None) -> str:
+    """The verdict, the six steps with their evidence, and the levers with theirs."""
+    if d is None:
+        return ""
+    steps = "".join(f"<tr><td>{escape(q)}</td><td>{escape(finding)}</td><td>{'<br>'.join(map(escape, ev))}</td></tr>"
+                    for q, finding, ev in d.steps)
+    levers = "".join(f"<tr><td>{escape(c)}</td><td>{escape(a)}</td><td>{escape(ev)}</td></tr>" for c, a, ev in d.levers)
+    lever_table = (f"<table><tr><th>cause</th><th>lever</th><th>evidence</th></tr>{levers}</table>"
+                   if levers else "")
+    return (f'<section id="diagnosis"><h2>Diagnosis: why is it slow?</h2><p class="verdict"><b>{escape(d.verdict)}'
+            f"</b></p><table><tr><th>step</th><th>finding</th><th>evidence</th></tr>{steps}</table>{lever_table}"
+            "</section>")
 
 
 def _budget_chart(rows: list[BudgetRow], ttft_label: str) -> str:

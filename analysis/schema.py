@@ -49,12 +49,38 @@ def num(key: str) -> str:
     return f"toFloat64OrNull({attr(key)})"
 
 
+def _names(span_names: tuple[str, ...]) -> str:
+    return "(" + ", ".join(f"'{name}'" for name in span_names) + ")"
+
+
+# Native request spans that are not SERVER spans: SGLang's `Req …` root and TGI's handler span (INTERNAL
+# both). TGI's Infer layer opens a second `generate_stream`/`generate` span below the handler's: only the
+# handler's carries the timings.
+# Cheapest test first: ClickHouse evaluates AND lazily, so most spans never reach the map lookups.
+IS_SGLANG = (f"position(SpanName, ' Req ') > 0 AND {attr(n.SGLANG_MODULE)} = '{n.SGLANG_REQUEST_MODULE}' "
+             f"AND mapContains(SpanAttributes, '{n.SGLANG_RID}')")
+IS_TGI = f"SpanName IN {_names(n.TGI_REQUEST_SPANS)} AND mapContains(SpanAttributes, '{n.TGI_TOTAL_TIME}')"
 # A server we do not own (vLLM's `llm_request`) is recognised by the de-facto TTFT key.
-IS_SERVER = (f"SpanKind IN {SERVER_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
+IS_SERVER = (f"(SpanKind IN {SERVER_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
              f"OR mapContains(SpanAttributes, '{n.PL_SERVER_TTFT_MS}') "
-             f"OR mapContains(SpanAttributes, '{n.LATENCY_TIME_TO_FIRST_TOKEN}'))")
+             f"OR mapContains(SpanAttributes, '{n.LATENCY_TIME_TO_FIRST_TOKEN}'))) "
+             f"OR ({IS_SGLANG}) OR ({IS_TGI})")
 IS_CLIENT = (f"SpanKind IN {CLIENT_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
              f"OR mapContains(SpanAttributes, '{n.PL_CLIENT_E2E_MS}'))")
+
+
+# Rust's `Debug` of a `Duration`: a decimal number and a unit, trailing zeros dropped ("1.5ms", "850µs",
+# "42ns", "3.2s"); Rust writes µ as U+00B5, U+03BC and `us` are accepted too.
+_RUST_DURATION = "^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$"
+_RUST_UNIT_MS = {"ns": "1e-6", "µs": "1e-3", "μs": "1e-3", "us": "1e-3", "ms": "1", "s": "1000"}
+
+
+def rust_duration_ms(value: str) -> str:
+    """A Rust `Duration` Debug string in ms, NULL when it is not one:
+        ms = number × {ns: 1e-6, µs: 1e-3, ms: 1, s: 1000}[unit]"""
+    groups = f"extractGroups({value}, '{_RUST_DURATION}')"
+    units = ", ".join(f"{groups}[2] = '{unit}', {factor}" for unit, factor in _RUST_UNIT_MS.items())
+    return f"toFloat64OrNull({groups}[1]) * multiIf({units}, NULL)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,26 +109,36 @@ def _attr_part(column: str, key: str) -> Part:
     return Part(column, "max", "Nullable(Float64)", f"max({num(key)})")
 
 
-def _text_part(column: str, key: str) -> Part:
+def _text_part(column: str, key: str, cond: str | None = None) -> Part:
+    """Any non-empty value of a string attribute; with `cond`, its value on the spans that meet it
+    (`if`: ClickHouse then looks the key up only in those spans)."""
+    if cond:
+        return Part(column, "any", "Nullable(String)", f"any(if({cond}, toNullable({attr(key)}), NULL))")
     return Part(column, "any", "Nullable(String)", f"anyIf(toNullable({attr(key)}), {attr(key)} != '')")
 
 
-def _phase_part(phase: str, span_name: str) -> Part:
-    """The Duration (ns) of a request's one span of this phase (max: a repeated span is harmless)."""
-    return Part(f"d_{phase}", "max", "Nullable(UInt64)", f"maxIf(toNullable(Duration), SpanName = '{span_name}')")
+def _phase_part(phase: str, span_names: tuple[str, ...]) -> Part:
+    """The Duration (ns) of a request's one span of this phase (max: a repeated span is harmless;
+    SGLang's prefill_forward repeats only for a recompute after a retraction, which it then shows)."""
+    return Part(f"d_{phase}", "max", "Nullable(UInt64)",
+                f"maxIf(toNullable(Duration), SpanName IN {_names(span_names)})")
 
 
-def _count_part(column: str, span_name: str, value: str) -> Part:
+def _count_part(column: str, span_names: tuple[str, ...], value: str) -> Part:
     """Σ `value` over the spans of a phase that may repeat (queue waits, prefill chunks)."""
-    return Part(column, "sum", "UInt64", f"sumIf({value}, SpanName = '{span_name}')")
+    return Part(column, "sum", "UInt64", f"sumIf({value}, SpanName IN {_names(span_names)})")
 
 
 def _kind_part(column: str, merge: str, value_type: str, expr: str, cond: str) -> Part:
     return Part(column, merge, value_type, f"{merge}If({expr}, {cond})")
 
 
-PHASE_SPANS = {"ingress": n.SPAN_INGRESS, "prefill": n.SPAN_PREFILL, "first_token": n.SPAN_FIRST_TOKEN,
-               "first_chunk": n.SPAN_FIRST_CHUNK, "decode": n.SPAN_DECODE, "delivery": n.SPAN_DELIVERY}
+# phase → the span names that measure it: the phaselens tree's, and SGLang's scheduler slices
+PHASE_SPANS = {"ingress": (n.SPAN_INGRESS,), "prefill": (n.SPAN_PREFILL, n.SPAN_SGLANG_PREFILL),
+               "first_token": (n.SPAN_FIRST_TOKEN,), "first_chunk": (n.SPAN_FIRST_CHUNK,),
+               "decode": (n.SPAN_DECODE,), "delivery": (n.SPAN_DELIVERY,)}
+QUEUE_SPANS = (n.SPAN_QUEUE, n.SPAN_SGLANG_QUEUE)
+CHUNK_SPANS = (n.SPAN_PREFILL_CHUNK, n.SPAN_SGLANG_PREFILL_CHUNK)
 NUMERIC_ATTRS = {
     "a_input_tokens": n.GEN_AI_USAGE_INPUT_TOKENS, "a_output_tokens": n.GEN_AI_USAGE_OUTPUT_TOKENS,
     "a_cached_tokens": n.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "a_prefix_cached": n.PL_CACHED_TOKENS,
@@ -123,12 +159,18 @@ NUMERIC_ATTRS = {
     "a_lat_queue_s": n.LATENCY_TIME_IN_QUEUE, "a_lat_ttft_s": n.LATENCY_TIME_TO_FIRST_TOKEN,
     "a_lat_prefill_s": n.LATENCY_TIME_IN_MODEL_PREFILL, "a_lat_decode_s": n.LATENCY_TIME_IN_MODEL_DECODE,
     "a_prompt_tokens": n.GEN_AI_USAGE_PROMPT_TOKENS, "a_completion_tokens": n.GEN_AI_USAGE_COMPLETION_TOKENS,
+    "a_usage_cached_tokens": n.GEN_AI_USAGE_CACHED_TOKENS,
     "a_sent_wall_ns": n.PL_CLIENT_SENT_WALL_NS, "a_done_wall_ns": n.PL_CLIENT_DONE_WALL_NS,
     "a_received_wall_ns": n.PL_RECEIVED_WALL_NS, "a_responded_wall_ns": n.PL_RESPONDED_WALL_NS,
 }
 TEXT_ATTRS = {"t_request_id": n.GEN_AI_REQUEST_ID, "t_response_id": n.GEN_AI_RESPONSE_ID,
               "t_request_model": n.GEN_AI_REQUEST_MODEL, "t_response_model": n.GEN_AI_RESPONSE_MODEL,
-              "t_error_type": n.ERROR_TYPE, "t_finish_reason": n.PL_FINISH_REASON}
+              "t_error_type": n.ERROR_TYPE, "t_finish_reason": n.PL_FINISH_REASON, "t_rid": n.SGLANG_RID}
+# TGI's timings as recorded, from its request span only; the views parse them, once per request
+# (parsing them in the materialized view cost ~20 % more of its server CPU, measured over 800k spans)
+TGI_TIMINGS = {"t_tgi_validation": n.TGI_VALIDATION_TIME, "t_tgi_queue": n.TGI_QUEUE_TIME,
+               "t_tgi_inference": n.TGI_INFERENCE_TIME, "t_tgi_total": n.TGI_TOTAL_TIME,
+               "t_tgi_per_token": n.TGI_TIME_PER_TOKEN}
 
 PARTS: tuple[Part, ...] = (
     Part("first_seen", "min", "DateTime64(9)", "min(Timestamp)"),  # every partial row has one: the TTL
@@ -138,13 +180,17 @@ PARTS: tuple[Part, ...] = (
     _kind_part("server_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_SERVER),
     _kind_part("client_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_CLIENT),
     _kind_part("server_span", "any", "Nullable(String)", "toNullable(toString(SpanName))", IS_SERVER),
+    Part("native_model", "any", "Nullable(String)",  # the span model of a native root that is not a SERVER span
+         f"anyIf(toNullable(if({IS_SGLANG}, '{n.SPAN_MODEL_SGLANG}', '{n.SPAN_MODEL_TGI}')), "
+         f"({IS_SGLANG}) OR ({IS_TGI}))"),
     Part("has_error", "max", "UInt8", f"max(StatusCode IN {ERROR_CODES})"),
     *(_phase_part(phase, name) for phase, name in PHASE_SPANS.items()),
-    _count_part("queue_ns", n.SPAN_QUEUE, "Duration"),
-    _count_part("queue_spans", n.SPAN_QUEUE, "1"),
-    _count_part("chunk_spans", n.SPAN_PREFILL_CHUNK, "1"),
+    _count_part("queue_ns", QUEUE_SPANS, "Duration"),
+    _count_part("queue_spans", QUEUE_SPANS, "1"),
+    _count_part("chunk_spans", CHUNK_SPANS, "1"),
     *(_attr_part(col, key) for col, key in NUMERIC_ATTRS.items()),
     *(_text_part(col, key) for col, key in TEXT_ATTRS.items()),
+    *(_text_part(col, key, IS_TGI) for col, key in TGI_TIMINGS.items()),
 )
 
 
@@ -153,12 +199,32 @@ def _spans_ms(phase: str) -> str:
     return "if(queue_spans = 0, NULL, queue_ns / 1e6)" if phase == "queue" else f"d_{phase} / 1e6"
 
 
-def _phase_ms(phase: str, ms_attr: str, seconds_attr: str | None = None) -> str:
+def _phase_ms(phase: str, ms_attr: str, *fallbacks: str) -> str:
     """A budget term in ms: the server span's `phaselens.*_ms` attribute (the exact term, monotonic
     clock, waits after a preemption excluded: see instrumentation/phases.py); else the phase span's
-    own Duration; else the de-facto engine key in seconds."""
-    seconds = [f"{seconds_attr} * 1000"] if seconds_attr else []
-    return f"coalesce({', '.join([ms_attr, _spans_ms(phase), *seconds])})"
+    own Duration; else what a native span model gives (`fallbacks`, ms, in order)."""
+    return f"coalesce({', '.join([ms_attr, _spans_ms(phase), *fallbacks])})"
+
+
+_IS_SGLANG_ROW = f"native_model = '{n.SPAN_MODEL_SGLANG}'"
+# SGLang's time_in_model_prefill runs from the dispatch to the scheduler to the first token (queue,
+# prefill and both hops): not a prefill term. What it leaves of TTFT is the ingress:
+#     ingress = time_to_first_token − time_in_model_prefill = received → dispatched (tokenise + dispatch)
+SGLANG_INGRESS_MS = f"if({_IS_SGLANG_ROW}, (a_lat_ttft_s - a_lat_prefill_s) * 1000, NULL)"
+ENGINE_PREFILL_MS = f"if({_IS_SGLANG_ROW}, NULL, a_lat_prefill_s * 1000)"
+
+
+def _tgi_output_tokens() -> str:
+    """TGI records no token count on its span, but time_per_token = inference_time / n, truncated to
+    the ns, so n = round(inference_time / time_per_token) exactly while time_per_token > 2n ns."""
+    per_token = _tgi_ms("per_token")
+    return (f"if({per_token} > 0, "  # accurateCastOrNull: a NULL row's hidden value may be a NaN
+            f"accurateCastOrNull(round({_tgi_ms('inference')} / {per_token}), 'UInt32'), NULL)")
+
+
+def _tgi_ms(timing: str) -> str:
+    """One of TGI's timings (TGI_TIMINGS) in ms."""
+    return rust_duration_ms(f"t_tgi_{timing}")
 
 
 def _wall_offset_ms() -> str:
@@ -168,34 +234,37 @@ def _wall_offset_ms() -> str:
 
 def _span_model() -> str:
     """Whose spans the row was built from: the phaselens tree (it carries `phaselens.server.ttft_ms`),
-    vLLM's native `llm_request`, another server's de-facto keys; NULL without a server view."""
+    vLLM's native `llm_request`, SGLang's or TGI's native spans, another server's de-facto keys;
+    NULL without a server view."""
     return (f"multiIf(a_server_ttft_ms IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
-            f"server_span = '{n.SPAN_VLLM_REQUEST}', '{n.SPAN_MODEL_VLLM}', "
+            f"server_span = '{n.SPAN_VLLM_REQUEST}', '{n.SPAN_MODEL_VLLM}', native_model IS NOT NULL, native_model, "
             f"server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, '{n.SPAN_MODEL_ENGINE_KEYS}', NULL)")
 
 
 def _before_engine_ms() -> str:
-    """For a span model without ingress and first-token terms (vLLM's native span):
-        before_engine = server_ttft − queue − prefill      (ms, one server's clocks)
-    vLLM: tokenisation, the hop into the EngineCore and the first token's hop back to the API
-    server. NULL when the span model separates those terms (the phaselens tree)."""
-    return ("if(ingress_ms IS NULL AND first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, "
-            "server_ttft_ms - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL)")
+    """For a span model with a server TTFT but no first-token term (native vLLM and SGLang spans):
+        before_engine = server_ttft − ingress − queue − prefill      (ms; a missing term counts 0)
+    vLLM (no ingress): tokenisation, the hop into the EngineCore and the first token's hop back to the
+    API server. SGLang: the hop to the scheduler, its request_process, the first token's way back
+    to the TokenizerManager. NULL when the span model separates those terms (the phaselens tree)."""
+    return ("if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) "
+            "- coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL)")
 
 
 # The wide per-request view: (name, expression over the merged parts). The first block is the
 # documented `phaselens_requests` column set, in order; the rest serve the queries.
 REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("trace_id", "TraceId"),
-    ("request_id", "coalesce(t_request_id, t_response_id)"),
+    ("request_id", "coalesce(t_request_id, t_response_id, t_rid)"),
     ("service", "coalesce(server_service, client_service)"),
     ("model", "coalesce(t_response_model, t_request_model)"),
     ("server_start_time", "server_start"),
     ("status", "if(has_error = 1 OR t_error_type IS NOT NULL, 'error', 'ok')"),  # error.type: semconv failure
     ("error_type", "t_error_type"),
     ("input_tokens", "CAST(coalesce(a_input_tokens, a_prompt_tokens) AS Nullable(UInt32))"),
-    ("output_tokens", "CAST(coalesce(a_output_tokens, a_completion_tokens) AS Nullable(UInt32))"),
-    ("cached_tokens", "CAST(coalesce(a_cached_tokens, a_prefix_cached) AS Nullable(UInt32))"),
+    ("output_tokens", f"CAST(coalesce(a_output_tokens, a_completion_tokens, {_tgi_output_tokens()}) "
+                      "AS Nullable(UInt32))"),
+    ("cached_tokens", "CAST(coalesce(a_cached_tokens, a_prefix_cached, a_usage_cached_tokens) AS Nullable(UInt32))"),
     ("reasoning_tokens", "CAST(a_reasoning_tokens AS Nullable(UInt32))"),
     ("client_ttft_ms", "a_client_ttft_ms"),
     ("client_ttfo_ms", "a_client_ttfo_ms"),
@@ -204,14 +273,14 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("server_ttft_ms", "coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, "
                        "ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms))"),
     ("server_ttfc_ms", "coalesce(a_server_ttfc_ms, server_ttft_ms + first_chunk_ms)"),
-    ("ingress_ms", _phase_ms("ingress", "a_ingress_ms")),
-    ("queue_ms", f"coalesce({_spans_ms('queue')}, a_queue_ms, a_lat_queue_s * 1000)"),  # all waits
-    ("prefill_ms", _phase_ms("prefill", "a_prefill_ms", "a_lat_prefill_s")),
+    ("ingress_ms", _phase_ms("ingress", "a_ingress_ms", SGLANG_INGRESS_MS, _tgi_ms("validation"))),
+    ("queue_ms", f"coalesce({_spans_ms('queue')}, a_queue_ms, a_lat_queue_s * 1000, {_tgi_ms('queue')})"),  # all waits
+    ("prefill_ms", _phase_ms("prefill", "a_prefill_ms", ENGINE_PREFILL_MS)),
     ("prefill_chunks", "CAST(coalesce(a_prefill_chunks, if(chunk_spans > 0, chunk_spans, "
                        "if(d_prefill IS NULL, NULL, 1))) AS Nullable(UInt32))"),
     ("first_token_ms", _phase_ms("first_token", "a_first_token_ms")),
     ("first_chunk_ms", _phase_ms("first_chunk", "a_first_chunk_ms")),
-    ("decode_ms", _phase_ms("decode", "a_decode_ms", "a_lat_decode_s")),
+    ("decode_ms", _phase_ms("decode", "a_decode_ms", "a_lat_decode_s * 1000")),
     ("delivery_ms", _phase_ms("delivery", "a_delivery_ms")),
     ("server_tpot_ms", "coalesce(a_server_tpot_ms, if(output_tokens > 1, decode_ms / (output_tokens - 1), NULL))"),
     ("itl_p99_ms", "a_itl_p99_ms"),
@@ -220,14 +289,16 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
                     "AS Nullable(UInt32))"),
     # network both ways + client: against the server's first content bytes where it stamped them
     ("residual_ms", "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms)"),
-    ("e2e_residual_ms", "client_e2e_ms - a_server_last_chunk_ms"),
+    # TGI: total_time ends as its last token reaches the router, before that event's SSE encoding
+    ("e2e_residual_ms", f"client_e2e_ms - coalesce(a_server_last_chunk_ms, {_tgi_ms('total')})"),
     ("clock_offset_estimate_ms", _wall_offset_ms()),
     ("span_model", _span_model()),
     ("before_engine_ms", _before_engine_ms()),
 )
 EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("start_time", "coalesce(server_start, client_start)"),
-    ("ttft_queue_ms", _phase_ms("queue", "a_queue_ms", "a_lat_queue_s")),  # waits before the first token
+    # the waits before the first token
+    ("ttft_queue_ms", _phase_ms("queue", "a_queue_ms", "a_lat_queue_s * 1000", _tgi_ms("queue"))),
     ("server_end_time", "server_start + toIntervalNanosecond(server_duration_ns)"),
     ("server_e2e_ms", "server_duration_ns / 1e6"),
     ("server_last_chunk_ms", "a_server_last_chunk_ms"),

@@ -6,11 +6,14 @@ from __future__ import annotations
 from concurrent import futures
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
+from google.rpc.error_details_pb2 import RetryInfo
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from phaselens.collectors.ingest import Ingest, Refused
+from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
 from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
 from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
+from phaselens.common.ports import port_in_use_error
 
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
@@ -22,6 +25,8 @@ _STATUS = {
     "full": grpc.StatusCode.UNAVAILABLE,  # retryable for OTLP exporters
 }
 _EMPTY_RESPONSE = ExportTraceServiceResponse().SerializeToString()
+_RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
+_RETRY_INFO = RetryInfo(retry_delay=Duration(seconds=RETRY_AFTER_S)).SerializeToString()
 
 
 class GrpcBindError(OSError):
@@ -34,6 +39,8 @@ def _export_handler(ingest: Ingest, accept, response: bytes):
             ingest.check_auth(dict(context.invocation_metadata()).get("authorization"))
             accept(payload)
         except Refused as exc:
+            if exc.kind == "full":  # OTLP exporters wait this long before their retry
+                context.set_trailing_metadata(((_RETRY_INFO_KEY, _RETRY_INFO),))
             context.abort(_STATUS[exc.kind], str(exc))
         return response
 
@@ -56,6 +63,8 @@ def start_grpc(ingest: Ingest, host: str, port: int, workers: int = 16) -> tuple
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
         options=[("grpc.max_receive_message_length", ingest.max_body_bytes),
+                 # gRPC sets SO_REUSEADDR on its listeners itself (a restart rebinds at once:
+                 # tests/test_restart.py); SO_REUSEPORT would let two live collectors share the port
                  ("grpc.so_reuseport", 0)],
     )
     server.add_generic_rpc_handlers((
@@ -66,9 +75,9 @@ def start_grpc(ingest: Ingest, host: str, port: int, workers: int = 16) -> tuple
     ))
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as exc:
-        raise GrpcBindError(f"cannot listen for OTLP/gRPC on {host}:{port}: {exc}") from None
+    except RuntimeError:  # some grpcio versions raise instead of returning 0
+        bound = 0
     if not bound:
-        raise GrpcBindError(f"cannot listen for OTLP/gRPC on {host}:{port} (in use?)")
+        raise GrpcBindError(str(port_in_use_error(host, port, "OTLP/gRPC")))
     server.start()
     return server, bound

@@ -22,6 +22,7 @@ from phaselens.collectors import otlp_json
 from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
 from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
 from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
+from phaselens.common.ports import bind_reusable
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -166,7 +167,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    allow_reuse_address = False  # a taken port must fail loudly, not be shared
+
+    def server_bind(self) -> None:
+        # rebinds at once after a crash (connections left in TIME_WAIT); a live owner still fails
+        bind_reusable(self.socket, *self.server_address[:2], "OTLP/HTTP")
+        self.server_address = self.socket.getsockname()
+        self.server_name, self.server_port = self.server_address[:2]
 
 
 class HttpReceiver:

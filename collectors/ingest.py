@@ -44,7 +44,9 @@ class Ingest:
             self.refuse("invalid", f"invalid ExportTraceServiceRequest: {exc}")
         if spans:
             try:
-                self.spool.append(payload, spans)
+                if not self.spool.append(payload, spans):  # spooled before a crash: a client's retry
+                    self.metrics.add("requests_deduplicated")
+                    return 0
             except SpoolFull as exc:
                 self.refuse("full", str(exc))
         self.metrics.add("requests_received")

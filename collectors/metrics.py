@@ -12,6 +12,7 @@ _HELP = {
     "spans_written": "spans inserted into ClickHouse",
     "requests_rejected": "export requests refused (bad input, auth, spool full)",
     "requests_retryable": "export requests answered with a retryable code (spool full)",
+    "requests_deduplicated": "retried exports whose bytes the previous run had spooled (its acknowledgement died in a crash): acknowledged, not stored twice",
     "insert_retries": "failed ClickHouse inserts that were retried",
     "spans_dropped": "spans lost: must stay 0",
     "spans_quarantined": "spooled spans this version cannot render (accepted by an older one), set aside in the spool's quarantine/",
@@ -28,6 +29,7 @@ class CollectorMetrics:
     spans_written: int = 0
     requests_rejected: int = 0
     requests_retryable: int = 0
+    requests_deduplicated: int = 0
     insert_retries: int = 0
     spans_dropped: int = 0
     spans_quarantined: int = 0

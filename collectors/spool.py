@@ -9,11 +9,19 @@ range is replayed first with the same deduplication token (which includes the ra
 writer could not render (spooled by an older, looser version): set aside, never silently lost.
 
 Group commit: appenders write under a lock, then one of them fsyncs for all that wrote before it.
+
+Crash window: a request spooled just before a crash was never acknowledged, so its client retries
+it, byte for byte, after the restart. The previous run's newest segment keeps the digests of its
+last RETRY_WINDOW_BYTES of records; the same bytes again are acknowledged without a second copy.
+Out of space (ENOSPC, EDQUOT, EFBIG): the partial record is cut off again and the export refused as
+retryable, as at the byte cap; appends resume when space returns.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import hashlib
 import os
 import re
 import struct
@@ -26,6 +34,8 @@ from pathlib import Path
 _HEADER = struct.Struct("<IIII")
 _MAGIC = 0x4F544C50  # "OTLP"
 _SEGMENT = re.compile(r"^seg-(\d{12})\.log$")
+RETRY_WINDOW_BYTES = 16 << 20  # the previous run's last records whose acknowledgement may have died
+_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class SpoolLocked(OSError):
@@ -69,6 +79,7 @@ class Spool:
     backlog_bytes: int = field(default=0, init=False)
     spool_id: str = field(default="", init=False)
     _lock_fd: int = field(default=-1, init=False)
+    _retried: frozenset[bytes] = field(default=frozenset(), init=False)
 
     def __post_init__(self) -> None:
         self._data_ready = threading.Condition(threading.Lock())
@@ -91,6 +102,8 @@ class Spool:
         self.backlog_bytes = sum(self._path(s).stat().st_size for s in existing)
         if pending and existing and pending.segment == existing[0]:
             self.backlog_bytes -= pending.start
+        # the last two: the crash may have come just after a roll, with the newest one still empty
+        self._retried = frozenset(d for s in existing[-2:] for d in _digests(self._path(s), RETRY_WINDOW_BYTES))
         # Segment numbers are never reused: they are part of the deduplication tokens.
         self._open_segment(max(existing + [pending.segment if pending else 0]) + 1)
         self.spool_id = _spool_id(path)
@@ -107,20 +120,37 @@ class Spool:
     def segments(self) -> list[int]:
         return sorted(int(m[1]) for p in os.listdir(self.directory) if (m := _SEGMENT.match(p)))
 
-    def append(self, payload: bytes, span_count: int) -> None:
-        """Returns once the record is on disk (fsync'd). Raises SpoolFull at the byte cap."""
+    def append(self, payload: bytes, span_count: int) -> bool:
+        """Returns once the record is on disk (fsync'd); False when these exact bytes were spooled by
+        the previous run (a retry: nothing written). Raises SpoolFull at the byte cap or out of space."""
+        if self._retried and _digest(payload) in self._retried:
+            return False
         record = _HEADER.pack(_MAGIC, len(payload), span_count, zlib.crc32(payload)) + payload
         with self._lock:
             if self.backlog_bytes + len(record) > self.max_bytes:
                 raise SpoolFull(f"spool backlog at its cap of {self.max_bytes} bytes")
             if self._size >= self.segment_bytes:
                 self._roll()
-            os.write(self._fd, record)
-            self._size += len(record)
+            self._write_whole(record)
             self.backlog_bytes += len(record)
             self._written_seq += 1
             mine = self._written_seq
         self._sync_through(mine)
+        return True
+
+    def _write_whole(self, record: bytes) -> None:
+        """Under _lock: the record, or nothing (a partial one is cut off: it would end the segment's replay)."""
+        written = 0
+        try:
+            while written < len(record):  # a regular file writes short only when out of space
+                written += os.write(self._fd, record[written:])
+        except OSError as exc:
+            if written:
+                os.ftruncate(self._fd, self._size)
+            if exc.errno in _OUT_OF_SPACE:
+                raise SpoolFull(f"spool directory {self.directory} is out of space: {exc.strerror}") from None
+            raise
+        self._size += len(record)
 
     def _roll(self) -> None:
         """Under _lock: seal the current segment (durable) and open the next."""
@@ -232,6 +262,33 @@ class Spool:
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)  # releases the flock
                 self._lock_fd = -1
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
+def _digests(path: Path, window_bytes: int) -> set[bytes]:
+    """Digests of the valid records that end within the last `window_bytes` of segment `path`."""
+    size, spans, offset = path.stat().st_size, [], 0
+    with open(path, "rb") as f:
+        while len(header := f.read(_HEADER.size)) == _HEADER.size:  # headers only: seek over payloads
+            magic, length, _, crc = _HEADER.unpack(header)
+            end = offset + _HEADER.size + length
+            if magic != _MAGIC or end > size:
+                break
+            if end > size - window_bytes:
+                spans.append((offset + _HEADER.size, length, crc))
+            f.seek(end)
+            offset = end
+        out = set()
+        for start, length, crc in spans:
+            f.seek(start)
+            payload = f.read(length)
+            if zlib.crc32(payload) != crc:
+                break  # torn tail of a crashed run
+            out.add(_digest(payload))
+    return out
 
 
 def _spool_id(path: Path) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phaselens.analysis import queries
+from phaselens.analysis import thresholds as th
 from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from phaselens.dashboards.model import (
     FORMAT_TABLE, FORMAT_TIME_SERIES, FORMAT_TRACES, dashboard, dashboard_link, datasource_variable,
@@ -18,8 +19,8 @@ from phaselens.dashboards.model import (
 UID_BUDGET = "phaselens-latency-budget"
 UID_ENGINE = "phaselens-engine"
 UID_TRACE = "phaselens-request-trace"
-DEFAULT_TTFT_SLO_MS = "500"
-DEFAULT_TPOT_SLO_MS = "50"
+DEFAULT_TTFT_SLO_MS = f"{th.DEFAULT_TTFT_SLO_MS:g}"  # the SLOs `phaselens diagnose` judges by default
+DEFAULT_TPOT_SLO_MS = f"{th.DEFAULT_TPOT_SLO_MS:g}"
 TIME_COLUMN = "time"
 
 
@@ -98,15 +99,25 @@ def budget_panels(src: Source) -> list[dict]:
     trace_url = (f"/d/{UID_TRACE}/request-trace?var-trace_id=${{__value.raw}}"
                  "&${datasource:queryparam}&${__url_time_range}")
     return [
+        panel("table", "Diagnosis: why is it slow?",
+              "Why is it slow? The verdict of `phaselens diagnose`, from the same SQL: one row per cause, "
+              "primary first. A cause is flagged at p50 or p99 when its signal reaches its threshold while "
+              "the SLO it acts on is at risk there (above 0.8 x $ttft_slo_ms ms TTFT or $tpot_slo_ms ms "
+              "TPOT). Signals: a TTFT term's share of TTFT (queue, prefill, ingress, delivery, network), the "
+              "server's share of TPOT (decode) and the client's (client), the decode-token time lost to "
+              "prefill in mixed steps (prefill_stalls), KV use p90 / 0.9 or preempted share / 0.02 "
+              "(kv_pressure). role none: every SLO holds with margin.",
+              [src.target("diagnosis_causes", FORMAT_TABLE)], width=24, height=8, unit="none",
+              options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}}),
         panel("barchart", "TTFT budget: p50 / p90 / p99 / mean",
               "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
               "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
               "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
               "delivery of the first output (token handed to the stream -> chunk handed to the server's send); "
               "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
-              "A server whose own spans cannot split ingress and first token (vLLM's native llm_request "
-              "span: span_model vllm-native) fills before_engine = server TTFT - queue - prefill instead, "
-              "and its first chunk's delivery stays in residual.",
+              "A server whose own spans give no first-token term (span_model vllm-native, sglang-native) "
+              "fills before_engine = server TTFT - ingress - queue - prefill instead, and its first chunk's "
+              "delivery stays in residual; TGI's spans (tgi-native) give no TTFT: only ingress and queue.",
               [src.target("budget_stack", FORMAT_TABLE)], width=10, height=9, unit="ms",
               custom={"fillOpacity": 80, "lineWidth": 1},
               options={"orientation": "horizontal", "stacking": "normal", "showValue": "auto",

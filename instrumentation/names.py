@@ -84,6 +84,25 @@ GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 SPAN_MODEL_PHASELENS = "phaselens"  # the phaselens tree: reference server, or vLLM with the plugin
 SPAN_MODEL_VLLM = "vllm-native"  # vLLM's own `llm_request` span
 SPAN_MODEL_ENGINE_KEYS = "engine-keys"  # another SERVER span with only the de-facto keys
+SPAN_MODEL_SGLANG = "sglang-native"  # SGLang's own request trace (`Req …` root, scheduler slices)
+SPAN_MODEL_TGI = "tgi-native"  # TGI's own request span (durations as Rust `Duration` Debug strings)
+# SGLang's native spans (sglang 0.5.23, sglang/srt/observability): an INTERNAL root `{role} Req {rid[:8]}`
+# with the keys above at its end, thread spans under it, and one span per stage ("slice")
+SGLANG_RID = "rid"  # root attribute: the request id
+SGLANG_MODULE = "module"  # root attribute, `sglang::request` (SGLANG_REQUEST_MODULE) on a request's root
+SGLANG_REQUEST_MODULE = "sglang::request"
+GEN_AI_USAGE_CACHED_TOKENS = "gen_ai.usage.cached_tokens"  # SGLang's prefix-cache hits
+SPAN_SGLANG_QUEUE = "prefill_waiting"  # scheduler: waiting queue entry → first forward
+SPAN_SGLANG_PREFILL = "prefill_forward"  # scheduler: first forward → prefill finished (first token sampled)
+SPAN_SGLANG_PREFILL_CHUNK = "chunked_prefill"  # one per chunk of a chunked prefill, under prefill_forward
+# TGI's request span (text-generation-inference router/src/server.rs, v3.3.x): named after the handler,
+# INTERNAL (tracing-opentelemetry's default kind), durations recorded as `format!("{:?}", Duration)`
+TGI_REQUEST_SPANS = ("generate", "generate_stream", "completions", "chat_completions")
+TGI_VALIDATION_TIME = "validation_time"  # handler start → queued (validation, tokenisation)
+TGI_QUEUE_TIME = "queue_time"  # queued → its batch formed
+TGI_INFERENCE_TIME = "inference_time"  # batch formed → last token in the router: prefill + every decode step
+TGI_TOTAL_TIME = "total_time"  # handler start → last token in the router
+TGI_TIME_PER_TOKEN = "time_per_token"  # inference_time / generated tokens (prefill included)
 
 # --- phaselens keys -------------------------------------------------------------------------
 # Server view (durations in ms, one clock)

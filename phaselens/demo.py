@@ -227,6 +227,7 @@ def _print_howto(stack: Stack, console: Console) -> None:
     console.print(f"""
 [bold]Everything stays up until Ctrl-C.[/]
   budget:    phaselens budget --clickhouse {ch} --since 1h
+  diagnose:  phaselens diagnose --clickhouse {ch} --since 1h
   report:    phaselens report --clickhouse {ch} --since 1h --out report.html
   SQL:       curl '{ch}/' --data-binary '{sql}'
   Python:    clickhouse_connect.get_client(host='{stack.clickhouse.host}', port={stack.clickhouse.http_port})

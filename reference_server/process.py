@@ -19,6 +19,7 @@ import uvicorn
 from phaselens.reference_server.api import ApiSettings, create_app
 from phaselens.reference_server.config import EngineConfig
 from phaselens.common.exposure import check_exposure
+from phaselens.common.ports import bind_reusable
 from phaselens.reference_server.engine import Engine
 from phaselens.instrumentation import names
 
@@ -52,8 +53,11 @@ def bind(host: str, port: int) -> socket.socket:
     # accepted socket inherits proto 0 from `socket(family, SOCK_STREAM)`. Without it, Nagle holds a
     # response's first chunk until the client's delayed ACK (~40 ms on Linux) of the previous write.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        bind_reusable(sock, host, port, "HTTP")  # rebinds at once after a crash; a live owner still fails
+    except OSError:
+        sock.close()
+        raise
     sock.listen(2048)
     sock.setblocking(False)
     return sock

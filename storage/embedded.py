@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phaselens.common.exposure import is_loopback
+from phaselens.common.ports import port_in_use_error
 from phaselens.common.process import LOOPBACK, die_with_parent, free_port, port_in_use, terminate
 
 _CONFIG = """<clickhouse>
@@ -99,7 +100,7 @@ class EmbeddedClickHouse:
         self.tcp_port = self.tcp_port or free_port(self.host)
         for port in (self.http_port, self.tcp_port):
             if port_in_use(port, self.host):
-                raise EmbeddedClickHouseError(f"port {port} on {self.host} is already in use")
+                raise EmbeddedClickHouseError(str(port_in_use_error(self.host, port, "embedded ClickHouse")))
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log_path = self.log_path or str(Path(self.data_dir) / "clickhouse.log")
         cmd = [sys.executable, "-m", "phaselens.storage.embedded", self.data_dir,

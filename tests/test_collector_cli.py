@@ -43,7 +43,7 @@ def test_clickhouse_command_ready_persistent_and_port_taken(tmp_path):
         client.close()
         taken = _start("clickhouse", "--data", str(tmp_path / "other"), "--http-port", str(http_port),
                        "--tcp-port", str(free_port()))
-        assert taken.wait(30) == 1 and "already in use" in taken.stderr.read()
+        assert taken.wait(30) == 1 and f"{http_port}: the port is in use by pid " in taken.stderr.read()
     finally:
         assert _stop(proc) == 0
     proc = _start("clickhouse", "--data", data, "--http-port", str(http_port), "--tcp-port", str(tcp_port))

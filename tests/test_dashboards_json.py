@@ -136,7 +136,7 @@ def test_variables(boards):
 
 
 def test_slowest_requests_link_to_the_trace_dashboard(boards):
-    table = next(p for p in boards[UID_BUDGET]["panels"] if p["type"] == "table")
+    table = next(p for p in boards[UID_BUDGET]["panels"] if p["title"] == "Slowest requests")
     links = [link for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "trace_id"
              for prop in o["properties"] if prop["id"] == "links" for link in prop["value"]]
     assert len(links) == 1

@@ -1,0 +1,166 @@
+"""Fault scenarios of the trace pipeline, each under steady SDK load (faults/load.py):
+
+- collector_sigkill: the collector SIGKILLed, restarted at once on the same ports and spool;
+  recover_s = kill → the new process answers /health.
+- clickhouse_outage: ClickHouse SIGKILLed for `outage_s`, then restarted on its data and ports;
+  recover_s = ClickHouse back → every span acknowledged so far is stored.
+- clickhouse_slow: inserts pass a SlowLink (stand-in) delaying each 64 KiB by `slow_delay_s` for
+  `slow_s`; recover_s = delay removed → everything acknowledged so far stored.
+- spool_full: a small spool cap, inserts stalled (SlowLink) for `full_s`: the collector answers
+  UNAVAILABLE + RetryInfo and the SDK retries; recover_s = stall ended → everything acknowledged stored.
+
+- no_fault: the same load with nothing broken (the same-run baseline).
+
+Ledger per scenario: sent, acknowledged (SDK SUCCESS), stored (distinct span ids in ClickHouse),
+lost = acknowledged − stored, duplicated = stored rows − distinct stored span ids, client_dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phaselens.faults.load import Ledger, SpanLoad
+from phaselens.faults.outcome import Outcome
+from phaselens.faults.params import Params
+from phaselens.faults.parts import CollectorProcess, SlowLink, wait_until
+from phaselens.storage.clickhouse_url import connect
+from phaselens.storage.embedded import EmbeddedClickHouse
+
+STORE_TIMEOUT_S = 60.0  # the longest wait for acknowledged spans to be visible after a scenario
+
+
+@dataclass(slots=True)
+class Pipeline:
+    """Embedded ClickHouse with the schema; collectors and links are made per scenario."""
+
+    work_dir: Path
+    database: str = "faults"
+    clickhouse: EmbeddedClickHouse | None = field(default=None, init=False)
+
+    def start(self) -> "Pipeline":
+        from phaselens.collectors import schema
+
+        self.clickhouse = EmbeddedClickHouse(str(self.work_dir / "clickhouse")).start()
+        with connect(self.clickhouse.url) as client:
+            schema.apply(client, schema.statements(self.database))
+        return self
+
+    def collector(self, name: str, clickhouse_url: str | None = None, **kwargs) -> CollectorProcess:
+        return CollectorProcess(clickhouse_url or self.clickhouse.url, str(self.work_dir / f"spool-{name}"),
+                                str(self.work_dir / f"collector-{name}.log"), database=self.database, **kwargs)
+
+    def stored(self, service: str) -> tuple[set[str], int]:
+        """(distinct span ids, rows) of `service` in ClickHouse."""
+        sql = ("SELECT SpanId, count() FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} "
+               "GROUP BY SpanId")
+        with connect(self.clickhouse.url) as client:
+            rows = client.query(sql, parameters={"db": self.database, "s": service}).result_rows
+        return {r[0] for r in rows}, sum(int(r[1]) for r in rows)
+
+    def wait_stored(self, service: str, acknowledged: set[str], timeout_s: float = STORE_TIMEOUT_S) -> float | None:
+        return wait_until(lambda: acknowledged <= self.stored(service)[0], timeout_s, 0.1)
+
+    def stop(self) -> None:
+        if self.clickhouse is not None:
+            self.clickhouse.stop()
+
+
+def _snapshot(ledger: Ledger) -> set[str]:
+    with ledger.lock:
+        return set(ledger.acknowledged)
+
+
+def _counters(collector: CollectorProcess) -> dict[str, int]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{collector.http_port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    return {m[1]: int(float(m[2])) for m in re.finditer(r"^phaselens_collector_(\w+?)(?:_total)? ([\d.e+]+)$", text, re.M)}
+
+
+def _finish(pipeline: Pipeline, name: str, load: SpanLoad, collector: CollectorProcess,
+            recover_s: float | None, **detail) -> Outcome:
+    ledger = load.stop()
+    pipeline.wait_stored(load.service, ledger.acknowledged)
+    detail["collector"] = {k: v for k, v in _counters(collector).items()
+                           if k in ("requests_retryable", "requests_deduplicated", "insert_retries", "spans_dropped")}
+    collector.stop()
+    ids, rows = pipeline.stored(load.service)
+    return Outcome.of(name, ledger, ids, rows, recover_s, detail)
+
+
+def _loaded_collector(pipeline: Pipeline, name: str, params: Params, **kwargs) -> tuple[CollectorProcess, SpanLoad]:
+    collector = pipeline.collector(name, **kwargs)
+    collector.start_serving()
+    load = SpanLoad(collector.grpc_endpoint, f"faults-{name}", params.load_spans_per_s).start()
+    time.sleep(params.warm_s)
+    return collector, load
+
+
+def no_fault(pipeline: Pipeline, params: Params) -> Outcome:
+    """The same-run baseline: the same load, nothing broken."""
+    collector, load = _loaded_collector(pipeline, "no_fault", params)
+    time.sleep(params.after_s)
+    return _finish(pipeline, "no_fault", load, collector, 0.0)
+
+
+def collector_sigkill(pipeline: Pipeline, params: Params) -> Outcome:
+    collector, load = _loaded_collector(pipeline, "collector_sigkill", params)
+    acked_before = len(_snapshot(load.ledger))
+    collector.kill()
+    killed_at = time.monotonic()
+    collector.start()  # at once, as a supervisor would
+    healthy = wait_until(collector.healthy, 30)
+    recover_s = None if healthy is None else time.monotonic() - killed_at
+    time.sleep(params.after_s)
+    return _finish(pipeline, "collector_sigkill", load, collector, recover_s,
+                   acknowledged_before_kill=acked_before, restart_exit=collector.exit_code())
+
+
+def clickhouse_outage(pipeline: Pipeline, params: Params) -> Outcome:
+    collector, load = _loaded_collector(pipeline, "clickhouse_outage", params)
+    os.kill(pipeline.clickhouse.pid, signal.SIGKILL)
+    pipeline.clickhouse.stop()  # reaps it
+    time.sleep(params.outage_s)
+    pipeline.clickhouse.start()  # same data directory and ports
+    recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
+    time.sleep(params.after_s)
+    return _finish(pipeline, "clickhouse_outage", load, collector, recover_s, outage_s=params.outage_s)
+
+
+def clickhouse_slow(pipeline: Pipeline, params: Params) -> Outcome:
+    link = SlowLink(pipeline.clickhouse.http_port, params.slow_delay_s).start()
+    try:
+        collector, load = _loaded_collector(pipeline, "clickhouse_slow", params, clickhouse_url=link.url)
+        time.sleep(params.slow_s)
+        link.delay_s = 0.0
+        recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
+        time.sleep(params.after_s)
+        return _finish(pipeline, "clickhouse_slow", load, collector, recover_s,
+                       stand_in="SlowLink proxy", delay_per_64k_s=params.slow_delay_s, slow_s=params.warm_s + params.slow_s)
+    finally:
+        link.close()
+
+
+def spool_full(pipeline: Pipeline, params: Params) -> Outcome:
+    link = SlowLink(pipeline.clickhouse.http_port).start()
+    try:
+        collector, load = _loaded_collector(pipeline, "spool_full", params, clickhouse_url=link.url,
+                                            max_spool_bytes=params.spool_cap_bytes)
+        link.delay_s = 30.0  # inserts stall: the backlog reaches the cap
+        time.sleep(params.full_s)
+        link.delay_s = 0.0
+        recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
+        time.sleep(params.after_s)
+        quarantined = list((Path(collector.spool_dir) / "quarantine").glob("*.pb"))
+        return _finish(pipeline, "spool_full", load, collector, recover_s, spool_cap_bytes=params.spool_cap_bytes,
+                       full_s=params.full_s, quarantined_records=len(quarantined))
+    finally:
+        link.close()

@@ -1,0 +1,151 @@
+"""The parts a fault scenario breaks: the collector as a process of its own (SIGKILL-able, restarted on
+the same ports and spool), and a loopback link that delays what goes through it."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phaselens.common.process import LOOPBACK, die_with_parent, free_port, terminate
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> float | None:
+    """Seconds until `predicate()` held, or None after `timeout_s`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(interval_s)
+    return None
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@dataclass(slots=True)
+class CollectorProcess:
+    """`python -m phaselens.commands.collector` on fixed ports and a fixed spool."""
+
+    clickhouse_url: str
+    spool_dir: str
+    log_path: str
+    database: str = "otel"
+    max_spool_bytes: int = 1 << 30
+    grpc_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    _proc: subprocess.Popen | None = field(default=None, init=False)
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"{LOOPBACK}:{self.grpc_port}"
+
+    def healthy(self) -> bool:
+        return http_ok(f"http://{LOOPBACK}:{self.http_port}/health")
+
+    def start(self) -> None:
+        """Spawns at once (no waiting); `healthy()` says when it serves."""
+        argv = [sys.executable, "-m", "phaselens.commands.collector", "--clickhouse", self.clickhouse_url,
+                "--database", self.database, "--grpc-port", str(self.grpc_port), "--http-port",
+                str(self.http_port), "--spool", self.spool_dir, "--max-spool-bytes", str(self.max_spool_bytes),
+                "--flush-interval", "0.1"]
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          preexec_fn=functools.partial(die_with_parent, os.getpid()))
+
+    def start_serving(self, timeout_s: float = 30.0) -> None:
+        """start(), then wait until it answers /health (RuntimeError with its log otherwise)."""
+        self.start()
+        if wait_until(self.healthy, timeout_s) is None:
+            raise RuntimeError(f"collector did not start:\n{self.log_tail()}")
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        path = Path(self.log_path)
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    def kill(self) -> None:
+        self._proc.send_signal(signal.SIGKILL)
+        self._proc.wait()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self._proc is not None:
+            terminate(self._proc, timeout_s)
+
+
+@dataclass(slots=True)
+class SlowLink:
+    """Loopback TCP forwarder that holds every chunk going upstream for `delay_s` (0: none): a stand-in
+    for a slow ClickHouse (the real one cannot be slowed on purpose here), named as such in reports."""
+
+    upstream_port: int
+    delay_s: float = 0.0
+    port: int = 0
+    _listener: socket.socket | None = field(default=None, init=False)
+    _closed: threading.Event = field(default_factory=threading.Event, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def start(self) -> "SlowLink":
+        self._listener = socket.create_server((LOOPBACK, self.port))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="slow-link", daemon=True).start()
+        return self
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection((LOOPBACK, self.upstream_port))
+            except OSError:
+                client.close()
+                continue
+            for src, dst, delayed in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, delayed), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, delayed: bool) -> None:
+        try:
+            while chunk := src.recv(1 << 16):
+                if delayed:
+                    self._hold()
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:  # one side ended: end both (the other pump then ends too)
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            src.close()
+
+    def _hold(self) -> None:
+        """Waits `delay_s`, cut short when the delay is lowered meanwhile (the slowness ends)."""
+        started = time.monotonic()
+        while not self._closed.is_set() and time.monotonic() - started < self.delay_s:
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._listener is not None:
+            self._listener.close()

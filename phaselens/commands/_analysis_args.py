@@ -1,0 +1,40 @@
+"""The selection options and the run of the commands that read ClickHouse (budget, diagnose, report):
+shared, not a command."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from phaselens.analysis.budget import GOODPUT_SLO_KEYS, AnalysisError, open_client
+from phaselens.common.slo import SLO, parse_slo
+
+
+def add_selection(parser, since: str, slo_help: str) -> None:
+    """--clickhouse, --database, --service, --model, --since, --slo."""
+    parser.add_argument("--clickhouse", default="http://127.0.0.1:8123", metavar="URL",
+                        help="ClickHouse HTTP URL, http://[user[:password]@]host:port")
+    parser.add_argument("--database", default="otel", help="database holding otel_traces and the views")
+    parser.add_argument("--service", default=None, help="only this service.name")
+    parser.add_argument("--model", default=None, help="only this model")
+    parser.add_argument("--since", default=since, help="window back from now: 30s, 15m, 2h, 7d, or 'all'")
+    parser.add_argument("--slo", default=None, metavar="ttft:MS,tpot:MS", help=slo_help)
+
+
+def read(args, fn: Callable[..., object]) -> tuple[int, object]:
+    """(0, fn(client, since=…, slo=…)) over a client of `--clickhouse`, or (1, None) after a one-line
+    error on stderr (bad --slo, ClickHouse unreachable or failing, a file that cannot be written)."""
+    try:
+        slo: SLO | None = parse_slo(args.slo, GOODPUT_SLO_KEYS) if args.slo else None
+    except ValueError as e:
+        print(f"error: --slo: {e}", file=sys.stderr)
+        return 1, None
+    try:
+        client = open_client(args.clickhouse)
+        try:
+            return 0, fn(client, since=None if args.since == "all" else args.since, slo=slo)
+        finally:
+            client.close()
+    except (AnalysisError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1, None

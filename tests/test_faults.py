@@ -1,0 +1,67 @@
+"""The fault suite's short form (benchmarks/faults.py --short) as CI: every scenario survives with
+nothing acknowledged lost, nothing duplicated, and recovery within a bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from phaselens.faults import suite
+
+RECOVER_BOUND_S = {"collector_sigkill": 5.0, "clickhouse_outage": 20.0, "clickhouse_slow": 20.0,
+                   "spool_full": 20.0, "span_builder_killed": 10.0, "server_overload": 20.0,
+                   "client_disconnect": 5.0}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict:
+    ran = suite.run(suite.SHORT, tuple(RECOVER_BOUND_S), str(tmp_path_factory.mktemp("faults")))
+    return {o.scenario: o for o in ran}
+
+
+@pytest.mark.parametrize("scenario", list(RECOVER_BOUND_S))
+def test_each_scenario_recovers_within_its_bound_and_duplicates_nothing(outcomes, scenario):
+    outcome = outcomes[scenario]
+    assert outcome.acknowledged > 0
+    assert outcome.duplicated == 0
+    assert outcome.recover_s is not None and outcome.recover_s <= RECOVER_BOUND_S[scenario], outcome
+
+
+@pytest.mark.parametrize("scenario", ["collector_sigkill", "clickhouse_outage", "clickhouse_slow", "spool_full"])
+def test_pipeline_faults_lose_no_acknowledged_span_and_the_sdk_drops_none(outcomes, scenario):
+    outcome = outcomes[scenario]
+    assert (outcome.lost, outcome.client_dropped) == (0, 0), outcome
+    assert outcome.stored >= outcome.acknowledged
+    assert outcome.detail["collector"]["spans_dropped"] == 0
+
+
+def test_a_full_spool_pushes_back_with_retryable_codes_and_corrupts_nothing(outcomes):
+    outcome = outcomes["spool_full"]
+    assert outcome.detail["collector"]["requests_retryable"] > 0, outcome  # the cap was reached
+    assert outcome.detail["quarantined_records"] == 0
+
+
+def test_clickhouse_outage_was_ridden_out_by_retries(outcomes):
+    assert outcomes["clickhouse_outage"].detail["collector"]["insert_retries"] > 0
+
+
+def test_killed_span_builders_cost_spans_only_counted_ones_and_no_request(outcomes):
+    outcome = outcomes["span_builder_killed"]
+    assert outcome.acknowledged == outcome.sent  # serving went on: every request answered 200
+    assert outcome.detail["child_restarts"] == suite.SHORT.builder_kills
+    assert outcome.lost <= outcome.detail["telemetry_spans_dropped"]  # every missing span was counted
+
+
+def test_overload_is_refused_with_503_in_bounded_memory_and_passes(outcomes):
+    outcome = outcomes["server_overload"]
+    assert outcome.detail["overload_statuses"].get("503", 0) > 0
+    assert set(outcome.detail["statuses"]) <= {"200", "503"}  # no connection failed
+    assert outcome.detail["max_waiting_seen"] <= outcome.detail["max_waiting"]
+    assert outcome.detail["peak_rss_growth_mb"] < 200
+    assert outcome.lost == 0
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_kv_and_its_span_says_so(outcomes):
+    outcome = outcomes["client_disconnect"]
+    assert outcome.detail["kv_blocks_used_after"] == 0
+    assert outcome.detail["spans_marked_disconnected"] == outcome.sent
+    assert outcome.lost == 0
