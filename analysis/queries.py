@@ -210,7 +210,7 @@ def diagnosis_target(d: Dialect) -> str:
     """The server the selection's clients called (`server.address`, `server.port` of their CLIENT
     spans): the URL of the second `phaselens bench` run the load-dependence step may ask for."""
     addr, port = f"SpanAttributes['{n.SERVER_ADDRESS}']", f"SpanAttributes['{n.SERVER_PORT}']"
-    return (f"SELECT any({addr}) AS server_address, any({port}) AS server_port\nFROM {d.table(TRACES_TABLE)}\n"
+    return (f"SELECT any({addr}) AS server_address, any({port}) AS server_port\nFROM {d.table(SPANS_VIEW)}\n"
             f"WHERE {d.time_filter('Timestamp')} AND SpanKind IN {CLIENT_KINDS} AND {addr} != ''\n"
             f"    AND TraceId IN (SELECT trace_id {_requests(d)})")
 

@@ -6,7 +6,7 @@
 -- The server the selection's clients called (`server.address`, `server.port` of their CLIENT
 -- spans): the URL of the second `phaselens bench` run the load-dependence step may ask for.
 SELECT any(SpanAttributes['server.address']) AS server_address, any(SpanAttributes['server.port']) AS server_port
-FROM {database:Identifier}.otel_traces
+FROM {database:Identifier}.phaselens_spans
 WHERE Timestamp >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND SpanAttributes['server.address'] != ''
     AND TraceId IN (SELECT trace_id FROM {database:Identifier}.phaselens_request_facts
 WHERE start_time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND model = {model:String})
