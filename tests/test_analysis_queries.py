@@ -65,7 +65,7 @@ def test_every_panel_query_runs_as_grafana_renders_it(client, data):
         "budget_stack", "latency_over_time", "delivery_over_time", "goodput_over_time", "throughput_over_time",
         "slowest_requests",
         "engine_batch_over_time", "engine_kv_over_time", "decode_stalls_over_time", "queue_depth_over_time",
-        "request_trace"}
+        "request_trace", "diagnosis_causes"}
     for name, columns in Q.PANEL_COLUMNS.items():
         sql = Q.render_grafana(name, database=db)
         assert "{" not in sql.replace("${", ""), name  # no bound-parameter placeholder left
