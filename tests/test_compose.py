@@ -62,6 +62,12 @@ def test_mounted_files_exist(compose):
                 assert source in compose["volumes"], f"{name}: {source} is not a named volume"
 
 
+def test_long_running_services_do_not_run_as_root(compose):
+    for name, svc in _services(compose).items():
+        if not _one_shot(svc):
+            assert str(svc.get("user", "")).split(":")[0] not in {"0", "root"}, f"{name} runs as root"
+
+
 def test_ports_loopback_and_documented(compose):
     header = COMPOSE.read_text().split("services:")[0]
     documented = set(re.findall(r"^#\s+(\d+)\s+\S", header, re.M))
