@@ -54,6 +54,16 @@ class Figures:
         return None if a is None or not b else a / b
 
 
+def pct(x: float | None) -> str:
+    """A share as a whole percentage ("42 %"), "–" when unknown."""
+    return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def num(x: float | None, unit: str = " ms") -> str:
+    """A figure with one decimal and its unit ("12.5 ms"), "–" when unknown."""
+    return "–" if x is None else f"{x:.1f}{unit}"
+
+
 def _clean(x):
     """NaN (ClickHouse's quantile of nothing, 0/0) → None."""
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
