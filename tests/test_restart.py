@@ -137,6 +137,16 @@ def test_a_port_held_by_a_live_process_fails_naming_that_process(tmp_path):
         holder.wait()
 
 
+def test_a_grpc_bind_that_fails_for_another_reason_does_not_blame_a_taken_port(tmp_path):
+    spool = Spool(str(tmp_path / "spool"))
+    try:
+        with pytest.raises(GrpcBindError, match=r"OTLP/gRPC on 256\.0\.0\.1:\d+: ") as failure:
+            start_grpc(Ingest(spool, CollectorMetrics()), "256.0.0.1", free_port())  # not an address
+        assert "in use" not in str(failure.value)
+    finally:
+        spool.close()
+
+
 def test_embedded_clickhouse_restarts_on_its_ports_at_once_after_sigkill(tmp_path):
     server = EmbeddedClickHouse(str(tmp_path / "ch")).start()
     client = connect(server.url)
