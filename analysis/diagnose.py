@@ -196,6 +196,8 @@ def _step_percentiles(f: Figures, levels: dict[str, LevelVerdict]) -> Step:
 
 
 def _step_goodput(f: Figures, slo: SLO) -> Step:
+    """goodput = requests within every SLO / window_s; completed = (requests − errors) / window_s;
+    attainment = requests within every SLO / requests."""
     window = f.window_s or 0
     completed = (f.requests - f.errors) / window if window else None
     goodput = f.good / window if window else None

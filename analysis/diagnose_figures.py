@@ -53,6 +53,7 @@ class Figures:
         return values[i] if i < len(values) else None
 
     def share(self, part: str, whole: str, i: int) -> float | None:
+        """part / whole at level `i` (both the same percentile), None when either is unknown or whole is 0."""
         a, b = self.at(part, i), self.at(whole, i)
         return None if a is None or not b else a / b
 
