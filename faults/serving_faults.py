@@ -11,8 +11,10 @@
   and each server span marked client_disconnected. recover_s = last client gone → KV blocks at 0.
 
 One server (4 sequences, 16 waiting) serves all three, in this order (the kills last: a replaced
-child's restart backoff grows). Outcome columns for these: sent / acknowledged = requests sent / answered 200 (disconnect: got a
-first chunk), stored = server root spans in ClickHouse, lost = acknowledged − stored.
+child's restart backoff grows). Outcome columns for these, in requests: sent; acknowledged = answered
+200 (disconnect: got a first chunk); stored = with a server root span in ClickHouse; lost =
+acknowledged − stored; duplicated = root spans beyond one per request; client_dropped = requests
+whose connection failed (no HTTP status).
 """
 
 from __future__ import annotations
