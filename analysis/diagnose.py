@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from phaselens.analysis import levers as lv
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.budget import AnalysisError, query_rows
-from phaselens.analysis.diagnose_figures import Figures, LoadDependence, bucket_seconds, load_dependence
+from phaselens.analysis.diagnose_figures import Figures, LoadDependence, bucket_seconds, load_dependence, num, pct
 from phaselens.common.slo import SLO
 
 CAUSES = ("queue", "prefill", "decode", "prefill_stalls", "kv_pressure", "delivery", "network", "ingress",
@@ -139,17 +139,9 @@ def _level(level: str, i: int, f: Figures, signals: list[Signal], slo: SLO) -> L
     return LevelVerdict(level, ttft, tpot, risk, causes[0], causes)
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.0f} %"
-
-
-def _num(x: float | None, unit: str) -> str:
-    return "–" if x is None else f"{x:.1f}{unit}"
-
-
 def _stat(f: Figures, name: str, label: str, unit: str = " ms") -> str:
     """`label p50 = a, p99 = b (n = N)`: a figure with its percentiles and sample size."""
-    return f"{label} p50 = {_num(f.at(name, 0), unit)}, p99 = {_num(f.at(name, 1), unit)} (n = {f.requests})"
+    return f"{label} p50 = {num(f.at(name, 0), unit)}, p99 = {num(f.at(name, 1), unit)} (n = {f.requests})"
 
 
 def _step_ttft_or_decode(f: Figures, levels: dict[str, LevelVerdict], slo: SLO) -> Step:
@@ -160,7 +152,7 @@ def _step_ttft_or_decode(f: Figures, levels: dict[str, LevelVerdict], slo: SLO) 
         finding = "the first token comes in time; the stream is slow: look at decode"
     else:
         finding = f"TTFT and TPOT hold with margin (≤ {th.MARGIN:g} × SLO) at p50 and p99"
-    share = f"time to first token is {_pct(f.share('ttft_ms', 'e2e_ms', 0))} of e2e at p50"
+    share = f"time to first token is {pct(f.share('ttft_ms', 'e2e_ms', 0))} of e2e at p50"
     return Step(1, "TTFT or decode?", finding, [
         f"{_stat(f, 'ttft_ms', 'TTFT')} against SLO {slo.ttft_ms:g} ms",
         f"{_stat(f, 'tpot_ms', 'TPOT')} against SLO {slo.tpot_ms:g} ms", share])
@@ -172,8 +164,8 @@ def _step_queue_or_prefill(f: Figures, load: LoadDependence) -> Step:
     bigger = "queueing (capacity, scheduling)" if (q99 or 0) + (q50 or 0) > (p99 or 0) + (p50 or 0) \
         else "prefill (prompt compute)"
     return Step(2, "Queueing or prefill?", f"{bigger} takes more of TTFT; {load.finding}", [
-        f"{_stat(f, 'queue_ms', 'queue')}: {_pct(q50)} of TTFT p50, {_pct(q99)} of TTFT p99",
-        f"{_stat(f, 'prefill_ms', 'prefill')}: {_pct(p50)} of TTFT p50, {_pct(p99)} of TTFT p99",
+        f"{_stat(f, 'queue_ms', 'queue')}: {pct(q50)} of TTFT p50, {pct(q99)} of TTFT p99",
+        f"{_stat(f, 'prefill_ms', 'prefill')}: {pct(p50)} of TTFT p50, {pct(p99)} of TTFT p99",
         *load.evidence])
 
 
@@ -188,7 +180,7 @@ def _step_shapes(f: Figures) -> Step:
         finding = f"output-heavy ({ratio:.1f} input tokens per output token at p50): the workload stresses decode"
     return Step(3, "Which phase does the workload stress?", finding, [
         _stat(f, "input_tokens", "input tokens", ""), _stat(f, "output_tokens", "output tokens", ""),
-        f"prefix-cache hit rate {_pct(f.prefix_hit_rate)} of input tokens"])
+        f"prefix-cache hit rate {pct(f.prefix_hit_rate)} of input tokens"])
 
 
 def _step_percentiles(f: Figures, levels: dict[str, LevelVerdict]) -> Step:
@@ -204,11 +196,13 @@ def _step_percentiles(f: Figures, levels: dict[str, LevelVerdict]) -> Step:
 
 
 def _step_goodput(f: Figures, slo: SLO) -> Step:
+    """goodput = requests within every SLO / window_s; completed = (requests − errors) / window_s;
+    attainment = requests within every SLO / requests."""
     window = f.window_s or 0
     completed = (f.requests - f.errors) / window if window else None
     goodput = f.good / window if window else None
     attainment = f.good / f.requests if f.requests else None
-    finding = (f"{_pct(attainment)} of requests meet every SLO" if attainment is not None else "no requests")
+    finding = (f"{pct(attainment)} of requests meet every SLO" if attainment is not None else "no requests")
     return Step(5, "Goodput under the SLO", finding, [
         f"goodput {goodput or 0:.2f} req/s of {completed or 0:.2f} completed req/s over {window:.1f} s "
         f"(TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms; {f.good} of {f.requests} requests, "

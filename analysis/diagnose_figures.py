@@ -8,7 +8,7 @@ dependence, from the arrival-rate buckets of `queueing_vs_load`:
     grows     ⇔ median queue p50 of the faster half ≥ QUEUE_GROWTH × that of the slower half
 
 With one rate the low-load TTFT is unknown: the finding says so and names the `phaselens bench` run
-that would measure it (a quarter of the measured rate, same request count and output length).
+that would measure it (a quarter of the measured rate, same request count, prompt and output length).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from phaselens.analysis import thresholds as th
+from phaselens.loadgen.workloads import BYTES_PER_WORD
+
+BYTE_LEVEL_MODELS = ("tiny",)  # the reference server's built-in model: ByT5, one token per UTF-8 byte
 
 
 @dataclass(slots=True)
@@ -50,8 +53,19 @@ class Figures:
         return values[i] if i < len(values) else None
 
     def share(self, part: str, whole: str, i: int) -> float | None:
+        """part / whole at level `i` (both the same percentile), None when either is unknown or whole is 0."""
         a, b = self.at(part, i), self.at(whole, i)
         return None if a is None or not b else a / b
+
+
+def pct(x: float | None) -> str:
+    """A share as a whole percentage ("42 %"), "–" when unknown."""
+    return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def num(x: float | None, unit: str = " ms") -> str:
+    """A figure with one decimal and its unit ("12.5 ms"), "–" when unknown."""
+    return "–" if x is None else f"{x:.1f}{unit}"
 
 
 def _clean(x):
@@ -111,13 +125,25 @@ def _single_rate(rates: list[float], bucket_s: int, f: Figures) -> LoadDependenc
 
 def next_run_command(f: Figures, rate: float | None) -> str | None:
     """`phaselens bench` at a quarter of the measured rate against the server the clients called,
-    same model, request count, p50 prompt and output length. `--input-len` counts words (≈ tokens of an
-    English BPE vocabulary) unless `--tokenizer PATH` is added to count the model's own tokens."""
+    same model, request count, p50 prompt (input_len_words) and output length."""
     if not rate or not f.requests:
         return None
-    output, inp = f.at("output_tokens", 0), f.at("input_tokens", 0)
+    output, words = f.at("output_tokens", 0), input_len_words(f)
     opts = [f"--url {f.server_url or 'http://SERVER:PORT'}", *([f"--model {f.models[0]}"] if f.models else []),
             f"--rate {max(rate / 4, 0.05):.2f}", f"--requests {max(f.requests, 20)}",
-            *([f"--input-len {int(inp)}"] if inp else []), *([f"--output-len {int(output)}"] if output else []),
+            *([f"--input-len {words}"] if words else []), *([f"--output-len {int(output)}"] if output else []),
             "--ignore-eos"]
     return "phaselens bench " + " ".join(opts)
+
+
+def input_len_words(f: Figures) -> int | None:
+    """`phaselens bench --input-len` (words, no --tokenizer is known here) for the measured prompt p50:
+        byte-level model (BYTE_LEVEL_MODELS): words = max(1, round(tokens / BYTES_PER_WORD))
+        otherwise:                            words = tokens  (≈ one token a word in an English BPE vocabulary)
+    The byte-level case matters: its prompt tokens as words would be ~4.8× as many tokens."""
+    tokens = f.at("input_tokens", 0)
+    if not tokens:
+        return None
+    if f.models and all(model in BYTE_LEVEL_MODELS for model in f.models):
+        return max(1, round(tokens / BYTES_PER_WORD))
+    return int(tokens)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from phaselens.analysis import thresholds as th
-from phaselens.analysis.diagnose_figures import Figures, LoadDependence
+from phaselens.analysis.diagnose_figures import Figures, LoadDependence, num, pct
 
 
 @dataclass(slots=True)
@@ -23,20 +23,12 @@ class Lever:
             raise ValueError(f"a lever without evidence ({self.cause}: {self.action})")
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.0f} %"
-
-
-def _ms(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1f} ms"
-
-
 def _term(f: Figures, name: str, label: str) -> str | None:
     """`label p99 = X ms = S of TTFT p99 (n = N)`, None when the term was not measured."""
     value = f.at(name, 1)
     if value is None:
         return None
-    return f"{label} p99 = {_ms(value)} = {_pct(f.share(name, 'ttft_ms', 1))} of TTFT p99 (n = {f.requests})"
+    return f"{label} p99 = {num(value)} = {pct(f.share(name, 'ttft_ms', 1))} of TTFT p99 (n = {f.requests})"
 
 
 def _queue(f: Figures, load: LoadDependence) -> list[Lever]:
@@ -62,10 +54,10 @@ def _prefill(f: Figures, load: LoadDependence) -> list[Lever]:
              if hit < th.PREFIX_HIT_LOW else "keep the prefix cache large enough for the repeated prefixes")
     prefill = f.at("prefill_ms", 0)
     per_1k = f" ({prefill / inp * 1000:.0f} ms per 1k prompt tokens)" if prefill and inp else ""
-    return [Lever("prefill", reuse, f"prefix-cache hit rate {_pct(hit)} of {f.requests} requests' input tokens; "
+    return [Lever("prefill", reuse, f"prefix-cache hit rate {pct(hit)} of {f.requests} requests' input tokens; "
                                      f"prompt p50 {inp:.0f} tokens"),
             Lever("prefill", "shorter prompts or more prefill compute (a faster GPU, tensor parallelism)",
-                  f"prefill p50 = {_ms(prefill)} for a p50 prompt of {inp:.0f} tokens{per_1k}")]
+                  f"prefill p50 = {num(prefill)} for a p50 prompt of {inp:.0f} tokens{per_1k}")]
 
 
 def _stalls(f: Figures, load: LoadDependence) -> list[Lever]:
@@ -73,8 +65,8 @@ def _stalls(f: Figures, load: LoadDependence) -> list[Lever]:
     if not e.get("mixed_steps"):
         return []
     steps = (f"{int(e['mixed_steps'])} of {int(e.get('decode_steps') or 0)} decode steps carried prefill; mixed step "
-             f"p50 {_ms(e.get('mixed_step_p50_ms'))} vs decode-only {_ms(e.get('decode_step_p50_ms'))}; "
-             f"{_pct(e.get('stall_share'))} of decode-token time lost")
+             f"p50 {num(e.get('mixed_step_p50_ms'))} vs decode-only {num(e.get('decode_step_p50_ms'))}; "
+             f"{pct(e.get('stall_share'))} of decode-token time lost")
     rate = f" at {load.rate_high_rps:.2f} req/s" if load.rate_high_rps else ""
     return [Lever("prefill_stalls", "lower the chunked-prefill token budget (--max-num-batched-tokens) so a mixed "
                                     "step carries less prefill", steps),
@@ -87,8 +79,8 @@ def _kv(f: Figures, load: LoadDependence) -> list[Lever]:
     e = f.engine
     if e.get("kv_used_p90") is None:
         return []
-    evidence = (f"KV blocks in use p90 {_pct(e['kv_used_p90'])}, max {_pct(e.get('kv_used_max'))} of the cache; "
-                f"{int(e.get('preemptions') or 0)} preemptions, {_pct(f.preempted_share)} of requests preempted")
+    evidence = (f"KV blocks in use p90 {pct(e['kv_used_p90'])}, max {pct(e.get('kv_used_max'))} of the cache; "
+                f"{int(e.get('preemptions') or 0)} preemptions, {pct(f.preempted_share)} of requests preempted")
     return [Lever("kv_pressure", "more KV capacity (--kv-cache-tokens, GPU memory, a quantised KV cache)", evidence),
             Lever("kv_pressure", "a smaller batch (--max-num-seqs) so the running sequences fit",
                   f"mean batch {e.get('batch_size_mean') or 0:.1f} sequences; " + evidence)]
@@ -100,7 +92,7 @@ def _decode(f: Figures, load: LoadDependence) -> list[Lever]:
         return []
     batch_text = f" with a mean batch of {batch:.1f} sequences" if batch is not None else ""
     return [Lever("decode", "faster decode steps (smaller batch, quantised weights, speculative decoding)",
-                  f"server TPOT p50 = {_ms(tpot)}, p99 = {_ms(f.at('server_tpot_ms', 1))}{batch_text}")]
+                  f"server TPOT p50 = {num(tpot)}, p99 = {num(f.at('server_tpot_ms', 1))}{batch_text}")]
 
 
 def _term_lever(cause: str, column: str, label: str, action: str) -> Callable[[Figures, LoadDependence], list[Lever]]:
@@ -115,7 +107,7 @@ def _client(f: Figures, load: LoadDependence) -> list[Lever]:
     if client is None or server is None:
         return []
     return [Lever("client", "read the stream faster (fewer streams per client process, less work per chunk)",
-                  f"client TPOT p50 = {_ms(client)} vs server TPOT p50 = {_ms(server)} (n = {f.with_client})")]
+                  f"client TPOT p50 = {num(client)} vs server TPOT p50 = {num(server)} (n = {f.with_client})")]
 
 
 LEVERS: dict[str, Callable[[Figures, LoadDependence], list[Lever]]] = {

@@ -242,6 +242,7 @@ def _at(name: str, i: int) -> str:
 
 
 def _share(num: str, den: str, i: int) -> str:
+    """num / den at level `i` of the figures row (NULL when den is 0)."""
     return f"toFloat64({_at(num, i)} / nullIf({_at(den, i)}, 0))"
 
 

@@ -24,7 +24,7 @@ from phaselens.faults.outcome import markdown
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="the CI form: short outages and loads")
-    parser.add_argument("--outage-s", type=float, default=None, help="seconds ClickHouse stays down (30; short: 3)")
+    parser.add_argument("--outage-s", type=float, default=None, help=f"seconds ClickHouse stays down ({suite.FULL.outage_s:g}; short: {suite.SHORT.outage_s:g})")
     parser.add_argument("--only", default=",".join(suite.SCENARIOS), help="comma-separated scenario names")
     parser.add_argument("--work-dir", default=None, help="where ClickHouse, spools and logs go (a temporary folder)")
     parser.add_argument("--markdown", action="store_true", help="also print the README table on stderr")

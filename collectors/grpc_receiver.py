@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
 from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
 from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
-from phaselens.common.ports import port_in_use_error
+from phaselens.common.ports import listener_owner, port_in_use_error
 
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
@@ -59,7 +59,8 @@ def _accept_metrics(ingest: Ingest):
 
 
 def start_grpc(ingest: Ingest, host: str, port: int, workers: int = 16) -> tuple[grpc.Server, int]:
-    """Starts the server; returns it and the bound port. Raises GrpcBindError if the port is taken."""
+    """Starts the server; returns it and the bound port. Raises GrpcBindError if the port is taken
+    (naming its owner) or the address cannot be bound (gRPC's reason)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
         options=[("grpc.max_receive_message_length", ingest.max_body_bytes),
@@ -73,11 +74,14 @@ def start_grpc(ingest: Ingest, host: str, port: int, workers: int = 16) -> tuple
         grpc.method_handlers_generic_handler(
             _METRICS_SERVICE, {"Export": _export_handler(ingest, _accept_metrics(ingest), METRICS_RESPONSE)}),
     ))
+    reason = "the bind failed"
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError:  # some grpcio versions raise instead of returning 0
-        bound = 0
+    except RuntimeError as exc:  # some grpcio versions raise, for any cause, instead of returning 0
+        bound, reason = 0, str(exc)
     if not bound:
-        raise GrpcBindError(str(port_in_use_error(host, port, "OTLP/gRPC")))
+        if port and listener_owner(port) is not None:
+            raise GrpcBindError(str(port_in_use_error(host, port, "OTLP/gRPC")))
+        raise GrpcBindError(f"cannot listen for OTLP/gRPC on {host}:{port}: {reason}")  # not a taken port
     server.start()
     return server, bound

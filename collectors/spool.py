@@ -143,7 +143,9 @@ class Spool:
         written = 0
         try:
             while written < len(record):  # a regular file writes short only when out of space
-                written += os.write(self._fd, record[written:])
+                if not (n := os.write(self._fd, record[written:])):  # no progress, no error: do not spin
+                    raise OSError(errno.ENOSPC, "no byte written")
+                written += n
         except OSError as exc:
             if written:
                 os.ftruncate(self._fd, self._size)
@@ -270,7 +272,7 @@ def _digest(payload: bytes) -> bytes:
 
 def _digests(path: Path, window_bytes: int) -> set[bytes]:
     """Digests of the valid records that end within the last `window_bytes` of segment `path`."""
-    size, spans, offset = path.stat().st_size, [], 0
+    size, records, offset = path.stat().st_size, [], 0
     with open(path, "rb") as f:
         while len(header := f.read(_HEADER.size)) == _HEADER.size:  # headers only: seek over payloads
             magic, length, _, crc = _HEADER.unpack(header)
@@ -278,11 +280,11 @@ def _digests(path: Path, window_bytes: int) -> set[bytes]:
             if magic != _MAGIC or end > size:
                 break
             if end > size - window_bytes:
-                spans.append((offset + _HEADER.size, length, crc))
+                records.append((offset + _HEADER.size, length, crc))
             f.seek(end)
             offset = end
         out = set()
-        for start, length, crc in spans:
+        for start, length, crc in records:
             f.seek(start)
             payload = f.read(length)
             if zlib.crc32(payload) != crc:

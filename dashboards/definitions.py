@@ -95,20 +95,26 @@ def _per_token() -> tuple[str, ...]:
     return tuple(c for c in columns("latency_over_time") if "_tpot_" in c or "_itl_" in c)
 
 
+def _diagnosis_panel(src: Source) -> dict:
+    """The verdict table; its description quotes the thresholds the SQL uses (analysis/thresholds.py)."""
+    return panel(
+        "table", "Diagnosis: why is it slow?",
+        "Why is it slow? The verdict of `phaselens diagnose`, from the same SQL: one row per cause, "
+        "primary first. A cause is flagged at p50 or p99 when its signal reaches its threshold while "
+        f"the SLO it acts on is at risk there (above {th.MARGIN:g} x $ttft_slo_ms ms TTFT or $tpot_slo_ms ms "
+        "TPOT). Signals: a TTFT term's share of TTFT (queue, prefill, ingress, delivery, network), the "
+        "server's share of TPOT (decode) and the client's (client), the decode-token time lost to "
+        f"prefill in mixed steps (prefill_stalls), KV use p90 / {th.KV_USED:g} or preempted share / "
+        f"{th.PREEMPTED_SHARE:g} (kv_pressure). role none: every SLO holds with margin.",
+        [src.target("diagnosis_causes", FORMAT_TABLE)], width=24, height=8, unit="none",
+        options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}})
+
+
 def budget_panels(src: Source) -> list[dict]:
     trace_url = (f"/d/{UID_TRACE}/request-trace?var-trace_id=${{__value.raw}}"
                  "&${datasource:queryparam}&${__url_time_range}")
     return [
-        panel("table", "Diagnosis: why is it slow?",
-              "Why is it slow? The verdict of `phaselens diagnose`, from the same SQL: one row per cause, "
-              "primary first. A cause is flagged at p50 or p99 when its signal reaches its threshold while "
-              "the SLO it acts on is at risk there (above 0.8 x $ttft_slo_ms ms TTFT or $tpot_slo_ms ms "
-              "TPOT). Signals: a TTFT term's share of TTFT (queue, prefill, ingress, delivery, network), the "
-              "server's share of TPOT (decode) and the client's (client), the decode-token time lost to "
-              "prefill in mixed steps (prefill_stalls), KV use p90 / 0.9 or preempted share / 0.02 "
-              "(kv_pressure). role none: every SLO holds with margin.",
-              [src.target("diagnosis_causes", FORMAT_TABLE)], width=24, height=8, unit="none",
-              options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}}),
+        _diagnosis_panel(src),
         panel("barchart", "TTFT budget: p50 / p90 / p99 / mean",
               "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
               "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "

@@ -22,9 +22,12 @@ import re
 import signal
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from phaselens.common.process import LOOPBACK
 from phaselens.faults.load import Ledger, SpanLoad
 from phaselens.faults.outcome import Outcome
 from phaselens.faults.params import Params
@@ -78,7 +81,7 @@ def _snapshot(ledger: Ledger) -> set[str]:
 
 def _counters(collector: CollectorProcess) -> dict[str, int]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{collector.http_port}/metrics", timeout=2) as r:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{collector.http_port}/metrics", timeout=2) as r:
             text = r.read().decode()
     except OSError:
         return {}
@@ -96,55 +99,66 @@ def _finish(pipeline: Pipeline, name: str, load: SpanLoad, collector: CollectorP
     return Outcome.of(name, ledger, ids, rows, recover_s, detail)
 
 
-def _loaded_collector(pipeline: Pipeline, name: str, params: Params, **kwargs) -> tuple[CollectorProcess, SpanLoad]:
+@contextmanager
+def _loaded_collector(pipeline: Pipeline, name: str, params: Params,
+                      **kwargs) -> Iterator[tuple[CollectorProcess, SpanLoad]]:
+    """A serving collector under `params.warm_s` of load. The scenario ends both (_finish); when it
+    fails instead, they are ended here (the collector would hold its ports and spool otherwise)."""
     collector = pipeline.collector(name, **kwargs)
     collector.start_serving()
-    load = SpanLoad(collector.grpc_endpoint, f"faults-{name}", params.load_spans_per_s).start()
-    time.sleep(params.warm_s)
-    return collector, load
+    load = None
+    try:
+        load = SpanLoad(collector.grpc_endpoint, f"faults-{name}", params.load_spans_per_s).start()
+        time.sleep(params.warm_s)
+        yield collector, load
+    except BaseException:
+        if load is not None:
+            load.stop(flush_timeout_s=1.0)
+        collector.stop()
+        raise
 
 
 def no_fault(pipeline: Pipeline, params: Params) -> Outcome:
     """The same-run baseline: the same load, nothing broken."""
-    collector, load = _loaded_collector(pipeline, "no_fault", params)
-    time.sleep(params.after_s)
-    return _finish(pipeline, "no_fault", load, collector, 0.0)
+    with _loaded_collector(pipeline, "no_fault", params) as (collector, load):
+        time.sleep(params.after_s)
+        return _finish(pipeline, "no_fault", load, collector, 0.0)
 
 
 def collector_sigkill(pipeline: Pipeline, params: Params) -> Outcome:
-    collector, load = _loaded_collector(pipeline, "collector_sigkill", params)
-    acked_before = len(_snapshot(load.ledger))
-    collector.kill()
-    killed_at = time.monotonic()
-    collector.start()  # at once, as a supervisor would
-    healthy = wait_until(collector.healthy, 30)
-    recover_s = None if healthy is None else time.monotonic() - killed_at
-    time.sleep(params.after_s)
-    return _finish(pipeline, "collector_sigkill", load, collector, recover_s,
-                   acknowledged_before_kill=acked_before, restart_exit=collector.exit_code())
+    with _loaded_collector(pipeline, "collector_sigkill", params) as (collector, load):
+        acked_before = len(_snapshot(load.ledger))
+        collector.kill()
+        killed_at = time.monotonic()
+        collector.start()  # at once, as a supervisor would
+        healthy = wait_until(collector.healthy, 30)
+        recover_s = None if healthy is None else time.monotonic() - killed_at
+        time.sleep(params.after_s)
+        return _finish(pipeline, "collector_sigkill", load, collector, recover_s,
+                       acknowledged_before_kill=acked_before, restart_exit=collector.exit_code())
 
 
 def clickhouse_outage(pipeline: Pipeline, params: Params) -> Outcome:
-    collector, load = _loaded_collector(pipeline, "clickhouse_outage", params)
-    os.kill(pipeline.clickhouse.pid, signal.SIGKILL)
-    pipeline.clickhouse.stop()  # reaps it
-    time.sleep(params.outage_s)
-    pipeline.clickhouse.start()  # same data directory and ports
-    recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
-    time.sleep(params.after_s)
-    return _finish(pipeline, "clickhouse_outage", load, collector, recover_s, outage_s=params.outage_s)
+    with _loaded_collector(pipeline, "clickhouse_outage", params) as (collector, load):
+        os.kill(pipeline.clickhouse.pid, signal.SIGKILL)
+        pipeline.clickhouse.stop()  # reaps it
+        time.sleep(params.outage_s)
+        pipeline.clickhouse.start()  # same data directory and ports
+        recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
+        time.sleep(params.after_s)
+        return _finish(pipeline, "clickhouse_outage", load, collector, recover_s, outage_s=params.outage_s)
 
 
 def clickhouse_slow(pipeline: Pipeline, params: Params) -> Outcome:
     link = SlowLink(pipeline.clickhouse.http_port, params.slow_delay_s).start()
     try:
-        collector, load = _loaded_collector(pipeline, "clickhouse_slow", params, clickhouse_url=link.url)
-        time.sleep(params.slow_s)
-        link.delay_s = 0.0
-        recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
-        time.sleep(params.after_s)
-        return _finish(pipeline, "clickhouse_slow", load, collector, recover_s,
-                       stand_in="SlowLink proxy", delay_per_64k_s=params.slow_delay_s, slow_s=params.warm_s + params.slow_s)
+        with _loaded_collector(pipeline, "clickhouse_slow", params, clickhouse_url=link.url) as (collector, load):
+            time.sleep(params.slow_s)
+            link.delay_s = 0.0
+            recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
+            time.sleep(params.after_s)
+            return _finish(pipeline, "clickhouse_slow", load, collector, recover_s, stand_in="SlowLink proxy",
+                           delay_per_64k_s=params.slow_delay_s, slow_s=params.warm_s + params.slow_s)
     finally:
         link.close()
 
@@ -152,15 +166,16 @@ def clickhouse_slow(pipeline: Pipeline, params: Params) -> Outcome:
 def spool_full(pipeline: Pipeline, params: Params) -> Outcome:
     link = SlowLink(pipeline.clickhouse.http_port).start()
     try:
-        collector, load = _loaded_collector(pipeline, "spool_full", params, clickhouse_url=link.url,
-                                            max_spool_bytes=params.spool_cap_bytes)
-        link.delay_s = 30.0  # inserts stall: the backlog reaches the cap
-        time.sleep(params.full_s)
-        link.delay_s = 0.0
-        recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
-        time.sleep(params.after_s)
-        quarantined = list((Path(collector.spool_dir) / "quarantine").glob("*.pb"))
-        return _finish(pipeline, "spool_full", load, collector, recover_s, spool_cap_bytes=params.spool_cap_bytes,
-                       full_s=params.full_s, quarantined_records=len(quarantined))
+        with _loaded_collector(pipeline, "spool_full", params, clickhouse_url=link.url,
+                               max_spool_bytes=params.spool_cap_bytes) as (collector, load):
+            link.delay_s = 30.0  # inserts stall: the backlog reaches the cap
+            time.sleep(params.full_s)
+            link.delay_s = 0.0
+            recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
+            time.sleep(params.after_s)
+            quarantined = list((Path(collector.spool_dir) / "quarantine").glob("*.pb"))
+            return _finish(pipeline, "spool_full", load, collector, recover_s,
+                           spool_cap_bytes=params.spool_cap_bytes, full_s=params.full_s,
+                           quarantined_records=len(quarantined))
     finally:
         link.close()

@@ -70,6 +70,7 @@ class CollectorProcess:
         """start(), then wait until it answers /health (RuntimeError with its log otherwise)."""
         self.start()
         if wait_until(self.healthy, timeout_s) is None:
+            self.stop(5.0)  # not left holding its ports and spool
             raise RuntimeError(f"collector did not start:\n{self.log_tail()}")
 
     def exit_code(self) -> int | None:

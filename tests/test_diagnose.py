@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from html import escape
 
+import numpy as np
 import pytest
 
 from phaselens.analysis import queries
 from phaselens.analysis.diagnose import CAUSES, diagnose
-from phaselens.analysis.diagnose_figures import Figures, load_dependence
+from phaselens.analysis.diagnose_figures import Figures, input_len_words, load_dependence
 from phaselens.analysis.diagnose_format import headline
 from phaselens.analysis.report import write_report
 from phaselens.commands import diagnose as diagnose_command
+from phaselens.loadgen.workloads import words
 from phaselens.common.slo import parse_slo
 from phaselens.stack import Stack, spawn
 from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql
@@ -234,4 +237,16 @@ def test_one_rate_asks_for_a_second_run_at_a_quarter_of_it():
     d = load_dependence(_buckets([(1.8, 50.0), (2.1, 60.0), (2.3, 90.0)], 10), 10, f)
     assert (d.single_rate, d.grows, d.buckets) == (True, None, 3)
     assert d.next_run == ("phaselens bench --url http://127.0.0.1:8000 --model tiny --rate 0.50 --requests 120 "
-                          "--input-len 100 --output-len 32 --ignore-eos")
+                          "--input-len 21 --output-len 32 --ignore-eos")  # words of ~4.8 bytes: ≈ 100 tokens
+
+
+@pytest.mark.parametrize("tokens", [100.0, 1900.0])
+def test_the_suggested_input_len_gives_the_tiny_model_the_measured_prompt_tokens(tokens):
+    """The tiny model counts one token per UTF-8 byte: `--input-len` words of bench's prompts must come
+    to the measured prompt tokens (±10 %), not to ~4.8× as many (past its 4,096-token context)."""
+    f = Figures(requests=10, window_s=5.0, models=["tiny"], quantiles={"input_tokens": [tokens, tokens]})
+    n = input_len_words(f)
+    prompt_bytes = [len(words(np.random.default_rng(seed), n).encode()) for seed in range(20)]
+    assert abs(statistics.mean(prompt_bytes) - tokens) <= 0.1 * tokens
+    # a model of another vocabulary: words ≈ tokens (English BPE)
+    assert input_len_words(Figures(models=["Qwen/Qwen2.5-0.5B"], quantiles={"input_tokens": [tokens]})) == tokens

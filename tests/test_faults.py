@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from phaselens.faults import suite
+from phaselens.faults import collector_faults, suite
+from phaselens.faults.params import Params
 
 RECOVER_BOUND_S = {"collector_sigkill": 5.0, "clickhouse_outage": 20.0, "clickhouse_slow": 20.0,
                    "spool_full": 20.0, "span_builder_killed": 10.0, "server_overload": 20.0,
@@ -65,3 +66,17 @@ def test_a_client_that_leaves_mid_stream_frees_its_kv_and_its_span_says_so(outco
     assert outcome.detail["kv_blocks_used_after"] == 0
     assert outcome.detail["spans_marked_disconnected"] == outcome.sent
     assert outcome.lost == 0
+
+
+def test_a_scenario_that_fails_midway_ends_its_collector_and_its_load(tmp_path):
+    """A failing scenario must not leave its collector holding ports and spool for the rest of the run."""
+    pipeline = collector_faults.Pipeline(tmp_path).start()
+    try:
+        with pytest.raises(RuntimeError, match="scenario failed"):
+            with collector_faults._loaded_collector(pipeline, "fails", Params(warm_s=0.2)) as (collector, load):
+                assert collector.healthy()
+                raise RuntimeError("scenario failed")
+        assert collector.exit_code() is not None and not collector.healthy()
+        assert not any(thread.is_alive() for thread in load._threads)
+    finally:
+        pipeline.stop()

@@ -49,15 +49,22 @@ def pipeline(clickhouse, client, tmp_path_factory):  # noqa: F811
     collector.stop()
 
 
-def _rows(client, db: str, span_model: str, expected: int, timeout_s: float = 20.0) -> dict[str, dict]:  # noqa: F811
-    """The facts rows of this span model that have a client view, by request id, once all arrived."""
-    sql = f"SELECT * FROM {db}.phaselens_request_facts WHERE span_model = {{m:String}} AND has_client"
+def _facts(client, db: str, where: str, parameters: dict, expected: int,  # noqa: F811
+           timeout_s: float = 20.0) -> list[dict]:
+    """The facts rows meeting `where` (values as bound `parameters`), once `expected` of them arrived."""
+    sql = f"SELECT * FROM {{db:Identifier}}.phaselens_request_facts WHERE {where}"
     deadline = time.monotonic() + timeout_s
     while True:
-        rows = list(client.query(sql, parameters={"m": span_model}).named_results())
+        rows = list(client.query(sql, parameters={"db": db, **parameters}).named_results())
         if len(rows) >= expected or time.monotonic() > deadline:
-            return {r["trace_id"]: r for r in rows}
+            return rows
         time.sleep(0.1)
+
+
+def _rows(client, db: str, span_model: str, expected: int) -> dict[str, dict]:  # noqa: F811
+    """The facts rows of this span model that have a client view, by trace id, once all arrived."""
+    rows = _facts(client, db, "span_model = {m:String} AND has_client", {"m": span_model}, expected)
+    return {r["trace_id"]: r for r in rows}
 
 
 @pytest.fixture(scope="module")
@@ -204,11 +211,6 @@ def test_tgi_request_that_failed_before_its_last_token_keeps_its_client_row_only
     router.shutdown()
     loadgen.shutdown()
     trace_id = f"{span.get_span_context().trace_id:032x}"
-    sql = f"SELECT * FROM {db}.phaselens_request_facts WHERE trace_id = {{t:String}}"
-    deadline, rows = time.monotonic() + 20, []
-    while not rows and time.monotonic() < deadline:
-        rows = list(client.query(sql, parameters={"t": trace_id}).named_results())
-        time.sleep(0.1)
-    (row,) = rows
+    (row,) = _facts(client, db, "trace_id = {t:String}", {"t": trace_id}, 1)
     assert (row["has_client"], row["has_server"], row["span_model"]) == (True, False, None)
     assert row["client_ttft_ms"] == pytest.approx(5.0) and row["ingress_ms"] is None

@@ -23,7 +23,7 @@ from phaselens.collectors.service import Collector
 from phaselens.collectors.spool import Spool
 from phaselens.common.ports import PortInUse, bind_reusable
 from phaselens.common.process import LOOPBACK, free_port
-from phaselens.faults.load import SpanLoad
+from phaselens.faults.load import Ledger, SpanLoad
 from phaselens.faults.parts import CollectorProcess, wait_until
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError
@@ -71,11 +71,9 @@ def _stored(ch_client, database: str, service: str) -> tuple[set[str], int]:
     return {r[0] for r in rows}, sum(int(r[1]) for r in rows)
 
 
-def test_collector_sigkilled_under_load_serves_again_within_5_s_losing_and_duplicating_nothing(
-        clickhouse, ch_client, traces_db, tmp_path):
-    collector = CollectorProcess(clickhouse.url, str(tmp_path / "spool"), str(tmp_path / "collector.log"),
-                                 database=traces_db)
-    collector.start_serving()
+def _kill_and_restart_under_load(collector: CollectorProcess) -> Ledger:
+    """SIGKILL under SDK load and idle keep-alive clients, restart at once; the load's ledger once
+    2,000 more spans were acknowledged after the restart."""
     load = SpanLoad(collector.grpc_endpoint, "restart-test", spans_per_s=2000).start()
     stop_idle = threading.Event()
     _idle_clients(collector.http_port, stop_idle)
@@ -94,9 +92,21 @@ def test_collector_sigkilled_under_load_serves_again_within_5_s_losing_and_dupli
     finally:
         stop_idle.set()
         ledger = load.stop()
-    assert collector.exit_code() is None, collector.log_tail()  # the restart did not fail to bind
-    assert wait_until(lambda: ledger.acknowledged <= _stored(ch_client, traces_db, "restart-test")[0], 60) is not None
-    collector.stop()
+    return ledger
+
+
+def test_collector_sigkilled_under_load_serves_again_within_5_s_losing_and_duplicating_nothing(
+        clickhouse, ch_client, traces_db, tmp_path):
+    collector = CollectorProcess(clickhouse.url, str(tmp_path / "spool"), str(tmp_path / "collector.log"),
+                                 database=traces_db)
+    collector.start_serving()
+    try:
+        ledger = _kill_and_restart_under_load(collector)
+        assert collector.exit_code() is None, collector.log_tail()  # the restart did not fail to bind
+        assert wait_until(lambda: ledger.acknowledged <= _stored(ch_client, traces_db, "restart-test")[0],
+                          60) is not None
+    finally:
+        collector.stop()  # a failed assertion must not leave it holding its ports and spool
     ids, rows = _stored(ch_client, traces_db, "restart-test")
     assert ledger.acknowledged <= ids  # nothing acknowledged lost
     assert rows == len(ids)  # no duplicates
@@ -122,8 +132,8 @@ def test_a_listener_rebinds_at_once_after_its_owner_was_killed_with_a_connection
 def test_a_port_held_by_a_live_process_fails_naming_that_process(tmp_path):
     port = free_port()
     holder = _holder(port)
+    spool = Spool(str(tmp_path / "spool"))
     try:
-        spool = Spool(str(tmp_path / "spool"))
         ingest = Ingest(spool, CollectorMetrics())
         with pytest.raises(PortInUse, match=rf"OTLP/HTTP on 127.0.0.1:{port}: .*pid {holder.pid} \(.*python"):
             HttpReceiver(ingest, lambda: "", LOOPBACK, port)
@@ -131,10 +141,20 @@ def test_a_port_held_by_a_live_process_fails_naming_that_process(tmp_path):
             start_grpc(ingest, LOOPBACK, port)
         with pytest.raises(EmbeddedClickHouseError, match=rf"pid {holder.pid}"):
             EmbeddedClickHouse(str(tmp_path / "ch"), http_port=port).start()
-        spool.close()
     finally:
+        spool.close()
         holder.kill()
         holder.wait()
+
+
+def test_a_grpc_bind_that_fails_for_another_reason_does_not_blame_a_taken_port(tmp_path):
+    spool = Spool(str(tmp_path / "spool"))
+    try:
+        with pytest.raises(GrpcBindError, match=r"OTLP/gRPC on 256\.0\.0\.1:\d+: ") as failure:
+            start_grpc(Ingest(spool, CollectorMetrics()), "256.0.0.1", free_port())  # not an address
+        assert "in use" not in str(failure.value)
+    finally:
+        spool.close()
 
 
 def test_embedded_clickhouse_restarts_on_its_ports_at_once_after_sigkill(tmp_path):
