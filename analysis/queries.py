@@ -173,14 +173,15 @@ def decode_stalls(d: Dialect) -> str:
 
 DIAGNOSIS_LEVELS = (0.5, 0.99)  # p50 and p99, judged separately
 # The figures the diagnosis reads per request: (name, expression over the facts view). TTFT terms
-# map onto the causes: first_token (sampling the prefill's token) counts with prefill, vLLM's
-# before_engine (tokenisation and hops) with ingress, first_chunk is the server's delivery.
+# map onto the causes: first_token (sampling the prefill's token) counts with prefill, a coarse span
+# model's before_engine (tokenisation and hops) with ingress (SGLang has both: summed), first_chunk
+# is the server's delivery.
 DIAGNOSIS_FIGURES = (
     ("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("client_tpot_ms", "client_tpot_ms"),
     ("server_tpot_ms", "server_tpot_ms"), ("e2e_ms", "coalesce(client_e2e_ms, server_e2e_ms)"),
     ("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
     ("queue_ms", "ttft_queue_ms"), ("prefill_ms", "prefill_ms + coalesce(first_token_ms, 0)"),
-    ("ingress_ms", "coalesce(ingress_ms, before_engine_ms)"), ("delivery_ms", "ifNull(first_chunk_ms, 0)"),
+    ("ingress_ms", "coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)"), ("delivery_ms", "ifNull(first_chunk_ms, 0)"),
     ("network_ms", "residual_ms"))
 # TTFT terms and the cause each one names
 TTFT_CAUSES = (("queue", "queue_ms"), ("prefill", "prefill_ms"), ("ingress", "ingress_ms"),

@@ -12,6 +12,7 @@ import pytest
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from phaselens.analysis import queries
 from phaselens.analysis.budget import budget
 from phaselens.analysis.schema import rust_duration_ms
 from phaselens.collectors.service import Collector
@@ -143,6 +144,15 @@ def test_sglang_budget_adds_up_and_says_what_it_cannot_separate(pipeline, client
     assert means["first_token_ms"] is None
     total = sum(v for v in means.values() if v is not None)
     assert total == pytest.approx(report.distributions["client_ttft_ms"].mean)  # the identity holds
+
+
+def test_the_diagnosis_counts_sglangs_before_engine_with_ingress(pipeline, client, sglang_rows):  # noqa: F811
+    """SGLang rows carry both ingress and before_engine: the diagnosis's ingress term is their sum."""
+    db, _ = pipeline
+    sql, params = queries.render_cli("diagnosis_figures", database=db, service="sglang")
+    row = next(client.query(sql, parameters=params).named_results())
+    sums = sorted(r.ingress_ms + r.before_engine_ms for r, _ in SGLANG)
+    assert row["ingress_ms_q"][0] == pytest.approx(statistics.quantiles(sums, n=2, method="inclusive")[0])
 
 
 def test_tgi_handler_span_becomes_a_row_with_its_timings_parsed(tgi_rows):

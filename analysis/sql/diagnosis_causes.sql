@@ -30,7 +30,7 @@ FROM (SELECT count() AS requests, countIf(status = 'error') AS errors, countIf(h
     quantilesExactInclusive(0.5, 0.99)(output_tokens) AS output_tokens_q,
     quantilesExactInclusive(0.5, 0.99)(ttft_queue_ms) AS queue_ms_q,
     quantilesExactInclusive(0.5, 0.99)(prefill_ms + coalesce(first_token_ms, 0)) AS prefill_ms_q,
-    quantilesExactInclusive(0.5, 0.99)(coalesce(ingress_ms, before_engine_ms)) AS ingress_ms_q,
+    quantilesExactInclusive(0.5, 0.99)(coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)) AS ingress_ms_q,
     quantilesExactInclusive(0.5, 0.99)(ifNull(first_chunk_ms, 0)) AS delivery_ms_q,
     quantilesExactInclusive(0.5, 0.99)(residual_ms) AS network_ms_q
 FROM {database:Identifier}.phaselens_request_facts
