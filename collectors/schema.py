@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from phaselens.storage.clickhouse_url import connect
+
 TRACES_TABLE = "otel_traces"
 TRACE_ID_TS_TABLE = f"{TRACES_TABLE}_trace_id_ts"
 TRACE_ID_TS_MV = f"{TRACE_ID_TS_TABLE}_mv"
@@ -169,3 +171,13 @@ def apply(client, statements: list[str]) -> None:
     """Run each statement through a clickhouse-connect client, in order."""
     for sql in statements:
         client.command(sql)
+
+
+def apply_each(urls: list[str], statements: list[str]) -> None:
+    """Run the statements on each server in turn (every node of a cluster without distributed DDL)."""
+    for url in urls:
+        client = connect(url)
+        try:
+            apply(client, statements)
+        finally:
+            client.close()

@@ -1,9 +1,10 @@
 """`phaselens demo`: the whole pipeline on one machine, one run, one budget, one report.
 
-Sequence: Stack up (ClickHouse, schema, collector, reference server) → a mixed workload from the
-load generator (`phaselens bench`, client spans on) → wait until every request of the run is
-queryable with its client and server views and ingestion has gone quiet → the budget (the analysis
-API, printed by the renderer `phaselens budget` uses) → the HTML report → stop (or keep running).
+Sequence: Stack up (ClickHouse, or a cluster of `shards` nodes; schema, collector, reference server)
+→ a mixed workload from the load generator (`phaselens bench`, client spans on) → wait until every
+request of the run is queryable with its client and server views and ingestion has gone quiet → the
+budget (the analysis API, printed by the renderer `phaselens budget` uses) → the HTML report → stop
+(or keep running).
 
 Workload: Poisson arrivals at `rate` req/s, near the tiny model's capacity on a 2-core CPU so that
 queueing shows; prompts of two kinds, most short and some long (which need chunked prefill and
@@ -19,6 +20,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 from rich.console import Console
@@ -48,12 +50,15 @@ class DemoOptions:
     report_path: str = "phaselens-report.html"
     slo: str = DEFAULT_SLO
     seed: int = 0
+    shards: int = 1  # >1: an embedded ClickHouse cluster of that many shards
     span_timeout_s: float = 120.0
 
     def validate(self) -> None:
         """ValueError naming the first bad option."""
         if self.requests < 1:
             raise ValueError(f"--requests must be ≥ 1, not {self.requests}")
+        if self.shards < 1:
+            raise ValueError(f"--shards must be ≥ 1, not {self.shards}")
         if self.server != "reference" and self.model != "tiny":
             raise ValueError("--server vllm runs the tiny model (built offline); --model is for the reference server")
         if not 0 < self.rate < float("inf"):
@@ -137,7 +142,7 @@ def run(opts: DemoOptions, console: Console) -> int:
     A temporary data directory is removed afterwards, unless something failed (its logs/ tell why)."""
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="phaselens-demo-")
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    stack = Stack(data_dir, model=opts.model, device=opts.device, server_kind=opts.server)
+    stack = Stack(data_dir, model=opts.model, device=opts.device, server_kind=opts.server, shards=opts.shards)
     code = 1
     try:
         code = 0 if _session(stack, opts, console) else 1
@@ -166,7 +171,7 @@ def _session(stack: Stack, opts: DemoOptions, console: Console) -> bool:
     begin = time.monotonic()
     with console.status("starting…") as status:
         stack.start(on_phase=lambda phase: status.update(f"starting {phase}…"))
-    console.print(f"[green]✓[/] ClickHouse {stack.clickhouse_url} · collector OTLP/gRPC {stack.otlp_grpc_endpoint} "
+    console.print(f"[green]✓[/] {stack.storage.describe()} · collector OTLP/gRPC {stack.otlp_grpc_endpoint} "
                   f"· server {stack.server_url} ({opts.server}, {opts.model}, {opts.device}) "
                   f"· up in {time.monotonic() - begin:.1f} s")
     run_dir = Path(stack.data_dir) / "run"
@@ -204,6 +209,7 @@ def _print_budget(stack: Stack, since: str, opts: DemoOptions, console: Console)
 def _write_report(stack: Stack, since: str, opts: DemoOptions, load: LoadRun, console: Console) -> None:
     config = {"command": "phaselens demo", **{f"demo.{k}": v for k, v in asdict(opts).items()},
               "server": f"phaselens serve --model {opts.model} --device {opts.device}",
+              "storage": stack.storage.describe(),
               "services": f"{SERVER_SERVICE} (server), {CLIENT_SERVICE} (client)",
               **{f"workload.{k}": v for k, v in load.workload.items()},
               "load wall time": f"{load.wall_s:.1f} s",
@@ -219,17 +225,23 @@ def _write_report(stack: Stack, since: str, opts: DemoOptions, load: LoadRun, co
 
 
 def _print_howto(stack: Stack, console: Console) -> None:
-    ch = stack.clickhouse_url
+    """Commands against what runs; on a cluster, any node's views read every shard, so only the
+    schema and collector commands need its flags."""
+    ch, node = stack.clickhouse_url, urlsplit(stack.clickhouse_url)
+    schema_flags = "".join(f" {flag}" for flag in stack.storage.schema_flags)
     otel = " ".join(f"{k}={v}" for k, v in stack.otel_env(CLIENT_SERVICE).items()
                     if k.startswith("OTEL_") and k != "OTEL_BSP_SCHEDULE_DELAY")
     sql = ("SELECT trace_id, client_ttft_ms, queue_ms, prefill_ms FROM otel.phaselens_requests "
            "ORDER BY client_ttft_ms DESC LIMIT 5 FORMAT PrettyCompact")
     console.print(f"""
 [bold]Everything stays up until Ctrl-C.[/]
+  storage:   {stack.storage.describe()}
+  schema:    phaselens schema apply --clickhouse {ch} --database {stack.database}{schema_flags}
+  collector: phaselens {' '.join(stack.collector_argv)}
   budget:    phaselens budget --clickhouse {ch} --since 1h
   diagnose:  phaselens diagnose --clickhouse {ch} --since 1h
   report:    phaselens report --clickhouse {ch} --since 1h --out report.html
   SQL:       curl '{ch}/' --data-binary '{sql}'
-  Python:    clickhouse_connect.get_client(host='{stack.clickhouse.host}', port={stack.clickhouse.http_port})
+  Python:    clickhouse_connect.get_client(host='{node.hostname}', port={node.port})
   more load: env {otel} phaselens bench --url {stack.server_url} --model {stack.served_model()} --rate 2 --requests 50
   OTLP in:   gRPC {stack.otlp_grpc_endpoint}, HTTP http://127.0.0.1:{stack.http_port}/v1/traces""", soft_wrap=True)

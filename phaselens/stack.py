@@ -1,4 +1,5 @@
-"""The whole pipeline on one machine: embedded ClickHouse, schema, collector, reference server.
+"""The whole pipeline on one machine: embedded ClickHouse (one node, or a cluster of `shards`
+nodes: phaselens/stack_storage.py), schema, collector, reference server.
 
 Each long-running part is a child process speaking the `READY <what> <url>` line protocol
 (docs/contracts.md#process-line-protocol). Children are started in a session of their own (a
@@ -19,13 +20,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phaselens.analysis import schema as analysis_schema
-from phaselens.analysis.schema import FACTS_VIEW
-from phaselens.collectors import schema as collector_schema
+from phaselens.analysis.schema import FACTS_VIEW, SPANS_VIEW
 from phaselens.common.process import LOOPBACK, die_with_parent, free_port, terminate
 from phaselens.instrumentation import names
+from phaselens.stack_storage import ShardedCluster, SingleNode, make_storage
 from phaselens.storage.clickhouse_url import connect
-from phaselens.storage.embedded import EmbeddedClickHouse
 
 SERVER_SERVICE = names.SERVER_SERVICE_NAME
 VLLM_SERVICE = names.VLLM_SERVICE_NAME
@@ -92,6 +91,8 @@ def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str], stderr
 class Stack:
     """ClickHouse + schema + collector + reference server; `with Stack(dir) as s:` or start()/stop().
 
+    `shards` > 1: ClickHouse is an embedded cluster of that many shards, the collector writes to it
+    with `--cluster`; everything else reads through `clickhouse_url` as with one node.
     `otel_env(service)` is the environment a traced client needs to export to this stack.
     """
 
@@ -103,15 +104,17 @@ class Stack:
     server_kind: str = "reference"  # SERVER_KINDS: the reference server, or a real vLLM (with or without the plugin)
     ready_timeout_s: float = 180.0
     stop_timeout_s: float = 15.0
-    clickhouse: EmbeddedClickHouse | None = field(default=None, init=False)
+    shards: int = 1
+    storage: SingleNode | ShardedCluster | None = field(default=None, init=False)
     collector: Child | None = field(default=None, init=False)
     server: Child | None = field(default=None, init=False)
     grpc_port: int = field(default=0, init=False)
     http_port: int = field(default=0, init=False)
+    collector_argv: list[str] = field(default_factory=list, init=False)  # `phaselens <argv>`, to print
 
     @property
     def clickhouse_url(self) -> str:
-        return self.clickhouse.url if self.clickhouse else ""
+        return self.storage.url if self.storage else ""
 
     @property
     def server_url(self) -> str:
@@ -156,16 +159,14 @@ class Stack:
     def _start_storage(self, on_phase) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         on_phase("clickhouse")
-        self.clickhouse = EmbeddedClickHouse(str(Path(self.data_dir) / "clickhouse"),
-                                             log_path=str(self.log_dir / "clickhouse.log")).start()
+        self.storage = make_storage(Path(self.data_dir), self.log_dir, self.shards)
+        self.storage.start()
         on_phase("schema")
         self.apply_schema()
 
     def apply_schema(self) -> None:
-        """The collector's tables first, then the analysis views (docs/contracts.md)."""
-        statements = analysis_schema.all_statements(self.database)
-        with self.client() as client:
-            collector_schema.apply(client, statements)
+        """The collector's tables first, then the analysis views (docs/contracts.md), on every node."""
+        self.storage.apply_schema(self.database)
 
     def client(self):
         """A clickhouse-connect client of this stack's ClickHouse (close it, or use `with`)."""
@@ -175,8 +176,10 @@ class Stack:
         self.grpc_port, self.http_port = free_port(), free_port()
         spool = Path(self.data_dir) / "spool"
         argv = ["collector", "--clickhouse", self.clickhouse_url, "--database", self.database,
-                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), "--spool", str(spool)]
+                *self.storage.collector_flags, "--grpc-port", str(self.grpc_port),
+                "--http-port", str(self.http_port), "--spool", str(spool)]
         self.collector = spawn("collector", argv, self.log_dir, project_env())
+        self.collector_argv = argv
 
     def _spawn_server(self) -> None:
         if self.server_kind != "reference":
@@ -241,8 +244,8 @@ class Stack:
             return int(client.query(sql, parameters={"db": self.database, "ids": trace_ids}).result_rows[0][0])
 
     def span_rows(self) -> int:
-        """Rows in otel_traces (to see when ingestion has gone quiet)."""
-        sql = f"SELECT count() FROM {{db:Identifier}}.{collector_schema.TRACES_TABLE}"
+        """Spans stored, on every shard (to see when ingestion has gone quiet)."""
+        sql = f"SELECT count() FROM {{db:Identifier}}.{SPANS_VIEW}"
         with self.client() as client:
             return int(client.query(sql, parameters={"db": self.database}).result_rows[0][0])
 
@@ -254,9 +257,9 @@ class Stack:
             if child is not None:
                 codes[attr] = child.stop(self.stop_timeout_s)
                 setattr(self, attr, None)
-        if self.clickhouse is not None:
-            self.clickhouse.stop(self.stop_timeout_s)
-            self.clickhouse = None
+        if self.storage is not None:
+            self.storage.stop(self.stop_timeout_s)
+            self.storage = None
             codes["clickhouse"] = 0
         return codes
 

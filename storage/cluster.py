@@ -34,12 +34,14 @@ def cluster_config(name: str, tcp_endpoints: list[tuple[str, int]], shard: int) 
 
 @dataclass(slots=True)
 class EmbeddedCluster:
-    """Start/stop handle for `shards` embedded nodes named `name`; node i keeps `data_dir/node<i>`."""
+    """Start/stop handle for `shards` embedded nodes named `name`; node i keeps `data_dir/node<i>`
+    and logs to `clickhouse-node<i>.log` in `log_dir` (default: clickhouse.log in its data directory)."""
 
     data_dir: str
     shards: int = 2
     name: str = DEFAULT_CLUSTER
     host: str = LOOPBACK
+    log_dir: str | None = None
     nodes: list[EmbeddedClickHouse] = field(default_factory=list, init=False)
 
     @property
@@ -52,15 +54,19 @@ class EmbeddedCluster:
         tcp_ports = [free_port(self.host) for _ in range(self.shards)]
         endpoints = [(self.host, port) for port in tcp_ports]
         self.nodes = [EmbeddedClickHouse(str(Path(self.data_dir) / f"node{i + 1}"), tcp_port=port, host=self.host,
+                                         log_path=self._log_path(i + 1),
                                          extra_config=cluster_config(self.name, endpoints, i + 1))
                       for i, port in enumerate(tcp_ports)]
         try:
             for node in self.nodes:
                 node.start(timeout_s)
-        except Exception:
+        except BaseException:  # Ctrl-C while starting, too: no node left running
             self.stop()
             raise
         return self
+
+    def _log_path(self, shard: int) -> str | None:
+        return str(Path(self.log_dir) / f"clickhouse-node{shard}.log") if self.log_dir else None
 
     def running(self) -> bool:
         return bool(self.nodes) and all(node.running() for node in self.nodes)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from phaselens.storage.clickhouse_url import connect
+
 _NODES_SQL = ("SELECT shard_num, shard_weight, replica_num, host_address, port FROM system.clusters "
               "WHERE cluster = {cluster:String} ORDER BY shard_num, replica_num")
 _HTTP_PORT_SQL = "SELECT getServerPort('http_port') FROM remote({address:String}, system.one)"
@@ -57,3 +59,12 @@ def cluster_nodes(client, entry_url: str, cluster: str) -> list[Node]:
                                f"{cluster!r} does not answer: {exc}") from exc
         nodes.append(Node(shard_num, shard_weight, replica_num, address, _node_url(entry_url, host, http_port)))
     return nodes
+
+
+def node_urls(entry_url: str, cluster: str) -> list[str]:
+    """The HTTP URL of every node of `cluster`, as the server at `entry_url` lists them."""
+    client = connect(entry_url)
+    try:
+        return [node.url for node in cluster_nodes(client, entry_url, cluster)]
+    finally:
+        client.close()

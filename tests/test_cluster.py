@@ -5,7 +5,6 @@ duplicates nothing once it is back."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -29,21 +28,15 @@ from phaselens.storage.cluster import EmbeddedCluster
 from phaselens.storage.cluster_nodes import ClusterError, cluster_nodes
 from phaselens.storage.embedded import EmbeddedClickHouse
 from tests import spangen
+from tests.cli_fixtures import run_command
 from tests.collector_payloads import export_request
 
 CLUSTER = "phaselens"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
-def _cli(register, *argv) -> int:
-    parser = argparse.ArgumentParser(prog="phaselens")
-    register(parser.add_subparsers())
-    args = parser.parse_args(list(argv))
-    return args.func(args)
-
-
 def _apply(url: str, database: str, *extra: str) -> int:
-    return _cli(schema_command.register, "schema", "apply", "--clickhouse", url, "--database", database,
+    return run_command(schema_command.register, "schema", "apply", "--clickhouse", url, "--database", database,
                 "--cluster", CLUSTER, *extra)
 
 
@@ -102,7 +95,7 @@ def test_asynchronous_distributed_inserts_are_sent(cluster, clients):
 
 def _budget(url: str, database: str, capsys) -> dict:
     capsys.readouterr()
-    assert _cli(budget_command.register, "budget", "--clickhouse", url, "--database", database,
+    assert run_command(budget_command.register, "budget", "--clickhouse", url, "--database", database,
                 "--slo", "ttft:40,tpot:15", "--format", "json") == 0
     return json.loads(capsys.readouterr().out)
 
@@ -118,7 +111,7 @@ def spans():
 @pytest.fixture(scope="module")
 def single(clickhouse, spans, tmp_path_factory) -> str:
     """The same spans on one node: the database the cluster's budget must equal."""
-    assert _cli(schema_command.register, "schema", "apply", "--clickhouse", clickhouse.url, "--database", "single") == 0
+    assert run_command(schema_command.register, "schema", "apply", "--clickhouse", clickhouse.url, "--database", "single") == 0
     with Collector(clickhouse.url, database="single", spool_dir=str(tmp_path_factory.mktemp("spool"))) as c:
         spangen.export_otlp(spans, c.grpc_endpoint)
     assert c.metrics.snapshot()["spans_written"] == len(spans)
@@ -260,4 +253,4 @@ def test_clickhouse_command_starts_a_cluster(tmp_path):
         assert proc.wait(20) == 0
     finally:
         proc.kill()
-    assert _cli(clickhouse_command.register, "clickhouse", "--data", str(tmp_path / "x"), "--shards", "0") == 1
+    assert run_command(clickhouse_command.register, "clickhouse", "--data", str(tmp_path / "x"), "--shards", "0") == 1

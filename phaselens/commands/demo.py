@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     p.add_argument("--server", choices=SERVER_KINDS, default="reference",
                    help="reference (default); vllm: a real vLLM on the tiny model with the phaselens plugin; "
                         "vllm-native: the same vLLM with its own spans only (needs ./setup.sh --vllm)")
+    p.add_argument("--shards", type=int, default=1, metavar="N",
+                   help="ClickHouse as an embedded cluster of N shards, the collector writing with --cluster "
+                        "(default 1: one node)")
     p.add_argument("--data", metavar="DIR", default=None,
                    help="keep ClickHouse data, spool and logs here (default: a temporary directory, removed)")
     p.add_argument("--slo", default=DEFAULT_SLO, metavar="ttft:MS,tpot:MS", help=f"goodput SLOs (default {DEFAULT_SLO})")
@@ -35,7 +38,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     opts = DemoOptions(requests=args.requests, rate=args.rate, model=args.model, device=args.device, server=args.server,
                        data_dir=args.data, keep_running=args.keep_running, report_path=args.report,
-                       slo=args.slo, seed=args.seed)
+                       slo=args.slo, seed=args.seed, shards=args.shards)
     try:
         opts.validate()
     except ValueError as e:

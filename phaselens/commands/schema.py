@@ -12,8 +12,7 @@ import sys
 
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
-from phaselens.storage.clickhouse_url import connect
-from phaselens.storage.cluster_nodes import ClusterError, cluster_nodes
+from phaselens.storage.cluster_nodes import ClusterError, node_urls
 
 DDL_MODES = ("on-cluster", "per-node")
 _DDL_DISABLED = "Code: 392"  # QUERY_IS_PROHIBITED: "Replicated DDL queries are disabled"
@@ -43,9 +42,8 @@ def run(args) -> int:
         print(analysis_schema.script(statements))
         return 0
     try:
-        urls = _node_urls(args.clickhouse, args.cluster) if per_node else [args.clickhouse]
-        for url in urls:
-            _apply(url, statements)
+        urls = node_urls(args.clickhouse, args.cluster) if per_node else [args.clickhouse]
+        collector_schema.apply_each(urls, statements)
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -58,19 +56,3 @@ def run(args) -> int:
     where = f"{len(urls)} nodes of cluster {args.cluster}" if per_node else args.clickhouse
     print(f"applied {len(statements)} statements to database {args.database} on {where}")
     return 0
-
-
-def _node_urls(entry_url: str, cluster: str) -> list[str]:
-    client = connect(entry_url)
-    try:
-        return [node.url for node in cluster_nodes(client, entry_url, cluster)]
-    finally:
-        client.close()
-
-
-def _apply(url: str, statements: list[str]) -> None:
-    client = connect(url)
-    try:
-        collector_schema.apply(client, statements)
-    finally:
-        client.close()
