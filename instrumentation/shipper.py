@@ -9,7 +9,7 @@ and writes them to the child's stdin in one `os.write` per drain (the write runs
 Never hurts the loop: the hand-offs are bounded (full → dropped, counted), and everything below
 runs on the shipper thread. A killed child loses nothing this process still holds: every frame is
 kept (`retention`, bounded by bytes) until the child reports it built and exported
-(`records_safe`: its span processors flushed, see span_process). A child that dies is restarted at
+(`records_safe`: every span they made exported, see span_process). A child that dies is restarted at
 the next shipment, then at most once per backoff (0.5 s, doubling to 30 s); meanwhile frames are
 kept, and the replacement gets the hello, then every frame its predecessor had not reported safe
 (`records_replayed`), then what arrived meanwhile. At-least-once: spans the dead child exported
@@ -239,9 +239,10 @@ class ProcessSink:
                 except ValueError:
                     continue
                 with self._child_changed:
-                    child.report = report
+                    if report.keys() != {"records_safe"}:  # else a progress line: that alone
+                        child.report = report
                     child.acked = max(child.acked, report.get("ack", 0))
-                    child.safe = max(child.safe, report.get("records_safe", 0))
+                    child.safe = child.report["records_safe"] = max(child.safe, report.get("records_safe", 0))
                     self._child_changed.notify_all()
         with self._child_changed:
             child.dead = True
