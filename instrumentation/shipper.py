@@ -136,16 +136,23 @@ class ProcessSink:
     def _drain(self, final: bool = False) -> None:
         """Keep what is waiting, and ship what is kept and not yet shipped, with any flush asked for;
         a dead child is replaced even with nothing to ship (a flush may be waiting for it).
-        `final`: at stop, a dead child is replaced whatever the backoff, to take what is kept."""
+        `final`: at stop, a dead child holding kept frames is replaced whatever the backoff."""
         self._release(self._child)
         records = self._handoffs.take()
         self._keep([payload for record in records if (payload := self._encoded(record))])
         flushes = []
         while self._flush_asked:
             flushes.append(wire.frame(wire.KIND_FLUSH, (self._flush_asked.pop(0),)))
-        if flushes or self._retained.sent < len(self._retained.frames) or not (final or self._child.alive()):
+        if flushes or self._due(final):
             self._send(flushes, final)
         self._done += len(records)
+
+    def _due(self, final: bool) -> bool:
+        """Kept frames not yet written; or a dead child to replace (at stop: only if it held frames)."""
+        kept = self._retained
+        if kept.sent < len(kept.frames):
+            return True
+        return not self._child.alive() and (bool(kept.frames) or not final)
 
     def _keep(self, frames: list[bytes]) -> None:
         evicted = self._retained.add(frames)

@@ -1,5 +1,6 @@
 """The fault suite's short form (benchmarks/faults.py --short) as CI: every scenario survives with
-nothing acknowledged lost, nothing duplicated, and recovery within a bound."""
+nothing acknowledged lost, nothing duplicated (the span-builder kills: at-least-once, a bounded
+few), and recovery within a bound."""
 
 from __future__ import annotations
 
