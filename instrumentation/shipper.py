@@ -10,10 +10,11 @@ Never hurts the loop: the hand-offs are bounded (full → dropped, counted), and
 runs on the shipper thread. A killed child loses nothing this process still holds: every frame is
 kept (`retention`, bounded by bytes) until the child reports it built and exported
 (`records_safe`: every span they made exported, see span_process). A child that dies is restarted at
-the next shipment, then at most once per backoff (0.5 s, doubling to 30 s); meanwhile frames are
-kept, and the replacement gets the hello, then every frame its predecessor had not reported safe
-(`records_replayed`), then what arrived meanwhile. At-least-once: spans the dead child exported
-after its last report are exported again, by the same ids (identical rows). Counted losses: frames
+the shipper's next wake-up, then at most once per backoff (0.5 s, doubling to 30 s; at stop, at
+once if it held frames); meanwhile frames are kept, and the replacement gets the hello, then every
+frame its predecessor had not reported safe (`records_replayed`), then what arrived meanwhile.
+At-least-once: spans the dead child exported after its last report are exported again (a request's
+SERVER span with the same id, its other spans with fresh ones). Counted losses: frames
 evicted past the bound before any child got them (`channel_dropped`), and evicted ones whose child
 died before reporting them safe (`channel_lost`). Nothing raises into the loop.
 Steps whose batch holds no sampled request are not shipped (counted `steps_unsampled` here);
