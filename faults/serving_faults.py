@@ -1,8 +1,11 @@
 """Fault scenarios of the serving side (faults/serving.py), counted in requests and their server spans:
 
 - span_builder_killed: the span-builder child SIGKILLed `builder_kills` times under closed-loop load.
-  Serving must go on (every request answered 200); server root spans that never arrive must be
-  counted by the telemetry (`spans_dropped`). recover_s = the longest kill → replacement child alive.
+  Serving must go on (every request answered 200) and every server span must arrive: the serving
+  process replays to the replacement what the dead child had not reported exported
+  (`records_replayed`). At-least-once: `duplicated` counts requests whose SERVER span was stored
+  twice, `duplicated_spans` the extra spans of their trees (engine-step spans, fresh trace ids on a
+  replay, are not told apart). recover_s = the longest kill → replacement child alive.
 - server_overload: capacity C (requests/s) measured closed-loop at `max_num_seqs` clients, then
   10 × C offered open-loop: excess answered 503 (bounded waiting queue, bounded memory), and
   afterwards a request is as fast as before. recover_s = overload end → a request within 2× the
@@ -113,6 +116,20 @@ def _statuses(replies: list[Reply]) -> dict[str, int]:
     return out
 
 
+def _span_copies(pipeline: Pipeline, service: str, trace_ids: list[str]) -> tuple[int, int]:
+    """(span rows, rows beyond the first copy) in the traces of `trace_ids`. A replayed request's
+    SERVER span repeats its id, its other spans get fresh ids: a trace with its SERVER span n times
+    holds n copies of its tree, rows − rows/n of them extra."""
+    sql = ("SELECT sum(rows), sum(if(roots > 1, rows - intDiv(rows, roots), 0)) FROM ("
+           "SELECT count() AS rows, countIf(SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS roots "
+           "FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} AND TraceId IN {ids:Array(String)} "
+           "GROUP BY TraceId)")
+    with connect(pipeline.clickhouse.url) as client:
+        rows, extra = client.query(sql, parameters={"db": pipeline.database, "s": service,
+                                                    "ids": trace_ids}).result_rows[0]
+    return int(rows), int(extra)
+
+
 def span_builder_killed(pipeline: Pipeline, served: Served, params: Params) -> Outcome:
     rig, before = served.rig, served.rig.telemetry.stats()
     load = ClosedLoop(rig.url).start()
@@ -126,8 +143,12 @@ def span_builder_killed(pipeline: Pipeline, served: Served, params: Params) -> O
         time.sleep(params.after_s)
     finally:
         replies = load.stop()
-    return _outcome("span_builder_killed", pipeline, rig, before, replies,
-                    None if None in recover else max(recover), kills=params.builder_kills)
+    outcome = _outcome("span_builder_killed", pipeline, rig, before, replies,
+                       None if None in recover else max(recover), kills=params.builder_kills)
+    rows, extra = _span_copies(pipeline, rig.service, [r.trace_id for r in replies])
+    replayed = rig.telemetry.stats()["records_replayed"] - before.get("records_replayed", 0)
+    outcome.detail.update(request_spans_stored=rows, duplicated_spans=extra, records_replayed=replayed)
+    return outcome
 
 
 def _open_loop(url: str, rate_per_s: float, duration_s: float) -> list[Reply]:

@@ -13,8 +13,8 @@ LOSSES = {
     "requests_dropped": "request_handoff_full",  # the sink's bounded hand-off was full (or stopped)
     "steps_dropped": "step_handoff_full",
     "encode_errors": "encode_error",  # a record the process pipe could not carry
-    "channel_dropped": "channel_dropped",  # no live span-builder process to ship to
-    "channel_lost": "channel_lost",  # shipped to a span-builder process that died before reading it
+    "channel_dropped": "channel_dropped",  # past the retention bound before a span-builder process got it
+    "channel_lost": "channel_lost",  # past the bound, and its span-builder process died before exporting it
     "decode_errors": "decode_error",
     "build_errors": "build_error",
     "export_dropped": "export_queue_full",

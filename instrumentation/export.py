@@ -62,6 +62,8 @@ class ExportCounts:
     failed: int = 0
     dropped: int = 0
     suppressed: int = 0  # ended while instrumentation was suppressed (e.g. inside an export): not exported
+    queued: int = 0  # spans ever put in the queue: a span's position, as the queue is first in, first out
+    settled: int = 0  # of those, the first `settled` are exported or failed
 
 
 class CountingBatchSpanProcessor(SpanProcessor):
@@ -88,7 +90,8 @@ class CountingBatchSpanProcessor(SpanProcessor):
     def _after_fork(self) -> None:
         """In a forked child: the parent's queued spans are the parent's to export; this process
         counts from zero (`counts` is the object export_counters() reads: reset in place)."""
-        self.counts.exported = self.counts.failed = self.counts.dropped = self.counts.suppressed = 0
+        counts = self.counts
+        counts.exported = counts.failed = counts.dropped = counts.suppressed = counts.queued = counts.settled = 0
         if not self._stopped:
             self._start_worker()
 
@@ -107,6 +110,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
                 self.counts.dropped += 1
                 return
             self._queue.append(span)
+            self.counts.queued += 1
             full = len(self._queue) >= self.settings.max_export_batch_size
         if full:
             self._wake.set()
@@ -141,6 +145,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
                 self.counts.exported += len(batch)
             else:
                 self.counts.failed += len(batch)
+            self.counts.settled += len(batch)  # batches leave the queue's front one export at a time
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self._export_all()

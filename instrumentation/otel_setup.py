@@ -45,6 +45,11 @@ def add_counting_processor(tracer_provider: TracerProvider, exporter: SpanExport
     return processor.counts
 
 
+def export_positions(tracer_provider: object) -> list[ExportCounts]:
+    """The counts of each counting processor on this provider, live (their `queued` / `settled`)."""
+    return list(_counts_by_provider.get(tracer_provider, []))
+
+
 def export_counters(tracer_provider: object) -> dict[str, int]:
     """Sum of the counts of every counting processor on this provider (zeros when none)."""
     counts = _counts_by_provider.get(tracer_provider, []) if tracer_provider is not None else []

@@ -178,12 +178,14 @@ class ServerTelemetry:
         for the engine) and `spans_dropped` (every loss, `counters.LOSSES`). `requests_dropped` /
         `steps_dropped`: records lost at the hand-off (queue full, or after shutdown); `spans_built`:
         spans emitted by the builder; `export_*`: see otel_setup. Process builder only:
-        `records_shipped`, `bytes_shipped`, `channel_dropped` (child dead or pipe broken),
-        `channel_lost` (shipped, never received by a child that died), `encode_errors`,
-        `shipper_cpu_ns`, `child_alive`, `child_restarts` (a dead child is replaced at the next
-        shipment, then at most once per backoff), `child_cpu_ns`, `records_received`,
-        `decode_errors`, and the children's counters as of their last reports (every 0.5 s and at
-        each flush), summed over the children that died."""
+        `records_shipped`, `bytes_shipped` (replays included), `records_replayed` (re-sent to a
+        replacement child: what a dead one had not reported built and exported), `channel_dropped`
+        (past the retention bound before any child got it), `channel_lost` (past the bound, and its
+        child died before reporting it), `encode_errors`, `shipper_cpu_ns`, `child_alive`,
+        `child_restarts` (a dead child is replaced at the shipper's next wake-up, then at most once per
+        backoff), `child_cpu_ns`, `records_received`, `records_safe` (built and exported, as the
+        children reported), `decode_errors`, and the children's counters as of their last reports
+        (every 0.25 s and at each flush), summed over the children that died."""
         return with_losses({**self._sink.counters(), "requests_pending": len(self._closer)})
 
     def flush(self, timeout_s: float = 10.0) -> bool:

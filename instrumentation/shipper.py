@@ -6,10 +6,17 @@ bytes (`wire`) to a child process (`python -m phaselens.instrumentation.span_pro
 same `SpanBuilder` and exporters: a thread drains the hand-offs, encodes the records (a few µs each)
 and writes them to the child's stdin in one `os.write` per drain (the write runs without the GIL).
 
-Never hurts the loop: the hand-offs are bounded (full → dropped, counted). A child that dies is
-restarted at the next shipment, then at most once per backoff (0.5 s, doubling to 30 s): records
-that find no live child are dropped and counted in `channel_dropped`, records shipped that a dead
-child never reported receiving in `channel_lost`; nothing raises into the loop.
+Never hurts the loop: the hand-offs are bounded (full → dropped, counted), and everything below
+runs on the shipper thread. A killed child loses nothing this process still holds: every frame is
+kept (`retention`, bounded by bytes) until the child reports it built and exported
+(`records_safe`: every span they made exported, see span_process). A child that dies is restarted at
+the shipper's next wake-up, then at most once per backoff (0.5 s, doubling to 30 s; at stop, at
+once if it held frames); meanwhile frames are kept, and the replacement gets the hello, then every
+frame its predecessor had not reported safe (`records_replayed`), then what arrived meanwhile.
+At-least-once: spans the dead child exported after its last report are exported again (a request's
+SERVER span with the same id, its other spans with fresh ones). Counted losses: frames
+evicted past the bound before any child got them (`channel_dropped`), and evicted ones whose child
+died before reporting them safe (`channel_lost`). Nothing raises into the loop.
 Steps whose batch holds no sampled request are not shipped (counted `steps_unsampled` here);
 unsampled requests are shipped, without a span, because the GenAI metrics count every request.
 """
@@ -28,6 +35,7 @@ from typing import IO, Callable
 from . import wire
 from .clock import ClockAnchor
 from .record import Record, RequestRecord
+from . import retention
 from .sink import HandOffs, wait_until
 
 PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~1000 requests while the child is busy
@@ -49,6 +57,8 @@ class _Child:
     reader: threading.Thread | None = None
     report: dict = field(default_factory=dict)
     acked: int = 0  # the last FLUSH it acknowledged
+    safe: int = 0  # its first `safe` records are built and exported (reported `records_safe`)
+    released: int = 0  # its first `released` records left the retention: reported safe, or evicted
     shipped: int = 0  # records written to it
     dead: bool = False
 
@@ -56,9 +66,9 @@ class _Child:
         return not self.dead and self.proc.poll() is None
 
     def lost(self) -> int:
-        """Records shipped to it that it never reported receiving (none once it said `final`): a pipe
-        write just before a child dies succeeds, and the bytes go nowhere."""
-        return 0 if self.report.get("final") else max(0, self.shipped - self.report.get("records_received", 0))
+        """Records evicted from the retention that it never reported safe: if it died, they are gone
+        (the rest it had not reported are replayed to its replacement)."""
+        return max(0, self.released - self.safe)
 
 
 class ProcessSink:
@@ -72,8 +82,9 @@ class ProcessSink:
         self._interval_s = max(poll_interval_s, SHIP_INTERVAL_S)
         self._wake = threading.Event()
         self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns, token_events))
-        self._counts = {"records_shipped": 0, "bytes_shipped": 0, "channel_dropped": 0, "encode_errors": 0,
-                        "steps_unsampled": 0, "shipper_cpu_ns": 0, "child_restarts": 0}
+        self._counts = {"records_shipped": 0, "bytes_shipped": 0, "records_replayed": 0, "channel_dropped": 0,
+                        "encode_errors": 0, "steps_unsampled": 0, "shipper_cpu_ns": 0, "child_restarts": 0}
+        self._retained = retention.Retained(retention.RETAIN_BYTES)  # the shipper thread's alone
         self._done = 0  # records taken off the hand-offs and shipped, dropped or skipped
         self._flush_asked: list[int] = []  # flush sequence numbers for the shipper to send
         self._sequence = 0  # flushes asked
@@ -117,22 +128,41 @@ class ProcessSink:
             self._counts["shipper_cpu_ns"] = time.thread_time_ns()  # what shipping costs this process
             self._wake.wait(self._interval_s)
             self._wake.clear()
-        self._drain()
+        self._drain(final=True)
         try:
             self._child.proc.stdin.close()  # EOF: the child builds what it holds, exports and exits
         except OSError:
             pass
 
-    def _drain(self) -> None:
-        """Ship what is waiting, and any flush asked for."""
+    def _drain(self, final: bool = False) -> None:
+        """Keep what is waiting, and ship what is kept and not yet shipped, with any flush asked for;
+        a dead child is replaced even with nothing to ship (a flush may be waiting for it).
+        `final`: at stop, a dead child holding kept frames is replaced whatever the backoff."""
+        self._release(self._child)
         records = self._handoffs.take()
-        frames = [payload for record in records if (payload := self._encoded(record))]
-        shipped = len(frames)
+        self._keep([payload for record in records if (payload := self._encoded(record))])
+        flushes = []
         while self._flush_asked:
-            frames.append(wire.frame(wire.KIND_FLUSH, (self._flush_asked.pop(0),)))
-        if frames:
-            self._send(frames, shipped)
+            flushes.append(wire.frame(wire.KIND_FLUSH, (self._flush_asked.pop(0),)))
+        if flushes or self._due(final):
+            self._send(flushes, final)
         self._done += len(records)
+
+    def _due(self, final: bool) -> bool:
+        """Kept frames not yet written; or a dead child to replace (at stop: only if it held frames)."""
+        kept = self._retained
+        if kept.sent < len(kept.frames):
+            return True
+        return not self._child.alive() and (bool(kept.frames) or not final)
+
+    def _keep(self, frames: list[bytes]) -> None:
+        evicted = self._retained.add(frames)
+        self._child.released += evicted.sent  # still with the child; lost only if it dies unreported
+        self._counts["channel_dropped"] += evicted.unsent
+
+    def _release(self, child: _Child) -> None:
+        """Forget the frames `child` reported safe since the last call."""
+        child.released += self._retained.release(child.safe - child.released)
 
     def _encoded(self, record: Record) -> bytes | None:
         """The record's frame; None when it is not shipped (a batch with no sampled member, or a
@@ -148,13 +178,18 @@ class ProcessSink:
             self._counts["encode_errors"] += 1
             return None
 
-    def _send(self, frames: list[bytes], records: int) -> None:
-        child = self._live_child()
-        if child is None or not self._write(child, frames):
-            self._counts["channel_dropped"] += records
+    def _send(self, flushes: list[bytes], final: bool) -> None:
+        """The kept frames not yet written, then `flushes`, to the live child (none: they wait, and
+        a flush waits for the replacement)."""
+        child = self._live_child(final)
+        if child is None:
             return
-        child.shipped += records
-        self._counts["records_shipped"] += records
+        frames = self._retained.unsent()
+        self._write(child, frames + flushes)
+        # written, or gone with a child that died mid-write: either way its replacement gets them again
+        self._retained.sent = len(self._retained.frames)
+        child.shipped += len(frames)
+        self._counts["records_shipped"] += len(frames)
         self._counts["bytes_shipped"] += sum(map(len, frames))
 
     def _write(self, child: _Child, frames: list[bytes]) -> bool:
@@ -168,13 +203,13 @@ class ProcessSink:
         return True
 
     # --- a child that died -----------------------------------------------------------------------------
-    def _live_child(self) -> _Child | None:
-        """The child; a new one if it died (unless stopping, or within the restart backoff)."""
+    def _live_child(self, final: bool) -> _Child | None:
+        """The child; a new one if it died (unless within the restart backoff and not `final`)."""
         child = self._child
         if child.alive():
             return child
         child.dead = True
-        if self._stop.is_set() or time.monotonic() < self._restart_at:
+        if not final and time.monotonic() < self._restart_at:
             return None
         self._retire(child)
         self._counts["child_restarts"] += 1
@@ -184,14 +219,19 @@ class ProcessSink:
         fresh.reader.start()
         with self._child_changed:
             self._child = fresh
+            self._child_changed.notify_all()  # a flush waiting on the dead one asks this one
         return fresh if self._write(fresh, [self._hello]) else None
 
     def _retire(self, child: _Child) -> None:
-        """Reaps a dead child and keeps what it reported, and what it lost, in the running totals."""
+        """Reaps a dead child and keeps what it reported, and what it lost, in the running totals;
+        the frames it had not reported safe are now for its replacement."""
         if child.proc.poll() is None:  # a broken pipe, the process not yet gone
             child.proc.kill()
         child.proc.wait()
         child.reader.join(1.0)  # its last report is on the pipe until EOF
+        self._release(child)
+        self._counts["records_replayed"] += self._retained.sent
+        self._retained.sent = 0
         with self._child_changed:
             for key, value in child.report.items():
                 if key not in _NOT_SUMMED:
@@ -207,8 +247,10 @@ class ProcessSink:
                 except ValueError:
                     continue
                 with self._child_changed:
-                    child.report = report
+                    if report.keys() != {"records_safe"}:  # else a progress line: that alone
+                        child.report = report
                     child.acked = max(child.acked, report.get("ack", 0))
+                    child.safe = child.report["records_safe"] = max(child.safe, report.get("records_safe", 0))
                     self._child_changed.notify_all()
         with self._child_changed:
             child.dead = True
@@ -231,21 +273,23 @@ class ProcessSink:
     # --- flush and stop --------------------------------------------------------------------------------
     def flush(self, timeout_s: float) -> bool:
         """Wait until every record handed off so far is shipped, then until the child has built and
-        exported it (its FLUSH acknowledgement). False on timeout or when the child died meanwhile
-        (what could not be shipped is counted in `channel_dropped` by then)."""
+        exported it (its FLUSH acknowledgement). A child that dies meanwhile: its replacement (with
+        the replays) is asked; False on timeout, e.g. a dead child within its restart backoff."""
         deadline = time.monotonic() + timeout_s
         # counted from what the hand-offs accepted: a record just taken but not yet shipped still counts
         if not wait_until(lambda: self._done >= self._handoffs.accepted(), timeout_s, self._wake.set):
             return False
         with self._child_changed:
-            child = self._child
-            self._sequence += 1
-            sequence = self._sequence
-            self._flush_asked.append(sequence)
-            self._wake.set()
-            return self._child_changed.wait_for(
-                lambda: child.dead or child.acked >= sequence,
-                max(0.0, deadline - time.monotonic())) and not child.dead
+            while (left_s := deadline - time.monotonic()) > 0:
+                child = self._child
+                self._sequence += 1
+                sequence = self._sequence
+                self._flush_asked.append(sequence)
+                self._wake.set()
+                self._child_changed.wait_for(lambda: child.acked >= sequence or self._child is not child, left_s)
+                if child.acked >= sequence:
+                    return True
+            return False
 
     def stop(self, timeout_s: float) -> None:
         """Ship everything left, close the pipe and wait for the child to export and exit; kill it
@@ -261,3 +305,14 @@ class ProcessSink:
             child.proc.wait()
         child.reader.join(timeout_s)
         self._handoffs.close()
+        if not self._shipper.is_alive():
+            self._abandon(child)
+
+    def _abandon(self, child: _Child) -> None:
+        """At stop: what the last child did not report safe is lost with it (a child that exits on
+        EOF reports everything), and what no child got is dropped."""
+        self._release(child)
+        with self._child_changed:
+            child.released += self._retained.sent
+            self._counts["channel_dropped"] += len(self._retained.frames) - self._retained.sent
+            self._retained = retention.Retained(retention.RETAIN_BYTES)

@@ -8,6 +8,20 @@ the pipe holds the rest), with its own providers from the OTEL_* environment
 as one JSON line on REPORT_FD every `REPORT_INTERVAL_S`, after each FLUSH (with `ack`) and at exit
 (`final`).
 
+`records_safe` (in every report, and alone in a line as soon as it grows, checked every
+`PROGRESS_INTERVAL_S`) = how many records, in arrival order, are out of this process's hands: built,
+and every span they queued exported (or counted lost here: `export_failed` once the exporter's own
+retries are spent, `export_dropped`, `build_errors`, `decode_errors`; a replay would not do better).
+After each record the builder notes each counting processor's `queued` position; the record is
+safe once each processor's `settled` position (FIFO: spans leave the queue's front in order) has
+passed it. The serving process keeps every frame until it is reported safe and replays the rest to
+this process's replacement, so spans exported but not yet reported are exported again. To keep that
+window small, exports happen at checkpoints (every `REPORT_INTERVAL_S`: force_flush, then the
+report) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE), not on the processor's own schedule
+(OTEL_BSP_SCHEDULE_DELAY is set off here, `CHECKPOINT_ONLY_DELAY_MS`); a kill between an export's
+success and the next progress line repeats that batch's records. A repeated request's SERVER span
+has the same span id (decided at receipt); its other spans and the engine-step spans get fresh ids.
+
 It ends on EOF (the serving process closed the pipe or died), on SIGTERM, or when it is orphaned:
 in each case it shuts its providers down (exporting what it built) and exits 0.
 """
@@ -16,6 +30,7 @@ from __future__ import annotations
 
 import json
 import marshal
+from collections import deque
 import os
 import signal
 import sys
@@ -28,10 +43,12 @@ from .clock import ClockAnchor
 from .counters import drop_reasons
 from .emitter import SpanEmitter
 from .genai_metrics import GenAiServerMetrics
-from .otel_setup import configure
+from .otel_setup import configure, export_positions
 from .sink import NICE
 
-REPORT_INTERVAL_S = 0.5
+REPORT_INTERVAL_S = 0.25  # also the checkpoint interval: spans wait at most this long to be exported
+CHECKPOINT_ONLY_DELAY_MS = 3_600_000  # the batch processor's schedule, off: the checkpoints export
+PROGRESS_INTERVAL_S = 0.02  # how soon an export is reported: the window in which a kill repeats it
 
 
 class Terminated(BaseException):
@@ -58,6 +75,7 @@ def read_frame(stream) -> tuple[int, tuple] | None:
 class SpanProcess:
     def __init__(self, hello: tuple, report_fd: int) -> None:
         service_name, anchor_mono_ns, anchor_wall_ns, token_events = hello
+        os.environ["OTEL_BSP_SCHEDULE_DELAY"] = str(CHECKPOINT_ONLY_DELAY_MS)  # this process's own environment
         self.providers = configure(service_name, set_global=False)
         provider = self.providers.tracer_provider
         metrics = GenAiServerMetrics(self.providers.meter_provider, lambda: drop_reasons(self.counters()))
@@ -65,14 +83,23 @@ class SpanProcess:
                                    ClockAnchor(anchor_mono_ns, anchor_wall_ns), provider, token_events)
         self.report_out = os.fdopen(report_fd, "w", buffering=1)
         self.report_lock = threading.Lock()
-        self.received = self.decode_errors = 0
+        self.checkpoint_lock = threading.Lock()  # one checkpoint at a time; none once stopping
+        self.stopping = False
+        self.received = self.decode_errors = self.done = self.safe = 0
+        self.positions = export_positions(provider)
+        self.marks: deque[tuple[int, tuple[int, ...]]] = deque()  # (records done, each processor's `queued`)
+        self.progress_lock = threading.Lock()
 
     def handle(self, kind: int, fields: tuple) -> None:
         if kind == wire.KIND_FLUSH:
-            self.providers.tracer_provider.force_flush()
-            self.report(ack=fields[0])
+            self.checkpoint(ack=fields[0])
             return
         self.received += 1
+        self.build(kind, fields)
+        self.done += 1  # after its spans went to the processors
+        self.marks.append((self.done, tuple(p.queued for p in self.positions)))
+
+    def build(self, kind: int, fields: tuple) -> None:
         try:
             record = (wire.decode_request(fields) if kind == wire.KIND_REQUEST
                       else wire.decode_step(fields) if kind == wire.KIND_STEP else None)
@@ -84,13 +111,40 @@ class SpanProcess:
         self.builder.build(record)
 
     def counters(self) -> dict[str, int]:
-        return {**self.builder.counters(), "records_received": self.received, "decode_errors": self.decode_errors}
+        return {**self.builder.counters(), "records_received": self.received, "decode_errors": self.decode_errors,
+                "records_safe": self.safe}
+
+    def progress(self) -> bool:
+        """Advance `safe` past the records whose spans have all settled; True if it moved."""
+        with self.progress_lock:
+            marks, safe = self.marks, self.safe
+            while marks and all(p.settled >= q for p, q in zip(self.positions, marks[0][1])):
+                safe = max(safe, marks.popleft()[0])
+            moved, self.safe = safe > self.safe, safe
+            return moved
+
+    def checkpoint(self, **extra) -> None:
+        """Export everything queued, then report (see the module doc)."""
+        with self.checkpoint_lock:
+            if self.stopping:
+                return
+            self.providers.tracer_provider.force_flush()
+            self.progress()
+            self.report(**extra)
+
+    def report_progress(self) -> None:
+        while True:
+            time.sleep(PROGRESS_INTERVAL_S)
+            if self.progress():
+                self.write({"records_safe": self.safe})
 
     def report(self, **extra) -> None:
-        counters = {**self.counters(), "child_cpu_ns": time.process_time_ns(), **extra}
+        self.write({**self.counters(), "child_cpu_ns": time.process_time_ns(), **extra})
+
+    def write(self, report: dict) -> None:
         with self.report_lock:
             try:
-                self.report_out.write(json.dumps(counters) + "\n")
+                self.report_out.write(json.dumps(report) + "\n")
             except (BrokenPipeError, ValueError):  # nobody reads any more: nothing to tell
                 pass
 
@@ -100,10 +154,15 @@ class SpanProcess:
             if os.getppid() != parent_pid:  # orphaned (the serving process died): wind down
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
-            self.report()
+            self.checkpoint()
 
     def stop(self) -> None:
-        self.providers.shutdown()
+        """Export everything (the providers' shutdown), then report every record safe."""
+        with self.checkpoint_lock, self.progress_lock:
+            self.stopping = True
+            self.providers.shutdown()
+            self.safe = self.done
+            self.marks.clear()
         self.report(final=True)
 
 
@@ -118,6 +177,7 @@ def main(argv: list[str]) -> int:
         return 2
     process = SpanProcess(first[1], report_fd)
     threading.Thread(target=process.report_periodically, args=(parent_pid,), daemon=True).start()
+    threading.Thread(target=process.report_progress, daemon=True).start()
     try:
         while (item := read_frame(stream)) is not None:
             process.handle(*item)

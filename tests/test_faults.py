@@ -1,5 +1,6 @@
 """The fault suite's short form (benchmarks/faults.py --short) as CI: every scenario survives with
-nothing acknowledged lost, nothing duplicated, and recovery within a bound."""
+nothing acknowledged lost, nothing duplicated (the span-builder kills: at-least-once, a bounded
+few), and recovery within a bound."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def outcomes(tmp_path_factory) -> dict:
 def test_each_scenario_recovers_within_its_bound_and_duplicates_nothing(outcomes, scenario):
     outcome = outcomes[scenario]
     assert outcome.acknowledged > 0
-    assert outcome.duplicated == 0
+    assert outcome.duplicated == 0 or scenario == "span_builder_killed"  # at-least-once: bounded below
     assert outcome.recover_s is not None and outcome.recover_s <= RECOVER_BOUND_S[scenario], outcome
 
 
@@ -45,11 +46,15 @@ def test_clickhouse_outage_was_ridden_out_by_retries(outcomes):
     assert outcomes["clickhouse_outage"].detail["collector"]["insert_retries"] > 0
 
 
-def test_killed_span_builders_cost_spans_only_counted_ones_and_no_request(outcomes):
+def test_killed_span_builders_lose_no_span_and_no_request(outcomes):
     outcome = outcomes["span_builder_killed"]
     assert outcome.acknowledged == outcome.sent  # serving went on: every request answered 200
     assert outcome.detail["child_restarts"] == suite.SHORT.builder_kills
-    assert outcome.lost <= outcome.detail["telemetry_spans_dropped"]  # every missing span was counted
+    assert (outcome.lost, outcome.detail["telemetry_spans_dropped"]) == (0, 0), outcome  # replayed, not lost
+    # at-least-once: a replay repeats what a dead child exported after its last checkpoint (0.25 s),
+    # rare as the child exports only at its checkpoints: at most a tenth of the requests here
+    assert outcome.duplicated <= outcome.sent // 10, outcome
+    assert outcome.detail["duplicated_spans"] <= outcome.detail["request_spans_stored"] // 10, outcome
 
 
 def test_overload_is_refused_with_503_in_bounded_memory_and_passes(outcomes):

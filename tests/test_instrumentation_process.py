@@ -1,7 +1,8 @@
 """builder="process": the same spans as the in-process builder, built by a child process that
 exports through the real OTLP/HTTP exporter to a loopback receiver; ids and sampling decided once
-in the serving process; a dead child is replaced (with a backoff) and what it took down is counted,
-never raised; no process left."""
+in the serving process; a dead child is replaced (with a backoff) and gets again what it had not
+reported built and exported, so a SIGKILL loses nothing the bound kept (past it: counted, never
+raised); no process left."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import time
 import pytest
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
-from phaselens.instrumentation import names, shipper
+from phaselens.instrumentation import names, retention, shipper
+from phaselens.instrumentation.sink import wait_until
 from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST
 from phaselens.instrumentation.server import ServerTelemetry
 from tests.instrumentation_fixtures import (PARENT_ID, TRACE_ID, TRACEPARENT, OtlpReceiver, http_scope, make_rig,
@@ -128,6 +130,10 @@ def _root_ids(handles) -> set[bytes]:
     return {h.span.get_span_context().span_id.to_bytes(8, "big") for h in handles}
 
 
+def _exported_roots(receiver) -> list[bytes]:
+    return [span.span_id for span in receiver.spans if span.name == ROOT]
+
+
 def _kill_child(rig) -> int:
     pid = rig.telemetry.span_builder_pid
     os.kill(pid, signal.SIGKILL)
@@ -135,52 +141,89 @@ def _kill_child(rig) -> int:
     return pid
 
 
-def _script_until_flushed(rig, handles: list, attempts: int = 20) -> bool:
-    """Requests until one flush succeeds: what meets a dying child is lost (counted), then the
-    shipper finds it dead and, if the backoff allows, a new child takes over."""
-    for _ in range(attempts):
-        handles.append(script_request(rig))
-        if rig.telemetry.flush(3):
-            return True
-    return False
+def _accounted(stats: dict, records: int) -> bool:
+    """Every record (a scripted request is two: the request, its step) was reported built and
+    exported by a child, or counted lost."""
+    return stats["records_safe"] + stats["channel_lost"] + stats["channel_dropped"] == records
 
 
-def _accounted(stats: dict, requests: int) -> bool:
-    """Each scripted request is two records (the request, its step): received by a child, or counted."""
-    return stats["records_received"] + stats["channel_lost"] + stats["channel_dropped"] == 2 * requests
-
-
-def test_a_killed_child_is_replaced_and_every_record_is_accounted_for(receiver):
+def test_a_child_killed_with_records_in_flight_is_replaced_and_they_all_arrive(receiver):
     rig = make_rig(builder="process")
     handles = [script_request(rig)]
     assert rig.telemetry.flush(20)
-    first = _kill_child(rig)
-    assert _script_until_flushed(rig, handles)
+    first = rig.telemetry.span_builder_pid
+    os.kill(first, signal.SIGSTOP)  # it reads nothing more: what follows is shipped, never built
+    handles += [script_request(rig) for _ in range(20)]
+    assert wait_until(lambda: rig.telemetry.stats()["records_shipped"] == 2 * len(handles), 10)
+    _kill_child(rig)
+    assert rig.telemetry.flush(20)  # the replacement got the 40 records again, then the flush
     stats = rig.telemetry.stats()
     assert stats["child_restarts"] == 1 and stats["child_alive"] == 1 and rig.telemetry.span_builder_pid != first
-    assert _accounted(stats, len(handles))
-    exported = {span.span_id for span in receiver.spans}
-    assert _root_ids([handles[0], handles[-1]]) <= exported  # built by the first child, and by the second
+    assert stats["records_replayed"] == 40 and stats["records_shipped"] == 2 + 40 + 40
+    assert (stats["channel_lost"], stats["channel_dropped"], stats["spans_dropped"]) == (0, 0, 0)
+    assert _accounted(stats, 2 * len(handles))
+    roots = _exported_roots(receiver)
+    assert set(roots) == _root_ids(handles) and len(roots) == len(handles)  # each once: none was built twice
     second = rig.telemetry.span_builder_pid
     rig.telemetry.shutdown()
     assert gone(second)
 
 
-def test_a_child_that_keeps_dying_is_not_respawned_within_the_backoff(receiver, monkeypatch):
+def test_records_are_kept_through_the_restart_backoff_and_delivered_at_shutdown(receiver, monkeypatch):
     monkeypatch.setattr(shipper, "RESTART_BACKOFF_S", 60.0)
     rig = make_rig(builder="process")
     handles = [script_request(rig)]
     assert rig.telemetry.flush(20)
     _kill_child(rig)
-    assert _script_until_flushed(rig, handles)  # the first death is replaced at once
-    _kill_child(rig)
-    assert not _script_until_flushed(rig, handles, attempts=3)  # the second waits out 60 s
+    handles.append(script_request(rig))
+    assert rig.telemetry.flush(20)  # the first death is replaced at once
+    pid = _kill_child(rig)
+    handles += [script_request(rig) for _ in range(3)]
+    assert not rig.telemetry.flush(2)  # the second waits out 60 s: kept meanwhile, nothing dropped
     stats = rig.telemetry.stats()
-    assert stats["child_restarts"] == 1 and stats["child_alive"] == 0 and _accounted(stats, len(handles))
-    assert stats["channel_dropped"] + stats["channel_lost"] >= 6 and stats["spans_dropped"] >= 6
+    assert stats["child_restarts"] == 1 and stats["child_alive"] == 0 and rig.telemetry.span_builder_pid == pid
+    assert (stats["channel_lost"], stats["channel_dropped"], stats["spans_dropped"]) == (0, 0, 0)
     started = time.monotonic()
-    rig.telemetry.shutdown()  # nothing raised into the loop, and no wait on a dead child
-    assert time.monotonic() - started < 5
+    rig.telemetry.shutdown()  # a last child takes what is kept
+    assert time.monotonic() - started < 30
+    stats = rig.telemetry.stats()
+    assert stats["child_restarts"] == 2 and stats["spans_dropped"] == 0 and _accounted(stats, 2 * len(handles))
+    assert set(_exported_roots(receiver)) == _root_ids(handles)
+
+
+def test_past_the_retention_bound_the_oldest_records_are_dropped_and_counted(receiver, monkeypatch):
+    monkeypatch.setattr(shipper, "RESTART_BACKOFF_S", 60.0)
+    rig = make_rig(builder="process")
+    script_request(rig)
+    assert rig.telemetry.flush(20)
+    pair_bytes = rig.telemetry.stats()["bytes_shipped"]  # one request's two frames
+    rig.telemetry._sink._retained.limit_bytes = 3 * pair_bytes  # the bound, as RETAIN_BYTES sets it
+    _kill_child(rig)
+    assert rig.telemetry.flush(20), rig.telemetry.stats()  # replaced at once; the next death waits out the backoff
+    _kill_child(rig)
+    handles = []
+    for _ in range(10):  # one at a time: oldest first in the retention
+        handles.append(script_request(rig))
+        assert wait_until(lambda: rig.telemetry.stats()["queued"] == 0, 10)
+    rig.telemetry.shutdown()  # a last child takes the newest three
+    stats = rig.telemetry.stats()
+    delivered = set(_exported_roots(receiver)) & _root_ids(handles)
+    kept = len(delivered)
+    assert kept == 3 and delivered == _root_ids(handles[-kept:])
+    evicted_pairs = 2 * (len(handles) - kept)  # and, frame sizes varying, maybe the oldest kept one's step
+    assert stats["channel_dropped"] in (evicted_pairs, evicted_pairs + 1) and stats["channel_lost"] == 0
+    assert stats["spans_dropped"] == stats["channel_dropped"] and _accounted(stats, 2 + 2 * len(handles))
+
+
+def test_the_retention_evicts_oldest_first_and_tells_sent_from_unsent():
+    kept = retention.Retained(limit_bytes=10)
+    assert kept.add([b"aaaa", b"bbbb"]) == retention.Evicted()
+    kept.sent = 2  # written to the child
+    assert kept.add([b"cccc"]) == retention.Evicted(sent=1) and kept.sent == 1
+    assert kept.add([b"dddddddd"]) == retention.Evicted(sent=1, unsent=1)
+    assert (list(kept.frames), kept.bytes, kept.sent, kept.unsent()) == ([b"dddddddd"], 8, 0, [b"dddddddd"])
+    kept.sent = 1
+    assert kept.release(5) == 1 and (kept.bytes, kept.sent, kept.unsent()) == (0, 0, [])
 
 
 def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch):
