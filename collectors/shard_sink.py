@@ -17,7 +17,7 @@ first replica that answers.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from phaselens.collectors import render
@@ -92,8 +92,11 @@ class ShardedSink:
                 part += rows
         futures = [self._pool.submit(shard.insert, bytes(part), token)
                    for shard, part in zip(self._shards, parts) if part]
+        # every shard is waited for before a failure is raised: a retry must not reach a shard whose
+        # previous part is still in flight (same token, and the shard's client is not thread-safe)
+        wait(futures)
         for future in futures:
-            future.result()  # every shard is waited for; the first failure is raised
+            future.result()
 
     def close(self) -> None:
         for shard in self._shards:
