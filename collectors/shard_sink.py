@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from phaselens.collectors import render
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.storage.clickhouse_url import connect
-from phaselens.storage.cluster_nodes import cluster_nodes
+from phaselens.storage.cluster_nodes import ClusterError, cluster_nodes
 
 CLUSTER_INSERTS = ("direct", "distributed")
 
@@ -68,10 +68,12 @@ class ShardedSink:
         by_shard: dict[int, list] = {}
         for node in nodes:
             by_shard.setdefault(node.shard_num, []).append(node)
-        self._shards = [_Shard(num, [ClickHouseSink(node.url, self.database) for node in replicas])
-                        for num, replicas in sorted(by_shard.items())]
         self._slot_shard = [i for i, (_, replicas) in enumerate(sorted(by_shard.items()))
                             for _ in range(replicas[0].shard_weight)]
+        if not self._slot_shard:  # render_slots(…, 0) would return one unsplit block
+            raise ClusterError(f"cluster {self.cluster!r} has no shard with a weight above 0")
+        self._shards = [_Shard(num, [ClickHouseSink(node.url, self.database) for node in replicas])
+                        for num, replicas in sorted(by_shard.items())]
         self._pool = ThreadPoolExecutor(len(self._shards), thread_name_prefix="shard-insert")
 
     def render(self, payload: bytes) -> list[bytes]:
