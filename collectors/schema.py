@@ -118,7 +118,8 @@ def _engine(table_engine: str | None, cluster: str | None, family: str, keep_par
 def distributed_engine(cluster: str, database: str, table: str) -> str:
     """Sharded by the trace id: a request's spans, inserted by different processes in different
     batches, meet on one shard, so the per-request materialized view stays shard-local."""
-    ident(cluster)
+    for name in (cluster, database, table):  # quoted as string literals below: plain names only
+        ident(name)
     return f"Distributed('{cluster}', '{database}', '{table}', cityHash64(TraceId))"
 
 

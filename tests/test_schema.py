@@ -86,6 +86,13 @@ def test_bad_arguments_are_refused(bad):
         schema.statements(**bad)
 
 
+@pytest.mark.parametrize("names", [("c", "otel'", "otel_traces"), ("c", "otel", "t', 'x"), ("c d", "otel", "t")])
+def test_distributed_engine_takes_plain_names_only(names):
+    # its arguments are quoted as string literals in the engine clause
+    with pytest.raises(schema.SchemaError):
+        schema.distributed_engine(*names)
+
+
 def test_cli_schema_apply(clickhouse, ch_client, fresh_database, capsys):
     # Only this command's parser: phaselens.cli would import every command (some import torch).
     parser = argparse.ArgumentParser(prog="phaselens")
