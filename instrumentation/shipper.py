@@ -59,7 +59,6 @@ class _Child:
     acked: int = 0  # the last FLUSH it acknowledged
     safe: int = 0  # its first `safe` records are built and exported (reported `records_safe`)
     released: int = 0  # its first `released` records left the retention: reported safe, or evicted
-    shipped: int = 0  # records written to it
     dead: bool = False
 
     def alive(self) -> bool:
@@ -188,7 +187,6 @@ class ProcessSink:
         self._write(child, frames + flushes)
         # written, or gone with a child that died mid-write: either way its replacement gets them again
         self._retained.sent = len(self._retained.frames)
-        child.shipped += len(frames)
         self._counts["records_shipped"] += len(frames)
         self._counts["bytes_shipped"] += sum(map(len, frames))
 
