@@ -60,6 +60,7 @@ class _Child:
     safe: int = 0  # its first `safe` records are built and exported (reported `records_safe`)
     released: int = 0  # its first `released` records left the retention: reported safe, or evicted
     dead: bool = False
+    retired: bool = False  # its report is in ProcessSink._retired (counters() must not add it again)
 
     def alive(self) -> bool:
         return not self.dead and self.proc.poll() is None
@@ -235,6 +236,7 @@ class ProcessSink:
                 if key not in _NOT_SUMMED:
                     self._retired[key] = self._retired.get(key, 0) + value
             self._retired["channel_lost"] = self._retired.get("channel_lost", 0) + child.lost()
+            child.retired = True  # still self._child until its replacement has started
 
     # --- reports from the child ----------------------------------------------------------------------
     def _read_reports(self, child: _Child) -> None:
@@ -257,7 +259,8 @@ class ProcessSink:
     def counters(self) -> dict[str, int]:
         with self._child_changed:
             child, retired = self._child, dict(self._retired)
-            report = {k: v for k, v in child.report.items() if k not in _NOT_SUMMED}
+            current = {} if child.retired else child.report
+            report = {k: v for k, v in current.items() if k not in _NOT_SUMMED}
         alive = child.alive()
         counters = {"spans_built": 0, "build_errors": 0, "export_exported": 0, "export_failed": 0,
                     "export_dropped": 0, **self._handoffs.counters()}
@@ -265,7 +268,7 @@ class ProcessSink:
             for key, value in counts.items():
                 counters[key] = counters.get(key, 0) + value
         counters["child_alive"] = int(alive)
-        counters["channel_lost"] = retired.get("channel_lost", 0) + (0 if alive else child.lost())
+        counters["channel_lost"] = retired.get("channel_lost", 0) + (0 if alive or child.retired else child.lost())
         return counters
 
     # --- flush and stop --------------------------------------------------------------------------------

@@ -169,6 +169,25 @@ def test_a_child_killed_with_records_in_flight_is_replaced_and_they_all_arrive(r
     assert gone(second)
 
 
+def test_counters_read_while_a_dead_child_is_replaced_count_it_once(receiver):
+    rig = make_rig(builder="process")
+    script_request(rig)
+    assert rig.telemetry.flush(20)
+    sink = rig.telemetry._sink
+    before = sink.counters()["records_safe"]
+    seen, spawn = [], sink._spawn
+
+    def spawn_and_read():  # runs after the dead child is retired, before its replacement is the child
+        seen.append(sink.counters()["records_safe"])
+        return spawn()
+
+    sink._spawn = spawn_and_read
+    _kill_child(rig)
+    assert rig.telemetry.flush(20)
+    assert before == 2 and seen == [before] and sink.counters()["records_safe"] == before
+    rig.telemetry.shutdown()
+
+
 def test_records_are_kept_through_the_restart_backoff_and_delivered_at_shutdown(receiver, monkeypatch):
     monkeypatch.setattr(shipper, "RESTART_BACKOFF_S", 60.0)
     rig = make_rig(builder="process")
