@@ -4,7 +4,7 @@ Every node gets the same `<remote_servers>` definition (all nodes' native TCP po
 `<macros>` ({shard}, {replica}), so `Distributed` tables, `_shard_num` and `clusterAllReplicas`
 work across the processes. What chdb lacks (docs/contracts.md#embedded-clickhouse): Keeper, the
 distributed-DDL worker (ON CLUSTER) and interserver HTTP, hence no replication; the schema is
-applied per node (`phaselens.storage.cluster_schema`).
+applied per node (`phaselens schema apply --cluster NAME --ddl per-node`, `collectors.schema.apply_each`).
 
 chdb sets `background_distributed_schedule_pool_size` to 0, which leaves asynchronous Distributed
 inserts queued on disk for ever; the generated config raises it.
