@@ -212,7 +212,8 @@ class ProcessSink:
             return None
         self._retire(child)
         self._counts["child_restarts"] += 1
-        backoff_s = RESTART_BACKOFF_S * 2 ** (self._counts["child_restarts"] - 1)
+        # the doublings capped: past ~1,000 restarts (8 h of a crash loop at 30 s) 2**n overflows a float
+        backoff_s = RESTART_BACKOFF_S * 2 ** min(self._counts["child_restarts"] - 1, 30)
         self._restart_at = time.monotonic() + min(backoff_s, RESTART_BACKOFF_MAX_S)
         fresh = self._spawn()
         fresh.reader.start()

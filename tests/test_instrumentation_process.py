@@ -188,6 +188,18 @@ def test_counters_read_while_a_dead_child_is_replaced_count_it_once(receiver):
     rig.telemetry.shutdown()
 
 
+def test_a_child_is_still_replaced_after_thousands_of_restarts(receiver):
+    rig = make_rig(builder="process")
+    handles = [script_request(rig)]
+    assert rig.telemetry.flush(20)
+    rig.telemetry._sink._counts["child_restarts"] = 5_000  # a crash loop of many hours
+    _kill_child(rig)
+    handles.append(script_request(rig))
+    assert rig.telemetry.flush(20)  # replaced: the backoff is capped, not 0.5 s × 2**5000
+    assert rig.telemetry.stats()["child_restarts"] == 5_001 and set(_exported_roots(receiver)) == _root_ids(handles)
+    rig.telemetry.shutdown()
+
+
 def test_records_are_kept_through_the_restart_backoff_and_delivered_at_shutdown(receiver, monkeypatch):
     monkeypatch.setattr(shipper, "RESTART_BACKOFF_S", 60.0)
     rig = make_rig(builder="process")
