@@ -14,6 +14,7 @@ delay the decodes batched with them), outputs of 16-48 tokens.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import signal
 import tempfile
@@ -228,7 +229,7 @@ def _print_howto(stack: Stack, console: Console) -> None:
     """Commands against what runs; on a cluster, any node's views read every shard, so only the
     schema and collector commands need its flags."""
     ch, node = stack.clickhouse_url, urlsplit(stack.clickhouse_url)
-    schema_flags = "".join(f" {flag}" for flag in stack.storage.schema_flags)
+    schema_flags = "".join(f" {shlex.quote(flag)}" for flag in stack.storage.schema_flags)
     otel = " ".join(f"{k}={v}" for k, v in stack.otel_env(CLIENT_SERVICE).items()
                     if k.startswith("OTEL_") and k != "OTEL_BSP_SCHEDULE_DELAY")
     sql = ("SELECT trace_id, client_ttft_ms, queue_ms, prefill_ms FROM otel.phaselens_requests "
@@ -237,7 +238,7 @@ def _print_howto(stack: Stack, console: Console) -> None:
 [bold]Everything stays up until Ctrl-C.[/]
   storage:   {stack.storage.describe()}
   schema:    phaselens schema apply --clickhouse {ch} --database {stack.database}{schema_flags}
-  collector: phaselens {' '.join(stack.collector_argv)}
+  collector: phaselens {shlex.join(stack.collector_argv)}
   budget:    phaselens budget --clickhouse {ch} --since 1h
   diagnose:  phaselens diagnose --clickhouse {ch} --since 1h
   report:    phaselens report --clickhouse {ch} --since 1h --out report.html
