@@ -183,7 +183,8 @@ class ServerTelemetry:
         (past the retention bound before any child got it), `channel_lost` (past the bound, and its
         child died before reporting it), `encode_errors`, `shipper_cpu_ns`, `child_alive`,
         `child_restarts` (a dead child is replaced at the shipper's next wake-up, then at most once per
-        backoff), `child_cpu_ns`, `records_received`, `records_safe` (built and exported, as the
+        backoff), `spawn_errors` (a replacement that could not be started, e.g. EMFILE: what it would
+        get stays kept and the start is tried again after the backoff), `child_cpu_ns`, `records_received`, `records_safe` (built and exported, as the
         children reported), `decode_errors`, and the children's counters as of their last reports
         (every 0.25 s and at each flush), summed over the children that died."""
         return with_losses({**self._sink.counters(), "requests_pending": len(self._closer)})

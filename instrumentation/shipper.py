@@ -83,7 +83,8 @@ class ProcessSink:
         self._wake = threading.Event()
         self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns, token_events))
         self._counts = {"records_shipped": 0, "bytes_shipped": 0, "records_replayed": 0, "channel_dropped": 0,
-                        "encode_errors": 0, "steps_unsampled": 0, "shipper_cpu_ns": 0, "child_restarts": 0}
+                        "encode_errors": 0, "steps_unsampled": 0, "shipper_cpu_ns": 0, "child_restarts": 0,
+                        "spawn_errors": 0}
         self._retained = retention.Retained(retention.RETAIN_BYTES)  # the shipper thread's alone
         self._done = 0  # records taken off the hand-offs and shipped, dropped or skipped
         self._flush_asked: list[int] = []  # flush sequence numbers for the shipper to send
@@ -97,9 +98,15 @@ class ProcessSink:
 
     def _spawn(self) -> _Child:
         report_read, report_write = os.pipe()
-        proc = subprocess.Popen([sys.executable, "-m", "phaselens.instrumentation.span_process", str(report_write),
-                                 str(os.getpid())], stdin=subprocess.PIPE, pass_fds=(report_write,))
-        os.close(report_write)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "phaselens.instrumentation.span_process",
+                                     str(report_write), str(os.getpid())], stdin=subprocess.PIPE,
+                                    pass_fds=(report_write,))
+        except OSError:
+            os.close(report_read)
+            raise
+        finally:
+            os.close(report_write)
         try:
             import fcntl  # POSIX only
 
@@ -210,12 +217,17 @@ class ProcessSink:
         child.dead = True
         if not final and time.monotonic() < self._restart_at:
             return None
+        attempts = self._counts["child_restarts"] + self._counts["spawn_errors"]
+        # the doublings capped: past ~1,000 restarts (8 h of a crash loop at 30 s) 2**n overflows a float
+        backoff_s = RESTART_BACKOFF_S * 2 ** min(attempts, 30)
+        self._restart_at = time.monotonic() + min(backoff_s, RESTART_BACKOFF_MAX_S)
+        try:
+            fresh = self._spawn()
+        except OSError:  # no process to be had now (EMFILE, ENOMEM): frames stay kept, tried after the backoff
+            self._counts["spawn_errors"] += 1
+            return None
         self._retire(child)
         self._counts["child_restarts"] += 1
-        # the doublings capped: past ~1,000 restarts (8 h of a crash loop at 30 s) 2**n overflows a float
-        backoff_s = RESTART_BACKOFF_S * 2 ** min(self._counts["child_restarts"] - 1, 30)
-        self._restart_at = time.monotonic() + min(backoff_s, RESTART_BACKOFF_MAX_S)
-        fresh = self._spawn()
         fresh.reader.start()
         with self._child_changed:
             self._child = fresh

@@ -6,6 +6,7 @@ raised); no process left."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -177,7 +178,7 @@ def test_counters_read_while_a_dead_child_is_replaced_count_it_once(receiver):
     before = sink.counters()["records_safe"]
     seen, spawn = [], sink._spawn
 
-    def spawn_and_read():  # runs after the dead child is retired, before its replacement is the child
+    def spawn_and_read():  # runs while the dead child is being replaced, before the swap
         seen.append(sink.counters()["records_safe"])
         return spawn()
 
@@ -186,6 +187,33 @@ def test_counters_read_while_a_dead_child_is_replaced_count_it_once(receiver):
     assert rig.telemetry.flush(20)
     assert before == 2 and seen == [before] and sink.counters()["records_safe"] == before
     rig.telemetry.shutdown()
+
+
+def test_a_replacement_that_cannot_start_is_tried_again_and_nothing_is_lost(receiver):
+    """Fault injection (the OS refusing a process, e.g. EMFILE): the first start of a replacement
+    raises; the shipper keeps the records, counts the failure and starts one after the backoff."""
+    rig = make_rig(builder="process")
+    handles = [script_request(rig)]
+    assert rig.telemetry.flush(20)
+    sink = rig.telemetry._sink
+    failures, spawn = [], sink._spawn
+
+    def spawn_failing_once():
+        if not failures:
+            failures.append(1)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return spawn()
+
+    sink._spawn = spawn_failing_once
+    _kill_child(rig)
+    handles += [script_request(rig) for _ in range(3)]
+    assert rig.telemetry.flush(20)  # the second start, after the backoff, gets everything
+    stats = rig.telemetry.stats()
+    assert (stats["spawn_errors"], stats["child_restarts"], stats["child_alive"]) == (1, 1, 1)
+    assert (stats["channel_lost"], stats["channel_dropped"], stats["spans_dropped"]) == (0, 0, 0)
+    assert set(_exported_roots(receiver)) == _root_ids(handles)
+    rig.telemetry.shutdown()
+    assert rig.telemetry._sink._shipper.is_alive() is False
 
 
 def test_a_child_is_still_replaced_after_thousands_of_restarts(receiver):
