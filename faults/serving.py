@@ -43,6 +43,7 @@ class Reply:
     trace_id: str
     status: int  # HTTP status, 0 when the connection failed
     latency_s: float
+    error: str = ""  # the transport error's class when status is 0, e.g. ReadError
 
 
 @dataclass(slots=True)
@@ -116,8 +117,8 @@ def complete(client: httpx.Client, url: str, max_tokens: int = 8) -> Reply:
             for _ in r.iter_bytes():
                 pass
             status = r.status_code
-    except httpx.HTTPError:
-        status = 0
+    except httpx.HTTPError as e:
+        return Reply(trace_id, 0, time.monotonic() - started, type(e).__name__)
     return Reply(trace_id, status, time.monotonic() - started)
 
 

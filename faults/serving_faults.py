@@ -101,7 +101,9 @@ def _outcome(name: str, pipeline: Pipeline, rig: ServingRig, before: dict[str, i
     ok = [r.trace_id for r in replies if r.status == 200]
     roots = _settle(pipeline, rig.service, [r.trace_id for r in replies])
     stored = {t for t in ok if t in roots}
+    errors = [r.error for r in replies if r.status == 0]
     detail.update(unit="requests", statuses=_statuses(replies),
+                  transport_errors={e: errors.count(e) for e in sorted(set(errors))},
                   telemetry_spans_dropped=after["spans_dropped"] - before["spans_dropped"],
                   child_restarts=after.get("child_restarts", 0) - before.get("child_restarts", 0))
     return Outcome(name, len(replies), len(ok), len(stored), len(ok) - len(stored),
@@ -182,8 +184,8 @@ async def _complete_async(client: httpx.AsyncClient, url: str) -> Reply:
             async for _ in r.aiter_bytes():
                 pass
             status = r.status_code
-    except httpx.HTTPError:
-        status = 0
+    except httpx.HTTPError as e:
+        return Reply(trace_id, 0, time.monotonic() - started, type(e).__name__)
     return Reply(trace_id, status, time.monotonic() - started)
 
 
