@@ -4,7 +4,12 @@ here because pyproject's `[tool.setuptools] ext-modules` is still experimental."
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(
-    "phaselens.collectors._otlp_rows", ["collectors/_otlp_rows.c"],
-    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
-)])
+setup(
+    ext_modules=[
+        Extension(
+            "phaselens.collectors._otlp_rows",
+            ["collectors/_otlp_rows.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        )
+    ]
+)

@@ -41,8 +41,8 @@ class Stat:
     p99: float | None = None
     mean: float | None = None
 
-    def ratio(self, whole: "Stat") -> "Stat":
-        return Stat(*(_div(a, b) for a, b in zip(self.values(), whole.values())))
+    def ratio(self, whole: Stat) -> Stat:
+        return Stat(*(_div(a, b) for a, b in zip(self.values(), whole.values(), strict=False)))
 
     def values(self) -> tuple:
         return self.p50, self.p90, self.p99, self.mean
@@ -154,7 +154,7 @@ def query_rows(client, name: str, filters: dict) -> list[dict]:
         raise AnalysisError(str(e)) from None
     except Exception as e:  # clickhouse-connect raises DatabaseError/OperationalError subclasses
         raise AnalysisError(_explain(e, filters.get("database", "otel"))) from None
-    return [dict(zip(result.column_names, row)) for row in result.result_rows]
+    return [dict(zip(result.column_names, row, strict=False)) for row in result.result_rows]
 
 
 def _run(client, name: str, filters: dict) -> dict:
@@ -166,8 +166,10 @@ def _run(client, name: str, filters: dict) -> dict:
 def _explain(error: Exception, database: str) -> str:
     text = str(error)
     if "UNKNOWN_TABLE" in text or "UNKNOWN_DATABASE" in text or "Code: 60" in text or "Code: 81" in text:
-        return (f"the phaselens schema is missing in database {database!r}: "
-                "run `phaselens schema apply --clickhouse URL` first")
+        return (
+            f"the phaselens schema is missing in database {database!r}: "
+            "run `phaselens schema apply --clickhouse URL` first"
+        )
     return f"ClickHouse query failed: {text.splitlines()[0][:300]}"
 
 
@@ -177,13 +179,26 @@ def _stat(row: dict, name: str) -> Stat:
     return Stat(*values[:3], _clean(row.get(f"{name}_mean")))
 
 
-def budget(client, database: str = "otel", service: str | None = None, model: str | None = None,
-           since: str | None = "15m", slo: SLO | None = None, approx: bool = False) -> BudgetReport:
+def budget(
+    client,
+    database: str = "otel",
+    service: str | None = None,
+    model: str | None = None,
+    since: str | None = "15m",
+    slo: SLO | None = None,
+    approx: bool = False,
+) -> BudgetReport:
     """The whole budget for the selection (two queries); goodput against `slo` (its ttft and tpot);
     `since=None` means all time."""
     slos = {"ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms} if slo else {}
-    filters = {"database": database, "service": service, "model": model, "since": since,
-               "approx": approx or None, **slos}
+    filters = {
+        "database": database,
+        "service": service,
+        "model": model,
+        "since": since,
+        "approx": approx or None,
+        **slos,
+    }
     row = _run(client, "budget_summary", filters)
     dists = {name: _stat(row, name) for name, _ in q.DISTRIBUTIONS}
     reference = "client" if row.get("with_client") else "server"
@@ -191,27 +206,40 @@ def budget(client, database: str = "otel", service: str | None = None, model: st
     components = [ComponentBudget(name, dists[name], dists[name].ratio(whole)) for name, _ in q.COMPONENTS]
     requests = int(row.get("requests") or 0)
     return BudgetReport(
-        requests=requests, with_client=int(row.get("with_client") or 0),
-        with_server=int(row.get("with_server") or 0), errors=int(row.get("errors") or 0),
+        requests=requests,
+        with_client=int(row.get("with_client") or 0),
+        with_server=int(row.get("with_server") or 0),
+        errors=int(row.get("errors") or 0),
         no_output=int(row.get("no_output") or 0),
-        reference=reference, components=components, distributions=dists,
-        tail=_tail(row, dists) if requests else None, goodput=_goodput(row, slos, requests),
+        reference=reference,
+        components=components,
+        distributions=dists,
+        tail=_tail(row, dists) if requests else None,
+        goodput=_goodput(row, slos, requests),
         stalls=_stalls(_run(client, "decode_stalls", filters)),
         filters={k: v for k, v in filters.items() if v is not None},
-        span_models=list(row.get("span_models") or []), unseparated=span_models.notes(row.get("span_models") or []))
+        span_models=list(row.get("span_models") or []),
+        unseparated=span_models.notes(row.get("span_models") or []),
+    )
 
 
 def _stalls(row: dict) -> DecodeStalls:
     counts = (int(row.get(k) or 0) for k in ("steps", "decode_steps", "mixed_steps"))
-    return DecodeStalls(_clean(row.get("baseline_ms")), *counts, float(row.get("stall_ms") or 0.0),
-                        float(row.get("request_stall_ms") or 0.0), int(row.get("delayed_decodes") or 0))
+    return DecodeStalls(
+        _clean(row.get("baseline_ms")),
+        *counts,
+        float(row.get("stall_ms") or 0.0),
+        float(row.get("request_stall_ms") or 0.0),
+        int(row.get("delayed_decodes") or 0),
+    )
 
 
 def _goodput(row: dict, slos: dict, requests: int) -> Goodput:
     good = int(row.get("good") or 0)
     window = _clean(row.get("window_s")) if row.get("with_server") else None
-    return Goodput(slos.get("ttft_slo_ms"), slos.get("tpot_slo_ms"), good, window,
-                   _div(good, window), _div(good, requests))
+    return Goodput(
+        slos.get("ttft_slo_ms"), slos.get("tpot_slo_ms"), good, window, _div(good, window), _div(good, requests)
+    )
 
 
 def _tail(row: dict, dists: dict[str, Stat]) -> TailAttribution:
@@ -224,5 +252,6 @@ def _tail(row: dict, dists: dict[str, Stat]) -> TailAttribution:
         comps.append(TailComponent(name, tail_mean, median, delta, _div(delta, growth)))
     ranked = [c for c in comps if c.delta_ms is not None]
     grew_most = max(ranked, key=lambda c: c.delta_ms).name if ranked else None
-    return TailAttribution(_clean(row.get("threshold_ms")), int(row.get("tail_requests") or 0), tail_ttft,
-                           median_ttft, comps, grew_most)
+    return TailAttribution(
+        _clean(row.get("threshold_ms")), int(row.get("tail_requests") or 0), tail_ttft, median_ttft, comps, grew_most
+    )

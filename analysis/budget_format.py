@@ -12,8 +12,17 @@ from rich.table import Table
 from phaselens.analysis import queries as q
 from phaselens.analysis.budget import BudgetReport, Stat
 
-TPOT_ITL = ("client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms", "server_itl_p99_ms",
-            "client_e2e_ms", "server_e2e_ms", "e2e_residual_ms", "stall_ms", "queue_all_waits_ms")
+TPOT_ITL = (
+    "client_tpot_ms",
+    "server_tpot_ms",
+    "client_itl_p99_ms",
+    "server_itl_p99_ms",
+    "client_e2e_ms",
+    "server_e2e_ms",
+    "e2e_residual_ms",
+    "stall_ms",
+    "queue_all_waits_ms",
+)
 FIRST_CHUNK_SPLIT = tuple(name for name, _ in q.FIRST_CHUNK_SPLIT)
 
 
@@ -38,9 +47,11 @@ def _table(title: str, headers: list[str]) -> Table:
 
 def to_rich(report: BudgetReport) -> Group:
     ref = f"{report.reference}_ttft_ms"
-    budget = _table(f"TTFT budget ({report.requests} requests, {report.with_client} with a client view, "
-                    f"{report.errors} errors, {report.no_output} with no output; shares of {report.reference} TTFT)",
-                    ["term (ms)", "p50", "p90", "p99", "mean", "share p50", "share p99", "share mean"])
+    budget = _table(
+        f"TTFT budget ({report.requests} requests, {report.with_client} with a client view, "
+        f"{report.errors} errors, {report.no_output} with no output; shares of {report.reference} TTFT)",
+        ["term (ms)", "p50", "p90", "p99", "mean", "share p50", "share p99", "share mean"],
+    )
     for c in report.components:
         budget.add_row(c.name, *_stat_cells(c.ms), _pct(c.share.p50), _pct(c.share.p99), _pct(c.share.mean))
     for name in ("client_ttft_ms", "server_ttfc_ms", "server_ttft_ms", "client_ttfo_ms"):
@@ -49,9 +60,11 @@ def to_rich(report: BudgetReport) -> Group:
     tpot = _table("TPOT / ITL / e2e (ms)", ["statistic", "p50", "p90", "p99", "mean"])
     for name in TPOT_ITL:
         tpot.add_row(name, *_stat_cells(report.distributions[name]))
-    split = _table("first_chunk: where the server's delivery went (ms; loop_wait = event loop late, "
-                   "encode = SSE encoding and framework, write = send until it returned, outside the term)",
-                   ["part", "p50", "p90", "p99", "mean"])
+    split = _table(
+        "first_chunk: where the server's delivery went (ms; loop_wait = event loop late, "
+        "encode = SSE encoding and framework, write = send until it returned, outside the term)",
+        ["part", "p50", "p90", "p99", "mean"],
+    )
     for name in FIRST_CHUNK_SPLIT:
         split.add_row(name, *_stat_cells(report.distributions[name]))
     parts = [budget, split, tpot]
@@ -60,19 +73,26 @@ def to_rich(report: BudgetReport) -> Group:
     parts += [f"not separated by {note}" for note in report.unseparated]
     if report.tail is not None:
         t = report.tail
-        tail = _table(f"Tail: {t.requests} requests with TTFT > p99 = {_ms(t.threshold_ms)} ms "
-                      f"(mean {_ms(t.ttft_tail_mean_ms)} vs median {_ms(t.ttft_median_ms)}); "
-                      f"grew most: {t.grew_most}", ["term", "tail mean", "median", "delta", "share of growth"])
+        tail = _table(
+            f"Tail: {t.requests} requests with TTFT > p99 = {_ms(t.threshold_ms)} ms "
+            f"(mean {_ms(t.ttft_tail_mean_ms)} vs median {_ms(t.ttft_median_ms)}); "
+            f"grew most: {t.grew_most}",
+            ["term", "tail mean", "median", "delta", "share of growth"],
+        )
         for c in t.components:
             tail.add_row(c.name, _ms(c.tail_mean_ms), _ms(c.median_ms), _ms(c.delta_ms), _pct(c.share_of_growth))
         parts.append(tail)
     g, s = report.goodput, report.stalls
     slo = f"SLO ttft ≤ {_ms(g.ttft_slo_ms)} ms, tpot ≤ {_ms(g.tpot_slo_ms)} ms"
-    parts.append(f"goodput: {g.good_requests} good requests, {_ms(g.goodput_rps)} req/s over {_ms(g.window_s)} s, "
-                 f"attainment {_pct(g.attainment)} ({slo})")
-    parts.append(f"decode stalls from prefill: {s.mixed_steps} of {s.decode_steps} decode steps carried prefill; "
-                 f"+{_ms(s.stall_ms)} ms engine time vs a {_ms(s.baseline_ms)} ms decode-only step; "
-                 f"{_ms(s.request_stall_ms)} request-ms of delayed tokens ({s.delayed_decodes} tokens)")
+    parts.append(
+        f"goodput: {g.good_requests} good requests, {_ms(g.goodput_rps)} req/s over {_ms(g.window_s)} s, "
+        f"attainment {_pct(g.attainment)} ({slo})"
+    )
+    parts.append(
+        f"decode stalls from prefill: {s.mixed_steps} of {s.decode_steps} decode steps carried prefill; "
+        f"+{_ms(s.stall_ms)} ms engine time vs a {_ms(s.baseline_ms)} ms decode-only step; "
+        f"{_ms(s.request_stall_ms)} request-ms of delayed tokens ({s.delayed_decodes} tokens)"
+    )
     return Group(*parts)
 
 

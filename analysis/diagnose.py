@@ -24,8 +24,18 @@ from phaselens.analysis.budget import AnalysisError, query_rows
 from phaselens.analysis.diagnose_figures import Figures, LoadDependence, bucket_seconds, load_dependence, num, pct
 from phaselens.common.slo import SLO
 
-CAUSES = ("queue", "prefill", "decode", "prefill_stalls", "kv_pressure", "delivery", "network", "ingress",
-          "client", "none")
+CAUSES = (
+    "queue",
+    "prefill",
+    "decode",
+    "prefill_stalls",
+    "kv_pressure",
+    "delivery",
+    "network",
+    "ingress",
+    "client",
+    "none",
+)
 LEVELS = ("p50", "p99")
 
 
@@ -79,22 +89,35 @@ class Diagnosis:
         return asdict(self)
 
 
-def diagnose(client, database: str = "otel", service: str | None = None, model: str | None = None,
-             since: str | None = "15m", slo: SLO | None = None) -> Diagnosis:
+def diagnose(
+    client,
+    database: str = "otel",
+    service: str | None = None,
+    model: str | None = None,
+    since: str | None = "15m",
+    slo: SLO | None = None,
+) -> Diagnosis:
     """Read the figures, the engine steps, the verdict and the load buckets; assemble the six steps."""
-    slo = SLO(ttft_ms=(slo and slo.ttft_ms) or th.DEFAULT_TTFT_SLO_MS,
-              tpot_ms=(slo and slo.tpot_ms) or th.DEFAULT_TPOT_SLO_MS)
-    filters = {"database": database, "service": service, "model": model, "since": since,
-               "ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms}
-    figures = Figures.from_rows(query_rows(client, "diagnosis_figures", filters),
-                                query_rows(client, "diagnosis_engine", filters))
+    slo = SLO(
+        ttft_ms=(slo and slo.ttft_ms) or th.DEFAULT_TTFT_SLO_MS, tpot_ms=(slo and slo.tpot_ms) or th.DEFAULT_TPOT_SLO_MS
+    )
+    filters = {
+        "database": database,
+        "service": service,
+        "model": model,
+        "since": since,
+        "ttft_slo_ms": slo.ttft_ms,
+        "tpot_slo_ms": slo.tpot_ms,
+    }
+    figures = Figures.from_rows(
+        query_rows(client, "diagnosis_figures", filters), query_rows(client, "diagnosis_engine", filters)
+    )
     if not figures.requests:  # a verdict over nothing would read as "none": say what is missing instead
         raise AnalysisError(f"no requests in the selection ({_describe(filters)}): nothing to diagnose")
     figures.server_url = _server_url(query_rows(client, "diagnosis_target", filters))
     signals = [_signal(row) for row in query_rows(client, "diagnosis_causes", filters)]
     bucket_s = bucket_seconds(figures.window_s)
-    load = load_dependence(query_rows(client, "queueing_vs_load", {**filters, "bucket_s": bucket_s}), bucket_s,
-                           figures)
+    load = load_dependence(query_rows(client, "queueing_vs_load", {**filters, "bucket_s": bucket_s}), bucket_s, figures)
     return assemble(figures, signals, load, slo, {k: v for k, v in filters.items() if v is not None})
 
 
@@ -111,8 +134,15 @@ def _server_url(rows: list[dict]) -> str | None:
 
 
 def _signal(row: dict) -> Signal:
-    return Signal(row["cause"], row["role"], row["p50_signal"], row["p99_signal"], float(row["threshold"]),
-                  bool(row["flagged_p50"]), bool(row["flagged_p99"]))
+    return Signal(
+        row["cause"],
+        row["role"],
+        row["p50_signal"],
+        row["p99_signal"],
+        float(row["threshold"]),
+        bool(row["flagged_p50"]),
+        bool(row["flagged_p99"]),
+    )
 
 
 def assemble(figures: Figures, signals: list[Signal], load: LoadDependence, slo: SLO, filters: dict) -> Diagnosis:
@@ -120,17 +150,35 @@ def assemble(figures: Figures, signals: list[Signal], load: LoadDependence, slo:
     primary = next((s.cause for s in signals if s.role == "primary"), "none")
     causes = [s.cause for s in signals if s.role in ("primary", "contributing")] or ["none"]
     levels = {level: _level(level, i, figures, signals, slo) for i, level in enumerate(LEVELS)}
-    steps = [_step_ttft_or_decode(figures, levels, slo), _step_queue_or_prefill(figures, load),
-             _step_shapes(figures), _step_percentiles(figures, levels), _step_goodput(figures, slo),
-             _step_cause(primary, causes, levels)]
-    return Diagnosis(primary, causes, levels, steps, lv.levers(causes, figures, load), signals, load,
-                     figures.requests, slo.describe(), filters)
+    steps = [
+        _step_ttft_or_decode(figures, levels, slo),
+        _step_queue_or_prefill(figures, load),
+        _step_shapes(figures),
+        _step_percentiles(figures, levels),
+        _step_goodput(figures, slo),
+        _step_cause(primary, causes, levels),
+    ]
+    return Diagnosis(
+        primary,
+        causes,
+        levels,
+        steps,
+        lv.levers(causes, figures, load),
+        signals,
+        load,
+        figures.requests,
+        slo.describe(),
+        filters,
+    )
 
 
 def _level(level: str, i: int, f: Figures, signals: list[Signal], slo: SLO) -> LevelVerdict:
     ttft, tpot = f.at("ttft_ms", i), f.at("tpot_ms", i)
-    risk = [name for name, value, target in (("ttft", ttft, slo.ttft_ms), ("tpot", tpot, slo.tpot_ms))
-            if value is not None and value > th.MARGIN * target]
+    risk = [
+        name
+        for name, value, target in (("ttft", ttft, slo.ttft_ms), ("tpot", tpot, slo.tpot_ms))
+        if value is not None and value > th.MARGIN * target
+    ]
     flagged = [s.cause for s in signals if (s.flagged_p50, s.flagged_p99)[i]]
     if not risk:
         return LevelVerdict(level, ttft, tpot, risk, "none", ["none"])
@@ -153,20 +201,36 @@ def _step_ttft_or_decode(f: Figures, levels: dict[str, LevelVerdict], slo: SLO) 
     else:
         finding = f"TTFT and TPOT hold with margin (≤ {th.MARGIN:g} × SLO) at p50 and p99"
     share = f"time to first token is {pct(f.share('ttft_ms', 'e2e_ms', 0))} of e2e at p50"
-    return Step(1, "TTFT or decode?", finding, [
-        f"{_stat(f, 'ttft_ms', 'TTFT')} against SLO {slo.ttft_ms:g} ms",
-        f"{_stat(f, 'tpot_ms', 'TPOT')} against SLO {slo.tpot_ms:g} ms", share])
+    return Step(
+        1,
+        "TTFT or decode?",
+        finding,
+        [
+            f"{_stat(f, 'ttft_ms', 'TTFT')} against SLO {slo.ttft_ms:g} ms",
+            f"{_stat(f, 'tpot_ms', 'TPOT')} against SLO {slo.tpot_ms:g} ms",
+            share,
+        ],
+    )
 
 
 def _step_queue_or_prefill(f: Figures, load: LoadDependence) -> Step:
     q50, p50 = f.share("queue_ms", "ttft_ms", 0), f.share("prefill_ms", "ttft_ms", 0)
     q99, p99 = f.share("queue_ms", "ttft_ms", 1), f.share("prefill_ms", "ttft_ms", 1)
-    bigger = "queueing (capacity, scheduling)" if (q99 or 0) + (q50 or 0) > (p99 or 0) + (p50 or 0) \
+    bigger = (
+        "queueing (capacity, scheduling)"
+        if (q99 or 0) + (q50 or 0) > (p99 or 0) + (p50 or 0)
         else "prefill (prompt compute)"
-    return Step(2, "Queueing or prefill?", f"{bigger} takes more of TTFT; {load.finding}", [
-        f"{_stat(f, 'queue_ms', 'queue')}: {pct(q50)} of TTFT p50, {pct(q99)} of TTFT p99",
-        f"{_stat(f, 'prefill_ms', 'prefill')}: {pct(p50)} of TTFT p50, {pct(p99)} of TTFT p99",
-        *load.evidence])
+    )
+    return Step(
+        2,
+        "Queueing or prefill?",
+        f"{bigger} takes more of TTFT; {load.finding}",
+        [
+            f"{_stat(f, 'queue_ms', 'queue')}: {pct(q50)} of TTFT p50, {pct(q99)} of TTFT p99",
+            f"{_stat(f, 'prefill_ms', 'prefill')}: {pct(p50)} of TTFT p50, {pct(p99)} of TTFT p99",
+            *load.evidence,
+        ],
+    )
 
 
 def _step_shapes(f: Figures) -> Step:
@@ -178,21 +242,41 @@ def _step_shapes(f: Figures) -> Step:
         finding = f"prompt-heavy ({ratio:.0f} input tokens per output token at p50): the workload stresses prefill"
     else:
         finding = f"output-heavy ({ratio:.1f} input tokens per output token at p50): the workload stresses decode"
-    return Step(3, "Which phase does the workload stress?", finding, [
-        _stat(f, "input_tokens", "input tokens", ""), _stat(f, "output_tokens", "output tokens", ""),
-        f"prefix-cache hit rate {pct(f.prefix_hit_rate)} of input tokens"])
+    return Step(
+        3,
+        "Which phase does the workload stress?",
+        finding,
+        [
+            _stat(f, "input_tokens", "input tokens", ""),
+            _stat(f, "output_tokens", "output tokens", ""),
+            f"prefix-cache hit rate {pct(f.prefix_hit_rate)} of input tokens",
+        ],
+    )
 
 
 def _step_percentiles(f: Figures, levels: dict[str, LevelVerdict]) -> Step:
     p50, p99 = levels["p50"], levels["p99"]
     same = p50.primary_cause == p99.primary_cause
-    finding = (f"p50 and p99 have the same cause ({p50.primary_cause})" if same else
-               f"the tail has its own cause: p50 → {p50.primary_cause}, p99 → {p99.primary_cause}")
-    ratios = [f"{name} p99 / p50 = {f.at(col, 1) / f.at(col, 0):.1f}" for name, col in (("TTFT", "ttft_ms"),
-              ("TPOT", "tpot_ms")) if f.at(col, 0) and f.at(col, 1) is not None]
-    return Step(4, "Percentiles, not means", finding, [
-        *ratios, f"p50: at risk {', '.join(p50.at_risk) or 'nothing'}; causes {', '.join(p50.causes)}",
-        f"p99: at risk {', '.join(p99.at_risk) or 'nothing'}; causes {', '.join(p99.causes)}"])
+    finding = (
+        f"p50 and p99 have the same cause ({p50.primary_cause})"
+        if same
+        else f"the tail has its own cause: p50 → {p50.primary_cause}, p99 → {p99.primary_cause}"
+    )
+    ratios = [
+        f"{name} p99 / p50 = {f.at(col, 1) / f.at(col, 0):.1f}"
+        for name, col in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
+        if f.at(col, 0) and f.at(col, 1) is not None
+    ]
+    return Step(
+        4,
+        "Percentiles, not means",
+        finding,
+        [
+            *ratios,
+            f"p50: at risk {', '.join(p50.at_risk) or 'nothing'}; causes {', '.join(p50.causes)}",
+            f"p99: at risk {', '.join(p99.at_risk) or 'nothing'}; causes {', '.join(p99.causes)}",
+        ],
+    )
 
 
 def _step_goodput(f: Figures, slo: SLO) -> Step:
@@ -202,15 +286,30 @@ def _step_goodput(f: Figures, slo: SLO) -> Step:
     completed = (f.requests - f.errors) / window if window else None
     goodput = f.good / window if window else None
     attainment = f.good / f.requests if f.requests else None
-    finding = (f"{pct(attainment)} of requests meet every SLO" if attainment is not None else "no requests")
-    return Step(5, "Goodput under the SLO", finding, [
-        f"goodput {goodput or 0:.2f} req/s of {completed or 0:.2f} completed req/s over {window:.1f} s "
-        f"(TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms; {f.good} of {f.requests} requests, "
-        f"{f.errors} errors)"])
+    finding = f"{pct(attainment)} of requests meet every SLO" if attainment is not None else "no requests"
+    return Step(
+        5,
+        "Goodput under the SLO",
+        finding,
+        [
+            (
+                f"goodput {goodput or 0:.2f} req/s of {completed or 0:.2f} completed req/s over {window:.1f} s "
+                f"(TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms; {f.good} of {f.requests} requests, "
+                f"{f.errors} errors)"
+            )
+        ],
+    )
 
 
 def _step_cause(primary: str, causes: list[str], levels: dict[str, LevelVerdict]) -> Step:
-    finding = ("every SLO holds with margin: none" if primary == "none" else
-               f"primary cause {primary}" + (f"; contributing {', '.join(causes[1:])}" if causes[1:] else ""))
-    return Step(6, "Cause, from server-side evidence", finding,
-                [f"{v.level}: {v.primary_cause} (causes: {', '.join(v.causes)})" for v in levels.values()])
+    finding = (
+        "every SLO holds with margin: none"
+        if primary == "none"
+        else f"primary cause {primary}" + (f"; contributing {', '.join(causes[1:])}" if causes[1:] else "")
+    )
+    return Step(
+        6,
+        "Cause, from server-side evidence",
+        finding,
+        [f"{v.level}: {v.primary_cause} (causes: {', '.join(v.causes)})" for v in levels.values()],
+    )

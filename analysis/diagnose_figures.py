@@ -41,11 +41,15 @@ class Figures:
     def from_rows(cls, figures: list[dict], engine: list[dict]) -> Figures:
         row = figures[0] if figures else {}
         counts = [int(row.get(k) or 0) for k in ("requests", "errors", "with_client", "good")]
-        return cls(*counts, _clean(row.get("window_s")) if counts[0] else None, _clean(row.get("prefix_hit_rate")),
-                   _clean(row.get("preempted_share")), list(row.get("models") or []),
-                   quantiles={k.removesuffix("_q"): [_clean(v) for v in vals] for k, vals in row.items()
-                              if k.endswith("_q")},
-                   engine={k: _clean(v) for k, v in (engine[0] if engine else {}).items()})
+        return cls(
+            *counts,
+            _clean(row.get("window_s")) if counts[0] else None,
+            _clean(row.get("prefix_hit_rate")),
+            _clean(row.get("preempted_share")),
+            list(row.get("models") or []),
+            quantiles={k.removesuffix("_q"): [_clean(v) for v in vals] for k, vals in row.items() if k.endswith("_q")},
+            engine={k: _clean(v) for k, v in (engine[0] if engine else {}).items()},
+        )
 
     def at(self, name: str, i: int) -> float | None:
         """Level `i` (0 = p50, 1 = p99) of figure `name`."""
@@ -94,8 +98,15 @@ def bucket_seconds(window_s: float | None) -> int:
 
 def load_dependence(rows: list[dict], bucket_s: int, f: Figures) -> LoadDependence:
     """`rows`: the `queueing_vs_load` buckets in time order."""
-    usable = sorted((r for r in rows[1:-1] if (r.get("arrivals_per_s") or 0) * bucket_s >= th.MIN_BUCKET_REQUESTS
-                     and _clean(r.get("queue_p50_ms")) is not None), key=lambda r: r["arrivals_per_s"])
+    usable = sorted(
+        (
+            r
+            for r in rows[1:-1]
+            if (r.get("arrivals_per_s") or 0) * bucket_s >= th.MIN_BUCKET_REQUESTS
+            and _clean(r.get("queue_p50_ms")) is not None
+        ),
+        key=lambda r: r["arrivals_per_s"],
+    )
     rates = [r["arrivals_per_s"] for r in usable]
     if len(usable) < 2 or rates[-1] < th.RATE_SPREAD * rates[0]:
         return _single_rate(rates, bucket_s, f)
@@ -104,9 +115,13 @@ def load_dependence(rows: list[dict], bucket_s: int, f: Figures) -> LoadDependen
     high = statistics.median(r["queue_p50_ms"] for r in usable[half:])
     grows = high >= th.QUEUE_GROWTH * max(low, 1e-3)
     finding = "queueing grows with the arrival rate" if grows else "queueing does not grow with the arrival rate"
-    evidence = [f"queue p50 {high:.1f} ms in the faster half of {len(usable)} {bucket_s}-s buckets "
-                f"({rates[half]:.2f}–{rates[-1]:.2f} req/s) vs {low:.1f} ms in the slower half "
-                f"({rates[0]:.2f}–{rates[half - 1]:.2f} req/s)"]
+    evidence = [
+        (
+            f"queue p50 {high:.1f} ms in the faster half of {len(usable)} {bucket_s}-s buckets "
+            f"({rates[half]:.2f}–{rates[-1]:.2f} req/s) vs {low:.1f} ms in the slower half "
+            f"({rates[0]:.2f}–{rates[half - 1]:.2f} req/s)"
+        )
+    ]
     return LoadDependence(len(usable), bucket_s, rates[0], rates[-1], low, high, False, grows, None, finding, evidence)
 
 
@@ -114,13 +129,25 @@ def _single_rate(rates: list[float], bucket_s: int, f: Figures) -> LoadDependenc
     rate = f.requests / f.window_s if f.window_s else None
     command = next_run_command(f, rate)
     spread = f" ({rates[0]:.2f}–{rates[-1]:.2f} req/s)" if rates else ""
-    evidence = [f"{len(rates)} comparable {bucket_s}-s arrival bucket(s){spread}; "
-                + (f"{rate:.2f} req/s over the run" if rate else "no arrival rate")]
+    evidence = [
+        f"{len(rates)} comparable {bucket_s}-s arrival bucket(s){spread}; "
+        + (f"{rate:.2f} req/s over the run" if rate else "no arrival rate")
+    ]
     if command:
         evidence.append(f"low-load run: {command}")
-    return LoadDependence(len(rates), bucket_s, rate, rate, None, None, True, None, command,
-                          "one arrival rate only: whether TTFT grows with load needs a second run at a lower rate",
-                          evidence)
+    return LoadDependence(
+        len(rates),
+        bucket_s,
+        rate,
+        rate,
+        None,
+        None,
+        True,
+        None,
+        command,
+        "one arrival rate only: whether TTFT grows with load needs a second run at a lower rate",
+        evidence,
+    )
 
 
 def next_run_command(f: Figures, rate: float | None) -> str | None:
@@ -129,10 +156,15 @@ def next_run_command(f: Figures, rate: float | None) -> str | None:
     if not rate or not f.requests:
         return None
     output, words = f.at("output_tokens", 0), input_len_words(f)
-    opts = [f"--url {f.server_url or 'http://SERVER:PORT'}", *([f"--model {f.models[0]}"] if f.models else []),
-            f"--rate {max(rate / 4, 0.05):.2f}", f"--requests {max(f.requests, 20)}",
-            *([f"--input-len {words}"] if words else []), *([f"--output-len {int(output)}"] if output else []),
-            "--ignore-eos"]
+    opts = [
+        f"--url {f.server_url or 'http://SERVER:PORT'}",
+        *([f"--model {f.models[0]}"] if f.models else []),
+        f"--rate {max(rate / 4, 0.05):.2f}",
+        f"--requests {max(f.requests, 20)}",
+        *([f"--input-len {words}"] if words else []),
+        *([f"--output-len {int(output)}"] if output else []),
+        "--ignore-eos",
+    ]
     return "phaselens bench " + " ".join(opts)
 
 

@@ -27,13 +27,23 @@ def to_rich(d: Diagnosis) -> Group:
         steps.add_column(header)
     for s in d.steps:
         steps.add_row(f"{s.number}. {s.question}", s.finding, "\n".join(s.evidence))
-    signals = Table(title="Causes (signal ≥ threshold while the SLO it acts on is at risk = flagged)",
-                    title_justify="left")
-    for i, header in enumerate(("cause", "role", "p50 signal", "p99 signal", "threshold", "flagged p50", "flagged p99")):
+    signals = Table(
+        title="Causes (signal ≥ threshold while the SLO it acts on is at risk = flagged)", title_justify="left"
+    )
+    for i, header in enumerate(
+        ("cause", "role", "p50 signal", "p99 signal", "threshold", "flagged p50", "flagged p99")
+    ):
         signals.add_column(header, justify="left" if i < 2 else "right")
     for s in d.signals:
-        signals.add_row(s.cause, s.role, _signal(s.p50_signal), _signal(s.p99_signal), f"{s.threshold:g}",
-                        "yes" if s.flagged_p50 else "", "yes" if s.flagged_p99 else "")
+        signals.add_row(
+            s.cause,
+            s.role,
+            _signal(s.p50_signal),
+            _signal(s.p99_signal),
+            f"{s.threshold:g}",
+            "yes" if s.flagged_p50 else "",
+            "yes" if s.flagged_p99 else "",
+        )
     levers = Table(title="Levers", title_justify="left", show_lines=True)
     for header in ("cause", "lever", "evidence"):
         levers.add_column(header)
@@ -53,8 +63,9 @@ def _cell(text: str) -> str:
 
 def to_markdown(d: Diagnosis) -> str:
     lines = [f"**{headline(d)}**", "", "| step | finding | evidence |", "|---|---|---|"]
-    lines += [f"| {s.number}. {_cell(s.question)} | {_cell(s.finding)} | {_cell('; '.join(s.evidence))} |"
-              for s in d.steps]
+    lines += [
+        f"| {s.number}. {_cell(s.question)} | {_cell(s.finding)} | {_cell('; '.join(s.evidence))} |" for s in d.steps
+    ]
     if d.levers:
         lines += ["", "| cause | lever | evidence |", "|---|---|---|"]
         lines += [f"| {lv.cause} | {_cell(lv.action)} | {_cell(lv.evidence)} |" for lv in d.levers]

@@ -23,7 +23,7 @@ class QueryError(ValueError):
     """A bad filter value or an unknown query; the message says which."""
 
 
-def duration_ms(text: str | int | float) -> int:
+def duration_ms(text: str | float) -> int:
     """`15m` → 900000; a bare number is seconds."""
     if isinstance(text, (int, float)):
         return int(text * 1000)

@@ -32,8 +32,8 @@ Decode stalls caused by prefill (from `phaselens_steps`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
@@ -45,20 +45,37 @@ LEVEL_LABELS = ("p50", "p90", "p99")
 # Budget components: (name shown, facts column), in TTFT order.
 # `before_engine_ms` is set only for span models that cannot split ingress and first_token (vLLM's
 # native span): server TTFT − queue − prefill (analysis/schema.py).
-COMPONENTS = (("ingress_ms", "ingress_ms"), ("queue_ms", "ttft_queue_ms"), ("prefill_ms", "prefill_ms"),
-              ("first_token_ms", "first_token_ms"), ("before_engine_ms", "before_engine_ms"),
-              ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"), ("residual_ms", "residual_ms"))
+COMPONENTS = (
+    ("ingress_ms", "ingress_ms"),
+    ("queue_ms", "ttft_queue_ms"),
+    ("prefill_ms", "prefill_ms"),
+    ("first_token_ms", "first_token_ms"),
+    ("before_engine_ms", "before_engine_ms"),
+    ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"),
+    ("residual_ms", "residual_ms"),
+)
 # Where the server's first-chunk time went (first_chunk = loop_wait + encode): a late event loop
 # (loop_wait) against SSE encoding and the framework (encode); write (send until it returned) beside it.
 FIRST_CHUNK_SPLIT = (("loop_wait_ms", "loop_wait_ms"), ("encode_ms", "encode_ms"), ("write_ms", "write_ms"))
 # Every distribution the budget reports: (name, expression over the facts view).
-DISTRIBUTIONS = (("ttft_ms", "ttft_ms"), ("client_ttft_ms", "client_ttft_ms"), ("server_ttft_ms", "server_ttft_ms"),
-                 ("client_ttfo_ms", "client_ttfo_ms"), ("server_ttfc_ms", "server_ttfc_ms"), *COMPONENTS,
-                 *FIRST_CHUNK_SPLIT, ("e2e_residual_ms", "e2e_residual_ms"),
-                 ("client_tpot_ms", "client_tpot_ms"), ("server_tpot_ms", "server_tpot_ms"),
-                 ("client_itl_p99_ms", "client_itl_p99_ms"), ("server_itl_p99_ms", "itl_p99_ms"),
-                 ("client_e2e_ms", "client_e2e_ms"), ("server_e2e_ms", "server_e2e_ms"),
-                 ("stall_ms", "stall_ms"), ("queue_all_waits_ms", "queue_ms"))
+DISTRIBUTIONS = (
+    ("ttft_ms", "ttft_ms"),
+    ("client_ttft_ms", "client_ttft_ms"),
+    ("server_ttft_ms", "server_ttft_ms"),
+    ("client_ttfo_ms", "client_ttfo_ms"),
+    ("server_ttfc_ms", "server_ttfc_ms"),
+    *COMPONENTS,
+    *FIRST_CHUNK_SPLIT,
+    ("e2e_residual_ms", "e2e_residual_ms"),
+    ("client_tpot_ms", "client_tpot_ms"),
+    ("server_tpot_ms", "server_tpot_ms"),
+    ("client_itl_p99_ms", "client_itl_p99_ms"),
+    ("server_itl_p99_ms", "itl_p99_ms"),
+    ("client_e2e_ms", "client_e2e_ms"),
+    ("server_e2e_ms", "server_e2e_ms"),
+    ("stall_ms", "stall_ms"),
+    ("queue_all_waits_ms", "queue_ms"),
+)
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
 NO_OUTPUT = "status = 'ok' AND has_client AND client_ttft_ms IS NULL"
@@ -76,8 +93,9 @@ def _where(*conditions: str) -> str:
 
 def _requests(d: Dialect) -> str:
     """FROM + WHERE of the per-request facts under the time, service and model filters."""
-    return (f"FROM {d.table(FACTS_VIEW)}\n"
-            + _where(d.time_filter("start_time"), d.match("service", "service"), d.match("model", "model")))
+    return f"FROM {d.table(FACTS_VIEW)}\n" + _where(
+        d.time_filter("start_time"), d.match("service", "service"), d.match("model", "model")
+    )
 
 
 def _steps(d: Dialect) -> str:
@@ -87,35 +105,49 @@ def _steps(d: Dialect) -> str:
 def _meets_slo(d: Dialect) -> str:
     ttft = d.value("ttft_slo_ms", "Nullable(Float64)")
     tpot = d.value("tpot_slo_ms", "Nullable(Float64)")
-    return (f"status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft} IS NULL OR ttft_ms <= {ttft}) "
-            f"AND ({tpot} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot})")
+    return (
+        f"status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft} IS NULL OR ttft_ms <= {ttft}) "
+        f"AND ({tpot} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot})"
+    )
 
 
 def _window_s() -> str:
     """Seconds from the first request received to the last response closed, on the server clock."""
-    return ("greatest((toUnixTimestamp64Nano(max(server_end_time)) "
-            "- toUnixTimestamp64Nano(min(server_start_time))) / 1e9, 1e-9)")
+    return (
+        "greatest((toUnixTimestamp64Nano(max(server_end_time)) "
+        "- toUnixTimestamp64Nano(min(server_start_time))) / 1e9, 1e-9)"
+    )
 
 
 def _series(d: Dialect, time_col: str, source: str, selects: list[str]) -> str:
     """One row per time bucket of `time_col` (Grafana time-series format: `time` first)."""
     body = ",\n    ".join(selects)
-    return (f"SELECT {d.time_bucket('bucket_start')} AS time,\n    {body}\n"
-            f"FROM (SELECT *, {time_col} AS bucket_start {source})\nGROUP BY time\nORDER BY time")
+    return (
+        f"SELECT {d.time_bucket('bucket_start')} AS time,\n    {body}\n"
+        f"FROM (SELECT *, {time_col} AS bucket_start {source})\nGROUP BY time\nORDER BY time"
+    )
 
 
 # --- budget (Python API, CLI) -------------------------------------------------------------
+
 
 def _tail_columns() -> list[str]:
     """Tail attribution in the same pass: the p99 of TTFT, then, over the requests above it, the
     mean TTFT and the mean of each component (rows kept as compact tuples, filtered once)."""
     exprs = ", ".join(expr for _, expr in COMPONENTS)
-    cols = ["quantileExactInclusive(0.99)(ttft_ms) AS threshold_ms",
+    cols = [
+        "quantileExactInclusive(0.99)(ttft_ms) AS threshold_ms",
+        (
             f"arrayFilter(r -> r.1 > threshold_ms, groupArrayIf(tuple(ttft_ms, {exprs}), ttft_ms IS NOT NULL)) "
-            "AS tail_rows",
-            "length(tail_rows) AS tail_requests", f"{_mean_of('arrayMap(r -> r.1, tail_rows)')} AS ttft_tail_mean"]
-    return cols + [f"{_mean_of(f'arrayMap(r -> r.{i + 2}, tail_rows)')} AS {name}_tail_mean"
-                   for i, (name, _) in enumerate(COMPONENTS)]
+            "AS tail_rows"
+        ),
+        "length(tail_rows) AS tail_requests",
+        f"{_mean_of('arrayMap(r -> r.1, tail_rows)')} AS ttft_tail_mean",
+    ]
+    return cols + [
+        f"{_mean_of(f'arrayMap(r -> r.{i + 2}, tail_rows)')} AS {name}_tail_mean"
+        for i, (name, _) in enumerate(COMPONENTS)
+    ]
 
 
 def _mean_of(array: str) -> str:
@@ -127,22 +159,26 @@ def _mean_of(array: str) -> str:
 def budget_summary(d: Dialect) -> str:
     """One row, one pass: counts, goodput, every distribution's p50/p90/p99 array and mean, and
     the tail attribution (against the medians, which are the distributions' p50)."""
-    dists = ",\n    ".join(f"{_quantiles(d, expr)} AS {name}_q, avg({expr}) AS {name}_mean"
-                           for name, expr in DISTRIBUTIONS)
+    dists = ",\n    ".join(
+        f"{_quantiles(d, expr)} AS {name}_q, avg({expr}) AS {name}_mean" for name, expr in DISTRIBUTIONS
+    )
     return _drop_tail_rows(
         f"SELECT count() AS requests, countIf(has_client) AS with_client, countIf({ERROR}) AS errors,\n"
         f"    countIf(has_server) AS with_server, countIf({_meets_slo(d)}) AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model IS NOT NULL)) AS span_models,\n"
         f"    countIf({NO_OUTPUT}) AS no_output,\n"
-        f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}")
+        f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}"
+    )
 
 
 def tail_attribution(d: Dialect) -> str:
     """Among requests whose TTFT is above its p99, the mean of each component, against the
     component's median over all requests: delta = tail mean − median."""
     medians = ", ".join(f"quantileExactInclusive(0.5)({expr}) AS {name}_median" for name, expr in COMPONENTS)
-    return _drop_tail_rows(f"SELECT {', '.join(_tail_columns())},\n"
-                           f"    quantileExactInclusive(0.5)(ttft_ms) AS ttft_median, {medians}\n{_requests(d)}")
+    return _drop_tail_rows(
+        f"SELECT {', '.join(_tail_columns())},\n"
+        f"    quantileExactInclusive(0.5)(ttft_ms) AS ttft_median, {medians}\n{_requests(d)}"
+    )
 
 
 def _drop_tail_rows(sql: str) -> str:
@@ -152,15 +188,20 @@ def _drop_tail_rows(sql: str) -> str:
 def _stall_columns() -> list[str]:
     mixed = "prefill_tokens > 0 AND decode_tokens > 0"
     extra = "greatest(duration_ms - step_baseline_ms, 0)"
-    return ["count() AS steps", f"countIf({mixed}) AS mixed_steps",
-            "countIf(decode_tokens > 0) AS decode_steps", f"sumIf({extra}, {mixed}) AS stall_ms",
-            f"sumIf(decode_tokens * {extra}, {mixed}) AS request_stall_ms",
-            f"sumIf(decode_tokens, {mixed}) AS delayed_decodes"]
+    return [
+        "count() AS steps",
+        f"countIf({mixed}) AS mixed_steps",
+        "countIf(decode_tokens > 0) AS decode_steps",
+        f"sumIf({extra}, {mixed}) AS stall_ms",
+        f"sumIf(decode_tokens * {extra}, {mixed}) AS request_stall_ms",
+        f"sumIf(decode_tokens, {mixed}) AS delayed_decodes",
+    ]
 
 
 def _with_baseline(d: Dialect, body: str) -> str:
-    baseline = (f"SELECT quantileExactInclusive(0.5)(duration_ms) {_steps(d)} "
-                "AND prefill_tokens = 0 AND decode_tokens > 0")
+    baseline = (
+        f"SELECT quantileExactInclusive(0.5)(duration_ms) {_steps(d)} AND prefill_tokens = 0 AND decode_tokens > 0"
+    )
     return f"WITH ({baseline}) AS step_baseline_ms\n{body}"
 
 
@@ -177,15 +218,27 @@ DIAGNOSIS_LEVELS = (0.5, 0.99)  # p50 and p99, judged separately
 # model's before_engine (tokenisation and hops) with ingress (SGLang has both: summed), first_chunk
 # is the server's delivery.
 DIAGNOSIS_FIGURES = (
-    ("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("client_tpot_ms", "client_tpot_ms"),
-    ("server_tpot_ms", "server_tpot_ms"), ("e2e_ms", "coalesce(client_e2e_ms, server_e2e_ms)"),
-    ("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
-    ("queue_ms", "ttft_queue_ms"), ("prefill_ms", "prefill_ms + coalesce(first_token_ms, 0)"),
-    ("ingress_ms", "coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)"), ("delivery_ms", "ifNull(first_chunk_ms, 0)"),
-    ("network_ms", "residual_ms"))
+    ("ttft_ms", "ttft_ms"),
+    ("tpot_ms", "tpot_ms"),
+    ("client_tpot_ms", "client_tpot_ms"),
+    ("server_tpot_ms", "server_tpot_ms"),
+    ("e2e_ms", "coalesce(client_e2e_ms, server_e2e_ms)"),
+    ("input_tokens", "input_tokens"),
+    ("output_tokens", "output_tokens"),
+    ("queue_ms", "ttft_queue_ms"),
+    ("prefill_ms", "prefill_ms + coalesce(first_token_ms, 0)"),
+    ("ingress_ms", "coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)"),
+    ("delivery_ms", "ifNull(first_chunk_ms, 0)"),
+    ("network_ms", "residual_ms"),
+)
 # TTFT terms and the cause each one names
-TTFT_CAUSES = (("queue", "queue_ms"), ("prefill", "prefill_ms"), ("ingress", "ingress_ms"),
-               ("delivery", "delivery_ms"), ("network", "network_ms"))
+TTFT_CAUSES = (
+    ("queue", "queue_ms"),
+    ("prefill", "prefill_ms"),
+    ("ingress", "ingress_ms"),
+    ("delivery", "delivery_ms"),
+    ("network", "network_ms"),
+)
 DECODE_CAUSES = ("decode", "client", "prefill_stalls")  # the causes that act on TPOT
 
 
@@ -200,20 +253,24 @@ def diagnosis_figures(d: Dialect) -> str:
     output's blocks too) and the share of requests preempted at least once."""
     levels = ", ".join(map(str, DIAGNOSIS_LEVELS))
     dists = ",\n    ".join(f"quantilesExactInclusive({levels})({expr}) AS {name}_q" for name, expr in DIAGNOSIS_FIGURES)
-    return (f"SELECT count() AS requests, countIf({ERROR}) AS errors, countIf(has_client) AS with_client,\n"
-            f"    countIf({_meets_diagnosis_slo(d)}) AS good, {_window_s()} AS window_s,\n"
-            "    least(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 1) AS prefix_hit_rate,\n"
-            "    countIf(preemptions > 0) / count() AS preempted_share,\n"
-            f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n    {dists}\n{_requests(d)}")
+    return (
+        f"SELECT count() AS requests, countIf({ERROR}) AS errors, countIf(has_client) AS with_client,\n"
+        f"    countIf({_meets_diagnosis_slo(d)}) AS good, {_window_s()} AS window_s,\n"
+        "    least(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 1) AS prefix_hit_rate,\n"
+        "    countIf(preemptions > 0) / count() AS preempted_share,\n"
+        f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n    {dists}\n{_requests(d)}"
+    )
 
 
 def diagnosis_target(d: Dialect) -> str:
     """The server the selection's clients called (`server.address`, `server.port` of their CLIENT
     spans): the URL of the second `phaselens bench` run the load-dependence step may ask for."""
     addr, port = f"SpanAttributes['{n.SERVER_ADDRESS}']", f"SpanAttributes['{n.SERVER_PORT}']"
-    return (f"SELECT any({addr}) AS server_address, any({port}) AS server_port\nFROM {d.table(SPANS_VIEW)}\n"
-            f"WHERE {d.time_filter('Timestamp')} AND SpanKind IN {CLIENT_KINDS} AND {addr} != ''\n"
-            f"    AND TraceId IN (SELECT trace_id {_requests(d)})")
+    return (
+        f"SELECT any({addr}) AS server_address, any({port}) AS server_port\nFROM {d.table(SPANS_VIEW)}\n"
+        f"WHERE {d.time_filter('Timestamp')} AND SpanKind IN {CLIENT_KINDS} AND {addr} != ''\n"
+        f"    AND TraceId IN (SELECT trace_id {_requests(d)})"
+    )
 
 
 def _meets_diagnosis_slo(d: Dialect) -> str:
@@ -227,14 +284,18 @@ def diagnosis_engine(d: Dialect) -> str:
         stall_share = request_stall_ms / Σ_{decode steps} decode_tokens × duration_ms
     (request_stall_ms as in decode_stalls: the decode-token time lost to prefill in mixed steps)."""
     kv = "kv_blocks_used / nullIf(kv_blocks_total, 0)"
-    return _with_baseline(d, (
-        f"SELECT {', '.join(_stall_columns())},\n"
-        "    request_stall_ms / nullIf(sumIf(decode_tokens * duration_ms, decode_tokens > 0), 0) AS stall_share,\n"
-        "    any(step_baseline_ms) AS decode_step_p50_ms,\n"
-        "    quantileExactInclusiveIf(0.5)(duration_ms, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_step_p50_ms,\n"
-        f"    quantileExactInclusive(0.9)({kv}) AS kv_used_p90, max({kv}) AS kv_used_max,\n"
-        "    sum(preemptions) AS preemptions, avg(batch_size) AS batch_size_mean, max(queue_depth) AS queue_depth_max\n"
-        f"{_steps(d)}"))
+    return _with_baseline(
+        d,
+        (
+            f"SELECT {', '.join(_stall_columns())},\n"
+            "    request_stall_ms / nullIf(sumIf(decode_tokens * duration_ms, decode_tokens > 0), 0) AS stall_share,\n"
+            "    any(step_baseline_ms) AS decode_step_p50_ms,\n"
+            "    quantileExactInclusiveIf(0.5)(duration_ms, prefill_tokens > 0 AND decode_tokens > 0) AS mixed_step_p50_ms,\n"
+            f"    quantileExactInclusive(0.9)({kv}) AS kv_used_p90, max({kv}) AS kv_used_max,\n"
+            "    sum(preemptions) AS preemptions, avg(batch_size) AS batch_size_mean, max(queue_depth) AS queue_depth_max\n"
+            f"{_steps(d)}"
+        ),
+    )
 
 
 def _at(name: str, i: int) -> str:
@@ -252,10 +313,14 @@ def _cause_rows() -> list[str]:
     of TTFT at that percentile; decode's the server's share of TPOT, client's the rest; the engine
     causes have one signal for both levels. Root causes (engine mechanisms) rank above the symptom
     terms they explain: kv_pressure (admission waits, preemptions), prefill_stalls (slow decode)."""
-    rows = [f"('{cause}', {_share(col, 'ttft_ms', 1)}, {_share(col, 'ttft_ms', 2)}, {th.TERM_SHARE}, 0)"
-            for cause, col in TTFT_CAUSES]
-    rows.append(f"('decode', {_share('server_tpot_ms', 'tpot_ms', 1)}, {_share('server_tpot_ms', 'tpot_ms', 2)}, "
-                f"{th.DECODE_SHARE}, 0)")
+    rows = [
+        f"('{cause}', {_share(col, 'ttft_ms', 1)}, {_share(col, 'ttft_ms', 2)}, {th.TERM_SHARE}, 0)"
+        for cause, col in TTFT_CAUSES
+    ]
+    rows.append(
+        f"('decode', {_share('server_tpot_ms', 'tpot_ms', 1)}, {_share('server_tpot_ms', 'tpot_ms', 2)}, "
+        f"{th.DECODE_SHARE}, 0)"
+    )
     client = [f"toFloat64(1 - {_at('server_tpot_ms', i)} / nullIf({_at('client_tpot_ms', i)}, 0))" for i in (1, 2)]
     rows.append(f"('client', {client[0]}, {client[1]}, {th.CLIENT_SHARE}, 0)")
     rows.append(f"('prefill_stalls', toFloat64(e.stall_share), toFloat64(e.stall_share), {th.STALL_SHARE}, 1)")
@@ -266,8 +331,7 @@ def _cause_rows() -> list[str]:
 
 def _flagged(i: int, ttft_risk: str, tpot_risk: str) -> str:
     """Cause `c` flagged at level `i`: its signal reached its threshold while the SLO it acts on is at risk."""
-    gate = (f"multiIf(c.1 IN {DECODE_CAUSES}, {tpot_risk}, c.1 = 'kv_pressure', {ttft_risk} OR {tpot_risk}, "
-            f"{ttft_risk})")
+    gate = f"multiIf(c.1 IN {DECODE_CAUSES}, {tpot_risk}, c.1 = 'kv_pressure', {ttft_risk} OR {tpot_risk}, {ttft_risk})"
     return f"ifNull({gate} AND c.{i + 1} >= c.4, 0)"
 
 
@@ -278,46 +342,60 @@ def diagnosis_causes(d: Dialect) -> str:
     either). Rank: flagged first, then root causes, then signal / threshold. role: `primary` (rank 1
     while any SLO is at risk), `contributing` (the other flagged ones), `none` (every SLO holds)."""
     ttft, tpot = _slo(d, "ttft", th.DEFAULT_TTFT_SLO_MS), _slo(d, "tpot", th.DEFAULT_TPOT_SLO_MS)
-    risk = [(f"{_at('ttft_ms', i)} > {th.MARGIN} * {ttft}", f"{_at('tpot_ms', i)} > {th.MARGIN} * {tpot}")
-            for i in (1, 2)]
+    risk = [
+        (f"{_at('ttft_ms', i)} > {th.MARGIN} * {ttft}", f"{_at('tpot_ms', i)} > {th.MARGIN} * {tpot}") for i in (1, 2)
+    ]
     flagged = [_flagged(i, *risk[i - 1]) for i in (1, 2)]
     at_risk = " OR ".join(f"ifNull({t} OR {p}, 0)" for t, p in risk)
-    cols = (f"c.1 AS cause, c.2 AS p50_signal, c.3 AS p99_signal, c.4 AS threshold, {flagged[0]} AS flagged_p50,\n"
-            f"    {flagged[1]} AS flagged_p99, (flagged_p50 OR flagged_p99) AS flagged, c.5 AS root,\n"
-            "    ifNull(greatest(ifNull(c.2, 0), ifNull(c.3, 0)) / c.4, 0) AS score,\n"
-            f"    ({at_risk}) AS at_risk")
-    ranked = (f"SELECT {cols}\nFROM ({diagnosis_figures(d)}) AS f\nCROSS JOIN ({diagnosis_engine(d)}) AS e\n"
-              f"ARRAY JOIN [{', '.join(_cause_rows())}] AS c")
-    return (f"SELECT cause, multiIf(NOT at_risk, 'none', rank = 1, 'primary', flagged, 'contributing', '') AS role,\n"
-            "    p50_signal, p99_signal, threshold, flagged_p50, flagged_p99\n"
-            "FROM (SELECT *, row_number() OVER (ORDER BY flagged DESC, (flagged AND root) DESC, score DESC, cause) AS rank\n"
-            f"    FROM ({ranked}))\nORDER BY rank")
+    cols = (
+        f"c.1 AS cause, c.2 AS p50_signal, c.3 AS p99_signal, c.4 AS threshold, {flagged[0]} AS flagged_p50,\n"
+        f"    {flagged[1]} AS flagged_p99, (flagged_p50 OR flagged_p99) AS flagged, c.5 AS root,\n"
+        "    ifNull(greatest(ifNull(c.2, 0), ifNull(c.3, 0)) / c.4, 0) AS score,\n"
+        f"    ({at_risk}) AS at_risk"
+    )
+    ranked = (
+        f"SELECT {cols}\nFROM ({diagnosis_figures(d)}) AS f\nCROSS JOIN ({diagnosis_engine(d)}) AS e\n"
+        f"ARRAY JOIN [{', '.join(_cause_rows())}] AS c"
+    )
+    return (
+        f"SELECT cause, multiIf(NOT at_risk, 'none', rank = 1, 'primary', flagged, 'contributing', '') AS role,\n"
+        "    p50_signal, p99_signal, threshold, flagged_p50, flagged_p99\n"
+        "FROM (SELECT *, row_number() OVER (ORDER BY flagged DESC, (flagged AND root) DESC, score DESC, cause) AS rank\n"
+        f"    FROM ({ranked}))\nORDER BY rank"
+    )
 
 
 # --- Grafana panels (the dashboards render these) -----------------------------------------
+
 
 def budget_stack(d: Dialect) -> str:
     """TTFT budget components at p50/p90/p99 (each its own percentile) and the mean (exact sum)."""
     arrays = ", ".join(f"arrayPushBack({_quantiles(d, expr)}, avg({expr}))" for _, expr in COMPONENTS)
     cols = ", ".join(f"tupleElement(row, {i + 2}) AS {name}" for i, (name, _) in enumerate(COMPONENTS))
     labels = ", ".join(f"'{label}'" for label in (*LEVEL_LABELS, "mean"))
-    return (f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
-            f"FROM (SELECT arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_requests(d)})")
+    return (
+        f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
+        f"FROM (SELECT arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_requests(d)})"
+    )
 
 
 def latency_over_time(d: Dialect) -> str:
-    selects = [f"quantileExactInclusive({q})({expr}) AS {name}"
-               for name, q, expr in (("client_ttft_p50_ms", 0.5, "client_ttft_ms"),
-                                     ("client_ttft_p99_ms", 0.99, "client_ttft_ms"),
-                                     ("server_ttft_p99_ms", 0.99, "server_ttft_ms"),
-                                     ("client_ttfo_p99_ms", 0.99, "client_ttfo_ms"),
-                                     ("client_tpot_p50_ms", 0.5, "client_tpot_ms"),
-                                     ("client_tpot_p99_ms", 0.99, "client_tpot_ms"),
-                                     ("server_tpot_p99_ms", 0.99, "server_tpot_ms"),
-                                     ("client_itl_p99_ms", 0.99, "client_itl_p99_ms"),
-                                     ("server_itl_p99_ms", 0.99, "itl_p99_ms"),
-                                     ("client_e2e_p50_ms", 0.5, "client_e2e_ms"),
-                                     ("client_e2e_p99_ms", 0.99, "client_e2e_ms"))]
+    selects = [
+        f"quantileExactInclusive({q})({expr}) AS {name}"
+        for name, q, expr in (
+            ("client_ttft_p50_ms", 0.5, "client_ttft_ms"),
+            ("client_ttft_p99_ms", 0.99, "client_ttft_ms"),
+            ("server_ttft_p99_ms", 0.99, "server_ttft_ms"),
+            ("client_ttfo_p99_ms", 0.99, "client_ttfo_ms"),
+            ("client_tpot_p50_ms", 0.5, "client_tpot_ms"),
+            ("client_tpot_p99_ms", 0.99, "client_tpot_ms"),
+            ("server_tpot_p99_ms", 0.99, "server_tpot_ms"),
+            ("client_itl_p99_ms", 0.99, "client_itl_p99_ms"),
+            ("server_itl_p99_ms", 0.99, "itl_p99_ms"),
+            ("client_e2e_p50_ms", 0.5, "client_e2e_ms"),
+            ("client_e2e_p99_ms", 0.99, "client_e2e_ms"),
+        )
+    ]
     return _series(d, "start_time", _requests(d), selects)
 
 
@@ -325,50 +403,88 @@ def delivery_over_time(d: Dialect) -> str:
     """Where the server's first-chunk time goes (first_chunk = loop_wait + encode; write beside it), against
     the residual (network + client): a starved event loop shows in loop_wait, a slow network or
     client in the residual."""
-    return _series(d, "start_time", _requests(d), [
-        f"quantileExactInclusive(0.9)({expr}) AS {name.removesuffix('_ms')}_p90_ms"
-        for name, expr in (*FIRST_CHUNK_SPLIT, ("first_chunk_ms", "first_chunk_ms"), ("residual_ms", "residual_ms"))])
+    return _series(
+        d,
+        "start_time",
+        _requests(d),
+        [
+            f"quantileExactInclusive(0.9)({expr}) AS {name.removesuffix('_ms')}_p90_ms"
+            for name, expr in (*FIRST_CHUNK_SPLIT, ("first_chunk_ms", "first_chunk_ms"), ("residual_ms", "residual_ms"))
+        ],
+    )
 
 
 def goodput_over_time(d: Dialect) -> str:
     """Goodput: completed requests per second meeting every SLO; attainment: their fraction."""
     good = f"countIf({_meets_slo(d)})"
-    return _series(d, "start_time", _requests(d), [
-        f"{good} / {d.bucket_seconds()} AS goodput_rps",
-        f"countIf(status = 'ok') / {d.bucket_seconds()} AS completed_rps",
-        f"{good} / count() AS slo_attainment"])
+    return _series(
+        d,
+        "start_time",
+        _requests(d),
+        [
+            f"{good} / {d.bucket_seconds()} AS goodput_rps",
+            f"countIf(status = 'ok') / {d.bucket_seconds()} AS completed_rps",
+            f"{good} / count() AS slo_attainment",
+        ],
+    )
 
 
 def throughput_over_time(d: Dialect) -> str:
     s = d.bucket_seconds()
-    return _series(d, "start_time", _requests(d), [
-        f"count() / {s} AS requests_per_s", f"countIf({ERROR}) / {s} AS errors_per_s",
-        f"sum(input_tokens) / {s} AS input_tokens_per_s", f"sum(output_tokens) / {s} AS output_tokens_per_s"])
+    return _series(
+        d,
+        "start_time",
+        _requests(d),
+        [
+            f"count() / {s} AS requests_per_s",
+            f"countIf({ERROR}) / {s} AS errors_per_s",
+            f"sum(input_tokens) / {s} AS input_tokens_per_s",
+            f"sum(output_tokens) / {s} AS output_tokens_per_s",
+        ],
+    )
 
 
 def slowest_requests(d: Dialect) -> str:
     """The slowest requests by TTFT, each with its budget and the phase that dominated it."""
     parts = ", ".join(f"('{name.removesuffix('_ms')}', coalesce({expr}, 0))" for name, expr in COMPONENTS)
     comps = ", ".join(expr if expr == name else f"{expr} AS {name}" for name, expr in COMPONENTS)
-    return (f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
-            f"    server_ttft_ms, {comps},\n"
-            f"    tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{parts}])[1], 1) AS dominant_phase,\n"
-            f"    input_tokens, output_tokens, preemptions, client_e2e_ms\n"
-            f"{_requests(d)}\nORDER BY ttft_ms DESC NULLS LAST\nLIMIT {d.limit(50)}")
+    return (
+        f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
+        f"    server_ttft_ms, {comps},\n"
+        f"    tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{parts}])[1], 1) AS dominant_phase,\n"
+        f"    input_tokens, output_tokens, preemptions, client_e2e_ms\n"
+        f"{_requests(d)}\nORDER BY ttft_ms DESC NULLS LAST\nLIMIT {d.limit(50)}"
+    )
 
 
 def engine_batch_over_time(d: Dialect) -> str:
-    return _series(d, "time", _steps(d), [
-        "avg(batch_size) AS batch_size_mean", "max(batch_size) AS batch_size_max",
-        "avg(prefill_tokens) AS prefill_tokens_per_step", "avg(decode_tokens) AS decode_tokens_per_step",
-        f"count() / {d.bucket_seconds()} AS steps_per_s"])
+    return _series(
+        d,
+        "time",
+        _steps(d),
+        [
+            "avg(batch_size) AS batch_size_mean",
+            "max(batch_size) AS batch_size_max",
+            "avg(prefill_tokens) AS prefill_tokens_per_step",
+            "avg(decode_tokens) AS decode_tokens_per_step",
+            f"count() / {d.bucket_seconds()} AS steps_per_s",
+        ],
+    )
 
 
 def engine_kv_over_time(d: Dialect) -> str:
     ratio = "kv_blocks_used / nullIf(kv_blocks_total, 0)"
-    return _series(d, "time", _steps(d), [
-        f"avg({ratio}) AS kv_used_ratio_mean", f"max({ratio}) AS kv_used_ratio_max",
-        "max(kv_blocks_used) AS kv_blocks_used_max", "sum(preemptions) AS preemptions"])
+    return _series(
+        d,
+        "time",
+        _steps(d),
+        [
+            f"avg({ratio}) AS kv_used_ratio_mean",
+            f"max({ratio}) AS kv_used_ratio_max",
+            "max(kv_blocks_used) AS kv_blocks_used_max",
+            "sum(preemptions) AS preemptions",
+        ],
+    )
 
 
 def decode_stalls_over_time(d: Dialect) -> str:
@@ -376,19 +492,22 @@ def decode_stalls_over_time(d: Dialect) -> str:
 
 
 def queue_depth_over_time(d: Dialect) -> str:
-    return _series(d, "time", _steps(d), ["avg(queue_depth) AS queue_depth_mean",
-                                           "max(queue_depth) AS queue_depth_max"])
+    return _series(
+        d, "time", _steps(d), ["avg(queue_depth) AS queue_depth_mean", "max(queue_depth) AS queue_depth_max"]
+    )
 
 
 def _one_trace(d: Dialect, select: str, tail: str) -> str:
     """`select` over the spans of `${trace_id}`, the time range bounded by the lookup table (as
     Grafana's plugin does: its Start/End are whole seconds, so the end gets one more)."""
     lookup = d.table(TRACE_TIMES_VIEW)
-    return (f"WITH {d.value('trace_id', 'String')} AS trace_id,\n"
-            f"    (SELECT min(Start) FROM {lookup} WHERE TraceId = trace_id) AS trace_start,\n"
-            f"    (SELECT max(End) + 1 FROM {lookup} WHERE TraceId = trace_id) AS trace_end\n"
-            f"SELECT {select}\nFROM {d.table(SPANS_VIEW)}\n"
-            f"WHERE TraceId = trace_id AND Timestamp >= trace_start AND Timestamp <= trace_end\n{tail}")
+    return (
+        f"WITH {d.value('trace_id', 'String')} AS trace_id,\n"
+        f"    (SELECT min(Start) FROM {lookup} WHERE TraceId = trace_id) AS trace_start,\n"
+        f"    (SELECT max(End) + 1 FROM {lookup} WHERE TraceId = trace_id) AS trace_end\n"
+        f"SELECT {select}\nFROM {d.table(SPANS_VIEW)}\n"
+        f"WHERE TraceId = trace_id AND Timestamp >= trace_start AND Timestamp <= trace_end\n{tail}"
+    )
 
 
 def _key_values(column: str) -> str:
@@ -398,75 +517,102 @@ def _key_values(column: str) -> str:
 
 def request_trace(d: Dialect) -> str:
     """One trace in the columns Grafana's trace view expects (plugin QueryType.Traces, format 3)."""
-    return _one_trace(d, (
-        "TraceId AS traceID, SpanId AS spanID, ParentSpanId AS parentSpanID,\n"
-        "    ServiceName AS serviceName, SpanName AS operationName,\n"
-        "    multiply(toUnixTimestamp64Nano(Timestamp), 0.000001) AS startTime,\n"
-        "    multiply(Duration, 0.000001) AS duration,\n"
-        f"    {_key_values('SpanAttributes')} AS tags,\n    {_key_values('ResourceAttributes')} AS serviceTags,\n"
-        f"    if(StatusCode IN {ERROR_CODES}, 2, 0) AS statusCode"), f"LIMIT {d.limit(1000)}")
+    return _one_trace(
+        d,
+        (
+            "TraceId AS traceID, SpanId AS spanID, ParentSpanId AS parentSpanID,\n"
+            "    ServiceName AS serviceName, SpanName AS operationName,\n"
+            "    multiply(toUnixTimestamp64Nano(Timestamp), 0.000001) AS startTime,\n"
+            "    multiply(Duration, 0.000001) AS duration,\n"
+            f"    {_key_values('SpanAttributes')} AS tags,\n    {_key_values('ResourceAttributes')} AS serviceTags,\n"
+            f"    if(StatusCode IN {ERROR_CODES}, 2, 0) AS statusCode"
+        ),
+        f"LIMIT {d.limit(1000)}",
+    )
 
 
 # --- cookbook (README) --------------------------------------------------------------------
 
-TTFT_P50_P99 = ("quantileExactInclusive(0.5)(ttft_ms) AS ttft_p50_ms, "
-                "quantileExactInclusive(0.99)(ttft_ms) AS ttft_p99_ms")
+TTFT_P50_P99 = (
+    "quantileExactInclusive(0.5)(ttft_ms) AS ttft_p50_ms, quantileExactInclusive(0.99)(ttft_ms) AS ttft_p99_ms"
+)
 
 
 def budget_by_model(d: Dialect) -> str:
     means = ", ".join(f"avg({expr}) AS {name}_mean" for name, expr in COMPONENTS)
-    return (f"SELECT model, count() AS requests, countIf({ERROR}) AS errors,\n    {TTFT_P50_P99},\n"
-            f"    {means}\n{_requests(d)}\nGROUP BY model\nORDER BY requests DESC")
+    return (
+        f"SELECT model, count() AS requests, countIf({ERROR}) AS errors,\n    {TTFT_P50_P99},\n"
+        f"    {means}\n{_requests(d)}\nGROUP BY model\nORDER BY requests DESC"
+    )
 
 
 def ttft_vs_prompt_length(d: Dialect) -> str:
     bucket = d.value("bucket_tokens", "UInt32", 128)
     computed_tokens = "sum(input_tokens - coalesce(cached_tokens, 0))"
-    return (f"SELECT intDiv(input_tokens, {bucket}) * {bucket} AS prompt_tokens_from, count() AS requests,\n"
-            f"    {TTFT_P50_P99},\n    quantileExactInclusive(0.5)(prefill_ms) AS prefill_p50_ms,\n"
-            f"    sum(prefill_ms) / nullIf({computed_tokens}, 0) * 1000 AS prefill_ms_per_1k_tokens\n"
-            f"{_requests(d)} AND input_tokens IS NOT NULL\nGROUP BY prompt_tokens_from\nORDER BY prompt_tokens_from")
+    return (
+        f"SELECT intDiv(input_tokens, {bucket}) * {bucket} AS prompt_tokens_from, count() AS requests,\n"
+        f"    {TTFT_P50_P99},\n    quantileExactInclusive(0.5)(prefill_ms) AS prefill_p50_ms,\n"
+        f"    sum(prefill_ms) / nullIf({computed_tokens}, 0) * 1000 AS prefill_ms_per_1k_tokens\n"
+        f"{_requests(d)} AND input_tokens IS NOT NULL\nGROUP BY prompt_tokens_from\nORDER BY prompt_tokens_from"
+    )
 
 
 def queueing_vs_load(d: Dialect) -> str:
-    return _series(d, "start_time", _requests(d), [
-        f"count() / {d.bucket_seconds()} AS arrivals_per_s",
-        "quantileExactInclusive(0.5)(ttft_queue_ms) AS queue_p50_ms",
-        "quantileExactInclusive(0.99)(ttft_queue_ms) AS queue_p99_ms",
-        "sum(ttft_queue_ms) / nullIf(sum(ttft_ms), 0) AS queue_share_of_ttft"])
+    return _series(
+        d,
+        "start_time",
+        _requests(d),
+        [
+            f"count() / {d.bucket_seconds()} AS arrivals_per_s",
+            "quantileExactInclusive(0.5)(ttft_queue_ms) AS queue_p50_ms",
+            "quantileExactInclusive(0.99)(ttft_queue_ms) AS queue_p99_ms",
+            "sum(ttft_queue_ms) / nullIf(sum(ttft_ms), 0) AS queue_share_of_ttft",
+        ],
+    )
 
 
 def request_spans(d: Dialect) -> str:
     """A request's spans, placed per service: `offset_ms` counts from that service's first span,
     on that service's own clock (offsets of two services are never subtracted from each other)."""
     ts = "toUnixTimestamp64Nano(Timestamp)"
-    return _one_trace(d, (
-        "ServiceName AS service, SpanName AS span, SpanKind AS kind, SpanId AS span_id,\n"
-        "    ParentSpanId AS parent_span_id,\n"
-        f"    ({ts} - min({ts}) OVER (PARTITION BY ServiceName)) / 1e6 AS offset_ms,\n"
-        "    Duration / 1e6 AS duration_ms, StatusCode AS status"), "ORDER BY service, offset_ms, span")
+    return _one_trace(
+        d,
+        (
+            "ServiceName AS service, SpanName AS span, SpanKind AS kind, SpanId AS span_id,\n"
+            "    ParentSpanId AS parent_span_id,\n"
+            f"    ({ts} - min({ts}) OVER (PARTITION BY ServiceName)) / 1e6 AS offset_ms,\n"
+            "    Duration / 1e6 AS duration_ms, StatusCode AS status"
+        ),
+        "ORDER BY service, offset_ms, span",
+    )
 
 
 def services(d: Dialect) -> str:
     """Values of the dashboards' service drop-down: every service.name that sent spans."""
-    return (f"SELECT DISTINCT ServiceName AS service FROM {d.table(SPANS_VIEW)}\n"
-            f"WHERE {d.time_filter('Timestamp')}\nORDER BY service")
+    return (
+        f"SELECT DISTINCT ServiceName AS service FROM {d.table(SPANS_VIEW)}\n"
+        f"WHERE {d.time_filter('Timestamp')}\nORDER BY service"
+    )
 
 
 def models(d: Dialect) -> str:
     """Values of the dashboards' model drop-down (gen_ai.response.model, else request.model)."""
-    return (f"SELECT DISTINCT model FROM {d.table(FACTS_VIEW)}\n"
-            f"WHERE {d.time_filter('start_time')} AND model != ''\nORDER BY model")
+    return (
+        f"SELECT DISTINCT model FROM {d.table(FACTS_VIEW)}\n"
+        f"WHERE {d.time_filter('start_time')} AND model != ''\nORDER BY model"
+    )
 
 
 def naive_ttft(d: Dialect) -> str:
     """THE WRONG WAY, kept as documentation: TTFT as (server first-token span end − client span
     start) subtracts timestamps of two machines, so any clock offset lands in the result."""
     traces = d.table(SPANS_VIEW)
-    return (f"SELECT c.TraceId AS trace_id, (toUnixTimestamp64Nano(f.Timestamp) + f.Duration "
-            "- toUnixTimestamp64Nano(c.Timestamp)) / 1e6 AS naive_ttft_ms\n"
-            f"FROM {traces} AS c INNER JOIN {traces} AS f ON f.TraceId = c.TraceId\n"
-            f"WHERE c.SpanKind IN {CLIENT_KINDS} AND f.SpanName = '{n.SPAN_FIRST_TOKEN}'\nORDER BY trace_id")
+    return (
+        f"SELECT c.TraceId AS trace_id, (toUnixTimestamp64Nano(f.Timestamp) + f.Duration "
+        "- toUnixTimestamp64Nano(c.Timestamp)) / 1e6 AS naive_ttft_ms\n"
+        f"FROM {traces} AS c INNER JOIN {traces} AS f ON f.TraceId = c.TraceId\n"
+        f"WHERE c.SpanKind IN {CLIENT_KINDS} AND f.SpanName = '{n.SPAN_FIRST_TOKEN}'\nORDER BY trace_id"
+    )
 
 
 # --- report (phaselens report) --------------------------------------------------------------
@@ -477,15 +623,19 @@ REPORT_MAX_STEPS = 200_000
 
 def report_points(d: Dialect) -> str:
     """One row per selected request: the points of the report's CDFs and prompt-length scatter."""
-    return ("SELECT trace_id, input_tokens, client_ttft_ms, server_ttft_ms, client_tpot_ms, server_tpot_ms,\n"
-            f"    prefill_ms, ttft_ms, has_server\n{_requests(d)}\nORDER BY start_time\n"
-            f"LIMIT {d.limit(REPORT_MAX_POINTS)}")
+    return (
+        "SELECT trace_id, input_tokens, client_ttft_ms, server_ttft_ms, client_tpot_ms, server_tpot_ms,\n"
+        f"    prefill_ms, ttft_ms, has_server\n{_requests(d)}\nORDER BY start_time\n"
+        f"LIMIT {d.limit(REPORT_MAX_POINTS)}"
+    )
 
 
 def report_steps(d: Dialect) -> str:
     """Every engine step in range (the report's batch-composition chart buckets them)."""
-    return ("SELECT toUnixTimestamp64Nano(time) AS t_ns, prefill_tokens, decode_tokens\n"
-            f"{_steps(d)}\nORDER BY time\nLIMIT {d.limit(REPORT_MAX_STEPS)}")
+    return (
+        "SELECT toUnixTimestamp64Nano(time) AS t_ns, prefill_tokens, decode_tokens\n"
+        f"{_steps(d)}\nORDER BY time\nLIMIT {d.limit(REPORT_MAX_STEPS)}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,69 +651,194 @@ def _dist_columns() -> tuple[str, ...]:
 
 
 _STALL = ("mixed_steps", "decode_steps", "stall_ms", "request_stall_ms", "delayed_decodes")
-_LATENCY = ("client_ttft_p50_ms", "client_ttft_p99_ms", "server_ttft_p99_ms", "client_ttfo_p99_ms",
-            "client_tpot_p50_ms", "client_tpot_p99_ms", "server_tpot_p99_ms", "client_itl_p99_ms",
-            "server_itl_p99_ms", "client_e2e_p50_ms", "client_e2e_p99_ms")
+_LATENCY = (
+    "client_ttft_p50_ms",
+    "client_ttft_p99_ms",
+    "server_ttft_p99_ms",
+    "client_ttfo_p99_ms",
+    "client_tpot_p50_ms",
+    "client_tpot_p99_ms",
+    "server_tpot_p99_ms",
+    "client_itl_p99_ms",
+    "server_itl_p99_ms",
+    "client_e2e_p50_ms",
+    "client_e2e_p99_ms",
+)
 _COMP_NAMES = tuple(name for name, _ in COMPONENTS)
 _GOODPUT = ("time", "goodput_rps", "completed_rps", "slo_attainment")
 _TAIL = ("threshold_ms", "tail_requests", "ttft_tail_mean", *(f"{c}_tail_mean" for c in _COMP_NAMES))
 QUERIES: dict[str, Query] = {
-    "budget_summary": Query(budget_summary, ("requests", "with_client", "errors", "with_server", "good",
-                                             "span_models", "no_output", "window_s", *_dist_columns(), *_TAIL)),
+    "budget_summary": Query(
+        budget_summary,
+        (
+            "requests",
+            "with_client",
+            "errors",
+            "with_server",
+            "good",
+            "span_models",
+            "no_output",
+            "window_s",
+            *_dist_columns(),
+            *_TAIL,
+        ),
+    ),
     "tail_attribution": Query(tail_attribution, (*_TAIL, "ttft_median", *(f"{c}_median" for c in _COMP_NAMES))),
     "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
-    "diagnosis_figures": Query(diagnosis_figures, (
-        "requests", "errors", "with_client", "good", "window_s", "prefix_hit_rate", "preempted_share", "models",
-        *(f"{name}_q" for name, _ in DIAGNOSIS_FIGURES))),
+    "diagnosis_figures": Query(
+        diagnosis_figures,
+        (
+            "requests",
+            "errors",
+            "with_client",
+            "good",
+            "window_s",
+            "prefix_hit_rate",
+            "preempted_share",
+            "models",
+            *(f"{name}_q" for name, _ in DIAGNOSIS_FIGURES),
+        ),
+    ),
     "diagnosis_target": Query(diagnosis_target, ("server_address", "server_port")),
-    "diagnosis_engine": Query(diagnosis_engine, (
-        "steps", *_STALL, "stall_share", "decode_step_p50_ms", "mixed_step_p50_ms", "kv_used_p90", "kv_used_max",
-        "preemptions", "batch_size_mean", "queue_depth_max")),
-    "diagnosis_causes": Query(diagnosis_causes, (
-        "cause", "role", "p50_signal", "p99_signal", "threshold", "flagged_p50", "flagged_p99"), panel=True),
+    "diagnosis_engine": Query(
+        diagnosis_engine,
+        (
+            "steps",
+            *_STALL,
+            "stall_share",
+            "decode_step_p50_ms",
+            "mixed_step_p50_ms",
+            "kv_used_p90",
+            "kv_used_max",
+            "preemptions",
+            "batch_size_mean",
+            "queue_depth_max",
+        ),
+    ),
+    "diagnosis_causes": Query(
+        diagnosis_causes,
+        ("cause", "role", "p50_signal", "p99_signal", "threshold", "flagged_p50", "flagged_p99"),
+        panel=True,
+    ),
     "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),
     "latency_over_time": Query(latency_over_time, ("time", *_LATENCY), panel=True),
-    "delivery_over_time": Query(delivery_over_time, ("time", "loop_wait_p90_ms", "encode_p90_ms", "write_p90_ms",
-                                                     "first_chunk_p90_ms", "residual_p90_ms"), panel=True),
+    "delivery_over_time": Query(
+        delivery_over_time,
+        ("time", "loop_wait_p90_ms", "encode_p90_ms", "write_p90_ms", "first_chunk_p90_ms", "residual_p90_ms"),
+        panel=True,
+    ),
     "goodput_over_time": Query(goodput_over_time, _GOODPUT, panel=True),
-    "throughput_over_time": Query(throughput_over_time, (
-        "time", "requests_per_s", "errors_per_s", "input_tokens_per_s", "output_tokens_per_s"), panel=True),
-    "slowest_requests": Query(slowest_requests, (
-        "trace_id", "request_id", "start_time", "service", "model", "status", "ttft_ms", "client_ttft_ms",
-        "server_ttft_ms", *_COMP_NAMES, "dominant_phase", "input_tokens", "output_tokens", "preemptions",
-        "client_e2e_ms"), panel=True),
-    "engine_batch_over_time": Query(engine_batch_over_time, (
-        "time", "batch_size_mean", "batch_size_max", "prefill_tokens_per_step", "decode_tokens_per_step",
-        "steps_per_s"), panel=True),
-    "engine_kv_over_time": Query(engine_kv_over_time, (
-        "time", "kv_used_ratio_mean", "kv_used_ratio_max", "kv_blocks_used_max", "preemptions"), panel=True),
+    "throughput_over_time": Query(
+        throughput_over_time,
+        ("time", "requests_per_s", "errors_per_s", "input_tokens_per_s", "output_tokens_per_s"),
+        panel=True,
+    ),
+    "slowest_requests": Query(
+        slowest_requests,
+        (
+            "trace_id",
+            "request_id",
+            "start_time",
+            "service",
+            "model",
+            "status",
+            "ttft_ms",
+            "client_ttft_ms",
+            "server_ttft_ms",
+            *_COMP_NAMES,
+            "dominant_phase",
+            "input_tokens",
+            "output_tokens",
+            "preemptions",
+            "client_e2e_ms",
+        ),
+        panel=True,
+    ),
+    "engine_batch_over_time": Query(
+        engine_batch_over_time,
+        (
+            "time",
+            "batch_size_mean",
+            "batch_size_max",
+            "prefill_tokens_per_step",
+            "decode_tokens_per_step",
+            "steps_per_s",
+        ),
+        panel=True,
+    ),
+    "engine_kv_over_time": Query(
+        engine_kv_over_time,
+        ("time", "kv_used_ratio_mean", "kv_used_ratio_max", "kv_blocks_used_max", "preemptions"),
+        panel=True,
+    ),
     "decode_stalls_over_time": Query(decode_stalls_over_time, ("time", *_STALL), panel=True),
-    "queue_depth_over_time": Query(queue_depth_over_time, ("time", "queue_depth_mean", "queue_depth_max"),
-                                   panel=True),
-    "request_trace": Query(request_trace, (
-        "traceID", "spanID", "parentSpanID", "serviceName", "operationName", "startTime", "duration",
-        "tags", "serviceTags", "statusCode"), panel=True),
-    "budget_by_model": Query(budget_by_model, (
-        "model", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms", *(f"{c}_mean" for c in _COMP_NAMES))),
-    "ttft_vs_prompt_length": Query(ttft_vs_prompt_length, (
-        "prompt_tokens_from", "requests", "ttft_p50_ms", "ttft_p99_ms", "prefill_p50_ms",
-        "prefill_ms_per_1k_tokens")),
-    "queueing_vs_load": Query(queueing_vs_load, (
-        "time", "arrivals_per_s", "queue_p50_ms", "queue_p99_ms", "queue_share_of_ttft")),
+    "queue_depth_over_time": Query(queue_depth_over_time, ("time", "queue_depth_mean", "queue_depth_max"), panel=True),
+    "request_trace": Query(
+        request_trace,
+        (
+            "traceID",
+            "spanID",
+            "parentSpanID",
+            "serviceName",
+            "operationName",
+            "startTime",
+            "duration",
+            "tags",
+            "serviceTags",
+            "statusCode",
+        ),
+        panel=True,
+    ),
+    "budget_by_model": Query(
+        budget_by_model,
+        ("model", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms", *(f"{c}_mean" for c in _COMP_NAMES)),
+    ),
+    "ttft_vs_prompt_length": Query(
+        ttft_vs_prompt_length,
+        ("prompt_tokens_from", "requests", "ttft_p50_ms", "ttft_p99_ms", "prefill_p50_ms", "prefill_ms_per_1k_tokens"),
+    ),
+    "queueing_vs_load": Query(
+        queueing_vs_load, ("time", "arrivals_per_s", "queue_p50_ms", "queue_p99_ms", "queue_share_of_ttft")
+    ),
     "goodput_per_minute": Query(goodput_over_time, _GOODPUT, defaults={"bucket_s": 60}),
-    "request_spans": Query(request_spans, (
-        "service", "span", "kind", "span_id", "parent_span_id", "offset_ms", "duration_ms", "status")),
+    "request_spans": Query(
+        request_spans, ("service", "span", "kind", "span_id", "parent_span_id", "offset_ms", "duration_ms", "status")
+    ),
     "naive_ttft": Query(naive_ttft, ("trace_id", "naive_ttft_ms")),
-    "report_points": Query(report_points, (
-        "trace_id", "input_tokens", "client_ttft_ms", "server_ttft_ms", "client_tpot_ms", "server_tpot_ms",
-        "prefill_ms", "ttft_ms", "has_server")),
+    "report_points": Query(
+        report_points,
+        (
+            "trace_id",
+            "input_tokens",
+            "client_ttft_ms",
+            "server_ttft_ms",
+            "client_tpot_ms",
+            "server_tpot_ms",
+            "prefill_ms",
+            "ttft_ms",
+            "has_server",
+        ),
+    ),
     "report_steps": Query(report_steps, ("t_ns", "prefill_tokens", "decode_tokens")),
     "services": Query(services, ("service",)),
     "models": Query(models, ("model",)),
 }
 PANEL_COLUMNS: dict[str, tuple[str, ...]] = {name: q.columns for name, q in QUERIES.items() if q.panel}
-FILTERS = frozenset({"database", "service", "model", "since", "bucket_s", "limit", "ttft_slo_ms",
-                     "tpot_slo_ms", "trace_id", "bucket_tokens", "approx"})
+FILTERS = frozenset(
+    {
+        "database",
+        "service",
+        "model",
+        "since",
+        "bucket_s",
+        "limit",
+        "ttft_slo_ms",
+        "tpot_slo_ms",
+        "trace_id",
+        "bucket_tokens",
+        "approx",
+    }
+)
 
 
 def _query(name: str) -> Query:

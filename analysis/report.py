@@ -15,40 +15,79 @@ from phaselens.analysis.diagnose import Diagnosis, diagnose
 from phaselens.analysis.diagnose_format import headline
 from phaselens.analysis.dialect import QueryError
 from phaselens.analysis.report_data import (
-    BudgetRow, DiagnosisView, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView,
+    BudgetRow,
+    DiagnosisView,
+    ReportData,
+    RequestPoint,
+    StepPoint,
+    TraceSpan,
+    TraceView,
 )
 from phaselens.common.slo import SLO
 
 STATISTICS = ("p50", "p90", "p99", "mean")
-BUDGET_NOTE = ("Bars: each term at its own statistic; percentiles of parts do not add up to the "
-               "percentile of the whole (the mean row does add up). The dashed mark is TTFT itself at "
-               "that statistic.")
+BUDGET_NOTE = (
+    "Bars: each term at its own statistic; percentiles of parts do not add up to the "
+    "percentile of the whole (the mean row does add up). The dashed mark is TTFT itself at "
+    "that statistic."
+)
 
 
-def build(client, database: str = "otel", since: str | None = "1h", service: str | None = None,
-          model: str | None = None, slo: SLO | None = None, config: dict | None = None,
-          title: str = "phaselens latency report") -> ReportData:
+def build(
+    client,
+    database: str = "otel",
+    since: str | None = "1h",
+    service: str | None = None,
+    model: str | None = None,
+    slo: SLO | None = None,
+    config: dict | None = None,
+    title: str = "phaselens latency report",
+) -> ReportData:
     """Everything the page shows, for the requests selected by the filters (as `phaselens budget`)."""
     summary = budget(client, database=database, service=service, model=model, since=since, slo=slo)
     filters = {"database": database, "since": since, "service": service, "model": model}
     points, ttft_by_trace = _points(client, filters)
-    traces = [TraceView(label, tid, _trace_spans(client, database, tid))
-              for label, tid in _chosen_traces(ttft_by_trace)]
+    traces = [
+        TraceView(label, tid, _trace_spans(client, database, tid)) for label, tid in _chosen_traces(ttft_by_trace)
+    ]
     window = "all time" if since is None else f"last {since}"
-    subtitle = (f"{summary.requests} requests ({summary.with_client} with a client view, "
-                f"{summary.with_server} with a server view) · {window} · database {database}")
-    settings = {"ClickHouse database": database, "time range": window, "service filter": service or "all",
-                "model filter": model or "all", **(config or {})}
-    verdict = (diagnose(client, database=database, service=service, model=model, since=since, slo=slo)
-               if summary.requests else None)
-    return ReportData(title, subtitle, _kpis(summary), _budget_rows(summary), points, traces,
-                      _steps(client, filters), settings, _budget_note(summary), f"{summary.reference} TTFT",
-                      _diagnosis_view(verdict) if verdict else None)
+    subtitle = (
+        f"{summary.requests} requests ({summary.with_client} with a client view, "
+        f"{summary.with_server} with a server view) · {window} · database {database}"
+    )
+    settings = {
+        "ClickHouse database": database,
+        "time range": window,
+        "service filter": service or "all",
+        "model filter": model or "all",
+        **(config or {}),
+    }
+    verdict = (
+        diagnose(client, database=database, service=service, model=model, since=since, slo=slo)
+        if summary.requests
+        else None
+    )
+    return ReportData(
+        title,
+        subtitle,
+        _kpis(summary),
+        _budget_rows(summary),
+        points,
+        traces,
+        _steps(client, filters),
+        settings,
+        _budget_note(summary),
+        f"{summary.reference} TTFT",
+        _diagnosis_view(verdict) if verdict else None,
+    )
 
 
 def _diagnosis_view(d: Diagnosis) -> DiagnosisView:
-    return DiagnosisView(headline(d), [(f"{s.number}. {s.question}", s.finding, s.evidence) for s in d.steps],
-                         [(lv.cause, lv.action, lv.evidence) for lv in d.levers])
+    return DiagnosisView(
+        headline(d),
+        [(f"{s.number}. {s.question}", s.finding, s.evidence) for s in d.steps],
+        [(lv.cause, lv.action, lv.evidence) for lv in d.levers],
+    )
 
 
 def write_report(client, path: str, **build_args) -> ReportData:
@@ -65,20 +104,27 @@ def _budget_note(summary: BudgetReport) -> str:
 
 def _budget_rows(summary: BudgetReport) -> list[BudgetRow]:
     ttft = summary.distributions[f"{summary.reference}_ttft_ms"]
-    return [BudgetRow(stat, {c.name: getattr(c.ms, stat) for c in summary.components}, getattr(ttft, stat))
-            for stat in STATISTICS]
+    return [
+        BudgetRow(stat, {c.name: getattr(c.ms, stat) for c in summary.components}, getattr(ttft, stat))
+        for stat in STATISTICS
+    ]
 
 
 def _kpis(s: BudgetReport) -> list[tuple[str, str]]:
     ttft, tpot = s.distributions[f"{s.reference}_ttft_ms"], s.distributions[f"{s.reference}_tpot_ms"]
     g = s.goodput
     slo = " · ".join(f"{k} ≤ {v:g} ms" for k, v in (("TTFT", g.ttft_slo_ms), ("TPOT", g.tpot_slo_ms)) if v)
-    kpis = [(str(s.requests), f"requests ({s.errors} errors, {s.no_output} with no output)"),
-            (_fmt_ms(ttft.p50), f"p50 {s.reference} TTFT"), (_fmt_ms(ttft.p99), f"p99 {s.reference} TTFT"),
-            (_fmt_ms(tpot.p50), f"p50 {s.reference} TPOT"),
-            ("–" if g.goodput_rps is None else f"{g.goodput_rps:.2f} req/s",
-             f"goodput ({slo or 'no SLO: completed requests'})"),
-            ("–" if g.attainment is None else f"{100 * g.attainment:.1f}%", "SLO attainment")]
+    kpis = [
+        (str(s.requests), f"requests ({s.errors} errors, {s.no_output} with no output)"),
+        (_fmt_ms(ttft.p50), f"p50 {s.reference} TTFT"),
+        (_fmt_ms(ttft.p99), f"p99 {s.reference} TTFT"),
+        (_fmt_ms(tpot.p50), f"p50 {s.reference} TPOT"),
+        (
+            "–" if g.goodput_rps is None else f"{g.goodput_rps:.2f} req/s",
+            f"goodput ({slo or 'no SLO: completed requests'})",
+        ),
+        ("–" if g.attainment is None else f"{100 * g.attainment:.1f}%", "SLO attainment"),
+    ]
     if s.tail is not None and s.tail.grew_most:
         kpis.append((s.tail.grew_most.removesuffix("_ms"), "grew most in the p99 tail"))
     return kpis
@@ -104,7 +150,8 @@ def _points(client, filters: dict) -> tuple[list[RequestPoint], dict[str, float]
     """The points, and TTFT by trace id of the requests with a server view (timeline candidates)."""
     points, ttft = [], {}
     for tid, inp, c_ttft, s_ttft, c_tpot, s_tpot, prefill, any_ttft, has_server in _rows(
-            client, "report_points", filters):
+        client, "report_points", filters
+    ):
         points.append(RequestPoint(tid, int(inp or 0), c_ttft, s_ttft, c_tpot, s_tpot, prefill))
         if has_server and any_ttft is not None:
             ttft[tid] = any_ttft
@@ -125,8 +172,10 @@ def _chosen_traces(ttft_by_trace: dict[str, float]) -> list[tuple[str, str]]:
 
 def _trace_spans(client, database: str, trace_id: str) -> list[TraceSpan]:
     rows = _rows(client, "request_spans", {"database": database, "trace_id": trace_id})
-    return [TraceSpan(span, kind, service, round(offset_ms * 1e6), round(duration_ms * 1e6), sid, parent)
-            for service, span, kind, sid, parent, offset_ms, duration_ms, _ in rows]
+    return [
+        TraceSpan(span, kind, service, round(offset_ms * 1e6), round(duration_ms * 1e6), sid, parent)
+        for service, span, kind, sid, parent, offset_ms, duration_ms, _ in rows
+    ]
 
 
 def _steps(client, filters: dict) -> list[StepPoint]:

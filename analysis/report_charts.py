@@ -113,8 +113,10 @@ def fmt(v: float) -> str:
 
 
 def _svg(width: int, height: int, body: list[str], label: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
-            f'role="img" aria-label="{escape(label)}" {FONT} font-size="12">' + "".join(body) + "</svg>")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
+        f'role="img" aria-label="{escape(label)}" {FONT} font-size="12">' + "".join(body) + "</svg>"
+    )
 
 
 def _text(x: float, y: float, s: str, anchor: str = "start", cls: str = "", extra: str = "") -> str:
@@ -135,8 +137,11 @@ def _axes(fr: Frame, x_label: str, y_label: str, x_ticks: list[float], y_ticks: 
         out.append(_text(x, base + 16, fmt(t), "middle", "tick"))
     out.append(f'<line x1="{fr.left}" x2="{fr.width - fr.right}" y1="{base}" y2="{base}" class="axis"/>')
     out.append(_text((fr.left + fr.width - fr.right) / 2, fr.height - 6, x_label, "middle", "label"))
-    out.append(_text(14, (fr.top + base) / 2, y_label, "middle", "label",
-                     f'transform="rotate(-90 14 {(fr.top + base) / 2:.1f})"'))
+    out.append(
+        _text(
+            14, (fr.top + base) / 2, y_label, "middle", "label", f'transform="rotate(-90 14 {(fr.top + base) / 2:.1f})"'
+        )
+    )
     return out
 
 
@@ -166,14 +171,18 @@ def stacked_bars(rows: list[BarRow], unit: str = "ms") -> str:
         for seg in row.segments:
             x, w = fr.sx(acc), fr.sx(acc + seg.value) - fr.sx(acc)
             tip = f"{row.label} · {seg.name}: {seg.value:.2f} {unit}"
-            body.append(f'<rect x="{x:.1f}" y="{y}" width="{max(w, 0):.1f}" height="{bar_h}" '
-                        f'fill="{seg.color}"><title>{escape(tip)}</title></rect>')
+            body.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{max(w, 0):.1f}" height="{bar_h}" '
+                f'fill="{seg.color}"><title>{escape(tip)}</title></rect>'
+            )
             acc += seg.value
         body.append(_text(fr.sx(acc) + 4, y + bar_h / 2 + 4, f"{acc:.1f} {unit}", "start", "value"))
         if row.marker is not None:
             mx = fr.sx(row.marker)
-            body.append(f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{y - 4}" y2="{y + bar_h + 4}" class="marker">'
-                        f'<title>{escape(row.marker_label)}: {row.marker:.2f} {unit}</title></line>')
+            body.append(
+                f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{y - 4}" y2="{y + bar_h + 4}" class="marker">'
+                f"<title>{escape(row.marker_label)}: {row.marker:.2f} {unit}</title></line>"
+            )
     return _svg(WIDTH, height, body, "latency budget stacked bars")
 
 
@@ -196,8 +205,10 @@ def cdf(series: list[Series], x_label: str, log_x: bool = True) -> str:
         pts = [f"{fr.sx(xs[0]):.1f},{fr.sy(0):.1f}"]
         for i, v in enumerate(xs):
             pts.append(f"{fr.sx(v):.1f},{fr.sy(i / n):.1f} {fr.sx(v):.1f},{fr.sy((i + 1) / n):.1f}")
-        body.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="{s.color}" stroke-width="2">'
-                    f'<title>{escape(s.name)} (n={n})</title></polyline>')
+        body.append(
+            f'<polyline points="{" ".join(pts)}" fill="none" stroke="{s.color}" stroke-width="2">'
+            f"<title>{escape(s.name)} (n={n})</title></polyline>"
+        )
     return _svg(WIDTH, 300, body, f"CDF of {x_label}")
 
 
@@ -211,9 +222,11 @@ def scatter(series: list[Series], x_label: str, y_label: str) -> str:
     fr = Frame(0.0, x_hi, 0.0, y_hi, 320)
     body = _axes(fr, x_label, y_label, nice_ticks(0.0, x_hi), nice_ticks(0.0, y_hi))
     for s in series:
-        for x, y in zip(s.xs, s.ys):
-            body.append(f'<circle cx="{fr.sx(x):.1f}" cy="{fr.sy(y):.1f}" r="3" fill="{s.color}" '
-                        f'fill-opacity="0.7"><title>{escape(s.name)}: {fmt(x)} → {y:.1f}</title></circle>')
+        for x, y in zip(s.xs, s.ys, strict=False):
+            body.append(
+                f'<circle cx="{fr.sx(x):.1f}" cy="{fr.sy(y):.1f}" r="3" fill="{s.color}" '
+                f'fill-opacity="0.7"><title>{escape(s.name)}: {fmt(x)} → {y:.1f}</title></circle>'
+            )
     return _svg(WIDTH, 320, body, f"{y_label} against {x_label}")
 
 
@@ -231,8 +244,10 @@ def waterfall(lanes: list[Lane], total_ms: float) -> str:
         body.append(_text(8 + 12 * ln.depth, y + 15, ln.label, "start", "rowlabel"))
         x, w = fr.sx(ln.start_ms), max(fr.sx(ln.start_ms + ln.duration_ms) - fr.sx(ln.start_ms), 1.5)
         tip = f"{ln.label}: {ln.duration_ms:.2f} ms" + (f" · {ln.note}" if ln.note else "")
-        body.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" rx="2" '
-                    f'fill="{ln.color}"><title>{escape(tip)}</title></rect>')
+        body.append(
+            f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" rx="2" '
+            f'fill="{ln.color}"><title>{escape(tip)}</title></rect>'
+        )
         text = f"{ln.duration_ms:.1f} ms"
         if w > 70:  # long bars carry their duration inside, short ones beside (left at the far right)
             body.append(_text(x + w - 4, y + 15, text, "end", "inbar"))
@@ -257,8 +272,10 @@ def stacked_columns(t_s: list[float], stacks: list[Series], x_label: str, y_labe
         acc = 0.0
         for s in stacks:
             y_top, y_base = fr.sy(acc + s.ys[i]), fr.sy(acc)
-            body.append(f'<rect x="{fr.sx(t):.1f}" y="{y_top:.1f}" width="{width:.1f}" '
-                        f'height="{max(y_base - y_top, 0):.1f}" fill="{s.color}">'
-                        f'<title>t={fmt(t)} s · {escape(s.name)}: {fmt(s.ys[i])}</title></rect>')
+            body.append(
+                f'<rect x="{fr.sx(t):.1f}" y="{y_top:.1f}" width="{width:.1f}" '
+                f'height="{max(y_base - y_top, 0):.1f}" fill="{s.color}">'
+                f"<title>t={fmt(t)} s · {escape(s.name)}: {fmt(s.ys[i])}</title></rect>"
+            )
             acc += s.ys[i]
     return _svg(WIDTH, height, body, f"{y_label} over time")

@@ -9,7 +9,13 @@ from string import Template
 
 from phaselens.analysis import report_charts as charts
 from phaselens.analysis.report_data import (
-    BudgetRow, DiagnosisView, ReportData, RequestPoint, StepPoint, TraceSpan, TraceView,
+    BudgetRow,
+    DiagnosisView,
+    ReportData,
+    RequestPoint,
+    StepPoint,
+    TraceSpan,
+    TraceView,
 )
 from phaselens.instrumentation import names
 
@@ -39,22 +45,31 @@ PREFILL_COLOR, DECODE_COLOR = "#5bb07a", "#4f7fc0"
 MAX_SCATTER_POINTS = 2000
 STEP_COLUMNS = 160
 
+
 def render(data: ReportData) -> str:
     """The whole page as one string."""
     assets = ASSETS
     page = Template((assets / "template.html").read_text(encoding="utf-8"))
     step_cols = _step_columns(data.steps)
     return page.substitute(
-        title=escape(data.title), subtitle=escape(data.subtitle), css=(assets / "report.css").read_text(encoding="utf-8"),
+        title=escape(data.title),
+        subtitle=escape(data.subtitle),
+        css=(assets / "report.css").read_text(encoding="utf-8"),
         diagnosis=_diagnosis(data.diagnosis),
         kpis="".join(f'<div class="kpi"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for v, k in data.kpis),
-        budget_note=escape(data.budget_note), budget_chart=_budget_chart(data.budget, data.ttft_label),
-        budget_table=_budget_table(data.budget, data.ttft_label), ttft_cdf=_cdf(data.requests, "ttft"),
-        tpot_cdf=_cdf(data.requests, "tpot"), scatter=_scatter(data.requests),
-        waterfall_note=escape(WATERFALL_NOTE), waterfalls="".join(_waterfall(t) for t in data.traces),
-        step_bucket_note=escape(step_cols[0]), engine_chart=step_cols[1],
-        config_table=_kv_table(data.config), version=_version(),
-        generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        budget_note=escape(data.budget_note),
+        budget_chart=_budget_chart(data.budget, data.ttft_label),
+        budget_table=_budget_table(data.budget, data.ttft_label),
+        ttft_cdf=_cdf(data.requests, "ttft"),
+        tpot_cdf=_cdf(data.requests, "tpot"),
+        scatter=_scatter(data.requests),
+        waterfall_note=escape(WATERFALL_NOTE),
+        waterfalls="".join(_waterfall(t) for t in data.traces),
+        step_bucket_note=escape(step_cols[0]),
+        engine_chart=step_cols[1],
+        config_table=_kv_table(data.config),
+        version=_version(),
+        generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
     )
 
 
@@ -68,20 +83,29 @@ def _diagnosis(d: DiagnosisView | None) -> str:
     """The verdict, the six steps with their evidence, and the levers with theirs."""
     if d is None:
         return ""
-    steps = "".join(f"<tr><td>{escape(q)}</td><td>{escape(finding)}</td><td>{'<br>'.join(map(escape, ev))}</td></tr>"
-                    for q, finding, ev in d.steps)
+    steps = "".join(
+        f"<tr><td>{escape(q)}</td><td>{escape(finding)}</td><td>{'<br>'.join(map(escape, ev))}</td></tr>"
+        for q, finding, ev in d.steps
+    )
     levers = "".join(f"<tr><td>{escape(c)}</td><td>{escape(a)}</td><td>{escape(ev)}</td></tr>" for c, a, ev in d.levers)
-    lever_table = (f"<table><tr><th>cause</th><th>lever</th><th>evidence</th></tr>{levers}</table>"
-                   if levers else "")
-    return (f'<section id="diagnosis"><h2>Diagnosis: why is it slow?</h2><p class="verdict"><b>{escape(d.verdict)}'
-            f"</b></p><table><tr><th>step</th><th>finding</th><th>evidence</th></tr>{steps}</table>{lever_table}"
-            "</section>")
+    lever_table = f"<table><tr><th>cause</th><th>lever</th><th>evidence</th></tr>{levers}</table>" if levers else ""
+    return (
+        f'<section id="diagnosis"><h2>Diagnosis: why is it slow?</h2><p class="verdict"><b>{escape(d.verdict)}'
+        f"</b></p><table><tr><th>step</th><th>finding</th><th>evidence</th></tr>{steps}</table>{lever_table}"
+        "</section>"
+    )
 
 
 def _budget_chart(rows: list[BudgetRow], ttft_label: str) -> str:
-    bars = [charts.BarRow(r.label, [charts.Segment(label, color, max(r.components.get(key) or 0.0, 0.0))
-                                    for key, label, color in COMPONENTS],
-                          r.ttft_ms, f"{ttft_label} {r.label}") for r in rows]
+    bars = [
+        charts.BarRow(
+            r.label,
+            [charts.Segment(label, color, max(r.components.get(key) or 0.0, 0.0)) for key, label, color in COMPONENTS],
+            r.ttft_ms,
+            f"{ttft_label} {r.label}",
+        )
+        for r in rows
+    ]
     keys = [(label, color) for _, label, color in COMPONENTS] + [(f"{ttft_label} at that statistic (dashed)", "#111")]
     return charts.stacked_bars(bars) + charts.legend(keys)
 
@@ -106,20 +130,27 @@ def _ms(v: float | None) -> str:
 def _cdf(points: list[RequestPoint], metric: str) -> str:
     client = [getattr(p, f"client_{metric}_ms") for p in points]
     server = [getattr(p, f"server_{metric}_ms") for p in points]
-    series = [charts.Series(f"client {metric.upper()}", CLIENT_COLOR, [v for v in client if v is not None]),
-              charts.Series(f"server {metric.upper()}", SERVER_COLOR, [v for v in server if v is not None])]
-    return (charts.cdf(series, f"{metric.upper()} (ms)")
-            + charts.legend([(s.name + f" (n={len(s.xs)})", s.color) for s in series]))
+    series = [
+        charts.Series(f"client {metric.upper()}", CLIENT_COLOR, [v for v in client if v is not None]),
+        charts.Series(f"server {metric.upper()}", SERVER_COLOR, [v for v in server if v is not None]),
+    ]
+    return charts.cdf(series, f"{metric.upper()} (ms)") + charts.legend(
+        [(s.name + f" (n={len(s.xs)})", s.color) for s in series]
+    )
 
 
 def _scatter(points: list[RequestPoint]) -> str:
     sample = points[:: max(1, len(points) // MAX_SCATTER_POINTS)]
     series = []
-    for name, attr, color in (("client TTFT", "client_ttft_ms", CLIENT_COLOR), ("prefill", "prefill_ms", PREFILL_COLOR)):
+    for name, attr, color in (
+        ("client TTFT", "client_ttft_ms", CLIENT_COLOR),
+        ("prefill", "prefill_ms", PREFILL_COLOR),
+    ):
         pairs = [(p.input_tokens, getattr(p, attr)) for p in sample if getattr(p, attr) is not None]
         series.append(charts.Series(name, color, [x for x, _ in pairs], [y for _, y in pairs]))
-    return (charts.scatter(series, "prompt length (input tokens)", "ms")
-            + charts.legend([(s.name, s.color) for s in series]))
+    return charts.scatter(series, "prompt length (input tokens)", "ms") + charts.legend(
+        [(s.name, s.color) for s in series]
+    )
 
 
 WATERFALL_NOTE = (
@@ -150,8 +181,16 @@ def layout_trace(spans: list[TraceSpan]) -> tuple[list[charts.Lane], float]:
         for s, depth in _tree_order(spans, server):
             color = SERVER_COLOR if s is server else SPAN_COLORS.get(s.name, "#999")
             label = f"server · {s.name}" if s is server else s.name
-            lanes.append(charts.Lane(label, offset + (s.start_ns - server.start_ns) / 1e6, s.duration_ns / 1e6,
-                                     color, depth + (1 if client else 0), s.service))
+            lanes.append(
+                charts.Lane(
+                    label,
+                    offset + (s.start_ns - server.start_ns) / 1e6,
+                    s.duration_ns / 1e6,
+                    color,
+                    depth + (1 if client else 0),
+                    s.service,
+                )
+            )
         total = max(total, offset + server.duration_ns / 1e6)
     return lanes, total
 
@@ -175,9 +214,12 @@ def _tree_order(spans: list[TraceSpan], root: TraceSpan) -> list[tuple[TraceSpan
 
 def _waterfall(trace: TraceView) -> str:
     lanes, total = layout_trace(trace.spans)
-    title = f"<h3 style='margin:14px 0 4px;font-size:14px'>{escape(trace.title)} <code>{escape(trace.trace_id)}</code></h3>"
+    title = (
+        f"<h3 style='margin:14px 0 4px;font-size:14px'>{escape(trace.title)} <code>{escape(trace.trace_id)}</code></h3>"
+    )
     keys = [("client span", CLIENT_COLOR), ("server root", SERVER_COLOR)] + [
-        (n, c) for n, c in SPAN_COLORS.items() if any(s.name == n for s in trace.spans)]
+        (n, c) for n, c in SPAN_COLORS.items() if any(s.name == n for s in trace.spans)
+    ]
     return title + charts.waterfall(lanes, total) + charts.legend(keys)
 
 
@@ -197,10 +239,14 @@ def _step_columns(steps: list[StepPoint]) -> tuple[str, str]:
     ts = [i * width for i in range(n)]
     avg = [(p / c if c else 0.0, d / c if c else 0.0) for p, d, c in sums]
     # Two panels on one time axis: prefill chunks are ~100× larger than a step's decode tokens.
-    panels = [(charts.Series("prefill tokens", PREFILL_COLOR, ts, [a[0] for a in avg]), "prefill tokens / step"),
-              (charts.Series("decode tokens", DECODE_COLOR, ts, [a[1] for a in avg]), "decode tokens / step")]
-    chart = "".join(charts.stacked_columns(ts, [series], "seconds since the first step", label, height=200)
-                    for series, label in panels)
+    panels = [
+        (charts.Series("prefill tokens", PREFILL_COLOR, ts, [a[0] for a in avg]), "prefill tokens / step"),
+        (charts.Series("decode tokens", DECODE_COLOR, ts, [a[1] for a in avg]), "decode tokens / step"),
+    ]
+    chart = "".join(
+        charts.stacked_columns(ts, [series], "seconds since the first step", label, height=200)
+        for series, label in panels
+    )
     note = f"{width * 1000:.0f} ms buckets ({len(steps)} steps)"
     return note, chart + charts.legend([(series.name, series.color) for series, _ in panels])
 

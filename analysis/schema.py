@@ -21,8 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phaselens.collectors import schema as collector_schema
-from phaselens.collectors.schema import (DEDUP_WINDOW_BLOCKS, DISTRIBUTED_TABLE, TRACE_ID_TS_DISTRIBUTED,
-                                         TRACE_ID_TS_TABLE, TRACES_TABLE, ident, ttl_interval)
+from phaselens.collectors.schema import (
+    DEDUP_WINDOW_BLOCKS,
+    DISTRIBUTED_TABLE,
+    TRACE_ID_TS_DISTRIBUTED,
+    TRACE_ID_TS_TABLE,
+    TRACES_TABLE,
+    ident,
+    ttl_interval,
+)
 from phaselens.instrumentation import names as n
 
 PARTS_TABLE = "phaselens_request_parts"
@@ -57,16 +64,22 @@ def _names(span_names: tuple[str, ...]) -> str:
 # both). TGI's Infer layer opens a second `generate_stream`/`generate` span below the handler's: only the
 # handler's carries the timings.
 # Cheapest test first: ClickHouse evaluates AND lazily, so most spans never reach the map lookups.
-IS_SGLANG = (f"position(SpanName, ' Req ') > 0 AND {attr(n.SGLANG_MODULE)} = '{n.SGLANG_REQUEST_MODULE}' "
-             f"AND mapContains(SpanAttributes, '{n.SGLANG_RID}')")
+IS_SGLANG = (
+    f"position(SpanName, ' Req ') > 0 AND {attr(n.SGLANG_MODULE)} = '{n.SGLANG_REQUEST_MODULE}' "
+    f"AND mapContains(SpanAttributes, '{n.SGLANG_RID}')"
+)
 IS_TGI = f"SpanName IN {_names(n.TGI_REQUEST_SPANS)} AND mapContains(SpanAttributes, '{n.TGI_TOTAL_TIME}')"
 # A server we do not own (vLLM's `llm_request`) is recognised by the de-facto TTFT key.
-IS_SERVER = (f"(SpanKind IN {SERVER_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
-             f"OR mapContains(SpanAttributes, '{n.PL_SERVER_TTFT_MS}') "
-             f"OR mapContains(SpanAttributes, '{n.LATENCY_TIME_TO_FIRST_TOKEN}'))) "
-             f"OR ({IS_SGLANG}) OR ({IS_TGI})")
-IS_CLIENT = (f"SpanKind IN {CLIENT_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
-             f"OR mapContains(SpanAttributes, '{n.PL_CLIENT_E2E_MS}'))")
+IS_SERVER = (
+    f"(SpanKind IN {SERVER_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
+    f"OR mapContains(SpanAttributes, '{n.PL_SERVER_TTFT_MS}') "
+    f"OR mapContains(SpanAttributes, '{n.LATENCY_TIME_TO_FIRST_TOKEN}'))) "
+    f"OR ({IS_SGLANG}) OR ({IS_TGI})"
+)
+IS_CLIENT = (
+    f"SpanKind IN {CLIENT_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
+    f"OR mapContains(SpanAttributes, '{n.PL_CLIENT_E2E_MS}'))"
+)
 
 
 # Rust's `Debug` of a `Duration`: a decimal number and a unit, trailing zeros dropped ("1.5ms", "850µs",
@@ -77,7 +90,7 @@ _RUST_UNIT_MS = {"ns": "1e-6", "µs": "1e-3", "μs": "1e-3", "us": "1e-3", "ms":
 
 def rust_duration_ms(value: str) -> str:
     """A Rust `Duration` Debug string in ms, NULL when it is not one:
-        ms = number × {ns: 1e-6, µs: 1e-3, ms: 1, s: 1000}[unit]"""
+    ms = number × {ns: 1e-6, µs: 1e-3, ms: 1, s: 1000}[unit]"""
     groups = f"extractGroups({value}, '{_RUST_DURATION}')"
     units = ", ".join(f"{groups}[2] = '{unit}', {factor}" for unit, factor in _RUST_UNIT_MS.items())
     return f"toFloat64OrNull({groups}[1]) * multiIf({units}, NULL)"
@@ -120,8 +133,9 @@ def _text_part(column: str, key: str, cond: str | None = None) -> Part:
 def _phase_part(phase: str, span_names: tuple[str, ...]) -> Part:
     """The Duration (ns) of a request's one span of this phase (max: a repeated span is harmless;
     SGLang's prefill_forward repeats only for a recompute after a retraction, which it then shows)."""
-    return Part(f"d_{phase}", "max", "Nullable(UInt64)",
-                f"maxIf(toNullable(Duration), SpanName IN {_names(span_names)})")
+    return Part(
+        f"d_{phase}", "max", "Nullable(UInt64)", f"maxIf(toNullable(Duration), SpanName IN {_names(span_names)})"
+    )
 
 
 def _count_part(column: str, span_names: tuple[str, ...], value: str) -> Part:
@@ -134,43 +148,78 @@ def _kind_part(column: str, merge: str, value_type: str, expr: str, cond: str) -
 
 
 # phase → the span names that measure it: the phaselens tree's, and SGLang's scheduler slices
-PHASE_SPANS = {"ingress": (n.SPAN_INGRESS,), "prefill": (n.SPAN_PREFILL, n.SPAN_SGLANG_PREFILL),
-               "first_token": (n.SPAN_FIRST_TOKEN,), "first_chunk": (n.SPAN_FIRST_CHUNK,),
-               "decode": (n.SPAN_DECODE,), "delivery": (n.SPAN_DELIVERY,)}
+PHASE_SPANS = {
+    "ingress": (n.SPAN_INGRESS,),
+    "prefill": (n.SPAN_PREFILL, n.SPAN_SGLANG_PREFILL),
+    "first_token": (n.SPAN_FIRST_TOKEN,),
+    "first_chunk": (n.SPAN_FIRST_CHUNK,),
+    "decode": (n.SPAN_DECODE,),
+    "delivery": (n.SPAN_DELIVERY,),
+}
 QUEUE_SPANS = (n.SPAN_QUEUE, n.SPAN_SGLANG_QUEUE)
 CHUNK_SPANS = (n.SPAN_PREFILL_CHUNK, n.SPAN_SGLANG_PREFILL_CHUNK)
 NUMERIC_ATTRS = {
-    "a_input_tokens": n.GEN_AI_USAGE_INPUT_TOKENS, "a_output_tokens": n.GEN_AI_USAGE_OUTPUT_TOKENS,
-    "a_cached_tokens": n.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "a_prefix_cached": n.PL_CACHED_TOKENS,
+    "a_input_tokens": n.GEN_AI_USAGE_INPUT_TOKENS,
+    "a_output_tokens": n.GEN_AI_USAGE_OUTPUT_TOKENS,
+    "a_cached_tokens": n.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+    "a_prefix_cached": n.PL_CACHED_TOKENS,
     "a_reasoning_tokens": n.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
-    "a_client_ttft_ms": n.PL_CLIENT_TTFT_MS, "a_client_ttfo_ms": n.PL_CLIENT_TTFO_MS,
-    "a_client_tpot_ms": n.PL_CLIENT_TPOT_MS, "a_client_e2e_ms": n.PL_CLIENT_E2E_MS,
-    "a_client_itl_p50_ms": n.PL_CLIENT_ITL_P50_MS, "a_client_itl_p99_ms": n.PL_CLIENT_ITL_P99_MS,
-    "a_server_ttft_ms": n.PL_SERVER_TTFT_MS, "a_server_tpot_ms": n.PL_SERVER_TPOT_MS,
-    "a_ingress_ms": n.PL_INGRESS_MS, "a_queue_ms": n.PL_QUEUE_MS, "a_prefill_ms": n.PL_PREFILL_MS,
-    "a_first_token_ms": n.PL_FIRST_TOKEN_MS, "a_decode_ms": n.PL_DECODE_MS,
-    "a_first_chunk_ms": n.PL_FIRST_CHUNK_MS, "a_loop_wait_ms": n.PL_FIRST_CHUNK_LOOP_WAIT_MS,
-    "a_encode_ms": n.PL_FIRST_CHUNK_ENCODE_MS, "a_write_ms": n.PL_FIRST_CHUNK_WRITE_MS,
-    "a_server_ttfc_ms": n.PL_SERVER_TTFC_MS, "a_server_last_chunk_ms": n.PL_SERVER_LAST_CHUNK_MS,
-    "a_delivery_ms": n.PL_DELIVERY_MS, "a_prefill_chunks": n.PL_PREFILL_CHUNKS,
-    "a_itl_p50_ms": n.PL_ITL_P50_MS, "a_itl_p99_ms": n.PL_ITL_P99_MS, "a_stall_ms": n.PL_STALL_MS,
+    "a_client_ttft_ms": n.PL_CLIENT_TTFT_MS,
+    "a_client_ttfo_ms": n.PL_CLIENT_TTFO_MS,
+    "a_client_tpot_ms": n.PL_CLIENT_TPOT_MS,
+    "a_client_e2e_ms": n.PL_CLIENT_E2E_MS,
+    "a_client_itl_p50_ms": n.PL_CLIENT_ITL_P50_MS,
+    "a_client_itl_p99_ms": n.PL_CLIENT_ITL_P99_MS,
+    "a_server_ttft_ms": n.PL_SERVER_TTFT_MS,
+    "a_server_tpot_ms": n.PL_SERVER_TPOT_MS,
+    "a_ingress_ms": n.PL_INGRESS_MS,
+    "a_queue_ms": n.PL_QUEUE_MS,
+    "a_prefill_ms": n.PL_PREFILL_MS,
+    "a_first_token_ms": n.PL_FIRST_TOKEN_MS,
+    "a_decode_ms": n.PL_DECODE_MS,
+    "a_first_chunk_ms": n.PL_FIRST_CHUNK_MS,
+    "a_loop_wait_ms": n.PL_FIRST_CHUNK_LOOP_WAIT_MS,
+    "a_encode_ms": n.PL_FIRST_CHUNK_ENCODE_MS,
+    "a_write_ms": n.PL_FIRST_CHUNK_WRITE_MS,
+    "a_server_ttfc_ms": n.PL_SERVER_TTFC_MS,
+    "a_server_last_chunk_ms": n.PL_SERVER_LAST_CHUNK_MS,
+    "a_delivery_ms": n.PL_DELIVERY_MS,
+    "a_prefill_chunks": n.PL_PREFILL_CHUNKS,
+    "a_itl_p50_ms": n.PL_ITL_P50_MS,
+    "a_itl_p99_ms": n.PL_ITL_P99_MS,
+    "a_stall_ms": n.PL_STALL_MS,
     "a_preemptions": n.PL_PREEMPTIONS,
     # de-facto engine keys (seconds): spans from vLLM/SGLang-style servers still yield a budget
-    "a_lat_queue_s": n.LATENCY_TIME_IN_QUEUE, "a_lat_ttft_s": n.LATENCY_TIME_TO_FIRST_TOKEN,
-    "a_lat_prefill_s": n.LATENCY_TIME_IN_MODEL_PREFILL, "a_lat_decode_s": n.LATENCY_TIME_IN_MODEL_DECODE,
-    "a_prompt_tokens": n.GEN_AI_USAGE_PROMPT_TOKENS, "a_completion_tokens": n.GEN_AI_USAGE_COMPLETION_TOKENS,
+    "a_lat_queue_s": n.LATENCY_TIME_IN_QUEUE,
+    "a_lat_ttft_s": n.LATENCY_TIME_TO_FIRST_TOKEN,
+    "a_lat_prefill_s": n.LATENCY_TIME_IN_MODEL_PREFILL,
+    "a_lat_decode_s": n.LATENCY_TIME_IN_MODEL_DECODE,
+    "a_prompt_tokens": n.GEN_AI_USAGE_PROMPT_TOKENS,
+    "a_completion_tokens": n.GEN_AI_USAGE_COMPLETION_TOKENS,
     "a_usage_cached_tokens": n.GEN_AI_USAGE_CACHED_TOKENS,
-    "a_sent_wall_ns": n.PL_CLIENT_SENT_WALL_NS, "a_done_wall_ns": n.PL_CLIENT_DONE_WALL_NS,
-    "a_received_wall_ns": n.PL_RECEIVED_WALL_NS, "a_responded_wall_ns": n.PL_RESPONDED_WALL_NS,
+    "a_sent_wall_ns": n.PL_CLIENT_SENT_WALL_NS,
+    "a_done_wall_ns": n.PL_CLIENT_DONE_WALL_NS,
+    "a_received_wall_ns": n.PL_RECEIVED_WALL_NS,
+    "a_responded_wall_ns": n.PL_RESPONDED_WALL_NS,
 }
-TEXT_ATTRS = {"t_request_id": n.GEN_AI_REQUEST_ID, "t_response_id": n.GEN_AI_RESPONSE_ID,
-              "t_request_model": n.GEN_AI_REQUEST_MODEL, "t_response_model": n.GEN_AI_RESPONSE_MODEL,
-              "t_error_type": n.ERROR_TYPE, "t_finish_reason": n.PL_FINISH_REASON, "t_rid": n.SGLANG_RID}
+TEXT_ATTRS = {
+    "t_request_id": n.GEN_AI_REQUEST_ID,
+    "t_response_id": n.GEN_AI_RESPONSE_ID,
+    "t_request_model": n.GEN_AI_REQUEST_MODEL,
+    "t_response_model": n.GEN_AI_RESPONSE_MODEL,
+    "t_error_type": n.ERROR_TYPE,
+    "t_finish_reason": n.PL_FINISH_REASON,
+    "t_rid": n.SGLANG_RID,
+}
 # TGI's timings as recorded, from its request span only; the views parse them, once per request
 # (parsing them in the materialized view cost ~20 % more of its server CPU, measured over 800k spans)
-TGI_TIMINGS = {"t_tgi_validation": n.TGI_VALIDATION_TIME, "t_tgi_queue": n.TGI_QUEUE_TIME,
-               "t_tgi_inference": n.TGI_INFERENCE_TIME, "t_tgi_total": n.TGI_TOTAL_TIME,
-               "t_tgi_per_token": n.TGI_TIME_PER_TOKEN}
+TGI_TIMINGS = {
+    "t_tgi_validation": n.TGI_VALIDATION_TIME,
+    "t_tgi_queue": n.TGI_QUEUE_TIME,
+    "t_tgi_inference": n.TGI_INFERENCE_TIME,
+    "t_tgi_total": n.TGI_TOTAL_TIME,
+    "t_tgi_per_token": n.TGI_TIME_PER_TOKEN,
+}
 
 PARTS: tuple[Part, ...] = (
     Part("first_seen", "min", "DateTime64(9)", "min(Timestamp)"),  # every partial row has one: the TTL
@@ -180,9 +229,13 @@ PARTS: tuple[Part, ...] = (
     _kind_part("server_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_SERVER),
     _kind_part("client_service", "any", "Nullable(String)", "toNullable(toString(ServiceName))", IS_CLIENT),
     _kind_part("server_span", "any", "Nullable(String)", "toNullable(toString(SpanName))", IS_SERVER),
-    Part("native_model", "any", "Nullable(String)",  # the span model of a native root that is not a SERVER span
-         f"anyIf(toNullable(if({IS_SGLANG}, '{n.SPAN_MODEL_SGLANG}', '{n.SPAN_MODEL_TGI}')), "
-         f"({IS_SGLANG}) OR ({IS_TGI}))"),
+    Part(
+        "native_model",
+        "any",
+        "Nullable(String)",  # the span model of a native root that is not a SERVER span
+        f"anyIf(toNullable(if({IS_SGLANG}, '{n.SPAN_MODEL_SGLANG}', '{n.SPAN_MODEL_TGI}')), "
+        f"({IS_SGLANG}) OR ({IS_TGI}))",
+    ),
     Part("has_error", "max", "UInt8", f"max(StatusCode IN {ERROR_CODES})"),
     *(_phase_part(phase, name) for phase, name in PHASE_SPANS.items()),
     _count_part("queue_ns", QUEUE_SPANS, "Duration"),
@@ -218,8 +271,10 @@ def _tgi_output_tokens() -> str:
     """TGI records no token count on its span, but time_per_token = inference_time / n, truncated to
     the ns, so n = round(inference_time / time_per_token) exactly while time_per_token > 2n ns."""
     per_token = _tgi_ms("per_token")
-    return (f"if({per_token} > 0, "  # accurateCastOrNull: a NULL row's hidden value may be a NaN
-            f"accurateCastOrNull(round({_tgi_ms('inference')} / {per_token}), 'UInt32'), NULL)")
+    return (
+        f"if({per_token} > 0, "  # accurateCastOrNull: a NULL row's hidden value may be a NaN
+        f"accurateCastOrNull(round({_tgi_ms('inference')} / {per_token}), 'UInt32'), NULL)"
+    )
 
 
 def _tgi_ms(timing: str) -> str:
@@ -236,9 +291,11 @@ def _span_model() -> str:
     """Whose spans the row was built from: the phaselens tree (it carries `phaselens.server.ttft_ms`),
     vLLM's native `llm_request`, SGLang's or TGI's native spans, another server's de-facto keys;
     NULL without a server view."""
-    return (f"multiIf(a_server_ttft_ms IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
-            f"server_span = '{n.SPAN_VLLM_REQUEST}', '{n.SPAN_MODEL_VLLM}', native_model IS NOT NULL, native_model, "
-            f"server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, '{n.SPAN_MODEL_ENGINE_KEYS}', NULL)")
+    return (
+        f"multiIf(a_server_ttft_ms IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
+        f"server_span = '{n.SPAN_VLLM_REQUEST}', '{n.SPAN_MODEL_VLLM}', native_model IS NOT NULL, native_model, "
+        f"server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, '{n.SPAN_MODEL_ENGINE_KEYS}', NULL)"
+    )
 
 
 def _before_engine_ms() -> str:
@@ -247,8 +304,10 @@ def _before_engine_ms() -> str:
     vLLM (no ingress): tokenisation, the hop into the EngineCore and the first token's hop back to the
     API server. SGLang: the hop to the scheduler, its request_process, the first token's way back
     to the TokenizerManager. NULL when the span model separates those terms (the phaselens tree)."""
-    return ("if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) "
-            "- coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL)")
+    return (
+        "if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) "
+        "- coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL)"
+    )
 
 
 # The wide per-request view: (name, expression over the merged parts). The first block is the
@@ -262,22 +321,34 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("status", "if(has_error = 1 OR t_error_type IS NOT NULL, 'error', 'ok')"),  # error.type: semconv failure
     ("error_type", "t_error_type"),
     ("input_tokens", "CAST(coalesce(a_input_tokens, a_prompt_tokens) AS Nullable(UInt32))"),
-    ("output_tokens", f"CAST(coalesce(a_output_tokens, a_completion_tokens, {_tgi_output_tokens()}) "
-                      "AS Nullable(UInt32))"),
+    (
+        "output_tokens",
+        f"CAST(coalesce(a_output_tokens, a_completion_tokens, {_tgi_output_tokens()}) AS Nullable(UInt32))",
+    ),
     ("cached_tokens", "CAST(coalesce(a_cached_tokens, a_prefix_cached, a_usage_cached_tokens) AS Nullable(UInt32))"),
     ("reasoning_tokens", "CAST(a_reasoning_tokens AS Nullable(UInt32))"),
     ("client_ttft_ms", "a_client_ttft_ms"),
     ("client_ttfo_ms", "a_client_ttfo_ms"),
     ("client_tpot_ms", "a_client_tpot_ms"),
     ("client_e2e_ms", "a_client_e2e_ms"),
-    ("server_ttft_ms", "coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, "
-                       "ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms))"),
+    (
+        "server_ttft_ms",
+        (
+            "coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, "
+            "ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms))"
+        ),
+    ),
     ("server_ttfc_ms", "coalesce(a_server_ttfc_ms, server_ttft_ms + first_chunk_ms)"),
     ("ingress_ms", _phase_ms("ingress", "a_ingress_ms", SGLANG_INGRESS_MS, _tgi_ms("validation"))),
     ("queue_ms", f"coalesce({_spans_ms('queue')}, a_queue_ms, a_lat_queue_s * 1000, {_tgi_ms('queue')})"),  # all waits
     ("prefill_ms", _phase_ms("prefill", "a_prefill_ms", ENGINE_PREFILL_MS)),
-    ("prefill_chunks", "CAST(coalesce(a_prefill_chunks, if(chunk_spans > 0, chunk_spans, "
-                       "if(d_prefill IS NULL, NULL, 1))) AS Nullable(UInt32))"),
+    (
+        "prefill_chunks",
+        (
+            "CAST(coalesce(a_prefill_chunks, if(chunk_spans > 0, chunk_spans, "
+            "if(d_prefill IS NULL, NULL, 1))) AS Nullable(UInt32))"
+        ),
+    ),
     ("first_token_ms", _phase_ms("first_token", "a_first_token_ms")),
     ("first_chunk_ms", _phase_ms("first_chunk", "a_first_chunk_ms")),
     ("decode_ms", _phase_ms("decode", "a_decode_ms", "a_lat_decode_s * 1000")),
@@ -285,8 +356,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("server_tpot_ms", "coalesce(a_server_tpot_ms, if(output_tokens > 1, decode_ms / (output_tokens - 1), NULL))"),
     ("itl_p99_ms", "a_itl_p99_ms"),
     ("stall_ms", "a_stall_ms"),
-    ("preemptions", "CAST(coalesce(a_preemptions, if(queue_spans = 0, NULL, queue_spans - 1)) "
-                    "AS Nullable(UInt32))"),
+    ("preemptions", "CAST(coalesce(a_preemptions, if(queue_spans = 0, NULL, queue_spans - 1)) AS Nullable(UInt32))"),
     # network both ways + client: against the server's first content bytes where it stamped them
     ("residual_ms", "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms)"),
     # TGI: total_time ends as its last token reaches the router, before that event's SSE encoding
@@ -343,8 +413,10 @@ def _select_list(columns: tuple[tuple[str, str], ...]) -> str:
 def parts_select(traces: str) -> str:
     """The materialized view's SELECT: one insert's spans folded into partial rows per TraceId."""
     mv_cols = ",\n    ".join(f"{p.insert_expr} AS {p.column}" for p in PARTS)
-    return (f"SELECT TraceId,\n    {mv_cols}\nFROM {traces}\n"
-            f"WHERE SpanName != '{n.SPAN_ENGINE_STEP}' AND TraceId != ''\nGROUP BY TraceId")
+    return (
+        f"SELECT TraceId,\n    {mv_cols}\nFROM {traces}\n"
+        f"WHERE SpanName != '{n.SPAN_ENGINE_STEP}' AND TraceId != ''\nGROUP BY TraceId"
+    )
 
 
 def merged_parts(parts: str) -> str:
@@ -356,13 +428,16 @@ def merged_parts(parts: str) -> str:
 def facts_select(parts: str, final: bool = True) -> str:
     """The per-request facts over the parts table read with FINAL (the merge functions applied on
     read: ~2× faster than a GROUP BY TraceId), or over any relation with one row per TraceId."""
-    return (f"SELECT\n    {_select_list(REQUEST_COLUMNS + EXTRA_COLUMNS)}\n"
-            f"FROM {parts}{' FINAL' if final else ''}\n"
-            "WHERE server_start IS NOT NULL OR client_start IS NOT NULL")
+    return (
+        f"SELECT\n    {_select_list(REQUEST_COLUMNS + EXTRA_COLUMNS)}\n"
+        f"FROM {parts}{' FINAL' if final else ''}\n"
+        "WHERE server_start IS NOT NULL OR client_start IS NOT NULL"
+    )
 
 
-def statements(database: str = "otel", cluster: str | None = None, ttl: str | None = None,
-               on_cluster: bool = True) -> list[str]:
+def statements(
+    database: str = "otel", cluster: str | None = None, ttl: str | None = None, on_cluster: bool = True
+) -> list[str]:
     """CREATE statements (idempotent), to run after `phaselens.collectors.schema.statements(...)`; `ttl`
     (e.g. 72h, as for otel_traces) drops request rows that long after their first span.
 
@@ -392,30 +467,43 @@ def statements(database: str = "otel", cluster: str | None = None, ttl: str | No
         f"ALTER TABLE {db}.{ident(PARTS_MV)}{on} MODIFY QUERY {parts_select(traces)}",
     ]
     if cluster:
-        out += [f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\n"
-                f"ENGINE = {collector_schema.distributed_engine(cluster, database, PARTS_TABLE)}",
-                f"ALTER TABLE {parts_read}{on}\n    {add_columns}"]  # an upgrade reaches the reads too
+        out += [
+            (
+                f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\n"
+                f"ENGINE = {collector_schema.distributed_engine(cluster, database, PARTS_TABLE)}"
+            ),
+            f"ALTER TABLE {parts_read}{on}\n    {add_columns}",
+        ]  # an upgrade reaches the reads too
     spans = f"{db}.{ident(DISTRIBUTED_TABLE)}" if cluster else traces
     lookup = f"{db}.{ident(TRACE_ID_TS_DISTRIBUTED if cluster else TRACE_ID_TS_TABLE)}"
     out += [
         f"CREATE OR REPLACE VIEW {db}.{ident(SPANS_VIEW)}{on} AS\nSELECT * FROM {spans}",
         f"CREATE OR REPLACE VIEW {db}.{ident(TRACE_TIMES_VIEW)}{on} AS\nSELECT TraceId, Start, End FROM {lookup}",
         f"CREATE OR REPLACE VIEW {db}.{ident(FACTS_VIEW)}{on} AS\n{facts_select(parts_read)}",
-        f"CREATE OR REPLACE VIEW {db}.{ident(REQUESTS_VIEW)}{on} AS\n"
-        f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}\nFROM {db}.{ident(FACTS_VIEW)}",
-        f"CREATE OR REPLACE VIEW {db}.{ident(STEPS_VIEW)}{on} AS\nSELECT\n    {_select_list(STEP_COLUMNS)}\n"
-        f"FROM {spans}\nWHERE SpanName = '{n.SPAN_ENGINE_STEP}'",
+        (
+            f"CREATE OR REPLACE VIEW {db}.{ident(REQUESTS_VIEW)}{on} AS\n"
+            f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}\nFROM {db}.{ident(FACTS_VIEW)}"
+        ),
+        (
+            f"CREATE OR REPLACE VIEW {db}.{ident(STEPS_VIEW)}{on} AS\nSELECT\n    {_select_list(STEP_COLUMNS)}\n"
+            f"FROM {spans}\nWHERE SpanName = '{n.SPAN_ENGINE_STEP}'"
+        ),
     ]
     return out
 
 
-def all_statements(database: str = "otel", ttl: str | None = None, cluster: str | None = None,
-                   table_engine: str | None = None, on_cluster: bool = True) -> list[str]:
+def all_statements(
+    database: str = "otel",
+    ttl: str | None = None,
+    cluster: str | None = None,
+    table_engine: str | None = None,
+    on_cluster: bool = True,
+) -> list[str]:
     """Everything `phaselens schema apply` creates, in order: the exporter's tables
     (`phaselens.collectors.schema`), then the per-request analysis tables and views."""
-    return (collector_schema.statements(database, ttl=ttl, cluster=cluster, table_engine=table_engine,
-                                        on_cluster=on_cluster)
-            + statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster))
+    return collector_schema.statements(
+        database, ttl=ttl, cluster=cluster, table_engine=table_engine, on_cluster=on_cluster
+    ) + statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster)
 
 
 def script(statements: list[str]) -> str:

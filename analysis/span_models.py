@@ -14,20 +14,24 @@ UNSEPARATED: dict[str, str] = {
         "vLLM's native llm_request span: ingress and first_token are not separated; before_engine_ms = "
         "server TTFT − queue − prefill holds tokenisation, the hop into the EngineCore and the first "
         "token's hop back to the API server; the first chunk's delivery (vLLM's output handler → "
-        "bytes written) is inside residual_ms; no delivery_ms, no engine steps"),
+        "bytes written) is inside residual_ms; no delivery_ms, no engine steps"
+    ),
     n.SPAN_MODEL_SGLANG: (
         "SGLang's native request trace: first_token is not separated; before_engine_ms = server TTFT − "
         "ingress − queue − prefill holds the hop to the scheduler, its request_process and the first "
         "token's way back to the TokenizerManager; the first chunk's delivery is inside residual_ms; "
-        "no delivery_ms, no engine steps"),
+        "no delivery_ms, no engine steps"
+    ),
     n.SPAN_MODEL_TGI: (
         "TGI's native request span gives no TTFT: only ingress (validation_time) and queue (queue_time) "
         "of the TTFT terms; prefill, first token and every decode step are one inference_time, so "
         "server TTFT, prefill_ms, first_token_ms, decode_ms and residual_ms stay empty; e2e_residual_ms = "
-        "client e2e − total_time (network, client, the last event's encoding)"),
+        "client e2e − total_time (network, client, the last event's encoding)"
+    ),
     n.SPAN_MODEL_ENGINE_KEYS: (
         "de-facto gen_ai.latency.* keys only: ingress and first_token are not separated "
-        "(before_engine_ms = server TTFT − queue − prefill); the first chunk's delivery is inside residual_ms"),
+        "(before_engine_ms = server TTFT − queue − prefill); the first chunk's delivery is inside residual_ms"
+    ),
 }
 
 

@@ -21,15 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-
-from phaselens.analysis import queries as Q  # noqa: E402
-from phaselens.analysis import schema as S  # noqa: E402
-from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget  # noqa: E402
-from phaselens.common.slo import parse_slo  # noqa: E402
-from phaselens.collectors import schema as CS  # noqa: E402
-from phaselens.storage.clickhouse_url import connect  # noqa: E402
-from phaselens.storage.embedded import EmbeddedClickHouse  # noqa: E402
-from phaselens.instrumentation import names as n  # noqa: E402
+from phaselens.analysis import queries as Q
+from phaselens.analysis import schema as S
+from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget
+from phaselens.collectors import schema as CS
+from phaselens.common.slo import parse_slo
+from phaselens.instrumentation import names as n
+from phaselens.storage.clickhouse_url import connect
+from phaselens.storage.embedded import EmbeddedClickHouse
 
 DATABASE = "bench_budget"
 MODEL = "tiny"
@@ -58,22 +57,28 @@ REQUEST = f"""
         up_ns + ttft_ns + down_ns AS client_ttft_ns, client_ttft_ns + decode_ns AS client_e2e_ns
     FROM numbers({{n}})"""
 
-COLUMNS = ("Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName, ResourceAttributes, "
-           "ScopeName, SpanAttributes, Duration, StatusCode")
+COLUMNS = (
+    "Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName, ResourceAttributes, "
+    "ScopeName, SpanAttributes, Duration, StatusCode"
+)
 
 
 def _client_insert(db: str) -> str:
-    attrs = (f"map('{n.GEN_AI_OPERATION_NAME}', '{n.OP_TEXT_COMPLETION}', '{n.GEN_AI_REQUEST_MODEL}', '{MODEL}', "
-             f"'{n.GEN_AI_USAGE_OUTPUT_TOKENS}', toString(out_tokens), "
-             f"'{n.PL_CLIENT_TTFT_MS}', {_ms('client_ttft_ns')}, '{n.PL_CLIENT_TTFO_MS}', {_ms('client_ttft_ns')}, "
-             f"'{n.PL_CLIENT_E2E_MS}', {_ms('client_e2e_ns')}, "
-             f"'{n.PL_CLIENT_TPOT_MS}', {_ms('decode_ns / (out_tokens - 1)')}, "
-             f"'{n.PL_CLIENT_SENT_WALL_NS}', toString(recv_ns - up_ns), "
-             f"'{n.PL_CLIENT_DONE_WALL_NS}', toString(recv_ns - up_ns + client_e2e_ns))")
-    return (f"INSERT INTO {db}.otel_traces ({COLUMNS})\n"
-            f"SELECT fromUnixTimestamp64Nano(toInt64(recv_ns - up_ns)), trace_id, client_span, '', "
-            f"'{ROOT_SPAN}', 'Client', 'bench-loadgen', map('service.name', 'bench-loadgen'), "
-            f"'phaselens.loadgen', {attrs}, client_e2e_ns, 'Unset'\nFROM ({REQUEST})")
+    attrs = (
+        f"map('{n.GEN_AI_OPERATION_NAME}', '{n.OP_TEXT_COMPLETION}', '{n.GEN_AI_REQUEST_MODEL}', '{MODEL}', "
+        f"'{n.GEN_AI_USAGE_OUTPUT_TOKENS}', toString(out_tokens), "
+        f"'{n.PL_CLIENT_TTFT_MS}', {_ms('client_ttft_ns')}, '{n.PL_CLIENT_TTFO_MS}', {_ms('client_ttft_ns')}, "
+        f"'{n.PL_CLIENT_E2E_MS}', {_ms('client_e2e_ns')}, "
+        f"'{n.PL_CLIENT_TPOT_MS}', {_ms('decode_ns / (out_tokens - 1)')}, "
+        f"'{n.PL_CLIENT_SENT_WALL_NS}', toString(recv_ns - up_ns), "
+        f"'{n.PL_CLIENT_DONE_WALL_NS}', toString(recv_ns - up_ns + client_e2e_ns))"
+    )
+    return (
+        f"INSERT INTO {db}.otel_traces ({COLUMNS})\n"
+        f"SELECT fromUnixTimestamp64Nano(toInt64(recv_ns - up_ns)), trace_id, client_span, '', "
+        f"'{ROOT_SPAN}', 'Client', 'bench-loadgen', map('service.name', 'bench-loadgen'), "
+        f"'phaselens.loadgen', {attrs}, client_e2e_ns, 'Unset'\nFROM ({REQUEST})"
+    )
 
 
 def _server_insert(db: str) -> str:
@@ -84,40 +89,51 @@ def _server_insert(db: str) -> str:
         f"'{n.PL_SERVER_TPOT_MS}', {_ms('decode_ns / (out_tokens - 1)')}, '{n.PL_INGRESS_MS}', {_ms('ingress_ns')}, "
         f"'{n.PL_QUEUE_MS}', {_ms('queue_ns')}, '{n.PL_PREFILL_MS}', {_ms('prefill_ns')}, "
         f"'{n.PL_FIRST_TOKEN_MS}', {_ms('ft_ns')}, '{n.PL_PREEMPTIONS}', '0', "
-        f"'{n.PL_RECEIVED_WALL_NS}', toString(recv_ns), '{n.PL_RESPONDED_WALL_NS}', toString(recv_ns + e2e_ns))")
-    decode_attrs = (f"map('{n.PL_ITL_P99_MS}', {_ms('decode_ns / (out_tokens - 1) * 1.8')}, "
-                    f"'{n.PL_STALL_MS}', '0')")
+        f"'{n.PL_RECEIVED_WALL_NS}', toString(recv_ns), '{n.PL_RESPONDED_WALL_NS}', toString(recv_ns + e2e_ns))"
+    )
+    decode_attrs = f"map('{n.PL_ITL_P99_MS}', {_ms('decode_ns / (out_tokens - 1) * 1.8')}, '{n.PL_STALL_MS}', '0')"
     phases = ", ".join(
-        f"('{name}', 'Internal', {offset}, {dur}, {attrs}, '{k}')" for k, (name, offset, dur, attrs) in enumerate((
-            (ROOT_SPAN, "0", "e2e_ns", server_attrs),
-            (n.SPAN_INGRESS, "0", "ingress_ns", "map()"),
-            (n.SPAN_QUEUE, "ingress_ns", "queue_ns", "map()"),
-            (n.SPAN_PREFILL, "ingress_ns + queue_ns", "prefill_ns", "map()"),
-            (n.SPAN_FIRST_TOKEN, "ingress_ns + queue_ns + prefill_ns", "ft_ns", "map()"),
-            (n.SPAN_DECODE, "ttft_ns", "decode_ns", decode_attrs),
-            (n.SPAN_DELIVERY, "ttft_ns + decode_ns", "delivery_ns", "map()"))))
-    return (f"INSERT INTO {db}.otel_traces ({COLUMNS})\n"
-            "SELECT fromUnixTimestamp64Nano(toInt64(recv_ns + ph.3)), trace_id,\n"
-            "    if(ph.6 = '0', server_span, substring(lower(hex(MD5(concat(ph.6, toString(i))))), 1, 16)),\n"
-            "    if(ph.6 = '0', client_span, server_span), ph.1, if(ph.6 = '0', 'Server', ph.2),\n"
-            "    'bench-server', map('service.name', 'bench-server'), 'phaselens', ph.5, ph.4, 'Unset'\n"
-            f"FROM ({REQUEST})\nARRAY JOIN [{phases}] AS ph")
+        f"('{name}', 'Internal', {offset}, {dur}, {attrs}, '{k}')"
+        for k, (name, offset, dur, attrs) in enumerate(
+            (
+                (ROOT_SPAN, "0", "e2e_ns", server_attrs),
+                (n.SPAN_INGRESS, "0", "ingress_ns", "map()"),
+                (n.SPAN_QUEUE, "ingress_ns", "queue_ns", "map()"),
+                (n.SPAN_PREFILL, "ingress_ns + queue_ns", "prefill_ns", "map()"),
+                (n.SPAN_FIRST_TOKEN, "ingress_ns + queue_ns + prefill_ns", "ft_ns", "map()"),
+                (n.SPAN_DECODE, "ttft_ns", "decode_ns", decode_attrs),
+                (n.SPAN_DELIVERY, "ttft_ns + decode_ns", "delivery_ns", "map()"),
+            )
+        )
+    )
+    return (
+        f"INSERT INTO {db}.otel_traces ({COLUMNS})\n"
+        "SELECT fromUnixTimestamp64Nano(toInt64(recv_ns + ph.3)), trace_id,\n"
+        "    if(ph.6 = '0', server_span, substring(lower(hex(MD5(concat(ph.6, toString(i))))), 1, 16)),\n"
+        "    if(ph.6 = '0', client_span, server_span), ph.1, if(ph.6 = '0', 'Server', ph.2),\n"
+        "    'bench-server', map('service.name', 'bench-server'), 'phaselens', ph.5, ph.4, 'Unset'\n"
+        f"FROM ({REQUEST})\nARRAY JOIN [{phases}] AS ph"
+    )
 
 
 def _steps_insert(db: str) -> str:
-    attrs = (f"map('{n.PL_STEP_INDEX}', toString(i), '{n.PL_STEP_NUM_SEQS}', '4', "
-             f"'{n.PL_STEP_PREFILL_TOKENS}', if(intDiv(i, 10) % 4 = 3, '256', '0'), "
-             f"'{n.PL_STEP_DECODE_TOKENS}', if(intDiv(i, 10) % 4 = 3, '3', '4'), '{n.PL_STEP_KV_BLOCKS_USED}', "
-             f"toString(cityHash64(i, 12) % 100), '{n.PL_STEP_KV_BLOCKS_TOTAL}', '100', "
-             f"'{n.PL_STEP_PREEMPTIONS}', '0', '{n.PL_STEP_QUEUE_DEPTH}', toString(cityHash64(i, 13) % 8))")
-    return (f"INSERT INTO {db}.otel_traces ({COLUMNS}, `Links.TraceId`, `Links.SpanId`, `Links.TraceState`, "
-            "`Links.Attributes`)\n"
-            f"SELECT fromUnixTimestamp64Nano(toInt64(recv_ns)), lower(hex(MD5(concat('t', toString(i))))), "
-            f"substring(lower(hex(MD5(concat('e', toString(i))))), 1, 16), '', '{n.SPAN_ENGINE_STEP}', 'Internal', "
-            f"'bench-server', map('service.name', 'bench-server'), 'phaselens', {attrs}, "
-            "20000000 + if(intDiv(i, 10) % 4 = 3, 15000000, 0) + cityHash64(i, 14) % 1000000, 'Unset', "
-            "[trace_id], [server_span], [''], [map()]\n"
-            f"FROM ({REQUEST}) WHERE i % 10 = 0")
+    attrs = (
+        f"map('{n.PL_STEP_INDEX}', toString(i), '{n.PL_STEP_NUM_SEQS}', '4', "
+        f"'{n.PL_STEP_PREFILL_TOKENS}', if(intDiv(i, 10) % 4 = 3, '256', '0'), "
+        f"'{n.PL_STEP_DECODE_TOKENS}', if(intDiv(i, 10) % 4 = 3, '3', '4'), '{n.PL_STEP_KV_BLOCKS_USED}', "
+        f"toString(cityHash64(i, 12) % 100), '{n.PL_STEP_KV_BLOCKS_TOTAL}', '100', "
+        f"'{n.PL_STEP_PREEMPTIONS}', '0', '{n.PL_STEP_QUEUE_DEPTH}', toString(cityHash64(i, 13) % 8))"
+    )
+    return (
+        f"INSERT INTO {db}.otel_traces ({COLUMNS}, `Links.TraceId`, `Links.SpanId`, `Links.TraceState`, "
+        "`Links.Attributes`)\n"
+        f"SELECT fromUnixTimestamp64Nano(toInt64(recv_ns)), lower(hex(MD5(concat('t', toString(i))))), "
+        f"substring(lower(hex(MD5(concat('e', toString(i))))), 1, 16), '', '{n.SPAN_ENGINE_STEP}', 'Internal', "
+        f"'bench-server', map('service.name', 'bench-server'), 'phaselens', {attrs}, "
+        "20000000 + if(intDiv(i, 10) % 4 = 3, 15000000, 0) + cityHash64(i, 14) % 1000000, 'Unset', "
+        "[trace_id], [server_span], [''], [map()]\n"
+        f"FROM ({REQUEST}) WHERE i % 10 = 0"
+    )
 
 
 def server_pid(data_dir: str) -> int | None:
@@ -166,8 +182,7 @@ def run(client, n_requests: int, repeat: int, pid: int | None = None) -> dict:
     t0 = time.time_ns() - (SPREAD_S + 60) * 10**9
     start = time.perf_counter()
     for make in (_client_insert, _server_insert, _steps_insert):
-        client.command(make(DATABASE).format(t0=t0, n=n_requests),
-                       settings={"max_memory_usage": 8 << 30})
+        client.command(make(DATABASE).format(t0=t0, n=n_requests), settings={"max_memory_usage": 8 << 30})
     ingest_s = time.perf_counter() - start
     spans = client.query(f"SELECT count() FROM {DATABASE}.otel_traces").result_rows[0][0]
     slo = parse_slo("ttft:60,tpot:12", GOODPUT_SLO_KEYS)
@@ -182,20 +197,31 @@ def run(client, n_requests: int, repeat: int, pid: int | None = None) -> dict:
     tdigest = _timed(lambda: full(approx=True), repeat, pid)
     baseline = _timed(lambda: _raw_spans_summary(client), 1, pid)
     return {
-        "benchmark": "budget_query", "requests": n_requests, "spans": spans,
-        "ingest_s": round(ingest_s, 3), "spans_per_s_ingest": round(spans / ingest_s),
-        "budget_s_best": round(merged[0], 3), "budget_s_median": round(merged[1], 3),
+        "benchmark": "budget_query",
+        "requests": n_requests,
+        "spans": spans,
+        "ingest_s": round(ingest_s, 3),
+        "spans_per_s_ingest": round(spans / ingest_s),
+        "budget_s_best": round(merged[0], 3),
+        "budget_s_median": round(merged[1], 3),
         "budget_server_cpu_s": round(merged[2], 3) if pid else None,
         "baseline_raw_spans_server_cpu_s": round(baseline[2], 3) if pid else None,
-        "budget_s_as_ingested_best": round(as_ingested[0], 3), "budget_tdigest_s_best": round(tdigest[0], 3),
+        "budget_s_as_ingested_best": round(as_ingested[0], 3),
+        "budget_tdigest_s_best": round(tdigest[0], 3),
         "optimize_final_s": round(optimize_s, 3),
         "baseline_raw_spans_summary_s": round(baseline[0], 3),
         "speedup_vs_raw_spans": round(baseline[0] / merged[0], 1),
-        "target_s": 1.0, "meets_target": merged[0] <= 1.0, "load_avg_1m": os.getloadavg()[0],
-        "queries_per_budget": 2, "repeat": repeat,
-        "sample": {"client_ttft_p99_ms": report.distributions["client_ttft_ms"].p99,
-                   "tail_grew_most": report.tail.grew_most if report.tail else None,
-                   "goodput_rps": report.goodput.goodput_rps, "mixed_steps": report.stalls.mixed_steps},
+        "target_s": 1.0,
+        "meets_target": merged[0] <= 1.0,
+        "load_avg_1m": os.getloadavg()[0],
+        "queries_per_budget": 2,
+        "repeat": repeat,
+        "sample": {
+            "client_ttft_p99_ms": report.distributions["client_ttft_ms"].p99,
+            "tail_grew_most": report.tail.grew_most if report.tail else None,
+            "goodput_rps": report.goodput.goodput_rps,
+            "mixed_steps": report.stalls.mixed_steps,
+        },
     }
 
 

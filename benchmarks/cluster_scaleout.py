@@ -34,17 +34,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.budget_query import _client_insert, _server_insert, _steps_insert, cpu_s  # noqa: E402
-from phaselens.analysis import schema as S  # noqa: E402
-from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget  # noqa: E402
-from phaselens.collectors import schema as CS  # noqa: E402
-from phaselens.collectors.clickhouse_sink import ClickHouseSink  # noqa: E402
-from phaselens.collectors.shard_sink import ShardedSink  # noqa: E402
-from phaselens.common.slo import parse_slo  # noqa: E402
-from phaselens.instrumentation import names as n  # noqa: E402
-from phaselens.storage.clickhouse_url import connect  # noqa: E402
-from phaselens.storage.cluster import EmbeddedCluster  # noqa: E402
-from phaselens.storage.embedded import EmbeddedClickHouse  # noqa: E402
+from benchmarks.budget_query import _client_insert, _server_insert, _steps_insert, cpu_s
+from phaselens.analysis import schema as S
+from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget
+from phaselens.collectors import schema as CS
+from phaselens.collectors.clickhouse_sink import ClickHouseSink
+from phaselens.collectors.shard_sink import ShardedSink
+from phaselens.common.slo import parse_slo
+from phaselens.instrumentation import names as n
+from phaselens.storage.clickhouse_url import connect
+from phaselens.storage.cluster import EmbeddedCluster
+from phaselens.storage.embedded import EmbeddedClickHouse
 
 CLUSTER = "bench"
 STAGE = "stage"
@@ -66,9 +66,11 @@ def batches(client, batch_spans: int, where: str = "1") -> list[bytes]:
     columns = ", ".join(f"`{c}`" for c in CS.INSERT_COLUMNS)
     out, offset = [], 0
     while True:
-        body = client.raw_query(f"SELECT {columns} FROM {STAGE}.otel_traces WHERE {where} "
-                                f"ORDER BY ServiceName, Timestamp, SpanId LIMIT {batch_spans} OFFSET {offset}",
-                                fmt="RowBinary")
+        body = client.raw_query(
+            f"SELECT {columns} FROM {STAGE}.otel_traces WHERE {where} "
+            f"ORDER BY ServiceName, Timestamp, SpanId LIMIT {batch_spans} OFFSET {offset}",
+            fmt="RowBinary",
+        )
         if not body:
             return out
         out.append(body)
@@ -110,8 +112,9 @@ def ingest_async(url: str, database: str, bodies: list[bytes]) -> float:
 
     def run() -> None:
         for body in bodies:
-            client.raw_insert(table, CS.INSERT_COLUMNS, body, fmt="RowBinary",
-                              settings={"distributed_foreground_insert": 0})
+            client.raw_insert(
+                table, CS.INSERT_COLUMNS, body, fmt="RowBinary", settings={"distributed_foreground_insert": 0}
+            )
         client.command(f"SYSTEM FLUSH DISTRIBUTED {table}")
 
     try:
@@ -144,8 +147,10 @@ def stored_bytes(urls: list[str], database: str) -> int:
     total = 0
     for url in urls:
         client = connect(url)
-        total += client.query("SELECT sum(data_compressed_bytes) FROM system.parts WHERE active AND "
-                              "database = {db:String}", parameters={"db": database}).result_rows[0][0]
+        total += client.query(
+            "SELECT sum(data_compressed_bytes) FROM system.parts WHERE active AND database = {db:String}",
+            parameters={"db": database},
+        ).result_rows[0][0]
         client.close()
     return total
 
@@ -155,7 +160,7 @@ def _close(a, b) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     return a == b
@@ -174,11 +179,17 @@ def fleet(spans_per_cpu_s: float, request_spans: float, bytes_per_span: float, a
     assumes ingest scales with a shard's cores, which one 2-core machine cannot show)."""
     spans_per_s = args.servers * (args.requests_per_server_s * request_spans + args.steps_per_server_s)
     per_shard = spans_per_cpu_s * args.cores_per_shard * args.headroom
-    return {"servers": args.servers, "requests_per_server_s": args.requests_per_server_s,
-            "steps_per_server_s": args.steps_per_server_s, "spans_per_request": round(request_spans, 2),
-            "spans_per_s": round(spans_per_s), "stored_gib_per_day": round(spans_per_s * bytes_per_span * 86400 / 2**30),
-            "cores_per_shard": args.cores_per_shard, "headroom": args.headroom,
-            "shards_needed": max(1, math.ceil(spans_per_s / per_shard))}
+    return {
+        "servers": args.servers,
+        "requests_per_server_s": args.requests_per_server_s,
+        "steps_per_server_s": args.steps_per_server_s,
+        "spans_per_request": round(request_spans, 2),
+        "spans_per_s": round(spans_per_s),
+        "stored_gib_per_day": round(spans_per_s * bytes_per_span * 86400 / 2**30),
+        "cores_per_shard": args.cores_per_shard,
+        "headroom": args.headroom,
+        "shards_needed": max(1, math.ceil(spans_per_s / per_shard)),
+    }
 
 
 def main() -> int:
@@ -196,37 +207,55 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.batch_spans = 2000, 5000
-    with tempfile.TemporaryDirectory(prefix="phaselens-scaleout-") as tmp, \
-            EmbeddedClickHouse(os.path.join(tmp, "single")) as single, \
-            EmbeddedCluster(os.path.join(tmp, "cluster"), shards=args.shards, name=CLUSTER) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="phaselens-scaleout-") as tmp,
+        EmbeddedClickHouse(os.path.join(tmp, "single")) as single,
+        EmbeddedCluster(os.path.join(tmp, "cluster"), shards=args.shards, name=CLUSTER) as cluster,
+    ):
         client = connect(single.url)
         spans = stage(client, args.requests)
-        request_spans = client.query(f"SELECT countIf(SpanName != '{n.SPAN_ENGINE_STEP}') FROM {STAGE}.otel_traces"
-                                     ).result_rows[0][0] / args.requests
+        request_spans = (
+            client.query(f"SELECT countIf(SpanName != '{n.SPAN_ENGINE_STEP}') FROM {STAGE}.otel_traces").result_rows[0][
+                0
+            ]
+            / args.requests
+        )
         bodies = batches(client, args.batch_spans)
-        per_shard = [batches(client, args.batch_spans // args.shards, f"cityHash64(TraceId) % {args.shards} = {k}")
-                     for k in range(args.shards)]
+        per_shard = [
+            batches(client, args.batch_spans // args.shards, f"cityHash64(TraceId) % {args.shards} = {k}")
+            for k in range(args.shards)
+        ]
         client.close()
         _schema([single.url], "single", None)
         for database in ("sync", "async", "direct"):
             _schema(cluster.urls, database, CLUSTER)
         nodes = [node.pid for node in cluster.nodes]
-        ingest = {"single": measured(lambda: ingest_sink(single.url, "single", None, bodies), [single.pid]),
-                  "distributed_sync": measured(lambda: ingest_sink(cluster.urls[0], "sync", CLUSTER, bodies), nodes),
-                  "distributed_async": measured(lambda: ingest_async(cluster.urls[0], "async", bodies), nodes),
-                  "direct": measured(lambda: ingest_direct(cluster.urls[0], "direct", per_shard), nodes)}
+        ingest = {
+            "single": measured(lambda: ingest_sink(single.url, "single", None, bodies), [single.pid]),
+            "distributed_sync": measured(lambda: ingest_sink(cluster.urls[0], "sync", CLUSTER, bodies), nodes),
+            "distributed_async": measured(lambda: ingest_async(cluster.urls[0], "async", bodies), nodes),
+            "direct": measured(lambda: ingest_direct(cluster.urls[0], "direct", per_shard), nodes),
+        }
         budget_single, report_single = budget_s(single.url, "single", args.repeat)
         budget_sharded, report_sharded = budget_s(cluster.urls[0], "sync", args.repeat)
         bytes_per_span = stored_bytes([single.url], "single") / spans
     rates = {mode: round(spans / wall) for mode, (wall, _) in ingest.items()}
     per_cpu = {mode: round(spans / cpu) for mode, (_, cpu) in ingest.items()}
     result = {
-        "benchmark": "cluster_scaleout", "requests": args.requests, "spans": spans, "shards": args.shards,
-        "batch_spans": args.batch_spans, "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
-        "ingest_spans_per_s": rates, "ingest_spans_per_server_cpu_s": per_cpu, "baseline": "single",
+        "benchmark": "cluster_scaleout",
+        "requests": args.requests,
+        "spans": spans,
+        "shards": args.shards,
+        "batch_spans": args.batch_spans,
+        "cpus": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0],
+        "ingest_spans_per_s": rates,
+        "ingest_spans_per_server_cpu_s": per_cpu,
+        "baseline": "single",
         "collector_path": "direct",
         "budget_s_best": {"single": round(budget_single, 3), "sharded": round(budget_sharded, 3)},
-        "same_budget": _same_budget(report_single, report_sharded), "requests_in_budget": report_sharded["requests"],
+        "same_budget": _same_budget(report_single, report_sharded),
+        "requests_in_budget": report_sharded["requests"],
         "stored_bytes_per_span": round(bytes_per_span, 1),
         "fleet": fleet(per_cpu["single"], request_spans, bytes_per_span, args),
     }

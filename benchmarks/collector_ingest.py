@@ -32,12 +32,12 @@ import grpc
 # The payload generator is shared with the tests (tests/collector_payloads.py), which are not installed.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.collector_payloads import export_request  # noqa: E402
-from phaselens.instrumentation import names  # noqa: E402
-from phaselens.common.quantile import quantile  # noqa: E402
-from phaselens.collectors import schema  # noqa: E402
-from phaselens.storage.clickhouse_url import connect  # noqa: E402
-from phaselens.storage.embedded import EmbeddedClickHouse  # noqa: E402
+from phaselens.collectors import schema
+from phaselens.common.quantile import quantile
+from phaselens.instrumentation import names
+from phaselens.storage.clickhouse_url import connect
+from phaselens.storage.embedded import EmbeddedClickHouse
+from tests.collector_payloads import export_request
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 DATABASE = "bench"
@@ -69,9 +69,26 @@ def payloads(count: int, spans_per_request: int, service: str = LOAD_SERVICE) ->
 
 def start_collector(url: str, spool: str, batch_spans: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "phaselens.commands.collector", "--clickhouse", url, "--database", DATABASE,
-         "--grpc-port", "0", "--http-port", "0", "--spool", spool, "--batch-spans", str(batch_spans)],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "phaselens.commands.collector",
+            "--clickhouse",
+            url,
+            "--database",
+            DATABASE,
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+            "--spool",
+            spool,
+            "--batch-spans",
+            str(batch_spans),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     if not line.startswith("READY collector"):
         proc.kill()
@@ -85,8 +102,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def send_all(endpoint: str, bodies: list[bytes], concurrency: int, deadline: float,
-             interval_s: float = 0.0) -> tuple[list, int]:
+def send_all(
+    endpoint: str, bodies: list[bytes], concurrency: int, deadline: float, interval_s: float = 0.0
+) -> tuple[list, int]:
     """Returns [(send_time, ack_time, spans)] in acknowledgement order, and the retry count.
     `interval_s` > 0 paces the sends: request k leaves at start + k * interval_s."""
     channel = grpc.insecure_channel(endpoint, options=[("grpc.max_send_message_length", 64 << 20)])
@@ -151,14 +169,20 @@ def sdk_exporter_rate(endpoint: str, spans: int) -> float:
     provider.add_span_processor(SimpleSpanProcessor(keep))
     tracer = provider.get_tracer("bench")
     for i in range(spans):
-        with tracer.start_as_current_span(names.SPAN_DECODE, attributes={
-                names.GEN_AI_REQUEST_MODEL: "tiny", names.GEN_AI_USAGE_OUTPUT_TOKENS: i,
-                names.GEN_AI_REQUEST_TEMPERATURE: 0.7, names.GEN_AI_REQUEST_STREAM: True}) as span:
+        with tracer.start_as_current_span(
+            names.SPAN_DECODE,
+            attributes={
+                names.GEN_AI_REQUEST_MODEL: "tiny",
+                names.GEN_AI_USAGE_OUTPUT_TOKENS: i,
+                names.GEN_AI_REQUEST_TEMPERATURE: 0.7,
+                names.GEN_AI_REQUEST_STREAM: True,
+            },
+        ) as span:
             span.add_event(names.EVENT_FIRST_CHUNK, {"index": i})
     exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
     start = time.perf_counter()
     for i in range(0, spans, 512):
-        exporter.export(keep.spans[i:i + 512])
+        exporter.export(keep.spans[i : i + 512])
     rate = spans / (time.perf_counter() - start)
     exporter.shutdown()
     return rate
@@ -177,18 +201,28 @@ def main() -> None:
     total = args.spans or (200_000 if args.quick else 1_000_000)
     paced_s = args.paced_s if args.paced_s is not None else (3 if args.quick else 10)
     flood = payloads(total // args.spans_per_request, args.spans_per_request)
-    paced = payloads(round(paced_s * TARGET_SPANS_PER_S / args.spans_per_request), args.spans_per_request,
-                     PACED_SERVICE)
-    with tempfile.TemporaryDirectory(prefix="phaselens-bench-") as tmp, \
-            EmbeddedClickHouse(f"{tmp}/clickhouse") as clickhouse:
+    paced = payloads(
+        round(paced_s * TARGET_SPANS_PER_S / args.spans_per_request), args.spans_per_request, PACED_SERVICE
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="phaselens-bench-") as tmp,
+        EmbeddedClickHouse(f"{tmp}/clickhouse") as clickhouse,
+    ):
         client = connect(clickhouse.url)
         schema.apply(client, schema.statements(DATABASE))
         proc, endpoint = start_collector(clickhouse.url, f"{tmp}/spool", args.batch_spans)
         pids = {"collector": proc.pid, "clickhouse": clickhouse.pid}
         try:
             flooded = run_phase(args, endpoint, client, flood, LOAD_SERVICE, pids)
-            paced_run = run_phase(args, endpoint, client, paced, PACED_SERVICE, pids,
-                                  interval_s=args.spans_per_request / TARGET_SPANS_PER_S)
+            paced_run = run_phase(
+                args,
+                endpoint,
+                client,
+                paced,
+                PACED_SERVICE,
+                pids,
+                interval_s=args.spans_per_request / TARGET_SPANS_PER_S,
+            )
             sdk_rate = sdk_exporter_rate(endpoint, 5_000 if args.quick else 20_000)
         finally:
             proc.terminate()
@@ -217,14 +251,21 @@ def run_phase(args, endpoint, client, bodies, service: str, pids: dict, interval
             k += 1
         if k < len(samples):
             latencies.append(samples[k][0] - sent)
-    count, unique = client.query(f"SELECT count(), uniqExact(SpanId) FROM {DATABASE}.otel_traces "
-                                 f"WHERE ServiceName = '{service}'").result_rows[0]
+    count, unique = client.query(
+        f"SELECT count(), uniqExact(SpanId) FROM {DATABASE}.otel_traces WHERE ServiceName = '{service}'"
+    ).result_rows[0]
     latencies.sort()
-    return {"spans": total, "spans_per_s": round(total / (visible_at - start)) if visible_at else None,
-            "acknowledged_spans_per_s": round(total / sent_s), "lost": total - int(unique),
-            "duplicates": int(count) - int(unique), "client_retries": retries,
-            "p50_ms": round(quantile(latencies, 0.50) * 1000, 1), "p99_ms": round(quantile(latencies, 0.99) * 1000, 1),
-            "cpu_s": {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}}
+    return {
+        "spans": total,
+        "spans_per_s": round(total / (visible_at - start)) if visible_at else None,
+        "acknowledged_spans_per_s": round(total / sent_s),
+        "lost": total - int(unique),
+        "duplicates": int(count) - int(unique),
+        "client_retries": retries,
+        "p50_ms": round(quantile(latencies, 0.50) * 1000, 1),
+        "p99_ms": round(quantile(latencies, 0.99) * 1000, 1),
+        "cpu_s": {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()},
+    }
 
 
 def report(args, flood: dict, paced: dict, sdk_rate: float) -> dict:

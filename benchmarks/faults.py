@@ -24,7 +24,12 @@ from phaselens.faults.outcome import markdown
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="the CI form: short outages and loads")
-    parser.add_argument("--outage-s", type=float, default=None, help=f"seconds ClickHouse stays down ({suite.FULL.outage_s:g}; short: {suite.SHORT.outage_s:g})")
+    parser.add_argument(
+        "--outage-s",
+        type=float,
+        default=None,
+        help=f"seconds ClickHouse stays down ({suite.FULL.outage_s:g}; short: {suite.SHORT.outage_s:g})",
+    )
     parser.add_argument("--only", default=",".join(suite.SCENARIOS), help="comma-separated scenario names")
     parser.add_argument("--work-dir", default=None, help="where ClickHouse, spools and logs go (a temporary folder)")
     parser.add_argument("--markdown", action="store_true", help="also print the README table on stderr")
@@ -32,8 +37,14 @@ def main() -> int:
     params = suite.SHORT if args.short else suite.FULL
     if args.outage_s is not None:
         params = dataclasses.replace(params, outage_s=args.outage_s)
-    progress = lambda o: print(f"{o.scenario}: lost {o.lost}, duplicated {o.duplicated}, recover {o.recover_s} s",
-                               file=sys.stderr, flush=True)
+
+    def progress(o):
+        return print(
+            f"{o.scenario}: lost {o.lost}, duplicated {o.duplicated}, recover {o.recover_s} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
     outcomes = suite.run(params, tuple(filter(None, args.only.split(","))), args.work_dir, progress)
     print(json.dumps({"params": dataclasses.asdict(params), "scenarios": [o.as_dict() for o in outcomes]}))
     if args.markdown:

@@ -38,19 +38,18 @@ import subprocess
 import sys
 import time
 
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
-from opentelemetry.sdk.version import __version__ as otel_sdk_version  # noqa: E402
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.version import __version__ as otel_sdk_version
 
-from phaselens.common.quantile import quantile  # noqa: E402
-from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequest  # noqa: E402
-from phaselens.instrumentation.otel_setup import add_counting_processor  # noqa: E402
-from phaselens.instrumentation.server import ServerTelemetry  # noqa: E402
+from phaselens.common.quantile import quantile
+from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequest
+from phaselens.instrumentation.otel_setup import add_counting_processor
+from phaselens.instrumentation.server import ServerTelemetry
 
-SCOPE = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [],
-         "server": ("127.0.0.1", 8000)}
+SCOPE = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "server": ("127.0.0.1", 8000)}
 
 
 class EncodingDiscardExporter(SpanExporter):
@@ -90,7 +89,7 @@ class ModelStandIn:
 
     def take_step_quantiles_ms(self) -> tuple[float, float]:
         """p50 and p99 of full step times (loop + model) since the last call."""
-        gaps = sorted(b - a for a, b in zip(self.stamps, self.stamps[1:]))
+        gaps = sorted(b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False))
         self.stamps = []
         return quantile(gaps, 0.5) / 1e6, quantile(gaps, 0.99) / 1e6
 
@@ -111,8 +110,9 @@ class NaiveRequest(NullRequest):
         self.context = context
 
 
-def run_engine(open_request, close, per_token, step_observer, batch: int, steps: int, life: int,
-               model: ModelStandIn) -> int:
+def run_engine(
+    open_request, close, per_token, step_observer, batch: int, steps: int, life: int, model: ModelStandIn
+) -> int:
     """The null engine; returns loop-thread ns for `steps` steps (request opening excluded)."""
     live = [[open_request(), 0] for _ in range(batch)]
     spare = [open_request() for _ in range(steps * batch // life + batch)]
@@ -123,7 +123,10 @@ def run_engine(open_request, close, per_token, step_observer, batch: int, steps:
         for item in live:
             req = item[0]
             if item[1] == 0:
-                req.enqueued(); req.scheduled(); req.prefill_chunk(started, started, 16, 0); req.first_token()
+                req.enqueued()
+                req.scheduled()
+                req.prefill_chunk(started, started, 16, 0)
+                req.first_token()
             else:
                 per_token(req)
             item[1] += 1
@@ -139,8 +142,16 @@ def run_engine(open_request, close, per_token, step_observer, batch: int, steps:
 
 
 def measure_off(args, model, steps: int | None = None) -> int:
-    return run_engine(lambda: NULL_REQUEST, lambda req: None, lambda req: req.token(), NULL_STEP,
-                      args.batch, steps or args.steps, args.life, model)
+    return run_engine(
+        lambda: NULL_REQUEST,
+        lambda req: None,
+        lambda req: req.token(),
+        NULL_STEP,
+        args.batch,
+        steps or args.steps,
+        args.life,
+        model,
+    )
 
 
 def measure_off_short(args, model) -> int:
@@ -148,8 +159,16 @@ def measure_off_short(args, model) -> int:
 
 
 def measure_on(args, model, telemetry) -> int:
-    return run_engine(lambda: telemetry.request(dict(SCOPE)), lambda req: req.complete(args.life, FINISH_LENGTH),
-                      lambda req: req.token(), telemetry.step_observer, args.batch, args.steps, args.life, model)
+    return run_engine(
+        lambda: telemetry.request(dict(SCOPE)),
+        lambda req: req.complete(args.life, FINISH_LENGTH),
+        lambda req: req.token(),
+        telemetry.step_observer,
+        args.batch,
+        args.steps,
+        args.life,
+        model,
+    )
 
 
 def measure_naive(args, model) -> int:
@@ -163,8 +182,9 @@ def measure_naive(args, model) -> int:
     def open_request():
         return NaiveRequest(trace.set_span_in_context(tracer.start_span("request")))
 
-    return run_engine(open_request, lambda req: None, per_token, NULL_STEP,
-                      args.batch, args.naive_steps, args.life, model)
+    return run_engine(
+        open_request, lambda req: None, per_token, NULL_STEP, args.batch, args.naive_steps, args.life, model
+    )
 
 
 def measure_open_request_ns(telemetry, count: int) -> float:
@@ -184,7 +204,10 @@ def measure_builder_us(args, count: int) -> float:
     time.sleep(0.05)  # the builder sleeps: the backlog is built in one flush below
     for _ in range(count):
         req = telemetry.request(dict(SCOPE))
-        req.enqueued(); req.scheduled(); req.prefill_chunk(0, 0, 16, 0); req.first_token()
+        req.enqueued()
+        req.scheduled()
+        req.prefill_chunk(0, 0, 16, 0)
+        req.first_token()
         for _ in range(args.life - 1):
             req.token()
         req.finished(FINISH_LENGTH)
@@ -197,8 +220,9 @@ def measure_builder_us(args, count: int) -> float:
 def paused_telemetry(capacity: int, builder: str) -> ServerTelemetry:
     """Telemetry whose builder sleeps through the run: the loop's own stamping cost, alone."""
     provider, meter_provider, _ = make_providers()
-    telemetry = ServerTelemetry(provider, meter_provider, poll_interval_s=3600, queue_capacity=capacity,
-                                builder=builder)
+    telemetry = ServerTelemetry(
+        provider, meter_provider, poll_interval_s=3600, queue_capacity=capacity, builder=builder
+    )
     time.sleep(0.05)
     return telemetry
 
@@ -226,8 +250,14 @@ def start_otlp_sink() -> tuple[subprocess.Popen, str]:
 
 def process_builder_env(endpoint: str) -> None:
     """The span-builder process exports real OTLP/HTTP (protobuf) to the sink; no metric export."""
-    os.environ.update({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
-                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    os.environ.update(
+        {
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        }
+    )
 
 
 def timed(run) -> int:
@@ -236,8 +266,16 @@ def timed(run) -> int:
     return time.perf_counter_ns() - started
 
 
-def mode_figures(args, tokens: int, off_ns: int, off_model: list[int], stamps: list[int], model_runs: list[int],
-                 quantiles: list, telemetry: ServerTelemetry) -> dict:
+def mode_figures(
+    args,
+    tokens: int,
+    off_ns: int,
+    off_model: list[int],
+    stamps: list[int],
+    model_runs: list[int],
+    quantiles: list,
+    telemetry: ServerTelemetry,
+) -> dict:
     per_step_ns = (min(stamps) - off_ns) / tokens
     return {
         "loop_ns_per_request_step": min(stamps) / tokens,
@@ -249,8 +287,10 @@ def mode_figures(args, tokens: int, off_ns: int, off_model: list[int], stamps: l
         "throughput_loss_pct": 100 * (1 - min(off_model) / min(model_runs)),
         "throughput_loss_pct_median": 100 * (1 - statistics.median(off_model) / statistics.median(model_runs)),
         "throughput_loss_pct_stamps_only": 100 * per_step_ns * args.batch / (args.model_step_us * 1000),
-        "samples_ms": {"stamps_null": [round(v / 1e6, 3) for v in stamps],
-                       "with_model": [round(v / 1e6, 3) for v in model_runs]},
+        "samples_ms": {
+            "stamps_null": [round(v / 1e6, 3) for v in stamps],
+            "with_model": [round(v / 1e6, 3) for v in model_runs],
+        },
     }
 
 
@@ -270,8 +310,10 @@ def main() -> int:
     sink, endpoint = start_otlp_sink()
     process_builder_env(endpoint)
     provider, meter_provider, exporter = make_providers()
-    live = {"thread": ServerTelemetry(provider, meter_provider),
-            "process": ServerTelemetry(provider, meter_provider, builder="process")}
+    live = {
+        "thread": ServerTelemetry(provider, meter_provider),
+        "process": ServerTelemetry(provider, meter_provider, builder="process"),
+    }
     capacity = 4 * args.steps * args.batch
     off_null, off_model, off_quantiles = [], [], []
     stamps, model_runs, quantiles = ({mode: [] for mode in live} for _ in range(3))
@@ -294,26 +336,45 @@ def main() -> int:
     child_after = live["process"].stats()
     tokens = args.steps * args.batch
     off_ns = min(off_null)
-    figures = {mode: mode_figures(args, tokens, off_ns, off_model, stamps[mode], model_runs[mode], quantiles[mode],
-                                  telemetry) for mode, telemetry in live.items()}
+    figures = {
+        mode: mode_figures(args, tokens, off_ns, off_model, stamps[mode], model_runs[mode], quantiles[mode], telemetry)
+        for mode, telemetry in live.items()
+    }
     figures["thread"]["builder_us_per_request"] = measure_builder_us(args, 200 if args.quick else 1000)
     requests = child_after["requests_offered"] - child_before["requests_offered"]
     for key in ("child_cpu_ns", "shipper_cpu_ns"):  # the child's build + export; this process's shipping
-        figures["process"][key.replace("_ns", "_us_per_request")] = (child_after[key] - child_before[key]) / requests / 1000
-    naive_per_token = (measure_naive(args, no_model) - measure_off_short(args, no_model)) / (args.naive_steps * args.batch)
-    met = {mode: f["overhead_ns_per_request_step"] <= 1000 and f["throughput_loss_pct"] <= 1.0
-           for mode, f in figures.items()}
+        figures["process"][key.replace("_ns", "_us_per_request")] = (
+            (child_after[key] - child_before[key]) / requests / 1000
+        )
+    naive_per_token = (measure_naive(args, no_model) - measure_off_short(args, no_model)) / (
+        args.naive_steps * args.batch
+    )
+    met = {
+        mode: f["overhead_ns_per_request_step"] <= 1000 and f["throughput_loss_pct"] <= 1.0
+        for mode, f in figures.items()
+    }
     result = {
         "benchmark": "instrumentation_overhead",
-        "config": {"batch": args.batch, "steps": args.steps, "decode_steps_per_request": args.life,
-                   "model_step_us": args.model_step_us, "model_stand_in": "sha256 over a buffer (releases the GIL)",
-                   "rounds": args.rounds, "python": platform.python_version(), "opentelemetry_sdk": otel_sdk_version,
-                   "cpus": os.cpu_count()},
-        "baseline_tracing_off": {"loop_ns_per_request_step": off_ns / tokens,
-                                 "steps_per_s_with_model": args.steps / (min(off_model) / 1e9),
-                                 "step_ms_p50_p99_with_model": min(off_quantiles),
-                                 "samples_ms": {"null": [round(v / 1e6, 3) for v in off_null],
-                                                "with_model": [round(v / 1e6, 3) for v in off_model]}},
+        "config": {
+            "batch": args.batch,
+            "steps": args.steps,
+            "decode_steps_per_request": args.life,
+            "model_step_us": args.model_step_us,
+            "model_stand_in": "sha256 over a buffer (releases the GIL)",
+            "rounds": args.rounds,
+            "python": platform.python_version(),
+            "opentelemetry_sdk": otel_sdk_version,
+            "cpus": os.cpu_count(),
+        },
+        "baseline_tracing_off": {
+            "loop_ns_per_request_step": off_ns / tokens,
+            "steps_per_s_with_model": args.steps / (min(off_model) / 1e9),
+            "step_ms_p50_p99_with_model": min(off_quantiles),
+            "samples_ms": {
+                "null": [round(v / 1e6, 3) for v in off_null],
+                "with_model": [round(v / 1e6, 3) for v in off_model],
+            },
+        },
         "phaselens_thread_builder": figures["thread"],
         "phaselens_process_builder": figures["process"],
         "naive_span_per_token": {"overhead_ns_per_token": naive_per_token},

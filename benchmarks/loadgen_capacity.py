@@ -36,15 +36,15 @@ import sys
 import time
 from dataclasses import dataclass
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
-from opentelemetry.trace import NoOpTracerProvider  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import NoOpTracerProvider
 
-from phaselens.common.quantile import quantile  # noqa: E402
-from phaselens.instrumentation.client import TracedClient  # noqa: E402
-from phaselens.loadgen import runner  # noqa: E402
-from phaselens.loadgen.arrivals import GammaArrivals  # noqa: E402
-from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload  # noqa: E402
+from phaselens.common.quantile import quantile
+from phaselens.instrumentation.client import TracedClient
+from phaselens.loadgen import runner
+from phaselens.loadgen.arrivals import GammaArrivals
+from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload
 
 LAG_P99_MS = 5.0
 ERROR_P99_MS = 1.0
@@ -67,8 +67,12 @@ class Ladder:
 
 def start_server(interval_ms: float, core: int | None) -> tuple[subprocess.Popen, str]:
     pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
-    proc = subprocess.Popen([sys.executable, "-m", "phaselens.loadgen.scripted_server", "--interval-ms", str(interval_ms)],
-                            stdout=subprocess.PIPE, text=True, preexec_fn=pin)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phaselens.loadgen.scripted_server", "--interval-ms", str(interval_ms)],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=pin,
+    )
     line = proc.stdout.readline().split()
     if line[:2] != ["READY", "scripted-server"]:
         proc.kill()
@@ -111,8 +115,10 @@ async def measure_raw(url: str, ladder: Ladder, streams: int, duration_s: float)
     rate, duration_s = streams / request_s, max(duration_s, 2 * request_s)
     host, port = url.removeprefix("http://").split(":")
     body = json.dumps({"model": "bench", "prompt": "x", "max_tokens": ladder.chunks, "stream": True}).encode()
-    request = (b"POST /v1/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
-               b"content-length: %d\r\n\r\n%s" % (url.encode(), len(body), body))
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (url.encode(), len(body), body)
+    )
     loop = asyncio.get_running_loop()
     cpu_s = time.process_time()
     start, lags, pending = time.perf_counter_ns() + 2_000_000, [], []
@@ -127,9 +133,15 @@ async def measure_raw(url: str, ladder: Ladder, streams: int, duration_s: float)
         pending.append(done)
     errors = [e for per_request in await asyncio.gather(*pending) for e in per_request]
     cpu_s = time.process_time() - cpu_s
-    return {"target_streams": streams, "requests": len(pending), "chunks": len(errors),
-            "client_cpu_us_per_chunk": round(cpu_s / len(errors) * 1e6, 1) if errors else None, "lag_p99_ms": p99(lags),
-            "ts_error_p50_ms": quantile(sorted(errors), 0.5), "ts_error_p99_ms": p99(errors)}
+    return {
+        "target_streams": streams,
+        "requests": len(pending),
+        "chunks": len(errors),
+        "client_cpu_us_per_chunk": round(cpu_s / len(errors) * 1e6, 1) if errors else None,
+        "lag_p99_ms": p99(lags),
+        "ts_error_p50_ms": quantile(sorted(errors), 0.5),
+        "ts_error_p99_ms": p99(errors),
+    }
 
 
 async def measure(url: str, ladder: Ladder, streams: int, duration_s: float, provider) -> dict:
@@ -142,7 +154,7 @@ async def measure(url: str, ladder: Ladder, streams: int, duration_s: float, pro
         run = await runner.run(plan, client, work.requests())
     cpu_s = time.process_time() - cpu_s
     ok = [r for r in run.results if r.ok]
-    errors = [(c - int(t)) / 1e6 for r in ok for c, t in zip(r.chunk_ns, r.chunk_text)]
+    errors = [(c - int(t)) / 1e6 for r in ok for c, t in zip(r.chunk_ns, r.chunk_text, strict=False)]
     chunks = sum(len(r.chunk_ns) for r in ok)
     span_ns = max((r.last_chunk_ns or r.done_ns for r in ok), default=0) - min((r.sent_ns for r in ok), default=0)
     edges = sorted([(r.sent_ns, 1) for r in run.results] + [(r.done_ns, -1) for r in run.results])
@@ -152,12 +164,19 @@ async def measure(url: str, ladder: Ladder, streams: int, duration_s: float, pro
         peak = max(peak, live)
     lag = p99([r.schedule_lag_ms for r in run.results])
     err = p99(errors)
-    return {"target_streams": streams, "rate_rps": round(rate, 2), "requests": len(run.results),
-            "failed": len(run.results) - len(ok), "peak_streams": peak,
-            "chunks_per_s": round(chunks / (span_ns / 1e9), 1) if span_ns > 0 else 0.0,
-            "client_cpu_us_per_chunk": round(cpu_s / chunks * 1e6, 1) if chunks else None,
-            "lag_p99_ms": lag, "ts_error_p50_ms": quantile(sorted(errors), 0.5), "ts_error_p99_ms": err,
-            "passed": bool(ok) and len(ok) == len(run.results) and lag < LAG_P99_MS and err < ERROR_P99_MS}
+    return {
+        "target_streams": streams,
+        "rate_rps": round(rate, 2),
+        "requests": len(run.results),
+        "failed": len(run.results) - len(ok),
+        "peak_streams": peak,
+        "chunks_per_s": round(chunks / (span_ns / 1e9), 1) if span_ns > 0 else 0.0,
+        "client_cpu_us_per_chunk": round(cpu_s / chunks * 1e6, 1) if chunks else None,
+        "lag_p99_ms": lag,
+        "ts_error_p50_ms": quantile(sorted(errors), 0.5),
+        "ts_error_p99_ms": err,
+        "passed": bool(ok) and len(ok) == len(run.results) and lag < LAG_P99_MS and err < ERROR_P99_MS,
+    }
 
 
 def climb(ladder: Ladder, duration_s: float, core: int | None) -> tuple[list[dict], dict | None, dict]:
@@ -172,7 +191,11 @@ def climb(ladder: Ladder, duration_s: float, core: int | None) -> tuple[list[dic
             if levels[-1]["failed"] or levels[-1]["lag_p99_ms"] > STOP_LAG_P99_MS:
                 break  # the client is saturated: higher levels only measure the overload
         best = max((lv for lv in levels if lv["passed"]), key=lambda lv: lv["target_streams"], default=None)
-        baseline = asyncio.run(measure(url, ladder, best["target_streams"], duration_s, NoOpTracerProvider())) if best else None
+        baseline = (
+            asyncio.run(measure(url, ladder, best["target_streams"], duration_s, NoOpTracerProvider()))
+            if best
+            else None
+        )
         reference = asyncio.run(measure_raw(url, ladder, ladder.reference_streams, duration_s))
     finally:
         provider.shutdown()
@@ -199,7 +222,10 @@ def main() -> None:
     stream_levels, _, stream_reference = climb(stream_ladder, duration, server_core)
     best = lambda levels, key: max((lv[key] for lv in levels if lv["passed"]), default=0)  # noqa: E731
     result = {
-        "benchmark": "loadgen_capacity", "quick": args.quick, "client_core": client_core, "server_core": server_core,
+        "benchmark": "loadgen_capacity",
+        "quick": args.quick,
+        "client_core": client_core,
+        "server_core": server_core,
         "criteria": {"lag_p99_ms_below": LAG_P99_MS, "ts_error_p99_ms_below": ERROR_P99_MS},
         "max_chunks_per_s": best(chunk_levels, "chunks_per_s"),
         "max_concurrent_streams": best(stream_levels, "peak_streams"),

@@ -33,6 +33,7 @@ import json
 import random
 import statistics
 import time
+from typing import Self
 
 import torch
 
@@ -58,15 +59,20 @@ def workload(n: int, seed: int, max_prompt: int, max_output: int, shape: str) ->
 def summary(jobs, stamps: list[list[int]], wall_s: float, cpu_s: float) -> dict:
     tokens = sum(n for _, n in jobs)
     tpots = [(s[-1] - s[0]) / (len(s) - 1) / 1e6 for s in stamps if len(s) > 1]
-    return {"output_tokens": tokens, "wall_s": round(wall_s, 3), "output_tokens_per_s": round(tokens / wall_s, 1),
-            "output_tokens_per_cpu_s": round(tokens / cpu_s, 1),
-            "tpot_p50_ms": round(quantile(sorted(tpots), 0.50), 3), "tpot_p99_ms": round(quantile(sorted(tpots), 0.99), 3)}
+    return {
+        "output_tokens": tokens,
+        "wall_s": round(wall_s, 3),
+        "output_tokens_per_s": round(tokens / wall_s, 1),
+        "output_tokens_per_cpu_s": round(tokens / cpu_s, 1),
+        "tpot_p50_ms": round(quantile(sorted(tpots), 0.50), 3),
+        "tpot_p99_ms": round(quantile(sorted(tpots), 0.99), 3),
+    }
 
 
 class Clock:
     """Wall and process CPU time of one run."""
 
-    def __enter__(self) -> "Clock":
+    def __enter__(self) -> Self:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
         return self
 
@@ -80,8 +86,11 @@ def run_engine(jobs, batch: int, budget: int) -> dict:
     engine = Engine(EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget, kv_cache_tokens=1 << 16))
     stamps: list[list[int]] = [[] for _ in jobs]
     for i, (prompt, n) in enumerate(jobs):
-        engine.submit(prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
-                      sink=lambda out, s=stamps[i]: s.append(time.monotonic_ns()))
+        engine.submit(
+            prompt,
+            SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+            sink=lambda out, s=stamps[i]: s.append(time.monotonic_ns()),
+        )
     with Clock() as clock:
         while engine.scheduler.has_work() or engine.num_waiting:
             engine.step()
@@ -106,31 +115,50 @@ def run_static(jobs, batch: int) -> dict:
     stamps: list[list[int]] = []
     with Clock() as clock:
         for first in range(0, len(jobs), batch):
-            group = jobs[first:first + batch]
+            group = jobs[first : first + batch]
             width = max(len(p) for p, _ in group)
             ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in group])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
             stamp = Stamp()
             with torch.inference_mode():
-                model.generate(ids, attention_mask=mask, max_new_tokens=max(n for _, n in group), do_sample=False,
-                               suppress_tokens=list(tiny_suppressed_ids()), pad_token_id=0, eos_token_id=None,
-                               stopping_criteria=StoppingCriteriaList([stamp]))
+                model.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=max(n for _, n in group),
+                    do_sample=False,
+                    suppress_tokens=list(tiny_suppressed_ids()),
+                    pad_token_id=0,
+                    eos_token_id=None,
+                    stopping_criteria=StoppingCriteriaList([stamp]),
+                )
             stamps += [stamp.times[:n] for _, n in group]
     return summary(jobs, stamps, clock.wall, clock.cpu)
 
 
 def cpu_benchmark(args) -> dict:
     jobs = workload(args.requests, args.seed, args.max_prompt, args.max_output, args.lengths)
-    runs = [(run_engine(jobs, args.batch, args.max_num_batched_tokens), run_static(jobs, args.batch))
-            for _ in range(args.repeats)]
+    runs = [
+        (run_engine(jobs, args.batch, args.max_num_batched_tokens), run_static(jobs, args.batch))
+        for _ in range(args.repeats)
+    ]
     engine = min((e for e, _ in runs), key=lambda r: r["wall_s"])
     static = min((s for _, s in runs), key=lambda r: r["wall_s"])
     return {
-        "benchmark": "serving_throughput", "device": "cpu", "model": "tiny", "torch_threads": torch.get_num_threads(),
-        "workload": {"requests": len(jobs), "lengths": args.lengths, "max_prompt_tokens": args.max_prompt,
-                     "max_output_tokens": args.max_output, "mean_output_tokens": round(
-                         sum(n for _, n in jobs) / len(jobs), 1), "batch": args.batch, "seed": args.seed},
-        "engine": engine, "baseline_hf_generate_static": static,
+        "benchmark": "serving_throughput",
+        "device": "cpu",
+        "model": "tiny",
+        "torch_threads": torch.get_num_threads(),
+        "workload": {
+            "requests": len(jobs),
+            "lengths": args.lengths,
+            "max_prompt_tokens": args.max_prompt,
+            "max_output_tokens": args.max_output,
+            "mean_output_tokens": round(sum(n for _, n in jobs) / len(jobs), 1),
+            "batch": args.batch,
+            "seed": args.seed,
+        },
+        "engine": engine,
+        "baseline_hf_generate_static": static,
         "repeats": args.repeats,
         "speedup_tokens_per_s": round(engine["output_tokens_per_s"] / static["output_tokens_per_s"], 2),
         "speedup_tokens_per_cpu_s": round(engine["output_tokens_per_cpu_s"] / static["output_tokens_per_cpu_s"], 2),
@@ -144,29 +172,52 @@ def one_b_model(device: str):
     from phaselens.reference_server.detokenizer import decode_bytes
     from phaselens.reference_server.model_loader import LoadedModel
 
-    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                         num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096,
-                         pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     model.set_attn_implementation("phaselens_paged")
     # only the ByT5 byte range may be sampled, so the byte tokenizer can detokenize every output
     suppressed = tuple(range(384, config.vocab_size))
-    return LoadedModel(model=model, tokenizer=ByT5Tokenizer(), decode=decode_bytes, eos_ids=frozenset(),
-                       max_context=4096, suppressed_ids=suppressed, name="llama-1.1b-random")
+    return LoadedModel(
+        model=model,
+        tokenizer=ByT5Tokenizer(),
+        decode=decode_bytes,
+        eos_ids=frozenset(),
+        max_context=4096,
+        suppressed_ids=suppressed,
+        name="llama-1.1b-random",
+    )
 
 
 def decode_step_ms(loaded, batch: int, ctx: int, steps: int, device: str) -> float:
     from phaselens.reference_server import Engine, EngineConfig, SamplingParams
     from phaselens.reference_server.model_runner import ModelRunner
 
-    config = EngineConfig(model=loaded.name, device=device, dtype="bfloat16", max_num_seqs=batch,
-                          max_num_batched_tokens=max(2048, batch), kv_cache_tokens=batch * (ctx + steps + 32))
+    config = EngineConfig(
+        model=loaded.name,
+        device=device,
+        dtype="bfloat16",
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(2048, batch),
+        kv_cache_tokens=batch * (ctx + steps + 32),
+    )
     engine = Engine(config, runner=ModelRunner(config, loaded))
     for i in range(batch):
-        engine.submit([35 + (i + j) % 90 for j in range(ctx)], SamplingParams(max_tokens=steps, temperature=0.0,
-                                                                               ignore_eos=True))
+        engine.submit(
+            [35 + (i + j) % 90 for j in range(ctx)], SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+        )
     times = []
     while engine.scheduler.has_work() or engine.num_waiting:
         start = time.perf_counter()
@@ -187,11 +238,25 @@ def cuda_benchmark(args) -> dict:
         ctx = args.cuda_context + args.cuda_steps // 2
         kv_bytes = batch * ctx * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2
         roofline_ms = (params * 2 + kv_bytes) / HBM_BYTES_PER_S * 1e3
-        rows.append({"batch": batch, "mean_context": ctx, "decode_step_ms": round(measured, 4),
-                     "roofline_ms": round(roofline_ms, 4), "fraction_of_roofline": round(roofline_ms / measured, 4)})
+        rows.append(
+            {
+                "batch": batch,
+                "mean_context": ctx,
+                "decode_step_ms": round(measured, 4),
+                "roofline_ms": round(roofline_ms, 4),
+                "fraction_of_roofline": round(roofline_ms / measured, 4),
+            }
+        )
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    return {"benchmark": "serving_throughput", "device": device, "model": loaded.name,
-            "parameters": params, "dtype": "bfloat16", "hbm_bytes_per_s": HBM_BYTES_PER_S, "decode": rows}
+    return {
+        "benchmark": "serving_throughput",
+        "device": device,
+        "model": loaded.name,
+        "parameters": params,
+        "dtype": "bfloat16",
+        "hbm_bytes_per_s": HBM_BYTES_PER_S,
+        "decode": rows,
+    }
 
 
 def main() -> None:

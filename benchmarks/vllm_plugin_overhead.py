@@ -28,17 +28,47 @@ CONFIGS = {"native": {"VLLM_PLUGINS": ""}, "plugin": {"VLLM_PLUGINS": "phaselens
 
 
 def _bench(url: str, model_dir: Path, out: Path, args) -> dict:
-    argv = [sys.executable, "-m", "phaselens", "bench", "--url", url, "--model", "tiny", "--tokenizer", str(model_dir),
-            "--concurrency", str(args.concurrency), "--requests", str(args.requests), "--warmup", "4",
-            "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--ignore-eos", "--quiet",
-            "--timeout", "120", "--json", str(out)]
-    env = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-           "PATH": "/usr/bin:/bin"}
+    argv = [
+        sys.executable,
+        "-m",
+        "phaselens",
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "tiny",
+        "--tokenizer",
+        str(model_dir),
+        "--concurrency",
+        str(args.concurrency),
+        "--requests",
+        str(args.requests),
+        "--warmup",
+        "4",
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--ignore-eos",
+        "--quiet",
+        "--timeout",
+        "120",
+        "--json",
+        str(out),
+    ]
+    env = {
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "PATH": "/usr/bin:/bin",
+    }
     subprocess.run(argv, env=env, check=True, capture_output=True, timeout=600)
     summary = json.loads(out.read_text())["summary"]
-    return {"output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
-            "client_ttft_p50_ms": summary["latency_ms"]["ttft"]["percentiles"]["p50"],
-            "failed": summary["requests"]["failed"]}
+    return {
+        "output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
+        "client_ttft_p50_ms": summary["latency_ms"]["ttft"]["percentiles"]["p50"],
+        "failed": summary["requests"]["failed"],
+    }
 
 
 def main() -> None:
@@ -61,9 +91,13 @@ def main() -> None:
             for round_index in range(args.rounds):
                 for name, env in CONFIGS.items():
                     log = tmp_path / f"vllm-{name}-{round_index}.log"
-                    with VllmServer(python, model_dir, log, otlp_endpoint=stack.otlp_grpc_endpoint,
-                                    env={"OTEL_SERVICE_NAME": f"vllm-{name}", "OTEL_METRICS_EXPORTER": "none",
-                                         **env}) as server:
+                    with VllmServer(
+                        python,
+                        model_dir,
+                        log,
+                        otlp_endpoint=stack.otlp_grpc_endpoint,
+                        env={"OTEL_SERVICE_NAME": f"vllm-{name}", "OTEL_METRICS_EXPORTER": "none", **env},
+                    ) as server:
                         figures = _bench(server.url, model_dir, tmp_path / f"{name}-{round_index}.json", args)
                     runs.append({"config": name, "round": round_index, **figures})
         finally:
@@ -76,12 +110,19 @@ def _result(runs: list[dict], args) -> dict:
     means = {name: statistics.fmean(values) for name, values in by.items()}
     medians = {name: statistics.median(values) for name, values in by.items()}
     noise = max((max(v) - min(v)) / statistics.fmean(v) * 100 for v in by.values()) if args.rounds > 1 else None
-    return {"benchmark": "vllm_plugin_overhead", "requests": args.requests, "concurrency": args.concurrency,
-            "input_tokens": args.input_len, "output_tokens": args.output_len, "runs": runs,
-            "output_tokens_per_s_mean": means, "output_tokens_per_s_median": medians,
-            "plugin_change_pct": (means["plugin"] - means["native"]) / means["native"] * 100,
-            "plugin_change_pct_of_medians": (medians["plugin"] - medians["native"]) / medians["native"] * 100,
-            "same_config_spread_pct": noise}
+    return {
+        "benchmark": "vllm_plugin_overhead",
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "input_tokens": args.input_len,
+        "output_tokens": args.output_len,
+        "runs": runs,
+        "output_tokens_per_s_mean": means,
+        "output_tokens_per_s_median": medians,
+        "plugin_change_pct": (means["plugin"] - means["native"]) / means["native"] * 100,
+        "plugin_change_pct_of_medians": (medians["plugin"] - medians["native"]) / medians["native"] * 100,
+        "same_config_spread_pct": noise,
+    }
 
 
 if __name__ == "__main__":

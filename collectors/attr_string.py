@@ -13,8 +13,9 @@ import json
 import math
 from decimal import Decimal
 
-_GO_HTML_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-                                  "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_GO_HTML_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
 
 
 class _Unencodable(ValueError):
@@ -34,7 +35,7 @@ def go_float(f: float) -> str:
         return f"{mantissa}e{exponent}"
     if "e" in text:  # repr() switches to exponent form earlier than Go (from 1e16 and below 1e-4)
         text = format(Decimal(text), "f")
-    return text[:-2] if text.endswith(".0") else text
+    return text.removesuffix(".0")
 
 
 def _json_str(s: str) -> str:

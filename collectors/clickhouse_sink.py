@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from phaselens.collectors import render
-from phaselens.storage.clickhouse_url import connect
 from phaselens.collectors.schema import DISTRIBUTED_TABLE, INSERT_COLUMNS, TRACES_TABLE, ident
+from phaselens.storage.clickhouse_url import connect
 
 
 @dataclass(slots=True)
@@ -39,8 +39,7 @@ class ClickHouseSink:
         settings = {"insert_deduplicate": 1, "deduplicate_blocks_in_dependent_materialized_views": 1}
         if self.cluster is None:
             return f"{ident(self.database)}.{ident(TRACES_TABLE)}", settings
-        return (f"{ident(self.database)}.{ident(DISTRIBUTED_TABLE)}",
-                {**settings, "distributed_foreground_insert": 1})
+        return (f"{ident(self.database)}.{ident(DISTRIBUTED_TABLE)}", {**settings, "distributed_foreground_insert": 1})
 
     def render(self, payload: bytes) -> bytes:
         """One request's rows. Raises render.InvalidSpans."""
@@ -52,8 +51,13 @@ class ClickHouseSink:
             self._client = connect(self.url, compress=False, autogenerate_session_id=False)
         table, settings = self._target()
         try:
-            self._client.raw_insert(table, INSERT_COLUMNS, iter(blocks), fmt="RowBinary",
-                                    settings={**settings, "insert_deduplication_token": token})
+            self._client.raw_insert(
+                table,
+                INSERT_COLUMNS,
+                iter(blocks),
+                fmt="RowBinary",
+                settings={**settings, "insert_deduplication_token": token},
+            )
         except Exception:
             self.close()  # a fresh connection for the retry
             raise

@@ -44,8 +44,7 @@ def _export_handler(ingest: Ingest, accept, response: bytes):
             context.abort(_STATUS[exc.kind], str(exc))
         return response
 
-    return grpc.unary_unary_rpc_method_handler(
-        export, request_deserializer=None, response_serializer=None)
+    return grpc.unary_unary_rpc_method_handler(export, request_deserializer=None, response_serializer=None)
 
 
 def _accept_metrics(ingest: Ingest):
@@ -63,17 +62,23 @@ def start_grpc(ingest: Ingest, host: str, port: int, workers: int = 16) -> tuple
     (naming its owner) or the address cannot be bound (gRPC's reason)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
-        options=[("grpc.max_receive_message_length", ingest.max_body_bytes),
-                 # gRPC sets SO_REUSEADDR on its listeners itself (a restart rebinds at once:
-                 # tests/test_restart.py); SO_REUSEPORT would let two live collectors share the port
-                 ("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.max_receive_message_length", ingest.max_body_bytes),
+            # gRPC sets SO_REUSEADDR on its listeners itself (a restart rebinds at once:
+            # tests/test_restart.py); SO_REUSEPORT would let two live collectors share the port
+            ("grpc.so_reuseport", 0),
+        ],
     )
-    server.add_generic_rpc_handlers((
-        grpc.method_handlers_generic_handler(
-            _SERVICE, {"Export": _export_handler(ingest, ingest.accept, _EMPTY_RESPONSE)}),
-        grpc.method_handlers_generic_handler(
-            _METRICS_SERVICE, {"Export": _export_handler(ingest, _accept_metrics(ingest), METRICS_RESPONSE)}),
-    ))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                _SERVICE, {"Export": _export_handler(ingest, ingest.accept, _EMPTY_RESPONSE)}
+            ),
+            grpc.method_handlers_generic_handler(
+                _METRICS_SERVICE, {"Export": _export_handler(ingest, _accept_metrics(ingest), METRICS_RESPONSE)}
+            ),
+        )
+    )
     reason = "the bind failed"
     try:
         bound = server.add_insecure_port(f"{host}:{port}")

@@ -79,8 +79,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self.collector.ingest.check_auth(self.headers.get("Authorization"))
             if content_type not in (PROTOBUF, JSON):
-                self.collector.ingest.refuse("unsupported", f"unsupported Content-Type {content_type!r}; "
-                                             f"use {PROTOBUF} or {JSON}")
+                self.collector.ingest.refuse(
+                    "unsupported", f"unsupported Content-Type {content_type!r}; use {PROTOBUF} or {JSON}"
+                )
             route(self._read_body(), content_type)
         except Refused as exc:
             self._refused(exc, content_type)
@@ -96,8 +97,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _metrics(self, body: bytes, content_type: str) -> None:
         try:
             if content_type == JSON:
-                body = json_format.Parse(body, ExportMetricsServiceRequest(),
-                                         ignore_unknown_fields=True).SerializeToString()
+                body = json_format.Parse(
+                    body, ExportMetricsServiceRequest(), ignore_unknown_fields=True
+                ).SerializeToString()
             accept_metrics(body, self.collector.ingest.metrics)
         except (InvalidMetrics, json_format.ParseError, ValueError) as exc:
             self.collector.ingest.refuse("invalid", str(exc))

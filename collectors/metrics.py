@@ -52,6 +52,9 @@ class CollectorMetrics:
             metric = f"{_PREFIX}{name}_total"
             lines += [f"# HELP {metric} {_HELP[name]}", f"# TYPE {metric} counter", f"{metric} {value}"]
         gauge = f"{_PREFIX}spool_bytes"
-        lines += [f"# HELP {gauge} bytes spooled and not yet in ClickHouse", f"# TYPE {gauge} gauge",
-                  f"{gauge} {spool_bytes}"]
+        lines += [
+            f"# HELP {gauge} bytes spooled and not yet in ClickHouse",
+            f"# TYPE {gauge} gauge",
+            f"{gauge} {spool_bytes}",
+        ]
         return "\n".join(lines) + "\n"

@@ -13,8 +13,7 @@ import json
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-_ID_KEYS = {"traceId": 16, "trace_id": 16, "spanId": 8, "span_id": 8,
-            "parentSpanId": 8, "parent_span_id": 8}
+_ID_KEYS = {"traceId": 16, "trace_id": 16, "spanId": 8, "span_id": 8, "parentSpanId": 8, "parent_span_id": 8}
 
 
 class InvalidJson(ValueError):

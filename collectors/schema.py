@@ -22,7 +22,7 @@ TRACE_ID_TS_DISTRIBUTED = f"{TRACE_ID_TS_TABLE}_distributed"
 DEDUP_WINDOW_BLOCKS = 10_000
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ENGINE = re.compile(r"^(?P<name>[A-Za-z]+)(?P<params>\(.*\))?$", re.S)
+_ENGINE = re.compile(r"^(?P<name>[A-Za-z]+)(?P<params>\(.*\))?$", re.DOTALL)
 _TTL = re.compile(r"^(?P<n>\d+)(?P<unit>[smhd])$")
 _TTL_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -64,15 +64,28 @@ _TRACES_COLUMNS = """
 # flattened array sub-columns. Giving the types spares clickhouse-connect a DESCRIBE per insert.
 _MAP = "Map(LowCardinality(String), String)"
 INSERT_COLUMN_TYPES = (
-    ("Timestamp", "DateTime64(9)"), ("TraceId", "String"), ("SpanId", "String"),
-    ("ParentSpanId", "String"), ("TraceState", "String"), ("SpanName", "LowCardinality(String)"),
-    ("SpanKind", "LowCardinality(String)"), ("ServiceName", "LowCardinality(String)"),
-    ("ResourceAttributes", _MAP), ("ScopeName", "String"), ("ScopeVersion", "String"),
-    ("SpanAttributes", _MAP), ("Duration", "UInt64"), ("StatusCode", "LowCardinality(String)"),
-    ("StatusMessage", "String"), ("Events.Timestamp", "Array(DateTime64(9))"),
-    ("Events.Name", "Array(LowCardinality(String))"), ("Events.Attributes", f"Array({_MAP})"),
-    ("Links.TraceId", "Array(String)"), ("Links.SpanId", "Array(String)"),
-    ("Links.TraceState", "Array(String)"), ("Links.Attributes", f"Array({_MAP})"),
+    ("Timestamp", "DateTime64(9)"),
+    ("TraceId", "String"),
+    ("SpanId", "String"),
+    ("ParentSpanId", "String"),
+    ("TraceState", "String"),
+    ("SpanName", "LowCardinality(String)"),
+    ("SpanKind", "LowCardinality(String)"),
+    ("ServiceName", "LowCardinality(String)"),
+    ("ResourceAttributes", _MAP),
+    ("ScopeName", "String"),
+    ("ScopeVersion", "String"),
+    ("SpanAttributes", _MAP),
+    ("Duration", "UInt64"),
+    ("StatusCode", "LowCardinality(String)"),
+    ("StatusMessage", "String"),
+    ("Events.Timestamp", "Array(DateTime64(9))"),
+    ("Events.Name", "Array(LowCardinality(String))"),
+    ("Events.Attributes", f"Array({_MAP})"),
+    ("Links.TraceId", "Array(String)"),
+    ("Links.SpanId", "Array(String)"),
+    ("Links.TraceState", "Array(String)"),
+    ("Links.Attributes", f"Array({_MAP})"),
 )
 INSERT_COLUMNS = tuple(name for name, _ in INSERT_COLUMN_TYPES)
 
@@ -128,8 +141,13 @@ def _settings(engine: str) -> str:
     return f"SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1{dedup}"
 
 
-def statements(database: str = "otel", ttl: str | None = None, cluster: str | None = None,
-               table_engine: str | None = None, on_cluster: bool = True) -> list[str]:
+def statements(
+    database: str = "otel",
+    ttl: str | None = None,
+    cluster: str | None = None,
+    table_engine: str | None = None,
+    on_cluster: bool = True,
+) -> list[str]:
     """CREATE statements (idempotent, IF NOT EXISTS) in the order they must run.
 
     With `cluster`: a Distributed table sharded by cityHash64(TraceId) over the local tables, and
@@ -157,14 +175,18 @@ def statements(database: str = "otel", ttl: str | None = None, cluster: str | No
         f") ENGINE = {lookup_engine}\nPARTITION BY toStartOfWeek(Start)\nORDER BY (TraceId)\n"
         + (f"TTL Start + {interval}\n" if interval else "")
         + _settings(lookup_engine),
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(TRACE_ID_TS_MV)}{on_clause} TO {lookup}\n"
-        f"AS SELECT TraceId, min(Timestamp) AS Start, max(Timestamp) AS End\n"
-        f"FROM {traces} WHERE TraceId != '' GROUP BY TraceId",
+        (
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(TRACE_ID_TS_MV)}{on_clause} TO {lookup}\n"
+            f"AS SELECT TraceId, min(Timestamp) AS Start, max(Timestamp) AS End\n"
+            f"FROM {traces} WHERE TraceId != '' GROUP BY TraceId"
+        ),
     ]
     if cluster:
-        out += [f"CREATE TABLE IF NOT EXISTS {db}.{ident(read)}{on_clause} AS {db}.{ident(local)}\n"
-                f"ENGINE = {distributed_engine(cluster, database, local)}"
-                for read, local in ((DISTRIBUTED_TABLE, TRACES_TABLE), (TRACE_ID_TS_DISTRIBUTED, TRACE_ID_TS_TABLE))]
+        out += [
+            f"CREATE TABLE IF NOT EXISTS {db}.{ident(read)}{on_clause} AS {db}.{ident(local)}\n"
+            f"ENGINE = {distributed_engine(cluster, database, local)}"
+            for read, local in ((DISTRIBUTED_TABLE, TRACES_TABLE), (TRACE_ID_TS_DISTRIBUTED, TRACE_ID_TS_TABLE))
+        ]
     return out
 
 

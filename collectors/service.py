@@ -1,7 +1,7 @@
 """The collector as one object: spool + writer + OTLP/gRPC + OTLP/HTTP receivers, start/stop.
 
-    with Collector(clickhouse_url="http://127.0.0.1:8123", spool_dir="/tmp/spool") as c:
-        ...  # export to c.grpc_endpoint (host:port) or c.http_endpoint + "/v1/traces"
+with Collector(clickhouse_url="http://127.0.0.1:8123", spool_dir="/tmp/spool") as c:
+    ...  # export to c.grpc_endpoint (host:port) or c.http_endpoint + "/v1/traces"
 """
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
+from typing import Self
 
 from phaselens.collectors.grpc_receiver import start_grpc
 from phaselens.collectors.http_receiver import HttpReceiver
 from phaselens.collectors.ingest import Ingest
 from phaselens.collectors.metrics import CollectorMetrics
-from phaselens.collectors.spool import Spool
 from phaselens.collectors.shard_sink import make_sink
+from phaselens.collectors.spool import Spool
 from phaselens.collectors.writer import SpoolWriter
 from phaselens.common.exposure import check_exposure
 
@@ -48,14 +49,18 @@ class Collector:
     _grpc: object = field(default=None, init=False)
     _http: HttpReceiver | None = field(default=None, init=False)
 
-    def start(self) -> "Collector":
+    def start(self) -> Collector:
         check_exposure(self.host, self.auth_token, self.insecure)
         self.spool_dir = self.spool_dir or tempfile.mkdtemp(prefix="phaselens-spool-")
         self._spool = Spool(self.spool_dir, max_bytes=self.max_spool_bytes)
         ingest = Ingest(self._spool, self.metrics, self.max_body_bytes, self.auth_token)
-        self._writer = SpoolWriter(self._spool, make_sink(self.clickhouse_url, self.database, self.cluster,
-                                                         self.cluster_insert),
-                                   self.metrics, self.batch_spans, self.flush_interval_s)
+        self._writer = SpoolWriter(
+            self._spool,
+            make_sink(self.clickhouse_url, self.database, self.cluster, self.cluster_insert),
+            self.metrics,
+            self.batch_spans,
+            self.flush_interval_s,
+        )
         try:
             self._http = HttpReceiver(ingest, self.metrics_text, self.host, self.http_port)
             self._grpc, self.grpc_port = start_grpc(ingest, self.host, self.grpc_port)
@@ -95,7 +100,7 @@ class Collector:
             self._spool = None
         return drained
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

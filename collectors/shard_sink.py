@@ -68,12 +68,15 @@ class ShardedSink:
         by_shard: dict[int, list] = {}
         for node in nodes:
             by_shard.setdefault(node.shard_num, []).append(node)
-        self._slot_shard = [i for i, (_, replicas) in enumerate(sorted(by_shard.items()))
-                            for _ in range(replicas[0].shard_weight)]
+        self._slot_shard = [
+            i for i, (_, replicas) in enumerate(sorted(by_shard.items())) for _ in range(replicas[0].shard_weight)
+        ]
         if not self._slot_shard:  # render_slots(…, 0) would return one unsplit block
             raise ClusterError(f"cluster {self.cluster!r} has no shard with a weight above 0")
-        self._shards = [_Shard(num, [ClickHouseSink(node.url, self.database) for node in replicas])
-                        for num, replicas in sorted(by_shard.items())]
+        self._shards = [
+            _Shard(num, [ClickHouseSink(node.url, self.database) for node in replicas])
+            for num, replicas in sorted(by_shard.items())
+        ]
         self._pool = ThreadPoolExecutor(len(self._shards), thread_name_prefix="shard-insert")
 
     def render(self, payload: bytes) -> list[bytes]:
@@ -90,10 +93,13 @@ class ShardedSink:
         self._discover()  # before `blocks` renders: the shard count sizes the parts
         parts = [bytearray() for _ in self._shards]
         for block in blocks:
-            for part, rows in zip(parts, block):
+            for part, rows in zip(parts, block, strict=False):
                 part += rows
-        futures = [self._pool.submit(shard.insert, bytes(part), token)
-                   for shard, part in zip(self._shards, parts) if part]
+        futures = [
+            self._pool.submit(shard.insert, bytes(part), token)
+            for shard, part in zip(self._shards, parts, strict=False)
+            if part
+        ]
         # every shard is waited for before a failure is raised: a retry must not reach a shard whose
         # previous part is still in flight (same token, and the shard's client is not thread-safe)
         wait(futures)

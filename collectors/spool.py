@@ -105,7 +105,7 @@ class Spool:
         # the last two: the crash may have come just after a roll, with the newest one still empty
         self._retried = frozenset(d for s in existing[-2:] for d in _digests(self._path(s), RETRY_WINDOW_BYTES))
         # Segment numbers are never reused: they are part of the deduplication tokens.
-        self._open_segment(max(existing + [pending.segment if pending else 0]) + 1)
+        self._open_segment(max([*existing, pending.segment if pending else 0]) + 1)
         self.spool_id = _spool_id(path)
 
     def _path(self, segment: int) -> Path:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from phaselens.collectors import render
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
-from phaselens.collectors.shard_sink import ShardedSink
 from phaselens.collectors.metrics import CollectorMetrics
+from phaselens.collectors.shard_sink import ShardedSink
 from phaselens.collectors.spool import Pending, Record, Spool
 
 log = logging.getLogger(__name__)
@@ -145,8 +145,12 @@ class SpoolWriter:
         for record in records:
             if record.start in unrenderable:
                 path = self.spool.quarantine(record, unrenderable[record.start])
-                log.error("%d spooled spans cannot be rendered (%s); kept in %s", record.span_count,
-                          unrenderable[record.start], path)
+                log.error(
+                    "%d spooled spans cannot be rendered (%s); kept in %s",
+                    record.span_count,
+                    unrenderable[record.start],
+                    path,
+                )
                 quarantined += record.span_count
         self.metrics.add("spans_quarantined", quarantined)
         return quarantined

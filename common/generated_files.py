@@ -25,6 +25,9 @@ def write(root: Path, rendered: dict[str, str], managed: str) -> list[Path]:
 def stale(root: Path, rendered: dict[str, str], managed: str) -> list[Path]:
     """Rendered files that are missing or differ under `root`, then managed files left over."""
     root = Path(root)
-    out = [root / rel for rel, text in rendered.items()
-           if not (root / rel).is_file() or (root / rel).read_text(encoding="utf-8") != text]
+    out = [
+        root / rel
+        for rel, text in rendered.items()
+        if not (root / rel).is_file() or (root / rel).read_text(encoding="utf-8") != text
+    ]
     return out + [p for p in sorted(root.glob(managed)) if p.relative_to(root).as_posix() not in rendered]

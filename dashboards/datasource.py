@@ -22,6 +22,7 @@ DEFAULT_PORTS = {"native": 9000, "http": 8123}
 @dataclass(slots=True, frozen=True)
 class ClickHouseTarget:
     """Where Grafana's backend reaches ClickHouse (an address as seen from Grafana, not from us)."""
+
     host: str = "clickhouse"
     port: int | None = None  # None → the protocol's default port
     protocol: str = "native"

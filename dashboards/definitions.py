@@ -12,8 +12,18 @@ from phaselens.analysis import queries
 from phaselens.analysis import thresholds as th
 from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from phaselens.dashboards.model import (
-    FORMAT_TABLE, FORMAT_TIME_SERIES, FORMAT_TRACES, dashboard, dashboard_link, datasource_variable,
-    keep_fields, link_override, panel, query_variable, target, textbox_variable,
+    FORMAT_TABLE,
+    FORMAT_TIME_SERIES,
+    FORMAT_TRACES,
+    dashboard,
+    dashboard_link,
+    datasource_variable,
+    keep_fields,
+    link_override,
+    panel,
+    query_variable,
+    target,
+    textbox_variable,
 )
 
 UID_BUDGET = "phaselens-latency-budget"
@@ -27,6 +37,7 @@ TIME_COLUMN = "time"
 @dataclass(slots=True, frozen=True)
 class Source:
     """The analysis queries rendered for Grafana against one database (`otel` unless pushed elsewhere)."""
+
     database: str = "otel"
 
     def sql(self, name: str) -> str:
@@ -46,17 +57,44 @@ def series(name: str, *, exclude: tuple[str, ...] = (), only: tuple[str, ...] = 
     return [keep_fields(keep)] if len(keep) < len(columns(name)) else []
 
 
-def time_series(src: Source, name: str, title: str, description: str, *, unit: str, width: int = 12,
-                height: int = 8, stacked: bool = False, bars: bool = False, transformations: list[dict] | None = None,
-                overrides: list[dict] | None = None) -> dict:
-    custom = {"drawStyle": "bars" if bars else "line", "lineWidth": 1, "fillOpacity": 40 if stacked else 10,
-              "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
-              "showPoints": "never", "spanNulls": False}
-    return panel("timeseries", title, description, [src.target(name, FORMAT_TIME_SERIES)], width=width,
-                 height=height, unit=unit, custom=custom, transformations=transformations, overrides=overrides,
-                 options={"legend": {"displayMode": "table", "placement": "bottom",
-                                     "calcs": ["mean", "max", "lastNotNull"]},
-                          "tooltip": {"mode": "multi", "sort": "desc"}})
+def time_series(
+    src: Source,
+    name: str,
+    title: str,
+    description: str,
+    *,
+    unit: str,
+    width: int = 12,
+    height: int = 8,
+    stacked: bool = False,
+    bars: bool = False,
+    transformations: list[dict] | None = None,
+    overrides: list[dict] | None = None,
+) -> dict:
+    custom = {
+        "drawStyle": "bars" if bars else "line",
+        "lineWidth": 1,
+        "fillOpacity": 40 if stacked else 10,
+        "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
+        "showPoints": "never",
+        "spanNulls": False,
+    }
+    return panel(
+        "timeseries",
+        title,
+        description,
+        [src.target(name, FORMAT_TIME_SERIES)],
+        width=width,
+        height=height,
+        unit=unit,
+        custom=custom,
+        transformations=transformations,
+        overrides=overrides,
+        options={
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["mean", "max", "lastNotNull"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    )
 
 
 def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
@@ -70,26 +108,41 @@ def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
 # --- variables -----------------------------------------------------------------------------------
 # Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.
 
+
 def service_variable(src: Source) -> dict:
-    return query_variable("service", "Service", queries.render_grafana("services", src.database),
-                          "service.name of the instrumented servers and load generators")
+    return query_variable(
+        "service",
+        "Service",
+        queries.render_grafana("services", src.database),
+        "service.name of the instrumented servers and load generators",
+    )
 
 
 def model_variable(src: Source) -> dict:
-    return query_variable("model", "Model", queries.render_grafana("models", src.database),
-                          "gen_ai.response.model, else gen_ai.request.model")
+    return query_variable(
+        "model",
+        "Model",
+        queries.render_grafana("models", src.database),
+        "gen_ai.response.model, else gen_ai.request.model",
+    )
 
 
 def slo_variables() -> list[dict]:
     return [
-        textbox_variable("ttft_slo_ms", "TTFT SLO (ms)", DEFAULT_TTFT_SLO_MS,
-                         "a request meets the SLO when its TTFT is at most this"),
-        textbox_variable("tpot_slo_ms", "TPOT SLO (ms)", DEFAULT_TPOT_SLO_MS,
-                         "...and its TPOT, (e2e - TTFT) / (output tokens - 1), at most this"),
+        textbox_variable(
+            "ttft_slo_ms", "TTFT SLO (ms)", DEFAULT_TTFT_SLO_MS, "a request meets the SLO when its TTFT is at most this"
+        ),
+        textbox_variable(
+            "tpot_slo_ms",
+            "TPOT SLO (ms)",
+            DEFAULT_TPOT_SLO_MS,
+            "...and its TPOT, (e2e - TTFT) / (output tokens - 1), at most this",
+        ),
     ]
 
 
 # --- LLM latency budget --------------------------------------------------------------------------
+
 
 def _per_token() -> tuple[str, ...]:
     return tuple(c for c in columns("latency_over_time") if "_tpot_" in c or "_itl_" in c)
@@ -98,7 +151,8 @@ def _per_token() -> tuple[str, ...]:
 def _diagnosis_panel(src: Source) -> dict:
     """The verdict table; its description quotes the thresholds the SQL uses (analysis/thresholds.py)."""
     return panel(
-        "table", "Diagnosis: why is it slow?",
+        "table",
+        "Diagnosis: why is it slow?",
         "Why is it slow? The verdict of `phaselens diagnose`, from the same SQL: one row per cause, "
         "primary first. A cause is flagged at p50 or p99 when its signal reaches its threshold while "
         f"the SLO it acts on is at risk there (above {th.MARGIN:g} x $ttft_slo_ms ms TTFT or $tpot_slo_ms ms "
@@ -106,141 +160,237 @@ def _diagnosis_panel(src: Source) -> dict:
         "server's share of TPOT (decode) and the client's (client), the decode-token time lost to "
         f"prefill in mixed steps (prefill_stalls), KV use p90 / {th.KV_USED:g} or preempted share / "
         f"{th.PREEMPTED_SHARE:g} (kv_pressure). role none: every SLO holds with margin.",
-        [src.target("diagnosis_causes", FORMAT_TABLE)], width=24, height=8, unit="none",
-        options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}})
+        [src.target("diagnosis_causes", FORMAT_TABLE)],
+        width=24,
+        height=8,
+        unit="none",
+        options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
+    )
 
 
 def budget_panels(src: Source) -> list[dict]:
-    trace_url = (f"/d/{UID_TRACE}/request-trace?var-trace_id=${{__value.raw}}"
-                 "&${datasource:queryparam}&${__url_time_range}")
+    trace_url = (
+        f"/d/{UID_TRACE}/request-trace?var-trace_id=${{__value.raw}}&${{datasource:queryparam}}&${{__url_time_range}}"
+    )
     return [
         _diagnosis_panel(src),
-        panel("barchart", "TTFT budget: p50 / p90 / p99 / mean",
-              "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
-              "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
-              "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
-              "delivery of the first output (token handed to the stream -> chunk handed to the server's send); "
-              "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
-              "A server whose own spans give no first-token term (span_model vllm-native, sglang-native) "
-              "fills before_engine = server TTFT - ingress - queue - prefill instead, and its first chunk's "
-              "delivery stays in residual; TGI's spans (tgi-native) give no TTFT: only ingress and queue.",
-              [src.target("budget_stack", FORMAT_TABLE)], width=10, height=9, unit="ms",
-              custom={"fillOpacity": 80, "lineWidth": 1},
-              options={"orientation": "horizontal", "stacking": "normal", "showValue": "auto",
-                       "xField": columns("budget_stack")[0],
-                       "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}}),
-        time_series(src, "latency_over_time", "TTFT, TTFO and e2e percentiles",
-                    "How long do users wait for the first token (TTFT, client and server view), the first "
-                    "non-reasoning output (TTFO) and the whole response (e2e), over time?",
-                    unit="ms", width=14, height=9,
-                    transformations=series("latency_over_time", exclude=_per_token())),
-        time_series(src, "latency_over_time", "TPOT and ITL percentiles",
-                    "How fast does text stream once it starts? TPOT = (e2e - TTFT) / (output tokens - 1) per "
-                    "request; ITL = the gaps between streamed chunks (p99 within each request). Different "
-                    "statistics, both shown, client and server view.",
-                    unit="ms", transformations=series("latency_over_time", only=_per_token())),
-        time_series(src, "delivery_over_time", "Server delivery of the first chunk vs the residual (p90)",
-                    "Is my event loop starved or is my network slow? first chunk = the server's time from "
-                    "the first token handed to the stream to its chunk handed to the server's send = loop wait "
-                    "(the event loop was late) + encode (SSE) + write (send); residual = client TTFT - "
-                    "server time to first chunk (network both ways + client).",
-                    unit="ms"),
-        time_series(src, "goodput_over_time", "Goodput and SLO attainment",
-                    "How many completed requests per second meet every SLO (TTFT <= $ttft_slo_ms ms and "
-                    "TPOT <= $tpot_slo_ms ms), against all completed requests, and what fraction of "
-                    "requests is that (right axis)?",
-                    unit="reqps", overrides=[unit_override("^slo_attainment$", "percentunit", right_axis=True)]),
-        time_series(src, "throughput_over_time", "Throughput: requests and tokens per second",
-                    "How much work is finished per second: requests (and errors, right axis), input "
-                    "(prompt) and output (generated) tokens? Throughput is not TPOT.",
-                    unit="short",
-                    overrides=[unit_override("^(requests|errors)_per_s$", "reqps", right_axis=True)]),
-        panel("table", "Slowest requests",
-              "Which requests had the longest TTFT, and which phase dominated each? Click a trace id to "
-              "open that request's client and server spans in the Request trace dashboard.",
-              [src.target("slowest_requests", FORMAT_TABLE)], width=24, height=10, unit="ms",
-              overrides=[link_override("trace_id", "Open request trace", trace_url),
-                         unit_override("^(input_tokens|output_tokens|preemptions)$", "none")],
-              options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}}),
+        panel(
+            "barchart",
+            "TTFT budget: p50 / p90 / p99 / mean",
+            "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
+            "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
+            "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
+            "delivery of the first output (token handed to the stream -> chunk handed to the server's send); "
+            "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
+            "A server whose own spans give no first-token term (span_model vllm-native, sglang-native) "
+            "fills before_engine = server TTFT - ingress - queue - prefill instead, and its first chunk's "
+            "delivery stays in residual; TGI's spans (tgi-native) give no TTFT: only ingress and queue.",
+            [src.target("budget_stack", FORMAT_TABLE)],
+            width=10,
+            height=9,
+            unit="ms",
+            custom={"fillOpacity": 80, "lineWidth": 1},
+            options={
+                "orientation": "horizontal",
+                "stacking": "normal",
+                "showValue": "auto",
+                "xField": columns("budget_stack")[0],
+                "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            },
+        ),
+        time_series(
+            src,
+            "latency_over_time",
+            "TTFT, TTFO and e2e percentiles",
+            "How long do users wait for the first token (TTFT, client and server view), the first "
+            "non-reasoning output (TTFO) and the whole response (e2e), over time?",
+            unit="ms",
+            width=14,
+            height=9,
+            transformations=series("latency_over_time", exclude=_per_token()),
+        ),
+        time_series(
+            src,
+            "latency_over_time",
+            "TPOT and ITL percentiles",
+            "How fast does text stream once it starts? TPOT = (e2e - TTFT) / (output tokens - 1) per "
+            "request; ITL = the gaps between streamed chunks (p99 within each request). Different "
+            "statistics, both shown, client and server view.",
+            unit="ms",
+            transformations=series("latency_over_time", only=_per_token()),
+        ),
+        time_series(
+            src,
+            "delivery_over_time",
+            "Server delivery of the first chunk vs the residual (p90)",
+            "Is my event loop starved or is my network slow? first chunk = the server's time from "
+            "the first token handed to the stream to its chunk handed to the server's send = loop wait "
+            "(the event loop was late) + encode (SSE) + write (send); residual = client TTFT - "
+            "server time to first chunk (network both ways + client).",
+            unit="ms",
+        ),
+        time_series(
+            src,
+            "goodput_over_time",
+            "Goodput and SLO attainment",
+            "How many completed requests per second meet every SLO (TTFT <= $ttft_slo_ms ms and "
+            "TPOT <= $tpot_slo_ms ms), against all completed requests, and what fraction of "
+            "requests is that (right axis)?",
+            unit="reqps",
+            overrides=[unit_override("^slo_attainment$", "percentunit", right_axis=True)],
+        ),
+        time_series(
+            src,
+            "throughput_over_time",
+            "Throughput: requests and tokens per second",
+            "How much work is finished per second: requests (and errors, right axis), input "
+            "(prompt) and output (generated) tokens? Throughput is not TPOT.",
+            unit="short",
+            overrides=[unit_override("^(requests|errors)_per_s$", "reqps", right_axis=True)],
+        ),
+        panel(
+            "table",
+            "Slowest requests",
+            "Which requests had the longest TTFT, and which phase dominated each? Click a trace id to "
+            "open that request's client and server spans in the Request trace dashboard.",
+            [src.target("slowest_requests", FORMAT_TABLE)],
+            width=24,
+            height=10,
+            unit="ms",
+            overrides=[
+                link_override("trace_id", "Open request trace", trace_url),
+                unit_override("^(input_tokens|output_tokens|preemptions)$", "none"),
+            ],
+            options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
+        ),
     ]
 
 
 def latency_budget(src: Source) -> dict:
     return dashboard(
-        UID_BUDGET, "phaselens - LLM latency budget",
+        UID_BUDGET,
+        "phaselens - LLM latency budget",
         "Client and server view of every request: TTFT split into phases, percentiles, goodput against "
         "the SLO variables, throughput, and the slowest requests.",
         budget_panels(src),
-        [datasource_variable(DATASOURCE_UID, DATASOURCE_NAME), service_variable(src), model_variable(src), *slo_variables()],
+        [
+            datasource_variable(DATASOURCE_UID, DATASOURCE_NAME),
+            service_variable(src),
+            model_variable(src),
+            *slo_variables(),
+        ],
         links=[dashboard_link("phaselens")],
     )
 
 
 # --- Engine --------------------------------------------------------------------------------------
 
+
 def engine_panels(src: Source) -> list[dict]:
     tokens = tuple(c for c in columns("engine_batch_over_time") if "tokens" in c)
     preempt = tuple(c for c in columns("engine_kv_over_time") if "preempt" in c)
     return [
-        time_series(src, "engine_batch_over_time", "Batch size per engine step",
-                    "How many sequences does each engine step run together (mean and max per interval), "
-                    "and how many steps run per second (right axis)? Small batches under load point at the "
-                    "scheduler, not the model, as the limit.",
-                    unit="short", transformations=series("engine_batch_over_time", exclude=tokens),
-                    overrides=[unit_override("^steps_per_s$", "short", right_axis=True)]),
-        time_series(src, "engine_batch_over_time", "Prefill vs decode tokens per step",
-                    "How is each step's work split between prompt processing (prefill tokens) and "
-                    "generation (decode tokens)? Prefill-heavy steps are the ones that stall decoding.",
-                    unit="short", stacked=True, bars=True,
-                    transformations=series("engine_batch_over_time", only=tokens)),
-        time_series(src, "engine_kv_over_time", "KV-cache use",
-                    "How full is the KV cache (blocks used / total, mean and max; blocks used on the right "
-                    "axis)? Near 100 % the scheduler must queue or preempt requests.",
-                    unit="percentunit", transformations=series("engine_kv_over_time", exclude=preempt),
-                    overrides=[unit_override("^kv_blocks_used_max$", "short", right_axis=True)]),
-        time_series(src, "engine_kv_over_time", "Preemptions",
-                    "How many running requests are evicted for lack of KV cache? Each one waits in the "
-                    "queue again and recomputes its prefill.",
-                    unit="short", bars=True, transformations=series("engine_kv_over_time", only=preempt)),
-        time_series(src, "decode_stalls_over_time", "Decode stalls caused by prefill",
-                    "How much time do decoding requests lose because a prefill shares their step? A mixed "
-                    "step's stall is its duration beyond the median decode-only step; request stall weights "
-                    "it by the decode tokens delayed. Step counts on the right axis.",
-                    unit="ms",
-                    overrides=[unit_override("^(mixed_steps|decode_steps|delayed_decodes)$", "short",
-                                             right_axis=True)]),
-        time_series(src, "queue_depth_over_time", "Queue depth",
-                    "How many requests wait for admission at each engine step (mean and max)? A growing "
-                    "queue means arrivals exceed capacity, and TTFT grows with it.", unit="short"),
+        time_series(
+            src,
+            "engine_batch_over_time",
+            "Batch size per engine step",
+            "How many sequences does each engine step run together (mean and max per interval), "
+            "and how many steps run per second (right axis)? Small batches under load point at the "
+            "scheduler, not the model, as the limit.",
+            unit="short",
+            transformations=series("engine_batch_over_time", exclude=tokens),
+            overrides=[unit_override("^steps_per_s$", "short", right_axis=True)],
+        ),
+        time_series(
+            src,
+            "engine_batch_over_time",
+            "Prefill vs decode tokens per step",
+            "How is each step's work split between prompt processing (prefill tokens) and "
+            "generation (decode tokens)? Prefill-heavy steps are the ones that stall decoding.",
+            unit="short",
+            stacked=True,
+            bars=True,
+            transformations=series("engine_batch_over_time", only=tokens),
+        ),
+        time_series(
+            src,
+            "engine_kv_over_time",
+            "KV-cache use",
+            "How full is the KV cache (blocks used / total, mean and max; blocks used on the right "
+            "axis)? Near 100 % the scheduler must queue or preempt requests.",
+            unit="percentunit",
+            transformations=series("engine_kv_over_time", exclude=preempt),
+            overrides=[unit_override("^kv_blocks_used_max$", "short", right_axis=True)],
+        ),
+        time_series(
+            src,
+            "engine_kv_over_time",
+            "Preemptions",
+            "How many running requests are evicted for lack of KV cache? Each one waits in the "
+            "queue again and recomputes its prefill.",
+            unit="short",
+            bars=True,
+            transformations=series("engine_kv_over_time", only=preempt),
+        ),
+        time_series(
+            src,
+            "decode_stalls_over_time",
+            "Decode stalls caused by prefill",
+            "How much time do decoding requests lose because a prefill shares their step? A mixed "
+            "step's stall is its duration beyond the median decode-only step; request stall weights "
+            "it by the decode tokens delayed. Step counts on the right axis.",
+            unit="ms",
+            overrides=[unit_override("^(mixed_steps|decode_steps|delayed_decodes)$", "short", right_axis=True)],
+        ),
+        time_series(
+            src,
+            "queue_depth_over_time",
+            "Queue depth",
+            "How many requests wait for admission at each engine step (mean and max)? A growing "
+            "queue means arrivals exceed capacity, and TTFT grows with it.",
+            unit="short",
+        ),
     ]
 
 
 def engine(src: Source) -> dict:
     return dashboard(
-        UID_ENGINE, "phaselens - Engine",
+        UID_ENGINE,
+        "phaselens - Engine",
         "The serving loop from the inside: batch composition, KV-cache pressure, preemptions, "
         "prefill-induced decode stalls and the admission queue, from llm.engine_step spans.",
-        engine_panels(src), [datasource_variable(DATASOURCE_UID, DATASOURCE_NAME), service_variable(src)],
+        engine_panels(src),
+        [datasource_variable(DATASOURCE_UID, DATASOURCE_NAME), service_variable(src)],
         links=[dashboard_link("phaselens")],
     )
 
 
 # --- Request trace -------------------------------------------------------------------------------
 
+
 def request_trace(src: Source) -> dict:
-    trace = panel("traces", "Request trace",
-                  "What happened to this one request, phase by phase? The client span, the server span "
-                  "and its ingress, queue, prefill, first-token, decode and delivery children on one "
-                  "timeline, found through the trace-id lookup table.",
-                  [src.target("request_trace", FORMAT_TRACES)], width=24, height=22)
+    trace = panel(
+        "traces",
+        "Request trace",
+        "What happened to this one request, phase by phase? The client span, the server span "
+        "and its ingress, queue, prefill, first-token, decode and delivery children on one "
+        "timeline, found through the trace-id lookup table.",
+        [src.target("request_trace", FORMAT_TRACES)],
+        width=24,
+        height=22,
+    )
     return dashboard(
-        UID_TRACE, "phaselens - Request trace",
-        "One request's spans, client and server. Enter a trace id, or follow a link from the Slowest "
-        "requests table.",
+        UID_TRACE,
+        "phaselens - Request trace",
+        "One request's spans, client and server. Enter a trace id, or follow a link from the Slowest requests table.",
         [trace],
-        [datasource_variable(DATASOURCE_UID, DATASOURCE_NAME),
-         textbox_variable("trace_id", "Trace ID", "", "32 hex digits, e.g. from the Slowest requests table")],
-        time_from="now-24h", refresh="", links=[dashboard_link("phaselens")],
+        [
+            datasource_variable(DATASOURCE_UID, DATASOURCE_NAME),
+            textbox_variable("trace_id", "Trace ID", "", "32 hex digits, e.g. from the Slowest requests table"),
+        ],
+        time_from="now-24h",
+        refresh="",
+        links=[dashboard_link("phaselens")],
     )
 
 

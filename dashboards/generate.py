@@ -37,21 +37,27 @@ def _yaml(document: dict) -> str:
 
 def files() -> dict[str, str]:
     """Relative path → file text, for every generated file."""
-    out = {f"{GENERATED_DIR}/{board['uid']}.json": json.dumps(board, indent=2) + "\n"
-           for board in dashboards()}
+    out = {f"{GENERATED_DIR}/{board['uid']}.json": json.dumps(board, indent=2) + "\n" for board in dashboards()}
     # Inside the compose network Grafana reaches the `clickhouse` service on its native port.
     out[DATASOURCES_YAML] = _yaml({"apiVersion": 1, "datasources": [datasource(ClickHouseTarget(), is_default=True)]})
-    out[PROVIDERS_YAML] = _yaml({"apiVersion": 1, "providers": [{
-        "name": "phaselens",
-        "orgId": 1,
-        "folder": FOLDER,
-        "folderUid": FOLDER,
-        "type": "file",
-        "disableDeletion": False,
-        "allowUiUpdates": False,  # the JSON in git is the source: UI edits would be overwritten
-        "updateIntervalSeconds": 30,
-        "options": {"path": GRAFANA_DASHBOARDS_PATH, "foldersFromFilesStructure": False},
-    }]})
+    out[PROVIDERS_YAML] = _yaml(
+        {
+            "apiVersion": 1,
+            "providers": [
+                {
+                    "name": "phaselens",
+                    "orgId": 1,
+                    "folder": FOLDER,
+                    "folderUid": FOLDER,
+                    "type": "file",
+                    "disableDeletion": False,
+                    "allowUiUpdates": False,  # the JSON in git is the source: UI edits would be overwritten
+                    "updateIntervalSeconds": 30,
+                    "options": {"path": GRAFANA_DASHBOARDS_PATH, "foldersFromFilesStructure": False},
+                }
+            ],
+        }
+    )
     return out
 
 

@@ -32,10 +32,20 @@ def target(sql: str, fmt: int, ref_id: str = "A") -> dict:
     }
 
 
-def panel(kind: str, title: str, description: str, targets: list[dict], *, width: int = 12,
-          height: int = 8, unit: str | None = None, options: dict | None = None,
-          custom: dict | None = None, overrides: list[dict] | None = None,
-          transformations: list[dict] | None = None) -> dict:
+def panel(
+    kind: str,
+    title: str,
+    description: str,
+    targets: list[dict],
+    *,
+    width: int = 12,
+    height: int = 8,
+    unit: str | None = None,
+    options: dict | None = None,
+    custom: dict | None = None,
+    overrides: list[dict] | None = None,
+    transformations: list[dict] | None = None,
+) -> dict:
     """A panel without `id`/`gridPos` (assigned by `layout`); `description` is the question it answers."""
     defaults: dict = {"custom": custom or {}}
     if unit:
@@ -83,25 +93,42 @@ def layout(panels: list[dict]) -> list[dict]:
 
 # --- template variables -------------------------------------------------------------------------
 
+
 def _variable(name: str, label: str, kind: str, description: str, **fields) -> dict:
-    return {"name": name, "label": label, "description": description, "type": kind, "hide": 0,
-            "options": [], **fields}
+    return {"name": name, "label": label, "description": description, "type": kind, "hide": 0, "options": [], **fields}
 
 
 def datasource_variable(default_uid: str, default_name: str) -> dict:
     """Any ClickHouse data source of this Grafana; the phaselens one is selected by default."""
-    return _variable(DATASOURCE_VAR, "ClickHouse", "datasource", "the ClickHouse holding otel_traces",
-                     query=PLUGIN_TYPE, refresh=1, regex="",
-                     current={"selected": True, "text": default_name, "value": default_uid})
+    return _variable(
+        DATASOURCE_VAR,
+        "ClickHouse",
+        "datasource",
+        "the ClickHouse holding otel_traces",
+        query=PLUGIN_TYPE,
+        refresh=1,
+        regex="",
+        current={"selected": True, "text": default_name, "value": default_uid},
+    )
 
 
 def query_variable(name: str, label: str, sql: str, description: str) -> dict:
     """Multi-select with All; `$__conditionalAll` in panel SQL turns All (or nothing) into `1=1`."""
-    return _variable(name, label, "query", description, datasource=dict(DATASOURCE_REF), definition=sql,
-                     query={"editorType": "sql", "rawSql": sql, "format": FORMAT_TABLE},
-                     includeAll=True, multi=True, regex="", sort=1,
-                     refresh=2,  # on time-range change: new models/services show up
-                     current={"selected": True, "text": ["All"], "value": ["$__all"]})
+    return _variable(
+        name,
+        label,
+        "query",
+        description,
+        datasource=dict(DATASOURCE_REF),
+        definition=sql,
+        query={"editorType": "sql", "rawSql": sql, "format": FORMAT_TABLE},
+        includeAll=True,
+        multi=True,
+        regex="",
+        sort=1,
+        refresh=2,  # on time-range change: new models/services show up
+        current={"selected": True, "text": ["All"], "value": ["$__all"]},
+    )
 
 
 def textbox_variable(name: str, label: str, default: str, description: str) -> dict:
@@ -109,8 +136,17 @@ def textbox_variable(name: str, label: str, default: str, description: str) -> d
     return _variable(name, label, "textbox", description, query=default, current=option, options=[option])
 
 
-def dashboard(uid: str, title: str, description: str, panels: list[dict], variables: list[dict],
-              *, time_from: str = "now-1h", refresh: str = "30s", links: list[dict] | None = None) -> dict:
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    panels: list[dict],
+    variables: list[dict],
+    *,
+    time_from: str = "now-1h",
+    refresh: str = "30s",
+    links: list[dict] | None = None,
+) -> dict:
     return {
         "uid": uid,
         "title": title,
@@ -132,5 +168,11 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict], variab
 
 def dashboard_link(title: str, tag: str = "phaselens") -> dict:
     """A header drop-down of the other phaselens dashboards, keeping time range and variables."""
-    return {"title": title, "type": "dashboards", "tags": [tag], "asDropdown": True,
-            "includeVars": True, "keepTime": True}
+    return {
+        "title": title,
+        "type": "dashboards",
+        "tags": [tag],
+        "asDropdown": True,
+        "includeVars": True,
+        "keepTime": True,
+    }

@@ -30,12 +30,12 @@ class PushResult:
     unchanged: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"created {len(self.created)}, updated {len(self.updated)}, "
-                f"unchanged {len(self.unchanged)}")
+        return f"created {len(self.created)}, updated {len(self.updated)}, unchanged {len(self.unchanged)}"
 
 
-def connect(url: str, token: str | None = None, user: str | None = None,
-            password: str | None = None, timeout_s: float = 10.0) -> GrafanaApi:
+def connect(
+    url: str, token: str | None = None, user: str | None = None, password: str | None = None, timeout_s: float = 10.0
+) -> GrafanaApi:
     """A client for `url`; a token wins over user/password; neither → anonymous access."""
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -49,11 +49,13 @@ def connect(url: str, token: str | None = None, user: str | None = None,
 def contains(actual, wanted) -> bool:
     """True when every key/value of `wanted` is in `actual` (recursively for dicts; lists equal)."""
     if isinstance(wanted, dict):
-        return isinstance(actual, dict) and all(
-            k in actual and contains(actual[k], v) for k, v in wanted.items())
+        return isinstance(actual, dict) and all(k in actual and contains(actual[k], v) for k, v in wanted.items())
     if isinstance(wanted, list):
-        return (isinstance(actual, list) and len(actual) == len(wanted)
-                and all(contains(a, w) for a, w in zip(actual, wanted)))
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(wanted)
+            and all(contains(a, w) for a, w in zip(actual, wanted, strict=False))
+        )
     return actual == wanted
 
 
@@ -94,17 +96,20 @@ def push_dashboard(api: GrafanaApi, board: dict, folder_uid: str, result: PushRe
     wanted = {k: v for k, v in board.items() if k not in ("id", "version")}
     existing = _get_or_none(api.dashboard.get_dashboard, uid)
     label = f"dashboard {uid}"
-    if existing is not None and contains(existing.get("dashboard"), wanted) \
-            and existing.get("meta", {}).get("folderUid") == folder_uid:
+    if (
+        existing is not None
+        and contains(existing.get("dashboard"), wanted)
+        and existing.get("meta", {}).get("folderUid") == folder_uid
+    ):
         result.unchanged.append(label)
         return
-    api.dashboard.update_dashboard({"dashboard": {**wanted, "id": None}, "folderUid": folder_uid,
-                                    "overwrite": True, "message": PUSH_MESSAGE})
+    api.dashboard.update_dashboard(
+        {"dashboard": {**wanted, "id": None}, "folderUid": folder_uid, "overwrite": True, "message": PUSH_MESSAGE}
+    )
     (result.created if existing is None else result.updated).append(label)
 
 
-def push(api: GrafanaApi, datasource: dict, boards: list[dict], folder_uid: str,
-         folder_title: str) -> PushResult:
+def push(api: GrafanaApi, datasource: dict, boards: list[dict], folder_uid: str, folder_title: str) -> PushResult:
     """Check access, then make Grafana hold `datasource` and `boards` (in the folder), writing only changes."""
     url = api.url or "Grafana"
     result = PushResult()
@@ -129,8 +134,10 @@ def describe(exc: Exception, url: str) -> str:
     if status == 401:
         return f"Grafana at {url} rejected the credentials (401 Unauthorized): check --token or --user/--password"
     if status == 403:
-        return (f"Grafana at {url} refused the request (403 Forbidden): the token or user needs the "
-                f"Admin role to write data sources and Editor to write dashboards ({_first_line(exc)})")
+        return (
+            f"Grafana at {url} refused the request (403 Forbidden): the token or user needs the "
+            f"Admin role to write data sources and Editor to write dashboards ({_first_line(exc)})"
+        )
     return f"Grafana at {url} answered an error: {_first_line(exc)}"
 
 

@@ -46,7 +46,7 @@ class Pipeline:
     database: str = "faults"
     clickhouse: EmbeddedClickHouse | None = field(default=None, init=False)
 
-    def start(self) -> "Pipeline":
+    def start(self) -> Pipeline:
         from phaselens.collectors import schema
 
         self.clickhouse = EmbeddedClickHouse(str(self.work_dir / "clickhouse")).start()
@@ -55,13 +55,17 @@ class Pipeline:
         return self
 
     def collector(self, name: str, clickhouse_url: str | None = None, **kwargs) -> CollectorProcess:
-        return CollectorProcess(clickhouse_url or self.clickhouse.url, str(self.work_dir / f"spool-{name}"),
-                                str(self.work_dir / f"collector-{name}.log"), database=self.database, **kwargs)
+        return CollectorProcess(
+            clickhouse_url or self.clickhouse.url,
+            str(self.work_dir / f"spool-{name}"),
+            str(self.work_dir / f"collector-{name}.log"),
+            database=self.database,
+            **kwargs,
+        )
 
     def stored(self, service: str) -> tuple[set[str], int]:
         """(distinct span ids, rows) of `service` in ClickHouse."""
-        sql = ("SELECT SpanId, count() FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} "
-               "GROUP BY SpanId")
+        sql = "SELECT SpanId, count() FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} GROUP BY SpanId"
         with connect(self.clickhouse.url) as client:
             rows = client.query(sql, parameters={"db": self.database, "s": service}).result_rows
         return {r[0] for r in rows}, sum(int(r[1]) for r in rows)
@@ -85,23 +89,31 @@ def _counters(collector: CollectorProcess) -> dict[str, int]:
             text = r.read().decode()
     except OSError:
         return {}
-    return {m[1]: int(float(m[2])) for m in re.finditer(r"^phaselens_collector_(\w+?)(?:_total)? ([\d.e+]+)$", text, re.M)}
+    return {
+        m[1]: int(float(m[2]))
+        for m in re.finditer(r"^phaselens_collector_(\w+?)(?:_total)? ([\d.e+]+)$", text, re.MULTILINE)
+    }
 
 
-def _finish(pipeline: Pipeline, name: str, load: SpanLoad, collector: CollectorProcess,
-            recover_s: float | None, **detail) -> Outcome:
+def _finish(
+    pipeline: Pipeline, name: str, load: SpanLoad, collector: CollectorProcess, recover_s: float | None, **detail
+) -> Outcome:
     ledger = load.stop()
     pipeline.wait_stored(load.service, ledger.acknowledged)
-    detail["collector"] = {k: v for k, v in _counters(collector).items()
-                           if k in ("requests_retryable", "requests_deduplicated", "insert_retries", "spans_dropped")}
+    detail["collector"] = {
+        k: v
+        for k, v in _counters(collector).items()
+        if k in ("requests_retryable", "requests_deduplicated", "insert_retries", "spans_dropped")
+    }
     collector.stop()
     ids, rows = pipeline.stored(load.service)
     return Outcome.of(name, ledger, ids, rows, recover_s, detail)
 
 
 @contextmanager
-def _loaded_collector(pipeline: Pipeline, name: str, params: Params,
-                      **kwargs) -> Iterator[tuple[CollectorProcess, SpanLoad]]:
+def _loaded_collector(
+    pipeline: Pipeline, name: str, params: Params, **kwargs
+) -> Iterator[tuple[CollectorProcess, SpanLoad]]:
     """A serving collector under `params.warm_s` of load. The scenario ends both (_finish); when it
     fails instead, they are ended here (the collector would hold its ports and spool otherwise)."""
     collector = pipeline.collector(name, **kwargs)
@@ -134,8 +146,15 @@ def collector_sigkill(pipeline: Pipeline, params: Params) -> Outcome:
         healthy = wait_until(collector.healthy, 30)
         recover_s = None if healthy is None else time.monotonic() - killed_at
         time.sleep(params.after_s)
-        return _finish(pipeline, "collector_sigkill", load, collector, recover_s,
-                       acknowledged_before_kill=acked_before, restart_exit=collector.exit_code())
+        return _finish(
+            pipeline,
+            "collector_sigkill",
+            load,
+            collector,
+            recover_s,
+            acknowledged_before_kill=acked_before,
+            restart_exit=collector.exit_code(),
+        )
 
 
 def clickhouse_outage(pipeline: Pipeline, params: Params) -> Outcome:
@@ -157,8 +176,16 @@ def clickhouse_slow(pipeline: Pipeline, params: Params) -> Outcome:
             link.delay_s = 0.0
             recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
             time.sleep(params.after_s)
-            return _finish(pipeline, "clickhouse_slow", load, collector, recover_s, stand_in="SlowLink proxy",
-                           delay_per_64k_s=params.slow_delay_s, slow_s=params.warm_s + params.slow_s)
+            return _finish(
+                pipeline,
+                "clickhouse_slow",
+                load,
+                collector,
+                recover_s,
+                stand_in="SlowLink proxy",
+                delay_per_64k_s=params.slow_delay_s,
+                slow_s=params.warm_s + params.slow_s,
+            )
     finally:
         link.close()
 
@@ -166,16 +193,24 @@ def clickhouse_slow(pipeline: Pipeline, params: Params) -> Outcome:
 def spool_full(pipeline: Pipeline, params: Params) -> Outcome:
     link = SlowLink(pipeline.clickhouse.http_port).start()
     try:
-        with _loaded_collector(pipeline, "spool_full", params, clickhouse_url=link.url,
-                               max_spool_bytes=params.spool_cap_bytes) as (collector, load):
+        with _loaded_collector(
+            pipeline, "spool_full", params, clickhouse_url=link.url, max_spool_bytes=params.spool_cap_bytes
+        ) as (collector, load):
             link.delay_s = 30.0  # inserts stall: the backlog reaches the cap
             time.sleep(params.full_s)
             link.delay_s = 0.0
             recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
             time.sleep(params.after_s)
             quarantined = list((Path(collector.spool_dir) / "quarantine").glob("*.pb"))
-            return _finish(pipeline, "spool_full", load, collector, recover_s,
-                           spool_cap_bytes=params.spool_cap_bytes, full_s=params.full_s,
-                           quarantined_records=len(quarantined))
+            return _finish(
+                pipeline,
+                "spool_full",
+                load,
+                collector,
+                recover_s,
+                spool_cap_bytes=params.spool_cap_bytes,
+                full_s=params.full_s,
+                quarantined_records=len(quarantined),
+            )
     finally:
         link.close()

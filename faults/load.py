@@ -76,13 +76,18 @@ class SpanLoad:
     _threads: list[threading.Thread] = field(default_factory=list, init=False)
     _providers: list[TracerProvider] = field(default_factory=list, init=False)
 
-    def start(self) -> "SpanLoad":
+    def start(self) -> SpanLoad:
         for i in range(self.senders):
             exporter = OTLPSpanExporter(endpoint=f"http://{self.endpoint}", insecure=True, timeout=EXPORT_TIMEOUT_S)
             provider = TracerProvider(resource=Resource.create({"service.name": self.service}))
-            provider.add_span_processor(BatchSpanProcessor(
-                _Recording(exporter, self.ledger), max_queue_size=QUEUE_SPANS,
-                schedule_delay_millis=SCHEDULE_DELAY_MS, export_timeout_millis=int(EXPORT_TIMEOUT_S * 1000)))
+            provider.add_span_processor(
+                BatchSpanProcessor(
+                    _Recording(exporter, self.ledger),
+                    max_queue_size=QUEUE_SPANS,
+                    schedule_delay_millis=SCHEDULE_DELAY_MS,
+                    export_timeout_millis=int(EXPORT_TIMEOUT_S * 1000),
+                )
+            )
             self._providers.append(provider)
             thread = threading.Thread(target=self._emit, args=(provider, i), name=f"fault-load-{i}", daemon=True)
             self._threads.append(thread)

@@ -20,11 +20,20 @@ class Outcome:
     detail: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, scenario: str, ledger: Ledger, stored_ids: set[str], rows: int, recover_s: float | None,
-           detail: dict) -> "Outcome":
-        return cls(scenario, ledger.sent, len(ledger.acknowledged), len(stored_ids),
-                   len(ledger.acknowledged - stored_ids), rows - len(stored_ids), ledger.client_dropped(),
-                   None if recover_s is None else round(recover_s, 2), detail)
+    def of(
+        cls, scenario: str, ledger: Ledger, stored_ids: set[str], rows: int, recover_s: float | None, detail: dict
+    ) -> Outcome:
+        return cls(
+            scenario,
+            ledger.sent,
+            len(ledger.acknowledged),
+            len(stored_ids),
+            len(ledger.acknowledged - stored_ids),
+            rows - len(stored_ids),
+            ledger.client_dropped(),
+            None if recover_s is None else round(recover_s, 2),
+            detail,
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -32,8 +41,12 @@ class Outcome:
 
 def markdown(outcomes: list[Outcome]) -> str:
     """The README's "Faults survived" table rows."""
-    head = ("| scenario | sent | acknowledged | stored | lost | duplicated | client-side drops | recover s |\n"
-            "|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| scenario | sent | acknowledged | stored | lost | duplicated | client-side drops | recover s |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
     return head + "".join(
         f"| {o.scenario} | {o.sent:,} | {o.acknowledged:,} | {o.stored:,} | {o.lost:,} | {o.duplicated:,} | "
-        f"{o.client_dropped:,} | {'—' if o.recover_s is None else o.recover_s} |\n" for o in outcomes)
+        f"{o.client_dropped:,} | {'—' if o.recover_s is None else o.recover_s} |\n"
+        for o in outcomes
+    )

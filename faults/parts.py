@@ -58,13 +58,33 @@ class CollectorProcess:
 
     def start(self) -> None:
         """Spawns at once (no waiting); `healthy()` says when it serves."""
-        argv = [sys.executable, "-m", "phaselens.commands.collector", "--clickhouse", self.clickhouse_url,
-                "--database", self.database, "--grpc-port", str(self.grpc_port), "--http-port",
-                str(self.http_port), "--spool", self.spool_dir, "--max-spool-bytes", str(self.max_spool_bytes),
-                "--flush-interval", "0.1"]
+        argv = [
+            sys.executable,
+            "-m",
+            "phaselens.commands.collector",
+            "--clickhouse",
+            self.clickhouse_url,
+            "--database",
+            self.database,
+            "--grpc-port",
+            str(self.grpc_port),
+            "--http-port",
+            str(self.http_port),
+            "--spool",
+            self.spool_dir,
+            "--max-spool-bytes",
+            str(self.max_spool_bytes),
+            "--flush-interval",
+            "0.1",
+        ]
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          preexec_fn=functools.partial(die_with_parent, os.getpid()))
+            self._proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
 
     def start_serving(self, timeout_s: float = 30.0) -> None:
         """start(), then wait until it answers /health (RuntimeError with its log otherwise)."""
@@ -104,7 +124,7 @@ class SlowLink:
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
-    def start(self) -> "SlowLink":
+    def start(self) -> SlowLink:
         self._listener = socket.create_server((LOOPBACK, self.port))
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, name="slow-link", daemon=True).start()

@@ -16,9 +16,14 @@ import uvicorn
 
 from phaselens.common.process import LOOPBACK
 
-_OTEL_ENV = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
-             "OTEL_LOGS_EXPORTER": "none", "OTEL_TRACES_SAMPLER": "parentbased_always_on",
-             "OTEL_BSP_SCHEDULE_DELAY": "200"}
+_OTEL_ENV = {
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+    "OTEL_TRACES_EXPORTER": "otlp",
+    "OTEL_METRICS_EXPORTER": "none",
+    "OTEL_LOGS_EXPORTER": "none",
+    "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+    "OTEL_BSP_SCHEDULE_DELAY": "200",
+}
 
 
 def set_otel_env(grpc_endpoint: str) -> dict[str, str | None]:
@@ -59,7 +64,7 @@ class ServingRig:
     _thread: threading.Thread | None = field(default=None, init=False)
     _saved_env: dict = field(default_factory=dict, init=False)
 
-    def start(self) -> "ServingRig":
+    def start(self) -> ServingRig:
         from phaselens.instrumentation.otel_setup import configure
         from phaselens.instrumentation.server import ServerTelemetry
         from phaselens.reference_server.api import ApiSettings, create_app
@@ -70,16 +75,22 @@ class ServingRig:
         self.engine = Engine(EngineConfig(max_num_seqs=self.max_num_seqs, max_waiting=self.max_waiting))
         self._saved_env = set_otel_env(self.grpc_endpoint)  # until stop(): a replaced child reads them too
         providers = configure(self.service, set_global=False)  # not global: tests share this process
-        self.telemetry = ServerTelemetry(providers.tracer_provider, providers.meter_provider, owns_providers=True,
-                                         builder="process", service_name=self.service)
+        self.telemetry = ServerTelemetry(
+            providers.tracer_provider,
+            providers.meter_provider,
+            owns_providers=True,
+            builder="process",
+            service_name=self.service,
+        )
         self.engine.step_observer = self.telemetry.step_observer
         sock = bind(LOOPBACK, 0)
         self.url = f"http://{LOOPBACK}:{sock.getsockname()[1]}"
         app = create_app(self.engine, ApiSettings(served_model_names=("tiny",)), self.telemetry)
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="error", access_log=False))
         self.engine.start()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
-                                        name="fault-server", daemon=True)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[sock])), name="fault-server", daemon=True
+        )
         self._thread.start()
         started = time.monotonic()
         while not self._server.started and time.monotonic() - started < 30:
@@ -143,7 +154,7 @@ class ClosedLoop:
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _threads: list[threading.Thread] = field(default_factory=list, init=False)
 
-    def start(self) -> "ClosedLoop":
+    def start(self) -> ClosedLoop:
         self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(self.clients)]
         for thread in self._threads:
             thread.start()

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import httpx
 
 from phaselens.faults.collector_faults import Pipeline
-from phaselens.faults.params import Params
 from phaselens.faults.outcome import Outcome
+from phaselens.faults.params import Params
 from phaselens.faults.parts import CollectorProcess, wait_until
 from phaselens.faults.serving import ClosedLoop, Reply, ServingRig, complete, leave_after_first_chunk, request
 from phaselens.instrumentation import names
@@ -53,12 +53,14 @@ class Served:
     rig: ServingRig
 
     @classmethod
-    def start(cls, pipeline: Pipeline) -> "Served":
+    def start(cls, pipeline: Pipeline) -> Served:
         collector = pipeline.collector("serving")
         collector.start_serving()
         try:
-            return cls(collector, ServingRig(collector.grpc_endpoint, "faults-serving", max_num_seqs=4,
-                                             max_waiting=MAX_WAITING).start())
+            return cls(
+                collector,
+                ServingRig(collector.grpc_endpoint, "faults-serving", max_num_seqs=4, max_waiting=MAX_WAITING).start(),
+            )
         except BaseException:
             collector.stop()
             raise
@@ -70,12 +72,16 @@ class Served:
 
 def _roots(pipeline: Pipeline, service: str, trace_ids: list[str]) -> dict[str, tuple[int, str]]:
     """TraceId → (server root spans stored, its client_disconnected attribute)."""
-    sql = ("SELECT TraceId, count(), any(SpanAttributes[{cd:String}]) FROM {db:Identifier}.otel_traces "
-           "WHERE ServiceName = {s:String} AND SpanKind IN ('Server', 'SPAN_KIND_SERVER') "
-           "AND TraceId IN {ids:Array(String)} GROUP BY TraceId")
+    sql = (
+        "SELECT TraceId, count(), any(SpanAttributes[{cd:String}]) FROM {db:Identifier}.otel_traces "
+        "WHERE ServiceName = {s:String} AND SpanKind IN ('Server', 'SPAN_KIND_SERVER') "
+        "AND TraceId IN {ids:Array(String)} GROUP BY TraceId"
+    )
     with connect(pipeline.clickhouse.url) as client:
-        rows = client.query(sql, parameters={"db": pipeline.database, "s": service, "ids": trace_ids,
-                                             "cd": names.PL_CLIENT_DISCONNECTED}).result_rows
+        rows = client.query(
+            sql,
+            parameters={"db": pipeline.database, "s": service, "ids": trace_ids, "cd": names.PL_CLIENT_DISCONNECTED},
+        ).result_rows
     return {r[0]: (int(r[1]), r[2]) for r in rows}
 
 
@@ -93,8 +99,9 @@ def _settle(pipeline: Pipeline, service: str, trace_ids: list[str]) -> dict[str,
     return found
 
 
-def _outcome(name: str, pipeline: Pipeline, rig: ServingRig, before: dict[str, int], replies: list[Reply],
-             recover_s, **detail) -> Outcome:
+def _outcome(
+    name: str, pipeline: Pipeline, rig: ServingRig, before: dict[str, int], replies: list[Reply], recover_s, **detail
+) -> Outcome:
     """`before`: the telemetry's counters when the scenario began (the server is shared)."""
     rig.telemetry.flush(15)
     after = rig.telemetry.stats()
@@ -102,13 +109,24 @@ def _outcome(name: str, pipeline: Pipeline, rig: ServingRig, before: dict[str, i
     roots = _settle(pipeline, rig.service, [r.trace_id for r in replies])
     stored = {t for t in ok if t in roots}
     errors = [r.error for r in replies if r.status == 0]
-    detail.update(unit="requests", statuses=_statuses(replies),
-                  transport_errors={e: errors.count(e) for e in sorted(set(errors))},
-                  telemetry_spans_dropped=after["spans_dropped"] - before["spans_dropped"],
-                  child_restarts=after.get("child_restarts", 0) - before.get("child_restarts", 0))
-    return Outcome(name, len(replies), len(ok), len(stored), len(ok) - len(stored),
-                   sum(n - 1 for n, _ in roots.values()), sum(r.status == 0 for r in replies),
-                   None if recover_s is None else round(recover_s, 2), detail)
+    detail.update(
+        unit="requests",
+        statuses=_statuses(replies),
+        transport_errors={e: errors.count(e) for e in sorted(set(errors))},
+        telemetry_spans_dropped=after["spans_dropped"] - before["spans_dropped"],
+        child_restarts=after.get("child_restarts", 0) - before.get("child_restarts", 0),
+    )
+    return Outcome(
+        name,
+        len(replies),
+        len(ok),
+        len(stored),
+        len(ok) - len(stored),
+        sum(n - 1 for n, _ in roots.values()),
+        sum(r.status == 0 for r in replies),
+        None if recover_s is None else round(recover_s, 2),
+        detail,
+    )
 
 
 def _statuses(replies: list[Reply]) -> dict[str, int]:
@@ -122,13 +140,16 @@ def _span_copies(pipeline: Pipeline, service: str, trace_ids: list[str]) -> tupl
     """(span rows, rows beyond the first copy) in the traces of `trace_ids`. A replayed request's
     SERVER span repeats its id, its other spans get fresh ids: a trace with its SERVER span n times
     holds n copies of its tree, rows − rows/n of them extra."""
-    sql = ("SELECT sum(rows), sum(if(roots > 1, rows - intDiv(rows, roots), 0)) FROM ("
-           "SELECT count() AS rows, countIf(SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS roots "
-           "FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} AND TraceId IN {ids:Array(String)} "
-           "GROUP BY TraceId)")
+    sql = (
+        "SELECT sum(rows), sum(if(roots > 1, rows - intDiv(rows, roots), 0)) FROM ("
+        "SELECT count() AS rows, countIf(SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS roots "
+        "FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} AND TraceId IN {ids:Array(String)} "
+        "GROUP BY TraceId)"
+    )
     with connect(pipeline.clickhouse.url) as client:
-        rows, extra = client.query(sql, parameters={"db": pipeline.database, "s": service,
-                                                    "ids": trace_ids}).result_rows[0]
+        rows, extra = client.query(
+            sql, parameters={"db": pipeline.database, "s": service, "ids": trace_ids}
+        ).result_rows[0]
     return int(rows), int(extra)
 
 
@@ -145,8 +166,15 @@ def span_builder_killed(pipeline: Pipeline, served: Served, params: Params) -> O
         time.sleep(params.after_s)
     finally:
         replies = load.stop()
-    outcome = _outcome("span_builder_killed", pipeline, rig, before, replies,
-                       None if None in recover else max(recover), kills=params.builder_kills)
+    outcome = _outcome(
+        "span_builder_killed",
+        pipeline,
+        rig,
+        before,
+        replies,
+        None if None in recover else max(recover),
+        kills=params.builder_kills,
+    )
     rows, extra = _span_copies(pipeline, rig.service, [r.trace_id for r in replies])
     replayed = rig.telemetry.stats()["records_replayed"] - before.get("records_replayed", 0)
     outcome.detail.update(request_spans_stored=rows, duplicated_spans=extra, records_replayed=replayed)
@@ -155,6 +183,7 @@ def span_builder_killed(pipeline: Pipeline, served: Served, params: Params) -> O
 
 def _open_loop(url: str, rate_per_s: float, duration_s: float) -> list[Reply]:
     """Requests started at `rate_per_s` whatever the answers (at most MAX_IN_FLIGHT at once)."""
+
     async def run() -> list[Reply]:
         limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
@@ -173,6 +202,7 @@ def _open_loop(url: str, rate_per_s: float, duration_s: float) -> list[Reply]:
                 else:
                     await asyncio.sleep(0.002)
             return list(await asyncio.gather(*tasks))
+
     return asyncio.run(run())
 
 
@@ -228,13 +258,23 @@ def server_overload(pipeline: Pipeline, served: Served, params: Params) -> Outco
     stop.set()
     watcher.join()
     recover_s, probes = _recovery(rig.url, 2 * median_s)
-    return _outcome("server_overload", pipeline, rig, before, [*baseline, *burst, *probes], recover_s,
-                    capacity_req_s=round(capacity, 1), offered_req_s=round(OVERLOAD_FACTOR * capacity, 1),
-                    sent_req_s=round(len(burst) / params.overload_s, 1),  # the client's own limit may be lower
-                    overload_statuses=_statuses(burst), max_waiting_seen=max(waiting), max_waiting=MAX_WAITING,
-                    peak_rss_growth_mb=round(_peak_rss_mb() - rss_before, 1),
-                    median_latency_ms_before=round(median_s * 1000, 1),
-                    median_latency_ms_after=round(probes[-1].latency_s * 1000, 1))
+    return _outcome(
+        "server_overload",
+        pipeline,
+        rig,
+        before,
+        [*baseline, *burst, *probes],
+        recover_s,
+        capacity_req_s=round(capacity, 1),
+        offered_req_s=round(OVERLOAD_FACTOR * capacity, 1),
+        sent_req_s=round(len(burst) / params.overload_s, 1),  # the client's own limit may be lower
+        overload_statuses=_statuses(burst),
+        max_waiting_seen=max(waiting),
+        max_waiting=MAX_WAITING,
+        peak_rss_growth_mb=round(_peak_rss_mb() - rss_before, 1),
+        median_latency_ms_before=round(median_s * 1000, 1),
+        median_latency_ms_after=round(probes[-1].latency_s * 1000, 1),
+    )
 
 
 def client_disconnect(pipeline: Pipeline, served: Served, params: Params) -> Outcome:
@@ -244,8 +284,9 @@ def client_disconnect(pipeline: Pipeline, served: Served, params: Params) -> Out
     freed = wait_until(lambda: rig.kv_blocks_used() == 0 and rig.engine.num_running == 0, 30)
     recover_s = None if freed is None else time.monotonic() - gone
     replies = [Reply(t, 200, 0.0) for t in trace_ids]  # each got its first chunk
-    outcome = _outcome("client_disconnect", pipeline, rig, before, replies, recover_s,
-                       kv_blocks_used_after=rig.kv_blocks_used())
+    outcome = _outcome(
+        "client_disconnect", pipeline, rig, before, replies, recover_s, kv_blocks_used_after=rig.kv_blocks_used()
+    )
     roots = _roots(pipeline, rig.service, trace_ids)
     outcome.detail["spans_marked_disconnected"] = sum(v == "true" for _, v in roots.values())
     return outcome

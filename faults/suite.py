@@ -13,13 +13,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 from phaselens.faults import collector_faults, serving_faults
-from phaselens.faults.params import Params
 from phaselens.faults.outcome import Outcome
+from phaselens.faults.params import Params
 
-SHORT = Params(warm_s=1.0, after_s=0.5, outage_s=2.0, slow_s=2.0, full_s=3.0, spool_cap_bytes=256 << 10,
-               builder_kills=2, capacity_s=1.5, overload_s=1.5, disconnects=3)
-FULL = Params(warm_s=5.0, after_s=5.0, outage_s=30.0, slow_s=20.0, full_s=20.0, builder_kills=3, capacity_s=5.0,
-              overload_s=10.0, disconnects=16)
+SHORT = Params(
+    warm_s=1.0,
+    after_s=0.5,
+    outage_s=2.0,
+    slow_s=2.0,
+    full_s=3.0,
+    spool_cap_bytes=256 << 10,
+    builder_kills=2,
+    capacity_s=1.5,
+    overload_s=1.5,
+    disconnects=3,
+)
+FULL = Params(
+    warm_s=5.0,
+    after_s=5.0,
+    outage_s=30.0,
+    slow_s=20.0,
+    full_s=20.0,
+    builder_kills=3,
+    capacity_s=5.0,
+    overload_s=10.0,
+    disconnects=16,
+)
 
 PIPELINE_SCENARIOS = {
     "no_fault": collector_faults.no_fault,
@@ -36,8 +55,12 @@ SERVING_SCENARIOS = {  # one server for all three (serving_faults.Served), the k
 SCENARIOS = (*PIPELINE_SCENARIOS, *SERVING_SCENARIOS)
 
 
-def run(params: Params, only: tuple[str, ...] = SCENARIOS, work_dir: str | None = None,
-        on_outcome: Callable[[Outcome], None] = lambda outcome: None) -> list[Outcome]:
+def run(
+    params: Params,
+    only: tuple[str, ...] = SCENARIOS,
+    work_dir: str | None = None,
+    on_outcome: Callable[[Outcome], None] = lambda outcome: None,
+) -> list[Outcome]:
     """Runs the chosen scenarios (in SCENARIOS order); each outcome is also passed to `on_outcome`."""
     unknown = set(only) - set(SCENARIOS)
     if unknown:

@@ -18,7 +18,8 @@ builder) when the app returns or raises.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, MutableMapping, Protocol
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
 
 from opentelemetry import context
 

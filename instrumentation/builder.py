@@ -29,8 +29,14 @@ COUNTERS = ("requests_built", "requests_unsampled", "steps_built", "steps_unsamp
 class SpanBuilder:
     """Builds records one at a time on the caller's thread; not thread-safe (one sink thread calls it)."""
 
-    def __init__(self, emitter: SpanEmitter | None, metrics: GenAiServerMetrics, anchor: ClockAnchor,
-                 tracer_provider: Any, token_events: bool) -> None:
+    def __init__(
+        self,
+        emitter: SpanEmitter | None,
+        metrics: GenAiServerMetrics,
+        anchor: ClockAnchor,
+        tracer_provider: Any,
+        token_events: bool,
+    ) -> None:
         self._emitter = emitter  # None: nothing to emit to, every record is unsampled
         self._metrics = metrics
         self._anchor = anchor

@@ -27,11 +27,13 @@ re-raised, as asyncio requires: an outer `asyncio.timeout` or task group still w
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Self
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,10 +41,10 @@ import orjson
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from phaselens.instrumentation import names as N
-from phaselens.instrumentation.clock import ClockAnchor
-from phaselens.instrumentation.client_transport import RECEIPTS, StreamingTransport
 from phaselens.common.quantile import quantile
+from phaselens.instrumentation import names as N
+from phaselens.instrumentation.client_transport import RECEIPTS, StreamingTransport
+from phaselens.instrumentation.clock import ClockAnchor
 from phaselens.instrumentation.sse import DONE, SSEError, SSEParser
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -57,9 +59,12 @@ ERROR_TRUNCATED = "truncated_stream"
 _MAX_ERROR_BODY = 64 * 1024
 _ANCHOR = ClockAnchor.capture(mono_ns=time.perf_counter_ns)
 _REQUEST_ATTRS = (
-    ("max_tokens", N.GEN_AI_REQUEST_MAX_TOKENS), ("max_completion_tokens", N.GEN_AI_REQUEST_MAX_TOKENS),
-    ("temperature", N.GEN_AI_REQUEST_TEMPERATURE), ("top_p", N.GEN_AI_REQUEST_TOP_P),
-    ("top_k", N.GEN_AI_REQUEST_TOP_K), ("seed", N.GEN_AI_REQUEST_SEED),
+    ("max_tokens", N.GEN_AI_REQUEST_MAX_TOKENS),
+    ("max_completion_tokens", N.GEN_AI_REQUEST_MAX_TOKENS),
+    ("temperature", N.GEN_AI_REQUEST_TEMPERATURE),
+    ("top_p", N.GEN_AI_REQUEST_TOP_P),
+    ("top_k", N.GEN_AI_REQUEST_TOP_K),
+    ("seed", N.GEN_AI_REQUEST_SEED),
 )
 
 
@@ -145,8 +150,8 @@ def compute_metrics(result: StreamResult) -> None:
     if result.first_output_ns is not None:
         result.ttfo_ms = (result.first_output_ns - sent) / 1e6
     times, tokens = result.chunk_ns, result.chunk_tokens
-    result.itl_ms = [(b - a) / 1e6 for a, b in zip(times, times[1:])]
-    result.itl_per_token_ms = [gap / max(k, 1) for gap, k in zip(result.itl_ms, tokens[1:])]
+    result.itl_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(times)]
+    result.itl_per_token_ms = [gap / max(k, 1) for gap, k in zip(result.itl_ms, tokens[1:], strict=False)]
     result.counted_tokens = sum(tokens)
     if result.output_tokens is not None:
         result.usage_mismatch = result.output_tokens - result.counted_tokens
@@ -251,10 +256,19 @@ def _capture_enabled() -> bool:
 class TracedClient:
     """Async streaming client; one CLIENT span per request (docs/contracts.md#client-span)."""
 
-    def __init__(self, base_url: str, tracer_provider=None, timeout_s: float = 300.0, meter_provider=None,
-                 headers: dict | None = None, token_counter: Callable[[str], int] | None = None,
-                 provider_name: str = "openai", max_connections: int = 4096, keep_text: bool = False,
-                 clock_ns: Callable[[], int] = time.perf_counter_ns):
+    def __init__(
+        self,
+        base_url: str,
+        tracer_provider=None,
+        timeout_s: float = 300.0,
+        meter_provider=None,
+        headers: dict | None = None,
+        token_counter: Callable[[str], int] | None = None,
+        provider_name: str = "openai",
+        max_connections: int = 4096,
+        keep_text: bool = False,
+        clock_ns: Callable[[], int] = time.perf_counter_ns,
+    ):
         base = base_url.rstrip("/").removesuffix("/v1")
         parts = urlsplit(base)
         self.server_address = parts.hostname or ""
@@ -266,17 +280,22 @@ class TracedClient:
         self._clock_ns = clock_ns
         self._tracer = trace.get_tracer("phaselens.client", tracer_provider=tracer_provider)
         self._duration = metrics.get_meter("phaselens.client", meter_provider=meter_provider).create_histogram(
-            N.METRIC_CLIENT_OPERATION_DURATION, unit="s", description="Request sent → response closed (client).",
-            explicit_bucket_boundaries_advisory=list(N.BUCKETS_DURATION_S))
+            N.METRIC_CLIENT_OPERATION_DURATION,
+            unit="s",
+            description="Request sent → response closed (client).",
+            explicit_bucket_boundaries_advisory=list(N.BUCKETS_DURATION_S),
+        )
         # one lean HTTP/1.1 transport (client_transport): httpx's default one costs ~100 µs of CPU
         # per streamed chunk, and it stamps each network read as the event loop delivers it
         self._urls = {endpoint: httpx.URL(base + path) for endpoint, path in ENDPOINT_PATHS.items()}
         self._http = httpx.AsyncClient(
-            headers={"accept-encoding": "identity", **(headers or {})}, trust_env=False,
+            headers={"accept-encoding": "identity", **(headers or {})},
+            trust_env=False,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            transport=StreamingTransport(max_connections, clock_ns=clock_ns))
+            transport=StreamingTransport(max_connections, clock_ns=clock_ns),
+        )
 
-    async def __aenter__(self) -> "TracedClient":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -292,14 +311,20 @@ class TracedClient:
         `intended_ns` (perf_counter_ns) is when the schedule wanted it sent: it gives schedule lag."""
         if endpoint not in ENDPOINT_PATHS:
             raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}, not {endpoint!r}")
-        body = {**payload, "stream": True,
-                "stream_options": {**(payload.get("stream_options") or {}), "include_usage": True}}
+        body = {
+            **payload,
+            "stream": True,
+            "stream_options": {**(payload.get("stream_options") or {}), "include_usage": True},
+        }
         result = StreamResult(endpoint=endpoint, model=str(payload.get("model", "")), intended_ns=intended_ns)
         capture = _capture_enabled()
         result.sent_ns = self._clock_ns()
         span = self._tracer.start_span(
-            N.root_span_name(OPERATIONS[endpoint], result.model), kind=SpanKind.CLIENT,
-            start_time=_ANCHOR.to_wall_ns(result.sent_ns), attributes=self._request_attributes(endpoint, body))
+            N.root_span_name(OPERATIONS[endpoint], result.model),
+            kind=SpanKind.CLIENT,
+            start_time=_ANCHOR.to_wall_ns(result.sent_ns),
+            attributes=self._request_attributes(endpoint, body),
+        )
         ctx = span.get_span_context()
         if ctx.is_valid:
             result.trace_id, result.span_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
@@ -322,9 +347,13 @@ class TracedClient:
         return result
 
     def _record_duration(self, result: StreamResult) -> None:
-        attrs = {N.GEN_AI_OPERATION_NAME: OPERATIONS[result.endpoint], N.GEN_AI_PROVIDER_NAME: self.provider_name,
-                 N.GEN_AI_REQUEST_MODEL: result.model, N.SERVER_ADDRESS: self.server_address,
-                 N.SERVER_PORT: self.server_port}
+        attrs = {
+            N.GEN_AI_OPERATION_NAME: OPERATIONS[result.endpoint],
+            N.GEN_AI_PROVIDER_NAME: self.provider_name,
+            N.GEN_AI_REQUEST_MODEL: result.model,
+            N.SERVER_ADDRESS: self.server_address,
+            N.SERVER_PORT: self.server_port,
+        }
         if result.error_type is not None:
             attrs[N.ERROR_TYPE] = result.error_type
         self._duration.record(result.elapsed_ms / 1e3, attrs)
@@ -354,9 +383,14 @@ class TracedClient:
             raise StreamFailure(ERROR_TRUNCATED, "stream closed without [DONE] or a finish_reason")
 
     def _request_attributes(self, endpoint: str, body: dict) -> dict:
-        attrs = {N.GEN_AI_OPERATION_NAME: OPERATIONS[endpoint], N.GEN_AI_PROVIDER_NAME: self.provider_name,
-                 N.GEN_AI_REQUEST_MODEL: str(body.get("model", "")), N.GEN_AI_REQUEST_STREAM: True,
-                 N.SERVER_ADDRESS: self.server_address, N.SERVER_PORT: self.server_port}
+        attrs = {
+            N.GEN_AI_OPERATION_NAME: OPERATIONS[endpoint],
+            N.GEN_AI_PROVIDER_NAME: self.provider_name,
+            N.GEN_AI_REQUEST_MODEL: str(body.get("model", "")),
+            N.GEN_AI_REQUEST_STREAM: True,
+            N.SERVER_ADDRESS: self.server_address,
+            N.SERVER_PORT: self.server_port,
+        }
         for key, attr in _REQUEST_ATTRS:
             if isinstance(body.get(key), (int, float)) and not isinstance(body[key], bool):
                 attrs[attr] = body[key]
@@ -367,9 +401,11 @@ class TracedClient:
     def _end_span(self, span, result: StreamResult, capture: bool) -> None:
         result.sent_wall_ns = _ANCHOR.to_wall_ns(result.sent_ns)
         result.done_wall_ns = _ANCHOR.to_wall_ns(result.done_ns)
-        for name, stamp in ((N.EVENT_FIRST_CHUNK, result.first_chunk_ns),
-                            (N.EVENT_FIRST_OUTPUT, result.first_output_ns),
-                            (N.EVENT_LAST_CHUNK, result.last_chunk_ns)):
+        for name, stamp in (
+            (N.EVENT_FIRST_CHUNK, result.first_chunk_ns),
+            (N.EVENT_FIRST_OUTPUT, result.first_output_ns),
+            (N.EVENT_LAST_CHUNK, result.last_chunk_ns),
+        ):
             if stamp is not None:
                 span.add_event(name, timestamp=_ANCHOR.to_wall_ns(stamp))
         span.set_attributes(_result_attributes(result))
@@ -385,23 +421,30 @@ def _result_attributes(result: StreamResult) -> dict:
     """Span attributes of the response (None values are left out, as OTel requires)."""
     itl, per_token = sorted(result.itl_ms), sorted(result.itl_per_token_ms)
     attrs = {
-        N.GEN_AI_RESPONSE_ID: result.response_id, N.GEN_AI_RESPONSE_MODEL: result.response_model,
+        N.GEN_AI_RESPONSE_ID: result.response_id,
+        N.GEN_AI_RESPONSE_MODEL: result.response_model,
         N.GEN_AI_RESPONSE_FINISH_REASONS: tuple(result.finish_reasons) or None,
         N.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: None if result.ttft_ms is None else result.ttft_ms / 1e3,
-        N.GEN_AI_USAGE_INPUT_TOKENS: result.input_tokens, N.GEN_AI_USAGE_OUTPUT_TOKENS: result.output_tokens,
+        N.GEN_AI_USAGE_INPUT_TOKENS: result.input_tokens,
+        N.GEN_AI_USAGE_OUTPUT_TOKENS: result.output_tokens,
         N.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: result.reasoning_tokens,
         N.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: result.cached_tokens,
-        N.PL_CLIENT_TTFT_MS: result.ttft_ms, N.PL_CLIENT_TTFO_MS: result.ttfo_ms,
-        N.PL_CLIENT_TPOT_MS: result.tpot_ms, N.PL_CLIENT_E2E_MS: result.e2e_ms,
-        N.PL_CLIENT_ITL_P50_MS: quantile(itl, 0.5), N.PL_CLIENT_ITL_P99_MS: quantile(itl, 0.99),
+        N.PL_CLIENT_TTFT_MS: result.ttft_ms,
+        N.PL_CLIENT_TTFO_MS: result.ttfo_ms,
+        N.PL_CLIENT_TPOT_MS: result.tpot_ms,
+        N.PL_CLIENT_E2E_MS: result.e2e_ms,
+        N.PL_CLIENT_ITL_P50_MS: quantile(itl, 0.5),
+        N.PL_CLIENT_ITL_P99_MS: quantile(itl, 0.99),
         N.PL_CLIENT_ITL_MAX_MS: itl[-1] if itl else None,
         N.PL_CLIENT_ITL_TOKEN_P50_MS: quantile(per_token, 0.5),
         N.PL_CLIENT_ITL_TOKEN_P99_MS: quantile(per_token, 0.99),
-        N.PL_CLIENT_CHUNKS: len(result.chunk_ns), N.PL_CLIENT_COUNTED_TOKENS: result.counted_tokens,
+        N.PL_CLIENT_CHUNKS: len(result.chunk_ns),
+        N.PL_CLIENT_COUNTED_TOKENS: result.counted_tokens,
         N.PL_CLIENT_USAGE_MISMATCH: result.usage_mismatch,
         N.PL_CLIENT_INTENDED_DELAY_MS: result.schedule_lag_ms,
         N.PL_CLIENT_OUTCOME: N.OUTCOME_NO_OUTPUT if result.no_output else None,
-        N.PL_CLIENT_SENT_WALL_NS: result.sent_wall_ns, N.PL_CLIENT_DONE_WALL_NS: result.done_wall_ns,
+        N.PL_CLIENT_SENT_WALL_NS: result.sent_wall_ns,
+        N.PL_CLIENT_DONE_WALL_NS: result.done_wall_ns,
     }
     return {k: v for k, v in attrs.items() if v is not None}
 

@@ -21,8 +21,8 @@ import asyncio
 import collections
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import httpx
 
@@ -215,12 +215,12 @@ class ChunkedDecoder:
             # the common read: whole chunks `size CRLF payload CRLF`, decoded without the state machine
             end = data.find(b"\r\n")
             size = _hex_size(data[:end]) if 0 < end <= 16 else None
-            if size and data[end + 2 + size:end + 4 + size] == b"\r\n" and len(data) == end + 4 + size:
-                return data[end + 2:end + 2 + size]
+            if size and data[end + 2 + size : end + 4 + size] == b"\r\n" and len(data) == end + 4 + size:
+                return data[end + 2 : end + 2 + size]
         buf, pos, out = self._buf + data if self._buf else data, 0, []
         while not self.done:
             if self._left:
-                piece = buf[pos:pos + self._left]
+                piece = buf[pos : pos + self._left]
                 out.append(piece)
                 pos += len(piece)
                 self._left -= len(piece)
@@ -230,7 +230,7 @@ class ChunkedDecoder:
             if self._crlf:
                 if len(buf) - pos < 2:
                     break
-                if buf[pos:pos + 2] != b"\r\n":
+                if buf[pos : pos + 2] != b"\r\n":
                     raise ValueError("chunk payload not followed by CRLF")
                 pos, self._crlf = pos + 2, False
             end = buf.find(b"\r\n", pos)
@@ -256,7 +256,7 @@ class ChunkedDecoder:
 class _Body(httpx.AsyncByteStream):
     """The response body; returns its connection to the pool when closed after a complete read."""
 
-    pool: "StreamingTransport"
+    pool: StreamingTransport
     conn: _Connection
     request: httpx.Request
     framing: str  # "chunked" | "length" | "close" | "none"
@@ -296,7 +296,7 @@ class _Body(httpx.AsyncByteStream):
             self.complete, self.reusable = self.decoder.done, self.reusable and not self.decoder.extra
             return payload
         if self.framing == "length":
-            payload = data[:self.length]
+            payload = data[: self.length]
             self.length -= len(payload)
             self.complete, self.reusable = self.length == 0, self.reusable and len(payload) == len(data)
             return payload
@@ -304,8 +304,9 @@ class _Body(httpx.AsyncByteStream):
 
     def _at_eof(self) -> None:
         if self.framing != "close":
-            raise httpx.RemoteProtocolError(f"peer closed connection without sending complete message body "
-                                            f"({self.framing})", request=self.request)
+            raise httpx.RemoteProtocolError(
+                f"peer closed connection without sending complete message body ({self.framing})", request=self.request
+            )
         self.complete, self.reusable = True, False
 
     async def aclose(self) -> None:
@@ -317,8 +318,12 @@ class _Body(httpx.AsyncByteStream):
 class StreamingTransport(httpx.AsyncBaseTransport):
     """httpx transport: HTTP/1.1 with keep-alive, at most `max_connections` open connections."""
 
-    def __init__(self, max_connections: int = 4096, ssl_context: ssl.SSLContext | None = None,
-                 clock_ns: Callable[[], int] = time.perf_counter_ns):
+    def __init__(
+        self,
+        max_connections: int = 4096,
+        ssl_context: ssl.SSLContext | None = None,
+        clock_ns: Callable[[], int] = time.perf_counter_ns,
+    ):
         self.max_connections = max_connections
         self._ssl = ssl_context
         self._clock_ns = clock_ns
@@ -340,8 +345,12 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         if body_start is not None:
             conn.unread(*body_start)
             body.reusable = body.reusable and body.framing != "none"  # bytes beyond an empty body
-        return httpx.Response(head.status, headers=head.headers, stream=body, extensions={
-            "http_version": head.version, "reason_phrase": head.reason, RECEIPTS: body})
+        return httpx.Response(
+            head.status,
+            headers=head.headers,
+            stream=body,
+            extensions={"http_version": head.version, "reason_phrase": head.reason, RECEIPTS: body},
+        )
 
     async def aclose(self) -> None:
         self._closed = True
@@ -394,8 +403,13 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                _, conn = await loop.create_connection(lambda: _Connection(origin, self._clock_ns, self._recv), host, port,
-                                                       ssl=tls, server_hostname=host if tls else None)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(origin, self._clock_ns, self._recv),
+                    host,
+                    port,
+                    ssl=tls,
+                    server_hostname=host if tls else None,
+                )
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connect to {host}:{port} took over {timeout_s} s", request=request) from None
         except OSError as exc:
@@ -417,8 +431,9 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         if chunked:
             await conn.write(b"0\r\n\r\n", timeout_s, request)
 
-    async def _read_head(self, conn: _Connection, request: httpx.Request,
-                         timeout_s: float | None) -> tuple[_Head, tuple[int, bytes] | None]:
+    async def _read_head(
+        self, conn: _Connection, request: httpx.Request, timeout_s: float | None
+    ) -> tuple[_Head, tuple[int, bytes] | None]:
         """The final response head (1xx interim responses skipped) and the bytes read past it."""
         buf, stamp = b"", 0
         while True:
@@ -428,11 +443,10 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                     raise httpx.RemoteProtocolError("response head too long", request=request)
                 stamp, data = await conn.read(timeout_s, request)
                 if not data:
-                    raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
-                                                    request=request)
+                    raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
                 buf += data
                 continue
-            head, buf = _parse_head(buf[:end], request), buf[end + 4:]
+            head, buf = _parse_head(buf[:end], request), buf[end + 4 :]
             if head.status == 101:
                 raise httpx.RemoteProtocolError("protocol upgrade is not supported", request=request)
             if head.status >= 200:
@@ -440,8 +454,11 @@ class StreamingTransport(httpx.AsyncBaseTransport):
 
     def _body(self, conn: _Connection, request: httpx.Request, head: _Head, timeout_s: float | None) -> _Body:
         """Body framing by RFC 9112 §6.3; keep-alive only for HTTP/1.1 without `Connection: close`."""
-        tokens = {t.strip().lower() for v in head.values(b"connection") + request.headers.get_list("connection")
-                  for t in (v.split(b",") if isinstance(v, bytes) else v.encode().split(b","))}
+        tokens = {
+            t.strip().lower()
+            for v in head.values(b"connection") + request.headers.get_list("connection")
+            for t in (v.split(b",") if isinstance(v, bytes) else v.encode().split(b","))
+        }
         reusable = head.version == b"HTTP/1.1" and b"close" not in tokens
         body = _Body(self, conn, request, "close", reusable=reusable, read_timeout_s=timeout_s)
         if request.method == "HEAD" or head.status in _NO_BODY_STATUS:

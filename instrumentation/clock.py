@@ -12,8 +12,8 @@ two spans 5 ms apart on the monotonic clock are 5 ms apart on the exported timel
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 ClockNs = Callable[[], int]
 
@@ -26,7 +26,7 @@ class ClockAnchor:
     wall_ns: int
 
     @classmethod
-    def capture(cls, mono_ns: ClockNs = time.monotonic_ns, wall_ns: ClockNs = time.time_ns) -> "ClockAnchor":
+    def capture(cls, mono_ns: ClockNs = time.monotonic_ns, wall_ns: ClockNs = time.time_ns) -> ClockAnchor:
         return cls(mono_ns=mono_ns(), wall_ns=wall_ns())
 
     def to_wall_ns(self, mono_ns: int) -> int:

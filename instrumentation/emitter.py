@@ -15,7 +15,8 @@ exists to hand over) and the deprecated `instrumentation_info`.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
@@ -41,7 +42,7 @@ class SpanEmitter:
         self.emitted = 0
 
     @classmethod
-    def of_provider(cls, tracer_provider: Any, limits: SpanLimits | None = None) -> "SpanEmitter | None":
+    def of_provider(cls, tracer_provider: Any, limits: SpanLimits | None = None) -> SpanEmitter | None:
         """None for a provider with nothing to emit to (the API's no-op or proxy provider, or the SDK
         with OTEL_SDK_DISABLED): its requests are then unsampled. `limits` default: the SDK's own
         default, read from the environment as a TracerProvider without `span_limits` reads it."""
@@ -50,28 +51,56 @@ class SpanEmitter:
             return None
         return cls(tracer, limits or SpanLimits())
 
-    def span(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int, end_ns: int,
-             attributes: dict[str, Any] | None = None, *, kind: SpanKind = SpanKind.INTERNAL,
-             events: Sequence[Event] = (), links: Sequence[Link] = (), status: Status = UNSET) -> ReadableSpan:
+    def span(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any] | None = None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        events: Sequence[Event] = (),
+        links: Sequence[Link] = (),
+        status: Status = UNSET,
+    ) -> ReadableSpan:
         limits = self.limits
         return ReadableSpan(
-            name=name, context=context, parent=parent, resource=self._tracer.resource,
-            attributes=BoundedAttributes(limits.max_span_attributes, attributes, immutable=True,
-                                         max_value_len=limits.max_span_attribute_length),
+            name=name,
+            context=context,
+            parent=parent,
+            resource=self._tracer.resource,
+            attributes=BoundedAttributes(
+                limits.max_span_attributes, attributes, immutable=True, max_value_len=limits.max_span_attribute_length
+            ),
             events=BoundedList.from_seq(limits.max_events, events),
             links=BoundedList.from_seq(limits.max_links, links),
-            kind=kind, status=status, start_time=start_ns, end_time=end_ns, instrumentation_scope=self.scope)
+            kind=kind,
+            status=status,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=self.scope,
+        )
 
     def event(self, name: str, attributes: dict[str, Any], timestamp_ns: int) -> Event:
         limits = self.limits
-        return Event(name, BoundedAttributes(limits.max_event_attributes, attributes, immutable=True,
-                                             max_value_len=limits.max_attribute_length), timestamp_ns)
+        return Event(
+            name,
+            BoundedAttributes(
+                limits.max_event_attributes, attributes, immutable=True, max_value_len=limits.max_attribute_length
+            ),
+            timestamp_ns,
+        )
 
     def link(self, trace_id: int, span_id: int, trace_flags: int) -> Link:
         limits = self.limits
-        return Link(SpanContext(trace_id, span_id, False, TraceFlags(trace_flags)),
-                    BoundedAttributes(limits.max_link_attributes, None, immutable=True,
-                                      max_value_len=limits.max_attribute_length))
+        return Link(
+            SpanContext(trace_id, span_id, False, TraceFlags(trace_flags)),
+            BoundedAttributes(
+                limits.max_link_attributes, None, immutable=True, max_value_len=limits.max_attribute_length
+            ),
+        )
 
     def emit(self, spans: Iterable[ReadableSpan]) -> None:
         """Each span to the processors, in order (children before their parent, as they would end)."""

@@ -50,7 +50,7 @@ class BatchSettings:
     schedule_delay_ms: int = 5000
 
     @classmethod
-    def from_env(cls) -> "BatchSettings":
+    def from_env(cls) -> BatchSettings:
         queue = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
         batch = min(queue, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
         return cls(queue, batch, _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000))

@@ -3,7 +3,8 @@ request, sampled or not (sampling thins traces, never metrics)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
@@ -17,26 +18,41 @@ class GenAiServerMetrics:
     """gen_ai.server.time_to_first_token, .time_per_output_token, .request.duration, and the
     `phaselens.telemetry.dropped` counter fed from `drop_counts()`."""
 
-    __slots__ = ("_ttft", "_tpot", "_duration", "_drop_counts")
+    __slots__ = ("_drop_counts", "_duration", "_tpot", "_ttft")
 
     def __init__(self, meter_provider: MeterProvider, drop_counts: Callable[[], dict[str, int]]) -> None:
         meter = meter_provider.get_meter(names.SERVER_SCOPE)
-        self._ttft = meter.create_histogram(names.METRIC_SERVER_TTFT, unit="s",
-                                            description="Time to generate the first token (server).",
-                                            explicit_bucket_boundaries_advisory=list(names.BUCKETS_TTFT_S))
-        self._tpot = meter.create_histogram(names.METRIC_SERVER_TPOT, unit="s",
-                                            description="Time per output token after the first (server).",
-                                            explicit_bucket_boundaries_advisory=list(names.BUCKETS_TPOT_S))
-        self._duration = meter.create_histogram(names.METRIC_SERVER_REQUEST_DURATION, unit="s",
-                                                description="Request received → response closed (server).",
-                                                explicit_bucket_boundaries_advisory=list(names.BUCKETS_DURATION_S))
+        self._ttft = meter.create_histogram(
+            names.METRIC_SERVER_TTFT,
+            unit="s",
+            description="Time to generate the first token (server).",
+            explicit_bucket_boundaries_advisory=list(names.BUCKETS_TTFT_S),
+        )
+        self._tpot = meter.create_histogram(
+            names.METRIC_SERVER_TPOT,
+            unit="s",
+            description="Time per output token after the first (server).",
+            explicit_bucket_boundaries_advisory=list(names.BUCKETS_TPOT_S),
+        )
+        self._duration = meter.create_histogram(
+            names.METRIC_SERVER_REQUEST_DURATION,
+            unit="s",
+            description="Request received → response closed (server).",
+            explicit_bucket_boundaries_advisory=list(names.BUCKETS_DURATION_S),
+        )
         self._drop_counts = drop_counts
-        meter.create_observable_counter(names.METRIC_TELEMETRY_DROPPED, callbacks=[self._observe_drops],
-                                        unit="{item}", description="Telemetry records or spans phaselens lost.")
+        meter.create_observable_counter(
+            names.METRIC_TELEMETRY_DROPPED,
+            callbacks=[self._observe_drops],
+            unit="{item}",
+            description="Telemetry records or spans phaselens lost.",
+        )
 
     def _observe_drops(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(count, {names.PL_TELEMETRY_DROP_REASON: reason})
-                for reason, count in self._drop_counts().items()]
+        return [
+            Observation(count, {names.PL_TELEMETRY_DROP_REASON: reason})
+            for reason, count in self._drop_counts().items()
+        ]
 
     def record(self, record: RequestRecord, phases: Phases) -> None:
         attributes = metric_attributes(record)

@@ -10,7 +10,8 @@ freezes the handle into a `record.RequestRecord` and submits it, exactly once.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -28,7 +29,7 @@ class Closer:
     engine stamps `finished`, or `grace_ns` after `responded`, so no timeline is frozen while it is
     written. `expire()` runs on the sink's thread at each wake-up, and at flush and stop."""
 
-    __slots__ = ("_submit", "_clock_ns", "grace_ns", "_waiting")
+    __slots__ = ("_clock_ns", "_submit", "_waiting", "grace_ns")
 
     def __init__(self, submit: Callable[[RequestRecord], Any], clock_ns: ClockNs, grace_ns: int) -> None:
         self._submit = submit
@@ -36,7 +37,7 @@ class Closer:
         self.grace_ns = grace_ns
         self._waiting: dict[int, ServerRequest] = {}  # added on the event loop, taken by expire()
 
-    def closed(self, handle: "ServerRequest") -> None:
+    def closed(self, handle: ServerRequest) -> None:
         if handle.engine_done:
             self._submit(handle.freeze())
         else:
@@ -61,12 +62,35 @@ class ServerRequest(RequestTimeline):
     """observer.RequestHandle for one request of this server. The timeline's content-chunk stamps
     are written here, on the event loop: by the API layer (`output_ready`) and the middleware."""
 
-    __slots__ = ("root", "parent", "link", "span", "context", "info", "outcome", "http", "managed",
-                 "capture_content", "output_pending", "_closer", "_closed")
+    __slots__ = (
+        "_closed",
+        "_closer",
+        "capture_content",
+        "context",
+        "http",
+        "info",
+        "link",
+        "managed",
+        "outcome",
+        "output_pending",
+        "parent",
+        "root",
+        "span",
+    )
 
-    def __init__(self, root: SpanIds, parent: SpanIds | None, incoming: Context, closer: Closer, http: HttpFacts, *,
-                 capture_content: bool, clock_ns: ClockNs = time.monotonic_ns, received_ns: int | None = None,
-                 managed: bool = False) -> None:
+    def __init__(
+        self,
+        root: SpanIds,
+        parent: SpanIds | None,
+        incoming: Context,
+        closer: Closer,
+        http: HttpFacts,
+        *,
+        capture_content: bool,
+        clock_ns: ClockNs = time.monotonic_ns,
+        received_ns: int | None = None,
+        managed: bool = False,
+    ) -> None:
         RequestTimeline.__init__(self, clock_ns, received_ns)
         self.root = root
         self.parent = parent  # the remote parent's ids, or None
@@ -87,22 +111,55 @@ class ServerRequest(RequestTimeline):
     def sampled(self) -> bool:
         return self.root.sampled
 
-    def describe(self, operation: str, model: str, request_id: str | None = None,
-                 input_tokens: int | None = None, max_tokens: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                 seed: int | None = None, stream: bool | None = None, prompt: Any = None) -> None:
+    def describe(
+        self,
+        operation: str,
+        model: str,
+        request_id: str | None = None,
+        input_tokens: int | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stream: bool | None = None,
+        prompt: Any = None,
+    ) -> None:
         """The request as the API layer parsed it; `prompt` (str or chat messages) is kept only with
         content capture on."""
-        self.info = RequestInfo(operation, model, request_id, input_tokens, max_tokens, temperature,
-                                top_p, top_k, seed, stream, prompt if self.capture_content else None)
+        self.info = RequestInfo(
+            operation,
+            model,
+            request_id,
+            input_tokens,
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            stream,
+            prompt if self.capture_content else None,
+        )
 
-    def complete(self, output_tokens: int | None = None, finish_reason: str | None = None,
-                 cached_tokens: int = 0, reasoning_tokens: int = 0, completion: str | None = None) -> None:
+    def complete(
+        self,
+        output_tokens: int | None = None,
+        finish_reason: str | None = None,
+        cached_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        completion: str | None = None,
+    ) -> None:
         """Usage as reported to the client. Without middleware this also closes the request."""
         failed = self.outcome
-        self.outcome = RequestOutcome(output_tokens, finish_reason, cached_tokens, reasoning_tokens,
-                                      completion if self.capture_content else None,
-                                      failed.error_type, failed.status_code)
+        self.outcome = RequestOutcome(
+            output_tokens,
+            finish_reason,
+            cached_tokens,
+            reasoning_tokens,
+            completion if self.capture_content else None,
+            failed.error_type,
+            failed.status_code,
+        )
         if not self.managed:
             self.close()
 
@@ -145,9 +202,24 @@ class ServerRequest(RequestTimeline):
 
     def freeze(self) -> RequestRecord:
         """The request as a frozen record (the timeline arrays copied into read-only int64 views)."""
-        return RequestRecord(self.root, self.parent, self.received_ns, self.enqueued_ns, self.first_token_ns,
-                             self.finished_ns, self.responded_ns, self.output_ready_ns, self.first_chunk_ns,
-                             self.first_chunk_sent_ns, self.last_chunk_ns, self.finish_reason,
-                             int64s(self.waits.tobytes()), int64s(self.chunks.tobytes()),
-                             int64s(self.token_ns.tobytes()), int64s(self.token_n.tobytes()),
-                             self.info, self.outcome, self.http)
+        return RequestRecord(
+            self.root,
+            self.parent,
+            self.received_ns,
+            self.enqueued_ns,
+            self.first_token_ns,
+            self.finished_ns,
+            self.responded_ns,
+            self.output_ready_ns,
+            self.first_chunk_ns,
+            self.first_chunk_sent_ns,
+            self.last_chunk_ns,
+            self.finish_reason,
+            int64s(self.waits.tobytes()),
+            int64s(self.chunks.tobytes()),
+            int64s(self.token_ns.tobytes()),
+            int64s(self.token_n.tobytes()),
+            self.info,
+            self.outcome,
+            self.http,
+        )

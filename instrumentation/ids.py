@@ -45,11 +45,13 @@ class RootDecider:
         self._ids = ids
 
     @classmethod
-    def of_provider(cls, tracer_provider: Any) -> "RootDecider":
+    def of_provider(cls, tracer_provider: Any) -> RootDecider:
         """An SDK provider's sampler and id generator (public attributes); for another provider the
         OTEL_TRACES_SAMPLER sampler and random ids."""
-        return cls(getattr(tracer_provider, "sampler", None) or _get_from_env_or_default(),
-                   getattr(tracer_provider, "id_generator", None) or RandomIdGenerator())
+        return cls(
+            getattr(tracer_provider, "sampler", None) or _get_from_env_or_default(),
+            getattr(tracer_provider, "id_generator", None) or RandomIdGenerator(),
+        )
 
     def decide(self, parent: Context, name: str) -> tuple[SpanIds, SpanIds | None]:
         """(the SERVER span's ids, the remote parent's or None)."""
@@ -61,6 +63,7 @@ class RootDecider:
         result = self._sampler.should_sample(parent, trace_id, name, SpanKind.SERVER)
         random_trace_id = remote.trace_flags.random_trace_id if valid else self._ids.is_trace_id_random()
         state = result.trace_state.to_header() if result.trace_state is not None else ""
-        root = SpanIds(trace_id, self._ids.generate_span_id(),
-                       child_flags(result.decision.is_sampled(), random_trace_id), state)
+        root = SpanIds(
+            trace_id, self._ids.generate_span_id(), child_flags(result.decision.is_sampled(), random_trace_id), state
+        )
         return root, span_ids(remote) if valid else None

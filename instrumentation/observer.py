@@ -14,7 +14,8 @@ Every method must be safe to call on the loop thread: no I/O, no lock, no except
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -72,14 +73,30 @@ class RequestHandle(RequestObserver, Protocol):
     stamps plus the request's description and outcome. `complete`/`fail` also close the request
     when no ingress middleware does."""
 
-    def describe(self, operation: str, model: str, request_id: str | None = None,
-                 input_tokens: int | None = None, max_tokens: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                 seed: int | None = None, stream: bool | None = None, prompt: Any = None) -> None:
+    def describe(
+        self,
+        operation: str,
+        model: str,
+        request_id: str | None = None,
+        input_tokens: int | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stream: bool | None = None,
+        prompt: Any = None,
+    ) -> None:
         """The request as parsed (GenAI request attributes); `prompt` is kept only with content capture on."""
 
-    def complete(self, output_tokens: int | None = None, finish_reason: str | None = None,
-                 cached_tokens: int = 0, reasoning_tokens: int = 0, completion: str | None = None) -> None:
+    def complete(
+        self,
+        output_tokens: int | None = None,
+        finish_reason: str | None = None,
+        cached_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        completion: str | None = None,
+    ) -> None:
         """Usage as reported to the client."""
 
     def fail(self, error_type: str, status_code: int | None = None) -> None:
@@ -107,13 +124,29 @@ class NullRequest:
     def preempted(self) -> None: ...
     def finished(self, reason: str) -> None: ...
 
-    def describe(self, operation: str, model: str, request_id: str | None = None,
-                 input_tokens: int | None = None, max_tokens: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                 seed: int | None = None, stream: bool | None = None, prompt: Any = None) -> None: ...
+    def describe(
+        self,
+        operation: str,
+        model: str,
+        request_id: str | None = None,
+        input_tokens: int | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stream: bool | None = None,
+        prompt: Any = None,
+    ) -> None: ...
 
-    def complete(self, output_tokens: int | None = None, finish_reason: str | None = None,
-                 cached_tokens: int = 0, reasoning_tokens: int = 0, completion: str | None = None) -> None: ...
+    def complete(
+        self,
+        output_tokens: int | None = None,
+        finish_reason: str | None = None,
+        cached_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        completion: str | None = None,
+    ) -> None: ...
 
     def fail(self, error_type: str, status_code: int | None = None) -> None: ...
     def output_ready(self) -> None: ...
@@ -122,8 +155,18 @@ class NullRequest:
 class NullStepObserver:
     __slots__ = ()
 
-    def step(self, start_ns, end_ns, prefill_tokens, decode_tokens, kv_blocks_used,
-             kv_blocks_total, preemptions, queue_depth, requests) -> None: ...
+    def step(
+        self,
+        start_ns,
+        end_ns,
+        prefill_tokens,
+        decode_tokens,
+        kv_blocks_used,
+        kv_blocks_total,
+        preemptions,
+        queue_depth,
+        requests,
+    ) -> None: ...
 
 
 NULL_REQUEST = NullRequest()

@@ -34,7 +34,7 @@ PROTOCOL_HTTP = "http/protobuf"
 _DEFAULT_PROTOCOL = PROTOCOL_HTTP
 
 
-_counts_by_provider: "weakref.WeakKeyDictionary[object, list[ExportCounts]]" = weakref.WeakKeyDictionary()
+_counts_by_provider: weakref.WeakKeyDictionary[object, list[ExportCounts]] = weakref.WeakKeyDictionary()
 
 
 def add_counting_processor(tracer_provider: TracerProvider, exporter: SpanExporter) -> ExportCounts:
@@ -53,10 +53,12 @@ def export_positions(tracer_provider: object) -> list[ExportCounts]:
 def export_counters(tracer_provider: object) -> dict[str, int]:
     """Sum of the counts of every counting processor on this provider (zeros when none)."""
     counts = _counts_by_provider.get(tracer_provider, []) if tracer_provider is not None else []
-    return {"export_exported": sum(c.exported for c in counts),
-            "export_failed": sum(c.failed for c in counts),
-            "export_dropped": sum(c.dropped for c in counts),
-            "export_suppressed": sum(c.suppressed for c in counts)}
+    return {
+        "export_exported": sum(c.exported for c in counts),
+        "export_failed": sum(c.failed for c in counts),
+        "export_dropped": sum(c.dropped for c in counts),
+        "export_suppressed": sum(c.suppressed for c in counts),
+    }
 
 
 @dataclass(slots=True)
@@ -75,8 +77,15 @@ def _choices(variable: str) -> list[str]:
 
 
 def _protocol(signal: str) -> str:
-    value = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
-             or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or _DEFAULT_PROTOCOL).strip().lower()
+    value = (
+        (
+            os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or _DEFAULT_PROTOCOL
+        )
+        .strip()
+        .lower()
+    )
     if value not in (PROTOCOL_GRPC, PROTOCOL_HTTP):
         raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={value!r}: expected {PROTOCOL_GRPC} or {PROTOCOL_HTTP}")
     return value
@@ -100,14 +109,18 @@ def otlp_metric_exporter():
 
 def _span_exporters() -> list[SpanExporter]:
     factories = {"otlp": otlp_span_exporter, "console": ConsoleSpanExporter}
-    return [_pick(factories, name, "OTEL_TRACES_EXPORTER")() for name in _choices("OTEL_TRACES_EXPORTER")
-            if name != "none"]
+    return [
+        _pick(factories, name, "OTEL_TRACES_EXPORTER")() for name in _choices("OTEL_TRACES_EXPORTER") if name != "none"
+    ]
 
 
 def _metric_readers() -> list[MetricReader]:
     factories = {"otlp": otlp_metric_exporter, "console": ConsoleMetricExporter}
-    return [PeriodicExportingMetricReader(_pick(factories, name, "OTEL_METRICS_EXPORTER")())
-            for name in _choices("OTEL_METRICS_EXPORTER") if name != "none"]
+    return [
+        PeriodicExportingMetricReader(_pick(factories, name, "OTEL_METRICS_EXPORTER")())
+        for name in _choices("OTEL_METRICS_EXPORTER")
+        if name != "none"
+    ]
 
 
 def _pick(factories: dict, name: str, variable: str):
@@ -123,8 +136,13 @@ def make_resource(service_name: str) -> Resource:
     return from_env if named else from_env.merge(Resource({SERVICE_NAME: service_name}))
 
 
-def configure(service_name: str, *, set_global: bool = True, sampler: Sampler | None = None,
-              id_generator: IdGenerator | None = None) -> Providers:
+def configure(
+    service_name: str,
+    *,
+    set_global: bool = True,
+    sampler: Sampler | None = None,
+    id_generator: IdGenerator | None = None,
+) -> Providers:
     """Tracer and meter providers from the OTEL_* environment (see module docstring).
 
     With `set_global` they also become the process's global providers (only the first call in a

@@ -41,6 +41,7 @@ Boundaries (monotonic ns of one process):
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from phaselens.common.quantile import quantile
@@ -123,7 +124,7 @@ def closed_waits(timeline: Timeline, end_ns: int) -> list[tuple[int, int]]:
     waits = list(timeline.waits)
     if len(waits) % 2:
         waits.append(max(end_ns, waits[-1]))
-    return list(zip(waits[0::2], waits[1::2]))
+    return list(zip(waits[0::2], waits[1::2], strict=False))
 
 
 def compute_phases(timeline: Timeline) -> Phases:
@@ -153,7 +154,7 @@ def compute_phases(timeline: Timeline) -> Phases:
     p.decode_tokens = sum(timeline.token_n)
     p.decode_steps = len(timeline.token_ns)
     stamps = [ft, *timeline.token_ns]
-    p.itl_ns = [b - a for a, b in zip(stamps, stamps[1:])]
+    p.itl_ns = [b - a for a, b in itertools.pairwise(stamps)]
     _first_chunk(p, timeline)
     return p
 

@@ -11,8 +11,8 @@ replayable (lost if that child dies before reporting it). Used by the shipper th
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 
 # ~64k requests at ~1 KiB a frame: minutes of records at a few hundred requests/s, enough to ride out
 # the longest restart backoff (30 s); memory a serving process can spare, and a replay the child

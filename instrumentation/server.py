@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, MutableMapping
+from collections.abc import MutableMapping
+from typing import Any
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import MeterProvider
@@ -78,20 +79,28 @@ class ServerTelemetry:
     process's service name when OTEL_SERVICE_NAME does not set one.
     """
 
-    def __init__(self, tracer_provider: TracerProvider | None = None,
-                 meter_provider: MeterProvider | None = None, *,
-                 clock_ns: ClockNs = time.monotonic_ns, anchor: ClockAnchor | None = None,
-                 queue_capacity: int = DEFAULT_QUEUE_CAPACITY, capture_content: bool | None = None,
-                 token_events: bool | None = None, poll_interval_s: float = 0.02,
-                 engine_grace_s: float = 5.0, owns_providers: bool = False, builder: str = BUILDER_THREAD,
-                 service_name: str = names.SERVER_SERVICE_NAME) -> None:
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        *,
+        clock_ns: ClockNs = time.monotonic_ns,
+        anchor: ClockAnchor | None = None,
+        queue_capacity: int = DEFAULT_QUEUE_CAPACITY,
+        capture_content: bool | None = None,
+        token_events: bool | None = None,
+        poll_interval_s: float = 0.02,
+        engine_grace_s: float = 5.0,
+        owns_providers: bool = False,
+        builder: str = BUILDER_THREAD,
+        service_name: str = names.SERVER_SERVICE_NAME,
+    ) -> None:
         if builder not in (BUILDER_THREAD, BUILDER_PROCESS):
             raise ValueError(f"builder={builder!r}: expected {BUILDER_THREAD!r} or {BUILDER_PROCESS!r}")
         self.tracer_provider = tracer_provider or trace.get_tracer_provider()
         self.meter_provider = meter_provider or metrics.get_meter_provider()
         self.clock_ns = clock_ns
-        self.anchor = anchor or (process_anchor() if clock_ns is time.monotonic_ns
-                                 else ClockAnchor.capture(clock_ns))
+        self.anchor = anchor or (process_anchor() if clock_ns is time.monotonic_ns else ClockAnchor.capture(clock_ns))
         self.capture_content = env_flag(names.ENV_CAPTURE_CONTENT) if capture_content is None else capture_content
         token_events = env_flag(names.ENV_TOKEN_EVENTS) if token_events is None else token_events
         self.builder = builder
@@ -103,8 +112,9 @@ class ServerTelemetry:
         self._shut_down = False
         self._sink.start()
 
-    def _thread_sink(self, service_name: str, token_events: bool, capacity: int,
-                     poll_interval_s: float) -> tuple[RootDecider, Sink]:
+    def _thread_sink(
+        self, service_name: str, token_events: bool, capacity: int, poll_interval_s: float
+    ) -> tuple[RootDecider, Sink]:
         """Spans built here and emitted through this provider's processors, with its sampler and ids
         (none of them when it is not an SDK provider: every request is then unsampled)."""
         emitter = SpanEmitter.of_provider(self.tracer_provider)
@@ -113,15 +123,16 @@ class ServerTelemetry:
         builder = SpanBuilder(emitter, genai_metrics, self.anchor, self.tracer_provider, token_events)
         return roots, ThreadSink(builder, capacity, poll_interval_s, self._expire)
 
-    def _process_sink(self, service_name: str, token_events: bool, capacity: int,
-                      poll_interval_s: float) -> tuple[RootDecider, Sink]:
+    def _process_sink(
+        self, service_name: str, token_events: bool, capacity: int, poll_interval_s: float
+    ) -> tuple[RootDecider, Sink]:
         """Spans built by the span-builder process; the decision at receipt uses this provider's
         sampler and ids, or OTEL_TRACES_SAMPLER's when it has none (the child reads the same)."""
         roots = RootDecider.of_provider(self.tracer_provider)
         return roots, ProcessSink(service_name, self.anchor, token_events, capacity, poll_interval_s, self._expire)
 
     @classmethod
-    def from_env(cls, service_name: str, **kwargs: Any) -> "ServerTelemetry":
+    def from_env(cls, service_name: str, **kwargs: Any) -> ServerTelemetry:
         """Providers from the standard OTEL_* variables (otel_setup.configure), owned by this object;
         the span builder from PHASELENS_SPAN_BUILDER (thread | process; default process: ~1 ms of SDK
         work per request off this process's GIL, see benchmarks/instrumentation_overhead.py) unless
@@ -130,8 +141,13 @@ class ServerTelemetry:
 
         kwargs.setdefault("builder", os.environ.get(names.ENV_SPAN_BUILDER, "").strip().lower() or BUILDER_PROCESS)
         providers = configure(service_name)
-        return cls(providers.tracer_provider, providers.meter_provider, owns_providers=True,
-                   service_name=service_name, **kwargs)
+        return cls(
+            providers.tracer_provider,
+            providers.meter_provider,
+            owns_providers=True,
+            service_name=service_name,
+            **kwargs,
+        )
 
     # --- per request -----------------------------------------------------------------------------
     def asgi(self, app: Any) -> Any:
@@ -148,8 +164,9 @@ class ServerTelemetry:
             handle = self.open_request(scope, managed=False)
         return handle
 
-    def open_request(self, scope: MutableMapping[str, Any], *, managed: bool,
-                     received_ns: int | None = None) -> ServerRequest:
+    def open_request(
+        self, scope: MutableMapping[str, Any], *, managed: bool, received_ns: int | None = None
+    ) -> ServerRequest:
         """Stamp `received`, decide the request's ids and sampling (child of an incoming
         traceparent) and leave the handle in the scope."""
         received_ns = self.clock_ns() if received_ns is None else received_ns
@@ -158,8 +175,17 @@ class ServerTelemetry:
         root, parent = self._roots.decide(incoming, method or "request")
         server = scope.get("server") or (None, None)
         http = HttpFacts(method, scope.get("path", ""), server[0], server[1])
-        handle = ServerRequest(root, parent, incoming, self._closer, http, capture_content=self.capture_content,
-                               clock_ns=self.clock_ns, received_ns=received_ns, managed=managed)
+        handle = ServerRequest(
+            root,
+            parent,
+            incoming,
+            self._closer,
+            http,
+            capture_content=self.capture_content,
+            clock_ns=self.clock_ns,
+            received_ns=received_ns,
+            managed=managed,
+        )
         scope[SCOPE_KEY] = handle
         return handle
 

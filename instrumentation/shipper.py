@@ -29,13 +29,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Callable
+from typing import IO
 
-from . import wire
+from . import retention, wire
 from .clock import ClockAnchor
 from .record import Record, RequestRecord
-from . import retention
 from .sink import HandOffs, wait_until
 
 PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~1000 requests while the child is busy
@@ -74,17 +74,32 @@ class _Child:
 class ProcessSink:
     """sink.Sink that ships records to the span-builder process; `tick()` runs at every wake-up."""
 
-    def __init__(self, service_name: str, anchor: ClockAnchor, token_events: bool, capacity: int,
-                 poll_interval_s: float, tick: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        service_name: str,
+        anchor: ClockAnchor,
+        token_events: bool,
+        capacity: int,
+        poll_interval_s: float,
+        tick: Callable[[], None],
+    ) -> None:
         self._handoffs = HandOffs(capacity)
         self.submit = self._handoffs.submit  # the hot path, one call level less
         self._tick = tick
         self._interval_s = max(poll_interval_s, SHIP_INTERVAL_S)
         self._wake = threading.Event()
         self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns, token_events))
-        self._counts = {"records_shipped": 0, "bytes_shipped": 0, "records_replayed": 0, "channel_dropped": 0,
-                        "encode_errors": 0, "steps_unsampled": 0, "shipper_cpu_ns": 0, "child_restarts": 0,
-                        "spawn_errors": 0}
+        self._counts = {
+            "records_shipped": 0,
+            "bytes_shipped": 0,
+            "records_replayed": 0,
+            "channel_dropped": 0,
+            "encode_errors": 0,
+            "steps_unsampled": 0,
+            "shipper_cpu_ns": 0,
+            "child_restarts": 0,
+            "spawn_errors": 0,
+        }
         self._retained = retention.Retained(retention.RETAIN_BYTES)  # the shipper thread's alone
         self._done = 0  # records taken off the hand-offs and shipped, dropped or skipped
         self._flush_asked: list[int] = []  # flush sequence numbers for the shipper to send
@@ -99,9 +114,11 @@ class ProcessSink:
     def _spawn(self) -> _Child:
         report_read, report_write = os.pipe()
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "phaselens.instrumentation.span_process",
-                                     str(report_write), str(os.getpid())], stdin=subprocess.PIPE,
-                                    pass_fds=(report_write,))
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "phaselens.instrumentation.span_process", str(report_write), str(os.getpid())],
+                stdin=subprocess.PIPE,
+                pass_fds=(report_write,),
+            )
         except OSError:
             os.close(report_read)
             raise
@@ -114,8 +131,9 @@ class ProcessSink:
         except (ImportError, OSError):  # not Linux, or over /proc/sys/fs/pipe-max-size: the default size
             pass
         child = _Child(proc, os.fdopen(report_read, "rb"))
-        child.reader = threading.Thread(target=self._read_reports, args=(child,), name="phaselens-span-reports",
-                                        daemon=True)
+        child.reader = threading.Thread(
+            target=self._read_reports, args=(child,), name="phaselens-span-reports", daemon=True
+        )
         return child
 
     @property
@@ -202,7 +220,7 @@ class ProcessSink:
         data = memoryview(b"".join(frames))
         try:
             while data:
-                data = data[os.write(child.proc.stdin.fileno(), data):]
+                data = data[os.write(child.proc.stdin.fileno(), data) :]
         except (OSError, ValueError):  # the child is gone (EPIPE) or the pipe was closed
             child.dead = True
             return False
@@ -275,8 +293,14 @@ class ProcessSink:
             current = {} if child.retired else child.report
             report = {k: v for k, v in current.items() if k not in _NOT_SUMMED}
         alive = child.alive()
-        counters = {"spans_built": 0, "build_errors": 0, "export_exported": 0, "export_failed": 0,
-                    "export_dropped": 0, **self._handoffs.counters()}
+        counters = {
+            "spans_built": 0,
+            "build_errors": 0,
+            "export_exported": 0,
+            "export_failed": 0,
+            "export_dropped": 0,
+            **self._handoffs.counters(),
+        }
         for counts in (report, retired, self._counts):  # steps_unsampled is counted on both sides
             for key, value in counts.items():
                 counters[key] = counters.get(key, 0) + value

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from .builder import SpanBuilder
 from .record import Record, RequestRecord, StepRecord
@@ -36,7 +37,7 @@ class Sink(Protocol):
 class HandOffs:
     """A sink's bounded hand-offs, one per record kind (each `capacity` long), drops counted per kind."""
 
-    __slots__ = ("requests", "steps", "_by_type")
+    __slots__ = ("_by_type", "requests", "steps")
 
     def __init__(self, capacity: int) -> None:
         self.requests, self.steps = BoundedHandOff(capacity), BoundedHandOff(capacity)
@@ -63,9 +64,14 @@ class HandOffs:
 
     def counters(self) -> dict[str, int]:
         requests, steps = self.requests, self.steps
-        return {"requests_offered": requests.offered, "requests_dropped": requests.dropped,
-                "steps_offered": steps.offered, "steps_dropped": steps.dropped,
-                "queue_full": requests.dropped + steps.dropped, "queued": len(requests) + len(steps)}
+        return {
+            "requests_offered": requests.offered,
+            "requests_dropped": requests.dropped,
+            "steps_offered": steps.offered,
+            "steps_dropped": steps.dropped,
+            "queue_full": requests.dropped + steps.dropped,
+            "queued": len(requests) + len(steps),
+        }
 
 
 def lower_priority() -> None:
@@ -92,8 +98,7 @@ class ThreadSink:
     the GIL after every record it builds (`time.sleep(0)`), so a serving loop coming back from a
     GIL-free model call waits at most one record's build for the GIL, not the 5 ms switch interval."""
 
-    def __init__(self, builder: SpanBuilder, capacity: int, poll_interval_s: float,
-                 tick: Callable[[], None]) -> None:
+    def __init__(self, builder: SpanBuilder, capacity: int, poll_interval_s: float, tick: Callable[[], None]) -> None:
         self._builder = builder
         self._handoffs = HandOffs(capacity)
         self.submit = self._handoffs.submit  # the hot path, one call level less

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import json
 import marshal
-from collections import deque
 import os
 import signal
 import sys
 import threading
 import time
+from collections import deque
 
 from . import wire
 from .builder import SpanBuilder
@@ -79,8 +79,13 @@ class SpanProcess:
         self.providers = configure(service_name, set_global=False)
         provider = self.providers.tracer_provider
         metrics = GenAiServerMetrics(self.providers.meter_provider, lambda: drop_reasons(self.counters()))
-        self.builder = SpanBuilder(SpanEmitter.of_provider(provider), metrics,
-                                   ClockAnchor(anchor_mono_ns, anchor_wall_ns), provider, token_events)
+        self.builder = SpanBuilder(
+            SpanEmitter.of_provider(provider),
+            metrics,
+            ClockAnchor(anchor_mono_ns, anchor_wall_ns),
+            provider,
+            token_events,
+        )
         self.report_out = os.fdopen(report_fd, "w", buffering=1)
         self.report_lock = threading.Lock()
         self.checkpoint_lock = threading.Lock()  # one checkpoint at a time; none once stopping
@@ -101,8 +106,13 @@ class SpanProcess:
 
     def build(self, kind: int, fields: tuple) -> None:
         try:
-            record = (wire.decode_request(fields) if kind == wire.KIND_REQUEST
-                      else wire.decode_step(fields) if kind == wire.KIND_STEP else None)
+            record = (
+                wire.decode_request(fields)
+                if kind == wire.KIND_REQUEST
+                else wire.decode_step(fields)
+                if kind == wire.KIND_STEP
+                else None
+            )
         except Exception:  # a malformed record is counted, the rest still get built
             record = None
         if record is None:
@@ -111,14 +121,18 @@ class SpanProcess:
         self.builder.build(record)
 
     def counters(self) -> dict[str, int]:
-        return {**self.builder.counters(), "records_received": self.received, "decode_errors": self.decode_errors,
-                "records_safe": self.safe}
+        return {
+            **self.builder.counters(),
+            "records_received": self.received,
+            "decode_errors": self.decode_errors,
+            "records_safe": self.safe,
+        }
 
     def progress(self) -> bool:
         """Advance `safe` past the records whose spans have all settled; True if it moved."""
         with self.progress_lock:
             marks, safe = self.marks, self.safe
-            while marks and all(p.settled >= q for p, q in zip(self.positions, marks[0][1])):
+            while marks and all(p.settled >= q for p, q in zip(self.positions, marks[0][1], strict=False)):
                 safe = max(safe, marks.popleft()[0])
             moved, self.safe = safe > self.safe, safe
             return moved

@@ -101,8 +101,10 @@ def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
         if finish_reason:
             message["finish_reason"] = finish_reason
         return json.dumps([message])
-    return json.dumps([{"role": m.get("role", role), "parts": [{"type": "text", "content": m.get("content")}]}
-                       for m in content], default=str)
+    return json.dumps(
+        [{"role": m.get("role", role), "parts": [{"type": "text", "content": m.get("content")}]} for m in content],
+        default=str,
+    )
 
 
 def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAnchor) -> dict[str, Any]:
@@ -147,20 +149,22 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
         names.LATENCY_TIME_IN_MODEL_INFERENCE: _s(inference_ns),
     }
     if info is not None:
-        attributes.update({
-            names.GEN_AI_OPERATION_NAME: info.operation,
-            names.GEN_AI_REQUEST_MODEL: info.model,
-            names.GEN_AI_RESPONSE_MODEL: info.model,
-            names.GEN_AI_RESPONSE_ID: info.request_id,
-            names.GEN_AI_REQUEST_ID: info.request_id,
-            names.GEN_AI_USAGE_INPUT_TOKENS: info.input_tokens,
-            names.GEN_AI_REQUEST_MAX_TOKENS: info.max_tokens,
-            names.GEN_AI_REQUEST_TEMPERATURE: info.temperature,
-            names.GEN_AI_REQUEST_TOP_P: info.top_p,
-            names.GEN_AI_REQUEST_TOP_K: info.top_k,
-            names.GEN_AI_REQUEST_SEED: info.seed,
-            names.GEN_AI_REQUEST_STREAM: info.stream,
-        })
+        attributes.update(
+            {
+                names.GEN_AI_OPERATION_NAME: info.operation,
+                names.GEN_AI_REQUEST_MODEL: info.model,
+                names.GEN_AI_RESPONSE_MODEL: info.model,
+                names.GEN_AI_RESPONSE_ID: info.request_id,
+                names.GEN_AI_REQUEST_ID: info.request_id,
+                names.GEN_AI_USAGE_INPUT_TOKENS: info.input_tokens,
+                names.GEN_AI_REQUEST_MAX_TOKENS: info.max_tokens,
+                names.GEN_AI_REQUEST_TEMPERATURE: info.temperature,
+                names.GEN_AI_REQUEST_TOP_P: info.top_p,
+                names.GEN_AI_REQUEST_TOP_K: info.top_k,
+                names.GEN_AI_REQUEST_SEED: info.seed,
+                names.GEN_AI_REQUEST_STREAM: info.stream,
+            }
+        )
         if info.prompt is not None:
             attributes[names.GEN_AI_INPUT_MESSAGES] = _messages("user", info.prompt)
     if outcome.completion is not None:
@@ -171,9 +175,11 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
 
 def first_chunk_split(phases: Phases) -> dict[str, Any]:
     """What llm.first_chunk carries: loop_wait + encode (= the term) and write beside it."""
-    return {names.PL_FIRST_CHUNK_LOOP_WAIT_MS: _ms(phases.loop_wait_ns),
-            names.PL_FIRST_CHUNK_ENCODE_MS: _ms(phases.encode_ns),
-            names.PL_FIRST_CHUNK_WRITE_MS: _ms(phases.write_ns)}
+    return {
+        names.PL_FIRST_CHUNK_LOOP_WAIT_MS: _ms(phases.loop_wait_ns),
+        names.PL_FIRST_CHUNK_ENCODE_MS: _ms(phases.encode_ns),
+        names.PL_FIRST_CHUNK_WRITE_MS: _ms(phases.write_ns),
+    }
 
 
 def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
@@ -181,9 +187,12 @@ def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
     chunk was streamed."""
     if not phases.first_chunk_ns:
         return {}
-    return {names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns), **first_chunk_split(phases),
-            names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
-            names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ns - phases.received_ns)}
+    return {
+        names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns),
+        **first_chunk_split(phases),
+        names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
+        names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ns - phases.received_ns),
+    }
 
 
 def decode_attributes(phases: Phases) -> dict[str, Any]:
@@ -201,7 +210,7 @@ def decode_attributes(phases: Phases) -> dict[str, Any]:
 class _Tree:
     """The spans of one request's trace, collected in the order they would have ended."""
 
-    __slots__ = ("emitter", "anchor", "root", "spans")
+    __slots__ = ("anchor", "emitter", "root", "spans")
 
     def __init__(self, emitter: SpanEmitter, anchor: ClockAnchor, root: SpanContext) -> None:
         self.emitter, self.anchor, self.root = emitter, anchor, root
@@ -210,51 +219,82 @@ class _Tree:
     def new_context(self) -> SpanContext:
         """A child's context: the root's trace, flags and state, a fresh span id."""
         root = self.root
-        return SpanContext(root.trace_id, self.emitter.ids.generate_span_id(), False, root.trace_flags,
-                           root.trace_state)
+        return SpanContext(
+            root.trace_id, self.emitter.ids.generate_span_id(), False, root.trace_flags, root.trace_state
+        )
 
-    def add(self, name: str, context: SpanContext, parent: SpanContext | None, start_ns: int, end_ns: int,
-            attributes: dict[str, Any] | None = None, **options: Any) -> None:
+    def add(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
         to_wall = self.anchor.to_wall_ns
-        self.spans.append(self.emitter.span(name, context, parent, to_wall(start_ns), to_wall(end_ns), attributes,
-                                            **options))
+        self.spans.append(
+            self.emitter.span(name, context, parent, to_wall(start_ns), to_wall(end_ns), attributes, **options)
+        )
 
-    def leaf(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None,
-             parent: SpanContext | None = None) -> None:
+    def leaf(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any] | None = None,
+        parent: SpanContext | None = None,
+    ) -> None:
         self.add(name, self.new_context(), parent or self.root, start_ns, end_ns, attributes)
 
 
-def _chunk_spans(tree: _Tree, record: RequestRecord, phases: Phases, prefill: SpanContext | None,
-                 decode: SpanContext | None) -> None:
+def _chunk_spans(
+    tree: _Tree, record: RequestRecord, phases: Phases, prefill: SpanContext | None, decode: SpanContext | None
+) -> None:
     """llm.prefill.chunk spans: initial chunks under llm.prefill (when more than one), recompute
     chunks after the first token under llm.decode."""
     chunks = record.chunks
     for index in range(len(chunks) // CHUNK_FIELDS):
-        start, end, tokens, cached = chunks[index * CHUNK_FIELDS:(index + 1) * CHUNK_FIELDS]
+        start, end, tokens, cached = chunks[index * CHUNK_FIELDS : (index + 1) * CHUNK_FIELDS]
         recompute = index >= phases.initial_chunks
         parent = decode if recompute else prefill
         if parent is None or (not recompute and phases.initial_chunks < 2):
             continue
-        tree.leaf(names.SPAN_PREFILL_CHUNK, start, end, {
-            names.PL_CHUNK_INDEX: index, names.PL_CHUNK_TOKENS: tokens, names.PL_CACHED_TOKENS: cached,
-            names.PL_PREFILL_RECOMPUTE: recompute}, parent)
+        tree.leaf(
+            names.SPAN_PREFILL_CHUNK,
+            start,
+            end,
+            {
+                names.PL_CHUNK_INDEX: index,
+                names.PL_CHUNK_TOKENS: tokens,
+                names.PL_CACHED_TOKENS: cached,
+                names.PL_PREFILL_RECOMPUTE: recompute,
+            },
+            parent,
+        )
 
 
 def _prefill_attributes(record: RequestRecord, phases: Phases) -> dict[str, Any]:
-    initial = record.chunks[:phases.initial_chunks * CHUNK_FIELDS]
-    return {names.PL_PREFILL_CHUNKS: phases.initial_chunks,
-            names.PL_CHUNK_TOKENS: sum(initial[2::CHUNK_FIELDS]),
-            names.PL_CACHED_TOKENS: sum(initial[3::CHUNK_FIELDS])}
+    initial = record.chunks[: phases.initial_chunks * CHUNK_FIELDS]
+    return {
+        names.PL_PREFILL_CHUNKS: phases.initial_chunks,
+        names.PL_CHUNK_TOKENS: sum(initial[2::CHUNK_FIELDS]),
+        names.PL_CACHED_TOKENS: sum(initial[3::CHUNK_FIELDS]),
+    }
 
 
 def _token_events(tree: _Tree, record: RequestRecord) -> list:
     to_wall, event = tree.anchor.to_wall_ns, tree.emitter.event
-    return [event(names.EVENT_TOKEN, {names.PL_TOKEN_COUNT: n}, to_wall(t_ns))
-            for t_ns, n in zip(record.token_ns, record.token_n)]
+    return [
+        event(names.EVENT_TOKEN, {names.PL_TOKEN_COUNT: n}, to_wall(t_ns))
+        for t_ns, n in zip(record.token_ns, record.token_n, strict=False)
+    ]
 
 
-def request_spans(emitter: SpanEmitter, anchor: ClockAnchor, record: RequestRecord, phases: Phases,
-                  token_events: bool) -> list[ReadableSpan]:
+def request_spans(
+    emitter: SpanEmitter, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool
+) -> list[ReadableSpan]:
     """The spans of one sampled request: phase spans, then the SERVER span."""
     tree = _Tree(emitter, anchor, span_context(record.root))
     # rejected before reaching the engine: the whole request was ingress
@@ -266,17 +306,29 @@ def request_spans(emitter: SpanEmitter, anchor: ClockAnchor, record: RequestReco
     if phases.first_token_ns:
         tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ns, phases.first_token_ns)
         if phases.first_chunk_ns:
-            tree.leaf(names.SPAN_FIRST_CHUNK, phases.first_token_ns, phases.first_chunk_ns,
-                      first_chunk_split(phases))
+            tree.leaf(names.SPAN_FIRST_CHUNK, phases.first_token_ns, phases.first_chunk_ns, first_chunk_split(phases))
         decode = tree.new_context()
         tree.leaf(names.SPAN_DELIVERY, phases.last_token_ns, phases.end_ns)
     _chunk_spans(tree, record, phases, prefill, decode)
     if prefill is not None:
-        tree.add(names.SPAN_PREFILL, prefill, tree.root, phases.scheduled_ns, phases.prefill_end_ns,
-                 _prefill_attributes(record, phases))
+        tree.add(
+            names.SPAN_PREFILL,
+            prefill,
+            tree.root,
+            phases.scheduled_ns,
+            phases.prefill_end_ns,
+            _prefill_attributes(record, phases),
+        )
     if decode is not None:
-        tree.add(names.SPAN_DECODE, decode, tree.root, phases.first_token_ns, phases.last_token_ns,
-                 decode_attributes(phases), events=_token_events(tree, record) if token_events else ())
+        tree.add(
+            names.SPAN_DECODE,
+            decode,
+            tree.root,
+            phases.first_token_ns,
+            phases.last_token_ns,
+            decode_attributes(phases),
+            events=_token_events(tree, record) if token_events else (),
+        )
     _add_root(tree, record, phases)
     return tree.spans
 
@@ -287,8 +339,16 @@ def _add_root(tree: _Tree, record: RequestRecord, phases: Phases) -> None:
     name = names.root_span_name(info.operation, info.model) if info is not None else record.http.method or "request"
     failure = attributes.get(names.ERROR_TYPE)
     parent = span_context(record.parent, is_remote=True) if record.parent is not None else None
-    tree.add(name, tree.root, parent, phases.received_ns, phases.end_ns, attributes, kind=SpanKind.SERVER,
-             status=Status(StatusCode.ERROR, failure) if failure else Status(StatusCode.UNSET))
+    tree.add(
+        name,
+        tree.root,
+        parent,
+        phases.received_ns,
+        phases.end_ns,
+        attributes,
+        kind=SpanKind.SERVER,
+        status=Status(StatusCode.ERROR, failure) if failure else Status(StatusCode.UNSET),
+    )
 
 
 def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> ReadableSpan | None:
@@ -310,12 +370,24 @@ def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> Re
         names.PL_STEP_DURATION_MS: _ms(step.end_ns - step.start_ns),
     }
     trace_id = emitter.ids.generate_trace_id()
-    result = emitter.sampler.should_sample(Context(), trace_id, names.SPAN_ENGINE_STEP, SpanKind.INTERNAL,
-                                           attributes, links)
+    result = emitter.sampler.should_sample(
+        Context(), trace_id, names.SPAN_ENGINE_STEP, SpanKind.INTERNAL, attributes, links
+    )
     if not result.decision.is_recording():
         return None
-    context = SpanContext(trace_id, emitter.ids.generate_span_id(), False,
-                          TraceFlags(child_flags(result.decision.is_sampled(), emitter.ids.is_trace_id_random())),
-                          result.trace_state)
-    return emitter.span(names.SPAN_ENGINE_STEP, context, None, anchor.to_wall_ns(step.start_ns),
-                        anchor.to_wall_ns(step.end_ns), result.attributes, links=links)
+    context = SpanContext(
+        trace_id,
+        emitter.ids.generate_span_id(),
+        False,
+        TraceFlags(child_flags(result.decision.is_sampled(), emitter.ids.is_trace_id_random())),
+        result.trace_state,
+    )
+    return emitter.span(
+        names.SPAN_ENGINE_STEP,
+        context,
+        None,
+        anchor.to_wall_ns(step.start_ns),
+        anchor.to_wall_ns(step.end_ns),
+        result.attributes,
+        links=links,
+    )

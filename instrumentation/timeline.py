@@ -23,7 +23,8 @@ from __future__ import annotations
 import time
 from array import array
 from collections import deque
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .clock import ClockNs
 from .record import StepRecord
@@ -35,8 +36,21 @@ class RequestTimeline:
     """Per-request phase stamps (observer.RequestObserver). Written by the loop thread only."""
 
     __slots__ = (
-        "clock_ns", "received_ns", "enqueued_ns", "first_token_ns", "finished_ns", "responded_ns",
-        "output_ready_ns", "first_chunk_ns", "first_chunk_sent_ns", "last_chunk_ns", "finish_reason", "waits", "chunks", "token_ns", "token_n",
+        "chunks",
+        "clock_ns",
+        "enqueued_ns",
+        "finish_reason",
+        "finished_ns",
+        "first_chunk_ns",
+        "first_chunk_sent_ns",
+        "first_token_ns",
+        "last_chunk_ns",
+        "output_ready_ns",
+        "received_ns",
+        "responded_ns",
+        "token_n",
+        "token_ns",
+        "waits",
     )
 
     def __init__(self, clock_ns: ClockNs = time.monotonic_ns, received_ns: int | None = None) -> None:
@@ -96,7 +110,7 @@ class BoundedHandOff:
     per race, it never raises).
     """
 
-    __slots__ = ("_items", "capacity", "offered", "dropped")
+    __slots__ = ("_items", "capacity", "dropped", "offered")
 
     def __init__(self, capacity: int) -> None:
         self._items: deque = deque()
@@ -135,20 +149,41 @@ class StepRecorder:
     The links are read from the members' `link` (their SERVER span's ids, fixed at receipt): one
     list comprehension per step, no OTel object."""
 
-    __slots__ = ("_submit", "_index")
+    __slots__ = ("_index", "_submit")
 
     def __init__(self, submit: Callable[[StepRecord], Any]) -> None:
         self._submit = submit
         self._index = 0
 
-    def step(self, start_ns: int, end_ns: int, prefill_tokens: int, decode_tokens: int,
-             kv_blocks_used: int, kv_blocks_total: int, preemptions: int, queue_depth: int,
-             requests: Sequence[Any]) -> None:
+    def step(
+        self,
+        start_ns: int,
+        end_ns: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        kv_blocks_used: int,
+        kv_blocks_total: int,
+        preemptions: int,
+        queue_depth: int,
+        requests: Sequence[Any],
+    ) -> None:
         index = self._index
         self._index = index + 1
         try:
             links = tuple([request.link for request in requests])
         except AttributeError:  # a loop that also batches observers of its own: counted, not linked
             links = tuple([getattr(request, "link", None) for request in requests])
-        self._submit(StepRecord(index, start_ns, end_ns, prefill_tokens, decode_tokens, kv_blocks_used,
-                                kv_blocks_total, preemptions, queue_depth, links))
+        self._submit(
+            StepRecord(
+                index,
+                start_ns,
+                end_ns,
+                prefill_tokens,
+                decode_tokens,
+                kv_blocks_used,
+                kv_blocks_total,
+                preemptions,
+                queue_depth,
+                links,
+            )
+        )

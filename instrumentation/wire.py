@@ -45,10 +45,18 @@ def encode_step(step: StepRecord) -> bytes:
 
 def decode_request(fields: tuple) -> RequestRecord:
     root, parent, *stamps, waits, chunks, token_ns, token_n, info, outcome, http = fields
-    return RequestRecord(SpanIds(*root), SpanIds(*parent) if parent is not None else None, *stamps,
-                         int64s(waits), int64s(chunks), int64s(token_ns), int64s(token_n),
-                         RequestInfo(*info) if info is not None else None, RequestOutcome(*outcome),
-                         HttpFacts(*http))
+    return RequestRecord(
+        SpanIds(*root),
+        SpanIds(*parent) if parent is not None else None,
+        *stamps,
+        int64s(waits),
+        int64s(chunks),
+        int64s(token_ns),
+        int64s(token_n),
+        RequestInfo(*info) if info is not None else None,
+        RequestOutcome(*outcome),
+        HttpFacts(*http),
+    )
 
 
 def decode_step(fields: tuple) -> StepRecord:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
@@ -99,14 +99,20 @@ def load_trace(path: str) -> list[TraceEntry]:
                 row = json.loads(line)
                 stamp = float(row["timestamp_ms"]) / 1e3 if "timestamp_ms" in row else float(row["timestamp"])
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: need a JSON object with `timestamp` (s) or "
-                                 f"`timestamp_ms` ({exc})") from None
+                raise ValueError(
+                    f"{path}:{lineno}: need a JSON object with `timestamp` (s) or `timestamp_ms` ({exc})"
+                ) from None
             first = stamp if first is None else first
             if entries and stamp - first < entries[-1].offset_s:
                 raise ValueError(f"{path}:{lineno}: timestamps go backwards")
-            entries.append(TraceEntry(
-                offset_s=stamp - first, input_len=_opt_int(row, "input_len", "input_length"),
-                output_len=_opt_int(row, "output_len", "output_length"), prompt=row.get("prompt")))
+            entries.append(
+                TraceEntry(
+                    offset_s=stamp - first,
+                    input_len=_opt_int(row, "input_len", "input_length"),
+                    output_len=_opt_int(row, "output_len", "output_length"),
+                    prompt=row.get("prompt"),
+                )
+            )
     if not entries:
         raise ValueError(f"{path}: the trace holds no requests")
     return entries

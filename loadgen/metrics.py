@@ -50,8 +50,14 @@ def stat(values: list[float], percentiles: tuple[float, ...]) -> Stat | None:
     n = len(ordered)
     mean = math.fsum(ordered) / n
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in ordered) / n)
-    return Stat(count=n, mean=mean, std=std, min=ordered[0], max=ordered[-1],
-                percentiles={pct_label(p): quantile(ordered, p / 100) for p in percentiles})
+    return Stat(
+        count=n,
+        mean=mean,
+        std=std,
+        min=ordered[0],
+        max=ordered[-1],
+        percentiles={pct_label(p): quantile(ordered, p / 100) for p in percentiles},
+    )
 
 
 def meets(slo: SLO, r: StreamResult) -> bool:
@@ -59,9 +65,11 @@ def meets(slo: SLO, r: StreamResult) -> bool:
     if not r.ok:
         return False
     lag = r.schedule_lag_ms or 0.0
-    return ((slo.ttft_ms is None or (r.ttft_ms is not None and r.ttft_ms + lag <= slo.ttft_ms))
-            and (slo.tpot_ms is None or r.tpot_ms is None or r.tpot_ms <= slo.tpot_ms)
-            and (slo.e2el_ms is None or (r.e2e_ms is not None and r.e2e_ms + lag <= slo.e2el_ms)))
+    return (
+        (slo.ttft_ms is None or (r.ttft_ms is not None and r.ttft_ms + lag <= slo.ttft_ms))
+        and (slo.tpot_ms is None or r.tpot_ms is None or r.tpot_ms <= slo.tpot_ms)
+        and (slo.e2el_ms is None or (r.e2e_ms is not None and r.e2e_ms + lag <= slo.e2el_ms))
+    )
 
 
 def attainment(results: list[StreamResult], slo: SLO) -> float:
@@ -79,48 +87,67 @@ def _lagged(value):
 
 
 _LATENCIES = {
-    "ttft": lambda r: r.ttft_ms, "ttfo": lambda r: r.ttfo_ms, "tpot": lambda r: r.tpot_ms,
-    "e2e": lambda r: r.e2e_ms, "schedule_lag": lambda r: r.schedule_lag_ms,
+    "ttft": lambda r: r.ttft_ms,
+    "ttfo": lambda r: r.ttfo_ms,
+    "tpot": lambda r: r.tpot_ms,
+    "e2e": lambda r: r.e2e_ms,
+    "schedule_lag": lambda r: r.schedule_lag_ms,
 }
 _LATENCIES["ttft_from_intended"] = _lagged(_LATENCIES["ttft"])
 _LATENCIES["e2e_from_intended"] = _lagged(_LATENCIES["e2e"])
 
 
-def summarize(results: list[StreamResult], duration_s: float, percentiles: tuple[float, ...],
-              slo: SLO | None = None) -> dict:
+def summarize(
+    results: list[StreamResult], duration_s: float, percentiles: tuple[float, ...], slo: SLO | None = None
+) -> dict:
     """Every run-level figure as a JSON-ready dict (see the module docstring for the formulas)."""
     ok = [r for r in results if r.ok]
-    latency = {name: stat([v for r in ok if (v := fn(r)) is not None], percentiles)
-               for name, fn in _LATENCIES.items()}
+    latency = {name: stat([v for r in ok if (v := fn(r)) is not None], percentiles) for name, fn in _LATENCIES.items()}
     latency["itl"] = stat([g for r in ok for g in r.itl_ms], percentiles)
     latency["itl_per_token"] = stat([g for r in ok for g in r.itl_per_token_ms], percentiles)
     input_tokens = sum(r.input_tokens or 0 for r in ok)
     output_tokens = sum(r.output_tokens_used for r in ok)
     per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
     summary = {
-        "requests": {"total": len(results), "completed": len(ok), "failed": len(results) - len(ok),
-                     "no_output": sum(r.no_output for r in ok),
-                     "error_rate": (len(results) - len(ok)) / len(results) if results else 0.0,
-                     "errors": dict(Counter(r.error_type for r in results if not r.ok))},
+        "requests": {
+            "total": len(results),
+            "completed": len(ok),
+            "failed": len(results) - len(ok),
+            "no_output": sum(r.no_output for r in ok),
+            "error_rate": (len(results) - len(ok)) / len(results) if results else 0.0,
+            "errors": dict(Counter(r.error_type for r in results if not r.ok)),
+        },
         "duration_s": duration_s,
-        "throughput": {"requests_per_s": per_s(len(ok)), "output_tokens_per_s": per_s(output_tokens),
-                       "total_tokens_per_s": per_s(input_tokens + output_tokens)},
+        "throughput": {
+            "requests_per_s": per_s(len(ok)),
+            "output_tokens_per_s": per_s(output_tokens),
+            "total_tokens_per_s": per_s(input_tokens + output_tokens),
+        },
         "tokens": _token_figures(ok, input_tokens, output_tokens),
         "latency_ms": {k: (asdict(v) if v else None) for k, v in latency.items()},
-        "failure_adjusted_ms": {name: _tail(results, _LATENCIES[name], percentiles)
-                                for name in ("ttft", "e2e", "ttft_from_intended", "e2e_from_intended")},
+        "failure_adjusted_ms": {
+            name: _tail(results, _LATENCIES[name], percentiles)
+            for name in ("ttft", "e2e", "ttft_from_intended", "e2e_from_intended")
+        },
     }
     if slo is not None:
         met = sum(meets(slo, r) for r in results)
-        summary["goodput"] = {"slo_ms": slo.describe(), "met": met,
-                              "attainment": met / len(results) if results else 0.0,
-                              "requests_per_s": per_s(met)}
+        summary["goodput"] = {
+            "slo_ms": slo.describe(),
+            "met": met,
+            "attainment": met / len(results) if results else 0.0,
+            "requests_per_s": per_s(met),
+        }
     return summary
 
 
 def _token_figures(ok: list[StreamResult], input_tokens: int, output_tokens: int) -> dict:
     mismatched = [r for r in ok if r.usage_mismatch]
-    return {"input": input_tokens, "output": output_tokens, "counted": sum(r.counted_tokens for r in ok),
-            "usage_missing": sum(r.output_tokens is None for r in ok),
-            "usage_mismatch_requests": len(mismatched),
-            "usage_mismatch_tokens": sum(r.usage_mismatch for r in mismatched)}
+    return {
+        "input": input_tokens,
+        "output": output_tokens,
+        "counted": sum(r.counted_tokens for r in ok),
+        "usage_missing": sum(r.output_tokens is None for r in ok),
+        "usage_mismatch_requests": len(mismatched),
+        "usage_mismatch_tokens": sum(r.usage_mismatch for r in mismatched),
+    }

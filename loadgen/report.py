@@ -6,6 +6,7 @@ import json
 import math
 import platform
 from importlib import metadata
+from typing import Self
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -14,9 +15,14 @@ from rich.table import Table
 from phaselens.instrumentation.client import StreamResult
 
 _LATENCY_ROWS = (
-    ("ttft", "TTFT (ms)"), ("ttfo", "TTFO (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL per chunk (ms)"),
-    ("itl_per_token", "ITL per token (ms)"), ("e2e", "E2E latency (ms)"),
-    ("ttft_from_intended", "TTFT from intended (ms)"), ("e2e_from_intended", "E2E from intended (ms)"),
+    ("ttft", "TTFT (ms)"),
+    ("ttfo", "TTFO (ms)"),
+    ("tpot", "TPOT (ms)"),
+    ("itl", "ITL per chunk (ms)"),
+    ("itl_per_token", "ITL per token (ms)"),
+    ("e2e", "E2E latency (ms)"),
+    ("ttft_from_intended", "TTFT from intended (ms)"),
+    ("e2e_from_intended", "E2E from intended (ms)"),
     ("schedule_lag", "Schedule lag (ms)"),
 )
 
@@ -36,12 +42,18 @@ class LiveProgress:
 
     def __init__(self, total: int | None, console: Console | None = None):
         self.failed = 0
-        self._progress = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn(),
-                                  console=console or Console(stderr=True), transient=True)
+        self._progress = Progress(
+            TextColumn("[bold]bench"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("failed {task.fields[failed]}"),
+            TimeElapsedColumn(),
+            console=console or Console(stderr=True),
+            transient=True,
+        )
         self._task = self._progress.add_task("requests", total=total, failed=0)
 
-    def __enter__(self) -> "LiveProgress":
+    def __enter__(self) -> Self:
         self._progress.start()
         return self
 
@@ -67,20 +79,25 @@ def summary_tables(summary: dict, percentiles: tuple[float, ...], title: str) ->
     head.add_column("figure")
     head.add_column("value", justify="right")
     req, thr, tok = summary["requests"], summary["throughput"], summary["tokens"]
-    rows = [("Requests completed / failed", f"{req['completed']} / {req['failed']}"),
-            ("Error rate", f"{req['error_rate']:.1%}"),
-            ("Completed with no output (no TTFT)", str(req["no_output"])),
-            *((f"  errors: {k}", str(v)) for k, v in req["errors"].items()),
-            ("Duration (s)", _fmt(summary["duration_s"])),
-            ("Request throughput (req/s)", _fmt(thr["requests_per_s"])),
-            ("Output token throughput (tok/s)", _fmt(thr["output_tokens_per_s"])),
-            ("Total token throughput (tok/s)", _fmt(thr["total_tokens_per_s"])),
-            ("Input / output tokens (usage)", f"{tok['input']:,} / {tok['output']:,}"),
-            ("Usage ≠ counted (requests, tokens)", f"{tok['usage_mismatch_requests']}, {tok['usage_mismatch_tokens']}")]
+    rows = [
+        ("Requests completed / failed", f"{req['completed']} / {req['failed']}"),
+        ("Error rate", f"{req['error_rate']:.1%}"),
+        ("Completed with no output (no TTFT)", str(req["no_output"])),
+        *((f"  errors: {k}", str(v)) for k, v in req["errors"].items()),
+        ("Duration (s)", _fmt(summary["duration_s"])),
+        ("Request throughput (req/s)", _fmt(thr["requests_per_s"])),
+        ("Output token throughput (tok/s)", _fmt(thr["output_tokens_per_s"])),
+        ("Total token throughput (tok/s)", _fmt(thr["total_tokens_per_s"])),
+        ("Input / output tokens (usage)", f"{tok['input']:,} / {tok['output']:,}"),
+        ("Usage ≠ counted (requests, tokens)", f"{tok['usage_mismatch_requests']}, {tok['usage_mismatch_tokens']}"),
+    ]
     if "goodput" in summary:
         good = summary["goodput"]
-        rows += [("SLO (ms)", " ".join(f"{k.removesuffix('_ms')}≤{v:g}" for k, v in good["slo_ms"].items())),
-                 ("SLO attainment", f"{good['attainment']:.1%}"), ("Goodput (req/s)", _fmt(good["requests_per_s"]))]
+        rows += [
+            ("SLO (ms)", " ".join(f"{k.removesuffix('_ms')}≤{v:g}" for k, v in good["slo_ms"].items())),
+            ("SLO attainment", f"{good['attainment']:.1%}"),
+            ("Goodput (req/s)", _fmt(good["requests_per_s"])),
+        ]
     for row in rows:
         head.add_row(*row)
     labels = [f"p{p:g}" for p in percentiles]
@@ -90,8 +107,9 @@ def summary_tables(summary: dict, percentiles: tuple[float, ...], title: str) ->
     for key, label in _LATENCY_ROWS:
         s = summary["latency_ms"].get(key)
         if s:
-            lat.add_row(label, _fmt(s["mean"]), _fmt(s["std"]), *(_fmt(s["percentiles"][x]) for x in labels),
-                        _fmt(s["max"]))
+            lat.add_row(
+                label, _fmt(s["mean"]), _fmt(s["std"]), *(_fmt(s["percentiles"][x]) for x in labels), _fmt(s["max"])
+            )
     for key, tail in summary["failure_adjusted_ms"].items():
         if tail and summary["requests"]["failed"]:
             lat.add_row(f"{key} failure-adjusted", "", "", *(_fmt(tail[x]) for x in labels), "")
@@ -118,17 +136,33 @@ def write_json(path: str, summary: dict, config: dict) -> None:
 def request_row(index: int, r: StreamResult, start_ns: int) -> dict:
     """One `--per-request` line: timings (ms, client monotonic clock), tokens, trace id, error."""
     rel = lambda ns: None if ns is None else (ns - start_ns) / 1e6  # noqa: E731
-    return {"index": index, "intended_ms": rel(r.intended_ns), "sent_ms": rel(r.sent_ns),
-            "schedule_lag_ms": r.schedule_lag_ms, "ttft_ms": r.ttft_ms, "ttfo_ms": r.ttfo_ms,
-            "tpot_ms": r.tpot_ms, "e2e_ms": r.e2e_ms, "elapsed_ms": r.elapsed_ms, "itl_ms": r.itl_ms,
-            "chunk_tokens": r.chunk_tokens, "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
-            "counted_tokens": r.counted_tokens, "usage_mismatch": r.usage_mismatch,
-            "finish_reasons": r.finish_reasons, "status": r.status, "error_type": r.error_type,
-            "error": r.error, "trace_id": r.trace_id, "span_id": r.span_id, "response_id": r.response_id,
-            "sent_wall_ns": r.sent_wall_ns}
+    return {
+        "index": index,
+        "intended_ms": rel(r.intended_ns),
+        "sent_ms": rel(r.sent_ns),
+        "schedule_lag_ms": r.schedule_lag_ms,
+        "ttft_ms": r.ttft_ms,
+        "ttfo_ms": r.ttfo_ms,
+        "tpot_ms": r.tpot_ms,
+        "e2e_ms": r.e2e_ms,
+        "elapsed_ms": r.elapsed_ms,
+        "itl_ms": r.itl_ms,
+        "chunk_tokens": r.chunk_tokens,
+        "input_tokens": r.input_tokens,
+        "output_tokens": r.output_tokens,
+        "counted_tokens": r.counted_tokens,
+        "usage_mismatch": r.usage_mismatch,
+        "finish_reasons": r.finish_reasons,
+        "status": r.status,
+        "error_type": r.error_type,
+        "error": r.error,
+        "trace_id": r.trace_id,
+        "span_id": r.span_id,
+        "response_id": r.response_id,
+        "sent_wall_ns": r.sent_wall_ns,
+    }
 
 
 def write_per_request(path: str, results: list[StreamResult], start_ns: int) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        for i, r in enumerate(results):
-            f.write(json.dumps(request_row(i, r, start_ns)) + "\n")
+        f.writelines(json.dumps(request_row(i, r, start_ns)) + "\n" for i, r in enumerate(results))

@@ -16,8 +16,8 @@ import contextlib
 import gc
 import itertools
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from phaselens.instrumentation.client import StreamResult, TracedClient
 from phaselens.loadgen.workloads import RequestSpec
@@ -62,8 +62,9 @@ class RunResult:
 OnDone = Callable[[StreamResult], None]
 
 
-async def run(plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec],
-              on_done: OnDone | None = None) -> RunResult:
+async def run(
+    plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], on_done: OnDone | None = None
+) -> RunResult:
     """Run `plan`: warm-up first, then the measured requests; never raises for a failed request."""
     warmup = await _warmup(plan, client, specs)
     with _frozen_heap():
@@ -91,8 +92,9 @@ def _frozen_heap():
         gc.unfreeze()
 
 
-async def _send(plan: RunPlan, client: TracedClient, spec: RequestSpec, intended_ns: int,
-                on_done: OnDone | None) -> StreamResult:
+async def _send(
+    plan: RunPlan, client: TracedClient, spec: RequestSpec, intended_ns: int, on_done: OnDone | None
+) -> StreamResult:
     payload = spec.payload(plan.endpoint, plan.model, plan.ignore_eos, plan.extra)
     result = await client.stream(plan.endpoint, payload, intended_ns=intended_ns)
     if on_done is not None:
@@ -110,8 +112,9 @@ async def _warmup(plan: RunPlan, client: TracedClient, specs: Iterator[RequestSp
     return list(await asyncio.gather(*(one(spec) for spec in itertools.islice(specs, plan.warmup))))
 
 
-async def _open_loop(plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ns: int,
-                     on_done: OnDone | None) -> list[StreamResult]:
+async def _open_loop(
+    plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ns: int, on_done: OnDone | None
+) -> list[StreamResult]:
     limit = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
 
     async def one(spec: RequestSpec, intended_ns: int) -> StreamResult:
@@ -122,9 +125,10 @@ async def _open_loop(plan: RunPlan, client: TracedClient, specs: Iterator[Reques
 
     tasks = []
     try:
-        for i, (offset_s, spec) in enumerate(zip(plan.arrivals.offsets_s(), specs)):
+        for i, (offset_s, spec) in enumerate(zip(plan.arrivals.offsets_s(), specs, strict=False)):
             if (plan.requests is not None and i >= plan.requests) or (
-                    plan.duration_s is not None and offset_s >= plan.duration_s):
+                plan.duration_s is not None and offset_s >= plan.duration_s
+            ):
                 break
             intended_ns = start_ns + int(offset_s * 1e9)
             delay_ns = intended_ns - time.perf_counter_ns()
@@ -138,8 +142,9 @@ async def _open_loop(plan: RunPlan, client: TracedClient, specs: Iterator[Reques
         raise
 
 
-async def _closed_loop(plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ns: int,
-                       on_done: OnDone | None) -> list[StreamResult]:
+async def _closed_loop(
+    plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ns: int, on_done: OnDone | None
+) -> list[StreamResult]:
     counter = itertools.count()
     deadline_ns = None if plan.duration_s is None else start_ns + int(plan.duration_s * 1e9)
     results: list[StreamResult] = []

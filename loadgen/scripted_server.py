@@ -19,30 +19,45 @@ import json
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Self
 
 from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 
 def completion_chunk(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:
-    obj = {"id": "cmpl-scripted", "object": "text_completion", "model": "scripted",
-           "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+    obj = {
+        "id": "cmpl-scripted",
+        "object": "text_completion",
+        "model": "scripted",
+        "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+    }
     if usage is not None:
         obj["usage"] = usage
     return encode_event(obj)
 
 
-def chat_chunk(content: str | None = None, reasoning: str | None = None, role: str | None = None,
-               finish: str | None = None) -> bytes:
+def chat_chunk(
+    content: str | None = None, reasoning: str | None = None, role: str | None = None, finish: str | None = None
+) -> bytes:
     delta = {k: v for k, v in (("role", role), ("content", content), ("reasoning_content", reasoning)) if v is not None}
-    return encode_event({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": "scripted",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    return encode_event(
+        {
+            "id": "chatcmpl-scripted",
+            "object": "chat.completion.chunk",
+            "model": "scripted",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+    )
 
 
 def usage_chunk(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> bytes:
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": prompt_tokens + completion_tokens}
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
     if reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return encode_event({"id": "cmpl-scripted", "model": "scripted", "choices": [], "usage": usage})
@@ -89,7 +104,7 @@ class ScriptedServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def __aenter__(self) -> "ScriptedServer":
+    async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._connection, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -118,8 +133,11 @@ class ScriptedServer:
     async def _respond(self, request: ScriptedRequest, reply: Reply, writer: asyncio.StreamWriter) -> bool:
         """Write the reply; False when the connection must close."""
         if reply.status != 200:
-            writer.write(b"HTTP/1.1 %d Error\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                         % (reply.status, len(reply.body)) + reply.body)
+            writer.write(
+                b"HTTP/1.1 %d Error\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                % (reply.status, len(reply.body))
+                + reply.body
+            )
             await writer.drain()
             return True
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")

@@ -50,34 +50,53 @@ def build_plan(opts: BenchOptions, rate: float | None = None) -> tuple[runner.Ru
     rate = rate if rate is not None else opts.rate
     output = LengthDist.parse(opts.output_len) if opts.output_len else None
     tokens = TokenPrompts.load(opts.tokenizer) if opts.tokenizer else None
-    synthetic = SyntheticWorkload(LengthDist.parse(opts.input_len), output or LengthDist("fixed", 128),
-                                  opts.shared_prefix, opts.seed, tokens)
+    synthetic = SyntheticWorkload(
+        LengthDist.parse(opts.input_len), output or LengthDist("fixed", 128), opts.shared_prefix, opts.seed, tokens
+    )
     if opts.trace:
         arrivals = TraceArrivals(opts.trace)
         workload = TraceWorkload(arrivals.entries, synthetic)
     else:
         arrivals = GammaArrivals(rate, opts.burstiness, opts.seed) if rate is not None else None
-        workload = (DatasetWorkload(opts.dataset, output, 128, opts.shared_prefix, opts.seed)
-                    if opts.dataset else synthetic)
+        workload = (
+            DatasetWorkload(opts.dataset, output, 128, opts.shared_prefix, opts.seed) if opts.dataset else synthetic
+        )
     requests = opts.requests
     if requests is None and opts.duration_s is None and not opts.trace:
         requests = 100
-    plan = runner.RunPlan(endpoint=opts.endpoint, model=opts.model, arrivals=arrivals,
-                          concurrency=opts.concurrency, requests=requests, duration_s=opts.duration_s,
-                          warmup=opts.warmup, ignore_eos=opts.ignore_eos)
+    plan = runner.RunPlan(
+        endpoint=opts.endpoint,
+        model=opts.model,
+        arrivals=arrivals,
+        concurrency=opts.concurrency,
+        requests=requests,
+        duration_s=opts.duration_s,
+        warmup=opts.warmup,
+        ignore_eos=opts.ignore_eos,
+    )
     return plan, workload
 
 
 def config_of(opts: BenchOptions, plan: runner.RunPlan, workload) -> dict:
     """The full configuration recorded beside the figures (the API key left out)."""
     arrival = plan.arrivals.describe() if plan.arrivals else {"process": "closed_loop"}
-    return {"url": opts.url, "model": opts.model, "endpoint": opts.endpoint,
-            "arrival": {**arrival, "max_concurrency" if plan.arrivals else "concurrency": plan.concurrency},
-            "requests": plan.requests, "duration_s": plan.duration_s, "warmup": plan.warmup,
-            "workload": workload.describe(), "ignore_eos": opts.ignore_eos, "seed": opts.seed,
-            "percentiles": list(opts.percentiles), "slo_ms": slo_of(opts).describe() if opts.slo else None,
-            "timeout_s": opts.timeout_s, "versions": report.versions(),
-            "options": {k: v for k, v in asdict(opts).items() if k != "api_key"}}
+    return {
+        "url": opts.url,
+        "model": opts.model,
+        "endpoint": opts.endpoint,
+        "arrival": {**arrival, "max_concurrency" if plan.arrivals else "concurrency": plan.concurrency},
+        "requests": plan.requests,
+        "duration_s": plan.duration_s,
+        "warmup": plan.warmup,
+        "workload": workload.describe(),
+        "ignore_eos": opts.ignore_eos,
+        "seed": opts.seed,
+        "percentiles": list(opts.percentiles),
+        "slo_ms": slo_of(opts).describe() if opts.slo else None,
+        "timeout_s": opts.timeout_s,
+        "versions": report.versions(),
+        "options": {k: v for k, v in asdict(opts).items() if k != "api_key"},
+    }
 
 
 def slo_of(opts: BenchOptions) -> SLO | None:
@@ -89,9 +108,14 @@ CHUNK_TOKEN_COUNTERS = {"chunk": None, "bytes": lambda text: len(text.encode())}
 
 def _client(opts: BenchOptions, providers, tracer_provider) -> TracedClient:
     headers = {"authorization": f"Bearer {opts.api_key}"} if opts.api_key else None
-    return TracedClient(opts.url, tracer_provider=tracer_provider, timeout_s=opts.timeout_s, headers=headers,
-                        meter_provider=providers.meter_provider if providers else None,
-                        token_counter=CHUNK_TOKEN_COUNTERS[opts.chunk_tokens])
+    return TracedClient(
+        opts.url,
+        tracer_provider=tracer_provider,
+        timeout_s=opts.timeout_s,
+        headers=headers,
+        meter_provider=providers.meter_provider if providers else None,
+        token_counter=CHUNK_TOKEN_COUNTERS[opts.chunk_tokens],
+    )
 
 
 def _providers(tracer_provider):
@@ -131,8 +155,9 @@ async def bench(opts: BenchOptions, on_done=None, tracer_provider=None) -> Bench
     return BenchOutcome(result, summary, config_of(opts, plan, workload), exported)
 
 
-async def capacity(opts: BenchOptions, target: float, max_rate: float, on_probe=None,
-                   tracer_provider=None, rel_tol: float = 0.05) -> sweep.SweepResult:
+async def capacity(
+    opts: BenchOptions, target: float, max_rate: float, on_probe=None, tracer_provider=None, rel_tol: float = 0.05
+) -> sweep.SweepResult:
     """Capacity sweep over the request rate (start: `opts.rate`, default 1 req/s)."""
     slo = slo_of(opts)
     if slo is None:
@@ -149,7 +174,8 @@ async def capacity(opts: BenchOptions, target: float, max_rate: float, on_probe=
 
     try:
         async with _client(opts, providers, provider) as client:
-            return await sweep.find_capacity(probe, target, opts.rate or 1.0, max_rate,
-                                             rel_tol=rel_tol, on_probe=on_probe)
+            return await sweep.find_capacity(
+                probe, target, opts.rate or 1.0, max_rate, rel_tol=rel_tol, on_probe=on_probe
+            )
     finally:
         _flush(providers)

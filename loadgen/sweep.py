@@ -8,8 +8,8 @@ Assumes attainment falls as the rate grows (true for a server that queues under 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 
 @dataclass(slots=True)
@@ -30,9 +30,16 @@ class SweepResult:
 ProbeFn = Callable[[float], Awaitable[tuple[float, dict]]]  # rate → (attainment, summary)
 
 
-async def find_capacity(probe: ProbeFn, target: float, start_rate: float, max_rate: float,
-                        min_rate: float = 0.01, rel_tol: float = 0.05, max_probes: int = 16,
-                        on_probe: Callable[[Probe], None] | None = None) -> SweepResult:
+async def find_capacity(
+    probe: ProbeFn,
+    target: float,
+    start_rate: float,
+    max_rate: float,
+    min_rate: float = 0.01,
+    rel_tol: float = 0.05,
+    max_probes: int = 16,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> SweepResult:
     if not (0 < target <= 1) or not (0 < min_rate <= start_rate <= max_rate) or rel_tol <= 0:
         raise ValueError("need 0 < target ≤ 1, 0 < min_rate ≤ start_rate ≤ max_rate and rel_tol > 0")
     probes: list[Probe] = []

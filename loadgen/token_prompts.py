@@ -25,7 +25,7 @@ class TokenPrompts:
     name: str
 
     @classmethod
-    def load(cls, name: str) -> "TokenPrompts":
+    def load(cls, name: str) -> TokenPrompts:
         """The tokenizer of a local folder or a cached model id (transformers, local files only)."""
         from transformers import AutoTokenizer
 

@@ -16,22 +16,139 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
 from phaselens.loadgen.arrivals import TraceEntry
 from phaselens.loadgen.token_prompts import TokenPrompts
 
-_WORDS = (
-    "the of and to in is was for on that with as by at from his her this are were be had have not but "
-    "which one all their they there been has when who will more no if out so said what up its about into "
-    "than them can only other new some could time these two may then do first any my now such like our "
-    "over man me even most made after also did many before must through back years where much your way "
-    "well down should because each just those people how too little state good very make world still own "
-    "see men work long get here between both life being under never day same another know while last"
-).split()
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "this",
+    "are",
+    "were",
+    "be",
+    "had",
+    "have",
+    "not",
+    "but",
+    "which",
+    "one",
+    "all",
+    "their",
+    "they",
+    "there",
+    "been",
+    "has",
+    "when",
+    "who",
+    "will",
+    "more",
+    "no",
+    "if",
+    "out",
+    "so",
+    "said",
+    "what",
+    "up",
+    "its",
+    "about",
+    "into",
+    "than",
+    "them",
+    "can",
+    "only",
+    "other",
+    "new",
+    "some",
+    "could",
+    "time",
+    "these",
+    "two",
+    "may",
+    "then",
+    "do",
+    "first",
+    "any",
+    "my",
+    "now",
+    "such",
+    "like",
+    "our",
+    "over",
+    "man",
+    "me",
+    "even",
+    "most",
+    "made",
+    "after",
+    "also",
+    "did",
+    "many",
+    "before",
+    "must",
+    "through",
+    "back",
+    "years",
+    "where",
+    "much",
+    "your",
+    "way",
+    "well",
+    "down",
+    "should",
+    "because",
+    "each",
+    "just",
+    "those",
+    "people",
+    "how",
+    "too",
+    "little",
+    "state",
+    "good",
+    "very",
+    "make",
+    "world",
+    "still",
+    "own",
+    "see",
+    "men",
+    "work",
+    "long",
+    "get",
+    "here",
+    "between",
+    "both",
+    "life",
+    "being",
+    "under",
+    "never",
+    "day",
+    "same",
+    "another",
+    "know",
+    "while",
+    "last",
+]
 # UTF-8 bytes of one of _WORDS with its space, on average (≈ 4.8): a byte-level tokenizer's tokens per word
 BYTES_PER_WORD = sum(len(word) + 1 for word in _WORDS) / len(_WORDS)
 
@@ -45,7 +162,7 @@ class LengthDist:
     b: float = 0.0
 
     @classmethod
-    def parse(cls, spec: str) -> "LengthDist":
+    def parse(cls, spec: str) -> LengthDist:
         parts = spec.strip().split(":")
         try:
             if len(parts) == 1 or (parts[0] == "fixed" and len(parts) == 2):
@@ -55,8 +172,10 @@ class LengthDist:
             else:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"bad length distribution {spec!r}: use N, fixed:N, uniform:LO:HI, "
-                             "normal:MEAN:STD or lognormal:MEAN:SIGMA") from None
+            raise ValueError(
+                f"bad length distribution {spec!r}: use N, fixed:N, uniform:LO:HI, "
+                "normal:MEAN:STD or lognormal:MEAN:SIGMA"
+            ) from None
         dist._check(spec)
         return dist
 
@@ -73,7 +192,7 @@ class LengthDist:
             value = rng.normal(self.a, self.b)
         else:
             value = rng.lognormal(math.log(self.a) - self.b**2 / 2, self.b)
-        return max(1, int(round(value)))
+        return max(1, round(value))
 
     def __str__(self) -> str:
         return f"fixed:{self.a:g}" if self.kind == "fixed" else f"{self.kind}:{self.a:g}:{self.b:g}"
@@ -132,9 +251,14 @@ class SyntheticWorkload:
             yield RequestSpec(prompt=f"{prefix} {body}" if prefix else body, max_tokens=self.output_len.sample(rng))
 
     def describe(self) -> dict:
-        return {"kind": "synthetic", "input_len": str(self.input_len), "output_len": str(self.output_len),
-                "input_unit": f"tokens of {self.tokens.name}" if self.tokens else "words (≈ tokens)",
-                "shared_prefix": self.shared_prefix, "seed": self.seed}
+        return {
+            "kind": "synthetic",
+            "input_len": str(self.input_len),
+            "output_len": str(self.output_len),
+            "input_unit": f"tokens of {self.tokens.name}" if self.tokens else "words (≈ tokens)",
+            "shared_prefix": self.shared_prefix,
+            "seed": self.seed,
+        }
 
 
 @dataclass(slots=True)
@@ -162,9 +286,14 @@ class DatasetWorkload:
             yield _with_prefix(RequestSpec(spec.prompt, spec.messages, n), prefix)
 
     def describe(self) -> dict:
-        return {"kind": "dataset", "path": self.path, "rows": len(self.rows), "seed": self.seed,
-                "output_len": str(self.output_len) if self.output_len else "dataset",
-                "shared_prefix": self.shared_prefix}
+        return {
+            "kind": "dataset",
+            "path": self.path,
+            "rows": len(self.rows),
+            "seed": self.seed,
+            "output_len": str(self.output_len) if self.output_len else "dataset",
+            "shared_prefix": self.shared_prefix,
+        }
 
 
 def _with_prefix(spec: RequestSpec, prefix: str) -> RequestSpec:
@@ -181,8 +310,11 @@ def load_dataset(path: str) -> list[tuple[RequestSpec, int | None]]:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
-        rows = json.loads(text) if text.lstrip().startswith("[") else [
-            json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = (
+            json.loads(text)
+            if text.lstrip().startswith("[")
+            else [json.loads(line) for line in text.splitlines() if line.strip()]
+        )
     except ValueError as exc:
         raise ValueError(f"{path}: not JSONL (or a JSON array): {exc}") from None
     parsed = [_parse_row(row, path, i) for i, row in enumerate(rows, 1)]
@@ -216,7 +348,7 @@ class TraceWorkload:
 
     def requests(self) -> Iterator[RequestSpec]:
         rng = np.random.default_rng(self.base.seed)
-        for entry, spec in zip(self.entries, self.base.requests()):
+        for entry, spec in zip(self.entries, self.base.requests(), strict=False):
             if entry.prompt is not None:
                 spec.prompt = entry.prompt
             elif entry.input_len is not None:

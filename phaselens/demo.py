@@ -88,21 +88,42 @@ def make_dataset(path: Path, count: int, seed: int) -> dict:
     with open(path, "w", encoding="utf-8") as f:
         for _ in range(count):
             lo, hi = LONG_WORDS if rng.random() < LONG_SHARE else SHORT_WORDS
-            row = {"prompt": words(rng, int(rng.integers(lo, hi + 1))),
-                   "output_len": int(rng.integers(OUTPUT_TOKENS[0], OUTPUT_TOKENS[1] + 1))}
+            row = {
+                "prompt": words(rng, int(rng.integers(lo, hi + 1))),
+                "output_len": int(rng.integers(OUTPUT_TOKENS[0], OUTPUT_TOKENS[1] + 1)),
+            }
             f.write(json.dumps(row) + "\n")
-    return {"dataset": str(path), "prompts": f"{1 - LONG_SHARE:.0%} of {SHORT_WORDS[0]}-{SHORT_WORDS[1]} words, "
-            f"{LONG_SHARE:.0%} of {LONG_WORDS[0]}-{LONG_WORDS[1]} words",
-            "output_tokens": f"{OUTPUT_TOKENS[0]}-{OUTPUT_TOKENS[1]} (ignore_eos)"}
+    return {
+        "dataset": str(path),
+        "prompts": f"{1 - LONG_SHARE:.0%} of {SHORT_WORDS[0]}-{SHORT_WORDS[1]} words, "
+        f"{LONG_SHARE:.0%} of {LONG_WORDS[0]}-{LONG_WORDS[1]} words",
+        "output_tokens": f"{OUTPUT_TOKENS[0]}-{OUTPUT_TOKENS[1]} (ignore_eos)",
+    }
 
 
 def run_load(stack: Stack, opts: DemoOptions, run_dir: Path) -> LoadRun:
     """One `phaselens bench` run against the stack; trace ids from its per-request file."""
     dataset, per_request, summary = run_dir / "workload.jsonl", run_dir / "requests.jsonl", run_dir / "bench.json"
     workload = make_dataset(dataset, opts.requests, opts.seed)
-    argv = ["--model", stack.served_model(), "--rate", str(opts.rate), "--requests", str(opts.requests),
-            "--dataset", str(dataset), "--ignore-eos", "--seed", str(opts.seed),
-            "--goodput", *opts.slo.split(","), "--per-request", str(per_request), "--json", str(summary)]
+    argv = [
+        "--model",
+        stack.served_model(),
+        "--rate",
+        str(opts.rate),
+        "--requests",
+        str(opts.requests),
+        "--dataset",
+        str(dataset),
+        "--ignore-eos",
+        "--seed",
+        str(opts.seed),
+        "--goodput",
+        *opts.slo.split(","),
+        "--per-request",
+        str(per_request),
+        "--json",
+        str(summary),
+    ]
     start = time.monotonic()
     code = stack.bench(argv, timeout_s=max(600.0, 10 * opts.requests / opts.rate))
     wall_s = time.monotonic() - start
@@ -110,8 +131,9 @@ def run_load(stack: Stack, opts: DemoOptions, run_dir: Path) -> LoadRun:
         raise RuntimeError(f"phaselens bench failed (exit {code}); see {stack.log_dir / 'bench.log'}")
     rows = [json.loads(line) for line in per_request.read_text().splitlines() if line.strip()]
     ok = [r["trace_id"] for r in rows if r.get("trace_id") and r.get("error_type") is None]
-    return LoadRun(ok, len(rows) - len(ok), wall_s, workload,
-                   json.loads(summary.read_text()) if summary.exists() else {})
+    return LoadRun(
+        ok, len(rows) - len(ok), wall_s, workload, json.loads(summary.read_text()) if summary.exists() else {}
+    )
 
 
 def wait_for_spans(stack: Stack, trace_ids: list[str], timeout_s: float, on_progress) -> int:
@@ -172,19 +194,27 @@ def _session(stack: Stack, opts: DemoOptions, console: Console) -> bool:
     begin = time.monotonic()
     with console.status("starting…") as status:
         stack.start(on_phase=lambda phase: status.update(f"starting {phase}…"))
-    console.print(f"[green]✓[/] {stack.storage.describe()} · collector OTLP/gRPC {stack.otlp_grpc_endpoint} "
-                  f"· server {stack.server_url} ({opts.server}, {opts.model}, {opts.device}) "
-                  f"· up in {time.monotonic() - begin:.1f} s")
+    console.print(
+        f"[green]✓[/] {stack.storage.describe()} · collector OTLP/gRPC {stack.otlp_grpc_endpoint} "
+        f"· server {stack.server_url} ({opts.server}, {opts.model}, {opts.device}) "
+        f"· up in {time.monotonic() - begin:.1f} s"
+    )
     run_dir = Path(stack.data_dir) / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"load: {opts.requests} requests, Poisson {opts.rate:g} req/s, mixed prompt lengths")
     load = run_load(stack, opts, run_dir)
     rps = load.summary.get("summary", {}).get("throughput", {}).get("requests_per_s") or 0.0
-    console.print(f"[green]✓[/] load done in {load.wall_s:.1f} s: {len(load.trace_ids)} ok, {load.failed} failed, "
-                  f"{rps:.2f} req/s completed (client view)")
+    console.print(
+        f"[green]✓[/] load done in {load.wall_s:.1f} s: {len(load.trace_ids)} ok, {load.failed} failed, "
+        f"{rps:.2f} req/s completed (client view)"
+    )
     with console.status("waiting for spans…") as status:
-        present = wait_for_spans(stack, load.trace_ids, opts.span_timeout_s,
-                                 lambda n: status.update(f"queryable: {n}/{len(load.trace_ids)} requests"))
+        present = wait_for_spans(
+            stack,
+            load.trace_ids,
+            opts.span_timeout_s,
+            lambda n: status.update(f"queryable: {n}/{len(load.trace_ids)} requests"),
+        )
     console.print(f"[green]✓[/] {present}/{len(load.trace_ids)} requests queryable with client and server views")
     since = _since(time.monotonic() - begin)
     _print_budget(stack, since, opts, console)
@@ -208,19 +238,32 @@ def _print_budget(stack: Stack, since: str, opts: DemoOptions, console: Console)
 
 
 def _write_report(stack: Stack, since: str, opts: DemoOptions, load: LoadRun, console: Console) -> None:
-    config = {"command": "phaselens demo", **{f"demo.{k}": v for k, v in asdict(opts).items()},
-              "server": f"phaselens serve --model {opts.model} --device {opts.device}",
-              "storage": stack.storage.describe(),
-              "services": f"{SERVER_SERVICE} (server), {CLIENT_SERVICE} (client)",
-              **{f"workload.{k}": v for k, v in load.workload.items()},
-              "load wall time": f"{load.wall_s:.1f} s",
-              **{f"bench.{k}": json.dumps(v) for k, v in (
-                  ("arrival", load.summary.get("config", {}).get("arrival")),
-                  ("throughput", load.summary.get("summary", {}).get("throughput")),
-                  ("versions", load.summary.get("config", {}).get("versions")))}}
+    config = {
+        "command": "phaselens demo",
+        **{f"demo.{k}": v for k, v in asdict(opts).items()},
+        "server": f"phaselens serve --model {opts.model} --device {opts.device}",
+        "storage": stack.storage.describe(),
+        "services": f"{SERVER_SERVICE} (server), {CLIENT_SERVICE} (client)",
+        **{f"workload.{k}": v for k, v in load.workload.items()},
+        "load wall time": f"{load.wall_s:.1f} s",
+        **{
+            f"bench.{k}": json.dumps(v)
+            for k, v in (
+                ("arrival", load.summary.get("config", {}).get("arrival")),
+                ("throughput", load.summary.get("summary", {}).get("throughput")),
+                ("versions", load.summary.get("config", {}).get("versions")),
+            )
+        },
+    }
     with stack.client() as client:
-        data = build_report(client, database=stack.database, since=since, slo=opts.goodput_slo(), config=config,
-                            title="phaselens demo report")
+        data = build_report(
+            client,
+            database=stack.database,
+            since=since,
+            slo=opts.goodput_slo(),
+            config=config,
+            title="phaselens demo report",
+        )
     report_page.write(opts.report_path, data)
     console.print(f"[green]✓[/] report written to {Path(opts.report_path).resolve()}")
 
@@ -230,11 +273,17 @@ def _print_howto(stack: Stack, console: Console) -> None:
     schema and collector commands need its flags."""
     ch, node = stack.clickhouse_url, urlsplit(stack.clickhouse_url)
     schema_flags = "".join(f" {shlex.quote(flag)}" for flag in stack.storage.schema_flags)
-    otel = " ".join(f"{k}={v}" for k, v in stack.otel_env(CLIENT_SERVICE).items()
-                    if k.startswith("OTEL_") and k != "OTEL_BSP_SCHEDULE_DELAY")
-    sql = ("SELECT trace_id, client_ttft_ms, queue_ms, prefill_ms FROM otel.phaselens_requests "
-           "ORDER BY client_ttft_ms DESC LIMIT 5 FORMAT PrettyCompact")
-    console.print(f"""
+    otel = " ".join(
+        f"{k}={v}"
+        for k, v in stack.otel_env(CLIENT_SERVICE).items()
+        if k.startswith("OTEL_") and k != "OTEL_BSP_SCHEDULE_DELAY"
+    )
+    sql = (
+        "SELECT trace_id, client_ttft_ms, queue_ms, prefill_ms FROM otel.phaselens_requests "
+        "ORDER BY client_ttft_ms DESC LIMIT 5 FORMAT PrettyCompact"
+    )
+    console.print(
+        f"""
 [bold]Everything stays up until Ctrl-C.[/]
   storage:   {stack.storage.describe()}
   schema:    phaselens schema apply --clickhouse {ch} --database {stack.database}{schema_flags}
@@ -245,4 +294,6 @@ def _print_howto(stack: Stack, console: Console) -> None:
   SQL:       curl '{ch}/' --data-binary '{sql}'
   Python:    clickhouse_connect.get_client(host='{node.hostname}', port={node.port})
   more load: env {otel} phaselens bench --url {stack.server_url} --model {stack.served_model()} --rate 2 --requests 50
-  OTLP in:   gRPC {stack.otlp_grpc_endpoint}, HTTP http://127.0.0.1:{stack.http_port}/v1/traces""", soft_wrap=True)
+  OTLP in:   gRPC {stack.otlp_grpc_endpoint}, HTTP http://127.0.0.1:{stack.http_port}/v1/traces""",
+        soft_wrap=True,
+    )

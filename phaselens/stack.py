@@ -19,6 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from phaselens.analysis.schema import FACTS_VIEW, SPANS_VIEW
 from phaselens.common.process import LOOPBACK, die_with_parent, free_port, terminate
@@ -81,9 +82,15 @@ def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str], stderr
     log_path = log_dir / f"{name}.log"
     parent = os.getpid()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "phaselens", *argv], stdout=log, stderr=stderr,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                preexec_fn=lambda: die_with_parent(parent))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "phaselens", *argv],
+            stdout=log,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=lambda: die_with_parent(parent),
+        )
     return Child(name, proc, log_path)
 
 
@@ -128,7 +135,7 @@ class Stack:
     def log_dir(self) -> Path:
         return Path(self.data_dir) / "logs"
 
-    def start(self, on_phase=lambda phase: None) -> "Stack":
+    def start(self, on_phase=lambda phase: None) -> Stack:
         """Bring every part up; `on_phase(name)` is called before each step (for progress display)."""
         try:
             self._start_storage(on_phase)
@@ -144,7 +151,7 @@ class Stack:
             raise
         return self
 
-    def start_pipeline(self, on_phase=lambda phase: None) -> "Stack":
+    def start_pipeline(self, on_phase=lambda phase: None) -> Stack:
         """ClickHouse, schema and collector only: for a server started elsewhere (a real vLLM)."""
         try:
             self._start_storage(on_phase)
@@ -175,9 +182,20 @@ class Stack:
     def _spawn_collector(self) -> None:
         self.grpc_port, self.http_port = free_port(), free_port()
         spool = Path(self.data_dir) / "spool"
-        argv = ["collector", "--clickhouse", self.clickhouse_url, "--database", self.database,
-                *self.storage.collector_flags, "--grpc-port", str(self.grpc_port),
-                "--http-port", str(self.http_port), "--spool", str(spool)]
+        argv = [
+            "collector",
+            "--clickhouse",
+            self.clickhouse_url,
+            "--database",
+            self.database,
+            *self.storage.collector_flags,
+            "--grpc-port",
+            str(self.grpc_port),
+            "--http-port",
+            str(self.http_port),
+            "--spool",
+            str(spool),
+        ]
         self.collector = spawn("collector", argv, self.log_dir, project_env())
         self.collector_argv = argv
 
@@ -201,8 +219,15 @@ class Stack:
         model_dir = save_tiny_llama(Path(self.data_dir) / "tiny-llama")
         env = {k: v for k, v in self.otel_env(VLLM_SERVICE).items() if k.startswith("OTEL_")}
         env["VLLM_PLUGINS"] = "phaselens" if self.server_kind == "vllm" else ""
-        return VllmServer(python, model_dir, self.log_dir / "server.log", otlp_endpoint=self.otlp_grpc_endpoint,
-                          env=env, served_name=self.model, max_model_len=VLLM_MAX_MODEL_LEN)
+        return VllmServer(
+            python,
+            model_dir,
+            self.log_dir / "server.log",
+            otlp_endpoint=self.otlp_grpc_endpoint,
+            env=env,
+            served_name=self.model,
+            max_model_len=VLLM_MAX_MODEL_LEN,
+        )
 
     def served_model(self) -> str:
         """The model name the server answers to (`tiny`, or a local model folder's base name)."""
@@ -212,23 +237,30 @@ class Stack:
     def otel_env(self, service_name: str) -> dict[str, str]:
         """Standard OTEL_* variables pointing at this stack's collector (OTLP/gRPC, traces only)."""
         env = project_env()
-        env.update({
-            "OTEL_SERVICE_NAME": service_name,
-            "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_grpc_endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-            "OTEL_TRACES_EXPORTER": "otlp",
-            "OTEL_METRICS_EXPORTER": "none",  # the collector receives traces only
-            "OTEL_LOGS_EXPORTER": "none",
-            "OTEL_TRACES_SAMPLER": "parentbased_always_on",
-            "OTEL_BSP_SCHEDULE_DELAY": BSP_SCHEDULE_DELAY_MS,
-        })
+        env.update(
+            {
+                "OTEL_SERVICE_NAME": service_name,
+                "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_grpc_endpoint,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_METRICS_EXPORTER": "none",  # the collector receives traces only
+                "OTEL_LOGS_EXPORTER": "none",
+                "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+                "OTEL_BSP_SCHEDULE_DELAY": BSP_SCHEDULE_DELAY_MS,
+            }
+        )
         return env
 
     def bench(self, argv: list[str], timeout_s: float) -> int:
         """Run `phaselens bench --url <server> <argv>` with client spans exported to this stack; its
         progress bar (stderr) shows on the terminal, its tables go to logs/bench.log."""
-        child = spawn("bench", ["bench", "--url", self.server_url, *argv], self.log_dir,
-                      self.otel_env(CLIENT_SERVICE), stderr=None)
+        child = spawn(
+            "bench",
+            ["bench", "--url", self.server_url, *argv],
+            self.log_dir,
+            self.otel_env(CLIENT_SERVICE),
+            stderr=None,
+        )
         try:
             return child.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -238,8 +270,10 @@ class Stack:
 
     def requests_present(self, trace_ids: list[str]) -> int:
         """How many of `trace_ids` are queryable with both a client and a server view."""
-        sql = (f"SELECT countIf(has_client AND has_server) FROM {{db:Identifier}}.{FACTS_VIEW} "
-               "WHERE trace_id IN {ids:Array(String)}")
+        sql = (
+            f"SELECT countIf(has_client AND has_server) FROM {{db:Identifier}}.{FACTS_VIEW} "
+            "WHERE trace_id IN {ids:Array(String)}"
+        )
         with self.client() as client:
             return int(client.query(sql, parameters={"db": self.database, "ids": trace_ids}).result_rows[0][0])
 
@@ -263,7 +297,7 @@ class Stack:
             codes["clickhouse"] = 0
         return codes
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

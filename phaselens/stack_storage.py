@@ -84,7 +84,9 @@ class ShardedCluster:
         return f"ClickHouse cluster {self.name}, {self.shards} shards: {' '.join(self.cluster.urls)}"
 
     def start(self) -> None:
-        self.cluster = EmbeddedCluster(str(self.data_dir), shards=self.shards, name=self.name, log_dir=str(self.log_dir))
+        self.cluster = EmbeddedCluster(
+            str(self.data_dir), shards=self.shards, name=self.name, log_dir=str(self.log_dir)
+        )
         self.cluster.start()
 
     def apply_schema(self, database: str) -> None:

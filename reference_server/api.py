@@ -15,8 +15,9 @@ import asyncio
 import inspect
 import json
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
@@ -27,7 +28,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from phaselens.common.exposure import authorized
 from phaselens.instrumentation import names
 from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, RequestHandle
-
 from phaselens.reference_server import chat_template
 from phaselens.reference_server.engine import Engine, QueueFullError
 from phaselens.reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
@@ -73,6 +73,7 @@ class EventStreamResponse(StreamingResponse):
 
     async def __call__(self, scope, receive, send) -> None:
         async with anyio.create_task_group() as group:
+
             async def stream_then_stop() -> None:
                 try:
                     await self.stream_response(send)
@@ -101,14 +102,18 @@ def error_response(error: ApiError) -> JSONResponse:
 # FastAPI ≥ 0.165 traces, meters and logs every request by itself once a global provider is set:
 # a second SERVER span per request (a sibling of ours, from the same traceparent) and its operation
 # spans, all built on the event loop. The phaselens middleware is this server's telemetry.
-_NO_FASTAPI_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
-                         if "telemetry" in inspect.signature(FastAPI).parameters else {})
+_NO_FASTAPI_TELEMETRY = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI).parameters
+    else {}
+)
 
 
 def create_app(engine: Engine, settings: ApiSettings, telemetry: Any = None):
     """The ASGI app; wrapped in the telemetry ingress middleware when `telemetry` is given."""
-    app = FastAPI(title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None,
-                  **_NO_FASTAPI_TELEMETRY)
+    app = FastAPI(
+        title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None, **_NO_FASTAPI_TELEMETRY
+    )
     routes = _Routes(engine, settings, telemetry)
 
     @app.exception_handler(RequestValidationError)
@@ -145,14 +150,29 @@ class _Routes:
             self._authorize(request)
         except ApiError as error:
             return error_response(error)
-        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "phaselens",
-                  "max_model_len": self.engine.max_model_len} for name in self.settings.served_model_names]
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "phaselens",
+                "max_model_len": self.engine.max_model_len,
+            }
+            for name in self.settings.served_model_names
+        ]
         return JSONResponse({"object": "list", "data": cards})
 
     async def health(self) -> Response:
         blocks = self.engine.scheduler.blocks
-        return JSONResponse({"status": "ok", "running": self.engine.num_running, "waiting": self.engine.num_waiting,
-                             "kv_blocks_used": blocks.num_used, "kv_blocks_total": blocks.num_blocks})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "running": self.engine.num_running,
+                "waiting": self.engine.num_waiting,
+                "kv_blocks_used": blocks.num_used,
+                "kv_blocks_total": blocks.num_blocks,
+            }
+        )
 
     async def _serve(self, request: Request, chat: bool) -> Response:
         handle = self.telemetry.request(request.scope) if self.telemetry is not None else NULL_REQUEST
@@ -167,8 +187,11 @@ class _Routes:
             handle.fail(error_type=error.code or error.type, status_code=error.status)
             return error_response(error)
         if parsed.stream:
-            return EventStreamResponse(self._events(job, stream, handle, seq_id), media_type="text/event-stream",
-                                       headers={"Cache-Control": "no-cache"})
+            return EventStreamResponse(
+                self._events(job, stream, handle, seq_id),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         return await self._respond(request, job, stream, handle, seq_id)
 
     def _authorize(self, request: Request) -> None:
@@ -197,20 +220,31 @@ class _Routes:
         """Tokenize and check lengths against the context; fill the OpenAI defaults."""
         settings = self.settings
         if parsed.model not in settings.served_model_names and parsed.model not in settings.model_aliases:
-            raise bad(f"model {parsed.model!r} is not served here (serving "
-                      f"{', '.join(map(repr, settings.served_model_names))})", "model", code="model_not_found")
+            raise bad(
+                f"model {parsed.model!r} is not served here (serving "
+                f"{', '.join(map(repr, settings.served_model_names))})",
+                "model",
+                code="model_not_found",
+            )
         prompt_ids = self._tokenize(parsed, chat)
         context = self.engine.max_model_len
         room = context - len(prompt_ids)
         if room < 1:
-            raise bad(f"the prompt has {len(prompt_ids)} tokens; the context is {context}",
-                      "messages" if chat else "prompt", code="context_length_exceeded")
+            raise bad(
+                f"the prompt has {len(prompt_ids)} tokens; the context is {context}",
+                "messages" if chat else "prompt",
+                code="context_length_exceeded",
+            )
         max_tokens = parsed.max_tokens or (room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room))
         if max_tokens > room:
-            raise bad(f"max_tokens {max_tokens} + prompt {len(prompt_ids)} tokens exceed the context {context}",
-                      "max_tokens", code="context_length_exceeded")
-        params = replace(parsed.sampling, max_tokens=max_tokens,
-                         reasoning_tokens=self.settings.reasoning_tokens if chat else 0)
+            raise bad(
+                f"max_tokens {max_tokens} + prompt {len(prompt_ids)} tokens exceed the context {context}",
+                "max_tokens",
+                code="context_length_exceeded",
+            )
+        params = replace(
+            parsed.sampling, max_tokens=max_tokens, reasoning_tokens=self.settings.reasoning_tokens if chat else 0
+        )
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         return Job(prompt_ids, params, Envelope(request_id, parsed.model, chat, len(prompt_ids)), parsed)
 
@@ -228,11 +262,19 @@ class _Routes:
 
     def _describe(self, handle: RequestHandle, job: Job, chat: bool) -> None:
         parsed, params = job.parsed, job.params
-        handle.describe(operation=names.OP_CHAT if chat else names.OP_TEXT_COMPLETION, model=parsed.model,
-                        request_id=job.envelope.request_id, input_tokens=len(job.prompt_ids),
-                        max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-                        top_k=params.top_k, seed=params.seed, stream=parsed.stream,
-                        prompt=parsed.messages if chat else parsed.prompt)
+        handle.describe(
+            operation=names.OP_CHAT if chat else names.OP_TEXT_COMPLETION,
+            model=parsed.model,
+            request_id=job.envelope.request_id,
+            input_tokens=len(job.prompt_ids),
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=params.seed,
+            stream=parsed.stream,
+            prompt=parsed.messages if chat else parsed.prompt,
+        )
 
     def _submit(self, job: Job, handle: RequestHandle, stream: OutputStream) -> int:
         try:
@@ -270,7 +312,9 @@ class _Routes:
             if not finished:
                 self.engine.abort(seq_id)
 
-    async def _respond(self, request: Request, job: Job, stream: OutputStream, handle: RequestHandle, seq_id: int) -> Response:
+    async def _respond(
+        self, request: Request, job: Job, stream: OutputStream, handle: RequestHandle, seq_id: int
+    ) -> Response:
         """Non-streaming: wait for the end, unless the client leaves first (then abort)."""
         collect = asyncio.ensure_future(_collect(stream))
         gone = asyncio.ensure_future(_disconnected(request))
@@ -288,8 +332,9 @@ class _Routes:
 
     def _engine_failure(self, out: SeqOutput, handle: RequestHandle) -> ApiError:
         if out.finish_reason == FINISH_ERROR:
-            error = ApiError(500, "the engine failed while running this request", type_="server_error",
-                             code="engine_error")
+            error = ApiError(
+                500, "the engine failed while running this request", type_="server_error", code="engine_error"
+            )
         else:
             error = ApiError(503, "the server is shutting down", type_="server_overloaded", code="shutting_down")
         handle.fail(error_type=error.code, status_code=error.status)
@@ -297,9 +342,13 @@ class _Routes:
 
     @staticmethod
     def _complete(handle: RequestHandle, final: SeqOutput, completion: str) -> None:
-        handle.complete(output_tokens=final.output_tokens, finish_reason=final.finish_reason,
-                        cached_tokens=final.cached_tokens, reasoning_tokens=final.reasoning_tokens,
-                        completion=completion)
+        handle.complete(
+            output_tokens=final.output_tokens,
+            finish_reason=final.finish_reason,
+            cached_tokens=final.cached_tokens,
+            reasoning_tokens=final.reasoning_tokens,
+            completion=completion,
+        )
 
 
 async def _collect(stream: OutputStream) -> tuple[str, str, SeqOutput]:

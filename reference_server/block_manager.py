@@ -81,7 +81,7 @@ class BlockManager:
         full = min(seq.num_computed // self.block_size, len(seq.block_table))
         for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
             block.hash = self._chain_hash(seq, i, tokens)
             block.token_ids = tokens
             self._cached.setdefault(block.hash, block.block_id)
@@ -97,7 +97,7 @@ class BlockManager:
         hits: list[int] = []
         parent = NO_HASH
         for i in range((seq.num_tokens - 1) // self.block_size):
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
             parent = hash((parent, tokens))
             block_id = self._cached.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != tokens:

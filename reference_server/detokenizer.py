@@ -9,8 +9,8 @@ Token ids arrive one at a time; text goes out only once it is final:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 REPLACEMENT_CHAR = "\ufffd"
 BYTE_OFFSET = 3  # ByT5: ids 0-2 are pad, eos, unk; byte b is id b + 3
@@ -44,12 +44,12 @@ class IncrementalDecoder:
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> str:
-        prefix = self.decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self.decode(self.ids[self.prefix_offset:])
+        prefix = self.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.decode(self.ids[self.prefix_offset :])
         if len(full) <= len(prefix) or (full.endswith(REPLACEMENT_CHAR) and not final):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return full[len(prefix):]
+        return full[len(prefix) :]
 
 
 @dataclass(slots=True)
@@ -116,5 +116,5 @@ class TextTracker:
     def _emit(self, upto: int) -> str:
         if upto <= self.emitted:
             return ""
-        text, self.emitted = self.content[self.emitted:upto], upto
+        text, self.emitted = self.content[self.emitted : upto], upto
         return text

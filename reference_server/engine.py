@@ -23,9 +23,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, NULL_STEP
-from phaselens.instrumentation.observer import RequestObserver, StepObserver
-
+from phaselens.instrumentation.observer import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    NULL_REQUEST,
+    NULL_STEP,
+    RequestObserver,
+    StepObserver,
+)
 from phaselens.reference_server.config import EngineConfig
 from phaselens.reference_server.detokenizer import TextTracker
 from phaselens.reference_server.model_runner import ModelRunner
@@ -51,8 +56,9 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None,
-                 step_observer: StepObserver = NULL_STEP) -> None:
+    def __init__(
+        self, config: EngineConfig, runner: ModelRunner | None = None, step_observer: StepObserver = NULL_STEP
+    ) -> None:
         config.validate()
         self.config = config
         self.runner = runner or ModelRunner(config)
@@ -84,16 +90,29 @@ class Engine:
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams,
-               observer: RequestObserver = NULL_REQUEST, sink: Sink = _drop) -> int:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        observer: RequestObserver = NULL_REQUEST,
+        sink: Sink = _drop,
+    ) -> int:
         """Queue a request; returns its id. Raises QueueFullError or ValueError (too long)."""
         if len(prompt_ids) + params.max_tokens > self.max_model_len or not prompt_ids:
-            raise ValueError(f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) must be "
-                             f"between 1 and the context length {self.max_model_len}")
-        seq = Sequence(seq_id=next(self._ids), token_ids=list(prompt_ids), num_prompt_tokens=len(prompt_ids),
-                       params=params, observer=observer, sink=sink,
-                       text=TextTracker(self.runner.loaded.decode, params.reasoning_tokens, params.stop),
-                       generator=self.runner.generator_for(params.seed))
+            raise ValueError(
+                f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) must be "
+                f"between 1 and the context length {self.max_model_len}"
+            )
+        seq = Sequence(
+            seq_id=next(self._ids),
+            token_ids=list(prompt_ids),
+            num_prompt_tokens=len(prompt_ids),
+            params=params,
+            observer=observer,
+            sink=sink,
+            text=TextTracker(self.runner.loaded.decode, params.reasoning_tokens, params.stop),
+            generator=self.runner.generator_for(params.seed),
+        )
         with self._lock:
             if self.num_waiting >= self.config.max_waiting:
                 raise QueueFullError(f"waiting queue full ({self.config.max_waiting})")
@@ -207,9 +226,17 @@ class Engine:
         self.stats.prefill_tokens += prefill
         self.stats.decode_tokens += decode
         blocks = self.scheduler.blocks
-        self.step_observer.step(start_ns, time.monotonic_ns(), prefill, decode, blocks.num_used,
-                                blocks.num_blocks, batch.preemptions, self.num_waiting,
-                                [i.seq.observer for i in batch.items])
+        self.step_observer.step(
+            start_ns,
+            time.monotonic_ns(),
+            prefill,
+            decode,
+            blocks.num_used,
+            blocks.num_blocks,
+            batch.preemptions,
+            self.num_waiting,
+            [i.seq.observer for i in batch.items],
+        )
 
     def _drain(self) -> None:
         with self._lock:

@@ -63,8 +63,16 @@ class StepLayout:
 class PagedKVCache(Cache):
     """Preallocated per-layer K/V pools; `layout` is set by the model runner before each forward."""
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         shape = (kv_heads, num_blocks + 1, block_size, head_dim)
         self.layers = []  # transformers' per-layer cache objects: the pools below replace them
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -84,8 +92,9 @@ class PagedKVCache(Cache):
         return 0
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: DecodeGroup,
-                      scaling: float) -> torch.Tensor:
+def _decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: DecodeGroup, scaling: float
+) -> torch.Tensor:
     """q `[H, B, D]` → `[B, H, D]`; softmax(q·Kᵀ·scale + bias)·V per KV-head group:
 
     K, V gathered as `[kv_heads, B, L, D]`; q viewed as `[kv_heads, B, G, D]`, G = H / kv_heads."""
@@ -102,19 +111,20 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     """query `[1, H, N, D]`; key/value: the layer's pools. Returns `([1, N, H, D], None)`."""
     layout: StepLayout | None = kwargs.get(LAYOUT_KWARG)
     if layout is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      scaling=scaling, dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     q = query[0]
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     out = torch.empty(q.shape[1], q.shape[0], q.shape[2], dtype=q.dtype, device=q.device)
     for group in layout.decodes:
         out[group.rows] = _decode_attention(q[:, group.rows], key, value, group, scale)
     for span in layout.prefills:
-        qp = q[:, span.q_start:span.q_end].unsqueeze(0)
-        kp = key.index_select(1, span.blocks).flatten(1, 2)[None, :, :span.ctx_len]
-        vp = value.index_select(1, span.blocks).flatten(1, 2)[None, :, :span.ctx_len]
+        qp = q[:, span.q_start : span.q_end].unsqueeze(0)
+        kp = key.index_select(1, span.blocks).flatten(1, 2)[None, :, : span.ctx_len]
+        vp = value.index_select(1, span.blocks).flatten(1, 2)[None, :, : span.ctx_len]
         op = scaled_dot_product_attention(qp, kp, vp, attn_mask=span.mask, scale=scale, enable_gqa=True)
-        out[span.q_start:span.q_end] = op[0].transpose(0, 1)
+        out[span.q_start : span.q_end] = op[0].transpose(0, 1)
     return out.unsqueeze(0), None
 
 

@@ -44,9 +44,17 @@ def tiny_config():
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        pad_token_id=0, bos_token_id=None, eos_token_id=TINY_EOS, tie_word_embeddings=False,
+        vocab_size=TINY_VOCAB,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=TINY_EOS,
+        tie_word_embeddings=False,
         initializer_range=0.2,  # wider than the usual 0.02: varied text instead of one repeated byte
     )
 
@@ -64,8 +72,14 @@ def build_tiny(seed: int = 0, dtype: str = "float32", device: str = "cpu") -> Lo
         torch.manual_seed(seed)
         model = LlamaForCausalLM(tiny_config())
     model = model.to(device=device, dtype=DTYPES[dtype]).eval()
-    return LoadedModel(model=model, tokenizer=ByT5Tokenizer(), decode=decode_bytes, eos_ids=frozenset({TINY_EOS}),
-                       max_context=model.config.max_position_embeddings, suppressed_ids=tiny_suppressed_ids())
+    return LoadedModel(
+        model=model,
+        tokenizer=ByT5Tokenizer(),
+        decode=decode_bytes,
+        eos_ids=frozenset({TINY_EOS}),
+        max_context=model.config.max_position_embeddings,
+        suppressed_ids=tiny_suppressed_ids(),
+    )
 
 
 def load_local(path: str, dtype: str = "bfloat16", device: str = "cpu") -> LoadedModel:
@@ -80,10 +94,15 @@ def load_local(path: str, dtype: str = "bfloat16", device: str = "cpu") -> Loade
     model = model.to(device).eval()
     eos = model.generation_config.eos_token_id if model.generation_config else None
     eos_ids = {*([eos] if isinstance(eos, int) else eos or []), tokenizer.eos_token_id} - {None}
-    return LoadedModel(model=model, tokenizer=tokenizer, decode=tokenizer_decoder(tokenizer),
-                       eos_ids=frozenset(eos_ids),
-                       max_context=getattr(model.config, "max_position_embeddings", 4096),
-                       name=os.path.basename(os.path.normpath(path)), add_special_tokens=True)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        decode=tokenizer_decoder(tokenizer),
+        eos_ids=frozenset(eos_ids),
+        max_context=getattr(model.config, "max_position_embeddings", 4096),
+        name=os.path.basename(os.path.normpath(path)),
+        add_special_tokens=True,
+    )
 
 
 def load(name: str, dtype: str, device: str, seed: int = 0) -> LoadedModel:

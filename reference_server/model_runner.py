@@ -40,8 +40,15 @@ class ModelRunner:
         cfg = model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.cache = PagedKVCache(cfg.num_hidden_layers, config.num_kv_blocks, config.block_size, kv_heads,
-                                  head_dim, next(model.parameters()).dtype, self.device)
+        self.cache = PagedKVCache(
+            cfg.num_hidden_layers,
+            config.num_kv_blocks,
+            config.block_size,
+            kv_heads,
+            head_dim,
+            next(model.parameters()).dtype,
+            self.device,
+        )
         self.sampler = Sampler(self.loaded.suppressed_ids, self.device, config.seed)
 
     @property
@@ -56,8 +63,13 @@ class ModelRunner:
         """Forward the batch; return the sampled ids of the sequences that sample, in batch order."""
         input_ids, positions, keep, layout = self._prepare(batch)
         self.cache.layout = layout
-        out = self.model(input_ids=input_ids, position_ids=positions, cache=self.cache,
-                         logits_to_keep=keep, **{kv_cache.LAYOUT_KWARG: layout})
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            cache=self.cache,
+            logits_to_keep=keep,
+            **{kv_cache.LAYOUT_KWARG: layout},
+        )
         self.cache.layout = None
         return self.sampler.sample(out.logits[0], [i.seq for i in batch.items if i.samples])
 
@@ -83,7 +95,9 @@ class ModelRunner:
                 decodes.append((row, seq.block_table, end))
         layout.slot_mapping = self._tensor(slots)
         decodes.sort(key=lambda d: d[2])
-        layout.decodes = [self._decode_group(decodes[i:i + DECODE_GROUP]) for i in range(0, len(decodes), DECODE_GROUP)]
+        layout.decodes = [
+            self._decode_group(decodes[i : i + DECODE_GROUP]) for i in range(0, len(decodes), DECODE_GROUP)
+        ]
         return self._tensor(ids)[None], self._tensor(positions)[None], self._tensor(keep), layout
 
     def _prefill_span(self, row: int, start: int, end: int, block_table: list[int]) -> PrefillSpan:
@@ -102,8 +116,11 @@ class ModelRunner:
         key_pos = torch.arange(width * self.block_size, device=self.device)
         bias = torch.zeros(len(decodes), width * self.block_size, device=self.device)
         bias.masked_fill_(key_pos[None, :] >= lengths[:, None], float("-inf"))
-        return DecodeGroup(rows=self._tensor([row for row, _, _ in decodes]), blocks=self._tensor(tables).flatten(),
-                           bias=bias[:, None, :])
+        return DecodeGroup(
+            rows=self._tensor([row for row, _, _ in decodes]),
+            blocks=self._tensor(tables).flatten(),
+            bias=bias[:, None, :],
+        )
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

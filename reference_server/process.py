@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from phaselens.reference_server.api import ApiSettings, create_app
-from phaselens.reference_server.config import EngineConfig
 from phaselens.common.exposure import check_exposure
 from phaselens.common.ports import bind_reusable
-from phaselens.reference_server.engine import Engine
 from phaselens.instrumentation import names
-
+from phaselens.reference_server.api import ApiSettings, create_app
+from phaselens.reference_server.config import EngineConfig
+from phaselens.reference_server.engine import Engine
 
 
 @dataclass(slots=True)
@@ -71,8 +70,12 @@ def serve(options: ServeOptions) -> int:
     if telemetry is not None:
         engine.step_observer = telemetry.step_observer
     served, aliases = model_names(options, engine.runner.loaded.name)
-    settings = ApiSettings(served_model_names=served, model_aliases=aliases,
-                           reasoning_tokens=options.reasoning_tokens, auth_token=options.auth_token)
+    settings = ApiSettings(
+        served_model_names=served,
+        model_aliases=aliases,
+        reasoning_tokens=options.reasoning_tokens,
+        auth_token=options.auth_token,
+    )
     app = create_app(engine, settings, telemetry)
     engine.start()
     try:

@@ -20,8 +20,14 @@ UNSUPPORTED = ("best_of", "echo", "logprobs", "top_logprobs", "tools", "function
 class ApiError(Exception):
     """Becomes `{"error": {"message", "type", "param", "code"}}` with `status`."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
 
@@ -145,8 +151,7 @@ def _message(message: Any, index: int) -> dict[str, str]:
         raise bad(f"{param} must be an object with role in {ROLES}", param)
     content = message.get("content")
     if isinstance(content, list):  # content parts: only text is understood
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
             raise bad(f"{param}.content: only text parts are supported", f"{param}.content")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):

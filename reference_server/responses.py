@@ -33,8 +33,9 @@ class Envelope:
             "completion_tokens_details": {"reasoning_tokens": final.reasoning_tokens},
         }
 
-    def chunk(self, reasoning: str = "", content: str = "", finish_reason: str | None = None,
-              role: bool = False) -> dict:
+    def chunk(
+        self, reasoning: str = "", content: str = "", finish_reason: str | None = None, role: bool = False
+    ) -> dict:
         """One stream chunk; the first chat chunk carries only the role (and empty content)."""
         if not self.chat:
             body = self._base("text_completion")

@@ -25,7 +25,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from phaselens.instrumentation.observer import FINISH_LENGTH, FINISH_STOP
-
 from phaselens.reference_server.block_manager import BlockManager
 from phaselens.reference_server.config import POLICY_MIXED, EngineConfig
 from phaselens.reference_server.sequence import SeqOutput, SeqStatus, Sequence
@@ -41,7 +40,7 @@ class ScheduledSeq:
     output: SeqOutput | None = None  # what the sampled token released (postprocess)
 
     @classmethod
-    def prefill_chunk(cls, seq: Sequence, num_tokens: int, cached_tokens: int = 0) -> "ScheduledSeq":
+    def prefill_chunk(cls, seq: Sequence, num_tokens: int, cached_tokens: int = 0) -> ScheduledSeq:
         ends = seq.num_computed + num_tokens == seq.prefill_target
         return cls(seq, num_tokens, prefill=True, cached_tokens=cached_tokens, samples=ends)
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
 
 from phaselens.instrumentation.observer import NULL_REQUEST, RequestObserver
-
 from phaselens.reference_server.detokenizer import TextTracker
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from phaselens.common.process import LOOPBACK, free_port
 from phaselens.storage.embedded import EmbeddedClickHouse
@@ -24,12 +25,15 @@ DISTRIBUTED_POOL_THREADS = 16
 
 def cluster_config(name: str, tcp_endpoints: list[tuple[str, int]], shard: int) -> str:
     """The XML (inside `<clickhouse>`) of node `shard` (1-based) in a cluster of one-node shards."""
-    shards = "".join(f"<shard><replica><host>{host}</host><port>{port}</port></replica></shard>"
-                     for host, port in tcp_endpoints)
-    return (f"  <remote_servers><{name}>{shards}</{name}></remote_servers>\n"
-            f"  <macros><cluster>{name}</cluster><shard>{shard}</shard><replica>r{shard}</replica></macros>\n"
-            f"  <background_distributed_schedule_pool_size>{DISTRIBUTED_POOL_THREADS}"
-            "</background_distributed_schedule_pool_size>\n")
+    shards = "".join(
+        f"<shard><replica><host>{host}</host><port>{port}</port></replica></shard>" for host, port in tcp_endpoints
+    )
+    return (
+        f"  <remote_servers><{name}>{shards}</{name}></remote_servers>\n"
+        f"  <macros><cluster>{name}</cluster><shard>{shard}</shard><replica>r{shard}</replica></macros>\n"
+        f"  <background_distributed_schedule_pool_size>{DISTRIBUTED_POOL_THREADS}"
+        "</background_distributed_schedule_pool_size>\n"
+    )
 
 
 @dataclass(slots=True)
@@ -48,15 +52,21 @@ class EmbeddedCluster:
     def urls(self) -> list[str]:
         return [node.url for node in self.nodes]
 
-    def start(self, timeout_s: float = 30.0) -> "EmbeddedCluster":
+    def start(self, timeout_s: float = 30.0) -> EmbeddedCluster:
         if self.shards < 1:
             raise ValueError(f"a cluster needs at least one shard, not {self.shards}")
         tcp_ports = [free_port(self.host) for _ in range(self.shards)]
         endpoints = [(self.host, port) for port in tcp_ports]
-        self.nodes = [EmbeddedClickHouse(str(Path(self.data_dir) / f"node{i + 1}"), tcp_port=port, host=self.host,
-                                         log_path=self._log_path(i + 1),
-                                         extra_config=cluster_config(self.name, endpoints, i + 1))
-                      for i, port in enumerate(tcp_ports)]
+        self.nodes = [
+            EmbeddedClickHouse(
+                str(Path(self.data_dir) / f"node{i + 1}"),
+                tcp_port=port,
+                host=self.host,
+                log_path=self._log_path(i + 1),
+                extra_config=cluster_config(self.name, endpoints, i + 1),
+            )
+            for i, port in enumerate(tcp_ports)
+        ]
         try:
             for node in self.nodes:
                 node.start(timeout_s)
@@ -75,7 +85,7 @@ class EmbeddedCluster:
         for node in self.nodes:
             node.stop(timeout_s)
 
-    def __enter__(self) -> "EmbeddedCluster":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

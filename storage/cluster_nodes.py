@@ -13,8 +13,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from phaselens.storage.clickhouse_url import connect
 
-_NODES_SQL = ("SELECT shard_num, shard_weight, replica_num, host_address, port FROM system.clusters "
-              "WHERE cluster = {cluster:String} ORDER BY shard_num, replica_num")
+_NODES_SQL = (
+    "SELECT shard_num, shard_weight, replica_num, host_address, port FROM system.clusters "
+    "WHERE cluster = {cluster:String} ORDER BY shard_num, replica_num"
+)
 _HTTP_PORT_SQL = "SELECT getServerPort('http_port') FROM remote({address:String}, system.one)"
 
 
@@ -47,16 +49,20 @@ def cluster_nodes(client, entry_url: str, cluster: str) -> list[Node]:
     rows = client.query(_NODES_SQL, parameters={"cluster": cluster}).result_rows
     if not rows:
         known = client.query("SELECT DISTINCT cluster FROM system.clusters ORDER BY cluster").result_rows
-        raise ClusterError(f"no cluster {cluster!r} in system.clusters of {entry_url}; "
-                           f"it knows: {', '.join(r[0] for r in known) or 'none'}")
+        raise ClusterError(
+            f"no cluster {cluster!r} in system.clusters of {entry_url}; "
+            f"it knows: {', '.join(r[0] for r in known) or 'none'}"
+        )
     nodes = []
     for shard_num, shard_weight, replica_num, host, tcp_port in rows:
         address = _host_port(host, tcp_port)
         try:
             http_port = client.query(_HTTP_PORT_SQL, parameters={"address": address}).result_rows[0][0]
         except Exception as exc:
-            raise ClusterError(f"node {address} (shard {shard_num}, replica {replica_num}) of cluster "
-                               f"{cluster!r} does not answer: {exc}") from exc
+            raise ClusterError(
+                f"node {address} (shard {shard_num}, replica {replica_num}) of cluster "
+                f"{cluster!r} does not answer: {exc}"
+            ) from exc
         nodes.append(Node(shard_num, shard_weight, replica_num, address, _node_url(entry_url, host, http_port)))
     return nodes
 

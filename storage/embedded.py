@@ -19,6 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from phaselens.common.exposure import is_loopback
 from phaselens.common.ports import port_in_use_error
@@ -53,22 +54,23 @@ def ping(url: str, timeout_s: float = 0.5) -> bool:
         return False
 
 
-def serve_forever(data_dir: str, http_port: int, tcp_port: int, host: str = LOOPBACK,
-                  extra_config: str = "") -> None:
+def serve_forever(data_dir: str, http_port: int, tcp_port: int, host: str = LOOPBACK, extra_config: str = "") -> None:
     """Body of the server process: blocks until SIGTERM/SIGINT. `extra_config`: XML elements
     added inside `<clickhouse>` (a cluster definition, see storage/cluster.py)."""
     import chdb._chdb as chdb_native  # private entry point, see module docstring
 
     run_dir = Path(data_dir).resolve() / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.xml").write_text(_CONFIG.format(host=host, http_port=http_port, tcp_port=tcp_port,
-                                                              extra=extra_config))
+    (run_dir / "config.xml").write_text(
+        _CONFIG.format(host=host, http_port=http_port, tcp_port=tcp_port, extra=extra_config)
+    )
     os.chdir(run_dir)
     db_path = str(Path(data_dir).resolve() / "db")
     # The statement blocks in C; it runs on a worker so that the main thread stays in Python and
     # can act on SIGTERM/SIGINT (Python signal handlers run only on the main thread).
-    worker = threading.Thread(target=chdb_native.query, args=(_SERVE_SQL, "TabSeparated"),
-                              kwargs={"path": db_path}, daemon=True)
+    worker = threading.Thread(
+        target=chdb_native.query, args=(_SERVE_SQL, "TabSeparated"), kwargs={"path": db_path}, daemon=True
+    )
     worker.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: os._exit(0))
@@ -93,7 +95,7 @@ class EmbeddedClickHouse:
     def url(self) -> str:
         return f"http://{self.host}:{self.http_port}"
 
-    def start(self, timeout_s: float = 30.0) -> "EmbeddedClickHouse":
+    def start(self, timeout_s: float = 30.0) -> EmbeddedClickHouse:
         if not is_loopback(self.host):  # the `default` user has no password
             raise EmbeddedClickHouseError(f"embedded ClickHouse listens on loopback only, not {self.host}")
         self.http_port = self.http_port or free_port(self.host)
@@ -103,12 +105,24 @@ class EmbeddedClickHouse:
                 raise EmbeddedClickHouseError(str(port_in_use_error(self.host, port, "embedded ClickHouse")))
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log_path = self.log_path or str(Path(self.data_dir) / "clickhouse.log")
-        cmd = [sys.executable, "-m", "phaselens.storage.embedded", self.data_dir,
-               str(self.http_port), str(self.tcp_port), self.host, self.extra_config]
+        cmd = [
+            sys.executable,
+            "-m",
+            "phaselens.storage.embedded",
+            self.data_dir,
+            str(self.http_port),
+            str(self.tcp_port),
+            self.host,
+            self.extra_config,
+        ]
         with open(log_path, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True,
-                                          preexec_fn=functools.partial(die_with_parent, os.getpid()))
+            self._proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
         self._wait_ready(timeout_s, log_path)
         return self
 
@@ -137,7 +151,7 @@ class EmbeddedClickHouse:
             terminate(self._proc, timeout_s)
         self._proc = None
 
-    def __enter__(self) -> "EmbeddedClickHouse":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -10,8 +10,7 @@ from phaselens.collectors import schema
 from phaselens.collectors.service import Collector
 
 
-def wait_rows(ch_client, database: str, expected: int, timeout_s: float = 15.0,
-              table: str = "otel_traces") -> int:
+def wait_rows(ch_client, database: str, expected: int, timeout_s: float = 15.0, table: str = "otel_traces") -> int:
     """Polls until `expected` rows of `table` are visible (or the timeout); returns the last count."""
     deadline = time.monotonic() + timeout_s
     count = -1
@@ -35,7 +34,12 @@ def traces_db(ch_client, fresh_database) -> str:
 
 @pytest.fixture()
 def collector(clickhouse, traces_db, tmp_path):
-    c = Collector(clickhouse.url, database=traces_db, spool_dir=str(tmp_path / "spool"),
-                  flush_interval_s=0.05, max_body_bytes=1 << 20).start()
+    c = Collector(
+        clickhouse.url,
+        database=traces_db,
+        spool_dir=str(tmp_path / "spool"),
+        flush_interval_s=0.05,
+        max_body_bytes=1 << 20,
+    ).start()
     yield c
     c.stop()

@@ -16,6 +16,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 ADMIN_TOKEN = "admin-token"
 VIEWER_TOKEN = "viewer-token"  # may read, every write is 403, as a Viewer service account
@@ -96,8 +97,13 @@ def _route(s: GrafanaState, method: str, path: str, body):
             return 200, {"datasource": stored, "id": stored["id"], "message": "Datasource added"}
         case ("PUT", ["api", "datasources", "uid", uid]) if uid in s.datasources:
             old = s.datasources[uid]
-            s.datasources[uid] = {**copy.deepcopy(body), "id": old["id"], "orgId": 1,
-                                  "readOnly": False, "version": old["version"] + 1}
+            s.datasources[uid] = {
+                **copy.deepcopy(body),
+                "id": old["id"],
+                "orgId": 1,
+                "readOnly": False,
+                "version": old["version"] + 1,
+            }
             return 200, {"datasource": s.datasources[uid], "message": "Datasource updated"}
         case ("GET", ["api", "folders", uid]):
             return (200, s.folders[uid]) if uid in s.folders else (404, {"message": "folder not found"})
@@ -136,7 +142,7 @@ class GrafanaStandIn:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "GrafanaStandIn":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -151,6 +157,7 @@ class GrafanaStandIn:
 # frontend (`$__conditionalAll`, then template variables with the plugin's formatter: a list becomes
 # 'a','b', a single value stays raw), then the backend macros (pkg/macros/macros.go: second
 # precision `toDateTime(<unix>)` bounds, `toStartOfInterval(toDateTime(col), INTERVAL n second)`).
+
 
 @dataclass
 class GrafanaQueryContext:
@@ -183,7 +190,7 @@ def _macro_args(sql: str, open_paren: int) -> tuple[list[str], int]:
         elif ch == "," and depth == 1:
             args.append(sql[start:i])
             start = i + 1
-    raise ValueError(f"unbalanced macro call at {open_paren}: {sql[open_paren:open_paren + 60]!r}")
+    raise ValueError(f"unbalanced macro call at {open_paren}: {sql[open_paren : open_paren + 60]!r}")
 
 
 def _replace_calls(sql: str, name: str, render) -> str:
@@ -219,16 +226,25 @@ def _format(ctx: GrafanaQueryContext, name: str, fmt: str | None) -> str:
 def expand_grafana_sql(sql: str, ctx: GrafanaQueryContext) -> str:
     sql = _replace_calls(sql, "conditionalAll", lambda a: _conditional_all(ctx, a))
     frm, to = f"toDateTime({ctx.from_unix_s})", f"toDateTime({ctx.to_unix_s})"
-    sql = (sql.replace("$__interval_s", str(ctx.interval_s)).replace("$__interval_ms", str(ctx.interval_s * 1000))
-           .replace("$__interval", f"{ctx.interval_s}s"))
+    sql = (
+        sql.replace("$__interval_s", str(ctx.interval_s))
+        .replace("$__interval_ms", str(ctx.interval_s * 1000))
+        .replace("$__interval", f"{ctx.interval_s}s")
+    )
     sql = re.sub(r"\$\{(\w+)(?::(\w+))?\}", lambda m: _format(ctx, m[1], m[2]), sql)
     sql = re.sub(r"\$(?!__)(\w+)", lambda m: _format(ctx, m[1], None), sql)
     sql = _replace_calls(sql, "timeFilter", lambda a: f"{a[0]} >= {frm} AND {a[0]} <= {to}")
-    sql = _replace_calls(sql, "timeInterval",
-                         lambda a: f"toStartOfInterval(toDateTime({a[0]}), INTERVAL {max(ctx.interval_s, 1)} second)")
-    sql = (sql.replace("$__fromTime_ms", f"fromUnixTimestamp64Milli({ctx.from_unix_s * 1000})")
-           .replace("$__toTime_ms", f"fromUnixTimestamp64Milli({ctx.to_unix_s * 1000})")
-           .replace("$__fromTime", frm).replace("$__toTime", to))
+    sql = _replace_calls(
+        sql,
+        "timeInterval",
+        lambda a: f"toStartOfInterval(toDateTime({a[0]}), INTERVAL {max(ctx.interval_s, 1)} second)",
+    )
+    sql = (
+        sql.replace("$__fromTime_ms", f"fromUnixTimestamp64Milli({ctx.from_unix_s * 1000})")
+        .replace("$__toTime_ms", f"fromUnixTimestamp64Milli({ctx.to_unix_s * 1000})")
+        .replace("$__fromTime", frm)
+        .replace("$__toTime", to)
+    )
     if "$" in sql:
         raise ValueError(f"unexpanded macro or variable left in: {sql}")
     return sql

@@ -77,8 +77,9 @@ def build(mode: str, provider: TracerProvider):
     if mode.startswith("contrib"):
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-        FastAPIInstrumentor.instrument_app(app, tracer_provider=provider,
-                                           excluded_urls=None if mode == "contrib-all" else LLM_ROUTE.lstrip("/"))
+        FastAPIInstrumentor.instrument_app(
+            app, tracer_provider=provider, excluded_urls=None if mode == "contrib-all" else LLM_ROUTE.lstrip("/")
+        )
     return (telemetry.asgi(app) if telemetry else app), telemetry, None
 
 

@@ -65,7 +65,7 @@ def _mutate(rng: random.Random, data: bytearray) -> bytes:
             data[pos:pos] = rng.randbytes(rng.randint(1, 4))
         else:
             start = rng.randrange(len(data)) if data else 0
-            data[pos:pos] = data[start:start + rng.randint(1, 40)]
+            data[pos:pos] = data[start : start + rng.randint(1, 40)]
     return bytes(data)
 
 
@@ -92,8 +92,7 @@ def main() -> None:
         assert sum(map(len, render.render_slots(exact, 3)[0])) == len(rows)  # the split path, sanitized too
         ExportTraceServiceRequest.FromString(data)  # what the decoder accepted, protobuf accepts too
         accepted += 1
-    print(json.dumps({"iterations": args.iterations, "accepted": accepted,
-                      "module": sys.modules[MODULE].__file__}))
+    print(json.dumps({"iterations": args.iterations, "accepted": accepted, "module": sys.modules[MODULE].__file__}))
 
 
 if __name__ == "__main__":

@@ -60,8 +60,14 @@ class Rig:
 
     def metric_points(self, name: str) -> list:
         data = self.reader.get_metrics_data()
-        return [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-                if m.name == name for p in m.data.data_points]
+        return [
+            p
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == name
+            for p in m.data.data_points
+        ]
 
 
 def make_rig(sampler=None, wall_ns=None, **kwargs) -> Rig:
@@ -73,8 +79,9 @@ def make_rig(sampler=None, wall_ns=None, **kwargs) -> Rig:
     reader = InMemoryMetricReader()
     clock = ScriptedClock()
     anchor = ClockAnchor.capture(clock, wall_ns or (lambda: WALL_BASE_NS))
-    telemetry = ServerTelemetry(tracer_provider, MeterProvider(metric_readers=[reader]), clock_ns=clock,
-                                anchor=anchor, **kwargs)
+    telemetry = ServerTelemetry(
+        tracer_provider, MeterProvider(metric_readers=[reader]), clock_ns=clock, anchor=anchor, **kwargs
+    )
     return Rig(telemetry, exporter, reader, clock, anchor)
 
 
@@ -82,8 +89,14 @@ def http_scope(path: str = "/v1/completions", traceparent: str | None = None) ->
     headers = [(b"content-type", b"application/json")]
     if traceparent:
         headers.append((b"traceparent", traceparent.encode()))
-    return {"type": "http", "method": "POST", "path": path, "headers": headers,
-            "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000)}
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": headers,
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000),
+    }
 
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -93,9 +106,12 @@ TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 
 def _send_chunk(req, clock, ready_ns: int, send_ns: int, sent_ns: int) -> None:
     """What the API layer and the middleware stamp for one streamed content chunk."""
-    clock.now_ns = ready_ns; req.output_ready()
-    clock.now_ns = send_ns; req.chunk_sending()
-    clock.now_ns = sent_ns; req.chunk_sent()
+    clock.now_ns = ready_ns
+    req.output_ready()
+    clock.now_ns = send_ns
+    req.chunk_sending()
+    clock.now_ns = sent_ns
+    req.chunk_sent()
 
 
 def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="world"):
@@ -105,23 +121,42 @@ def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="wor
     clock = rig.clock
     clock.now_ns = 1_000_000
     req = rig.telemetry.request(http_scope(traceparent=traceparent))
-    req.describe(operation=names.OP_TEXT_COMPLETION, model="tiny", request_id="cmpl-1", input_tokens=12,
-                 max_tokens=7, temperature=0.0, top_p=1.0, top_k=0, seed=None, stream=True, prompt=prompt)
-    clock.now_ns = 1_100_000; req.enqueued()
-    clock.now_ns = 1_400_000; req.scheduled()
+    req.describe(
+        operation=names.OP_TEXT_COMPLETION,
+        model="tiny",
+        request_id="cmpl-1",
+        input_tokens=12,
+        max_tokens=7,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=None,
+        stream=True,
+        prompt=prompt,
+    )
+    clock.now_ns = 1_100_000
+    req.enqueued()
+    clock.now_ns = 1_400_000
+    req.scheduled()
     req.prefill_chunk(1_410_000, 1_500_000, 8, 4)
     req.prefill_chunk(1_600_000, 1_700_000, 4, 0)
-    clock.now_ns = 1_720_000; req.first_token()
+    clock.now_ns = 1_720_000
+    req.first_token()
     _send_chunk(req, clock, 1_724_000, 1_726_000, 1_727_000)
     for t_ns, n in ((1_730_000, 1), (1_740_000, 1), (1_750_000, 2)):
-        clock.now_ns = t_ns; req.token(n)
-    clock.now_ns = 1_760_000; req.preempted()
-    clock.now_ns = 1_900_000; req.scheduled()
+        clock.now_ns = t_ns
+        req.token(n)
+    clock.now_ns = 1_760_000
+    req.preempted()
+    clock.now_ns = 1_900_000
+    req.scheduled()
     req.prefill_chunk(1_905_000, 1_950_000, 16, 0)
     for t_ns in (1_960_000, 1_970_000):
-        clock.now_ns = t_ns; req.token()
+        clock.now_ns = t_ns
+        req.token()
     _send_chunk(req, clock, 1_971_000, 1_971_500, 1_972_000)
-    clock.now_ns = 1_975_000; req.finished(FINISH_LENGTH)
+    clock.now_ns = 1_975_000
+    req.finished(FINISH_LENGTH)
     rig.telemetry.step_observer.step(1_940_000, 1_970_000, 16, 1, 3, 16, 0, 2, [req])
     clock.now_ns = 1_990_000
     req.complete(output_tokens=7, finish_reason=FINISH_LENGTH, cached_tokens=4, completion=completion)
@@ -129,6 +164,7 @@ def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="wor
 
 
 # --- a tiny streaming app over a scripted engine thread -------------------------------------
+
 
 @dataclass(slots=True)
 class EngineJob:
@@ -159,8 +195,9 @@ def run_engine_job(job: EngineJob, step_observer) -> None:
             req.token()
         else:
             req.first_token()
-        step_observer.step(step_start, time.monotonic_ns(), 5 if not index else 0, 1 if index else 0,
-                           1, 16, 0, 0, [req])
+        step_observer.step(
+            step_start, time.monotonic_ns(), 5 if not index else 0, 1 if index else 0, 1, 16, 0, 0, [req]
+        )
         job.loop.call_soon_threadsafe(job.out.put_nowait, f"tok{index} ")
     req.finished(reason)
     job.loop.call_soon_threadsafe(job.out.put_nowait, None)
@@ -178,10 +215,18 @@ def make_app(telemetry: ServerTelemetry):
         if not isinstance(body.get("max_tokens"), int):
             req.fail("invalid_request_error", 400)
             return JSONResponse({"error": {"type": "invalid_request_error"}}, status_code=400)
-        req.describe(operation=names.OP_TEXT_COMPLETION, model="tiny", request_id="cmpl-test",
-                     input_tokens=5, max_tokens=body["max_tokens"], stream=True, prompt=body.get("prompt"))
-        job = EngineJob(req, body["max_tokens"], body.get("delay_s", 0.001), asyncio.Queue(),
-                        asyncio.get_running_loop())
+        req.describe(
+            operation=names.OP_TEXT_COMPLETION,
+            model="tiny",
+            request_id="cmpl-test",
+            input_tokens=5,
+            max_tokens=body["max_tokens"],
+            stream=True,
+            prompt=body.get("prompt"),
+        )
+        job = EngineJob(
+            req, body["max_tokens"], body.get("delay_s", 0.001), asyncio.Queue(), asyncio.get_running_loop()
+        )
         threading.Thread(target=run_engine_job, args=(job, telemetry.step_observer), daemon=True).start()
 
         async def chunks():
@@ -209,12 +254,17 @@ def serve(fd: int, spans_path: str, builder: str) -> None:
 
     out = open(spans_path, "a", buffering=1)
     provider = TracerProvider(resource=Resource.create({"service.name": "instrumentation-test-server"}))
-    provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
-        out=out, formatter=lambda span: span.to_json(indent=None) + "\n")))
-    telemetry = (ServerTelemetry(provider, MeterProvider()) if builder == "thread"
-                 else ServerTelemetry(builder=builder, service_name="instrumentation-test-server"))
-    server = uvicorn.Server(uvicorn.Config(telemetry.asgi(make_app(telemetry)), fd=fd, log_level="warning",
-                                           lifespan="off"))
+    provider.add_span_processor(
+        SimpleSpanProcessor(ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n"))
+    )
+    telemetry = (
+        ServerTelemetry(provider, MeterProvider())
+        if builder == "thread"
+        else ServerTelemetry(builder=builder, service_name="instrumentation-test-server")
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(telemetry.asgi(make_app(telemetry)), fd=fd, log_level="warning", lifespan="off")
+    )
     print("READY", flush=True)
     server.run()
     telemetry.shutdown()
@@ -226,6 +276,7 @@ if __name__ == "__main__":
 
 # --- a loopback OTLP/HTTP receiver, and one comparable form for SDK spans and OTLP spans ----------
 
+
 class OtlpReceiver:
     """Accepts OTLP/HTTP protobuf trace exports on 127.0.0.1 (real exporter on the other side) and
     keeps the decoded protobuf spans."""
@@ -234,7 +285,9 @@ class OtlpReceiver:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest, ExportTraceServiceResponse)
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
 
         self.spans: list = []
         receiver = self
@@ -244,8 +297,9 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.path == "/v1/traces":
                     request = ExportTraceServiceRequest.FromString(body)
-                    receiver.spans.extend(span for rs in request.resource_spans for ss in rs.scope_spans
-                                          for span in ss.spans)
+                    receiver.spans.extend(
+                        span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+                    )
                 reply = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -267,10 +321,14 @@ class OtlpReceiver:
 
 def process_env(monkeypatch, receiver: OtlpReceiver, sampler: str = "parentbased_always_on") -> None:
     """The OTEL_* settings the span-builder process reads: export to `receiver`, no metrics."""
-    for name, value in (("OTEL_TRACES_EXPORTER", "otlp"), ("OTEL_METRICS_EXPORTER", "none"),
-                        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-                        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url), ("OTEL_BSP_SCHEDULE_DELAY", "50"),
-                        ("OTEL_TRACES_SAMPLER", sampler)):
+    for name, value in (
+        ("OTEL_TRACES_EXPORTER", "otlp"),
+        ("OTEL_METRICS_EXPORTER", "none"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ("OTEL_TRACES_SAMPLER", sampler),
+    ):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
 
@@ -298,43 +356,81 @@ class SpanShape:
     trace_id: str  # hex, kept only for a trace that came with a traceparent
 
 
-def _shape(name, kind, start, end, status, attributes, events, span_id, parent_id, parent_remote, links,
-           trace_id, names_by_id) -> SpanShape:
+def _shape(
+    name, kind, start, end, status, attributes, events, span_id, parent_id, parent_remote, links, trace_id, names_by_id
+) -> SpanShape:
     parent = "" if not parent_id else (format(parent_id, "016x") if parent_remote else names_by_id[parent_id])
-    return SpanShape(name, kind, start, end, status, tuple(sorted(attributes.items())), events, parent,
-                     tuple(sorted(names_by_id.get(link, "?") for link in links)),
-                     format(trace_id, "032x") if format(trace_id, "032x") == TRACE_ID else "")
+    return SpanShape(
+        name,
+        kind,
+        start,
+        end,
+        status,
+        tuple(sorted(attributes.items())),
+        events,
+        parent,
+        tuple(sorted(names_by_id.get(link, "?") for link in links)),
+        format(trace_id, "032x") if format(trace_id, "032x") == TRACE_ID else "",
+    )
 
 
 def shapes_of_sdk_spans(spans) -> list[SpanShape]:
     by_id = {s.context.span_id: s.name for s in spans}
-    shapes = [_shape(
-        s.name, s.kind.value + 1, s.start_time, s.end_time, s.status.status_code.value,
-        {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in s.attributes.items()},
-        tuple((e.name, e.timestamp, tuple(sorted(e.attributes.items()))) for e in s.events),
-        s.context.span_id, s.parent.span_id if s.parent else 0, bool(s.parent and s.parent.is_remote),
-        [link.context.span_id for link in s.links], s.context.trace_id, by_id) for s in spans]
+    shapes = [
+        _shape(
+            s.name,
+            s.kind.value + 1,
+            s.start_time,
+            s.end_time,
+            s.status.status_code.value,
+            {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in s.attributes.items()},
+            tuple((e.name, e.timestamp, tuple(sorted(e.attributes.items()))) for e in s.events),
+            s.context.span_id,
+            s.parent.span_id if s.parent else 0,
+            bool(s.parent and s.parent.is_remote),
+            [link.context.span_id for link in s.links],
+            s.context.trace_id,
+            by_id,
+        )
+        for s in spans
+    ]
     return sorted(shapes, key=repr)
 
 
 def shapes_of_otlp_spans(spans) -> list[SpanShape]:
     by_id = {int.from_bytes(s.span_id, "big"): s.name for s in spans}
     remote = 0x300  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE | SPAN_FLAGS_CONTEXT_IS_REMOTE
-    shapes = [_shape(
-        s.name, s.kind, s.start_time_unix_nano, s.end_time_unix_nano, s.status.code,
-        {a.key: _any_value(a.value) for a in s.attributes},
-        tuple((e.name, e.time_unix_nano, tuple(sorted((a.key, _any_value(a.value)) for a in e.attributes)))
-              for e in s.events),
-        int.from_bytes(s.span_id, "big"), int.from_bytes(s.parent_span_id, "big") if s.parent_span_id else 0,
-        s.flags & remote == remote, [int.from_bytes(link.span_id, "big") for link in s.links],
-        int.from_bytes(s.trace_id, "big"), by_id) for s in spans]
+    shapes = [
+        _shape(
+            s.name,
+            s.kind,
+            s.start_time_unix_nano,
+            s.end_time_unix_nano,
+            s.status.code,
+            {a.key: _any_value(a.value) for a in s.attributes},
+            tuple(
+                (e.name, e.time_unix_nano, tuple(sorted((a.key, _any_value(a.value)) for a in e.attributes)))
+                for e in s.events
+            ),
+            int.from_bytes(s.span_id, "big"),
+            int.from_bytes(s.parent_span_id, "big") if s.parent_span_id else 0,
+            s.flags & remote == remote,
+            [int.from_bytes(link.span_id, "big") for link in s.links],
+            int.from_bytes(s.trace_id, "big"),
+            by_id,
+        )
+        for s in spans
+    ]
     return sorted(shapes, key=repr)
 
 
 def otlp_span_as_json(span) -> dict:
     """An OTLP span in the shape of the SDK's `ReadableSpan.to_json()` (the fields the tests read)."""
-    return {"name": span.name, "kind": f"SpanKind.{('INTERNAL', 'SERVER', 'CLIENT', 'PRODUCER', 'CONSUMER')[span.kind - 1]}",
-            "parent_id": f"0x{span.parent_span_id.hex()}" if span.parent_span_id else None,
-            "context": {"trace_id": f"0x{span.trace_id.hex()}", "span_id": f"0x{span.span_id.hex()}"},
-            "attributes": {a.key: _any_value(a.value) for a in span.attributes},
-            "status": {"status_code": ("UNSET", "OK", "ERROR")[span.status.code]}}
+    return {
+        "name": span.name,
+        "kind": f"SpanKind.{('INTERNAL', 'SERVER', 'CLIENT', 'PRODUCER', 'CONSUMER')[span.kind - 1]}",
+        "parent_id": f"0x{span.parent_span_id.hex()}" if span.parent_span_id else None,
+        "context": {"trace_id": f"0x{span.trace_id.hex()}", "span_id": f"0x{span.span_id.hex()}"},
+        "attributes": {a.key: _any_value(a.value) for a in span.attributes},
+        "status": {"status_code": ("UNSET", "OK", "ERROR")[span.status.code]},
+    }

@@ -59,16 +59,23 @@ def provider(endpoint: str, service: str, ids: IdGenerator | None = None) -> Tra
 
 def client_span(tracer, start_ns: int, ttft_ms: float, e2e_ms: float) -> tuple[object, dict[str, str]]:
     """The phaselens client's CLIENT span (started; the caller ends it) and the headers it sends."""
-    span = tracer.start_span(n.root_span_name(n.OP_TEXT_COMPLETION, "tiny"), kind=SpanKind.CLIENT,
-                             start_time=start_ns,
-                             attributes={n.GEN_AI_OPERATION_NAME: n.OP_TEXT_COMPLETION, n.PL_CLIENT_TTFT_MS: ttft_ms,
-                                         n.PL_CLIENT_E2E_MS: e2e_ms})
+    span = tracer.start_span(
+        n.root_span_name(n.OP_TEXT_COMPLETION, "tiny"),
+        kind=SpanKind.CLIENT,
+        start_time=start_ns,
+        attributes={
+            n.GEN_AI_OPERATION_NAME: n.OP_TEXT_COMPLETION,
+            n.PL_CLIENT_TTFT_MS: ttft_ms,
+            n.PL_CLIENT_E2E_MS: e2e_ms,
+        },
+    )
     headers: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(headers, context=trace.set_span_in_context(span))
     return span, headers
 
 
 # --- SGLang ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class SglangRequest:
@@ -131,21 +138,30 @@ def _slice(tracer, name: str, start_ns: int, end_ns: int, parent, prev=None, att
 def _root_finish_attrs(r: SglangRequest) -> dict:
     """What the TokenizerManager sets on the root when the request finishes (seconds, floats)."""
     dispatched, first, finished = r.ingress_ms / 1e3, r.ttft_ms / 1e3, (r.ttft_ms + r.decode_ms) / 1e3
-    return {"gen_ai.usage.completion_tokens": r.completion_tokens, "gen_ai.usage.prompt_tokens": r.prompt_tokens,
-            "gen_ai.usage.cached_tokens": r.cached_tokens, "gen_ai.request.id": r.rid,
-            "gen_ai.request.max_tokens": r.completion_tokens, "gen_ai.response.model": "tiny",
-            "gen_ai.response.finish_reasons": json.dumps(["length"]),
-            "gen_ai.latency.time_to_first_token": first, "gen_ai.latency.e2e": finished,
-            "gen_ai.latency.time_in_model_decode": finished - first,
-            "gen_ai.latency.time_in_model_inference": finished - dispatched,
-            "gen_ai.latency.time_in_model_prefill": first - dispatched}
+    return {
+        "gen_ai.usage.completion_tokens": r.completion_tokens,
+        "gen_ai.usage.prompt_tokens": r.prompt_tokens,
+        "gen_ai.usage.cached_tokens": r.cached_tokens,
+        "gen_ai.request.id": r.rid,
+        "gen_ai.request.max_tokens": r.completion_tokens,
+        "gen_ai.response.model": "tiny",
+        "gen_ai.response.finish_reasons": json.dumps(["length"]),
+        "gen_ai.latency.time_to_first_token": first,
+        "gen_ai.latency.e2e": finished,
+        "gen_ai.latency.time_in_model_decode": finished - first,
+        "gen_ai.latency.time_in_model_inference": finished - dispatched,
+        "gen_ai.latency.time_in_model_prefill": first - dispatched,
+    }
 
 
 def sglang_request(tokenizer, scheduler, r: SglangRequest, t0: int, headers: dict[str, str]) -> None:
     """The spans of one request: the TokenizerManager's (`tokenizer`) and the scheduler's tracer."""
-    root = tokenizer.start_span(f" Req {r.rid[:8]}", start_time=t0,
-                                context=TraceContextTextMapPropagator().extract(headers),
-                                attributes={"rid": r.rid, "module": "sglang::request"})
+    root = tokenizer.start_span(
+        f" Req {r.rid[:8]}",
+        start_time=t0,
+        context=TraceContextTextMapPropagator().extract(headers),
+        attributes={"rid": r.rid, "module": "sglang::request"},
+    )
     root_ctx = trace.set_span_in_context(root)
     tok_thread = _thread_span(tokenizer, "Tokenizer", 101, t0, root_ctx)
     tokenized, dispatched = _at(t0, r.tokenize_ms), _at(t0, r.ingress_ms)
@@ -167,8 +183,9 @@ def _scheduler_spans(tracer, r: SglangRequest, t0: int, root_ctx, prev) -> None:
     thread = _thread_span(tracer, "Scheduler", 202, _at(t0, received), root_ctx, tp_rank=0)
     process = _slice(tracer, "request_process", _at(t0, received), _at(t0, queued), thread, prev=prev)
     waiting = _slice(tracer, "prefill_waiting", _at(t0, queued), _at(t0, forward), thread, prev=process)
-    prefill = tracer.start_span("prefill_forward", start_time=_at(t0, forward),
-                                context=trace.set_span_in_context(thread))
+    prefill = tracer.start_span(
+        "prefill_forward", start_time=_at(t0, forward), context=trace.set_span_in_context(thread)
+    )
     prefill.add_link(waiting.get_span_context())
     if len(r.chunks_ms) > 1:
         start = forward
@@ -179,8 +196,9 @@ def _scheduler_spans(tracer, r: SglangRequest, t0: int, root_ctx, prev) -> None:
     steps = r.completion_tokens - 1
     decode_start, step_ms = prefilled + 0.1, (r.decode_ms - 0.1) / steps
     _slice(tracer, "decode_waiting", _at(t0, prefilled), _at(t0, decode_start), thread, prev=prefill)
-    decode = tracer.start_span("decode_forward", start_time=_at(t0, decode_start),
-                               context=trace.set_span_in_context(thread))
+    decode = tracer.start_span(
+        "decode_forward", start_time=_at(t0, decode_start), context=trace.set_span_in_context(thread)
+    )
     for i in range(steps):
         start = decode_start + i * step_ms
         _slice(tracer, "decode_loop", _at(t0, start), _at(t0, start + step_ms), decode, attrs={"decode_ct": i})
@@ -190,6 +208,7 @@ def _scheduler_spans(tracer, r: SglangRequest, t0: int, root_ctx, prev) -> None:
 
 
 # --- TGI ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class TgiRequest:
@@ -212,8 +231,13 @@ def _remote_parent(headers: dict[str, str]):
 
 def _code_attrs(namespace: str, file: str, line: int) -> dict:
     """tracing-opentelemetry's attributes of every span: callsite and thread."""
-    return {"code.filepath": file, "code.namespace": namespace, "code.lineno": line,
-            "thread.id": 4, "thread.name": "tokio-runtime-worker"}
+    return {
+        "code.filepath": file,
+        "code.namespace": namespace,
+        "code.lineno": line,
+        "thread.id": 4,
+        "thread.name": "tokio-runtime-worker",
+    }
 
 
 def _close(span, end_ns: int, busy_ns: int) -> None:
@@ -224,16 +248,34 @@ def _close(span, end_ns: int, busy_ns: int) -> None:
 def tgi_request(tracer, r: TgiRequest, t0: int, headers: dict[str, str], handler: str = "generate_stream") -> None:
     """The handler span (with the timings), and below it the Infer and backend spans."""
     end = _at(t0, r.span_ms)
-    span = tracer.start_span(handler, start_time=t0, context=_remote_parent(headers),
-                             attributes={**_code_attrs("text_generation_router::server", "router/src/server.rs", 464),
-                                         "parameters": "GenerateParameters { best_of: None, temperature: None, "
-                                                       "max_new_tokens: Some(20), stream: true, .. }"})
-    stream = tracer.start_span("async_stream", start_time=t0 + 1000, context=trace.set_span_in_context(span),
-                               attributes=_code_attrs("text_generation_router::server", "router/src/server.rs", 555))
+    span = tracer.start_span(
+        handler,
+        start_time=t0,
+        context=_remote_parent(headers),
+        attributes={
+            **_code_attrs("text_generation_router::server", "router/src/server.rs", 464),
+            "parameters": "GenerateParameters { best_of: None, temperature: None, "
+            "max_new_tokens: Some(20), stream: true, .. }",
+        },
+    )
+    stream = tracer.start_span(
+        "async_stream",
+        start_time=t0 + 1000,
+        context=trace.set_span_in_context(span),
+        attributes=_code_attrs("text_generation_router::server", "router/src/server.rs", 555),
+    )
     _backend_spans(tracer, stream, t0 + 2000, end - 2000)
     _close(stream, end - 1000, 300_000)
-    span.set_attributes({"total_time": r.total_time, "validation_time": r.validation_time, "queue_time": r.queue_time,
-                         "inference_time": r.inference_time, "time_per_token": r.time_per_token, "seed": "None"})
+    span.set_attributes(
+        {
+            "total_time": r.total_time,
+            "validation_time": r.validation_time,
+            "queue_time": r.queue_time,
+            "inference_time": r.inference_time,
+            "time_per_token": r.time_per_token,
+            "seed": "None",
+        }
+    )
     _close(span, end, 400_000)
 
 
@@ -241,17 +283,29 @@ def _backend_spans(tracer, parent, start: int, end: int) -> None:
     """Infer's `generate_stream` (no timings), the backend's `schedule`, its `queued` and `infer` spans,
     and the `batch` span (a trace of its own) that `infer` and it link both ways."""
     infer_ns = "text_generation_router::infer"
-    gen = tracer.start_span("generate_stream", start_time=start, context=trace.set_span_in_context(parent),
-                            attributes=_code_attrs(infer_ns, "router/src/infer/mod.rs", 99))
-    schedule = tracer.start_span("schedule", start_time=start + 1000, context=trace.set_span_in_context(gen),
-                                 attributes=_code_attrs("text_generation_router_v3::backend",
-                                                        "backends/v3/src/backend.rs", 78))
+    gen = tracer.start_span(
+        "generate_stream",
+        start_time=start,
+        context=trace.set_span_in_context(parent),
+        attributes=_code_attrs(infer_ns, "router/src/infer/mod.rs", 99),
+    )
+    schedule = tracer.start_span(
+        "schedule",
+        start_time=start + 1000,
+        context=trace.set_span_in_context(gen),
+        attributes=_code_attrs("text_generation_router_v3::backend", "backends/v3/src/backend.rs", 78),
+    )
     mid = (start + end) // 2
     queued = tracer.start_span("queued", start_time=start + 2000, context=trace.set_span_in_context(schedule))
     _close(queued, mid, 10_000)
     infer = tracer.start_span("infer", start_time=mid, context=trace.set_span_in_context(schedule))
-    batch = tracer.start_span("batch", start_time=mid, context=Context(),  # `parent: None`: a root
-                              attributes={"batch_size": 1}, links=[trace.Link(infer.get_span_context())])
+    batch = tracer.start_span(
+        "batch",
+        start_time=mid,
+        context=Context(),  # `parent: None`: a root
+        attributes={"batch_size": 1},
+        links=[trace.Link(infer.get_span_context())],
+    )
     infer.add_link(batch.get_span_context())
     _close(batch, end - 3000, 200_000)
     _close(infer, end - 3000, 20_000)

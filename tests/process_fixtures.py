@@ -18,7 +18,7 @@ def stat(pid: int) -> tuple[int, str, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     return int(fields[1]), fields[0], int(fields[19])
 
 

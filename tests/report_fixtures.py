@@ -10,8 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+)
 
 
 def chromium() -> str:
@@ -22,8 +30,15 @@ def chromium() -> str:
 
 
 def run_chromium(html: Path, work: Path, *flags: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    argv = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={work / 'profile'}", "--enable-logging=stderr",
-            "--v=0", *flags, html.resolve().as_uri()]
+    argv = [
+        chromium(),
+        *CHROMIUM_FLAGS,
+        f"--user-data-dir={work / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        *flags,
+        html.resolve().as_uri(),
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=work)
 
 
@@ -37,8 +52,8 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, header = 8, [], None
     while pos < len(data):
-        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + length]
+        (length,), kind = struct.unpack(">I", data[pos : pos + 4]), data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -51,7 +66,7 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
     rows, prev = [], bytes(stride)
     for y in range(height):
         start = y * (stride + 1)
-        row = _unfilter(raw[start], bytearray(raw[start + 1:start + 1 + stride]), prev, bpp)
+        row = _unfilter(raw[start], bytearray(raw[start + 1 : start + 1 + stride]), prev, bpp)
         rows.append(bytes(row))
         prev = row
     return width, height, [r if bpp == 3 else _drop_alpha(r) for r in rows]
@@ -89,7 +104,7 @@ def colour_stats(rows: list[bytes], step: int = 3) -> tuple[int, float]:
     background = rows[-1][:3]
     for row in rows[::step]:
         for x in range(0, len(row) - 2, 3 * step):
-            px = row[x:x + 3]
+            px = row[x : x + 3]
             colours.add(px)
             painted += px != background
             total += 1

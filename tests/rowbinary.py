@@ -28,7 +28,7 @@ class _Reader:
     def string(self) -> str:
         n = self.uleb()
         self.i += n
-        return self.data[self.i - n:self.i].decode()
+        return self.data[self.i - n : self.i].decode()
 
     def map(self) -> dict[str, str]:
         pairs = [(self.string(), self.string()) for _ in range(self.uleb())]
@@ -74,4 +74,4 @@ def _write(value, type_: str) -> bytes:
 
 def write_rows(rows: list[tuple]) -> bytes:
     """Row tuples (as read_rows gives them) → RowBinary, for inserting hand-made rows."""
-    return b"".join(_write(v, type_) for row in rows for v, (_, type_) in zip(row, INSERT_COLUMN_TYPES))
+    return b"".join(_write(v, type_) for row in rows for v, (_, type_) in zip(row, INSERT_COLUMN_TYPES, strict=False))

@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 import torch
 import uvicorn
@@ -28,10 +29,16 @@ def reference_greedy(prompt_ids: list[int], max_tokens: int, ignore_eos: bool = 
     global _reference
     if _reference is None:
         _reference = build_tiny().model
-    out = _reference.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False,
-                              suppress_tokens=list(tiny_suppressed_ids()), pad_token_id=0,
-                              eos_token_id=None if ignore_eos else TINY_EOS, min_new_tokens=0)
-    return out[0, len(prompt_ids):].tolist()
+    out = _reference.generate(
+        torch.tensor([prompt_ids]),
+        max_new_tokens=max_tokens,
+        do_sample=False,
+        suppress_tokens=list(tiny_suppressed_ids()),
+        pad_token_id=0,
+        eos_token_id=None if ignore_eos else TINY_EOS,
+        min_new_tokens=0,
+    )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 @dataclass
@@ -62,14 +69,26 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    def enqueued(self): self.calls.append(("enqueued",))
-    def scheduled(self): self.calls.append(("scheduled",))
+    def enqueued(self):
+        self.calls.append(("enqueued",))
+
+    def scheduled(self):
+        self.calls.append(("scheduled",))
+
     def prefill_chunk(self, start_ns, end_ns, tokens, cached_tokens):
         self.calls.append(("prefill_chunk", tokens, cached_tokens, end_ns >= start_ns))
-    def first_token(self): self.calls.append(("first_token",))
-    def token(self, n=1): self.calls.append(("token", n))
-    def preempted(self): self.calls.append(("preempted",))
-    def finished(self, reason): self.calls.append(("finished", reason))
+
+    def first_token(self):
+        self.calls.append(("first_token",))
+
+    def token(self, n=1):
+        self.calls.append(("token", n))
+
+    def preempted(self):
+        self.calls.append(("preempted",))
+
+    def finished(self, reason):
+        self.calls.append(("finished", reason))
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -98,10 +117,9 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(create_app(engine, settings, telemetry), log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
-                                       daemon=True)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True)
 
-    def __enter__(self) -> "LiveServer":
+    def __enter__(self) -> Self:
         self.engine.start()
         self.thread.start()
         deadline = time.monotonic() + 10

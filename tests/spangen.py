@@ -161,11 +161,22 @@ def _ms(rng: random.Random, median: float, sigma: float = 0.35) -> float:
     return max(0.001, round(rng.lognormvariate(0.0, sigma) * median, 3))
 
 
-def generate(n_requests: int, seed: int = 0, *, models: tuple[str, ...] = ("tiny",), rate_rps: float = 50.0,
-             start_ns: int | None = None, client_clock_shift_ns: int = 0, wall_step_ns: int = 0,
-             server_only_every: int = 0, abort_every: int = 0, preempt_every: int = 0,
-             n_steps: int = 0, server_service: str = "phaselens-server",
-             client_service: str = "phaselens-loadgen") -> Workload:
+def generate(
+    n_requests: int,
+    seed: int = 0,
+    *,
+    models: tuple[str, ...] = ("tiny",),
+    rate_rps: float = 50.0,
+    start_ns: int | None = None,
+    client_clock_shift_ns: int = 0,
+    wall_step_ns: int = 0,
+    server_only_every: int = 0,
+    abort_every: int = 0,
+    preempt_every: int = 0,
+    n_steps: int = 0,
+    server_service: str = "phaselens-server",
+    client_service: str = "phaselens-loadgen",
+) -> Workload:
     """Draw `n_requests` requests arriving at `rate_rps` from `start_ns` (default: 2 min ago), for
     `models` in turn; every k-th request is server-only / aborted / preempted (a second queue wait
     during decode) when the matching `*_every` is k > 0."""
@@ -175,16 +186,29 @@ def generate(n_requests: int, seed: int = 0, *, models: tuple[str, ...] = ("tiny
     for i in range(n_requests):
         out = rng.randint(2, 64)
         r = RequestTruth(
-            request_id=f"cmpl-{seed}-{i}", model=models[i % len(models)], start_ns=t0 + round(i * 1e9 / rate_rps),
-            input_tokens=rng.randint(8, 512), output_tokens=out, cached_tokens=rng.choice((0, 0, 16)),
-            ingress_ms=_ms(rng, 0.8), queue_waits_ms=[_ms(rng, 5.0, 0.8)], prefill_ms=_ms(rng, 20.0),
-            prefill_chunks=rng.choice((1, 1, 2)), first_token_ms=_ms(rng, 0.5),
-            loop_wait_ms=_ms(rng, 2.0), encode_ms=_ms(rng, 0.1), write_ms=_ms(rng, 0.05),
-            decode_ms=_ms(rng, 10.0 * (out - 1)), delivery_ms=_ms(rng, 0.3),
-            uplink_ms=_ms(rng, 1.0), downlink_ms=_ms(rng, 1.0),
+            request_id=f"cmpl-{seed}-{i}",
+            model=models[i % len(models)],
+            start_ns=t0 + round(i * 1e9 / rate_rps),
+            input_tokens=rng.randint(8, 512),
+            output_tokens=out,
+            cached_tokens=rng.choice((0, 0, 16)),
+            ingress_ms=_ms(rng, 0.8),
+            queue_waits_ms=[_ms(rng, 5.0, 0.8)],
+            prefill_ms=_ms(rng, 20.0),
+            prefill_chunks=rng.choice((1, 1, 2)),
+            first_token_ms=_ms(rng, 0.5),
+            loop_wait_ms=_ms(rng, 2.0),
+            encode_ms=_ms(rng, 0.1),
+            write_ms=_ms(rng, 0.05),
+            decode_ms=_ms(rng, 10.0 * (out - 1)),
+            delivery_ms=_ms(rng, 0.3),
+            uplink_ms=_ms(rng, 1.0),
+            downlink_ms=_ms(rng, 1.0),
             has_client=not (server_only_every and i % server_only_every == server_only_every - 1),
             aborted=bool(abort_every and i % abort_every == abort_every - 1),
-            client_clock_shift_ns=client_clock_shift_ns, wall_step_ns=wall_step_ns)
+            client_clock_shift_ns=client_clock_shift_ns,
+            wall_step_ns=wall_step_ns,
+        )
         if preempt_every and i % preempt_every == preempt_every - 1:
             r.queue_waits_ms.append(round(r.decode_ms / 3, 3))  # waits again, inside decode
         r.itl_p99_ms = round(r.decode_ms / (out - 1) * 1.8, 3)
@@ -205,9 +229,20 @@ def _steps(rng: random.Random, requests: list[RequestTruth], n_steps: int) -> li
         mixed = i % 4 == 3 and len(linked) > 1
         decode = len(linked) - 1 if mixed else len(linked)
         duration = _ms(rng, 20.0, 0.05) + (_ms(rng, 15.0) if mixed else 0.0)
-        steps.append(StepTruth(t0 + span_ns * i // n_steps, round(duration, 3),
-                               rng.randint(32, 256) if mixed else 0, decode, rng.randint(10, 90), 100,
-                               int(rng.random() < 0.05), rng.randint(0, 8), i, linked))
+        steps.append(
+            StepTruth(
+                t0 + span_ns * i // n_steps,
+                round(duration, 3),
+                rng.randint(32, 256) if mixed else 0,
+                decode,
+                rng.randint(10, 90),
+                100,
+                int(rng.random() < 0.05),
+                rng.randint(0, 8),
+                i,
+                linked,
+            )
+        )
     return steps
 
 
@@ -269,41 +304,67 @@ def build_spans(workload: Workload, seed: int = 0, phase_attributes: bool = True
 
 
 def _server_attrs(r: RequestTruth, phase_attributes: bool) -> dict:
-    attrs = {n.GEN_AI_OPERATION_NAME: n.OP_TEXT_COMPLETION, n.GEN_AI_PROVIDER_NAME: n.PROVIDER_PHASELENS,
-             n.GEN_AI_REQUEST_MODEL: r.model, n.GEN_AI_RESPONSE_MODEL: r.model,
-             n.GEN_AI_REQUEST_ID: r.request_id, n.GEN_AI_RESPONSE_ID: r.request_id,
-             n.GEN_AI_USAGE_INPUT_TOKENS: r.input_tokens, n.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens,
-             n.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: r.cached_tokens,
-             n.PL_SERVER_TTFT_MS: r.server_ttft_ms, n.PL_SERVER_TTFC_MS: r.server_ttfc_ms,
-             n.PL_PREEMPTIONS: r.preemptions,
-             n.PL_FINISH_REASON: "abort" if r.aborted else "length",
-             n.PL_RECEIVED_WALL_NS: r.wall_stamps_ns()[1], n.PL_RESPONDED_WALL_NS: r.wall_stamps_ns()[2]}
+    attrs = {
+        n.GEN_AI_OPERATION_NAME: n.OP_TEXT_COMPLETION,
+        n.GEN_AI_PROVIDER_NAME: n.PROVIDER_PHASELENS,
+        n.GEN_AI_REQUEST_MODEL: r.model,
+        n.GEN_AI_RESPONSE_MODEL: r.model,
+        n.GEN_AI_REQUEST_ID: r.request_id,
+        n.GEN_AI_RESPONSE_ID: r.request_id,
+        n.GEN_AI_USAGE_INPUT_TOKENS: r.input_tokens,
+        n.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens,
+        n.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: r.cached_tokens,
+        n.PL_SERVER_TTFT_MS: r.server_ttft_ms,
+        n.PL_SERVER_TTFC_MS: r.server_ttfc_ms,
+        n.PL_PREEMPTIONS: r.preemptions,
+        n.PL_FINISH_REASON: "abort" if r.aborted else "length",
+        n.PL_RECEIVED_WALL_NS: r.wall_stamps_ns()[1],
+        n.PL_RESPONDED_WALL_NS: r.wall_stamps_ns()[2],
+    }
     if r.tpot_ms is not None:
         attrs[n.PL_SERVER_TPOT_MS] = r.tpot_ms
     if phase_attributes:
-        attrs.update({n.PL_INGRESS_MS: r.ingress_ms, n.PL_QUEUE_MS: r.queue_waits_ms[0],
-                      n.PL_PREFILL_MS: r.prefill_ms, n.PL_FIRST_TOKEN_MS: r.first_token_ms,
-                      n.PL_FIRST_CHUNK_MS: r.first_chunk_ms, **_split_attrs(r),
-                      n.PL_DECODE_MS: r.decode_ms, n.PL_DELIVERY_MS: r.delivery_ms,
-                      n.PL_PREFILL_CHUNKS: r.prefill_chunks})
+        attrs.update(
+            {
+                n.PL_INGRESS_MS: r.ingress_ms,
+                n.PL_QUEUE_MS: r.queue_waits_ms[0],
+                n.PL_PREFILL_MS: r.prefill_ms,
+                n.PL_FIRST_TOKEN_MS: r.first_token_ms,
+                n.PL_FIRST_CHUNK_MS: r.first_chunk_ms,
+                **_split_attrs(r),
+                n.PL_DECODE_MS: r.decode_ms,
+                n.PL_DELIVERY_MS: r.delivery_ms,
+                n.PL_PREFILL_CHUNKS: r.prefill_chunks,
+            }
+        )
     if r.aborted:
         attrs[n.ERROR_TYPE] = n.ERROR_CLIENT_DISCONNECTED
     return attrs
 
 
 def _split_attrs(r: RequestTruth) -> dict:
-    return {n.PL_FIRST_CHUNK_LOOP_WAIT_MS: r.loop_wait_ms, n.PL_FIRST_CHUNK_ENCODE_MS: r.encode_ms,
-            n.PL_FIRST_CHUNK_WRITE_MS: r.write_ms}
+    return {
+        n.PL_FIRST_CHUNK_LOOP_WAIT_MS: r.loop_wait_ms,
+        n.PL_FIRST_CHUNK_ENCODE_MS: r.encode_ms,
+        n.PL_FIRST_CHUNK_WRITE_MS: r.write_ms,
+    }
 
 
 def _client_attrs(r: RequestTruth) -> dict:
     t1, _, _, t4 = r.wall_stamps_ns()
-    attrs = {n.GEN_AI_OPERATION_NAME: n.OP_TEXT_COMPLETION, n.GEN_AI_REQUEST_MODEL: r.model,
-             n.GEN_AI_RESPONSE_ID: r.request_id, n.GEN_AI_USAGE_INPUT_TOKENS: r.input_tokens,
-             n.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens,
-             n.PL_CLIENT_TTFT_MS: r.client_ttft_ms, n.PL_CLIENT_TTFO_MS: r.client_ttft_ms,
-             n.PL_CLIENT_E2E_MS: r.client_e2e_ms, n.PL_CLIENT_ITL_P99_MS: r.itl_p99_ms,
-             n.PL_CLIENT_SENT_WALL_NS: t1, n.PL_CLIENT_DONE_WALL_NS: t4}
+    attrs = {
+        n.GEN_AI_OPERATION_NAME: n.OP_TEXT_COMPLETION,
+        n.GEN_AI_REQUEST_MODEL: r.model,
+        n.GEN_AI_RESPONSE_ID: r.request_id,
+        n.GEN_AI_USAGE_INPUT_TOKENS: r.input_tokens,
+        n.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens,
+        n.PL_CLIENT_TTFT_MS: r.client_ttft_ms,
+        n.PL_CLIENT_TTFO_MS: r.client_ttft_ms,
+        n.PL_CLIENT_E2E_MS: r.client_e2e_ms,
+        n.PL_CLIENT_ITL_P99_MS: r.itl_p99_ms,
+        n.PL_CLIENT_SENT_WALL_NS: t1,
+        n.PL_CLIENT_DONE_WALL_NS: t4,
+    }
     if r.tpot_ms is not None:
         attrs[n.PL_CLIENT_TPOT_MS] = r.tpot_ms
     if r.aborted:
@@ -316,11 +377,11 @@ def _emit_request(r: RequestTruth, client_tracer, server_tracer, phase_attribute
     parent_ctx, client_span = Context(), None
     t1, t2, t3, t4 = r.wall_stamps_ns()
     if r.has_client:
-        client_span = client_tracer.start_span(name, kind=SpanKind.CLIENT, start_time=t1,
-                                               attributes=_client_attrs(r))
+        client_span = client_tracer.start_span(name, kind=SpanKind.CLIENT, start_time=t1, attributes=_client_attrs(r))
         parent_ctx = trace.set_span_in_context(client_span)
-    server = server_tracer.start_span(name, context=parent_ctx, kind=SpanKind.SERVER, start_time=t2,
-                                      attributes=_server_attrs(r, phase_attributes))
+    server = server_tracer.start_span(
+        name, context=parent_ctx, kind=SpanKind.SERVER, start_time=t2, attributes=_server_attrs(r, phase_attributes)
+    )
     ctx = server.get_span_context()
     r.trace_id, r.server_span_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
     _emit_phases(r, server_tracer, trace.set_span_in_context(server))
@@ -351,8 +412,9 @@ def _emit_phases(r: RequestTruth, tracer, ctx) -> None:
 
     t = span(n.SPAN_INGRESS, t, r.ingress_ms)
     t = span(n.SPAN_QUEUE, t, r.queue_waits_ms[0], {n.PL_QUEUE_WAIT_INDEX: 0})
-    prefill = tracer.start_span(n.SPAN_PREFILL, context=ctx, start_time=t,
-                                attributes={n.PL_PREFILL_CHUNKS: r.prefill_chunks})
+    prefill = tracer.start_span(
+        n.SPAN_PREFILL, context=ctx, start_time=t, attributes={n.PL_PREFILL_CHUNKS: r.prefill_chunks}
+    )
     chunk_ms = round(r.prefill_ms / r.prefill_chunks, 3)
     chunk_ctx, c = trace.set_span_in_context(prefill), t
     for k in range(r.prefill_chunks):
@@ -360,8 +422,12 @@ def _emit_phases(r: RequestTruth, tracer, ctx) -> None:
     prefill.end(end_time=t + _ns(r.prefill_ms))
     t = span(n.SPAN_FIRST_TOKEN, t + _ns(r.prefill_ms), r.first_token_ms)
     span(n.SPAN_FIRST_CHUNK, t, r.first_chunk_ms, _split_attrs(r))
-    decode_attrs = {n.PL_DECODE_TOKENS: r.output_tokens - 1, n.PL_DECODE_STEPS: r.output_tokens - 1,
-                    n.PL_ITL_P99_MS: r.itl_p99_ms, n.PL_STALL_MS: r.stall_ms}
+    decode_attrs = {
+        n.PL_DECODE_TOKENS: r.output_tokens - 1,
+        n.PL_DECODE_STEPS: r.output_tokens - 1,
+        n.PL_ITL_P99_MS: r.itl_p99_ms,
+        n.PL_STALL_MS: r.stall_ms,
+    }
     if r.preemptions:
         span(n.SPAN_QUEUE, t + _ns(r.decode_ms / 3), r.queue_waits_ms[1], {n.PL_QUEUE_WAIT_INDEX: 1})
     t = span(n.SPAN_DECODE, t, r.decode_ms, decode_attrs)
@@ -369,17 +435,29 @@ def _emit_phases(r: RequestTruth, tracer, ctx) -> None:
 
 
 def _emit_step(s: StepTruth, tracer, linked_contexts) -> None:
-    attrs = {n.PL_STEP_INDEX: s.index, n.PL_STEP_NUM_SEQS: s.batch_size,
-             n.PL_STEP_PREFILL_TOKENS: s.prefill_tokens, n.PL_STEP_DECODE_TOKENS: s.decode_tokens,
-             n.PL_STEP_KV_BLOCKS_USED: s.kv_blocks_used, n.PL_STEP_KV_BLOCKS_TOTAL: s.kv_blocks_total,
-             n.PL_STEP_PREEMPTIONS: s.preemptions, n.PL_STEP_QUEUE_DEPTH: s.queue_depth}
-    span = tracer.start_span(n.SPAN_ENGINE_STEP, context=Context(), start_time=s.start_ns,
-                             attributes=attrs, links=[Link(c) for c in linked_contexts])
+    attrs = {
+        n.PL_STEP_INDEX: s.index,
+        n.PL_STEP_NUM_SEQS: s.batch_size,
+        n.PL_STEP_PREFILL_TOKENS: s.prefill_tokens,
+        n.PL_STEP_DECODE_TOKENS: s.decode_tokens,
+        n.PL_STEP_KV_BLOCKS_USED: s.kv_blocks_used,
+        n.PL_STEP_KV_BLOCKS_TOTAL: s.kv_blocks_total,
+        n.PL_STEP_PREEMPTIONS: s.preemptions,
+        n.PL_STEP_QUEUE_DEPTH: s.queue_depth,
+    }
+    span = tracer.start_span(
+        n.SPAN_ENGINE_STEP,
+        context=Context(),
+        start_time=s.start_ns,
+        attributes=attrs,
+        links=[Link(c) for c in linked_contexts],
+    )
     span.end(end_time=s.start_ns + _ns(s.duration_ms))
 
 
-def insert_spans(spans: list[ReadableSpan], clickhouse_url: str, database: str, batch: int = 5000,
-                 token_prefix: str | None = None) -> int:
+def insert_spans(
+    spans: list[ReadableSpan], clickhouse_url: str, database: str, batch: int = 5000, token_prefix: str | None = None
+) -> int:
     """Without a collector: the OTLP exporter's own protobuf encoding, rendered into rows by the
     collector's renderer and inserted through its sink (one insert per batch, as it would).
     `token_prefix` makes the batches' deduplication tokens repeatable, as a spool replay's are."""
@@ -389,7 +467,7 @@ def insert_spans(spans: list[ReadableSpan], clickhouse_url: str, database: str, 
     sink, rows = ClickHouseSink(clickhouse_url, database), 0
     try:
         for i in range(0, len(spans), batch):
-            block, count = render.render(encode_spans(spans[i:i + batch]).SerializeToString())
+            block, count = render.render(encode_spans(spans[i : i + batch]).SerializeToString())
             sink.insert([block], token=f"{token_prefix}-{i}" if token_prefix else uuid.uuid4().hex)
             rows += count
     finally:
@@ -404,15 +482,23 @@ def export_otlp(spans: list[ReadableSpan], endpoint: str, batch: int = 512) -> N
     exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
     try:
         for i in range(0, len(spans), batch):
-            if exporter.export(spans[i:i + batch]) is not SpanExportResult.SUCCESS:
+            if exporter.export(spans[i : i + batch]) is not SpanExportResult.SUCCESS:
                 raise RuntimeError(f"OTLP export to {endpoint} failed")
     finally:
         exporter.shutdown()
 
 
-def emit(workload: Workload, clickhouse_url: str, database: str = "otel", *, transport: str = "otlp",
-         otlp_endpoint: str | None = None, seed: int = 0, phase_attributes: bool = True,
-         token_prefix: str | None = None) -> int:
+def emit(
+    workload: Workload,
+    clickhouse_url: str,
+    database: str = "otel",
+    *,
+    transport: str = "otlp",
+    otlp_endpoint: str | None = None,
+    seed: int = 0,
+    phase_attributes: bool = True,
+    token_prefix: str | None = None,
+) -> int:
     """Builds the spans and ships them; returns the span count.
 
     transport="otlp": the real OTLP/gRPC exporter, to `otlp_endpoint` when given, else to a private

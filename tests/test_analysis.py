@@ -12,7 +12,7 @@ from phaselens.analysis import queries as Q
 from phaselens.common.slo import SLO
 from phaselens.instrumentation import names as n
 from tests import spangen
-from tests.analysis_fixtures import client, loaded, new_database, rows_by_trace, stat  # noqa: F401 (client: fixture)
+from tests.analysis_fixtures import client, loaded, new_database, rows_by_trace, stat
 
 HOUR_NS = 3600 * 10**9
 
@@ -37,13 +37,22 @@ def test_request_rows_equal_the_truth(client, mixed):
     assert len(rows) == len(w.requests)
     for r in w.requests:
         row = rows[r.trace_id]
-        for col, want in (("ingress_ms", r.ingress_ms), ("queue_ms", sum(r.queue_waits_ms)),
-                          ("prefill_ms", r.prefill_ms), ("first_token_ms", r.first_token_ms),
-                          ("decode_ms", r.decode_ms), ("delivery_ms", r.delivery_ms),
-                          ("server_ttft_ms", r.server_ttft_ms), ("client_ttft_ms", r.client_ttft_ms),
-                          ("client_e2e_ms", r.client_e2e_ms), ("residual_ms", r.residual_ms),
-                          ("server_tpot_ms", r.tpot_ms), ("itl_p99_ms", r.itl_p99_ms), ("stall_ms", r.stall_ms),
-                          ("clock_offset_estimate_ms", r.clock_offset_estimate_ms)):
+        for col, want in (
+            ("ingress_ms", r.ingress_ms),
+            ("queue_ms", sum(r.queue_waits_ms)),
+            ("prefill_ms", r.prefill_ms),
+            ("first_token_ms", r.first_token_ms),
+            ("decode_ms", r.decode_ms),
+            ("delivery_ms", r.delivery_ms),
+            ("server_ttft_ms", r.server_ttft_ms),
+            ("client_ttft_ms", r.client_ttft_ms),
+            ("client_e2e_ms", r.client_e2e_ms),
+            ("residual_ms", r.residual_ms),
+            ("server_tpot_ms", r.tpot_ms),
+            ("itl_p99_ms", r.itl_p99_ms),
+            ("stall_ms", r.stall_ms),
+            ("clock_offset_estimate_ms", r.clock_offset_estimate_ms),
+        ):
             assert row[col] == pytest.approx(want, abs=1e-6), (col, r)
         assert (row["preemptions"], row["prefill_chunks"], row["status"]) == (r.preemptions, r.prefill_chunks, r.status)
         assert (row["input_tokens"], row["output_tokens"], row["model"]) == (r.input_tokens, r.output_tokens, r.model)
@@ -56,8 +65,9 @@ def test_kinds_are_all_present(client, mixed):
     w, db = mixed
     rows = rows_by_trace(client, db)
     server_only = [r for r in w.requests if not r.has_client]
-    assert server_only and all(rows[r.trace_id]["client_ttft_ms"] is None and rows[r.trace_id]["residual_ms"] is None
-                               for r in server_only)
+    assert server_only and all(
+        rows[r.trace_id]["client_ttft_ms"] is None and rows[r.trace_id]["residual_ms"] is None for r in server_only
+    )
     assert sum(r.aborted for r in w.requests) == sum(row["status"] == "error" for row in rows.values()) > 0
     assert any(row["preemptions"] == 1 for row in rows.values())
 
@@ -84,9 +94,14 @@ def test_phase_span_durations_alone_give_the_same_rows(clickhouse, client):
     rows = rows_by_trace(client, db)
     for r in w.requests:
         row = rows[r.trace_id]
-        for col, want in (("ingress_ms", r.ingress_ms), ("queue_ms", r.queue_waits_ms[0]),
-                          ("prefill_ms", r.prefill_ms), ("first_token_ms", r.first_token_ms),
-                          ("decode_ms", r.decode_ms), ("delivery_ms", r.delivery_ms)):
+        for col, want in (
+            ("ingress_ms", r.ingress_ms),
+            ("queue_ms", r.queue_waits_ms[0]),
+            ("prefill_ms", r.prefill_ms),
+            ("first_token_ms", r.first_token_ms),
+            ("decode_ms", r.decode_ms),
+            ("delivery_ms", r.delivery_ms),
+        ):
             assert row[col] == pytest.approx(want, abs=1e-6), col
 
 
@@ -94,12 +109,14 @@ def test_budget_equals_the_hand_computed_one(client, clean):
     w, db = clean
     report = B.budget(client, database=db, since=None)
     assert (report.requests, report.with_client, report.errors, report.reference) == (80, 80, 0, "client")
-    truth = {"ingress_ms": [r.ingress_ms for r in w.requests],
-             "queue_ms": [r.queue_waits_ms[0] for r in w.requests],
-             "prefill_ms": [r.prefill_ms for r in w.requests],
-             "first_token_ms": [r.first_token_ms for r in w.requests],
-             "first_chunk_ms": [r.first_chunk_ms for r in w.requests],
-             "residual_ms": [r.residual_ms for r in w.requests]}
+    truth = {
+        "ingress_ms": [r.ingress_ms for r in w.requests],
+        "queue_ms": [r.queue_waits_ms[0] for r in w.requests],
+        "prefill_ms": [r.prefill_ms for r in w.requests],
+        "first_token_ms": [r.first_token_ms for r in w.requests],
+        "first_chunk_ms": [r.first_chunk_ms for r in w.requests],
+        "residual_ms": [r.residual_ms for r in w.requests],
+    }
     # the phaselens tree separates ingress and first token: no before-the-engine remainder
     assert report.span_models == ["phaselens"] and report.unseparated == []
     for c in report.components:
@@ -110,7 +127,8 @@ def test_budget_equals_the_hand_computed_one(client, clean):
     ttft = stat(r.client_ttft_ms for r in w.requests)
     assert report.distributions["client_ttft_ms"].values() == pytest.approx(ttft, abs=1e-6)
     assert report.distributions["server_ttft_ms"].values() == pytest.approx(
-        stat(r.server_ttft_ms for r in w.requests), abs=1e-6)
+        stat(r.server_ttft_ms for r in w.requests), abs=1e-6
+    )
     tpot = stat(r.tpot_ms for r in w.requests)
     assert report.distributions["client_tpot_ms"].values() == pytest.approx(tpot, abs=1e-6)
     assert sum(c.share.mean or 0 for c in report.components) == pytest.approx(1.0, abs=1e-9)
@@ -136,10 +154,16 @@ def test_tail_attribution(client, clean):
 def test_goodput_and_attainment(client, mixed):
     w, db = mixed
     report = B.budget(client, database=db, since=None, slo=SLO(ttft_ms=40, tpot_ms=12))
-    good = [r for r in w.requests if r.status == "ok"
-            and (r.client_ttft_ms if r.has_client else r.server_ttft_ms) <= 40 and (r.tpot_ms or 0) <= 12]
-    window_s = (max(r.start_ns + spangen._ns(r.server_e2e_ms) for r in w.requests)
-                - min(r.start_ns for r in w.requests)) / 1e9
+    good = [
+        r
+        for r in w.requests
+        if r.status == "ok"
+        and (r.client_ttft_ms if r.has_client else r.server_ttft_ms) <= 40
+        and (r.tpot_ms or 0) <= 12
+    ]
+    window_s = (
+        max(r.start_ns + spangen._ns(r.server_e2e_ms) for r in w.requests) - min(r.start_ns for r in w.requests)
+    ) / 1e9
     g = report.goodput
     assert g.good_requests == len(good) > 0
     assert g.window_s == pytest.approx(window_s, rel=1e-9)
@@ -165,13 +189,14 @@ def test_replayed_batches_change_nothing(clickhouse, client):
     before = rows_by_trace(client, db)
     spangen.emit(w, clickhouse.url, db, transport="insert", token_prefix="batch")
     assert client.query(f"SELECT count() FROM {db}.otel_traces").result_rows[0][0] == sum(
-        9 + r.prefill_chunks + r.preemptions for r in w.requests)
+        9 + r.prefill_chunks + r.preemptions for r in w.requests
+    )
     assert rows_by_trace(client, db) == before
 
 
 def test_clock_shift_and_wall_step_move_only_the_offset_estimate(clickhouse, client):
     """Client clock ±1 h, and a 2 s wall step mid-request: every budget figure is unchanged."""
-    kw = dict(n_requests=30, seed=21, n_steps=12, server_only_every=6)
+    kw = {"n_requests": 30, "seed": 21, "n_steps": 12, "server_only_every": 6}
     reports, rows = [], []
     for shift, step in ((0, 0), (HOUR_NS, 0), (-HOUR_NS, 2 * 10**9)):
         w = spangen.generate(**kw, client_clock_shift_ns=shift, wall_step_ns=step)
@@ -181,7 +206,7 @@ def test_clock_shift_and_wall_step_move_only_the_offset_estimate(clickhouse, cli
     for r in reports[1:]:
         assert {**r, "filters": None} == {**reports[0], "filters": None}
     (w0, rows0), (w1, rows1), (w2, rows2) = rows
-    for a, b, c in zip(w0.requests, w1.requests, w2.requests):
+    for a, b, c in zip(w0.requests, w1.requests, w2.requests, strict=False):
         if not a.has_client:
             continue
         off0 = rows0[a.trace_id]["clock_offset_estimate_ms"]
@@ -212,8 +237,16 @@ def test_older_exporter_enum_spellings_give_the_same_rows(clickhouse, client):
     w = spangen.generate(12, seed=14, abort_every=3, server_only_every=4)
     block, _ = render.render(encode_spans(spangen.build_spans(w, seed=14)).SerializeToString())
     kind, status = INSERT_COLUMNS.index("SpanKind"), INSERT_COLUMNS.index("StatusCode")
-    old = [row[:kind] + (f"SPAN_KIND_{row[kind].upper()}",) + row[kind + 1:status]
-           + (f"STATUS_CODE_{row[status].upper()}",) + row[status + 1:] for row in read_rows(block)]
+    old = [
+        (
+            *row[:kind],
+            f"SPAN_KIND_{row[kind].upper()}",
+            *row[kind + 1 : status],
+            f"STATUS_CODE_{row[status].upper()}",
+            *row[status + 1 :],
+        )
+        for row in read_rows(block)
+    ]
     db = new_database(client)
     sink = ClickHouseSink(clickhouse.url, db)
     sink.insert([write_rows(old)], token="old-exporter")

@@ -14,23 +14,23 @@ from phaselens.analysis.budget import budget
 from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
 from phaselens.instrumentation import names as n
 from tests import spangen
-from tests.analysis_fixtures import client, loaded  # noqa: F401 (client: fixture)
+from tests.analysis_fixtures import client, loaded
 
 EVIL = "tiny' OR 1=1; DROP TABLE otel_traces; --"
 
 
 @pytest.fixture(scope="module")
 def data(clickhouse):
-    w = spangen.generate(40, seed=9, models=("tiny", "small"), server_only_every=5, abort_every=6,
-                         preempt_every=7, n_steps=30)
+    w = spangen.generate(
+        40, seed=9, models=("tiny", "small"), server_only_every=5, abort_every=6, preempt_every=7, n_steps=30
+    )
     return w, loaded(clickhouse, w, transport="insert")
 
 
 def _expand_grafana(sql: str, variables: dict[str, str]) -> str:
     """A stand-in for the Grafana ClickHouse plugin's macro expansion (no Grafana server here):
     the time range is the last hour, buckets are 10 s, `All` leaves a conditionalAll out."""
-    sql = re.sub(r"\$__timeFilter\(([^)]*)\)",
-                 r"\1 >= toDateTime(now() - 3600) AND \1 <= toDateTime(now() + 60)", sql)
+    sql = re.sub(r"\$__timeFilter\(([^)]*)\)", r"\1 >= toDateTime(now() - 3600) AND \1 <= toDateTime(now() + 60)", sql)
     sql = re.sub(r"\$__timeInterval\(([^)]*)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 10 second)", sql)
     sql = sql.replace("$__interval_s", "10")
     while "$__conditionalAll(" in sql:
@@ -41,8 +41,8 @@ def _expand_grafana(sql: str, variables: dict[str, str]) -> str:
             if depth == 0:
                 break
             i += 1
-        condition, _, var = sql[start + len("$__conditionalAll("):i].rpartition(",")
-        sql = sql[:start] + ("1=1" if variables[var.strip().lstrip("$")] == "$__all" else condition) + sql[i + 1:]
+        condition, _, var = sql[start + len("$__conditionalAll(") : i].rpartition(",")
+        sql = sql[:start] + ("1=1" if variables[var.strip().lstrip("$")] == "$__all" else condition) + sql[i + 1 :]
     for name, value in variables.items():
         sql = sql.replace(f"${{{name}:singlequote}}", f"'{value}'").replace(f"${{{name}}}", value)
     return sql
@@ -59,13 +59,27 @@ def test_every_cli_query_runs_and_returns_its_columns(client, data):
 
 def test_every_panel_query_runs_as_grafana_renders_it(client, data):
     w, db = data
-    variables = {"service": "$__all", "model": "tiny", "ttft_slo_ms": "40", "tpot_slo_ms": "15",
-                 "trace_id": w.requests[1].trace_id}
+    variables = {
+        "service": "$__all",
+        "model": "tiny",
+        "ttft_slo_ms": "40",
+        "tpot_slo_ms": "15",
+        "trace_id": w.requests[1].trace_id,
+    }
     assert set(Q.PANEL_COLUMNS) == {
-        "budget_stack", "latency_over_time", "delivery_over_time", "goodput_over_time", "throughput_over_time",
+        "budget_stack",
+        "latency_over_time",
+        "delivery_over_time",
+        "goodput_over_time",
+        "throughput_over_time",
         "slowest_requests",
-        "engine_batch_over_time", "engine_kv_over_time", "decode_stalls_over_time", "queue_depth_over_time",
-        "request_trace", "diagnosis_causes"}
+        "engine_batch_over_time",
+        "engine_kv_over_time",
+        "decode_stalls_over_time",
+        "queue_depth_over_time",
+        "request_trace",
+        "diagnosis_causes",
+    }
     for name, columns in Q.PANEL_COLUMNS.items():
         sql = Q.render_grafana(name, database=db)
         assert "{" not in sql.replace("${", ""), name  # no bound-parameter placeholder left
@@ -85,7 +99,7 @@ def test_request_trace_returns_every_span_of_the_trace(client, data):
 
 
 def test_slowest_requests_names_the_dominant_phase(client, data):
-    w, db = data
+    _w, db = data
     sql, params = Q.render_cli("slowest_requests", database=db, limit=3)
     rows = list(client.query(sql, parameters=params).named_results())
     assert len(rows) == 3 and rows[0]["ttft_ms"] >= rows[1]["ttft_ms"] >= rows[2]["ttft_ms"]
@@ -129,10 +143,10 @@ def test_schema_statements_for_a_cluster(client):
     stmts = S.statements("otel", cluster="main")
     for sql in stmts:
         assert client.query("SELECT formatQuery({q:String})", parameters={"q": sql}).result_rows
-    assert all(" ON CLUSTER \"main\"" in s for s in stmts)
+    assert all(' ON CLUSTER "main"' in s for s in stmts)
     assert "ReplicatedAggregatingMergeTree()" in stmts[0]
     assert any("Distributed('main', 'otel', 'phaselens_request_parts'" in s for s in stmts)
-    assert all("otel_traces_distributed" in s for s in stmts if "VIEW \"otel\".\"phaselens_steps\"" in s)
+    assert all("otel_traces_distributed" in s for s in stmts if 'VIEW "otel"."phaselens_steps"' in s)
     assert "TTL toDateTime(first_seen) + toIntervalDay(3)" in S.statements("otel", ttl="72h")[0]
 
 
@@ -140,12 +154,41 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
     _, db = data
     names = [r[0] for r in client.query(f"DESCRIBE {db}.phaselens_requests").result_rows]
     assert names == [
-        "trace_id", "request_id", "service", "model", "server_start_time", "status", "error_type",
-        "input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens", "client_ttft_ms",
-        "client_ttfo_ms", "client_tpot_ms", "client_e2e_ms", "server_ttft_ms", "server_ttfc_ms", "ingress_ms",
-        "queue_ms", "prefill_ms", "prefill_chunks", "first_token_ms", "first_chunk_ms", "decode_ms",
-        "delivery_ms", "server_tpot_ms", "itl_p99_ms", "stall_ms", "preemptions", "residual_ms",
-        "e2e_residual_ms", "clock_offset_estimate_ms", "span_model", "before_engine_ms"]
+        "trace_id",
+        "request_id",
+        "service",
+        "model",
+        "server_start_time",
+        "status",
+        "error_type",
+        "input_tokens",
+        "output_tokens",
+        "cached_tokens",
+        "reasoning_tokens",
+        "client_ttft_ms",
+        "client_ttfo_ms",
+        "client_tpot_ms",
+        "client_e2e_ms",
+        "server_ttft_ms",
+        "server_ttfc_ms",
+        "ingress_ms",
+        "queue_ms",
+        "prefill_ms",
+        "prefill_chunks",
+        "first_token_ms",
+        "first_chunk_ms",
+        "decode_ms",
+        "delivery_ms",
+        "server_tpot_ms",
+        "itl_p99_ms",
+        "stall_ms",
+        "preemptions",
+        "residual_ms",
+        "e2e_residual_ms",
+        "clock_offset_estimate_ms",
+        "span_model",
+        "before_engine_ms",
+    ]
     steps = [r[0] for r in client.query(f"DESCRIBE {db}.phaselens_steps").result_rows]
     assert tuple(steps) == S.STEPS_VIEW_COLUMNS
 
@@ -153,8 +196,14 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
 def test_cookbook_renders_six_named_queries_with_their_parameters():
     text = cookbook.markdown()
     assert len(cookbook.ENTRIES) >= 6 and all(f"`{name}`" in text for name, _, _ in cookbook.ENTRIES)
-    assert {"slowest_requests", "budget_by_model", "ttft_vs_prompt_length", "queueing_vs_load",
-            "goodput_per_minute", "request_spans"} <= {name for name, _, _ in cookbook.ENTRIES}
+    assert {
+        "slowest_requests",
+        "budget_by_model",
+        "ttft_vs_prompt_length",
+        "queueing_vs_load",
+        "goodput_per_minute",
+        "request_spans",
+    } <= {name for name, _, _ in cookbook.ENTRIES}
     assert "--param_ttft_slo_ms='200'" in text and "{ttft_slo_ms:Nullable(Float64)}" in text
 
 
@@ -170,8 +219,9 @@ def test_request_spans_places_each_service_on_its_own_clock(client, data):
 
 
 def test_both_dialects_answer_every_question_a_template_may_ask():
-    asked = {name: inspect.signature(fn) for name, fn in vars(Dialect).items()
-             if callable(fn) and not name.startswith("_")}
+    asked = {
+        name: inspect.signature(fn) for name, fn in vars(Dialect).items() if callable(fn) and not name.startswith("_")
+    }
     assert len(asked) == 8
     for dialect in (CliDialect, GrafanaDialect):
         answered = {name: inspect.signature(getattr(dialect, name, None) or (lambda: None)) for name in asked}
@@ -183,8 +233,15 @@ def test_a_schema_from_an_older_phaselens_is_upgraded_in_place(clickhouse, clien
     adds the columns and points the view at them, so new spans fill them and old rows stay."""
     db = "upgrade_test"
     client.command(f"DROP DATABASE IF EXISTS {db}")
-    new_columns = {"d_first_chunk", "a_first_chunk_ms", "a_loop_wait_ms", "a_encode_ms", "a_write_ms",
-                   "a_server_ttfc_ms", "a_server_last_chunk_ms"}
+    new_columns = {
+        "d_first_chunk",
+        "a_first_chunk_ms",
+        "a_loop_wait_ms",
+        "a_encode_ms",
+        "a_write_ms",
+        "a_server_ttfc_ms",
+        "a_server_last_chunk_ms",
+    }
     with monkeypatch.context() as m:  # what an older phaselens created: the tables and the parts view
         m.setattr(S, "PARTS", tuple(p for p in S.PARTS if p.column not in new_columns))
         S.collector_schema.apply(client, S.all_statements(db)[:-3])
@@ -195,6 +252,8 @@ def test_a_schema_from_an_older_phaselens_is_upgraded_in_place(clickhouse, clien
     assert new_columns <= described
     w = spangen.generate(6, seed=3)
     spangen.emit(w, clickhouse.url, db)
-    rows = {r["trace_id"]: r for r in client.query(
-        f"SELECT trace_id, first_chunk_ms FROM {db}.phaselens_requests").named_results()}
+    rows = {
+        r["trace_id"]: r
+        for r in client.query(f"SELECT trace_id, first_chunk_ms FROM {db}.phaselens_requests").named_results()
+    }
     assert all(rows[r.trace_id]["first_chunk_ms"] == pytest.approx(r.first_chunk_ms) for r in w.requests)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests import spangen
-from tests.analysis_fixtures import client, new_database, rows_by_trace  # noqa: F401 (client: fixture)
+from tests.analysis_fixtures import client, new_database, rows_by_trace
 from tests.instrumentation_fixtures import TRACE_ID, make_rig, script_request
 
 
@@ -19,8 +19,16 @@ def test_scripted_request_through_the_real_instrumentation(clickhouse, client):
     # phase boundaries of script_request (instrumentation/phases.py): received 1.000 ms, enqueued
     # 1.100, scheduled 1.400, prefill end 1.700, first token 1.720, a 0.140 ms wait in decode,
     # last token 1.970, responded 1.990
-    expected = {"ingress_ms": 0.1, "queue_ms": 0.44, "prefill_ms": 0.3, "first_token_ms": 0.02,
-                "server_ttft_ms": 0.72, "decode_ms": 0.25, "delivery_ms": 0.02, "server_tpot_ms": 0.25 / 6}
+    expected = {
+        "ingress_ms": 0.1,
+        "queue_ms": 0.44,
+        "prefill_ms": 0.3,
+        "first_token_ms": 0.02,
+        "server_ttft_ms": 0.72,
+        "decode_ms": 0.25,
+        "delivery_ms": 0.02,
+        "server_tpot_ms": 0.25 / 6,
+    }
     for col, want in expected.items():
         assert row[col] == pytest.approx(want, abs=1e-9), col
     assert (row["preemptions"], row["prefill_chunks"], row["output_tokens"], row["input_tokens"]) == (1, 2, 7, 12)

@@ -11,7 +11,7 @@ from phaselens.analysis import queries as Q
 from phaselens.analysis import sql_files
 from phaselens.cli import main
 from tests import spangen
-from tests.analysis_fixtures import client, loaded  # noqa: F401 (client: fixture)
+from tests.analysis_fixtures import client, loaded
 
 CHECKED_IN = sql_files.PACKAGE_DIR / sql_files.SQL_DIR
 
@@ -53,7 +53,7 @@ def data(clickhouse):
     return w, loaded(clickhouse, w, transport="insert")
 
 
-def test_each_checked_in_query_runs_as_written(client, data):  # noqa: F811 (client: fixture)
+def test_each_checked_in_query_runs_as_written(client, data):
     w, db = data
     for name, query in Q.QUERIES.items():
         _, params = Q.render_cli(name, **sql_files.EXAMPLE_FILTERS)

@@ -10,11 +10,11 @@ import json
 import pytest
 
 from phaselens.analysis.budget import budget
-from phaselens.common.slo import SLO
-from phaselens.common.process import free_port
 from phaselens.commands import budget as budget_command
+from phaselens.common.process import free_port
+from phaselens.common.slo import SLO
 from tests import spangen
-from tests.analysis_fixtures import client, loaded, new_database  # noqa: F401 (client: fixture)
+from tests.analysis_fixtures import client, loaded, new_database
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,19 @@ def _cli(capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_json_matches_the_python_api(clickhouse, client, db, capsys):
-    rc, out, _ = _cli(capsys, "--clickhouse", clickhouse.url, "--database", db, "--since", "1h",
-                      "--slo", "ttft:40,tpot:15", "--format", "json")
+    rc, out, _ = _cli(
+        capsys,
+        "--clickhouse",
+        clickhouse.url,
+        "--database",
+        db,
+        "--since",
+        "1h",
+        "--slo",
+        "ttft:40,tpot:15",
+        "--format",
+        "json",
+    )
     assert rc == 0
     got = json.loads(out)
     want = budget(client, database=db, since="1h", slo=SLO(ttft_ms=40, tpot_ms=15)).to_dict()
@@ -72,7 +83,8 @@ def test_bad_flags_are_one_line_and_exit_1(clickhouse, client, capsys, flag, val
 
 def test_a_malicious_model_flag_is_a_harmless_value(clickhouse, client, db, capsys):
     evil = "tiny' OR 1=1) --; DROP TABLE otel_traces"
-    rc, out, _ = _cli(capsys, "--clickhouse", clickhouse.url, "--database", db, "--since", "all",
-                      "--model", evil, "--format", "json")
+    rc, out, _ = _cli(
+        capsys, "--clickhouse", clickhouse.url, "--database", db, "--since", "all", "--model", evil, "--format", "json"
+    )
     assert rc == 0 and json.loads(out)["requests"] == 0
     assert client.query(f"SELECT count() FROM {db}.otel_traces").result_rows[0][0] > 0

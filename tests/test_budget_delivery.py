@@ -21,15 +21,40 @@ STREAMS = 8
 def report(tmp_path_factory):
     with Stack(str(tmp_path_factory.mktemp("stack")), server_args=("--max-num-seqs", str(STREAMS))) as stack:
         bench = subprocess.run(
-            [sys.executable, "-m", "phaselens", "bench", "--url", stack.server_url, "--model", "tiny",
-             "--concurrency", str(STREAMS), "--requests", str(REQUESTS), "--input-len", "48",
-             "--output-len", "24", "--ignore-eos", "--quiet"],
-            env=stack.otel_env("bench"), capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "phaselens",
+                "bench",
+                "--url",
+                stack.server_url,
+                "--model",
+                "tiny",
+                "--concurrency",
+                str(STREAMS),
+                "--requests",
+                str(REQUESTS),
+                "--input-len",
+                "48",
+                "--output-len",
+                "24",
+                "--ignore-eos",
+                "--quiet",
+            ],
+            env=stack.otel_env("bench"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert bench.returncode == 0, bench.stderr[-2000:]
         assert stack.server.stop(30) == 0 and stack.collector.stop(30) == 0  # flush, then drain
         with stack.client() as ch:
-            rows = list(ch.query(f"SELECT residual_ms, e2e_residual_ms FROM {stack.database}.phaselens_request_facts "
-                                 "ORDER BY start_time").named_results())
+            rows = list(
+                ch.query(
+                    f"SELECT residual_ms, e2e_residual_ms FROM {stack.database}.phaselens_request_facts "
+                    "ORDER BY start_time"
+                ).named_results()
+            )
             yield budget(ch, database=stack.database, since=None), rows
 
 
@@ -37,15 +62,23 @@ def test_the_mean_budget_adds_up_to_client_ttft_with_the_first_chunk_term(report
     report, _ = report
     assert (report.requests, report.with_client, report.errors, report.no_output) == (REQUESTS, REQUESTS, 0, 0)
     terms = {c.name: c.ms for c in report.components}
-    assert list(terms) == ["ingress_ms", "queue_ms", "prefill_ms", "first_token_ms", "before_engine_ms",
-                           "first_chunk_ms", "residual_ms"]
+    assert list(terms) == [
+        "ingress_ms",
+        "queue_ms",
+        "prefill_ms",
+        "first_token_ms",
+        "before_engine_ms",
+        "first_chunk_ms",
+        "residual_ms",
+    ]
     assert terms["before_engine_ms"].mean is None  # a term of vLLM's span model only: none here
     mean_sum = sum(stat.mean for name, stat in terms.items() if name != "before_engine_ms")
     assert mean_sum == pytest.approx(report.distributions["client_ttft_ms"].mean, rel=1e-9)
     split = sum(report.distributions[k].mean for k in ("loop_wait_ms", "encode_ms"))
     assert split == pytest.approx(terms["first_chunk_ms"].mean, rel=1e-9)
     assert report.distributions["server_ttfc_ms"].mean == pytest.approx(
-        report.distributions["server_ttft_ms"].mean + terms["first_chunk_ms"].mean, rel=1e-9)
+        report.distributions["server_ttft_ms"].mean + terms["first_chunk_ms"].mean, rel=1e-9
+    )
 
 
 def test_the_residual_is_loopback_sized_and_first_chunk_takes_the_servers_share(report):

@@ -3,8 +3,19 @@
 import subprocess
 import sys
 
-EXPECTED = {"bench", "budget", "clickhouse", "collector", "dashboards", "demo", "diagnose", "report", "schema", "serve",
-            "sql"}
+EXPECTED = {
+    "bench",
+    "budget",
+    "clickhouse",
+    "collector",
+    "dashboards",
+    "demo",
+    "diagnose",
+    "report",
+    "schema",
+    "serve",
+    "sql",
+}
 
 
 def test_every_subcommand_registers_without_importing_torch():

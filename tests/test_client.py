@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from phaselens.instrumentation import names as N
 from phaselens.instrumentation.client import TracedClient
-from phaselens.loadgen.scripted_server import (Reply, ScriptedServer, Step, chat_chunk, completion_chunk, usage_chunk)
+from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, chat_chunk, completion_chunk, usage_chunk
 from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 DELIVERY_MS = 5.0  # loopback write → client stamp, same event loop
@@ -40,12 +40,14 @@ def run_against(handler, endpoint, payload, tracer_provider=None, **client_kw):
         async with ScriptedServer(handler) as server:
             async with TracedClient(server.url, tracer_provider=tracer_provider, **client_kw) as client:
                 return await client.stream(endpoint, payload), server.requests
+
     return asyncio.run(main())
 
 
 def scripted(*steps, status=200, body=b"", abort=False):
     async def handler(request):
         return Reply(status=status, steps=list(steps), body=body, abort=abort)
+
     return handler
 
 
@@ -59,8 +61,17 @@ CHAT = [  # (delay ms, chunk): role-only, reasoning, empty, content, 3 tokens at
     Step(30, chat_chunk(reasoning="Let me think")),
     Step(20, chat_chunk(content="")),
     Step(10, chat_chunk(content="Hello")),
-    Step(20, encode_event({"id": "c1", "model": "m", "usage": {"completion_tokens": 5},
-                  "choices": [{"index": 0, "delta": {"content": " big chunk"}, "finish_reason": None}]})),
+    Step(
+        20,
+        encode_event(
+            {
+                "id": "c1",
+                "model": "m",
+                "usage": {"completion_tokens": 5},
+                "choices": [{"index": 0, "delta": {"content": " big chunk"}, "finish_reason": None}],
+            }
+        ),
+    ),
     Step(20, chat_chunk(content="!", finish="stop")),
     Step(0, usage_chunk(7, 6, reasoning_tokens=1) + DONE_EVENT),
 ]
@@ -74,7 +85,7 @@ def test_chat_stream_metrics_match_the_script(spans):
     assert r.ok and r.status == 200 and r.saw_done
     # role-only chunk (srv[0]) and empty chunk (srv[2]) are not content
     assert r.chunk_tokens == [1, 1, 3, 1]
-    assert [near((c - r.sent_ns) / 1e6, srv[i]) for c, i in zip(r.chunk_ns, (1, 3, 4, 5))] == [True] * 4
+    assert [near((c - r.sent_ns) / 1e6, srv[i]) for c, i in zip(r.chunk_ns, (1, 3, 4, 5), strict=False)] == [True] * 4
     assert near(r.ttft_ms, srv[1]) and 50 <= r.ttft_ms <= 50 + SLACK_MS
     assert near(r.ttfo_ms, srv[3]) and 80 <= r.ttfo_ms <= 80 + SLACK_MS
     assert near(r.e2e_ms, srv[5]) and 120 <= r.e2e_ms <= 120 + SLACK_MS
@@ -83,7 +94,7 @@ def test_chat_stream_metrics_match_the_script(spans):
     assert r.tpot_ms == pytest.approx((r.e2e_ms - r.ttft_ms) / 5, rel=1e-12)
     assert r.tpot_ms == pytest.approx((srv[5] - srv[1]) / 5, abs=2 * DELIVERY_MS / 5)  # nominal 70 / 5
     hand_itl = [srv[3] - srv[1], srv[4] - srv[3], srv[5] - srv[4]]
-    assert all(abs(a - b) <= DELIVERY_MS for a, b in zip(r.itl_ms, hand_itl)) and len(r.itl_ms) == 3
+    assert all(abs(a - b) <= DELIVERY_MS for a, b in zip(r.itl_ms, hand_itl, strict=False)) and len(r.itl_ms) == 3
     assert r.itl_per_token_ms == pytest.approx([r.itl_ms[0], r.itl_ms[1] / 3, r.itl_ms[2]])
     assert r.finish_reasons == ["stop"] and r.response_model == "scripted"
     _check_span(exporter.get_finished_spans(), r, requests[0].headers)
@@ -98,19 +109,30 @@ def _check_span(finished, r, headers):
     assert (r.trace_id, r.span_id) == (f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
     assert span.start_time == r.sent_wall_ns and span.end_time - span.start_time == r.done_ns - r.sent_ns
     events = {e.name: e.timestamp - span.start_time for e in span.events}
-    assert events == {N.EVENT_FIRST_CHUNK: r.first_chunk_ns - r.sent_ns,
-                      N.EVENT_FIRST_OUTPUT: r.first_output_ns - r.sent_ns,
-                      N.EVENT_LAST_CHUNK: r.last_chunk_ns - r.sent_ns}
+    assert events == {
+        N.EVENT_FIRST_CHUNK: r.first_chunk_ns - r.sent_ns,
+        N.EVENT_FIRST_OUTPUT: r.first_output_ns - r.sent_ns,
+        N.EVENT_LAST_CHUNK: r.last_chunk_ns - r.sent_ns,
+    }
     a = span.attributes
-    assert (a[N.GEN_AI_OPERATION_NAME], a[N.GEN_AI_REQUEST_MODEL], a[N.GEN_AI_REQUEST_MAX_TOKENS],
-            a[N.GEN_AI_REQUEST_TEMPERATURE], a[N.GEN_AI_REQUEST_STREAM]) == ("chat", "m", 6, 0.5, True)
+    assert (
+        a[N.GEN_AI_OPERATION_NAME],
+        a[N.GEN_AI_REQUEST_MODEL],
+        a[N.GEN_AI_REQUEST_MAX_TOKENS],
+        a[N.GEN_AI_REQUEST_TEMPERATURE],
+        a[N.GEN_AI_REQUEST_STREAM],
+    ) == ("chat", "m", 6, 0.5, True)
     assert (a[N.SERVER_ADDRESS], a[N.GEN_AI_PROVIDER_NAME]) == ("127.0.0.1", "openai")
     assert (a[N.GEN_AI_USAGE_INPUT_TOKENS], a[N.GEN_AI_USAGE_OUTPUT_TOKENS]) == (7, 6)
     assert a[N.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] == 1
     assert a[N.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",) and a[N.GEN_AI_RESPONSE_ID] == "chatcmpl-scripted"
     assert a[N.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(r.ttft_ms / 1e3)
     assert (a[N.PL_CLIENT_TTFT_MS], a[N.PL_CLIENT_TTFO_MS], a[N.PL_CLIENT_TPOT_MS], a[N.PL_CLIENT_E2E_MS]) == (
-        r.ttft_ms, r.ttfo_ms, r.tpot_ms, r.e2e_ms)
+        r.ttft_ms,
+        r.ttfo_ms,
+        r.tpot_ms,
+        r.e2e_ms,
+    )
     assert a[N.PL_CLIENT_ITL_MAX_MS] == max(r.itl_ms)
     assert a[N.PL_CLIENT_ITL_P50_MS] == sorted(r.itl_ms)[1]
     assert a[N.PL_CLIENT_ITL_TOKEN_P50_MS] == sorted(r.itl_per_token_ms)[1]
@@ -120,8 +142,12 @@ def _check_span(finished, r, headers):
 
 
 def test_completions_slow_start_and_usage_mismatch():
-    steps = [Step(150, completion_chunk("a")), *(Step(10, completion_chunk("b")) for _ in range(3)),
-             Step(0, completion_chunk("", finish="length")), Step(0, usage_chunk(3, 10) + DONE_EVENT)]
+    steps = [
+        Step(150, completion_chunk("a")),
+        *(Step(10, completion_chunk("b")) for _ in range(3)),
+        Step(0, completion_chunk("", finish="length")),
+        Step(0, usage_chunk(3, 10) + DONE_EVENT),
+    ]
     r, requests = run_against(scripted(*steps), "completions", {"model": "m", "prompt": "x", "max_tokens": 10})
     assert requests[0].path == "/v1/completions"
     assert requests[0].body["stream"] is True and requests[0].body["stream_options"] == {"include_usage": True}
@@ -134,10 +160,18 @@ def test_completions_slow_start_and_usage_mismatch():
 
 
 def test_pluggable_token_counter_sets_tokens_per_chunk():
-    steps = [Step(0, completion_chunk("one two")), Step(10, completion_chunk("three four five")),
-             Step(0, completion_chunk("", finish="stop") + DONE_EVENT)]
-    r, _ = run_against(scripted(*steps), "completions", {"model": "m", "prompt": "x"},
-                       token_counter=lambda text: len(text.split()), keep_text=True)
+    steps = [
+        Step(0, completion_chunk("one two")),
+        Step(10, completion_chunk("three four five")),
+        Step(0, completion_chunk("", finish="stop") + DONE_EVENT),
+    ]
+    r, _ = run_against(
+        scripted(*steps),
+        "completions",
+        {"model": "m", "prompt": "x"},
+        token_counter=lambda text: len(text.split()),
+        keep_text=True,
+    )
     assert r.chunk_tokens == [2, 3] and r.counted_tokens == 5 and r.output_tokens is None
     assert r.chunk_text == ["one two", "three four five"]
     assert r.itl_per_token_ms == pytest.approx([r.itl_ms[0] / 3])
@@ -145,8 +179,11 @@ def test_pluggable_token_counter_sets_tokens_per_chunk():
 
 
 def test_usage_on_the_last_content_chunk_counts_its_tokens():
-    steps = [Step(0, completion_chunk("a")), Step(5, completion_chunk("b")),
-             Step(5, completion_chunk("cd", finish="stop", usage={"prompt_tokens": 2, "completion_tokens": 4}) + DONE_EVENT)]
+    steps = [
+        Step(0, completion_chunk("a")),
+        Step(5, completion_chunk("b")),
+        Step(5, completion_chunk("cd", finish="stop", usage={"prompt_tokens": 2, "completion_tokens": 4}) + DONE_EVENT),
+    ]
     r, _ = run_against(scripted(*steps), "completions", {"model": "m", "prompt": "x"})
     assert (r.chunk_tokens, r.output_tokens, r.input_tokens, r.usage_mismatch) == ([1, 1, 2], 4, 2, 0)
     assert r.itl_per_token_ms == pytest.approx([r.itl_ms[0], r.itl_ms[1] / 2])
@@ -155,8 +192,12 @@ def test_usage_on_the_last_content_chunk_counts_its_tokens():
 def test_content_capture_is_opt_in(spans, monkeypatch):
     monkeypatch.setenv(N.ENV_CAPTURE_CONTENT, "true")
     provider, exporter = spans
-    run_against(scripted(Step(0, completion_chunk("hey", finish="stop") + DONE_EVENT)), "completions",
-                {"model": "m", "prompt": "secret"}, provider)
+    run_against(
+        scripted(Step(0, completion_chunk("hey", finish="stop") + DONE_EVENT)),
+        "completions",
+        {"model": "m", "prompt": "secret"},
+        provider,
+    )
     attrs = exporter.get_finished_spans()[0].attributes
     assert json.loads(attrs[N.GEN_AI_INPUT_MESSAGES]) == "secret"
     assert json.loads(attrs[N.GEN_AI_OUTPUT_MESSAGES]) == "hey"
@@ -165,19 +206,33 @@ def test_content_capture_is_opt_in(spans, monkeypatch):
 ERROR_BODY = json.dumps({"error": {"message": "max_tokens too large", "type": "invalid_request_error"}}).encode()
 
 
-@pytest.mark.parametrize("handler, error_type, status", [
-    (scripted(status=400, body=ERROR_BODY), "invalid_request_error", 400),
-    (scripted(status=503, body=b"upstream down"), "503", 503),
-    (scripted(Step(0, completion_chunk("a")), Step(10, encode_event({"error": {"message": "OOM", "type": "server_error"}}))),
-     "server_error", 200),
-    (scripted(Step(0, completion_chunk("a")), Step(0, b"event: error\ndata: {\"object\": \"error\", "
-                                                      b"\"message\": \"boom\", \"type\": \"engine_dead\"}\n\n")),
-     "engine_dead", 200),
-    (scripted(Step(0, completion_chunk("a")), Step(0, b"<html>502</html>\n\n")), "malformed_sse", 200),
-    (scripted(Step(0, b"data: {not json\n\n")), "malformed_chunk", 200),
-    (scripted(Step(0, completion_chunk("a")), abort=True), "connection_error", 200),
-    (scripted(Step(0, completion_chunk("a"))), "truncated_stream", 200),
-])
+@pytest.mark.parametrize(
+    "handler, error_type, status",
+    [
+        (scripted(status=400, body=ERROR_BODY), "invalid_request_error", 400),
+        (scripted(status=503, body=b"upstream down"), "503", 503),
+        (
+            scripted(
+                Step(0, completion_chunk("a")),
+                Step(10, encode_event({"error": {"message": "OOM", "type": "server_error"}})),
+            ),
+            "server_error",
+            200,
+        ),
+        (
+            scripted(
+                Step(0, completion_chunk("a")),
+                Step(0, b'event: error\ndata: {"object": "error", "message": "boom", "type": "engine_dead"}\n\n'),
+            ),
+            "engine_dead",
+            200,
+        ),
+        (scripted(Step(0, completion_chunk("a")), Step(0, b"<html>502</html>\n\n")), "malformed_sse", 200),
+        (scripted(Step(0, b"data: {not json\n\n")), "malformed_chunk", 200),
+        (scripted(Step(0, completion_chunk("a")), abort=True), "connection_error", 200),
+        (scripted(Step(0, completion_chunk("a"))), "truncated_stream", 200),
+    ],
+)
 def test_errors_end_the_span_and_come_back_in_the_result(spans, handler, error_type, status):
     provider, exporter = spans
     r, _ = run_against(handler, "completions", {"model": "m", "prompt": "x"}, provider)
@@ -187,8 +242,9 @@ def test_errors_end_the_span_and_come_back_in_the_result(spans, handler, error_t
 
 
 def test_timeout_is_a_result_not_an_exception():
-    r, _ = run_against(scripted(Step(2000, completion_chunk("late"))), "completions",
-                       {"model": "m", "prompt": "x"}, timeout_s=0.2)
+    r, _ = run_against(
+        scripted(Step(2000, completion_chunk("late"))), "completions", {"model": "m", "prompt": "x"}, timeout_s=0.2
+    )
     assert r.error_type == "timeout" and 200 <= r.elapsed_ms <= 200 + SLACK_MS * 3
     assert r.ttft_ms is None and r.e2e_ms is None
 
@@ -202,6 +258,7 @@ def test_connection_refused_is_a_result(spans):
         async def main():
             async with TracedClient(f"http://127.0.0.1:{port}/v1", tracer_provider=provider) as client:
                 return await client.stream("chat", {"model": "m", "messages": []})
+
         r = asyncio.run(main())
     assert r.error_type == "connection_error" and r.status == 0
     assert exporter.get_finished_spans()[0].attributes[N.SERVER_PORT] == port
@@ -223,6 +280,7 @@ def test_a_cancelled_stream_is_recorded_then_the_cancellation_goes_on(spans):
                     await client.stream("completions", {"model": "m", "prompt": "y"})
             except TimeoutError:
                 return "outer timeout fired"
+
     assert asyncio.run(main()) == "outer timeout fired"
     spans_ = exporter.get_finished_spans()
     assert [s.attributes[N.ERROR_TYPE] for s in spans_] == ["cancelled", "cancelled"]
@@ -234,5 +292,6 @@ def test_unknown_endpoint_is_a_programming_error():
     async def main():
         async with TracedClient("http://127.0.0.1:9") as client:
             await client.stream("embeddings", {})
+
     with pytest.raises(ValueError, match="endpoint"):
         asyncio.run(main())

@@ -9,6 +9,7 @@ import asyncio
 import gzip
 import socket
 import time
+from typing import Self
 
 import httpx
 import pytest
@@ -29,7 +30,7 @@ class RawServer:
     def __init__(self, respond):
         self.respond, self.requests, self.connections = respond, [], 0
 
-    async def __aenter__(self) -> "RawServer":
+    async def __aenter__(self) -> Self:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
@@ -43,8 +44,14 @@ class RawServer:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 body = await reader.readexactly(length) if length else await _chunked_request_body(reader, head)
                 self.requests.append((head, body))
                 for piece in self.respond(head, body, number):
@@ -72,17 +79,20 @@ async def _chunked_request_body(reader: asyncio.StreamReader, head: bytes) -> by
 
 def run(respond, exchange, **transport_kw):
     """`exchange(client, server)` against a RawServer; returns its result and the server."""
+
     async def main():
         async with RawServer(respond) as server:
             transport = StreamingTransport(**transport_kw)
             async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(2.0)) as client:
                 return await exchange(client, server), server
+
     return asyncio.run(main())
 
 
 def get_bodies(n):
     async def exchange(client, server):
         return [(r.status_code, r.content) for r in [await client.get(server.url + "/x") for _ in range(n)]]
+
     return exchange
 
 
@@ -90,14 +100,16 @@ def test_content_length_bodies_reuse_one_connection():
     reply = lambda head, body, no: [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"]  # noqa: E731
     bodies, server = run(reply, get_bodies(3))
     assert bodies == [(200, b"hello")] * 3 and server.connections == 1
-    assert all(head.startswith(b"GET /x HTTP/1.1\r\n") and b"\r\nhost: 127.0.0.1:" in head.lower()
-               for head, _ in server.requests)
+    assert all(
+        head.startswith(b"GET /x HTTP/1.1\r\n") and b"\r\nhost: 127.0.0.1:" in head.lower()
+        for head, _ in server.requests
+    )
 
 
 @pytest.mark.parametrize("piece", [1, 2, 3, 7, 100])
 def test_chunked_body_in_any_split(piece):
     wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + CHUNKED_BODY
-    pieces = [wire[i:i + piece] for i in range(0, len(wire), piece)]
+    pieces = [wire[i : i + piece] for i in range(0, len(wire), piece)]
     reply = lambda head, body, no: [p for part in pieces for p in (part, 0.0)]  # noqa: E731
     bodies, server = run(reply, get_bodies(2))
     assert bodies == [(200, CHUNKED_PAYLOAD)] * 2 and server.connections == 1
@@ -117,15 +129,20 @@ def test_chunked_decoder_rejects_bad_framing(bad):
 
 
 def test_connection_close_and_http10_are_not_reused():
-    replies = {1: b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\na",
-               2: b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nb", 3: b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nc"}
+    replies = {
+        1: b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\na",
+        2: b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nb",
+        3: b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nc",
+    }
     bodies, server = run(lambda head, body, no: [replies[no]], get_bodies(4))
     assert bodies == [(200, b"a"), (200, b"b"), (200, b"c"), (200, b"c")] and server.connections == 3
 
 
 def test_read_to_close_no_body_and_interim_responses():
-    replies = {1: [b"HTTP/1.1 200 OK\r\n\r\nuntil ", 0.01, b"close", None],
-               2: [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"]}
+    replies = {
+        1: [b"HTTP/1.1 200 OK\r\n\r\nuntil ", 0.01, b"close", None],
+        2: [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"],
+    }
     bodies, server = run(lambda head, body, no: replies[min(no, 2)], get_bodies(3))
     assert bodies == [(200, b"until close"), (204, b""), (204, b"")] and server.connections == 2
 
@@ -137,24 +154,29 @@ def test_idle_connection_closed_by_the_server_is_replaced():
         first = await client.get(server.url)
         await asyncio.sleep(0.2)  # the server has closed the idle connection by now
         return [first.content, (await client.get(server.url)).content]
+
     bodies, server = run(reply, exchange)
     assert bodies == [b"ok", b"ok"] and server.connections == 2
 
 
-@pytest.mark.parametrize("reply, match", [
-    ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", None], "complete message body"),
-    ([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", None], "complete message body"),
-    ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nnothex\r\n"], "chunk size"),
-    ([b"SMTP ready\r\n\r\n"], "status line"),
-    ([b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n"], "header line"),
-    ([b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"], "content-length"),
-    ([None], "without sending a response"),
-])
+@pytest.mark.parametrize(
+    "reply, match",
+    [
+        ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", None], "complete message body"),
+        ([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", None], "complete message body"),
+        ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nnothex\r\n"], "chunk size"),
+        ([b"SMTP ready\r\n\r\n"], "status line"),
+        ([b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n"], "header line"),
+        ([b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"], "content-length"),
+        ([None], "without sending a response"),
+    ],
+)
 def test_broken_responses_raise_remote_protocol_error(reply, match):
     async def exchange(client, server):
         with pytest.raises(httpx.RemoteProtocolError, match=match):
             await client.get(server.url)
         return True
+
     assert run(lambda head, body, no: reply, exchange)[0]
 
 
@@ -163,6 +185,7 @@ def test_read_timeout_and_connect_errors_are_httpx_errors():
         with pytest.raises(httpx.ReadTimeout):
             await client.get(server.url, timeout=httpx.Timeout(2.0, read=0.1))
         return True
+
     assert run(lambda head, body, no: [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhe", 1.0], exchange)[0]
 
     with socket.socket() as s:
@@ -172,6 +195,7 @@ def test_read_timeout_and_connect_errors_are_httpx_errors():
         async def refused():
             async with httpx.AsyncClient(transport=StreamingTransport()) as client:
                 await client.get(f"http://127.0.0.1:{port}/")
+
         with pytest.raises(httpx.ConnectError):
             asyncio.run(refused())
 
@@ -185,6 +209,7 @@ def test_pool_limit_queues_requests_and_times_out():
             async with client.stream("GET", server.url):
                 await client.get(server.url, timeout=httpx.Timeout(2.0, pool=0.05))
         return [r.content for r in both]
+
     bodies, server = run(reply, exchange, max_connections=1)
     assert bodies == [b"z", b"z"] and server.connections == 1
 
@@ -200,6 +225,7 @@ def test_request_bodies_in_memory_and_streamed():
         fixed = await client.post(server.url + "/p?q=1", json={"a": "é"})
         streamed = await client.post(server.url, content=parts())
         return fixed.content, streamed.content
+
     (fixed, streamed), server = run(reply, exchange)
     assert fixed == '{"a":"é"}'.encode() and streamed == b"one two"
     assert server.requests[0][0].startswith(b"POST /p?q=1 HTTP/1.1\r\n")
@@ -213,6 +239,7 @@ def test_each_network_read_is_stamped_when_it_arrives():
         def stamp_then(data):
             written.append(time.perf_counter_ns())
             return data
+
         yield b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         for i in range(3):
             yield 0.03
@@ -222,9 +249,10 @@ def test_each_network_read_is_stamped_when_it_arrives():
     async def exchange(client, server):
         async with client.stream("GET", server.url) as response:
             return [piece async for piece in response.extensions[RECEIPTS].stamped()]
+
     pieces, _ = run(reply, exchange)
     assert [p for _, p in pieces] == [b"c0", b"c1", b"c2"]
-    assert all(0 <= (stamp - w) / 1e6 < 20 for (stamp, _), w in zip(pieces, written))
+    assert all(0 <= (stamp - w) / 1e6 < 20 for (stamp, _), w in zip(pieces, written, strict=False))
 
 
 def test_traced_client_reads_a_compressed_stream():
@@ -235,6 +263,7 @@ def test_traced_client_reads_a_compressed_stream():
         async with RawServer(lambda h, b, no: [head % len(body) + body]) as server:
             async with TracedClient(server.url) as client:
                 return await client.stream("completions", {"model": "m", "prompt": "x"})
+
     r = asyncio.run(main())
     assert r.ok and r.saw_done and r.chunk_tokens == [1, 1] and r.finish_reasons == ["stop"]
 
@@ -246,5 +275,6 @@ def test_idle_connection_with_stray_bytes_is_not_reused():
         first = await client.get(server.url)
         await asyncio.sleep(0.1)  # the stray bytes have arrived on the idle connection
         return [first.content, (await client.get(server.url)).content]
+
     bodies, server = run(reply, exchange)
     assert bodies == [b"ok", b"ok"] and server.connections == 2

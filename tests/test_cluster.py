@@ -36,8 +36,18 @@ EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 def _apply(url: str, database: str, *extra: str) -> int:
-    return run_command(schema_command.register, "schema", "apply", "--clickhouse", url, "--database", database,
-                "--cluster", CLUSTER, *extra)
+    return run_command(
+        schema_command.register,
+        "schema",
+        "apply",
+        "--clickhouse",
+        url,
+        "--database",
+        database,
+        "--cluster",
+        CLUSTER,
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +65,9 @@ def clients(cluster):
 
 
 def _tables(client, database: str) -> dict[str, str]:
-    rows = client.query("SELECT name, engine FROM system.tables WHERE database = {db:String}",
-                        parameters={"db": database}).result_rows
+    rows = client.query(
+        "SELECT name, engine FROM system.tables WHERE database = {db:String}", parameters={"db": database}
+    ).result_rows
     return dict(rows)
 
 
@@ -84,9 +95,12 @@ def test_asynchronous_distributed_inserts_are_sent(cluster, clients):
     """chdb leaves the distributed send pool at 0 threads; the generated config raises it."""
     for client in clients:
         client.command("CREATE TABLE IF NOT EXISTS default.k (k UInt64) ENGINE = MergeTree ORDER BY k")
-        client.command(f"CREATE TABLE IF NOT EXISTS default.k_d AS default.k ENGINE = Distributed('{CLUSTER}', 'default', 'k', k)")
-    clients[0].command("INSERT INTO default.k_d SELECT number FROM numbers(100)",
-                       settings={"distributed_foreground_insert": 0})
+        client.command(
+            f"CREATE TABLE IF NOT EXISTS default.k_d AS default.k ENGINE = Distributed('{CLUSTER}', 'default', 'k', k)"
+        )
+    clients[0].command(
+        "INSERT INTO default.k_d SELECT number FROM numbers(100)", settings={"distributed_foreground_insert": 0}
+    )
     deadline = time.monotonic() + 20
     while clients[1].query("SELECT count() FROM default.k").result_rows[0][0] < 50 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -95,8 +109,21 @@ def test_asynchronous_distributed_inserts_are_sent(cluster, clients):
 
 def _budget(url: str, database: str, capsys) -> dict:
     capsys.readouterr()
-    assert run_command(budget_command.register, "budget", "--clickhouse", url, "--database", database,
-                "--slo", "ttft:40,tpot:15", "--format", "json") == 0
+    assert (
+        run_command(
+            budget_command.register,
+            "budget",
+            "--clickhouse",
+            url,
+            "--database",
+            database,
+            "--slo",
+            "ttft:40,tpot:15",
+            "--format",
+            "json",
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out)
 
 
@@ -111,7 +138,10 @@ def spans():
 @pytest.fixture(scope="module")
 def single(clickhouse, spans, tmp_path_factory) -> str:
     """The same spans on one node: the database the cluster's budget must equal."""
-    assert run_command(schema_command.register, "schema", "apply", "--clickhouse", clickhouse.url, "--database", "single") == 0
+    assert (
+        run_command(schema_command.register, "schema", "apply", "--clickhouse", clickhouse.url, "--database", "single")
+        == 0
+    )
     with Collector(clickhouse.url, database="single", spool_dir=str(tmp_path_factory.mktemp("spool"))) as c:
         spangen.export_otlp(spans, c.grpc_endpoint)
     assert c.metrics.snapshot()["spans_written"] == len(spans)
@@ -119,21 +149,28 @@ def single(clickhouse, spans, tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("insert", ["direct", "distributed"])
-def test_spans_shard_by_request_and_the_budget_equals_one_nodes(cluster, clients, clickhouse, single, spans, insert,
-                                                                 tmp_path, capsys):
+def test_spans_shard_by_request_and_the_budget_equals_one_nodes(
+    cluster, clients, clickhouse, single, spans, insert, tmp_path, capsys
+):
     db = f"shard_{insert}"
     assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
-    with Collector(cluster.urls[0], database=db, cluster=CLUSTER, cluster_insert=insert,
-                   spool_dir=str(tmp_path / "spool")) as c:
+    with Collector(
+        cluster.urls[0], database=db, cluster=CLUSTER, cluster_insert=insert, spool_dir=str(tmp_path / "spool")
+    ) as c:
         spangen.export_otlp(spans, c.grpc_endpoint)
     assert c.metrics.snapshot()["spans_written"] == len(spans)
     per_shard = [c.query(f"SELECT count() FROM {db}.otel_traces").result_rows[0][0] for c in clients]
     assert sum(per_shard) == len(spans) and min(per_shard) > len(spans) / 4
     # one shard per trace, and the one a Distributed insert would have chosen
-    split, misplaced, traces = clients[0].query(
-        f"SELECT countIf(shards > 1), sum(misplaced), count() FROM (SELECT TraceId, uniqExact(_shard_num) AS shards, "
-        f"countIf(_shard_num != cityHash64(TraceId) % 2 + 1) AS misplaced FROM {db}.otel_traces_distributed "
-        "GROUP BY TraceId)").result_rows[0]
+    split, misplaced, traces = (
+        clients[0]
+        .query(
+            f"SELECT countIf(shards > 1), sum(misplaced), count() FROM (SELECT TraceId, uniqExact(_shard_num) AS shards, "
+            f"countIf(_shard_num != cityHash64(TraceId) % 2 + 1) AS misplaced FROM {db}.otel_traces_distributed "
+            "GROUP BY TraceId)"
+        )
+        .result_rows[0]
+    )
     assert (split, misplaced) == (0, 0) and traces >= 60
     _trace_level_queries_see_every_shard(clients, db)
     sharded, one_node = _budget(cluster.urls[0], db, capsys), _budget(clickhouse.url, single, capsys)
@@ -147,9 +184,15 @@ def test_spans_shard_by_request_and_the_budget_equals_one_nodes(cluster, clients
 
 def _trace_level_queries_see_every_shard(clients, db: str) -> None:
     """A trace stored on shard 2, asked of shard 1; the services of both shards."""
-    trace_id, spans = clients[1].query(f"SELECT TraceId, count() FROM {db}.otel_traces WHERE SpanName != {{s:String}} "
-                                       "GROUP BY TraceId ORDER BY TraceId LIMIT 1",
-                                       parameters={"s": names.SPAN_ENGINE_STEP}).result_rows[0]
+    trace_id, spans = (
+        clients[1]
+        .query(
+            f"SELECT TraceId, count() FROM {db}.otel_traces WHERE SpanName != {{s:String}} "
+            "GROUP BY TraceId ORDER BY TraceId LIMIT 1",
+            parameters={"s": names.SPAN_ENGINE_STEP},
+        )
+        .result_rows[0]
+    )
     sql, params = queries.render_cli("request_spans", database=db, trace_id=trace_id)
     assert len(clients[0].query(sql, parameters=params).result_rows) == spans > 1
     sql, params = queries.render_cli("services", database=db)
@@ -165,8 +208,9 @@ def _flat(value, prefix: str = "") -> dict:
     return {prefix: value}
 
 
-def _sender(endpoint: str, bodies: list[bytes], acked: list[int], refused: list[grpc.StatusCode],
-            stop: threading.Event) -> None:
+def _sender(
+    endpoint: str, bodies: list[bytes], acked: list[int], refused: list[grpc.StatusCode], stop: threading.Event
+) -> None:
     """Exports until every body is acknowledged; a refused export (spool full: back-pressure) is
     retried, as an OTLP exporter does with a retryable status."""
     with grpc.insecure_channel(endpoint) as channel:
@@ -195,8 +239,15 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
     spool_cap = 12 * len(bodies[0])  # small, so that the outage fills it
     victim: EmbeddedClickHouse = cluster.nodes[1]
     acked, refused, stop = [], [], threading.Event()
-    with Collector(cluster.urls[0], database="kill", cluster=CLUSTER, spool_dir=str(tmp_path / "spool"),
-                   flush_interval_s=0.05, batch_spans=200, max_spool_bytes=spool_cap) as c:
+    with Collector(
+        cluster.urls[0],
+        database="kill",
+        cluster=CLUSTER,
+        spool_dir=str(tmp_path / "spool"),
+        flush_interval_s=0.05,
+        batch_spans=200,
+        max_spool_bytes=spool_cap,
+    ) as c:
         sender = threading.Thread(target=_sender, args=(c.grpc_endpoint, bodies, acked, refused, stop))
         sender.start()
         try:
@@ -217,9 +268,15 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
                 victim.start()
     assert len(acked) == len(bodies)
     assert c.metrics.snapshot()["spans_written"] == 60 * 50
-    total, unique = clients[0].query("SELECT count(), uniqExact(SpanId) FROM kill.otel_traces_distributed").result_rows[0]
+    total, unique = (
+        clients[0].query("SELECT count(), uniqExact(SpanId) FROM kill.otel_traces_distributed").result_rows[0]
+    )
     assert (total, unique) == (3000, 3000)
-    parts = clients[0].query("SELECT count(), uniqExact(TraceId) FROM kill.phaselens_request_parts_distributed FINAL").result_rows[0]
+    parts = (
+        clients[0]
+        .query("SELECT count(), uniqExact(TraceId) FROM kill.phaselens_request_parts_distributed FINAL")
+        .result_rows[0]
+    )
     assert parts[0] == parts[1] == 60 * 13  # 50 spans: 13 traces of 4 spans or fewer
 
 
@@ -241,8 +298,11 @@ def test_a_replayed_batch_is_dropped_by_every_shard(cluster, clients, insert):
 
 def test_clickhouse_command_starts_a_cluster(tmp_path):
     """`phaselens clickhouse --shards 2`: a cluster that answers, stopped by SIGTERM."""
-    proc = subprocess.Popen([sys.executable, "-m", "phaselens", "clickhouse", "--data", str(tmp_path),
-                             "--shards", "2"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phaselens", "clickhouse", "--data", str(tmp_path), "--shards", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().split()
         assert line[:2] == ["READY", "clickhouse"] and len(line) == 4

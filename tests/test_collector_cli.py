@@ -14,14 +14,17 @@ from phaselens.common.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # Only the command under test is registered: phaselens.cli imports every command (some load torch).
-_ONE_COMMAND = ("import argparse, importlib, sys; m = importlib.import_module('phaselens.commands.' + sys.argv[1]); "
-                "p = argparse.ArgumentParser(prog='phaselens'); m.register(p.add_subparsers()); "
-                "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+_ONE_COMMAND = (
+    "import argparse, importlib, sys; m = importlib.import_module('phaselens.commands.' + sys.argv[1]); "
+    "p = argparse.ArgumentParser(prog='phaselens'); m.register(p.add_subparsers()); "
+    "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
+)
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _ONE_COMMAND, *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", _ONE_COMMAND, *args], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 def _stop(proc: subprocess.Popen) -> int:
@@ -41,8 +44,15 @@ def test_clickhouse_command_ready_persistent_and_port_taken(tmp_path):
         client = clickhouse_connect.get_client(host="127.0.0.1", port=http_port)
         client.command("CREATE TABLE default.kept (x UInt8) ENGINE = MergeTree ORDER BY x")
         client.close()
-        taken = _start("clickhouse", "--data", str(tmp_path / "other"), "--http-port", str(http_port),
-                       "--tcp-port", str(free_port()))
+        taken = _start(
+            "clickhouse",
+            "--data",
+            str(tmp_path / "other"),
+            "--http-port",
+            str(http_port),
+            "--tcp-port",
+            str(free_port()),
+        )
         assert taken.wait(30) == 1 and f"{http_port}: the port is in use by pid " in taken.stderr.read()
     finally:
         assert _stop(proc) == 0
@@ -57,15 +67,25 @@ def test_clickhouse_command_ready_persistent_and_port_taken(tmp_path):
 
 
 def test_collector_command_ready_health_and_clean_exit(clickhouse, tmp_path):
-    proc = _start("collector", "--clickhouse", clickhouse.url, "--grpc-port", "0", "--http-port", "0",
-                  "--spool", str(tmp_path / "spool"))
+    proc = _start(
+        "collector",
+        "--clickhouse",
+        clickhouse.url,
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        "--spool",
+        str(tmp_path / "spool"),
+    )
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith("READY collector grpc=127.0.0.1:") and " http=http://127.0.0.1:" in line
         http = line.split("http=")[1]
         assert httpx.get(f"{http}/health").json() == {"status": "ok"}
-        refused = _start("collector", "--clickhouse", clickhouse.url, "--host", "0.0.0.0",
-                         "--grpc-port", "0", "--http-port", "0")
+        refused = _start(
+            "collector", "--clickhouse", clickhouse.url, "--host", "0.0.0.0", "--grpc-port", "0", "--http-port", "0"
+        )
         assert refused.wait(30) == 1 and "needs --auth-token" in refused.stderr.read()
     finally:
         assert _stop(proc) == 0

@@ -13,16 +13,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.collector_payloads import export_request
 from phaselens.collectors import render, schema
-from phaselens.storage.clickhouse_url import connect
-from phaselens.common.process import free_port
-from phaselens.storage.embedded import EmbeddedClickHouse
 from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.service import Collector
 from phaselens.collectors.spool import Spool, SpoolLocked
 from phaselens.collectors.writer import ClickHouseSink, SpoolWriter
-from tests.collector_fixtures import traces_db, wait_rows  # noqa: F401
+from phaselens.common.process import free_port
+from phaselens.storage.clickhouse_url import connect
+from phaselens.storage.embedded import EmbeddedClickHouse
+from tests.collector_fixtures import traces_db, wait_rows
+from tests.collector_payloads import export_request
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,8 +40,7 @@ def _export_all(endpoint: str, bodies: list[bytes]) -> None:
 
 
 def _counts(client, database: str) -> tuple[int, int]:
-    count, unique = client.query(
-        f"SELECT count(), uniqExact(SpanId) FROM {database}.otel_traces").result_rows[0]
+    count, unique = client.query(f"SELECT count(), uniqExact(SpanId) FROM {database}.otel_traces").result_rows[0]
     return int(count), int(unique)
 
 
@@ -51,8 +50,9 @@ def test_clickhouse_down_mid_stream_loses_and_duplicates_nothing(tmp_path):
     client = connect(server.url)
     schema.apply(client, schema.statements("durable"))
     bodies = _payloads(12, 50)
-    with Collector(server.url, database="durable", spool_dir=str(tmp_path / "spool"),
-                   flush_interval_s=0.05) as collector:
+    with Collector(
+        server.url, database="durable", spool_dir=str(tmp_path / "spool"), flush_interval_s=0.05
+    ) as collector:
         _export_all(collector.grpc_endpoint, bodies[:6])
         assert wait_rows(client, "durable", 300) == 300
         server.stop()
@@ -69,9 +69,27 @@ def test_clickhouse_down_mid_stream_loses_and_duplicates_nothing(tmp_path):
 
 def _start_collector_process(url: str, database: str, spool: str, flush_s: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "phaselens.commands.collector", "--clickhouse", url, "--database", database,
-         "--grpc-port", "0", "--http-port", "0", "--spool", spool, "--flush-interval", flush_s],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "phaselens.commands.collector",
+            "--clickhouse",
+            url,
+            "--database",
+            database,
+            "--grpc-port",
+            "0",
+            "--http-port",
+            "0",
+            "--spool",
+            spool,
+            "--flush-interval",
+            flush_s,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()
     assert line.startswith("READY collector grpc="), line
     return proc, line.split("grpc=")[1].split()[0]
@@ -108,8 +126,9 @@ def test_replay_of_an_inserted_batch_is_deduplicated(clickhouse, ch_client, trac
         if not spool.pending():
             for body in _payloads(3, 40):
                 spool.append(body, render.count_spans(body))
-        writer = SpoolWriter(spool, ClickHouseSink(clickhouse.url, traces_db), CollectorMetrics(),
-                             flush_interval_s=0.01)
+        writer = SpoolWriter(
+            spool, ClickHouseSink(clickhouse.url, traces_db), CollectorMetrics(), flush_interval_s=0.01
+        )
         writer.start()
         assert wait_rows(ch_client, traces_db, 120) == 120
         writer.stop()
@@ -125,8 +144,9 @@ def test_a_new_spool_never_reuses_an_old_spools_tokens(clickhouse, ch_client, tr
     for run in range(2):
         spool = Spool(str(tmp_path / f"spool-{run}"))
         spool.append(body if run == 0 else _payloads(1, 30)[0], 30)
-        writer = SpoolWriter(spool, ClickHouseSink(clickhouse.url, traces_db), CollectorMetrics(),
-                             flush_interval_s=0.01)
+        writer = SpoolWriter(
+            spool, ClickHouseSink(clickhouse.url, traces_db), CollectorMetrics(), flush_interval_s=0.01
+        )
         writer.start()
         assert wait_rows(ch_client, traces_db, 30 * (run + 1)) == 30 * (run + 1)
         writer.stop()

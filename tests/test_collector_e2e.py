@@ -11,40 +11,58 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from phaselens.collectors.otlp_json import parse_traces
 from phaselens.collectors.service import Collector
 from phaselens.common.exposure import InsecureBindError
-from tests.collector_fixtures import collector, rows, traces_db, wait_rows  # noqa: F401
+from tests.collector_fixtures import collector, rows, traces_db, wait_rows
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 ATTRIBUTES = {
-    "str": "x", "int": -42, "float_whole": 1.0, "float_frac": 0.1, "float_tiny": 1e-7,
-    "float_huge": 1e21, "float_big": 1e20, "bool": True, "str_list": ["a", "<b>"],
-    "int_list": [1, 2, 3], "float_list": [1.5, 2.0], "bool_list": [True, False],
+    "str": "x",
+    "int": -42,
+    "float_whole": 1.0,
+    "float_frac": 0.1,
+    "float_tiny": 1e-7,
+    "float_huge": 1e21,
+    "float_big": 1e20,
+    "bool": True,
+    "str_list": ["a", "<b>"],
+    "int_list": [1, 2, 3],
+    "float_list": [1.5, 2.0],
+    "bool_list": [True, False],
 }
 EXPECTED_ATTRIBUTES = {
-    "str": "x", "int": "-42", "float_whole": "1", "float_frac": "0.1", "float_tiny": "1e-7",
-    "float_huge": "1e+21", "float_big": "100000000000000000000", "bool": "true",
-    "str_list": '["a","\\u003cb\\u003e"]', "int_list": "[1,2,3]", "float_list": "[1.5,2]",
+    "str": "x",
+    "int": "-42",
+    "float_whole": "1",
+    "float_frac": "0.1",
+    "float_tiny": "1e-7",
+    "float_huge": "1e+21",
+    "float_big": "100000000000000000000",
+    "bool": "true",
+    "str_list": '["a","\\u003cb\\u003e"]',
+    "int_list": "[1,2,3]",
+    "float_list": "[1.5,2]",
     "bool_list": "[true,false]",
 }
-LINKED = SpanContext(trace_id=0x0102030405060708090A0B0C0D0E0F10, span_id=0x1112131415161718,
-                     is_remote=True, trace_flags=TraceFlags(1))
+LINKED = SpanContext(
+    trace_id=0x0102030405060708090A0B0C0D0E0F10, span_id=0x1112131415161718, is_remote=True, trace_flags=TraceFlags(1)
+)
 
 
 def _emit(exporter) -> list:
@@ -55,8 +73,7 @@ def _emit(exporter) -> list:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("phaselens.test", "9.9")
     with tracer.start_as_current_span("root", kind=SpanKind.SERVER, attributes=ATTRIBUTES):
-        with tracer.start_as_current_span("child", kind=SpanKind.CLIENT,
-                                          links=[Link(LINKED, {"link.n": 3})]) as child:
+        with tracer.start_as_current_span("child", kind=SpanKind.CLIENT, links=[Link(LINKED, {"link.n": 3})]) as child:
             child.add_event("tick", {"n": 2.5})
             child.set_status(Status(StatusCode.ERROR, "boom"))
     provider.shutdown()
@@ -65,20 +82,39 @@ def _emit(exporter) -> list:
 
 def _expected(span) -> dict:
     return {
-        "Timestamp_ns": span.start_time, "TraceId": f"{span.context.trace_id:032x}",
+        "Timestamp_ns": span.start_time,
+        "TraceId": f"{span.context.trace_id:032x}",
         "SpanId": f"{span.context.span_id:016x}",
         "ParentSpanId": f"{span.parent.span_id:016x}" if span.parent else "",
-        "TraceState": "", "SpanName": span.name, "SpanKind": span.kind.name.capitalize(),
-        "ServiceName": "svc-under-test", "ScopeName": "phaselens.test", "ScopeVersion": "9.9",
+        "TraceState": "",
+        "SpanName": span.name,
+        "SpanKind": span.kind.name.capitalize(),
+        "ServiceName": "svc-under-test",
+        "ScopeName": "phaselens.test",
+        "ScopeVersion": "9.9",
         "Duration": span.end_time - span.start_time,
-        "StatusCode": {StatusCode.UNSET: "Unset", StatusCode.OK: "Ok", StatusCode.ERROR: "Error"}[span.status.status_code],
+        "StatusCode": {StatusCode.UNSET: "Unset", StatusCode.OK: "Ok", StatusCode.ERROR: "Error"}[
+            span.status.status_code
+        ],
         "StatusMessage": span.status.description or "",
     }
 
 
 def _actual(row: dict, timestamp_ns: int) -> dict:
-    keys = ("TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
-            "ScopeName", "ScopeVersion", "Duration", "StatusCode", "StatusMessage")
+    keys = (
+        "TraceId",
+        "SpanId",
+        "ParentSpanId",
+        "TraceState",
+        "SpanName",
+        "SpanKind",
+        "ServiceName",
+        "ScopeName",
+        "ScopeVersion",
+        "Duration",
+        "StatusCode",
+        "StatusMessage",
+    )
     return {k: row[k] for k in keys} | {"Timestamp_ns": timestamp_ns}
 
 
@@ -86,16 +122,25 @@ def _actual(row: dict, timestamp_ns: int) -> dict:
 @pytest.mark.parametrize("gzip_on", [False, True])
 def test_sdk_exporter_rows_match_exporter_rendering(protocol, gzip_on, collector, ch_client, traces_db):
     if protocol == "grpc":
-        exporter = GrpcExporter(endpoint=collector.grpc_endpoint, insecure=True,
-                                compression=grpc.Compression.Gzip if gzip_on else grpc.Compression.NoCompression)
+        exporter = GrpcExporter(
+            endpoint=collector.grpc_endpoint,
+            insecure=True,
+            compression=grpc.Compression.Gzip if gzip_on else grpc.Compression.NoCompression,
+        )
     else:
-        exporter = HttpExporter(endpoint=f"{collector.http_endpoint}/v1/traces",
-                                compression=HttpCompression.Gzip if gzip_on else HttpCompression.NoCompression)
+        exporter = HttpExporter(
+            endpoint=f"{collector.http_endpoint}/v1/traces",
+            compression=HttpCompression.Gzip if gzip_on else HttpCompression.NoCompression,
+        )
     spans = {s.name: s for s in _emit(exporter)}
     assert wait_rows(ch_client, traces_db, 2) == 2
     got = {r["SpanName"]: r for r in rows(ch_client, traces_db)}
-    ns = {r[0]: r[1] for r in ch_client.query(
-        f"SELECT SpanName, toUnixTimestamp64Nano(Timestamp) FROM {traces_db}.otel_traces").result_rows}
+    ns = {
+        r[0]: r[1]
+        for r in ch_client.query(
+            f"SELECT SpanName, toUnixTimestamp64Nano(Timestamp) FROM {traces_db}.otel_traces"
+        ).result_rows
+    }
     for name, span in spans.items():
         assert _actual(got[name], ns[name]) == _expected(span)
     root, child = got["root"], got["child"]
@@ -113,38 +158,79 @@ def test_sdk_exporter_rows_match_exporter_rendering(protocol, gzip_on, collector
 
 
 def _json_request(trace_hex="5b8efff798038103d269b633813fc60c", span_hex="eee19b7ec3c1b174") -> dict:
-    return {"resourceSpans": [{
-        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "json-svc"}}]},
-        "scopeSpans": [{"scope": {"name": "s", "version": "1"}, "spans": [{
-            "traceId": trace_hex, "spanId": span_hex, "parentSpanId": "",
-            "name": "json-span", "kind": 2, "startTimeUnixNano": "1700000000000000000",
-            "endTimeUnixNano": "1700000000000001500",
-            "attributes": [
-                {"key": "i", "value": {"intValue": "7"}},
-                {"key": "d", "value": {"doubleValue": 2.0}},
-                {"key": "by", "value": {"bytesValue": base64.b64encode(b"\x01\x02").decode()}},
-                {"key": "m", "value": {"kvlistValue": {"values": [
-                    {"key": "b", "value": {"stringValue": "x"}}, {"key": "a", "value": {"intValue": "1"}}]}}},
-                {"key": "arr", "value": {"arrayValue": {"values": [
-                    {"stringValue": "s"}, {"doubleValue": 0.5}, {"boolValue": False}]}}},
-            ],
-            "status": {"code": 1},
-        }]}],
-    }]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "json-svc"}}]},
+                "scopeSpans": [
+                    {
+                        "scope": {"name": "s", "version": "1"},
+                        "spans": [
+                            {
+                                "traceId": trace_hex,
+                                "spanId": span_hex,
+                                "parentSpanId": "",
+                                "name": "json-span",
+                                "kind": 2,
+                                "startTimeUnixNano": "1700000000000000000",
+                                "endTimeUnixNano": "1700000000000001500",
+                                "attributes": [
+                                    {"key": "i", "value": {"intValue": "7"}},
+                                    {"key": "d", "value": {"doubleValue": 2.0}},
+                                    {"key": "by", "value": {"bytesValue": base64.b64encode(b"\x01\x02").decode()}},
+                                    {
+                                        "key": "m",
+                                        "value": {
+                                            "kvlistValue": {
+                                                "values": [
+                                                    {"key": "b", "value": {"stringValue": "x"}},
+                                                    {"key": "a", "value": {"intValue": "1"}},
+                                                ]
+                                            }
+                                        },
+                                    },
+                                    {
+                                        "key": "arr",
+                                        "value": {
+                                            "arrayValue": {
+                                                "values": [
+                                                    {"stringValue": "s"},
+                                                    {"doubleValue": 0.5},
+                                                    {"boolValue": False},
+                                                ]
+                                            }
+                                        },
+                                    },
+                                ],
+                                "status": {"code": 1},
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
 
 
 def test_otlp_json_with_gzip(collector, ch_client, traces_db):
     body = gzip.compress(json.dumps(_json_request()).encode())
-    r = httpx.post(f"{collector.http_endpoint}/v1/traces", content=body,
-                   headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    r = httpx.post(
+        f"{collector.http_endpoint}/v1/traces",
+        content=body,
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
     assert r.status_code == 200 and r.json() == {}
     assert wait_rows(ch_client, traces_db, 1) == 1
     row = rows(ch_client, traces_db)[0]
     assert (row["TraceId"], row["SpanId"], row["SpanKind"], row["StatusCode"], row["Duration"]) == (
-        "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174", "Server", "Ok", 1500)
+        "5b8efff798038103d269b633813fc60c",
+        "eee19b7ec3c1b174",
+        "Server",
+        "Ok",
+        1500,
+    )
     assert row["ServiceName"] == "json-svc" and (row["ScopeName"], row["ScopeVersion"]) == ("s", "1")
-    assert row["SpanAttributes"] == {"i": "7", "d": "2", "by": "AQI=", "m": '{"a":1,"b":"x"}',
-                                     "arr": '["s",0.5,false]'}
+    assert row["SpanAttributes"] == {"i": "7", "d": "2", "by": "AQI=", "m": '{"a":1,"b":"x"}', "arr": '["s",0.5,false]'}
 
 
 # The first is the insert's first bytes, little endian: tab, space, CR, LF, whitespace the server
@@ -159,9 +245,13 @@ def test_timestamps_and_text_survive_the_insert_exactly(collector, ch_client, tr
     request = ExportTraceServiceRequest()
     scope_spans = request.resource_spans.add().scope_spans.add()
     for i, start_ns in enumerate(EDGE_TIMES_NS):
-        span = scope_spans.spans.add(trace_id=bytes([i + 1]) * 16, span_id=bytes([i + 1]) * 8,
-                                     name=f"{ODD_TEXT}{i}", start_time_unix_nano=start_ns,
-                                     end_time_unix_nano=start_ns + 7)
+        span = scope_spans.spans.add(
+            trace_id=bytes([i + 1]) * 16,
+            span_id=bytes([i + 1]) * 8,
+            name=f"{ODD_TEXT}{i}",
+            start_time_unix_nano=start_ns,
+            end_time_unix_nano=start_ns + 7,
+        )
         span.attributes.add(key=ODD_TEXT, value=AnyValue(string_value=ODD_TEXT))
         span.events.add(time_unix_nano=EDGE_TIMES_NS[-1 - i], name=ODD_TEXT)
     assert _post(collector, request.SerializeToString()).status_code == 200
@@ -169,17 +259,21 @@ def test_timestamps_and_text_survive_the_insert_exactly(collector, ch_client, tr
     got = ch_client.query(
         f"SELECT toUnixTimestamp64Nano(Timestamp), Duration, SpanName, SpanAttributes, Events.Name, "
         f"arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp) FROM {traces_db}.otel_traces "
-        f"ORDER BY SpanId").result_rows
-    assert got == [(start_ns, 7, f"{ODD_TEXT}{i}", {ODD_TEXT: ODD_TEXT}, [ODD_TEXT], [EDGE_TIMES_NS[-1 - i]])
-                   for i, start_ns in enumerate(EDGE_TIMES_NS)]
+        f"ORDER BY SpanId"
+    ).result_rows
+    assert got == [
+        (start_ns, 7, f"{ODD_TEXT}{i}", {ODD_TEXT: ODD_TEXT}, [ODD_TEXT], [EDGE_TIMES_NS[-1 - i]])
+        for i, start_ns in enumerate(EDGE_TIMES_NS)
+    ]
 
 
 _HTTP = httpx.Client(timeout=10)
 
 
 def _post(collector, body: bytes, content_type="application/x-protobuf", **headers) -> httpx.Response:
-    return _HTTP.post(f"{collector.http_endpoint}/v1/traces", content=body,
-                      headers={"Content-Type": content_type, **headers})
+    return _HTTP.post(
+        f"{collector.http_endpoint}/v1/traces", content=body, headers={"Content-Type": content_type, **headers}
+    )
 
 
 def test_bad_input_is_refused_with_a_message(collector):
@@ -212,9 +306,8 @@ def test_fuzzed_bodies_never_break_the_collector(collector, body, as_json):
 
 
 def test_grpc_invalid_argument_and_metrics_endpoint(collector):
-    with grpc.insecure_channel(collector.grpc_endpoint) as channel:
-        with pytest.raises(grpc.RpcError) as err:
-            channel.unary_unary(EXPORT)(b"\x0a\x05\x12\x03\x12\x01\x0a", timeout=5)
+    with grpc.insecure_channel(collector.grpc_endpoint) as channel, pytest.raises(grpc.RpcError) as err:
+        channel.unary_unary(EXPORT)(b"\x0a\x05\x12\x03\x12\x01\x0a", timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     text = httpx.get(f"{collector.http_endpoint}/metrics").text
     assert "phaselens_collector_requests_rejected_total 1" in text
@@ -223,8 +316,9 @@ def test_grpc_invalid_argument_and_metrics_endpoint(collector):
 
 
 def test_auth_token_on_both_protocols(clickhouse, traces_db, tmp_path, ch_client):
-    with Collector(clickhouse.url, database=traces_db, spool_dir=str(tmp_path / "s"), auth_token="s3cret",
-                   flush_interval_s=0.05) as c:
+    with Collector(
+        clickhouse.url, database=traces_db, spool_dir=str(tmp_path / "s"), auth_token="s3cret", flush_interval_s=0.05
+    ) as c:
         body = json.dumps(_json_request()).encode()
         assert _post(c, body, "application/json").status_code == 401
         assert _post(c, body, "application/json", Authorization="Bearer wrong").status_code == 401
@@ -236,8 +330,7 @@ def test_auth_token_on_both_protocols(clickhouse, traces_db, tmp_path, ch_client
             with pytest.raises(grpc.RpcError) as err:
                 channel.unary_unary(EXPORT)(b"", timeout=5)
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        spans = _emit(GrpcExporter(endpoint=c.grpc_endpoint, insecure=True,
-                                   headers={"authorization": "Bearer s3cret"}))
+        spans = _emit(GrpcExporter(endpoint=c.grpc_endpoint, insecure=True, headers={"authorization": "Bearer s3cret"}))
         assert wait_rows(ch_client, traces_db, 1 + len(spans)) == 1 + len(spans)
 
 
@@ -251,16 +344,17 @@ def test_spool_cap_answers_retryable(clickhouse, traces_db, tmp_path):
         r = _post(c, json.dumps(_json_request()).encode(), "application/json")
         assert r.status_code == 503 and r.headers["Retry-After"].isdigit()
         payload = httpx.Request("POST", "http://x", json=_json_request()).content
-        with grpc.insecure_channel(c.grpc_endpoint) as channel:
-            with pytest.raises(grpc.RpcError) as err:
-                channel.unary_unary(EXPORT)(parse_traces(payload).SerializeToString(), timeout=5)
+        with grpc.insecure_channel(c.grpc_endpoint) as channel, pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary(EXPORT)(parse_traces(payload).SerializeToString(), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert c.metrics.snapshot()["requests_retryable"] == 2
 
 
 def test_otlp_metrics_are_accepted_and_counted(collector):
-    for exporter in (OTLPMetricExporter(endpoint=collector.grpc_endpoint, insecure=True),
-                     HttpMetricExporter(endpoint=f"{collector.http_endpoint}/v1/metrics")):
+    for exporter in (
+        OTLPMetricExporter(endpoint=collector.grpc_endpoint, insecure=True),
+        HttpMetricExporter(endpoint=f"{collector.http_endpoint}/v1/metrics"),
+    ):
         reader = PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)
         provider = MeterProvider(metric_readers=[reader])
         provider.get_meter("t").create_histogram("latency_ms").record(12.5)
@@ -268,6 +362,7 @@ def test_otlp_metrics_are_accepted_and_counted(collector):
     snapshot = collector.metrics.snapshot()
     assert snapshot["metrics_requests_received"] == 2 and snapshot["metric_points_not_stored"] == 2
     assert _post(collector, b"\xff", "application/x-protobuf").status_code == 400
-    r = _HTTP.post(f"{collector.http_endpoint}/v1/metrics", content=b"\x0a\xff",
-                   headers={"Content-Type": "application/x-protobuf"})
+    r = _HTTP.post(
+        f"{collector.http_endpoint}/v1/metrics", content=b"\x0a\xff", headers={"Content-Type": "application/x-protobuf"}
+    )
     assert r.status_code == 400

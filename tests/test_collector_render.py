@@ -15,25 +15,42 @@ from phaselens.collectors.attr_string import as_string, go_float
 from tests.rowbinary import read_rows, uleb
 
 
-@pytest.mark.parametrize("value,text", [
-    (1.0, "1"), (0.1, "0.1"), (-0.0, "-0"), (0.0, "0"), (2.5, "2.5"), (1e-7, "1e-7"), (1.5e-7, "1.5e-7"),
-    (1e-6, "0.000001"), (1e20, "100000000000000000000"), (1e21, "1e+21"), (1.234e300, "1.234e+300"),
-    (123456789.125, "123456789.125"), (1e16, "10000000000000000"), (0.00001234, "0.00001234"),
-    (float("nan"), "json: unsupported value: NaN"), (float("inf"), "json: unsupported value: +Inf"),
-])
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        (1.0, "1"),
+        (0.1, "0.1"),
+        (-0.0, "-0"),
+        (0.0, "0"),
+        (2.5, "2.5"),
+        (1e-7, "1e-7"),
+        (1.5e-7, "1.5e-7"),
+        (1e-6, "0.000001"),
+        (1e20, "100000000000000000000"),
+        (1e21, "1e+21"),
+        (1.234e300, "1.234e+300"),
+        (123456789.125, "123456789.125"),
+        (1e16, "10000000000000000"),
+        (0.00001234, "0.00001234"),
+        (float("nan"), "json: unsupported value: NaN"),
+        (float("inf"), "json: unsupported value: +Inf"),
+    ],
+)
 def test_go_float(value, text):
     assert go_float(value) == text
 
 
 def test_any_value_strings():
-    kvlist = KeyValueList(values=[KeyValue(key="z", value=AnyValue(int_value=1)),
-                                  KeyValue(key="a", value=AnyValue(string_value="<&>"))])
-    array = ArrayValue(values=[AnyValue(double_value=1.0), AnyValue(bytes_value=b"\xff"),
-                               AnyValue(kvlist_value=kvlist), AnyValue()])
+    kvlist = KeyValueList(
+        values=[KeyValue(key="z", value=AnyValue(int_value=1)), KeyValue(key="a", value=AnyValue(string_value="<&>"))]
+    )
+    array = ArrayValue(
+        values=[AnyValue(double_value=1.0), AnyValue(bytes_value=b"\xff"), AnyValue(kvlist_value=kvlist), AnyValue()]
+    )
     assert as_string(AnyValue(array_value=array)) == '[1,"/w==",{"a":"\\u003c\\u0026\\u003e","z":1},null]'
     assert as_string(AnyValue(bytes_value=b"\x01\x02")) == "AQI="
     assert as_string(AnyValue(bool_value=False)) == "false"
-    assert as_string(AnyValue(int_value=-(2 ** 63))) == str(-(2 ** 63))
+    assert as_string(AnyValue(int_value=-(2**63))) == str(-(2**63))
     assert as_string(AnyValue()) == ""
     nan_in_array = ArrayValue(values=[AnyValue(double_value=float("nan"))])
     assert as_string(AnyValue(array_value=nan_in_array)) == ""  # Go's json.Marshal fails: empty
@@ -42,13 +59,14 @@ def test_any_value_strings():
 _text = st.text(max_size=8)
 _scalar = st.one_of(
     st.builds(lambda v: AnyValue(string_value=v), _text),
-    st.builds(lambda v: AnyValue(int_value=v), st.integers(-(2 ** 63), 2 ** 63 - 1)),
+    st.builds(lambda v: AnyValue(int_value=v), st.integers(-(2**63), 2**63 - 1)),
     st.builds(lambda v: AnyValue(double_value=v), st.floats(allow_nan=False)),
     st.builds(lambda v: AnyValue(bool_value=v), st.booleans()),
     st.builds(lambda v: AnyValue(bytes_value=v), st.binary(max_size=6)),
 )
-_value = st.one_of(_scalar, st.builds(lambda vs: AnyValue(array_value=ArrayValue(values=vs)),
-                                      st.lists(_scalar, max_size=3)))
+_value = st.one_of(
+    _scalar, st.builds(lambda vs: AnyValue(array_value=ArrayValue(values=vs)), st.lists(_scalar, max_size=3))
+)
 _attrs = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), _text, _value), max_size=4)
 _trace_id = st.binary(min_size=16, max_size=16).filter(any)
 _span_id = st.binary(min_size=8, max_size=8).filter(any)
@@ -65,25 +83,34 @@ def _requests(draw) -> ExportTraceServiceRequest:
         ss = rs.scope_spans.add()
         ss.scope.name, ss.scope.version = draw(_text), draw(_text)
         for _ in range(draw(st.integers(0, 3))):
-            start = draw(st.integers(0, 2 ** 63))
-            span = ss.spans.add(trace_id=draw(_trace_id), span_id=draw(_span_id), name=draw(_text),
-                                trace_state=draw(_text), kind=draw(st.integers(0, 7)),
-                                start_time_unix_nano=start, end_time_unix_nano=draw(st.integers(0, 2 ** 64 - 1)))
+            start = draw(st.integers(0, 2**63))
+            span = ss.spans.add(
+                trace_id=draw(_trace_id),
+                span_id=draw(_span_id),
+                name=draw(_text),
+                trace_state=draw(_text),
+                kind=draw(st.integers(0, 7)),
+                start_time_unix_nano=start,
+                end_time_unix_nano=draw(st.integers(0, 2**64 - 1)),
+            )
             if draw(st.booleans()):
                 span.parent_span_id = draw(_span_id)
             span.attributes.extend(draw(_attrs))
             span.status.code, span.status.message = draw(st.integers(0, 3)), draw(_text)
             for _ in range(draw(st.integers(0, 2))):
-                span.events.add(time_unix_nano=draw(st.integers(0, 2 ** 64 - 1)), name=draw(_text),
-                                attributes=draw(_attrs))
+                span.events.add(
+                    time_unix_nano=draw(st.integers(0, 2**64 - 1)), name=draw(_text), attributes=draw(_attrs)
+                )
             for _ in range(draw(st.integers(0, 2))):
-                span.links.add(trace_id=draw(_trace_id), span_id=draw(_span_id), trace_state=draw(_text),
-                               attributes=draw(_attrs))
+                span.links.add(
+                    trace_id=draw(_trace_id), span_id=draw(_span_id), trace_state=draw(_text), attributes=draw(_attrs)
+                )
     return request
 
 
 def _reference(request: ExportTraceServiceRequest) -> list[tuple]:
     """The same rendering, straight from the upb-parsed message."""
+
     def attrs(kvs):
         return {kv.key: as_string(kv.value) for kv in kvs}
 
@@ -92,15 +119,32 @@ def _reference(request: ExportTraceServiceRequest) -> list[tuple]:
         resource = attrs(rs.resource.attributes)
         for ss in rs.scope_spans:
             for s in ss.spans:
-                rows.append((s.start_time_unix_nano, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(),
-                       s.trace_state, s.name, render.SPAN_KINDS.get(s.kind, ""), resource.get("service.name", ""),
-                       resource, ss.scope.name, ss.scope.version, attrs(s.attributes),
-                       max(s.end_time_unix_nano - s.start_time_unix_nano, 0),
-                       render.STATUS_CODES.get(s.status.code, ""), s.status.message,
-                       [e.time_unix_nano for e in s.events], [e.name for e in s.events],
-                       [attrs(e.attributes) for e in s.events], [lk.trace_id.hex() for lk in s.links],
-                       [lk.span_id.hex() for lk in s.links], [lk.trace_state for lk in s.links],
-                       [attrs(lk.attributes) for lk in s.links]))
+                rows.append(
+                    (
+                        s.start_time_unix_nano,
+                        s.trace_id.hex(),
+                        s.span_id.hex(),
+                        s.parent_span_id.hex(),
+                        s.trace_state,
+                        s.name,
+                        render.SPAN_KINDS.get(s.kind, ""),
+                        resource.get("service.name", ""),
+                        resource,
+                        ss.scope.name,
+                        ss.scope.version,
+                        attrs(s.attributes),
+                        max(s.end_time_unix_nano - s.start_time_unix_nano, 0),
+                        render.STATUS_CODES.get(s.status.code, ""),
+                        s.status.message,
+                        [e.time_unix_nano for e in s.events],
+                        [e.name for e in s.events],
+                        [attrs(e.attributes) for e in s.events],
+                        [lk.trace_id.hex() for lk in s.links],
+                        [lk.span_id.hex() for lk in s.links],
+                        [lk.trace_state for lk in s.links],
+                        [attrs(lk.attributes) for lk in s.links],
+                    )
+                )
     return rows
 
 
@@ -159,17 +203,20 @@ def test_corrupted_requests_raise_only_invalid_spans(request, position, byte, cu
     data = bytearray(request.SerializeToString())
     if data:
         position %= len(data)
-        data = data[:position] if cut else data[:position] + bytes([byte]) + data[position + 1:]
+        data = data[:position] if cut else data[:position] + bytes([byte]) + data[position + 1 :]
     _accepted_only_if_protobuf_accepts(bytes(data))
 
 
-@pytest.mark.parametrize("mutate,message", [
-    (lambda s: setattr(s, "trace_id", b"\x01" * 15), "trace_id"),
-    (lambda s: setattr(s, "trace_id", bytes(16)), "trace_id"),
-    (lambda s: setattr(s, "span_id", b""), "span_id"),
-    (lambda s: setattr(s, "parent_span_id", b"\x01" * 4), "parent_span_id"),
-    (lambda s: s.links.add(trace_id=b"\x01" * 16, span_id=b"\x02"), "link span_id"),
-])
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda s: setattr(s, "trace_id", b"\x01" * 15), "trace_id"),
+        (lambda s: setattr(s, "trace_id", bytes(16)), "trace_id"),
+        (lambda s: setattr(s, "span_id", b""), "span_id"),
+        (lambda s: setattr(s, "parent_span_id", b"\x01" * 4), "parent_span_id"),
+        (lambda s: s.links.add(trace_id=b"\x01" * 16, span_id=b"\x02"), "link span_id"),
+    ],
+)
 def test_invalid_ids_are_refused(mutate, message):
     request = ExportTraceServiceRequest()
     span = request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
@@ -178,12 +225,25 @@ def test_invalid_ids_are_refused(mutate, message):
         render.count_spans(request.SerializeToString())
 
 
-@pytest.mark.parametrize("value", [
-    AnyValue(), AnyValue(string_value=""), AnyValue(string_value="k" * 200), AnyValue(string_value="é漢🙂"),
-    AnyValue(int_value=0), AnyValue(int_value=-1), AnyValue(int_value=2 ** 63 - 1), AnyValue(int_value=-(2 ** 63)),
-    AnyValue(bool_value=True), AnyValue(bool_value=False), AnyValue(double_value=-0.0), AnyValue(double_value=1e-7),
-    AnyValue(bytes_value=b"\x00"), AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)])),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        AnyValue(),
+        AnyValue(string_value=""),
+        AnyValue(string_value="k" * 200),
+        AnyValue(string_value="é漢🙂"),
+        AnyValue(int_value=0),
+        AnyValue(int_value=-1),
+        AnyValue(int_value=2**63 - 1),
+        AnyValue(int_value=-(2**63)),
+        AnyValue(bool_value=True),
+        AnyValue(bool_value=False),
+        AnyValue(double_value=-0.0),
+        AnyValue(double_value=1e-7),
+        AnyValue(bytes_value=b"\x00"),
+        AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)])),
+    ],
+)
 @pytest.mark.parametrize("key", ["", "gen_ai.request.model", "k" * 130])
 def test_attribute_read_directly_or_through_anyvalue_renders_alike(key, value):
     """Scalars and bytes are rendered in C; arrays through Python's AnyValue."""
@@ -283,8 +343,19 @@ def test_merged_attribute_values_render_as_protobuf_merges_them():
     assert _rows(request)[0][11] == {"k": '[1,"x"]'}
 
 
-@pytest.mark.parametrize("where", ["span name", "scope attribute key", "resource schema_url", "entity_ref",
-                                   "event name", "link trace_state", "attribute value", "status message"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "span name",
+        "scope attribute key",
+        "resource schema_url",
+        "entity_ref",
+        "event name",
+        "link trace_state",
+        "attribute value",
+        "status message",
+    ],
+)
 def test_invalid_utf8_is_refused_wherever_protobuf_refuses_it(where):
     """The request is built with the placeholder "~~" in one string field, then the placeholder's
     bytes become an overlong "/" (0xC0 0xAF): not UTF-8."""

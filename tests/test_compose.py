@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from phaselens.cli import build_parser
 from phaselens.dashboards import generate
 from phaselens.dashboards.datasource import DEFAULT_PORTS
-from phaselens.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -42,8 +42,9 @@ def _one_shot(service: dict) -> bool:
 def test_docker_compose_validates(profile):
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose 1.29 is needed to validate the compose file: apt-get install -y docker-compose"
-    proc = subprocess.run([exe, "-f", str(COMPOSE), *profile, "config", "-q"], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT)
+    proc = subprocess.run(
+        [exe, "-f", str(COMPOSE), *profile, "config", "-q"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -70,7 +71,7 @@ def test_long_running_services_do_not_run_as_root(compose):
 
 def test_ports_loopback_and_documented(compose):
     header = COMPOSE.read_text().split("services:")[0]
-    documented = set(re.findall(r"^#\s+(\d+)\s+\S", header, re.M))
+    documented = set(re.findall(r"^#\s+(\d+)\s+\S", header, re.MULTILINE))
     for name, svc in _services(compose).items():
         for port in svc.get("ports", []):
             host_ip, host_port, _ = port.split(":")
@@ -85,16 +86,22 @@ def test_healthchecks_and_dependencies(compose):
             assert "healthcheck" in svc, f"long-running {name} has no healthcheck"
         for dep, cond in svc.get("depends_on", {}).items():
             target = services[dep]
-            expected = ("service_completed_successfully" if _one_shot(target)
-                        else "service_healthy" if "healthcheck" in target else "service_started")
+            expected = (
+                "service_completed_successfully"
+                if _one_shot(target)
+                else "service_healthy"
+                if "healthcheck" in target
+                else "service_started"
+            )
             assert cond["condition"] == expected, f"{name} → {dep}: {cond}"
             assert set(svc.get("profiles", [])) >= set(target.get("profiles", [])), f"{name} → {dep} profile"
 
 
 def test_phaselens_commands_parse_with_the_real_cli(compose):
     parser = build_parser()
-    commands = {name: svc["command"] for name, svc in _services(compose).items()
-                if svc["image"].startswith("phaselens:")}
+    commands = {
+        name: svc["command"] for name, svc in _services(compose).items() if svc["image"].startswith("phaselens:")
+    }
     assert {"schema", "server", "bench", "server-gpu", "bench-gpu"} <= set(commands)
     for name, argv in commands.items():
         args = parser.parse_args([re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", a) for a in argv])
@@ -146,11 +153,11 @@ def test_collector_config_is_mounted_and_targets_clickhouse(compose):
 
 def test_dockerfile_and_dockerignore():
     text = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
-    assert re.search(r"^ARG TORCH_INDEX=cpu$", text, re.M)
+    assert re.search(r"^FROM python:3\.11-slim$", text, re.MULTILINE)
+    assert re.search(r"^ARG TORCH_INDEX=cpu$", text, re.MULTILINE)
     assert "download.pytorch.org/whl/${TORCH_INDEX}" in text
-    assert re.search(r'^ENTRYPOINT \["phaselens"\]$', text, re.M)
-    assert re.search(r"^USER \w+", text, re.M), "the image should not run as root"
+    assert re.search(r'^ENTRYPOINT \["phaselens"\]$', text, re.MULTILINE)
+    assert re.search(r"^USER \w+", text, re.MULTILINE), "the image should not run as root"
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", ".git"} <= ignored
     assert not {"README.md", "pyproject.toml", "setup.py"} & ignored  # `pip install .` needs them

@@ -11,11 +11,11 @@ import yaml
 
 from phaselens.analysis import queries
 from phaselens.analysis.schema import TRACE_TIMES_VIEW
+from phaselens.cli import main
 from phaselens.dashboards import generate
 from phaselens.dashboards.datasource import DATASOURCE_UID
 from phaselens.dashboards.definitions import UID_BUDGET, UID_ENGINE, UID_TRACE
 from phaselens.dashboards.model import DATASOURCE_REF, GRID_COLUMNS, PLUGIN_TYPE
-from phaselens.cli import main
 
 CHECKED_IN = generate.PACKAGE_DIR
 
@@ -68,7 +68,7 @@ def test_panels_laid_out_on_the_grid_without_overlap(boards):
         assert len(ids) == len(set(ids)), uid
         for p in board["panels"]:
             g = p["gridPos"]
-            assert 0 <= g["x"] and g["x"] + g["w"] <= GRID_COLUMNS, (uid, p["title"])
+            assert g["x"] >= 0 and g["x"] + g["w"] <= GRID_COLUMNS, (uid, p["title"])
             area = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
             assert not area & cells, f"{uid}: {p['title']} overlaps another panel"
             cells |= area
@@ -130,15 +130,25 @@ def test_variables(boards):
     # every ${var} a panel's SQL names is a variable of its dashboard
     for uid, p in _panels(boards):
         for t in p["targets"]:
-            names = set(re.findall(r"\$\{?(\w+)", t["rawSql"])) - {"__timeFilter", "__timeInterval",
-                                                                   "__conditionalAll", "__interval_s"}
+            names = set(re.findall(r"\$\{?(\w+)", t["rawSql"])) - {
+                "__timeFilter",
+                "__timeInterval",
+                "__conditionalAll",
+                "__interval_s",
+            }
             assert names <= set(variables(uid)), (uid, p["title"], names)
 
 
 def test_slowest_requests_link_to_the_trace_dashboard(boards):
     table = next(p for p in boards[UID_BUDGET]["panels"] if p["title"] == "Slowest requests")
-    links = [link for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "trace_id"
-             for prop in o["properties"] if prop["id"] == "links" for link in prop["value"]]
+    links = [
+        link
+        for o in table["fieldConfig"]["overrides"]
+        if o["matcher"]["options"] == "trace_id"
+        for prop in o["properties"]
+        if prop["id"] == "links"
+        for link in prop["value"]
+    ]
     assert len(links) == 1
     assert links[0]["url"].startswith(f"/d/{UID_TRACE}/")
     assert "var-trace_id=${__value.raw}" in links[0]["url"] and "${__url_time_range}" in links[0]["url"]

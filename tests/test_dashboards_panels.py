@@ -35,8 +35,16 @@ def loaded(clickhouse):
     database = f"{DATABASE}_{next(_names)}"
     client.command(f"DROP DATABASE IF EXISTS {database}")
     collector_schema.apply(client, analysis_schema.all_statements(database))
-    workload = spangen.generate(N_REQUESTS, seed=7, rate_rps=2.0, start_ns=time.time_ns() - 60 * 10**9,
-                                preempt_every=5, abort_every=11, server_only_every=9, n_steps=120)
+    workload = spangen.generate(
+        N_REQUESTS,
+        seed=7,
+        rate_rps=2.0,
+        start_ns=time.time_ns() - 60 * 10**9,
+        preempt_every=5,
+        abort_every=11,
+        server_only_every=9,
+        n_steps=120,
+    )
     spangen.emit(workload, clickhouse_url=clickhouse.url, database=database, seed=7)
     client.close()
     yield database, workload
@@ -52,17 +60,31 @@ def client(clickhouse, loaded):
 def _context(workload, **variables) -> GrafanaQueryContext:
     now = int(time.time())
     start = min(r.start_ns for r in workload.requests) // 10**9
-    values = {"service": ALL, "model": ALL, "ttft_slo_ms": "500", "tpot_slo_ms": "50",
-              "trace_id": workload.requests[0].trace_id, **variables}
-    return GrafanaQueryContext(start - 60, now + 60, INTERVAL_S, values,
-                               options={"service": [workload.server_service, workload.client_service],
-                                        "model": ["tiny"]})
+    values = {
+        "service": ALL,
+        "model": ALL,
+        "ttft_slo_ms": "500",
+        "tpot_slo_ms": "50",
+        "trace_id": workload.requests[0].trace_id,
+        **variables,
+    }
+    return GrafanaQueryContext(
+        start - 60,
+        now + 60,
+        INTERVAL_S,
+        values,
+        options={"service": [workload.server_service, workload.client_service], "model": ["tiny"]},
+    )
 
 
 def _targets(database: str) -> list[tuple[str, str, dict]]:
     """(dashboard uid, panel title, target) for every panel target of every dashboard."""
-    return [(board["uid"], p["title"], t) for board in generate.dashboards(database)
-            for p in board["panels"] for t in p["targets"]]
+    return [
+        (board["uid"], p["title"], t)
+        for board in generate.dashboards(database)
+        for p in board["panels"]
+        for t in p["targets"]
+    ]
 
 
 def _query_name(database: str, sql: str) -> str:
@@ -98,7 +120,8 @@ def test_throughput_counts_every_request_once(client, loaded):
     rows = list(result.named_results())
     assert sum(r["requests_per_s"] * INTERVAL_S for r in rows) == pytest.approx(N_REQUESTS)
     assert sum(r["output_tokens_per_s"] * INTERVAL_S for r in rows) == pytest.approx(
-        sum(r.output_tokens for r in workload.requests))
+        sum(r.output_tokens for r in workload.requests)
+    )
 
 
 def test_slowest_requests_rank_by_ttft_and_link_traces(client, loaded):
@@ -114,8 +137,11 @@ def test_slowest_requests_rank_by_ttft_and_link_traces(client, loaded):
 def test_request_trace_returns_that_trace_only(client, loaded):
     database, workload = loaded
     r = workload.requests[4]  # preempted: two queue waits
-    rows = list(_run(client, queries.render_grafana("request_trace", database),
-                      _context(workload, trace_id=r.trace_id)).named_results())
+    rows = list(
+        _run(
+            client, queries.render_grafana("request_trace", database), _context(workload, trace_id=r.trace_id)
+        ).named_results()
+    )
     assert {row["traceID"] for row in rows} == {r.trace_id}
     names = sorted(row["operationName"] for row in rows)
     assert names.count(n.SPAN_QUEUE) == 2 and n.SPAN_PREFILL in names and n.SPAN_DECODE in names
@@ -172,18 +198,44 @@ def test_every_panel_on_a_real_run(tmp_path):
     tiny model) under a short `phaselens bench` load: every panel query has its columns and rows."""
     with Stack(str(tmp_path), server_args=("--max-num-seqs", "4")) as stack:
         bench = subprocess.run(
-            [sys.executable, "-m", "phaselens", "bench", "--url", stack.server_url, "--model", "tiny",
-             "--rate", "inf", "--requests", "10", "--input-len", "24", "--output-len", "6", "--quiet"],
-            env=stack.otel_env(CLIENT_SERVICE), capture_output=True, text=True, timeout=180)
+            [
+                sys.executable,
+                "-m",
+                "phaselens",
+                "bench",
+                "--url",
+                stack.server_url,
+                "--model",
+                "tiny",
+                "--rate",
+                "inf",
+                "--requests",
+                "10",
+                "--input-len",
+                "24",
+                "--output-len",
+                "6",
+                "--quiet",
+            ],
+            env=stack.otel_env(CLIENT_SERVICE),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert bench.returncode == 0, bench.stderr[-2000:]
         assert stack.server.stop(30) == 0 and stack.collector.stop(30) == 0  # flush, then drain
         with stack.client() as ch:
-            trace_id = ch.query(f"SELECT any(TraceId) FROM {stack.database}.otel_traces "
-                                "WHERE SpanKind = 'Client'").result_rows[0][0]
+            trace_id = ch.query(
+                f"SELECT any(TraceId) FROM {stack.database}.otel_traces WHERE SpanKind = 'Client'"
+            ).result_rows[0][0]
             now = int(time.time())
-            ctx = GrafanaQueryContext(now - 600, now + 60, 1, {
-                "service": ALL, "model": ALL, "ttft_slo_ms": "60000", "tpot_slo_ms": "60000",
-                "trace_id": trace_id}, options={"service": [SERVER_SERVICE, CLIENT_SERVICE], "model": ["tiny"]})
+            ctx = GrafanaQueryContext(
+                now - 600,
+                now + 60,
+                1,
+                {"service": ALL, "model": ALL, "ttft_slo_ms": "60000", "tpot_slo_ms": "60000", "trace_id": trace_id},
+                options={"service": [SERVER_SERVICE, CLIENT_SERVICE], "model": ["tiny"]},
+            )
             for name, cols in queries.PANEL_COLUMNS.items():
                 result = _run(ch, queries.render_grafana(name, stack.database), ctx)
                 assert tuple(result.column_names) == tuple(cols), name

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from phaselens.cli import main
 from phaselens.common.process import free_port
 from phaselens.dashboards import generate
 from phaselens.dashboards.datasource import DATASOURCE_UID, ClickHouseTarget, datasource
 from phaselens.dashboards.push import PUSH_MESSAGE, PushError, connect, push
-from phaselens.cli import main
 from tests.dashboards_fixtures import ADMIN_TOKEN, BASIC_USER, VIEWER_TOKEN, GrafanaStandIn
 
 
@@ -20,8 +20,7 @@ def grafana():
 
 
 def _cli_push(url: str, *extra: str) -> int:
-    return main(["dashboards", "push", "--grafana", url, "--clickhouse-host", "ch.internal",
-                 "--timeout", "5", *extra])
+    return main(["dashboards", "push", "--grafana", url, "--clickhouse-host", "ch.internal", "--timeout", "5", *extra])
 
 
 def test_first_push_makes_exactly_these_calls(grafana, capsys):
@@ -37,9 +36,19 @@ def test_first_push_makes_exactly_these_calls(grafana, capsys):
     ]
     for board in boards:
         body = {k: v for k, v in board.items() if k != "version"}
-        expected += [("GET", f"/api/dashboards/uid/{board['uid']}", None),
-                     ("POST", "/api/dashboards/db", {"dashboard": {**body, "id": None}, "folderUid": "phaselens",
-                                                     "overwrite": True, "message": PUSH_MESSAGE})]
+        expected += [
+            ("GET", f"/api/dashboards/uid/{board['uid']}", None),
+            (
+                "POST",
+                "/api/dashboards/db",
+                {
+                    "dashboard": {**body, "id": None},
+                    "folderUid": "phaselens",
+                    "overwrite": True,
+                    "message": PUSH_MESSAGE,
+                },
+            ),
+        ]
     assert grafana.state.calls == expected
     assert ds["jsonData"]["host"] == "ch.internal" and ds["jsonData"]["port"] == 9000
     assert {b["uid"] for b in boards} == set(grafana.state.dashboards)
@@ -69,8 +78,10 @@ def test_changes_are_written_and_only_they(grafana):
     result = push(api, datasource(ClickHouseTarget(host="other", protocol="http")), boards, "phaselens", "phaselens")
     assert result.updated == [f"datasource {DATASOURCE_UID}", f"dashboard {edited}"]
     writes = grafana.state.writes()
-    assert [(m, p) for m, p, _ in writes] == [("PUT", f"/api/datasources/uid/{DATASOURCE_UID}"),
-                                              ("POST", "/api/dashboards/db")]
+    assert [(m, p) for m, p, _ in writes] == [
+        ("PUT", f"/api/datasources/uid/{DATASOURCE_UID}"),
+        ("POST", "/api/dashboards/db"),
+    ]
     assert writes[0][2]["jsonData"]["port"] == 8123 and writes[0][2]["jsonData"]["protocol"] == "http"
     assert grafana.state.dashboards[edited]["dashboard"]["title"] == boards[0]["title"]
     assert grafana.state.dashboards[edited]["dashboard"]["version"] == 2
@@ -96,8 +107,9 @@ def test_wrong_url_is_one_clear_line(capsys):
     url = f"http://127.0.0.1:{free_port()}"
     assert _cli_push(url, "--token", ADMIN_TOKEN) == 1
     line = _one_error_line(capsys)
-    assert line == (f"error: cannot connect to Grafana at {url}: [Errno 111] Connection refused "
-                    "(is it running? check --grafana)")
+    assert line == (
+        f"error: cannot connect to Grafana at {url}: [Errno 111] Connection refused (is it running? check --grafana)"
+    )
 
 
 def test_bad_token_is_one_clear_line(grafana, capsys):

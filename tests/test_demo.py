@@ -20,8 +20,10 @@ from tests.report_fixtures import colour_stats, console_messages, decode_png, ru
 
 def test_demo_end_to_end(tmp_path):
     data, report = tmp_path / "data", tmp_path / "report.html"
-    code, out, seen = run_watched([sys.executable, "-m", "phaselens", "demo", "--requests", "30",
-                                    "--data", str(data), "--report", str(report)], timeout_s=115)
+    code, out, seen = run_watched(
+        [sys.executable, "-m", "phaselens", "demo", "--requests", "30", "--data", str(data), "--report", str(report)],
+        timeout_s=115,
+    )
     assert code == 0, out[-4000:]
     assert "TTFT budget (30 requests, 30 with a client view, 0 errors" in out, out[-4000:]
     assert "goodput:" in out and "30/30 requests queryable with client and server views" in out
@@ -42,9 +44,11 @@ def test_demo_end_to_end(tmp_path):
     assert len(trace_ids) == 30
     with EmbeddedClickHouse(str(data / "clickhouse")) as ch:
         client = clickhouse_connect.get_client(host=ch.host, port=ch.http_port)
-        rows = client.query("SELECT trace_id, client_ttft_ms, server_ttft_ms, prefill_ms, residual_ms "
-                            "FROM otel.phaselens_requests WHERE trace_id IN {ids:Array(String)}",
-                            parameters={"ids": trace_ids}).result_rows
+        rows = client.query(
+            "SELECT trace_id, client_ttft_ms, server_ttft_ms, prefill_ms, residual_ms "
+            "FROM otel.phaselens_requests WHERE trace_id IN {ids:Array(String)}",
+            parameters={"ids": trace_ids},
+        ).result_rows
         client.close()
     assert sorted(r[0] for r in rows) == sorted(trace_ids)
     for _, client_ttft, server_ttft, prefill, residual in rows:
@@ -70,8 +74,12 @@ _ORCHESTRATOR = textwrap.dedent("""
 def test_children_die_with_a_sigkilled_orchestrator(tmp_path):
     """PR_SET_PDEATHSIG: the child (and through it the ClickHouse server process) stops."""
     data = tmp_path / "ch"
-    proc = subprocess.Popen([sys.executable, "-c", _ORCHESTRATOR, str(data), str(free_port()), str(free_port())],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ORCHESTRATOR, str(data), str(free_port()), str(free_port())],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "up"
         seen: dict[int, int] = {}
@@ -91,9 +99,11 @@ def test_children_die_with_a_sigkilled_orchestrator(tmp_path):
 def test_demo_rejects_bad_options_before_starting_anything(capsys):
     from phaselens import cli
 
-    for argv, message in ((["--rate", "0"], "--rate must be a positive number"),
-                          (["--requests", "0"], "--requests must be ≥ 1"),
-                          (["--shards", "0"], "--shards must be ≥ 1"),
-                          (["--slo", "p99:5"], "--slo: bad SLO 'p99:5': use ttft:MS, tpot:MS")):
+    for argv, message in (
+        (["--rate", "0"], "--rate must be a positive number"),
+        (["--requests", "0"], "--requests must be ≥ 1"),
+        (["--shards", "0"], "--shards must be ≥ 1"),
+        (["--slo", "p99:5"], "--slo: bad SLO 'p99:5': use ttft:MS, tpot:MS"),
+    ):
         assert cli.main(["demo", *argv]) == 2
         assert message in capsys.readouterr().err

@@ -37,8 +37,25 @@ def _command(output: str, label: str) -> list[str]:
 
 def test_demo_on_a_two_shard_cluster(tmp_path, capsys):
     data = tmp_path / "data"
-    demo = Watched([sys.executable, "-m", "phaselens", "demo", "--shards", "2", "--requests", str(REQUESTS),
-                    "--rate", "8", "--data", str(data), "--report", str(tmp_path / "report.html"), "--keep-running"])
+    demo = Watched(
+        [
+            sys.executable,
+            "-m",
+            "phaselens",
+            "demo",
+            "--shards",
+            "2",
+            "--requests",
+            str(REQUESTS),
+            "--rate",
+            "8",
+            "--data",
+            str(data),
+            "--report",
+            str(tmp_path / "report.html"),
+            "--keep-running",
+        ]
+    )
     try:
         assert demo.wait_for(KEEP_RUNNING, timeout_s=150), demo.output[-4000:]
         out = demo.output
@@ -50,7 +67,9 @@ def test_demo_on_a_two_shard_cluster(tmp_path, capsys):
         assert len(urls) == 2
         collector = _command(out, "collector")
         assert collector[:2] == ["collector", "--clickhouse"] and "--cluster" in collector
-        trace_ids = [json.loads(line)["trace_id"] for line in (data / "run" / "requests.jsonl").read_text().splitlines()]
+        trace_ids = [
+            json.loads(line)["trace_id"] for line in (data / "run" / "requests.jsonl").read_text().splitlines()
+        ]
         assert len(trace_ids) == REQUESTS
         _check_shards(urls, trace_ids)
         _check_printed_commands(out, capsys)
@@ -70,20 +89,30 @@ def _check_shards(urls: list[str], trace_ids: list[str]) -> None:
     try:
         per_shard = [c.query("SELECT count() FROM otel.otel_traces").result_rows[0][0] for c in clients]
         assert min(per_shard) > 0, per_shard
-        requests = clients[0].query(
-            "SELECT TraceId, uniqExact(_shard_num), countIf(SpanKind = 'Client'), countIf(SpanKind = 'Server'), "
-            "countIf(_shard_num != cityHash64(TraceId) % 2 + 1) FROM otel.otel_traces_distributed "
-            "WHERE TraceId IN {ids:Array(String)} GROUP BY TraceId",
-            parameters={"ids": trace_ids}).result_rows
+        requests = (
+            clients[0]
+            .query(
+                "SELECT TraceId, uniqExact(_shard_num), countIf(SpanKind = 'Client'), countIf(SpanKind = 'Server'), "
+                "countIf(_shard_num != cityHash64(TraceId) % 2 + 1) FROM otel.otel_traces_distributed "
+                "WHERE TraceId IN {ids:Array(String)} GROUP BY TraceId",
+                parameters={"ids": trace_ids},
+            )
+            .result_rows
+        )
         assert len(requests) == len(trace_ids)
         for trace_id, shards, client_spans, server_spans, misplaced in requests:
             assert (shards, misplaced) == (1, 0) and client_spans >= 1 and server_spans >= 1, trace_id
         # engine steps: traces of their own, each on one shard, linked to the run's requests
-        steps, split, linked = clients[0].query(
-            "SELECT count(), countIf(shards > 1), length(arrayIntersect(groupUniqArrayArray(links), {ids:Array(String)})) "
-            "FROM (SELECT TraceId, uniqExact(_shard_num) AS shards, groupUniqArrayArray(Links.TraceId) AS links "
-            "FROM otel.otel_traces_distributed WHERE SpanName = {step:String} GROUP BY TraceId)",
-            parameters={"ids": trace_ids, "step": names.SPAN_ENGINE_STEP}).result_rows[0]
+        steps, split, linked = (
+            clients[0]
+            .query(
+                "SELECT count(), countIf(shards > 1), length(arrayIntersect(groupUniqArrayArray(links), {ids:Array(String)})) "
+                "FROM (SELECT TraceId, uniqExact(_shard_num) AS shards, groupUniqArrayArray(Links.TraceId) AS links "
+                "FROM otel.otel_traces_distributed WHERE SpanName = {step:String} GROUP BY TraceId)",
+                parameters={"ids": trace_ids, "step": names.SPAN_ENGINE_STEP},
+            )
+            .result_rows[0]
+        )
         assert steps > REQUESTS and split == 0 and linked == len(trace_ids)
     finally:
         for c in clients:

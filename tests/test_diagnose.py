@@ -28,8 +28,8 @@ from phaselens.analysis.diagnose_figures import Figures, input_len_words, load_d
 from phaselens.analysis.diagnose_format import headline
 from phaselens.analysis.report import write_report
 from phaselens.commands import diagnose as diagnose_command
-from phaselens.loadgen.workloads import words
 from phaselens.common.slo import parse_slo
+from phaselens.loadgen.workloads import words
 from phaselens.stack import Stack, spawn
 from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql
 
@@ -44,22 +44,43 @@ class Scenario:
 LONG_PROMPT_WORDS = "400"  # ≈ 1,900 tokens of the tiny model's byte-level vocabulary (context 4,096)
 SCENARIOS = {
     # 24 requests at once into 2 seats: most of TTFT is waiting for a seat
-    "overload": Scenario(("--max-num-seqs", "2"), ("--rate", "inf", "--requests", "24", "--input-len", "32",
-                                                   "--output-len", "32"), "ttft:200,tpot:100"),
+    "overload": Scenario(
+        ("--max-num-seqs", "2"),
+        ("--rate", "inf", "--requests", "24", "--input-len", "32", "--output-len", "32"),
+        "ttft:200,tpot:100",
+    ),
     # long prompts, one output token, one request at a time: TTFT is the prompt's compute
-    "prefill": Scenario((), ("--concurrency", "1", "--requests", "5", "--input-len", LONG_PROMPT_WORDS,
-                             "--output-len", "1"), "ttft:50,tpot:1000"),
+    "prefill": Scenario(
+        (),
+        ("--concurrency", "1", "--requests", "5", "--input-len", LONG_PROMPT_WORDS, "--output-len", "1"),
+        "ttft:50,tpot:1000",
+    ),
     # 8 decoding streams, prompts up to 400 words admitted into their steps (mixed policy)
-    "stalls": Scenario(("--policy", "mixed"), ("--concurrency", "8", "--requests", "16", "--input-len",
-                                               f"uniform:4:{LONG_PROMPT_WORDS}", "--output-len", "32"),
-                       "ttft:10000,tpot:20"),
+    "stalls": Scenario(
+        ("--policy", "mixed"),
+        (
+            "--concurrency",
+            "8",
+            "--requests",
+            "16",
+            "--input-len",
+            f"uniform:4:{LONG_PROMPT_WORDS}",
+            "--output-len",
+            "32",
+        ),
+        "ttft:10000,tpot:20",
+    ),
     # 12 short prompts growing to 128 tokens each in a 512-token KV cache: preemptions
-    "kv": Scenario(("--kv-cache-tokens", "512", "--max-num-seqs", "16"),
-                   ("--rate", "inf", "--requests", "12", "--input-len", "2", "--output-len", "128"), "ttft:20,tpot:5"),
+    "kv": Scenario(
+        ("--kv-cache-tokens", "512", "--max-num-seqs", "16"),
+        ("--rate", "inf", "--requests", "12", "--input-len", "2", "--output-len", "128"),
+        "ttft:20,tpot:5",
+    ),
     # two short requests per second, far below capacity even when other jobs take most of the CPU
     # (at 4 req/s and a 1 s / 100 ms SLO, a load average of 6 on the 2 cores once pushed the p99 over)
-    "healthy": Scenario((), ("--rate", "2", "--requests", "8", "--input-len", "32", "--output-len", "16"),
-                        "ttft:2000,tpot:200"),
+    "healthy": Scenario(
+        (), ("--rate", "2", "--requests", "8", "--input-len", "32", "--output-len", "16"), "ttft:2000,tpot:200"
+    ),
 }
 
 
@@ -73,14 +94,36 @@ def stack(tmp_path_factory):
     the time), then each load run alone, its server stopped (flushing its spans) before the next."""
     stack = Stack(str(tmp_path_factory.mktemp("diagnose"))).start_pipeline()
     try:
-        servers = {name: spawn(f"server-{name}", ["serve", "--model", "tiny", "--port", "0", *s.server_args],
-                               stack.log_dir, stack.otel_env(service(name))) for name, s in SCENARIOS.items()}
+        servers = {
+            name: spawn(
+                f"server-{name}",
+                ["serve", "--model", "tiny", "--port", "0", *s.server_args],
+                stack.log_dir,
+                stack.otel_env(service(name)),
+            )
+            for name, s in SCENARIOS.items()
+        }
         for name, s in SCENARIOS.items():
             url = servers[name].wait_ready(180)
             bench = subprocess.run(
-                [sys.executable, "-m", "phaselens", "bench", "--url", url, "--model", "tiny", "--quiet", "--ignore-eos",
-                 *s.bench_args], env=stack.otel_env(f"{service(name)}-client"), capture_output=True, text=True,
-                timeout=300)
+                [
+                    sys.executable,
+                    "-m",
+                    "phaselens",
+                    "bench",
+                    "--url",
+                    url,
+                    "--model",
+                    "tiny",
+                    "--quiet",
+                    "--ignore-eos",
+                    *s.bench_args,
+                ],
+                env=stack.otel_env(f"{service(name)}-client"),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert bench.returncode == 0, bench.stderr[-2000:]
             assert servers[name].stop(30) == 0
         assert stack.collector.stop(30) == 0  # drains its spool into ClickHouse
@@ -93,8 +136,12 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def verdicts(stack):
     with stack.client() as ch:
-        return {name: diagnose(ch, database=stack.database, service=service(name), since=None,
-                               slo=parse_slo(s.slo, ("ttft", "tpot"))) for name, s in SCENARIOS.items()}
+        return {
+            name: diagnose(
+                ch, database=stack.database, service=service(name), since=None, slo=parse_slo(s.slo, ("ttft", "tpot"))
+            )
+            for name, s in SCENARIOS.items()
+        }
 
 
 def test_overload_is_queueing_and_asks_for_a_second_rate(verdicts):
@@ -163,8 +210,16 @@ def _cli(capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_the_cli_formats_say_the_same_verdict(stack, verdicts, capsys):
-    argv = ("--clickhouse", stack.clickhouse_url, "--service", service("overload"), "--since", "all",
-            "--slo", SCENARIOS["overload"].slo)
+    argv = (
+        "--clickhouse",
+        stack.clickhouse_url,
+        "--service",
+        service("overload"),
+        "--since",
+        "all",
+        "--slo",
+        SCENARIOS["overload"].slo,
+    )
     rc, out, _ = _cli(capsys, *argv, "--format", "json")
     got = json.loads(out)
     assert rc == 0 and got["primary_cause"] == "queue" and got["causes"] == verdicts["overload"].causes
@@ -185,7 +240,10 @@ def test_cli_errors_are_one_line(capsys):
 def test_an_empty_selection_is_an_error_not_a_verdict(stack, capsys):
     rc, out, err = _cli(capsys, "--clickhouse", stack.clickhouse_url, "--service", "no-such-service", "--since", "all")
     assert (rc, out) == (1, "")
-    assert err == "error: no requests in the selection (database otel, all time, service no-such-service): nothing to diagnose\n"
+    assert (
+        err
+        == "error: no requests in the selection (database otel, all time, service no-such-service): nothing to diagnose\n"
+    )
 
 
 @pytest.mark.parametrize("name", ["kv", "healthy"])
@@ -194,9 +252,13 @@ def test_the_grafana_verdict_panel_says_what_the_cli_says(stack, verdicts, name)
     same causes with the same roles as `diagnose`."""
     slo = parse_slo(SCENARIOS[name].slo, ("ttft", "tpot"))
     now = int(time.time())
-    ctx = GrafanaQueryContext(now - 3600, now + 60, 10, {
-        "service": service(name), "model": ALL, "ttft_slo_ms": f"{slo.ttft_ms:g}", "tpot_slo_ms": f"{slo.tpot_ms:g}"},
-        options={"model": ["tiny"]})
+    ctx = GrafanaQueryContext(
+        now - 3600,
+        now + 60,
+        10,
+        {"service": service(name), "model": ALL, "ttft_slo_ms": f"{slo.ttft_ms:g}", "tpot_slo_ms": f"{slo.tpot_ms:g}"},
+        options={"model": ["tiny"]},
+    )
     with stack.client() as ch:
         rows = ch.query(expand_grafana_sql(queries.render_grafana("diagnosis_causes", stack.database), ctx)).result_rows
     assert [(cause, role) for cause, role, *_ in rows] == [(s.cause, s.role) for s in verdicts[name].signals]
@@ -206,8 +268,14 @@ def test_the_html_report_opens_with_the_diagnosis(stack, verdicts, tmp_path):
     d = verdicts["overload"]
     page = tmp_path / "report.html"
     with stack.client() as ch:
-        write_report(ch, str(page), database=stack.database, since=None, service=service("overload"),
-                     slo=parse_slo(SCENARIOS["overload"].slo, ("ttft", "tpot")))
+        write_report(
+            ch,
+            str(page),
+            database=stack.database,
+            since=None,
+            service=service("overload"),
+            slo=parse_slo(SCENARIOS["overload"].slo, ("ttft", "tpot")),
+        )
     main = page.read_text(encoding="utf-8").split("<main>", 1)[1]
     assert main.lstrip().startswith('<section id="diagnosis">')  # above the KPIs and every chart
     diagnosis = main.split("</section>", 1)[0]
@@ -231,13 +299,20 @@ def test_load_dependence_compares_the_slower_and_faster_buckets():
 
 
 def test_one_rate_asks_for_a_second_run_at_a_quarter_of_it():
-    f = Figures(requests=120, window_s=60.0, models=["tiny"], server_url="http://127.0.0.1:8000",
-                quantiles={"input_tokens": [100.0, 300.0], "output_tokens": [32.0, 32.0]})
+    f = Figures(
+        requests=120,
+        window_s=60.0,
+        models=["tiny"],
+        server_url="http://127.0.0.1:8000",
+        quantiles={"input_tokens": [100.0, 300.0], "output_tokens": [32.0, 32.0]},
+    )
     # Poisson noise around 2 req/s, and the edge buckets (partial) left out of the comparison
     d = load_dependence(_buckets([(1.8, 50.0), (2.1, 60.0), (2.3, 90.0)], 10), 10, f)
     assert (d.single_rate, d.grows, d.buckets) == (True, None, 3)
-    assert d.next_run == ("phaselens bench --url http://127.0.0.1:8000 --model tiny --rate 0.50 --requests 120 "
-                          "--input-len 21 --output-len 32 --ignore-eos")  # words of ~4.8 bytes: ≈ 100 tokens
+    assert d.next_run == (
+        "phaselens bench --url http://127.0.0.1:8000 --model tiny --rate 0.50 --requests 120 "
+        "--input-len 21 --output-len 32 --ignore-eos"
+    )  # words of ~4.8 bytes: ≈ 100 tokens
 
 
 @pytest.mark.parametrize("tokens", [100.0, 1900.0])

@@ -24,7 +24,7 @@ def _page(name: str) -> str:
 
 def _anchors(page: str) -> set[str]:
     """GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens."""
-    headings = re.findall(r"^#+ (.+)$", _page(page), re.M)
+    headings = re.findall(r"^#+ (.+)$", _page(page), re.MULTILINE)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
@@ -40,23 +40,35 @@ def test_span_model_names_every_name_of_the_names_module():
 
 def test_contracts_name_every_column_and_observer_method():
     text = _page("contracts.md")
-    columns = [name for name, _ in (*analysis_schema.REQUEST_COLUMNS, *analysis_schema.EXTRA_COLUMNS,
-                                    *analysis_schema.STEP_COLUMNS)]
+    columns = [
+        name
+        for name, _ in (*analysis_schema.REQUEST_COLUMNS, *analysis_schema.EXTRA_COLUMNS, *analysis_schema.STEP_COLUMNS)
+    ]
     columns += [c for c in collector_schema.INSERT_COLUMNS if "." not in c] + ["Events", "Links"]
     assert [c for c in columns if f"`{c}`" not in text] == []
-    methods = [m for cls in (observer.RequestObserver, observer.StepObserver) for m in vars(cls)
-               if not m.startswith("_")]
+    methods = [
+        m for cls in (observer.RequestObserver, observer.StepObserver) for m in vars(cls) if not m.startswith("_")
+    ]
     assert [m for m in methods if f"`{m}(" not in text] == []
 
 
 def test_every_citation_of_a_page_resolves():
-    cited = [(path, page, anchor) for path in [*python_sources(), *DOCS.glob("*.md"), ROOT / "README.md"]
-             for page, anchor in CITATION.findall(path.read_text(encoding="utf-8"))]
-    cited += [(path, page, anchor) for path in DOCS.glob("*.md")
-              for page, anchor in re.findall(r"\]\(([\w-]+\.md)(?:#([\w-]+))?\)", path.read_text(encoding="utf-8"))]
+    cited = [
+        (path, page, anchor)
+        for path in [*python_sources(), *DOCS.glob("*.md"), ROOT / "README.md"]
+        for page, anchor in CITATION.findall(path.read_text(encoding="utf-8"))
+    ]
+    cited += [
+        (path, page, anchor)
+        for path in DOCS.glob("*.md")
+        for page, anchor in re.findall(r"\]\(([\w-]+\.md)(?:#([\w-]+))?\)", path.read_text(encoding="utf-8"))
+    ]
     assert len(cited) > 10
-    broken = [f"{path.relative_to(ROOT)}: {page}#{anchor}" for path, page, anchor in cited
-              if not (DOCS / page).is_file() or (anchor and anchor not in _anchors(page))]
+    broken = [
+        f"{path.relative_to(ROOT)}: {page}#{anchor}"
+        for path, page, anchor in cited
+        if not (DOCS / page).is_file() or (anchor and anchor not in _anchors(page))
+    ]
     assert broken == []
 
 

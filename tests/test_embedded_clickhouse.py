@@ -25,7 +25,9 @@ def test_data_persists_across_restart_and_stop_is_clean(tmp_path):
 
 
 def test_port_taken_fails_loudly(clickhouse, tmp_path):
-    with pytest.raises(EmbeddedClickHouseError, match=rf"{clickhouse.http_port}: the port is in use by pid {clickhouse.pid} "):
+    with pytest.raises(
+        EmbeddedClickHouseError, match=rf"{clickhouse.http_port}: the port is in use by pid {clickhouse.pid} "
+    ):
         EmbeddedClickHouse(str(tmp_path), http_port=clickhouse.http_port).start()
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from server_fixtures import Collected, Recorder, greedy, make_engine, reference_greedy, run_until_idle
 from transformers import ByT5Tokenizer
 
 from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from phaselens.reference_server import QueueFullError, SamplingParams
 from phaselens.reference_server.config import POLICY_PREFILL_FIRST
-from server_fixtures import Collected, Recorder, greedy, make_engine, reference_greedy, run_until_idle
 
 TOK = ByT5Tokenizer()
 PROMPTS = [
@@ -49,7 +49,7 @@ def test_greedy_equals_generate_while_requests_join_and_leave(policy):
     sinks += [submit(engine, PROMPTS[i], greedy(lengths[i])) for i in (3, 4)]
     while engine.scheduler.has_work():
         batches.append(engine.step())
-    for text, sink, n in zip(PROMPTS, sinks, lengths):
+    for text, sink, n in zip(PROMPTS, sinks, lengths, strict=False):
         assert_matches_generate(text, sink, n)
     chunked = [i for b in batches for i in b.items if i.prefill and i.num_tokens < i.seq.num_prompt_tokens]
     assert chunked, "a prompt longer than the 24-token budget must be prefilled in chunks"
@@ -64,7 +64,7 @@ def test_preemption_by_recompute_keeps_outputs_exact():
     engine = make_engine(block_size=8, kv_cache_tokens=80, max_num_batched_tokens=64)
     recorders = [Recorder() for _ in range(3)]
     texts = [PROMPTS[0], PROMPTS[1] * 5, PROMPTS[4]]
-    sinks = [submit(engine, t, greedy(30, ignore_eos=True), r) for t, r in zip(texts, recorders)]
+    sinks = [submit(engine, t, greedy(30, ignore_eos=True), r) for t, r in zip(texts, recorders, strict=False)]
     run_until_idle(engine)
     assert engine.stats.preemptions > 0
     preempted = [r for r in recorders if "preempted" in r.names()]
@@ -73,7 +73,7 @@ def test_preemption_by_recompute_keeps_outputs_exact():
         names = r.names()
         assert names.count("first_token") == 1
         assert names.index("preempted") < len(names) - 1 - names[::-1].index("scheduled")
-    for text, sink in zip(texts, sinks):
+    for text, sink in zip(texts, sinks, strict=False):
         assert_matches_generate(text, sink, 30, ignore_eos=True)
     assert engine.scheduler.blocks.num_used == 0
 
@@ -109,12 +109,20 @@ def test_observer_call_order_and_step_records():
     run_until_idle(engine)
     names = recorder.names()
     n_chunks = -(-len(ids(PROMPTS[0])) // 16)
-    assert names == ["enqueued", "scheduled", *["prefill_chunk"] * n_chunks, "first_token",
-                     "token", "token", "token", "finished"]
+    assert names == [
+        "enqueued",
+        "scheduled",
+        *["prefill_chunk"] * n_chunks,
+        "first_token",
+        "token",
+        "token",
+        "token",
+        "finished",
+    ]
     assert recorder.calls[-1] == ("finished", FINISH_LENGTH)
     assert all(c[3] for c in recorder.calls if c[0] == "prefill_chunk")
     assert sink.final.output_tokens == 4
-    start, end, prefill, decode, used, total, preempt, depth, members = steps[0]
+    start, end, prefill, decode, used, total, _preempt, _depth, members = steps[0]
     assert end >= start and prefill == 16 and decode == 0 and 0 < used <= total and members == [recorder]
     assert [s[3] for s in steps[-3:]] == [1, 1, 1]
 
@@ -140,15 +148,17 @@ def test_stop_string_truncates_and_is_never_emitted():
     cut = submit(engine, PROMPTS[0], greedy(40, ignore_eos=True, stop=(stop, "never-there")))
     run_until_idle(engine)
     assert cut.final.finish_reason == FINISH_STOP
-    assert cut.content == text[:text.index(stop)]
+    assert cut.content == text[: text.index(stop)]
 
 
 def test_sampling_seed_reproduces_and_filters_apply():
     engine = make_engine()
+
     def sample(**kw):
         sink = submit(engine, PROMPTS[4], SamplingParams(max_tokens=24, ignore_eos=True, **kw))
         run_until_idle(engine)
         return sink.content
+
     assert sample(temperature=1.0, seed=7) == sample(temperature=1.0, seed=7)
     assert sample(temperature=1.0, seed=7) != sample(temperature=1.0, seed=8)
     greedy_text = sample(temperature=0.0)
@@ -189,15 +199,21 @@ def test_step_is_schedule_run_postprocess_with_stamps_at_the_seams():
     engine = make_engine(block_size=8)
     recorder = Recorder()
     seen = []
-    engine.submit(ids(PROMPTS[0]), greedy(3, ignore_eos=True), recorder,
-                  sink=lambda out: seen.append((out.finish_reason, engine.scheduler.blocks.num_used,
-                                                recorder.names()[-1])))
+    engine.submit(
+        ids(PROMPTS[0]),
+        greedy(3, ignore_eos=True),
+        recorder,
+        sink=lambda out: seen.append((out.finish_reason, engine.scheduler.blocks.num_used, recorder.names()[-1])),
+    )
     batch = engine.step()
     assert [s.seq_id for s in batch.admitted] == [1] and batch.items[0].output.new_tokens == 1
     assert recorder.names() == ["enqueued", "scheduled", "prefill_chunk", "first_token"]
     run_until_idle(engine)
-    assert [(reason, stamp) for reason, _, stamp in seen] == [(None, "first_token"), (None, "token"),
-                                                               (FINISH_LENGTH, "finished")]
+    assert [(reason, stamp) for reason, _, stamp in seen] == [
+        (None, "first_token"),
+        (None, "token"),
+        (FINISH_LENGTH, "finished"),
+    ]
     assert seen[0][1] == seen[1][1] == len(ids(PROMPTS[0])) // 8 + 1 and seen[2][1] == 0
 
 
@@ -235,7 +251,8 @@ def test_local_hugging_face_folder_loads_offline_and_matches_generate(tmp_path):
     sink = Collected()
     engine.submit(prompt, greedy(20, ignore_eos=True), sink=sink)
     run_until_idle(engine)
-    expected = tiny.model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0)[0, len(prompt):].tolist()
+    expected = tiny.model.generate(
+        torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
     assert sink.final.output_tokens == 20
     assert sink.content == TOK.decode(expected, skip_special_tokens=True)

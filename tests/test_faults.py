@@ -9,9 +9,15 @@ import pytest
 from phaselens.faults import collector_faults, suite
 from phaselens.faults.params import Params
 
-RECOVER_BOUND_S = {"collector_sigkill": 5.0, "clickhouse_outage": 20.0, "clickhouse_slow": 20.0,
-                   "spool_full": 20.0, "span_builder_killed": 10.0, "server_overload": 20.0,
-                   "client_disconnect": 5.0}
+RECOVER_BOUND_S = {
+    "collector_sigkill": 5.0,
+    "clickhouse_outage": 20.0,
+    "clickhouse_slow": 20.0,
+    "spool_full": 20.0,
+    "span_builder_killed": 10.0,
+    "server_overload": 20.0,
+    "client_disconnect": 5.0,
+}
 
 
 @pytest.fixture(scope="module")

@@ -43,10 +43,10 @@ def _cycle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
         node, path = stack.pop()
         for nxt in graph[node]:
             if nxt == start:
-                return path + [start]
+                return [*path, start]
             if nxt not in seen:
                 seen.add(nxt)
-                stack.append((nxt, path + [nxt]))
+                stack.append((nxt, [*path, nxt]))
     return None
 
 
@@ -57,8 +57,7 @@ def test_cycle_finder_finds_a_cycle_and_only_a_cycle():
 
 def test_no_module_imports_itself_through_others():
     modules = _modules()
-    graph = {name: _imports(name, path, modules) if path.suffix == ".py" else set()
-             for name, path in modules.items()}
+    graph = {name: _imports(name, path, modules) if path.suffix == ".py" else set() for name, path in modules.items()}
     assert graph["phaselens.analysis.report"] >= {"phaselens.analysis.report_page", "phaselens.analysis.report_data"}
     cycles = [" → ".join(c) for name in sorted(graph) if (c := _cycle_from(name, graph))]
     assert cycles == []

@@ -96,6 +96,7 @@ def streaming_app(rig):
             if (await receive())["type"] == "http.disconnect":
                 return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
     return app
 
 

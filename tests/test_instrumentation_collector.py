@@ -19,8 +19,9 @@ from tests.instrumentation_fixtures import PARENT_ID, TRACE_ID, WALL_BASE_NS, Sc
 @pytest.fixture()
 def collector(clickhouse, ch_client, fresh_database, tmp_path):
     schema.apply(ch_client, schema.statements(fresh_database))
-    with Collector(clickhouse.url, database=fresh_database, spool_dir=str(tmp_path / "spool"),
-                   flush_interval_s=0.05) as running:
+    with Collector(
+        clickhouse.url, database=fresh_database, spool_dir=str(tmp_path / "spool"), flush_interval_s=0.05
+    ) as running:
         yield running, fresh_database
 
 
@@ -38,15 +39,20 @@ def query_rows(ch_client, database: str, want: int, timeout_s: float = 20) -> li
 def test_spans_arrive_in_clickhouse_over_otlp_grpc(collector, ch_client, monkeypatch, builder):
     running, database = collector
     monkeypatch.setenv(names.ENV_SPAN_BUILDER, builder)
-    for variable, value in {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
-                            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_BSP_SCHEDULE_DELAY": "50",
-                            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{running.grpc_endpoint}"}.items():
+    for variable, value in {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{running.grpc_endpoint}",
+    }.items():
         monkeypatch.setenv(variable, value)
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
     clock = ScriptedClock()
-    telemetry = ServerTelemetry.from_env("phaselens-e2e", clock_ns=clock,
-                                         anchor=ClockAnchor.capture(clock, lambda: WALL_BASE_NS))
+    telemetry = ServerTelemetry.from_env(
+        "phaselens-e2e", clock_ns=clock, anchor=ClockAnchor.capture(clock, lambda: WALL_BASE_NS)
+    )
     script_request(SimpleNamespace(telemetry=telemetry, clock=clock))
     telemetry.shutdown()
     assert telemetry.stats()["export_exported"] == 13

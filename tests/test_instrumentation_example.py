@@ -12,15 +12,21 @@ from phaselens.instrumentation import names
 
 ROOT = Path(__file__).resolve().parents[1]
 # The example is read from the README itself, so the documentation cannot drift from what runs.
-EXAMPLE = re.search(r"## Instrument your own serving loop.*?```python\n(.*?)```",
-                    (ROOT / "README.md").read_text(), re.S).group(1)
+EXAMPLE = re.search(
+    r"## Instrument your own serving loop.*?```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL
+).group(1)
 
 
 def test_readme_example_runs_and_exports_the_phase_spans():
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none",
-           "OTEL_BSP_SCHEDULE_DELAY": "10"}
-    done = subprocess.run([sys.executable, "-c", EXAMPLE], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "10",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", EXAMPLE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert len([line for line in EXAMPLE.splitlines() if line.strip()]) < 20
     for name in (*names.PHASE_SPANS, names.SPAN_ENGINE_STEP, "text_completion my-model"):

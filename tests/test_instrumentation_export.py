@@ -16,9 +16,17 @@ from phaselens.instrumentation.export import BatchSettings, CountingBatchSpanPro
 from phaselens.instrumentation.otel_setup import configure
 from phaselens.instrumentation.server import ServerTelemetry
 
-OTEL_VARS = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL",
-             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
-             "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG")
+OTEL_VARS = (
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+)
 
 
 @pytest.fixture()
@@ -34,12 +42,15 @@ def exporters_of(providers):
     return [type(p.exporter) for p in processors]
 
 
-@pytest.mark.parametrize("exporter, protocol, expected", [
-    ("otlp", None, [HttpSpanExporter]),  # the specification's default protocol
-    ("otlp", "grpc", [GrpcSpanExporter]),
-    ("otlp,console", "http/protobuf", [HttpSpanExporter, ConsoleSpanExporter]),
-    ("none", None, []),
-])
+@pytest.mark.parametrize(
+    "exporter, protocol, expected",
+    [
+        ("otlp", None, [HttpSpanExporter]),  # the specification's default protocol
+        ("otlp", "grpc", [GrpcSpanExporter]),
+        ("otlp,console", "http/protobuf", [HttpSpanExporter, ConsoleSpanExporter]),
+        ("none", None, []),
+    ],
+)
 def test_exporters_follow_the_environment(env, exporter, protocol, expected):
     env.setenv("OTEL_TRACES_EXPORTER", exporter)
     if protocol:
@@ -49,8 +60,9 @@ def test_exporters_follow_the_environment(env, exporter, protocol, expected):
     providers.shutdown()
 
 
-@pytest.mark.parametrize("variable, value", [("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
-                                             ("OTEL_TRACES_EXPORTER", "zipkinish")])
+@pytest.mark.parametrize(
+    "variable, value", [("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"), ("OTEL_TRACES_EXPORTER", "zipkinish")]
+)
 def test_bad_settings_are_clear_errors(env, variable, value):
     env.setenv(variable, value)
     with pytest.raises(ValueError, match=variable.split("_")[1] if "PROTOCOL" not in variable else "PROTOCOL"):
@@ -93,7 +105,9 @@ def test_unreachable_collector_does_not_slow_the_loop_and_losses_are_counted(env
         req = telemetry.request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []})
         started = time.perf_counter_ns()
         req.describe(operation=names.OP_TEXT_COMPLETION, model="tiny", request_id=f"r{index}")
-        req.enqueued(); req.scheduled(); req.first_token()
+        req.enqueued()
+        req.scheduled()
+        req.first_token()
         for _ in range(20):
             req.token()
         req.finished("length")
@@ -127,9 +141,9 @@ class FlakyExporter(SpanExporter):
 
 
 def test_processor_accounts_for_every_span(env):
-    processor = CountingBatchSpanProcessor(FlakyExporter(), BatchSettings(max_queue_size=10,
-                                                                          max_export_batch_size=5,
-                                                                          schedule_delay_ms=3_600_000))
+    processor = CountingBatchSpanProcessor(
+        FlakyExporter(), BatchSettings(max_queue_size=10, max_export_batch_size=5, schedule_delay_ms=3_600_000)
+    )
     provider = TracerProvider()
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
@@ -171,8 +185,9 @@ class SelfTracingExporter(SpanExporter):
 
 def test_export_runs_suppressed_and_never_feeds_itself(env):
     exporter = SelfTracingExporter()
-    processor = CountingBatchSpanProcessor(exporter, BatchSettings(max_queue_size=10, max_export_batch_size=10,
-                                                                   schedule_delay_ms=3_600_000))
+    processor = CountingBatchSpanProcessor(
+        exporter, BatchSettings(max_queue_size=10, max_export_batch_size=10, schedule_delay_ms=3_600_000)
+    )
     provider = TracerProvider()
     provider.add_span_processor(processor)
     exporter.tracer = provider.get_tracer("t")
@@ -192,8 +207,9 @@ def test_a_forked_child_exports_on_its_own_thread(env):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    processor = CountingBatchSpanProcessor(exporter, BatchSettings(max_queue_size=10, max_export_batch_size=1,
-                                                                   schedule_delay_ms=3_600_000))
+    processor = CountingBatchSpanProcessor(
+        exporter, BatchSettings(max_queue_size=10, max_export_batch_size=1, schedule_delay_ms=3_600_000)
+    )
     provider = TracerProvider()
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")

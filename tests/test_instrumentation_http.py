@@ -35,15 +35,28 @@ def server(tmp_path_factory, request):
     with pytest.MonkeyPatch.context() as env:
         process_env(env, receiver)
         env.setenv("OTEL_SERVICE_NAME", "instrumentation-test-server")
-        proc = subprocess.Popen([sys.executable, "-m", "tests.instrumentation_fixtures", str(sock.fileno()),
-                                 str(spans_path), request.param], cwd=REPO, pass_fds=[sock.fileno()],
-                                stdout=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.instrumentation_fixtures",
+                str(sock.fileno()),
+                str(spans_path),
+                request.param,
+            ],
+            cwd=REPO,
+            pass_fds=[sock.fileno()],
+            stdout=subprocess.PIPE,
+        )
     if request.param == "thread":
+
         def spans() -> list[dict]:
             return list(map(json.loads, spans_path.read_text().splitlines())) if spans_path.exists() else []
     else:
+
         def spans() -> list[dict]:
             return [otlp_span_as_json(span) for span in list(receiver.spans)]
+
     try:
         assert proc.stdout.readline().strip() == b"READY"
         yield f"http://127.0.0.1:{sock.getsockname()[1]}", spans
@@ -84,7 +97,11 @@ def traced(tracer, call):
 def read_stream(url, body, headers, lines=None):
     """POST a streaming request; read `lines` lines (all when None) and hang up."""
     with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
-        got = [line for _, line in zip(range(lines or 10**6), response.iter_lines()) if line.startswith("data:")]
+        got = [
+            line
+            for _, line in zip(range(lines or 10**6), response.iter_lines(), strict=False)
+            if line.startswith("data:")
+        ]
     return response.status_code, got
 
 
@@ -99,13 +116,15 @@ def test_traceparent_continues_across_the_hop(server, client_tracer):
     assert set(phase_spans) <= set(spans)
     assert all(spans[name]["parent_id"] == root["context"]["span_id"] for name in phase_spans)
     attributes = root["attributes"]
-    phases_ms = sum(attributes[k] for k in (names.PL_INGRESS_MS, names.PL_QUEUE_MS, names.PL_PREFILL_MS,
-                                             names.PL_FIRST_TOKEN_MS))
+    phases_ms = sum(
+        attributes[k] for k in (names.PL_INGRESS_MS, names.PL_QUEUE_MS, names.PL_PREFILL_MS, names.PL_FIRST_TOKEN_MS)
+    )
     assert phases_ms == pytest.approx(attributes[names.PL_SERVER_TTFT_MS], abs=1e-6)
     split_ms = sum(attributes[k] for k in (names.PL_FIRST_CHUNK_LOOP_WAIT_MS, names.PL_FIRST_CHUNK_ENCODE_MS))
     assert split_ms == pytest.approx(attributes[names.PL_FIRST_CHUNK_MS], abs=1e-6)
     assert attributes[names.PL_SERVER_TTFT_MS] + attributes[names.PL_FIRST_CHUNK_MS] == pytest.approx(
-        attributes[names.PL_SERVER_TTFC_MS], abs=1e-6)
+        attributes[names.PL_SERVER_TTFC_MS], abs=1e-6
+    )
     assert attributes[names.PL_SERVER_TTFC_MS] <= attributes[names.PL_SERVER_LAST_CHUNK_MS]
     assert attributes[names.GEN_AI_USAGE_OUTPUT_TOKENS] == 4 and attributes[names.HTTP_RESPONSE_STATUS_CODE] == 200
     assert spans[names.SPAN_DECODE]["attributes"][names.PL_DECODE_STEPS] == 3
@@ -113,8 +132,9 @@ def test_traceparent_continues_across_the_hop(server, client_tracer):
 
 def test_bad_request_is_one_error_server_span(server, client_tracer):
     url, spans_path = server
-    _, trace_id, response = traced(client_tracer, lambda h: httpx.post(
-        f"{url}/v1/completions", json={"max_tokens": "many"}, headers=h))
+    _, trace_id, response = traced(
+        client_tracer, lambda h: httpx.post(f"{url}/v1/completions", json={"max_tokens": "many"}, headers=h)
+    )
     assert response.status_code == 400
     spans = server_spans(spans_path, trace_id, want=2)
     (root,) = [s for s in spans if s["kind"] == "SpanKind.SERVER"]
@@ -124,8 +144,9 @@ def test_bad_request_is_one_error_server_span(server, client_tracer):
 
 def test_client_disconnect_mid_stream(server, client_tracer):
     url, spans_path = server
-    _, trace_id, (status, chunks) = traced(client_tracer, lambda h: read_stream(
-        url, {"max_tokens": 200, "delay_s": 0.02}, h, lines=1))  # one chunk, then hang up
+    _, trace_id, (status, chunks) = traced(
+        client_tracer, lambda h: read_stream(url, {"max_tokens": 200, "delay_s": 0.02}, h, lines=1)
+    )  # one chunk, then hang up
     assert status == 200 and len(chunks) == 1
     spans = server_spans(spans_path, trace_id, want=7)
     (root,) = [s for s in spans if s["kind"] == "SpanKind.SERVER"]

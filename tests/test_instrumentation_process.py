@@ -17,12 +17,21 @@ import pytest
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
 from phaselens.instrumentation import names, retention, shipper
-from phaselens.instrumentation.sink import wait_until
 from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST
 from phaselens.instrumentation.server import ServerTelemetry
-from tests.instrumentation_fixtures import (PARENT_ID, TRACE_ID, TRACEPARENT, OtlpReceiver, http_scope, make_rig,
-                                            process_env, script_request, shapes_of_otlp_spans,
-                                            shapes_of_sdk_spans)
+from phaselens.instrumentation.sink import wait_until
+from tests.instrumentation_fixtures import (
+    PARENT_ID,
+    TRACE_ID,
+    TRACEPARENT,
+    OtlpReceiver,
+    http_scope,
+    make_rig,
+    process_env,
+    script_request,
+    shapes_of_otlp_spans,
+    shapes_of_sdk_spans,
+)
 
 ROOT = "text_completion tiny"
 
@@ -52,8 +61,10 @@ def gone(pid: int, timeout_s: float = 10, zombie_ok: bool = False) -> bool:
 def script_mix(rig) -> list:
     """A traced request, a root request, a rejected one, and a step batching them with an observer
     of the loop's own (counted in the batch, not linked)."""
-    traced, rooted = script_request(rig), script_request(rig, traceparent=None, prompt=[
-        {"role": "user", "content": "hi"}])
+    traced, rooted = (
+        script_request(rig),
+        script_request(rig, traceparent=None, prompt=[{"role": "user", "content": "hi"}]),
+    )
     rejected = rig.telemetry.request(http_scope())
     rig.clock.advance(5_000)
     rejected.fail("invalid_request_error", 400)
@@ -62,7 +73,7 @@ def script_mix(rig) -> list:
 
 
 def test_process_builder_exports_exactly_the_spans_of_the_thread_builder(receiver):
-    options = dict(capture_content=True, token_events=True)
+    options = {"capture_content": True, "token_events": True}
     thread_rig = make_rig(**options)
     script_mix(thread_rig)
     expected = shapes_of_sdk_spans(thread_rig.spans())
@@ -93,11 +104,12 @@ def test_root_ids_are_decided_in_the_serving_process(receiver):
         assert {s.name for s in children} >= set(names.PHASE_SPANS)
     assert format(traced.span.get_span_context().trace_id, "032x") == TRACE_ID
     assert roots[TRACE_ID].parent_span_id.hex() == PARENT_ID
-    assert not rooted.span.get_span_context().trace_id == int(TRACE_ID, 16)
+    assert rooted.span.get_span_context().trace_id != int(TRACE_ID, 16)
     (step,) = [s for s in receiver.spans if s.name == names.SPAN_ENGINE_STEP and len(s.links) == 3]
     linked = {(int.from_bytes(link.trace_id, "big"), int.from_bytes(link.span_id, "big")) for link in step.links}
-    assert linked == {(h.span.get_span_context().trace_id, h.span.get_span_context().span_id)
-                      for h in (traced, rooted, rejected)}
+    assert linked == {
+        (h.span.get_span_context().trace_id, h.span.get_span_context().span_id) for h in (traced, rooted, rejected)
+    }
     rig.telemetry.shutdown()
 
 
@@ -292,7 +304,11 @@ def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch
     assert telemetry.builder == "process"
     pid = telemetry.span_builder_pid
     req = telemetry.request(http_scope(traceparent=TRACEPARENT))
-    req.enqueued(); req.scheduled(); req.first_token(); req.token(); req.finished(FINISH_LENGTH)
+    req.enqueued()
+    req.scheduled()
+    req.first_token()
+    req.token()
+    req.finished(FINISH_LENGTH)
     req.complete(2, FINISH_LENGTH)
     telemetry.shutdown()
     assert gone(pid, timeout_s=0.5)
@@ -301,10 +317,13 @@ def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch
 
 
 def test_the_child_dies_with_its_server_process(receiver, tmp_path):
-    code = ("from phaselens.instrumentation.server import ServerTelemetry; import time; "
-            "t = ServerTelemetry(builder='process'); print(t.span_builder_pid, flush=True); time.sleep(60)")
-    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                              cwd=os.path.dirname(os.path.dirname(__file__)))
+    code = (
+        "from phaselens.instrumentation.server import ServerTelemetry; import time; "
+        "t = ServerTelemetry(builder='process'); print(t.span_builder_pid, flush=True); time.sleep(60)"
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__))
+    )
     child = int(server.stdout.readline())
     server.kill()
     server.wait()
@@ -337,5 +356,5 @@ def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
         request.responded_ns = 0
     for record, decode in ((request, wire.decode_request), (step, wire.decode_step), (both, wire.decode_step)):
         frame = wire.encode_request(record) if record is request else wire.encode_step(record)
-        assert decode(marshal.loads(frame[wire.HEADER.size:])) == record
+        assert decode(marshal.loads(frame[wire.HEADER.size :])) == record
     rig.telemetry.shutdown()

@@ -6,14 +6,23 @@ import json
 import time
 
 import pytest
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry import trace
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.observer import FINISH_LENGTH
 from phaselens.instrumentation.server import ServerTelemetry
-from tests.instrumentation_fixtures import PARENT_ID, TRACE_ID, TRACEPARENT, WALL_BASE_NS, http_scope, make_rig, script_request
+from tests.instrumentation_fixtures import (
+    PARENT_ID,
+    TRACE_ID,
+    TRACEPARENT,
+    WALL_BASE_NS,
+    http_scope,
+    make_rig,
+    script_request,
+)
+
 
 def wall(rig, mono_ns):
     return WALL_BASE_NS + mono_ns - rig.anchor.mono_ns
@@ -45,16 +54,27 @@ def test_span_tree_timing_exact():
     for name, intervals in expected.items():
         assert sorted(interval(rig, s) for s in spans[name]) == intervals, name
     by_id = {s.context.span_id: s for group in spans.values() for s in group}
-    parent_name = {s.name if s.name != names.SPAN_PREFILL_CHUNK else (s.name, s.attributes[names.PL_CHUNK_INDEX]):
-                   by_id[s.parent.span_id].name for group in spans.values() for s in group
-                   if s.parent is not None and s.parent.span_id in by_id}
+    parent_name = {
+        s.name if s.name != names.SPAN_PREFILL_CHUNK else (s.name, s.attributes[names.PL_CHUNK_INDEX]): by_id[
+            s.parent.span_id
+        ].name
+        for group in spans.values()
+        for s in group
+        if s.parent is not None and s.parent.span_id in by_id
+    }
     assert parent_name[(names.SPAN_PREFILL_CHUNK, 0)] == names.SPAN_PREFILL
     assert parent_name[(names.SPAN_PREFILL_CHUNK, 2)] == names.SPAN_DECODE
     for name in (*names.PHASE_SPANS, names.SPAN_FIRST_CHUNK):
         assert parent_name[name] == "text_completion tiny"
-    assert [s.attributes[names.PL_QUEUE_WAIT_INDEX] for s in sorted(spans[names.SPAN_QUEUE], key=lambda s: s.start_time)] == [0, 1]
-    assert all(s.context.trace_id == root.context.trace_id for group in spans.values() for s in group
-               if s.name != names.SPAN_ENGINE_STEP)
+    assert [
+        s.attributes[names.PL_QUEUE_WAIT_INDEX] for s in sorted(spans[names.SPAN_QUEUE], key=lambda s: s.start_time)
+    ] == [0, 1]
+    assert all(
+        s.context.trace_id == root.context.trace_id
+        for group in spans.values()
+        for s in group
+        if s.name != names.SPAN_ENGINE_STEP
+    )
 
 
 def test_root_attributes_exact():
@@ -66,31 +86,55 @@ def test_root_attributes_exact():
     assert a.pop(names.GEN_AI_OUTPUT_MESSAGES, None) is None
     ttft_ns, decode_ns = 720_000, 250_000
     assert a == {
-        names.GEN_AI_OPERATION_NAME: "text_completion", names.GEN_AI_PROVIDER_NAME: "phaselens",
-        names.GEN_AI_REQUEST_MODEL: "tiny", names.GEN_AI_RESPONSE_MODEL: "tiny",
-        names.GEN_AI_RESPONSE_ID: "cmpl-1", names.GEN_AI_REQUEST_ID: "cmpl-1",
-        names.GEN_AI_REQUEST_MAX_TOKENS: 7, names.GEN_AI_REQUEST_TEMPERATURE: 0.0,
-        names.GEN_AI_REQUEST_TOP_P: 1.0, names.GEN_AI_REQUEST_TOP_K: 0, names.GEN_AI_REQUEST_STREAM: True,
-        names.GEN_AI_RESPONSE_FINISH_REASONS: ("length",), names.GEN_AI_USAGE_INPUT_TOKENS: 12,
-        names.GEN_AI_USAGE_OUTPUT_TOKENS: 7, names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 4,
+        names.GEN_AI_OPERATION_NAME: "text_completion",
+        names.GEN_AI_PROVIDER_NAME: "phaselens",
+        names.GEN_AI_REQUEST_MODEL: "tiny",
+        names.GEN_AI_RESPONSE_MODEL: "tiny",
+        names.GEN_AI_RESPONSE_ID: "cmpl-1",
+        names.GEN_AI_REQUEST_ID: "cmpl-1",
+        names.GEN_AI_REQUEST_MAX_TOKENS: 7,
+        names.GEN_AI_REQUEST_TEMPERATURE: 0.0,
+        names.GEN_AI_REQUEST_TOP_P: 1.0,
+        names.GEN_AI_REQUEST_TOP_K: 0,
+        names.GEN_AI_REQUEST_STREAM: True,
+        names.GEN_AI_RESPONSE_FINISH_REASONS: ("length",),
+        names.GEN_AI_USAGE_INPUT_TOKENS: 12,
+        names.GEN_AI_USAGE_OUTPUT_TOKENS: 7,
+        names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: 4,
         names.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: 0,
-        names.HTTP_REQUEST_METHOD: "POST", names.URL_PATH: "/v1/completions",
-        names.SERVER_ADDRESS: "127.0.0.1", names.SERVER_PORT: 8000,
-        names.PL_INGRESS_MS: 0.1, names.PL_QUEUE_MS: 0.3, names.PL_PREFILL_MS: 0.3,
-        names.PL_FIRST_TOKEN_MS: 0.02, names.PL_DECODE_MS: 0.25, names.PL_DELIVERY_MS: 0.02,
-        names.PL_SERVER_TTFT_MS: 0.72, names.PL_SERVER_TPOT_MS: decode_ns / 6 / 1e6,
-        names.PL_PREEMPTIONS: 1, names.PL_FINISH_REASON: "length", names.PL_CLIENT_DISCONNECTED: False,
-        names.PL_RECEIVED_WALL_NS: wall(rig, 1_000_000), names.PL_RESPONDED_WALL_NS: wall(rig, 1_990_000),
-        names.LATENCY_TIME_IN_QUEUE: 300_000 / 1e9, names.LATENCY_TIME_TO_FIRST_TOKEN: ttft_ns / 1e9,
-        names.LATENCY_E2E: 990_000 / 1e9, names.LATENCY_TIME_IN_MODEL_PREFILL: 320_000 / 1e9,
-        names.LATENCY_TIME_IN_MODEL_DECODE: decode_ns / 1e9, names.LATENCY_TIME_IN_MODEL_INFERENCE: 570_000 / 1e9,
-        names.PL_FIRST_CHUNK_MS: 0.006, names.PL_FIRST_CHUNK_LOOP_WAIT_MS: 0.004,
-        names.PL_FIRST_CHUNK_ENCODE_MS: 0.002, names.PL_FIRST_CHUNK_WRITE_MS: 0.001,
-        names.PL_SERVER_TTFC_MS: 0.726, names.PL_SERVER_LAST_CHUNK_MS: 0.9715,
+        names.HTTP_REQUEST_METHOD: "POST",
+        names.URL_PATH: "/v1/completions",
+        names.SERVER_ADDRESS: "127.0.0.1",
+        names.SERVER_PORT: 8000,
+        names.PL_INGRESS_MS: 0.1,
+        names.PL_QUEUE_MS: 0.3,
+        names.PL_PREFILL_MS: 0.3,
+        names.PL_FIRST_TOKEN_MS: 0.02,
+        names.PL_DECODE_MS: 0.25,
+        names.PL_DELIVERY_MS: 0.02,
+        names.PL_SERVER_TTFT_MS: 0.72,
+        names.PL_SERVER_TPOT_MS: decode_ns / 6 / 1e6,
+        names.PL_PREEMPTIONS: 1,
+        names.PL_FINISH_REASON: "length",
+        names.PL_CLIENT_DISCONNECTED: False,
+        names.PL_RECEIVED_WALL_NS: wall(rig, 1_000_000),
+        names.PL_RESPONDED_WALL_NS: wall(rig, 1_990_000),
+        names.LATENCY_TIME_IN_QUEUE: 300_000 / 1e9,
+        names.LATENCY_TIME_TO_FIRST_TOKEN: ttft_ns / 1e9,
+        names.LATENCY_E2E: 990_000 / 1e9,
+        names.LATENCY_TIME_IN_MODEL_PREFILL: 320_000 / 1e9,
+        names.LATENCY_TIME_IN_MODEL_DECODE: decode_ns / 1e9,
+        names.LATENCY_TIME_IN_MODEL_INFERENCE: 570_000 / 1e9,
+        names.PL_FIRST_CHUNK_MS: 0.006,
+        names.PL_FIRST_CHUNK_LOOP_WAIT_MS: 0.004,
+        names.PL_FIRST_CHUNK_ENCODE_MS: 0.002,
+        names.PL_FIRST_CHUNK_WRITE_MS: 0.001,
+        names.PL_SERVER_TTFC_MS: 0.726,
+        names.PL_SERVER_LAST_CHUNK_MS: 0.9715,
     }
     # the budget identities hold exactly in ns: ingress + queue + prefill + first_token = server TTFT,
     # server TTFT + first_chunk = server TTFC, first_chunk = loop_wait + encode (write beside it)
-    assert 100_000 + 300_000 + 300_000 + 20_000 == ttft_ns
+    assert ttft_ns == 100_000 + 300_000 + 300_000 + 20_000
     assert ttft_ns + 6_000 == 726_000 and 4_000 + 2_000 == 6_000
     assert root.status.status_code == StatusCode.UNSET
 
@@ -101,17 +145,30 @@ def test_phase_span_attributes():
     spans = rig.by_name()
     # gaps 10, 10, 10, 10, 210 µs; p99 by linear interpolation: h = 0.99 · 4 = 3.96 → 10 + 0.96 · 200 µs
     assert dict(spans[names.SPAN_DECODE][0].attributes) == {
-        names.PL_DECODE_TOKENS: 6, names.PL_DECODE_STEPS: 5, names.PL_ITL_P50_MS: 0.01,
-        names.PL_ITL_P99_MS: 0.202, names.PL_ITL_MAX_MS: 0.21, names.PL_STALL_MS: 0.2}
+        names.PL_DECODE_TOKENS: 6,
+        names.PL_DECODE_STEPS: 5,
+        names.PL_ITL_P50_MS: 0.01,
+        names.PL_ITL_P99_MS: 0.202,
+        names.PL_ITL_MAX_MS: 0.21,
+        names.PL_STALL_MS: 0.2,
+    }
     assert dict(spans[names.SPAN_PREFILL][0].attributes) == {
-        names.PL_PREFILL_CHUNKS: 2, names.PL_CHUNK_TOKENS: 12, names.PL_CACHED_TOKENS: 4}
+        names.PL_PREFILL_CHUNKS: 2,
+        names.PL_CHUNK_TOKENS: 12,
+        names.PL_CACHED_TOKENS: 4,
+    }
     chunks = sorted(spans[names.SPAN_PREFILL_CHUNK], key=lambda s: s.start_time)
     assert [(c.attributes[names.PL_CHUNK_TOKENS], c.attributes[names.PL_PREFILL_RECOMPUTE]) for c in chunks] == [
-        (8, False), (4, False), (16, True)]
+        (8, False),
+        (4, False),
+        (16, True),
+    ]
     assert spans[names.SPAN_DECODE][0].events == ()  # token events are opt-in
     assert dict(spans[names.SPAN_FIRST_CHUNK][0].attributes) == {
-        names.PL_FIRST_CHUNK_LOOP_WAIT_MS: 0.004, names.PL_FIRST_CHUNK_ENCODE_MS: 0.002,
-        names.PL_FIRST_CHUNK_WRITE_MS: 0.001}
+        names.PL_FIRST_CHUNK_LOOP_WAIT_MS: 0.004,
+        names.PL_FIRST_CHUNK_ENCODE_MS: 0.002,
+        names.PL_FIRST_CHUNK_WRITE_MS: 0.001,
+    }
 
 
 def test_engine_step_span_links_the_request_and_has_its_own_trace():
@@ -195,9 +252,11 @@ def test_content_capture_is_opt_in(monkeypatch):
     root = rig.by_name()["text_completion tiny"][0]
     assert json.loads(root.attributes[names.GEN_AI_INPUT_MESSAGES]) == [
         {"role": "system", "parts": [{"type": "text", "content": "be brief"}]},
-        {"role": "user", "parts": [{"type": "text", "content": "hi"}]}]
+        {"role": "user", "parts": [{"type": "text", "content": "hi"}]},
+    ]
     assert json.loads(root.attributes[names.GEN_AI_OUTPUT_MESSAGES]) == [
-        {"role": "assistant", "parts": [{"type": "text", "content": "world"}], "finish_reason": "length"}]
+        {"role": "assistant", "parts": [{"type": "text", "content": "world"}], "finish_reason": "length"}
+    ]
 
 
 def test_token_events_are_opt_in():
@@ -230,8 +289,11 @@ def test_full_handoff_drops_and_counts_never_raises():
     stats = rig.telemetry.stats()
     assert stats["steps_dropped"] == 6 and stats["steps_offered"] == 10 and stats["queue_full"] == 6
     assert stats["spans_dropped"] == 6
-    (dropped,) = [p for p in rig.metric_points(names.METRIC_TELEMETRY_DROPPED)
-                  if p.attributes[names.PL_TELEMETRY_DROP_REASON] == "step_handoff_full"]
+    (dropped,) = [
+        p
+        for p in rig.metric_points(names.METRIC_TELEMETRY_DROPPED)
+        if p.attributes[names.PL_TELEMETRY_DROP_REASON] == "step_handoff_full"
+    ]
     assert dropped.value == 6
     rig.telemetry.shutdown()
     assert rig.telemetry.stats()["steps_unsampled"] == 4  # the 4 kept were built (no sampled request)
@@ -240,9 +302,12 @@ def test_full_handoff_drops_and_counts_never_raises():
 def test_request_that_fails_while_queued_ends_its_open_wait():
     rig = make_rig()
     req = rig.telemetry.request(http_scope())
-    rig.clock.advance(10_000); req.enqueued()
-    rig.clock.advance(30_000); req.finished("abort")
-    rig.clock.advance(5_000); req.fail("server_overloaded", 503)
+    rig.clock.advance(10_000)
+    req.enqueued()
+    rig.clock.advance(30_000)
+    req.finished("abort")
+    rig.clock.advance(5_000)
+    req.fail("server_overloaded", 503)
     spans = rig.by_name()
     assert interval(rig, spans[names.SPAN_QUEUE][0]) == (1_010_000, 1_045_000)
     assert set(spans) == {"POST", names.SPAN_INGRESS, names.SPAN_QUEUE}
@@ -255,7 +320,11 @@ def test_global_providers_by_default():
     telemetry = ServerTelemetry()
     assert telemetry.tracer_provider is trace.get_tracer_provider()
     req = telemetry.request(http_scope())
-    req.enqueued(); req.scheduled(); req.first_token(); req.token(); req.finished(FINISH_LENGTH)
+    req.enqueued()
+    req.scheduled()
+    req.first_token()
+    req.token()
+    req.finished(FINISH_LENGTH)
     req.complete(output_tokens=2, finish_reason=FINISH_LENGTH)
     assert telemetry.flush(10)
     stats = telemetry.stats()
@@ -296,8 +365,9 @@ def test_the_sdk_span_limits_apply_as_to_an_sdk_span(monkeypatch):
     other.fail("invalid_request_error", 400)
     spans = rig.by_name()
     root = spans["text_completion tiny"][0]
-    sdk_span = rig.telemetry.tracer_provider.get_tracer("sdk").start_span("x", attributes=dict(
-        json.loads(json.dumps(_unbounded_root_attributes(rig)))))
+    sdk_span = rig.telemetry.tracer_provider.get_tracer("sdk").start_span(
+        "x", attributes=dict(json.loads(json.dumps(_unbounded_root_attributes(rig))))
+    )
     sdk_span.end()
     assert dict(root.attributes) == dict(sdk_span.attributes)
     assert root.dropped_attributes == sdk_span.dropped_attributes > 0

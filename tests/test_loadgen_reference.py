@@ -37,8 +37,9 @@ def test_client_span_is_parent_of_the_server_span_and_usage_is_used():
     plan = runner.RunPlan("chat", "tiny", concurrency=2, requests=4, ignore_eos=True)
 
     async def drive(url: str, token_counter) -> runner.RunResult:
-        async with TracedClient(url, tracer_provider=client_provider, token_counter=token_counter,
-                                timeout_s=60, keep_text=True) as client:
+        async with TracedClient(
+            url, tracer_provider=client_provider, token_counter=token_counter, timeout_s=60, keep_text=True
+        ) as client:
             return await runner.run(plan, client, work.requests())
 
     with LiveServer(engine, ApiSettings(served_model_names=("tiny",), reasoning_tokens=2), telemetry) as server:

@@ -31,7 +31,8 @@ def streaming(chunks=4, interval_ms=2.0, hold_ms=0.0):
     async def handler(request):
         steps = [Step(hold_ms, completion_chunk("t"))]
         steps += [Step(interval_ms, completion_chunk("t")) for _ in range(chunks - 1)]
-        return Reply(steps=steps + [Step(0, usage_chunk(8, chunks) + DONE_EVENT)])
+        return Reply(steps=[*steps, Step(0, usage_chunk(8, chunks) + DONE_EVENT)])
+
     return handler
 
 
@@ -40,6 +41,7 @@ def run_plan(plan, handler, url=None):
         async with ScriptedServer(handler) as server:
             async with TracedClient(url or server.url, tracer_provider=TracerProvider()) as client:
                 return await runner.run(plan, client, WORK.requests()), server.requests
+
     return asyncio.run(main())
 
 
@@ -79,12 +81,13 @@ def test_duration_bounds_the_arrivals():
 def test_capped_open_loop_shows_queueing_as_schedule_lag():
     """20 requests due 10 ms apart, each held 50 ms by the server, at most 1 in flight: request i
     is sent about i × 40 ms late. A harness timing from the actual send would hide all of it."""
-    plan = runner.RunPlan("completions", "m", arrivals=GammaArrivals(100.0, burstiness=1000.0),
-                          concurrency=1, requests=20)
+    plan = runner.RunPlan(
+        "completions", "m", arrivals=GammaArrivals(100.0, burstiness=1000.0), concurrency=1, requests=20
+    )
     run, seen = run_plan(plan, streaming(chunks=1, hold_ms=50.0))
     assert max_overlap(seen) == 1
     lags = [r.schedule_lag_ms for r in run.results]
-    assert lags[-1] >= 19 * 40 * 0.8 and all(b > a for a, b in zip(lags[2:], lags[3:]))
+    assert lags[-1] >= 19 * 40 * 0.8 and all(b > a for a, b in itertools.pairwise(lags))
     s = metrics.summarize(run.results, run.duration_s, (50,))
     assert s["latency_ms"]["ttft"]["max"] < 200 < s["latency_ms"]["ttft_from_intended"]["max"]
 
@@ -116,15 +119,25 @@ def serial_server(service_ms: float):
         async with lock:
             await asyncio.sleep(service_ms / 1e3)
         return Reply(steps=[Step(0, completion_chunk("x", finish="stop") + DONE_EVENT)])
+
     return handler
 
 
 def test_sweep_finds_the_capacity_of_a_queueing_server():
     async def main():
         async with ScriptedServer(serial_server(20.0)) as server:  # capacity 50 req/s
-            opts = session.BenchOptions(url=server.url, model="m", rate=20.0, burstiness=50.0, duration_s=1.0,
-                                        slo=["ttft:100"], input_len="4", output_len="1")
+            opts = session.BenchOptions(
+                url=server.url,
+                model="m",
+                rate=20.0,
+                burstiness=50.0,
+                duration_s=1.0,
+                slo=["ttft:100"],
+                input_len="4",
+                output_len="1",
+            )
             return await session.capacity(opts, 0.9, 200.0, tracer_provider=TracerProvider(), rel_tol=0.1)
+
     found = asyncio.run(main())
     assert found.bounded and 32 <= found.capacity <= 55, [(p.rate, p.attainment) for p in found.probes]
     assert all(p.passed == (p.attainment >= 0.9) for p in found.probes)
@@ -133,8 +146,12 @@ def test_sweep_finds_the_capacity_of_a_queueing_server():
 
 @pytest.fixture(scope="module")
 def server_url():
-    proc = subprocess.Popen([sys.executable, "-m", "phaselens.loadgen.scripted_server", "--interval-ms", "2"],
-                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phaselens.loadgen.scripted_server", "--interval-ms", "2"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         line = proc.stdout.readline().split()
         assert line[:2] == ["READY", "scripted-server"]
@@ -152,46 +169,115 @@ def no_export(monkeypatch):
 
 def test_bench_command_writes_summary_json_and_per_request(server_url, no_export, tmp_path, capsys):
     out, per = tmp_path / "run.json", tmp_path / "req.jsonl"
-    rc = cli_main(["bench", "--url", server_url, "--model", "tiny", "--rate", "50", "--burstiness", "0.5",
-                   "--requests", "12", "--warmup", "2", "--output-len", "uniform:2:6", "--goodput", "ttft:500",
-                   "tpot:100", "--percentiles", "50,99", "--seed", "5", "--json", str(out),
-                   "--per-request", str(per), "--quiet"])
+    rc = cli_main(
+        [
+            "bench",
+            "--url",
+            server_url,
+            "--model",
+            "tiny",
+            "--rate",
+            "50",
+            "--burstiness",
+            "0.5",
+            "--requests",
+            "12",
+            "--warmup",
+            "2",
+            "--output-len",
+            "uniform:2:6",
+            "--goodput",
+            "ttft:500",
+            "tpot:100",
+            "--percentiles",
+            "50,99",
+            "--seed",
+            "5",
+            "--json",
+            str(out),
+            "--per-request",
+            str(per),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "TTFT (ms)" in printed and "SLO attainment" in printed and "12 / 0" in printed
     doc = json.loads(out.read_text())
-    assert doc["config"]["arrival"] == {"process": "gamma", "rate": 50.0, "burstiness": 0.5, "seed": 5,
-                                        "max_concurrency": None}
+    assert doc["config"]["arrival"] == {
+        "process": "gamma",
+        "rate": 50.0,
+        "burstiness": 0.5,
+        "seed": 5,
+        "max_concurrency": None,
+    }
     assert doc["config"]["model"] == "tiny" and "opentelemetry-sdk" in doc["config"]["versions"]
     assert doc["summary"]["requests"]["completed"] == 12 and doc["summary"]["goodput"]["attainment"] > 0.5
     rows = [json.loads(line) for line in per.read_text().splitlines()]
     assert len(rows) == 12 and all(len(r["trace_id"]) == 32 and r["error_type"] is None for r in rows)
     assert all(r["output_tokens"] == r["counted_tokens"] == len(r["chunk_tokens"]) for r in rows)
-    assert set(r["output_tokens"] for r in rows) <= set(range(2, 7))
+    assert {r["output_tokens"] for r in rows} <= set(range(2, 7))
 
 
 def test_bench_command_replays_a_trace_on_chat(server_url, no_export, tmp_path, capsys):
     trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"timestamp": t, "output_len": n}) + "\n" for t, n in ((0, 2), (0.1, 3), (0.15, 1))))
+    trace.write_text(
+        "".join(json.dumps({"timestamp": t, "output_len": n}) + "\n" for t, n in ((0, 2), (0.1, 3), (0.15, 1)))
+    )
     out = tmp_path / "run.json"
-    rc = cli_main(["bench", "--url", server_url + "/v1", "--model", "tiny", "--endpoint", "chat", "--trace",
-                   str(trace), "--json", str(out), "--quiet"])
+    rc = cli_main(
+        [
+            "bench",
+            "--url",
+            server_url + "/v1",
+            "--model",
+            "tiny",
+            "--endpoint",
+            "chat",
+            "--trace",
+            str(trace),
+            "--json",
+            str(out),
+            "--quiet",
+        ]
+    )
     summary = json.loads(out.read_text())["summary"]
     assert rc == 0 and summary["requests"]["completed"] == 3 and summary["tokens"]["output"] == 6
     assert json.loads(out.read_text())["config"]["arrival"]["process"] == "trace"
 
 
-BENCH_ONLY = ("import argparse, sys\nfrom phaselens.commands import bench\n"
-              "p = argparse.ArgumentParser(prog='phaselens')\nbench.register(p.add_subparsers())\n"
-              "a = p.parse_args(sys.argv[1:])\nsys.exit(a.func(a))")
+BENCH_ONLY = (
+    "import argparse, sys\nfrom phaselens.commands import bench\n"
+    "p = argparse.ArgumentParser(prog='phaselens')\nbench.register(p.add_subparsers())\n"
+    "a = p.parse_args(sys.argv[1:])\nsys.exit(a.func(a))"
+)
 
 
 def test_bench_command_exports_client_spans_through_otel_setup(server_url):
     """In a process of its own: the SDK console exporter binds the real stdout when imported."""
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_METRICS_EXPORTER": "none"}
-    done = subprocess.run([sys.executable, "-c", BENCH_ONLY, "bench", "--url", server_url, "--model", "tiny",
-                           "--requests", "3", "--output-len", "2", "--quiet"],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BENCH_ONLY,
+            "bench",
+            "--url",
+            server_url,
+            "--model",
+            "tiny",
+            "--requests",
+            "3",
+            "--output-len",
+            "2",
+            "--quiet",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     printed = done.stdout
     assert done.returncode == 0, done.stderr
     assert printed.count('"name": "text_completion tiny"') == 3 and printed.count('"kind": "SpanKind.CLIENT"') == 3
@@ -199,28 +285,48 @@ def test_bench_command_exports_client_spans_through_otel_setup(server_url):
 
 
 def test_bench_sweep_command_prints_each_probe(server_url, no_export, capsys):
-    rc = cli_main(["bench", "sweep", "--url", server_url, "--model", "tiny", "--slo", "ttft:1000,e2el:2000",
-                   "--max-rate", "8", "--duration", "0.25", "--output-len", "2", "--quiet"])
+    rc = cli_main(
+        [
+            "bench",
+            "sweep",
+            "--url",
+            server_url,
+            "--model",
+            "tiny",
+            "--slo",
+            "ttft:1000,e2el:2000",
+            "--max-rate",
+            "8",
+            "--duration",
+            "0.25",
+            "--output-len",
+            "2",
+            "--quiet",
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0 and printed.count("probe rate") == 4 and "capacity: 8.000 req/s" in printed
     assert "at least" in printed
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "m"], "--url and --model"),
-    (["--url", "http://x", "--model", "m", "--rate", "2", "--concurrency", "3"], "not allowed with"),
-    (["--url", "http://x", "--model", "m", "--burstiness", "2"], "needs --rate"),
-    (["--url", "http://x", "--model", "m", "--rate", "-1"], "must be > 0"),
-    (["--url", "http://x", "--model", "m", "--input-len", "zipf:2"], "length distribution"),
-    (["--url", "http://x", "--model", "m", "--goodput", "ttft"], "bad SLO"),
-    (["--url", "http://x", "--model", "m", "--percentiles", "50,100"], "comma list"),
-    (["--url", "http://x", "--model", "m", "--requests", "0"], "must be > 0"),
-    (["--url", "http://x", "--model", "m", "--dataset", "/nonexistent.jsonl"], "No such file"),
-    (["--url", "http://x", "--model", "m", "--endpoint", "embeddings"], "invalid choice"),
-    (["--url", "http://x", "--model", "m", "--rate", "inf", "--duration", "3"], "request count"),
-    (["sweep", "--url", "http://x", "--model", "m"], "--slo"),
-    (["sweep", "--url", "http://x", "--model", "m", "--slo", "ttft:9", "--concurrency", "2"], "varies --rate"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "m"], "--url and --model"),
+        (["--url", "http://x", "--model", "m", "--rate", "2", "--concurrency", "3"], "not allowed with"),
+        (["--url", "http://x", "--model", "m", "--burstiness", "2"], "needs --rate"),
+        (["--url", "http://x", "--model", "m", "--rate", "-1"], "must be > 0"),
+        (["--url", "http://x", "--model", "m", "--input-len", "zipf:2"], "length distribution"),
+        (["--url", "http://x", "--model", "m", "--goodput", "ttft"], "bad SLO"),
+        (["--url", "http://x", "--model", "m", "--percentiles", "50,100"], "comma list"),
+        (["--url", "http://x", "--model", "m", "--requests", "0"], "must be > 0"),
+        (["--url", "http://x", "--model", "m", "--dataset", "/nonexistent.jsonl"], "No such file"),
+        (["--url", "http://x", "--model", "m", "--endpoint", "embeddings"], "invalid choice"),
+        (["--url", "http://x", "--model", "m", "--rate", "inf", "--duration", "3"], "request count"),
+        (["sweep", "--url", "http://x", "--model", "m"], "--slo"),
+        (["sweep", "--url", "http://x", "--model", "m", "--slo", "ttft:9", "--concurrency", "2"], "varies --rate"),
+    ],
+)
 def test_bad_flags_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["bench", *argv])

@@ -24,7 +24,7 @@ def offsets(process, n):
 @pytest.mark.parametrize("burstiness, cv", [(1.0, 1.0), (0.25, 2.0), (4.0, 0.5)])
 def test_gamma_arrivals_have_the_rate_and_burstiness_asked(burstiness, cv):
     times = offsets(GammaArrivals(rate=50.0, burstiness=burstiness, seed=3), 20000)
-    assert times[0] == 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+    assert times[0] == 0.0 and all(b >= a for a, b in itertools.pairwise(times))
     assert (len(times) - 1) / times[-1] == pytest.approx(50.0, rel=0.05)
     assert coefficient_of_variation(times) == pytest.approx(cv, rel=0.08)
 
@@ -44,17 +44,28 @@ def test_bad_arrival_parameters_raise(rate, burstiness):
 
 def test_trace_replay_offsets_and_shapes(tmp_path):
     path = tmp_path / "trace.jsonl"
-    path.write_text('{"timestamp_ms": 1000, "input_length": 5, "output_length": 7}\n\n'
-                    '{"timestamp_ms": 1250, "prompt": "hello there"}\n{"timestamp_ms": 3000}\n')
+    path.write_text(
+        '{"timestamp_ms": 1000, "input_length": 5, "output_length": 7}\n\n'
+        '{"timestamp_ms": 1250, "prompt": "hello there"}\n{"timestamp_ms": 3000}\n'
+    )
     trace = TraceArrivals(str(path))
     assert list(trace.offsets_s()) == [0.0, 0.25, 2.0]
-    specs = list(TraceWorkload(trace.entries, SyntheticWorkload(LengthDist.parse("3"), LengthDist.parse("9"))).requests())
+    specs = list(
+        TraceWorkload(trace.entries, SyntheticWorkload(LengthDist.parse("3"), LengthDist.parse("9"))).requests()
+    )
     assert [len(s.prompt.split()) for s in specs] == [5, 2, 3] and specs[1].prompt == "hello there"
     assert [s.max_tokens for s in specs] == [7, 9, 9]
 
 
-@pytest.mark.parametrize("text, message", [('{"t": 1}\n', "timestamp"), ('{"timestamp": 2}\n{"timestamp": 1}\n', "backwards"),
-                                           ("", "no requests"), ("nope\n", "timestamp")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"t": 1}\n', "timestamp"),
+        ('{"timestamp": 2}\n{"timestamp": 1}\n', "backwards"),
+        ("", "no requests"),
+        ("nope\n", "timestamp"),
+    ],
+)
 def test_bad_traces_raise_with_the_line(tmp_path, text, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(text)
@@ -93,17 +104,28 @@ def test_synthetic_prompts_lengths_and_shared_prefix():
 def test_payloads_hold_output_length():
     spec = RequestSpec(prompt="hi there", max_tokens=12)
     assert spec.payload("completions", "m", ignore_eos=True) == {
-        "model": "m", "prompt": "hi there", "max_tokens": 12, "ignore_eos": True, "min_tokens": 12}
-    assert spec.payload("chat", "m") == {"model": "m", "messages": [{"role": "user", "content": "hi there"}],
-                                         "max_tokens": 12}
+        "model": "m",
+        "prompt": "hi there",
+        "max_tokens": 12,
+        "ignore_eos": True,
+        "min_tokens": 12,
+    }
+    assert spec.payload("chat", "m") == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi there"}],
+        "max_tokens": 12,
+    }
     chat = RequestSpec(messages=[{"role": "user", "content": "q"}], max_tokens=3)
     assert chat.payload("completions", "m")["prompt"] == "user: q"
 
 
 def test_dataset_rows_prompt_messages_and_sharegpt(tmp_path):
     path = tmp_path / "data.jsonl"
-    rows = [{"prompt": "one two", "output_len": 4}, {"messages": [{"role": "user", "content": "m"}]},
-            {"conversations": [{"from": "human", "value": "q q"}, {"from": "gpt", "value": "a b c d e"}]}]
+    rows = [
+        {"prompt": "one two", "output_len": 4},
+        {"messages": [{"role": "user", "content": "m"}]},
+        {"conversations": [{"from": "human", "value": "q q"}, {"from": "gpt", "value": "a b c d e"}]},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     specs = list(itertools.islice(DatasetWorkload(str(path)).requests(), 4))
     assert [s.max_tokens for s in specs] == [4, 128, 5, 4]  # cycled; ShareGPT reply length
@@ -132,28 +154,42 @@ def result(ttft=None, e2e=None, tokens=(), lag=0.0, error=None, usage=None, inpu
 
 
 def test_run_summary_formulas_by_hand():
-    results = [result(10, 110, [1] * 11, lag=2, usage=11, input_tokens=5),   # TPOT 10
-               result(20, 60, [1, 1, 3], lag=0, usage=5, input_tokens=5),     # TPOT 10, ITL 20, 20
-               result(30, 30, [1], lag=1, usage=1, input_tokens=5),           # one token: no TPOT
-               result(error="timeout", lag=0)]
+    results = [
+        result(10, 110, [1] * 11, lag=2, usage=11, input_tokens=5),  # TPOT 10
+        result(20, 60, [1, 1, 3], lag=0, usage=5, input_tokens=5),  # TPOT 10, ITL 20, 20
+        result(30, 30, [1], lag=1, usage=1, input_tokens=5),  # one token: no TPOT
+        result(error="timeout", lag=0),
+    ]
     s = metrics.summarize(results, duration_s=2.0, percentiles=(50, 99), slo=parse_slo("ttft:25,tpot:12"))
-    assert s["requests"] == {"total": 4, "completed": 3, "failed": 1, "no_output": 0, "error_rate": 0.25,
-                             "errors": {"timeout": 1}}
+    assert s["requests"] == {
+        "total": 4,
+        "completed": 3,
+        "failed": 1,
+        "no_output": 0,
+        "error_rate": 0.25,
+        "errors": {"timeout": 1},
+    }
     assert s["throughput"] == {"requests_per_s": 1.5, "output_tokens_per_s": 8.5, "total_tokens_per_s": 16.0}
     ttft = s["latency_ms"]["ttft"]
     assert (ttft["count"], ttft["mean"], ttft["min"], ttft["max"]) == (3, 20.0, 10.0, 30.0)
     assert ttft["std"] == pytest.approx(math.sqrt(200 / 3)) and ttft["percentiles"]["p50"] == 20.0
     assert ttft["percentiles"]["p99"] == pytest.approx(20 + 10 * 0.98)  # linear: position 0.99 × 2
     assert s["latency_ms"]["tpot"]["mean"] == pytest.approx(10.0)
-    assert s["latency_ms"]["itl"]["count"] == 12 and s["latency_ms"]["itl"]["mean"] == pytest.approx(10.0 * 10 / 12 + 40 / 12)
+    assert s["latency_ms"]["itl"]["count"] == 12 and s["latency_ms"]["itl"]["mean"] == pytest.approx(
+        10.0 * 10 / 12 + 40 / 12
+    )
     assert s["latency_ms"]["itl_per_token"]["min"] == pytest.approx(20 / 3)
     assert s["latency_ms"]["ttft_from_intended"]["mean"] == pytest.approx((12 + 20 + 31) / 3)
     assert s["latency_ms"]["schedule_lag"]["max"] == 2.0
     # failure-adjusted: the timeout is +inf, so p99 of 4 values is infinite, p50 is finite
     assert s["failure_adjusted_ms"]["ttft"] == {"p50": 25.0, "p99": math.inf}
     # SLO ttft ≤ 25 from intended, tpot ≤ 12: requests 1 (12 ms) and 2 (20 ms) meet, 3 (31) and the failure miss
-    assert s["goodput"] == {"slo_ms": {"ttft_ms": 25.0, "tpot_ms": 12.0}, "met": 2, "attainment": 0.5,
-                            "requests_per_s": 1.0}
+    assert s["goodput"] == {
+        "slo_ms": {"ttft_ms": 25.0, "tpot_ms": 12.0},
+        "met": 2,
+        "attainment": 0.5,
+        "requests_per_s": 1.0,
+    }
     assert (s["tokens"]["usage_mismatch_requests"], s["tokens"]["input"], s["tokens"]["output"]) == (0, 15, 17)
 
 
@@ -162,8 +198,7 @@ def test_a_completed_request_without_output_is_counted_not_dropped():
     silent = result(usage=1)
     assert silent.ok and silent.no_output and silent.ttft_ms is None
     s = metrics.summarize([result(10, 20, [1, 1], usage=2), silent], 1.0, (50, 99))
-    assert s["requests"] == {"total": 2, "completed": 2, "failed": 0, "no_output": 1, "error_rate": 0.0,
-                             "errors": {}}
+    assert s["requests"] == {"total": 2, "completed": 2, "failed": 0, "no_output": 1, "error_rate": 0.0, "errors": {}}
     assert s["latency_ms"]["ttft"]["count"] == 1  # its TTFT does not exist ...
     assert s["failure_adjusted_ms"]["ttft"]["p99"] == math.inf  # ... and the tail does not forget it
 
@@ -184,6 +219,7 @@ def test_bad_slos_raise(bad):
 def test_sweep_brackets_then_bisects_to_the_capacity(capacity, start):
     async def probe(rate):
         return (1.0 if rate <= capacity else 0.5), {}
+
     seen = []
     found = asyncio.run(sweep.find_capacity(probe, 0.9, start, 1000.0, rel_tol=0.02, on_probe=seen.append))
     assert found.bounded and capacity * 0.98 <= found.capacity <= capacity
@@ -198,11 +234,11 @@ def test_sweep_reports_unbounded_and_zero_capacity():
 
     async def never(rate):
         return 0.0, {}
+
     high = asyncio.run(sweep.find_capacity(always, 0.9, 1.0, 64.0))
     assert (high.capacity, high.bounded, [p.rate for p in high.probes]) == (64.0, False, [1, 2, 4, 8, 16, 32, 64])
     low = asyncio.run(sweep.find_capacity(never, 0.9, 1.0, 64.0, min_rate=0.25))
     assert (low.capacity, [p.rate for p in low.probes]) == (0.0, [1.0, 0.5, 0.25])
-
 
 
 @pytest.fixture()
@@ -227,9 +263,9 @@ def test_synthetic_workload_counts_tokens_with_a_tokenizer_and_words_without(tin
     dist = LengthDist.parse("uniform:16:128")
     with_tokens = SyntheticWorkload(dist, LengthDist("fixed", 4), seed=1, tokens=tiny_tokens)
     plain = SyntheticWorkload(dist, LengthDist("fixed", 4), seed=1)
-    counted = [tiny_tokens.count(s.prompt) for s, _ in zip(with_tokens.requests(), range(16))]
+    counted = [tiny_tokens.count(s.prompt) for s, _ in zip(with_tokens.requests(), range(16), strict=False)]
     assert all(16 <= c <= 128 for c in counted) and len(set(counted)) > 8
-    words_only = [tiny_tokens.count(s.prompt) for s, _ in zip(plain.requests(), range(16))]
+    words_only = [tiny_tokens.count(s.prompt) for s, _ in zip(plain.requests(), range(16), strict=False)]
     assert max(words_only) > 128  # ~3 tokens a word here: the word approximation overshoots the range
     assert with_tokens.describe()["input_unit"].startswith("tokens of ")
 

@@ -31,9 +31,11 @@ def _imported_top_names(path: Path) -> set[str]:
 
 
 def test_no_module_imports_an_old_top_level_name():
-    offenders = [f"{path.relative_to(ROOT)}: {sorted(_imported_top_names(path) & OLD_NAMES)}"
-                 for path in python_sources()
-                 if _imported_top_names(path) & OLD_NAMES]
+    offenders = [
+        f"{path.relative_to(ROOT)}: {sorted(_imported_top_names(path) & OLD_NAMES)}"
+        for path in python_sources()
+        if _imported_top_names(path) & OLD_NAMES
+    ]
     assert offenders == []
 
 
@@ -49,10 +51,18 @@ def wheel(tmp_path_factory) -> Path:
     """Built from a copy of the tree: setuptools builds in place, and a `build/` left by an earlier
     build would carry stale modules into the wheel."""
     out, tree = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("tree") / "phaselens"
-    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "*.so",
-                                                               "__pycache__", ".pytest_cache", ".hypothesis"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(tree)], check=True, capture_output=True)
+    shutil.copytree(
+        ROOT,
+        tree,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", "*.egg-info", "*.so", "__pycache__", ".pytest_cache", ".hypothesis"
+        ),
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree)],
+        check=True,
+        capture_output=True,
+    )
     (path,) = out.glob("phaselens-*.whl")
     return path
 
@@ -61,12 +71,17 @@ def test_wheel_holds_only_the_phaselens_namespace(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"phaselens", next(t for t in tops if t.endswith(".dist-info"))}
-    for expected in ("phaselens/instrumentation/server.py", "phaselens/reference_server/engine.py",
-                     "phaselens/loadgen/runner.py", "phaselens/collectors/otelcol.yaml",
-                     "phaselens/storage/embedded.py", "phaselens/common/quantile.py",
-                     "phaselens/analysis/report_assets/template.html",
-                     "phaselens/dashboards/generated/phaselens-latency-budget.json",
-                     "phaselens/commands/demo.py"):
+    for expected in (
+        "phaselens/instrumentation/server.py",
+        "phaselens/reference_server/engine.py",
+        "phaselens/loadgen/runner.py",
+        "phaselens/collectors/otelcol.yaml",
+        "phaselens/storage/embedded.py",
+        "phaselens/common/quantile.py",
+        "phaselens/analysis/report_assets/template.html",
+        "phaselens/dashboards/generated/phaselens-latency-budget.json",
+        "phaselens/commands/demo.py",
+    ):
         assert expected in names
     assert any(n.startswith("phaselens/collectors/_otlp_rows.") and n.endswith(".so") for n in names)
     sql = [n for n in names if n.startswith("phaselens/analysis/sql/") and n.endswith(".sql")]
@@ -86,8 +101,11 @@ def test_installed_wheel_runs_the_demo_beside_decoy_packages(wheel, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                        text=True).strip())
+    site = Path(
+        subprocess.check_output(
+            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
+        ).strip()
+    )
     (site / "borrowed.pth").write_text(sysconfig.get_path("purelib") + "\n")
     with zipfile.ZipFile(wheel) as zf:  # a wheel's install is an unpack plus the console script
         zf.extractall(site)
@@ -95,13 +113,32 @@ def test_installed_wheel_runs_the_demo_beside_decoy_packages(wheel, tmp_path):
     work.mkdir()
     _decoys(work)
     code = "import sys; from phaselens.cli import main; sys.exit(main())"
-    where = subprocess.check_output([python, "-c", "import phaselens.analysis as a; print(a.__file__)"],
-                                    cwd=work, text=True).strip()
+    where = subprocess.check_output(
+        [python, "-c", "import phaselens.analysis as a; print(a.__file__)"], cwd=work, text=True
+    ).strip()
     assert where.startswith(str(site)), where
     env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}
-    proc = subprocess.run([python, "-c", code, "demo", "--requests", "10", "--rate", "4", "--data", str(tmp_path / "d"),
-                           "--report", str(tmp_path / "r.html")],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            python,
+            "-c",
+            code,
+            "demo",
+            "--requests",
+            "10",
+            "--rate",
+            "4",
+            "--data",
+            str(tmp_path / "d"),
+            "--report",
+            str(tmp_path / "r.html"),
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "decoy" not in proc.stdout + proc.stderr
     assert (tmp_path / "r.html").stat().st_size > 10_000

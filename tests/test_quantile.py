@@ -26,7 +26,12 @@ def test_linear_interpolation_between_closest_ranks():
     assert quantile(values, 0.5) == 30.0
     assert quantile(values, 0.9) == pytest.approx(40 + 0.6 * 960)
     assert quantile(values, 0.99) == pytest.approx(40 + 0.96 * 960)
-    assert (quantile(values, 0.0), quantile(values, 1.0), quantile([7.0], 0.99), quantile([], 0.5)) == (10, 1000, 7, None)
+    assert (quantile(values, 0.0), quantile(values, 1.0), quantile([7.0], 0.99), quantile([], 0.5)) == (
+        10,
+        1000,
+        7,
+        None,
+    )
     assert quantile([1.0, float("inf")], 0.5) == float("inf")  # failures counted as +∞ stay +∞
 
 
@@ -42,9 +47,11 @@ def test_equals_numpy_linear():
 def test_equals_clickhouse_quantile_exact_inclusive(ch_client, n):
     rng = random.Random(n)
     values = [round(rng.lognormvariate(2, 1), 6) for _ in range(n)]
-    row = ch_client.query("SELECT quantilesExactInclusive(0, 0.1, 0.5, 0.9, 0.99, 1)(x), "
-                          "quantileExactInclusive(0.99)(x) FROM (SELECT arrayJoin({v:Array(Float64)}) AS x)",
-                          parameters={"v": values}).result_rows[0]
+    row = ch_client.query(
+        "SELECT quantilesExactInclusive(0, 0.1, 0.5, 0.9, 0.99, 1)(x), "
+        "quantileExactInclusive(0.99)(x) FROM (SELECT arrayJoin({v:Array(Float64)}) AS x)",
+        parameters={"v": values},
+    ).result_rows[0]
     ordered = sorted(values)
     assert list(row[0]) == pytest.approx([quantile(ordered, q) for q in QS], rel=1e-12)
     assert row[1] == pytest.approx(quantile(ordered, 0.99), rel=1e-12)
@@ -56,12 +63,17 @@ def test_server_and_client_itl_percentiles_agree_on_the_same_gaps():
     gaps_ns = [8_000_000, 9_000_000, 8_500_000, 40_000_000, 8_200_000, 9_100_000, 12_000_000]
     clock = ScriptedClock(now_ns=1_000_000_000)
     timeline = RequestTimeline(clock)
-    clock.advance(1_000); timeline.enqueued()
-    clock.advance(1_000); timeline.scheduled()
-    clock.advance(5_000_000); timeline.first_token()
+    clock.advance(1_000)
+    timeline.enqueued()
+    clock.advance(1_000)
+    timeline.scheduled()
+    clock.advance(5_000_000)
+    timeline.first_token()
     for gap in gaps_ns:
-        clock.advance(gap); timeline.token(1)
-    clock.advance(1_000); timeline.finished("length")
+        clock.advance(gap)
+        timeline.token(1)
+    clock.advance(1_000)
+    timeline.finished("length")
     timeline.responded_ns = clock.advance(1_000)
     server = decode_attributes(compute_phases(timeline))
 
@@ -76,8 +88,10 @@ def test_server_and_client_itl_percentiles_agree_on_the_same_gaps():
 
     expected_p99_ms = quantile(sorted(gaps_ns), 0.99) / 1e6
     assert expected_p99_ms != max(gaps_ns) / 1e6  # nearest rank would have said the max
-    for p, server_key, client_key in ((50, N.PL_ITL_P50_MS, N.PL_CLIENT_ITL_P50_MS),
-                                      (99, N.PL_ITL_P99_MS, N.PL_CLIENT_ITL_P99_MS)):
+    for p, server_key, client_key in (
+        (50, N.PL_ITL_P50_MS, N.PL_CLIENT_ITL_P50_MS),
+        (99, N.PL_ITL_P99_MS, N.PL_CLIENT_ITL_P99_MS),
+    ):
         assert server[server_key] == pytest.approx(client_attrs[client_key], rel=1e-12)
         assert bench[f"p{p}"] == pytest.approx(server[server_key], rel=1e-12)
     assert server[N.PL_ITL_P99_MS] == pytest.approx(expected_p99_ms, rel=1e-12)

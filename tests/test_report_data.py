@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from phaselens import cli
 from phaselens.analysis import report as R
 from phaselens.analysis import report_page as P
 from phaselens.analysis.budget import budget
 from phaselens.instrumentation import names as n
-from phaselens import cli
 from tests import spangen
 from tests.analysis_fixtures import loaded
 
@@ -47,7 +47,8 @@ def test_report_data_equals_the_known_run(run, ch_client):
     assert [s.decode_tokens for s in data.steps] == [s.decode_tokens for s in workload.steps]
     assert [s.prefill_tokens for s in data.steps] == [s.prefill_tokens for s in workload.steps]
     assert data.steps[0].t_s == 0 and data.steps[-1].t_s == pytest.approx(
-        (workload.steps[-1].start_ns - workload.steps[0].start_ns) / 1e9)
+        (workload.steps[-1].start_ns - workload.steps[0].start_ns) / 1e9
+    )
     assert data.config["run"] == "spangen" and data.config["ClickHouse database"] == database
 
 
@@ -74,8 +75,21 @@ def test_timelines_are_the_median_and_the_slowest_request(run, ch_client):
 def test_report_command_writes_the_page(run, clickhouse, tmp_path, capsys):
     _, database = run
     out = tmp_path / "r.html"
-    code = cli.main(["report", "--clickhouse", clickhouse.url, "--database", database, "--since", "1h",
-                     "--slo", "ttft:40,tpot:20", "--out", str(out)])
+    code = cli.main(
+        [
+            "report",
+            "--clickhouse",
+            clickhouse.url,
+            "--database",
+            database,
+            "--since",
+            "1h",
+            "--slo",
+            "ttft:40,tpot:20",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     html = out.read_text()
     assert "60 requests (54 with a client view, 60 with a server view)" in html
@@ -88,7 +102,8 @@ def test_report_command_fails_clearly(clickhouse, tmp_path, capsys):
 
     code = cli.main(["report", "--clickhouse", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "x.html")])
     assert code == 1 and "cannot reach ClickHouse" in capsys.readouterr().err
-    code = cli.main(["report", "--clickhouse", clickhouse.url, "--database", "no_such_db", "--out",
-                     str(tmp_path / "x.html")])
+    code = cli.main(
+        ["report", "--clickhouse", clickhouse.url, "--database", "no_such_db", "--out", str(tmp_path / "x.html")]
+    )
     assert code == 1 and "schema is missing" in capsys.readouterr().err
     assert not (tmp_path / "x.html").exists()

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from phaselens.analysis import report_charts as charts
 from phaselens.analysis import report_data as D
 from phaselens.analysis import report_page as P
-from phaselens.analysis import report_charts as charts
 from phaselens.instrumentation import names as n
 from tests.report_fixtures import colour_stats, console_messages, decode_png, run_chromium
 
@@ -39,7 +39,7 @@ def test_waterfall_centres_server_in_client_span_whatever_the_clocks():
     """Server spans sit at offset (client − server)/2 = 10 ms, whatever the server's wall clock says."""
     client = span("text_completion tiny", "Client", 0, 420, "c", "", service="loadgen")
     for skew_ms in (0, 3_600_000, -3_600_000):  # the server clock an hour ahead or behind
-        lanes, total = P.layout_trace([client] + server_tree(T0 + skew_ms * MS))
+        lanes, total = P.layout_trace([client, *server_tree(T0 + skew_ms * MS)])
         by_label = {ln.label: ln for ln in lanes}
         assert total == pytest.approx(420)
         assert by_label["client · text_completion tiny"].start_ms == 0
@@ -49,8 +49,11 @@ def test_waterfall_centres_server_in_client_span_whatever_the_clocks():
         assert by_label[n.SPAN_DECODE].duration_ms == pytest.approx(310)
     assert [ln.depth for ln in lanes if ln.label == n.SPAN_PREFILL_CHUNK] == [3, 3]
     assert [ln.depth for ln in lanes if ln.label == n.SPAN_PREFILL] == [2]
-    assert [ln.label for ln in lanes][:3] == ["client · text_completion tiny", "server · text_completion tiny",
-                                              n.SPAN_INGRESS]
+    assert [ln.label for ln in lanes][:3] == [
+        "client · text_completion tiny",
+        "server · text_completion tiny",
+        n.SPAN_INGRESS,
+    ]
 
 
 def test_waterfall_without_client_span_starts_at_server_root():
@@ -68,17 +71,47 @@ def test_nice_ticks_and_log_ticks():
 
 def synthetic_report() -> D.ReportData:
     """A report with every section filled; values are arbitrary but plausible."""
-    points = [D.RequestPoint(f"{i:032x}", 20 + (i % 7) * 90, 30 + i * 1.5, 28 + i * 1.5, 12 + i % 5 * 0.5,
-                             11 + i % 5 * 0.5, 2 + (i % 7) * 6) for i in range(120)]
-    budget = [D.BudgetRow(label, {"ingress_ms": 1 * m, "queue_ms": 40 * m, "prefill_ms": 10 * m,
-                                  "first_token_ms": 2 * m, "residual_ms": 1.5 * m}, 54.5 * m)
-              for label, m in (("p50", 1), ("p90", 2.2), ("p99", 4), ("mean", 1.3))]
+    points = [
+        D.RequestPoint(
+            f"{i:032x}",
+            20 + (i % 7) * 90,
+            30 + i * 1.5,
+            28 + i * 1.5,
+            12 + i % 5 * 0.5,
+            11 + i % 5 * 0.5,
+            2 + (i % 7) * 6,
+        )
+        for i in range(120)
+    ]
+    budget = [
+        D.BudgetRow(
+            label,
+            {
+                "ingress_ms": 1 * m,
+                "queue_ms": 40 * m,
+                "prefill_ms": 10 * m,
+                "first_token_ms": 2 * m,
+                "residual_ms": 1.5 * m,
+            },
+            54.5 * m,
+        )
+        for label, m in (("p50", 1), ("p90", 2.2), ("p99", 4), ("mean", 1.3))
+    ]
     client = span("text_completion tiny", "Client", 0, 420, "c", "", service="loadgen")
     steps = [D.StepPoint(i * 0.02, 128 if i % 9 == 0 else 0, 1 + i % 16) for i in range(900)]
-    return D.ReportData("phaselens report", "synthetic run", [("55 ms", "p50 TTFT"), ("3.2 req/s", "goodput")],
-                        budget, points, [D.TraceView("Typical request", "a" * 32, [client] + server_tree(T0)),
-                                         D.TraceView("Slowest request", "b" * 32, server_tree(T0))],
-                        steps, {"model": "tiny", "requests": "120", "note": "<script>alert(1)</script>"})
+    return D.ReportData(
+        "phaselens report",
+        "synthetic run",
+        [("55 ms", "p50 TTFT"), ("3.2 req/s", "goodput")],
+        budget,
+        points,
+        [
+            D.TraceView("Typical request", "a" * 32, [client, *server_tree(T0)]),
+            D.TraceView("Slowest request", "b" * 32, server_tree(T0)),
+        ],
+        steps,
+        {"model": "tiny", "requests": "120", "note": "<script>alert(1)</script>"},
+    )
 
 
 def test_report_is_self_contained_and_escaped(tmp_path):

@@ -27,15 +27,17 @@ from phaselens.faults.load import Ledger, SpanLoad
 from phaselens.faults.parts import CollectorProcess, wait_until
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError
-from tests.collector_fixtures import traces_db  # noqa: F401
+from tests.collector_fixtures import traces_db
 from tests.collector_payloads import export_request
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 # a child that listens on argv[1] and holds one accepted connection open
-_HOLDER = ("import socket, sys, time\n"
-           "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-           "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('ready', flush=True)\n"
-           "c, _ = s.accept(); c.recv(1); time.sleep(120)\n")
+_HOLDER = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('ready', flush=True)\n"
+    "c, _ = s.accept(); c.recv(1); time.sleep(120)\n"
+)
 
 
 def _holder(port: int) -> subprocess.Popen:
@@ -48,6 +50,7 @@ def _idle_clients(port: int, stop: threading.Event, count: int = 4) -> list[thre
     """Keep-alive clients as an exporter's pool holds them: one request, then idle, reading; when the
     server goes away they see EOF and close, which leaves the server's side in TIME_WAIT (what made a
     restart fail with EADDRINUSE for a minute). They reconnect until `stop`."""
+
     def client() -> None:
         while not stop.is_set():
             try:
@@ -66,8 +69,10 @@ def _idle_clients(port: int, stop: threading.Event, count: int = 4) -> list[thre
 
 
 def _stored(ch_client, database: str, service: str) -> tuple[set[str], int]:
-    rows = ch_client.query("SELECT SpanId, count() FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} "
-                           "GROUP BY SpanId", parameters={"db": database, "s": service}).result_rows
+    rows = ch_client.query(
+        "SELECT SpanId, count() FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} GROUP BY SpanId",
+        parameters={"db": database, "s": service},
+    ).result_rows
     return {r[0] for r in rows}, sum(int(r[1]) for r in rows)
 
 
@@ -84,8 +89,9 @@ def _kill_and_restart_under_load(collector: CollectorProcess) -> Ledger:
         collector.start()  # at once, same ports, same spool
         assert wait_until(collector.healthy, 5) is not None, collector.log_tail()
         with grpc.insecure_channel(collector.grpc_endpoint) as channel:
-            channel.unary_unary(EXPORT)(export_request(4, time.time_ns(), service="restart-probe").SerializeToString(),
-                                        timeout=5)
+            channel.unary_unary(EXPORT)(
+                export_request(4, time.time_ns(), service="restart-probe").SerializeToString(), timeout=5
+            )
         assert time.monotonic() - killed < 5.0
         acked_at_restart = len(load.ledger.acknowledged)
         assert wait_until(lambda: len(load.ledger.acknowledged) >= acked_at_restart + 2000, 30) is not None
@@ -96,15 +102,18 @@ def _kill_and_restart_under_load(collector: CollectorProcess) -> Ledger:
 
 
 def test_collector_sigkilled_under_load_serves_again_within_5_s_losing_and_duplicating_nothing(
-        clickhouse, ch_client, traces_db, tmp_path):
-    collector = CollectorProcess(clickhouse.url, str(tmp_path / "spool"), str(tmp_path / "collector.log"),
-                                 database=traces_db)
+    clickhouse, ch_client, traces_db, tmp_path
+):
+    collector = CollectorProcess(
+        clickhouse.url, str(tmp_path / "spool"), str(tmp_path / "collector.log"), database=traces_db
+    )
     collector.start_serving()
     try:
         ledger = _kill_and_restart_under_load(collector)
         assert collector.exit_code() is None, collector.log_tail()  # the restart did not fail to bind
-        assert wait_until(lambda: ledger.acknowledged <= _stored(ch_client, traces_db, "restart-test")[0],
-                          60) is not None
+        assert (
+            wait_until(lambda: ledger.acknowledged <= _stored(ch_client, traces_db, "restart-test")[0], 60) is not None
+        )
     finally:
         collector.stop()  # a failed assertion must not leave it holding its ports and spool
     ids, rows = _stored(ch_client, traces_db, "restart-test")
@@ -188,8 +197,9 @@ def test_a_large_spool_replays_behind_the_listeners(clickhouse, ch_client, trace
         with urllib.request.urlopen(f"{collector.http_endpoint}/health", timeout=5) as r:
             assert r.status == 200
         with grpc.insecure_channel(collector.grpc_endpoint) as channel:
-            channel.unary_unary(EXPORT)(export_request(4, time.time_ns(), service="fresh").SerializeToString(),
-                                        timeout=5)
+            channel.unary_unary(EXPORT)(
+                export_request(4, time.time_ns(), service="fresh").SerializeToString(), timeout=5
+            )
         serving_s = time.monotonic() - started
         written = collector.metrics.snapshot()["spans_written"]
     finally:

@@ -16,11 +16,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from server_fixtures import LiveServer, make_engine
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.server import ServerTelemetry
 from phaselens.reference_server.api import ApiSettings
-from server_fixtures import LiveServer, make_engine
 
 TOKEN = "s3cret"
 
@@ -40,8 +40,9 @@ def server(traced):
     telemetry, _ = traced
     engine = make_engine(max_num_seqs=64, max_num_batched_tokens=256, kv_cache_tokens=8192, block_size=16)
     engine.step_observer = telemetry.step_observer
-    with LiveServer(engine, ApiSettings(served_model_names=("tiny",), reasoning_tokens=3, max_body_bytes=64 << 10),
-                    telemetry) as live:
+    with LiveServer(
+        engine, ApiSettings(served_model_names=("tiny",), reasoning_tokens=3, max_body_bytes=64 << 10), telemetry
+    ) as live:
         yield live
 
 
@@ -60,15 +61,25 @@ def wait_idle(server, timeout_s: float = 10.0) -> dict:
 
 def test_openai_client_completions_and_chat(server):
     c = client(server)
-    kw = {"model": "tiny", "prompt": "Hello there", "max_tokens": 12, "temperature": 0,
-          "extra_body": {"ignore_eos": True}}
+    kw = {
+        "model": "tiny",
+        "prompt": "Hello there",
+        "max_tokens": 12,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
     done = c.completions.create(**kw)
     assert done.choices[0].finish_reason == "length" and len(done.choices[0].text) == 12
     assert done.usage.completion_tokens == 12 and done.usage.prompt_tokens == len("Hello there")
     again = c.completions.create(**kw)
     assert again.choices[0].text == done.choices[0].text
-    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
-                                     temperature=0, extra_body={"ignore_eos": True})
+    chat = c.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     message = chat.choices[0].message
     assert len(message.content) == 5 and chat.usage.completion_tokens == 8
     assert chat.usage.completion_tokens_details.reasoning_tokens == 3
@@ -77,9 +88,15 @@ def test_openai_client_completions_and_chat(server):
 
 def test_openai_client_streams(server):
     c = client(server)
-    stream = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Stream please"}],
-                                       max_tokens=10, temperature=0, stream=True,
-                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Stream please"}],
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     first = chunks[0].choices[0].delta
     assert first.role == "assistant" and not first.content
@@ -88,19 +105,29 @@ def test_openai_client_streams(server):
     assert len([r for r in reasoning if r]) == 3 and len(content) == 7  # one token per chunk
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
-    text = c.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0, stream=True,
-                                extra_body={"ignore_eos": True})
+    text = c.completions.create(
+        model="tiny", prompt="abc", max_tokens=6, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    )
     pieces = [ch.choices[0].text for ch in text]
-    assert "".join(pieces) == c.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0,
-                                                    extra_body={"ignore_eos": True}).choices[0].text
+    assert (
+        "".join(pieces)
+        == c.completions.create(
+            model="tiny", prompt="abc", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
 
 
 def test_server_spans_cover_every_phase(server, traced):
     telemetry, exporter = traced
     exporter.clear()
     c = client(server)
-    list(c.completions.create(model="tiny", prompt="trace me", max_tokens=5, temperature=0, stream=True,
-                              extra_body={"ignore_eos": True}))
+    list(
+        c.completions.create(
+            model="tiny", prompt="trace me", max_tokens=5, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
     assert telemetry.flush(10)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -112,19 +139,22 @@ def test_server_spans_cover_every_phase(server, traced):
         assert name in spans, name
 
 
-@pytest.mark.parametrize("endpoint,body,param", [
-    ("completions", {"prompt": "x", "max_tokens": -1}, "max_tokens"),
-    ("completions", {"prompt": "x", "max_tokens": 10**9}, "max_tokens"),
-    ("completions", {"prompt": "x" * 9000}, "prompt"),
-    ("completions", {"prompt": "x", "temperature": 3}, "temperature"),
-    ("completions", {"prompt": "x", "top_p": 0}, "top_p"),
-    ("completions", {"prompt": "x", "n": 2}, "n"),
-    ("completions", {"prompt": "x", "model": "gpt-9"}, "model"),
-    ("completions", {"prompt": 42}, "prompt"),
-    ("completions", {"prompt": "x", "max_tokens": "many"}, "max_tokens"),
-    ("chat/completions", {"messages": []}, "messages"),
-    ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
-])
+@pytest.mark.parametrize(
+    "endpoint,body,param",
+    [
+        ("completions", {"prompt": "x", "max_tokens": -1}, "max_tokens"),
+        ("completions", {"prompt": "x", "max_tokens": 10**9}, "max_tokens"),
+        ("completions", {"prompt": "x" * 9000}, "prompt"),
+        ("completions", {"prompt": "x", "temperature": 3}, "temperature"),
+        ("completions", {"prompt": "x", "top_p": 0}, "top_p"),
+        ("completions", {"prompt": "x", "n": 2}, "n"),
+        ("completions", {"prompt": "x", "model": "gpt-9"}, "model"),
+        ("completions", {"prompt": 42}, "prompt"),
+        ("completions", {"prompt": "x", "max_tokens": "many"}, "max_tokens"),
+        ("chat/completions", {"messages": []}, "messages"),
+        ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
+    ],
+)
 def test_bad_parameters_get_openai_400(server, endpoint, body, param):
     payload = {"model": "tiny", **body}
     response = httpx.post(f"{server.url}/v1/{endpoint}", json=payload)
@@ -134,8 +164,9 @@ def test_bad_parameters_get_openai_400(server, endpoint, body, param):
 
 
 def test_malformed_and_oversized_bodies(server):
-    bad_json = httpx.post(f"{server.url}/v1/completions", content=b"{not json",
-                          headers={"content-type": "application/json"})
+    bad_json = httpx.post(
+        f"{server.url}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert bad_json.status_code == 400 and "error" in bad_json.json()
     huge = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "x" * (100 << 10)})
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
@@ -162,8 +193,14 @@ def test_200_concurrent_streams_complete_and_kv_returns_to_zero(server):
     jobs = [("x" * rng.randint(1, 80), rng.randint(1, 6)) for _ in range(200)]
 
     async def one(http: httpx.AsyncClient, prompt: str, max_tokens: int):
-        payload = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                   "ignore_eos": True, "stream_options": {"include_usage": True}}
+        payload = {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
         events = []
         async with http.stream("POST", "/v1/completions", json=payload) as response:
             assert response.status_code == 200
@@ -229,6 +266,7 @@ def test_bearer_token_is_required_when_configured():
         denied = httpx.post(f"{live.url}/v1/completions", json={"model": "tiny", "prompt": "x"})
         assert denied.status_code == 401 and denied.json()["error"]["type"] == "authentication_error"
         ok = openai.OpenAI(base_url=live.url + "/v1", api_key=TOKEN, max_retries=0).completions.create(
-            model="tiny", prompt="x", max_tokens=2)
+            model="tiny", prompt="x", max_tokens=2
+        )
         assert ok.usage.completion_tokens >= 1
         assert httpx.get(f"{live.url}/health").status_code == 200

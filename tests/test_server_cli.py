@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
-
-import asyncio
-import socket
 
 import httpx
 import pytest
@@ -19,15 +18,37 @@ from phaselens.reference_server.config import EngineConfig
 
 def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
-    proc = subprocess.Popen([sys.executable, "-m", "phaselens", "serve", "--model", "tiny", "--port", "0",
-                             "--max-num-seqs", "8", "--kv-cache-tokens", "2048", "--policy", "prefill-first"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phaselens",
+            "serve",
+            "--model",
+            "tiny",
+            "--port",
+            "0",
+            "--max-num-seqs",
+            "8",
+            "--kv-cache-tokens",
+            "2048",
+            "--policy",
+            "prefill-first",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("READY server http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
         url = line.split()[-1]
-        reply = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3,
-                                                           "ignore_eos": True}, timeout=30)
+        reply = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": "tiny", "prompt": "hi", "max_tokens": 3, "ignore_eos": True},
+            timeout=30,
+        )
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -39,8 +60,13 @@ def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
 
 def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
-    proc = subprocess.Popen([sys.executable, "-m", "phaselens", "serve", "--port", "0", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phaselens", "serve", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     line = proc.stdout.readline()
     if not line.startswith("READY server "):
         proc.kill()
@@ -84,10 +110,17 @@ def test_model_names_follow_vllm(model_folder, served):
         proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("host,token,insecure,ok", [
-    ("127.0.0.1", None, False, True), ("::1", None, False, True), ("localhost", None, False, True),
-    ("0.0.0.0", None, False, False), ("0.0.0.0", "t", False, True), ("10.1.2.3", None, True, True),
-])
+@pytest.mark.parametrize(
+    "host,token,insecure,ok",
+    [
+        ("127.0.0.1", None, False, True),
+        ("::1", None, False, True),
+        ("localhost", None, False, True),
+        ("0.0.0.0", None, False, False),
+        ("0.0.0.0", "t", False, True),
+        ("10.1.2.3", None, True, True),
+    ],
+)
 def test_non_loopback_host_needs_a_token(host, token, insecure, ok):
     if ok:
         check_exposure(host, token, insecure)

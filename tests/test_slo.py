@@ -7,8 +7,11 @@ from phaselens.common.slo import SLO, parse_slo
 
 
 def test_parses_lists_and_comma_text_alike():
-    assert parse_slo(["ttft:200", "tpot:50,e2el:900"]) == parse_slo("ttft:200,tpot:50,e2el:900") \
+    assert (
+        parse_slo(["ttft:200", "tpot:50,e2el:900"])
+        == parse_slo("ttft:200,tpot:50,e2el:900")
         == SLO(ttft_ms=200.0, tpot_ms=50.0, e2el_ms=900.0)
+    )
     assert parse_slo("ttft:200, tpot:50", GOODPUT_SLO_KEYS) == SLO(ttft_ms=200.0, tpot_ms=50.0)
     assert parse_slo("tpot:50").describe() == {"tpot_ms": 50.0}
 

@@ -41,8 +41,9 @@ spool.close()
 
 
 def test_out_of_space_refuses_retryably_leaves_no_partial_record_and_recovers(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _OUT_OF_SPACE, str(tmp_path / "spool")], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _OUT_OF_SPACE, str(tmp_path / "spool")], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert 0 < result["appended"] < 100

@@ -29,8 +29,10 @@ from phaselens.integrations.vllm.tiny_model import save_tiny_llama
 from tests.source_tree import ROOT
 
 VLLM_PYTHON = default_python(ROOT)
-pytestmark = pytest.mark.skipif(VLLM_PYTHON is None, reason="no vLLM virtualenv: run ./setup.sh --vllm "
-                                "(or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)")
+pytestmark = pytest.mark.skipif(
+    VLLM_PYTHON is None,
+    reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
+)
 REQUESTS, OUTPUT_TOKENS, PROMPT_TOKENS = 8, 16, 40
 UNKNOWN_RANGE = ">=0.31,<0.32"  # a supported range that excludes the installed 0.32
 PHASE_TREE = [n.SPAN_INGRESS, n.SPAN_QUEUE, n.SPAN_PREFILL, n.SPAN_FIRST_TOKEN, n.SPAN_DECODE, n.SPAN_DELIVERY]
@@ -43,8 +45,9 @@ def pipeline(clickhouse, tmp_path_factory):
     client = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
     client.command(f"DROP DATABASE IF EXISTS {db}")
     collector_schema.apply(client, analysis_schema.all_statements(db))
-    collector = Collector(clickhouse.url, database=db, spool_dir=str(tmp_path_factory.mktemp("spool")),
-                          flush_interval_s=0.05).start()
+    collector = Collector(
+        clickhouse.url, database=db, spool_dir=str(tmp_path_factory.mktemp("spool")), flush_interval_s=0.05
+    ).start()
     yield db, client, f"http://{LOOPBACK}:{collector.grpc_port}"
     collector.stop()
     client.close()
@@ -56,43 +59,83 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def _otel_env(endpoint: str, service: str) -> dict[str, str]:
-    return {"OTEL_SERVICE_NAME": service, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-            "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    return {
+        "OTEL_SERVICE_NAME": service,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
 
 
 def _bench(url: str, model_dir: Path, endpoint: str, out: Path, *args: str) -> list[dict]:
     """One bounded `phaselens bench` run (client spans to the collector); its per-request lines."""
-    subprocess.run([sys.executable, "-m", "phaselens", "bench", "--url", url, "--model", "tiny",
-                    "--tokenizer", str(model_dir), "--concurrency", "2", "--quiet", "--per-request", str(out), *args],
-                   env={**os.environ, **_otel_env(endpoint, "phaselens-loadgen")}, capture_output=True, text=True,
-                   timeout=240)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phaselens",
+            "bench",
+            "--url",
+            url,
+            "--model",
+            "tiny",
+            "--tokenizer",
+            str(model_dir),
+            "--concurrency",
+            "2",
+            "--quiet",
+            "--per-request",
+            str(out),
+            *args,
+        ],
+        env={**os.environ, **_otel_env(endpoint, "phaselens-loadgen")},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def _serve_and_bench(tmp: Path, model_dir: Path, endpoint: str, env: dict[str, str], input_len: str,
-                     then: tuple[str, ...] = ()) -> tuple[list[dict], str, list[dict]]:
+def _serve_and_bench(
+    tmp: Path, model_dir: Path, endpoint: str, env: dict[str, str], input_len: str, then: tuple[str, ...] = ()
+) -> tuple[list[dict], str, list[dict]]:
     """Start vLLM (tracing to the collector), run one bounded bench against it (then, when given,
     a second one with the arguments `then`, and a third plain one so that vLLM steps on), stop it;
     returns the first bench's per-request lines, vLLM's log and the second bench's lines."""
-    server = VllmServer(VLLM_PYTHON, model_dir, tmp / "vllm.log", otlp_endpoint=endpoint,
-                        env={**_otel_env(endpoint, "vllm"), **env})
+    server = VllmServer(
+        VLLM_PYTHON, model_dir, tmp / "vllm.log", otlp_endpoint=endpoint, env={**_otel_env(endpoint, "vllm"), **env}
+    )
     common = ("--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--timeout", "60")
     second: list[dict] = []
     with server:
         results = _bench(server.url, model_dir, endpoint, tmp / "requests.jsonl", "--requests", str(REQUESTS), *common)
         if then:
             second = _bench(server.url, model_dir, endpoint, tmp / "then.jsonl", *then)
-            _bench(server.url, model_dir, endpoint, tmp / "after.jsonl", "--requests", "2", "--input-len", input_len,
-                   "--output-len", "48", "--ignore-eos")
+            _bench(
+                server.url,
+                model_dir,
+                endpoint,
+                tmp / "after.jsonl",
+                "--requests",
+                "2",
+                "--input-len",
+                input_len,
+                "--output-len",
+                "48",
+                "--ignore-eos",
+            )
         time.sleep(0.5)  # vLLM's and phaselens's batch processors export every 0.1 s
     return results, server.log_tail(200_000), second
 
 
 def _wait_requests(client, db: str, trace_ids: list[str], where: str, timeout_s: float = 30.0) -> list[dict]:
     """The per-request rows of these traces once each has a client and a server view (and `where`)."""
-    sql = (f"SELECT * FROM {db}.phaselens_request_facts WHERE trace_id IN {{ids:Array(String)}} "
-           f"AND has_client AND has_server AND {where}")
+    sql = (
+        f"SELECT * FROM {db}.phaselens_request_facts WHERE trace_id IN {{ids:Array(String)}} "
+        f"AND has_client AND has_server AND {where}"
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         rows = list(client.query(sql, parameters={"ids": trace_ids}).named_results())
@@ -104,19 +147,29 @@ def _wait_requests(client, db: str, trace_ids: list[str], where: str, timeout_s:
 @pytest.fixture(scope="module")
 def unknown_version_run(pipeline, model_dir, tmp_path_factory):
     """vLLM with the plugin installed and allowed (VLLM_PLUGINS unset) but told 0.32 is unknown."""
-    db, client, endpoint = pipeline
-    results, log, _ = _serve_and_bench(tmp_path_factory.mktemp("native"), model_dir, endpoint,
-                                       {"PHASELENS_VLLM_SUPPORTED": UNKNOWN_RANGE}, "uniform:16:64")
+    _db, _client, endpoint = pipeline
+    results, log, _ = _serve_and_bench(
+        tmp_path_factory.mktemp("native"),
+        model_dir,
+        endpoint,
+        {"PHASELENS_VLLM_SUPPORTED": UNKNOWN_RANGE},
+        "uniform:16:64",
+    )
     return results, log
 
 
 @pytest.fixture(scope="module")
 def plugin_run(pipeline, model_dir, tmp_path_factory):
-    db, client, endpoint = pipeline
+    _db, _client, endpoint = pipeline
     # then: two requests whose client gives up mid-decode (vLLM aborts them, never finishing them)
-    return _serve_and_bench(tmp_path_factory.mktemp("plugin"), model_dir, endpoint, {"VLLM_PLUGINS": "phaselens"},
-                            str(PROMPT_TOKENS), then=("--requests", "2", "--input-len", "16", "--output-len", "400",
-                                                      "--ignore-eos", "--timeout", "0.5"))
+    return _serve_and_bench(
+        tmp_path_factory.mktemp("plugin"),
+        model_dir,
+        endpoint,
+        {"VLLM_PLUGINS": "phaselens"},
+        str(PROMPT_TOKENS),
+        then=("--requests", "2", "--input-len", "16", "--output-len", "400", "--ignore-eos", "--timeout", "0.5"),
+    )
 
 
 def test_unknown_vllm_version_logs_one_clear_line_and_vllm_serves_untouched(unknown_version_run):
@@ -124,8 +177,10 @@ def test_unknown_vllm_version_logs_one_clear_line_and_vllm_serves_untouched(unkn
     assert [r["error"] for r in results] == [None] * REQUESTS
     assert all(r["output_tokens"] == OUTPUT_TOKENS for r in results)
     assert all(16 <= r["input_tokens"] <= 64 for r in results)  # --tokenizer: the model's own tokens
-    line = (f"phaselens: vLLM 0.32.0 is outside the supported range {UNKNOWN_RANGE}; the vLLM plugin stays off "
-            "and vLLM serves unchanged (set PHASELENS_VLLM_SUPPORTED to a range that includes it to try anyway)")
+    line = (
+        f"phaselens: vLLM 0.32.0 is outside the supported range {UNKNOWN_RANGE}; the vLLM plugin stays off "
+        "and vLLM serves unchanged (set PHASELENS_VLLM_SUPPORTED to a range that includes it to try anyway)"
+    )
     # one line per vLLM process that loads plugins (API server, EngineCore, worker), nothing else from us
     ours = [x for x in log.splitlines() if "phaselens" in x and "PHASELENS_PARENT_PID" not in x]
     assert 1 <= len(ours) <= 3 and all(x.endswith(line) for x in ours), ours
@@ -137,9 +192,12 @@ def test_native_llm_request_spans_become_budget_rows_under_the_client_span(pipel
     trace_ids = [r["trace_id"] for r in results]
     rows = _wait_requests(client, db, trace_ids, f"span_model = '{n.SPAN_MODEL_VLLM}'")
     assert len(rows) == REQUESTS
-    spans = list(client.query(
-        f"SELECT TraceId, SpanName, SpanKind, ParentSpanId FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}}",
-        parameters={"ids": trace_ids}).named_results())
+    spans = list(
+        client.query(
+            f"SELECT TraceId, SpanName, SpanKind, ParentSpanId FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}}",
+            parameters={"ids": trace_ids},
+        ).named_results()
+    )
     client_span = {r["trace_id"]: r["span_id"] for r in results}
     server = [s for s in spans if s["SpanKind"] == "Server"]
     assert sorted(s["SpanName"] for s in server) == [n.SPAN_VLLM_REQUEST] * REQUESTS  # vLLM's own, untouched
@@ -150,7 +208,8 @@ def test_native_llm_request_spans_become_budget_rows_under_the_client_span(pipel
         assert row["ingress_ms"] is None and row["first_token_ms"] is None and row["delivery_ms"] is None
         assert row["ttft_queue_ms"] >= 0 and row["prefill_ms"] > 0 and row["decode_ms"] > 0
         assert row["before_engine_ms"] == pytest.approx(
-            row["server_ttft_ms"] - row["ttft_queue_ms"] - row["prefill_ms"], abs=1e-6)
+            row["server_ttft_ms"] - row["ttft_queue_ms"] - row["prefill_ms"], abs=1e-6
+        )
         assert row["before_engine_ms"] > 0  # tokenisation and the hops in and out of the EngineCore
         assert row["residual_ms"] == pytest.approx(row["client_ttft_ms"] - row["server_ttft_ms"], abs=1e-6)
         assert 0 < row["server_ttft_ms"] < row["client_ttft_ms"]
@@ -170,9 +229,13 @@ def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(pipeli
     trace_ids = [r["trace_id"] for r in results]
     rows = _wait_requests(client, db, trace_ids, f"span_model = '{n.SPAN_MODEL_PHASELENS}'")
     assert len(rows) == REQUESTS
-    spans = list(client.query(
-        f"SELECT TraceId, SpanId, SpanName, SpanKind, ParentSpanId, ServiceName, Duration FROM {db}.otel_traces "
-        "WHERE TraceId IN {ids:Array(String)} AND ServiceName = 'vllm'", parameters={"ids": trace_ids}).named_results())
+    spans = list(
+        client.query(
+            f"SELECT TraceId, SpanId, SpanName, SpanKind, ParentSpanId, ServiceName, Duration FROM {db}.otel_traces "
+            "WHERE TraceId IN {ids:Array(String)} AND ServiceName = 'vllm'",
+            parameters={"ids": trace_ids},
+        ).named_results()
+    )
     client_span = {r["trace_id"]: r["span_id"] for r in results}
     server_ids = {}
     for trace_id in trace_ids:
@@ -194,7 +257,8 @@ def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(pipeli
         assert row["request_id"].startswith("cmpl-")
     links = client.query(
         f"SELECT SpanAttributes, arrayJoin(Links.SpanId) AS linked FROM {db}.otel_traces "
-        f"WHERE SpanName = '{n.SPAN_ENGINE_STEP}' AND ServiceName = 'vllm'").named_results()
+        f"WHERE SpanName = '{n.SPAN_ENGINE_STEP}' AND ServiceName = 'vllm'"
+    ).named_results()
     linked_steps: dict[str, int] = {}
     kv_used = []
     for step in links:
@@ -215,9 +279,13 @@ def test_plugin_closes_requests_vllm_aborted_as_client_disconnected(pipeline, pl
     trace_ids = [r["trace_id"] for r in abandoned]
     deadline = time.monotonic() + 30
     while True:
-        spans = list(client.query(
-            f"SELECT SpanName, SpanAttributes FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}} "
-            "AND SpanKind = 'Server' AND ServiceName = 'vllm'", parameters={"ids": trace_ids}).named_results())
+        spans = list(
+            client.query(
+                f"SELECT SpanName, SpanAttributes FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}} "
+                "AND SpanKind = 'Server' AND ServiceName = 'vllm'",
+                parameters={"ids": trace_ids},
+            ).named_results()
+        )
         if len(spans) == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)

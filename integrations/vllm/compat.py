@@ -23,8 +23,7 @@ HOOKED_METHODS: dict[str, tuple[str, ...]] = {
     "do_tracing": ("engine_core_output", "req_state", "iteration_stats"),
     "update_scheduler_stats": ("scheduler_stats",),
 }
-STATS_FIELDS = ("arrival_time", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts",
-                "num_generation_tokens")
+STATS_FIELDS = ("arrival_time", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "num_generation_tokens")
 
 
 def supported_range() -> str:
@@ -48,7 +47,7 @@ def interface_problem(output_processor_cls: type, stats_cls: type) -> str | None
         method = getattr(output_processor_cls, name, None)
         if method is None:
             return f"OutputProcessor.{name} is missing"
-        got = tuple(inspect.signature(method).parameters)[1:1 + len(params)]
+        got = tuple(inspect.signature(method).parameters)[1 : 1 + len(params)]
         if got != params:
             return f"OutputProcessor.{name} takes {got}, expected {params}"
     fields = getattr(stats_cls, "__dataclass_fields__", {})

@@ -19,7 +19,8 @@ import functools
 import logging
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from phaselens.instrumentation import names
 
@@ -42,7 +43,7 @@ def served_model_name(argv: list[str]) -> str:
             if arg.startswith(flag + "="):
                 return arg.split("=", 1)[1]
     if "serve" in argv:
-        rest = argv[argv.index("serve") + 1:]
+        rest = argv[argv.index("serve") + 1 :]
         if rest and not rest[0].startswith("-"):
             return rest[0]
     return "vllm"
@@ -83,19 +84,25 @@ def _guard(what: str, fn: Callable, *args: Any) -> Any:
 
 def _process_outputs(original: Callable) -> Callable:
     @functools.wraps(original)
-    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None,
-                        *args, **kwargs):
+    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None, *args, **kwargs):
         if not self.tracing_enabled:  # vLLM drops traceparent and never calls do_tracing without it
-            _warn_once("untraced", "phaselens: no spans from this vLLM: start it with --otlp-traces-endpoint URL "
-                       "to turn tracing on")
+            _warn_once(
+                "untraced",
+                "phaselens: no spans from this vLLM: start it with --otlp-traces-endpoint URL to turn tracing on",
+            )
             return original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
         t = tracker()
-        seen = _guard("process_outputs", t.before_outputs, self, engine_core_outputs, engine_core_timestamp,
-                      iteration_stats) or []
+        seen = (
+            _guard(
+                "process_outputs", t.before_outputs, self, engine_core_outputs, engine_core_timestamp, iteration_stats
+            )
+            or []
+        )
         result = original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
         if seen:
             _guard("process_outputs", t.after_outputs, seen)
         return result
+
     return process_outputs
 
 
@@ -103,6 +110,7 @@ def _do_tracing(original: Callable) -> Callable:
     @functools.wraps(original)
     def do_tracing(self, engine_core_output, req_state, iteration_stats):
         _guard("do_tracing", tracker().finished, req_state, engine_core_output.finish_reason)
+
     return do_tracing
 
 
@@ -113,11 +121,15 @@ def _update_scheduler_stats(original: Callable) -> Callable:
         if self.tracing_enabled:
             _guard("update_scheduler_stats", tracker().step_done, scheduler_stats)
         return result
+
     return update_scheduler_stats
 
 
-WRAPPERS = {"process_outputs": _process_outputs, "do_tracing": _do_tracing,
-            "update_scheduler_stats": _update_scheduler_stats}
+WRAPPERS = {
+    "process_outputs": _process_outputs,
+    "do_tracing": _do_tracing,
+    "update_scheduler_stats": _update_scheduler_stats,
+}
 
 
 def install(output_processor_cls: type) -> None:

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from phaselens.common.process import LOOPBACK, free_port
 
@@ -38,9 +39,16 @@ def default_python(root: Path = Path(".")) -> Path | None:
 
 
 def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": LOOPBACK, "VLLM_LOOPBACK_IP": LOOPBACK,
-           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1",
-           "PHASELENS_PARENT_PID": str(os.getpid())}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_HOST_IP": LOOPBACK,
+        "VLLM_LOOPBACK_IP": LOOPBACK,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PHASELENS_PARENT_PID": str(os.getpid()),
+    }
     return {**env, **(extra or {})}
 
 
@@ -64,14 +72,28 @@ class VllmServer:
         return f"http://{LOOPBACK}:{self.port}"
 
     def argv(self) -> list[str]:
-        args = [str(self.python), "-m", "phaselens.integrations.vllm.serve", str(self.model_dir),
-                "--host", LOOPBACK, "--port", str(self.port), "--served-model-name", self.served_name,
-                "--dtype", "float32", "--max-model-len", str(self.max_model_len), "--enforce-eager"]
+        args = [
+            str(self.python),
+            "-m",
+            "phaselens.integrations.vllm.serve",
+            str(self.model_dir),
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            self.served_name,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enforce-eager",
+        ]
         if self.otlp_endpoint:
             args += ["--otlp-traces-endpoint", self.otlp_endpoint]
         return args
 
-    def start(self, timeout_s: float = 240.0) -> "VllmServer":
+    def start(self, timeout_s: float = 240.0) -> VllmServer:
         self.spawn()
         self.wait_ready(timeout_s)
         return self
@@ -80,8 +102,14 @@ class VllmServer:
         self.port = self.port or free_port()
         env = vllm_env({"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), **self.env})
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
 
     def wait_ready(self, timeout_s: float) -> str:
         """Block until /health answers 200 (as `phaselens.stack.Child.wait_ready`); returns the url."""
@@ -115,7 +143,7 @@ class VllmServer:
             proc.wait()
         return proc.returncode
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -20,8 +20,9 @@ def register() -> bool:
     try:
         return _register()
     except Exception as e:  # an import error inside vLLM, a renamed module: not our server to break
-        _logger.warning("phaselens: vLLM plugin not installed (%s: %s); vLLM serves without phaselens spans",
-                        type(e).__name__, e)
+        _logger.warning(
+            "phaselens: vLLM plugin not installed (%s: %s); vLLM serves without phaselens spans", type(e).__name__, e
+        )
         return False
 
 
@@ -36,12 +37,18 @@ def _register() -> bool:
 
         problem = compat.interface_problem(OutputProcessor, RequestStateStats)
     if problem is not None:
-        _logger.warning("phaselens: %s; the vLLM plugin stays off and vLLM serves unchanged "
-                        "(set %s to a range that includes it to try anyway)", problem, compat.ENV_SUPPORTED)
+        _logger.warning(
+            "phaselens: %s; the vLLM plugin stays off and vLLM serves unchanged "
+            "(set %s to a range that includes it to try anyway)",
+            problem,
+            compat.ENV_SUPPORTED,
+        )
         return False
     from . import hooks
 
     hooks.install(OutputProcessor)
-    _logger.info("phaselens: vLLM %s plugin installed (phaselens span tree per request, llm.engine_step per "
-                 "output batch)", vllm.__version__)
+    _logger.info(
+        "phaselens: vLLM %s plugin installed (phaselens span tree per request, llm.engine_step per output batch)",
+        vllm.__version__,
+    )
     return True

@@ -10,10 +10,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-_WORDS = ("the time to first token is queue prefill decode delivery network of a request and "
-          "server client span trace budget latency model batch step cache").split()
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_WORDS = [
+    "the",
+    "time",
+    "to",
+    "first",
+    "token",
+    "is",
+    "queue",
+    "prefill",
+    "decode",
+    "delivery",
+    "network",
+    "of",
+    "a",
+    "request",
+    "and",
+    "server",
+    "client",
+    "span",
+    "trace",
+    "budget",
+    "latency",
+    "model",
+    "batch",
+    "step",
+    "cache",
+]
 EOS = "</s>"
 
 
@@ -25,8 +52,12 @@ def _tokenizer(vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, "<s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, "<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([" ".join(_WORDS)] * 50, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token="<s>")
     fast.chat_template = CHAT_TEMPLATE
@@ -42,10 +73,18 @@ def save_tiny_llama(folder: Path, max_positions: int = 2048, seed: int = 0) -> P
     folder = Path(folder)
     tokenizer = _tokenizer(vocab_size=384)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -46,8 +46,22 @@ def _ns(seconds: float) -> int:
 class VllmTracker:
     """Open handles by vLLM request id, the current step's members, and the step recorder."""
 
-    __slots__ = ("telemetry", "model", "clock_ns", "_open", "_states_of", "_states", "_step_handles", "_step_first_tokens",
-                 "_step_scheduled_ns", "_step_end_s", "_step_iteration", "_prev_step_end_ns", "_steps_seen", "_idle_reason")
+    __slots__ = (
+        "_idle_reason",
+        "_open",
+        "_prev_step_end_ns",
+        "_states",
+        "_states_of",
+        "_step_end_s",
+        "_step_first_tokens",
+        "_step_handles",
+        "_step_iteration",
+        "_step_scheduled_ns",
+        "_steps_seen",
+        "clock_ns",
+        "model",
+        "telemetry",
+    )
 
     def __init__(self, telemetry: Any, model: str) -> None:
         self.telemetry = telemetry
@@ -117,8 +131,9 @@ class VllmTracker:
         anchor = self.telemetry.anchor
         received_ns = anchor.mono_ns + (_ns(state.stats.arrival_time) - anchor.wall_ns)
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (trace_headers or {}).items()]
-        handle = self.telemetry.open_request({"headers": headers, "method": "POST"}, managed=False,
-                                             received_ns=received_ns)
+        handle = self.telemetry.open_request(
+            {"headers": headers, "method": "POST"}, managed=False, received_ns=received_ns
+        )
         self._open[req_id] = handle
         self._states_of[req_id] = state
         return handle
@@ -131,17 +146,27 @@ class VllmTracker:
             return
         reason = str(getattr(finish_reason, "name", finish_reason) or "").lower()
         self._settle(handle, req_state, FINISH_REASONS.get(reason, reason))
-        handle.complete(output_tokens=req_state.stats.num_generation_tokens, finish_reason=reason or None,
-                        cached_tokens=req_state.num_cached_tokens)  # closes the handle: to the builder
+        handle.complete(
+            output_tokens=req_state.stats.num_generation_tokens,
+            finish_reason=reason or None,
+            cached_tokens=req_state.num_cached_tokens,
+        )  # closes the handle: to the builder
 
     def _settle(self, handle: Any, req_state: Any, reason: str) -> None:
         """What a finished or aborted request is: the EngineCore's stamps, its description, `finished`."""
         self._stamp_engine(handle, req_state.stats, req_state.prompt_len, req_state.num_cached_tokens)
         external = req_state.external_req_id
         operation = n.OP_CHAT if str(external).startswith("chatcmpl") else n.OP_TEXT_COMPLETION
-        handle.describe(operation, req_state.lora_name or self.model, request_id=external,
-                        input_tokens=req_state.prompt_len, max_tokens=req_state.max_tokens_param,
-                        temperature=req_state.temperature, top_p=req_state.top_p, stream=True)
+        handle.describe(
+            operation,
+            req_state.lora_name or self.model,
+            request_id=external,
+            input_tokens=req_state.prompt_len,
+            max_tokens=req_state.max_tokens_param,
+            temperature=req_state.temperature,
+            top_p=req_state.top_p,
+            stream=True,
+        )
         handle.finished(reason)
 
     @staticmethod
@@ -180,10 +205,16 @@ class VllmTracker:
         prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
         usage = getattr(scheduler_stats, "kv_cache_usage", None)
         self.telemetry.step_observer.step(
-            start_ns, end_ns, prompt, max(0, generated - first_tokens),
-            round(usage * KV_SCALE) if usage is not None else 0, KV_SCALE if usage is not None else 0,
+            start_ns,
+            end_ns,
+            prompt,
+            max(0, generated - first_tokens),
+            round(usage * KV_SCALE) if usage is not None else 0,
+            KV_SCALE if usage is not None else 0,
             iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
-            getattr(scheduler_stats, "num_waiting_reqs", 0), members)
+            getattr(scheduler_stats, "num_waiting_reqs", 0),
+            members,
+        )
 
     def _close_vanished(self) -> None:
         """Requests aborted before finishing never reach `do_tracing`: close them as aborted."""

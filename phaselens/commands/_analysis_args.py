@@ -12,8 +12,12 @@ from phaselens.common.slo import SLO, parse_slo
 
 def add_selection(parser, since: str, slo_help: str) -> None:
     """--clickhouse, --database, --service, --model, --since, --slo."""
-    parser.add_argument("--clickhouse", default="http://127.0.0.1:8123", metavar="URL",
-                        help="ClickHouse HTTP URL, http://[user[:password]@]host:port")
+    parser.add_argument(
+        "--clickhouse",
+        default="http://127.0.0.1:8123",
+        metavar="URL",
+        help="ClickHouse HTTP URL, http://[user[:password]@]host:port",
+    )
     parser.add_argument("--database", default="otel", help="database holding otel_traces and the views")
     parser.add_argument("--service", default=None, help="only this service.name")
     parser.add_argument("--model", default=None, help="only this model")

@@ -24,6 +24,7 @@ def _positive(kind):
         if not value > 0:
             raise argparse.ArgumentTypeError(f"must be > 0, not {text}")
         return value
+
     return parse
 
 
@@ -59,36 +60,71 @@ def _common(p: argparse.ArgumentParser, default) -> None:
     p.add_argument("--model", default=default(None), help="model name sent in each request")
     p.add_argument("--endpoint", choices=("completions", "chat"), default=default("completions"))
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--rate", type=_positive(float), default=default(None),
-                      help="open loop: mean requests/s (inf: all at once)")
-    mode.add_argument("--concurrency", type=_positive(int), default=default(None),
-                      help="closed loop: C requests always in flight")
-    mode.add_argument("--trace", metavar="FILE.jsonl", default=default(None),
-                      help="replay: lines with timestamp (s) or timestamp_ms [, input_len, output_len, prompt]")
-    p.add_argument("--burstiness", type=_positive(float), default=default(None),
-                   help="gamma arrivals shape B with --rate (1 = Poisson, <1 burstier)")
-    p.add_argument("--max-concurrency", type=_positive(int), default=default(None),
-                   help="cap in-flight requests of an open loop (waits show as schedule lag)")
+    mode.add_argument(
+        "--rate", type=_positive(float), default=default(None), help="open loop: mean requests/s (inf: all at once)"
+    )
+    mode.add_argument(
+        "--concurrency", type=_positive(int), default=default(None), help="closed loop: C requests always in flight"
+    )
+    mode.add_argument(
+        "--trace",
+        metavar="FILE.jsonl",
+        default=default(None),
+        help="replay: lines with timestamp (s) or timestamp_ms [, input_len, output_len, prompt]",
+    )
+    p.add_argument(
+        "--burstiness",
+        type=_positive(float),
+        default=default(None),
+        help="gamma arrivals shape B with --rate (1 = Poisson, <1 burstier)",
+    )
+    p.add_argument(
+        "--max-concurrency",
+        type=_positive(int),
+        default=default(None),
+        help="cap in-flight requests of an open loop (waits show as schedule lag)",
+    )
     bound = p.add_mutually_exclusive_group()
     bound.add_argument("--requests", type=_positive(int), default=default(None), help="measured requests (default 100)")
     bound.add_argument("--duration", type=_positive(float), default=default(None), help="seconds of arrivals")
     p.add_argument("--warmup", type=_non_negative_int, default=default(0), help="unmeasured requests first")
-    p.add_argument("--input-len", type=_dist, default=default("128"),
-                   help="prompt length: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:SIGMA; in tokens "
-                        "of --tokenizer, else in English words (≈ 1 token each for an English BPE vocabulary)")
-    p.add_argument("--tokenizer", metavar="NAME|PATH", default=default(None),
-                   help="count --input-len in this tokenizer's tokens (transformers, local files only: a "
-                        "folder or a cached model id)")
+    p.add_argument(
+        "--input-len",
+        type=_dist,
+        default=default("128"),
+        help="prompt length: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:SIGMA; in tokens "
+        "of --tokenizer, else in English words (≈ 1 token each for an English BPE vocabulary)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="NAME|PATH",
+        default=default(None),
+        help="count --input-len in this tokenizer's tokens (transformers, local files only: a "
+        "folder or a cached model id)",
+    )
     p.add_argument("--output-len", type=_dist, default=default(None), help="max_tokens distribution (default 128)")
-    p.add_argument("--dataset", metavar="FILE.jsonl", default=default(None),
-                   help="prompts: {prompt}, {messages} or ShareGPT {conversations} per line")
-    p.add_argument("--shared-prefix", type=_non_negative_int, default=default(0),
-                   help="words of prefix common to all prompts")
-    p.add_argument("--ignore-eos", action="store_true", default=default(False),
-                   help="send ignore_eos and min_tokens=max_tokens to hold output lengths")
-    p.add_argument("--chunk-tokens", choices=tuple(session.CHUNK_TOKEN_COUNTERS), default=default("chunk"),
-                   help="tokens in a streamed chunk: 1 per chunk, or its UTF-8 bytes (byte-level tokenizers "
-                        "such as the tiny model's ByT5); the final usage is compared either way")
+    p.add_argument(
+        "--dataset",
+        metavar="FILE.jsonl",
+        default=default(None),
+        help="prompts: {prompt}, {messages} or ShareGPT {conversations} per line",
+    )
+    p.add_argument(
+        "--shared-prefix", type=_non_negative_int, default=default(0), help="words of prefix common to all prompts"
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        default=default(False),
+        help="send ignore_eos and min_tokens=max_tokens to hold output lengths",
+    )
+    p.add_argument(
+        "--chunk-tokens",
+        choices=tuple(session.CHUNK_TOKEN_COUNTERS),
+        default=default("chunk"),
+        help="tokens in a streamed chunk: 1 per chunk, or its UTF-8 bytes (byte-level tokenizers "
+        "such as the tiny model's ByT5); the final usage is compared either way",
+    )
     p.add_argument("--percentiles", type=_percentiles, default=default((50.0, 90.0, 95.0, 99.0)))
     p.add_argument("--seed", type=int, default=default(0))
     p.add_argument("--timeout", type=_positive(float), default=default(300.0), help="per-request seconds")
@@ -98,15 +134,22 @@ def _common(p: argparse.ArgumentParser, default) -> None:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("bench", help="load-test an OpenAI-compatible server, emitting client spans",
-                                   epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "bench",
+        help="load-test an OpenAI-compatible server, emitting client spans",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(parser, lambda value: value)
     parser.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS")
     parser.add_argument("--per-request", metavar="OUT.jsonl", help="one line of timings per request")
     parser.set_defaults(func=run, _parser=parser)
     sub = parser.add_subparsers(dest="bench_action", metavar="{sweep}")
-    sweep = sub.add_parser("sweep", help="find the highest rate whose SLO attainment meets --attainment",
-                           argument_default=argparse.SUPPRESS)
+    sweep = sub.add_parser(
+        "sweep",
+        help="find the highest rate whose SLO attainment meets --attainment",
+        argument_default=argparse.SUPPRESS,
+    )
     _common(sweep, lambda value: argparse.SUPPRESS)
     sweep.add_argument("--slo", required=True, help="e.g. ttft:500,tpot:50 (ms)")
     sweep.add_argument("--attainment", type=float, default=0.9, help="target fraction meeting the SLO")
@@ -130,13 +173,29 @@ def _options(args, slo: list[str]) -> session.BenchOptions:
     except ValueError as exc:
         p.error(str(exc))
     return session.BenchOptions(
-        url=args.url, model=args.model, endpoint=args.endpoint, rate=args.rate,
-        burstiness=args.burstiness or 1.0, concurrency=args.concurrency or args.max_concurrency,
-        trace=args.trace, requests=args.requests, duration_s=args.duration, warmup=args.warmup,
-        input_len=args.input_len, output_len=args.output_len, dataset=args.dataset,
-        shared_prefix=args.shared_prefix, ignore_eos=args.ignore_eos, slo=slo, percentiles=args.percentiles,
-        seed=args.seed, api_key=args.api_key, timeout_s=args.timeout, chunk_tokens=args.chunk_tokens,
-        tokenizer=args.tokenizer)
+        url=args.url,
+        model=args.model,
+        endpoint=args.endpoint,
+        rate=args.rate,
+        burstiness=args.burstiness or 1.0,
+        concurrency=args.concurrency or args.max_concurrency,
+        trace=args.trace,
+        requests=args.requests,
+        duration_s=args.duration,
+        warmup=args.warmup,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        dataset=args.dataset,
+        shared_prefix=args.shared_prefix,
+        ignore_eos=args.ignore_eos,
+        slo=slo,
+        percentiles=args.percentiles,
+        seed=args.seed,
+        api_key=args.api_key,
+        timeout_s=args.timeout,
+        chunk_tokens=args.chunk_tokens,
+        tokenizer=args.tokenizer,
+    )
 
 
 def _loaded(args, build):
@@ -160,11 +219,14 @@ def run(args) -> int:
     for table in report.summary_tables(outcome.summary, opts.percentiles, title):
         console.print(table)
     if outcome.span_export:
-        console.print("client spans: " + ", ".join(f"{k.removeprefix('export_')} {v}"
-                                                   for k, v in outcome.span_export.items()))
+        console.print(
+            "client spans: " + ", ".join(f"{k.removeprefix('export_')} {v}" for k, v in outcome.span_export.items())
+        )
         if outcome.span_export.get("export_failed"):
-            console.print("  (is a collector listening at OTEL_EXPORTER_OTLP_ENDPOINT? "
-                          "OTEL_TRACES_EXPORTER=none OTEL_METRICS_EXPORTER=none skip the export)")
+            console.print(
+                "  (is a collector listening at OTEL_EXPORTER_OTLP_ENDPOINT? "
+                "OTEL_TRACES_EXPORTER=none OTEL_METRICS_EXPORTER=none skip the export)"
+            )
     if args.json:
         report.write_json(args.json, outcome.summary, outcome.config)
     if args.per_request:
@@ -174,30 +236,40 @@ def run(args) -> int:
 
 def run_sweep(args) -> int:
     opts = _options(args, [args.slo])
-    if opts.concurrency is not None and args.max_concurrency is None or opts.trace:
+    if (opts.concurrency is not None and args.max_concurrency is None) or opts.trace:
         args._parser.error("a sweep varies --rate: --concurrency and --trace do not apply")
     if not 0 < args.attainment <= 1:
         args._parser.error("--attainment must be in (0, 1]")
-    if opts.rate is not None and math.isinf(opts.rate) or (opts.rate or 1.0) > args.max_rate:
+    if (opts.rate is not None and math.isinf(opts.rate)) or (opts.rate or 1.0) > args.max_rate:
         args._parser.error("the start --rate must be finite and ≤ --max-rate")
     _loaded(args, lambda: session.build_plan(opts, rate=opts.rate or 1.0))
     console = Console()
 
     def on_probe(probe) -> None:
         ttft = (probe.summary["latency_ms"]["ttft_from_intended"] or {}).get("percentiles", {})
-        console.print(f"probe rate {probe.rate:8.3f} req/s  attainment {probe.attainment:6.1%}  "
-                      f"p99 TTFT {ttft.get('p99', float('nan')):8.1f} ms  → {'pass' if probe.passed else 'fail'}")
+        console.print(
+            f"probe rate {probe.rate:8.3f} req/s  attainment {probe.attainment:6.1%}  "
+            f"p99 TTFT {ttft.get('p99', float('nan')):8.1f} ms  → {'pass' if probe.passed else 'fail'}"
+        )
 
-    result = asyncio.run(session.capacity(opts, args.attainment, args.max_rate, on_probe=on_probe,
-                                          rel_tol=args.tolerance))
+    result = asyncio.run(
+        session.capacity(opts, args.attainment, args.max_rate, on_probe=on_probe, rel_tol=args.tolerance)
+    )
     bound = "" if result.bounded else f" (max-rate {args.max_rate:g} passed: capacity is at least that)"
-    console.print(f"capacity: {result.capacity:.3f} req/s at SLO {args.slo} with attainment ≥ "
-                  f"{args.attainment:.0%}{bound}")
+    console.print(
+        f"capacity: {result.capacity:.3f} req/s at SLO {args.slo} with attainment ≥ {args.attainment:.0%}{bound}"
+    )
     if args.json:
-        doc = {"capacity_rps": result.capacity, "bounded": result.bounded, "slo": args.slo,
-               "attainment_target": args.attainment,
-               "probes": [{"rate": p.rate, "attainment": p.attainment, "passed": p.passed, "summary": p.summary}
-                          for p in result.probes]}
+        doc = {
+            "capacity_rps": result.capacity,
+            "bounded": result.bounded,
+            "slo": args.slo,
+            "attainment_target": args.attainment,
+            "probes": [
+                {"rate": p.rate, "attainment": p.attainment, "passed": p.passed, "summary": p.summary}
+                for p in result.probes
+            ],
+        }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report.jsonable(doc), f, indent=2)
     return 0

@@ -12,15 +12,22 @@ from phaselens.commands._analysis_args import add_selection, read
 def register(subparsers) -> None:
     parser = subparsers.add_parser("budget", help="latency budget of the requests stored in ClickHouse")
     add_selection(parser, "15m", "SLOs for goodput")
-    parser.add_argument("--approx", action="store_true",
-                        help="t-digest percentiles: constant memory on huge selections (default: exact)")
+    parser.add_argument(
+        "--approx",
+        action="store_true",
+        help="t-digest percentiles: constant memory on huge selections (default: exact)",
+    )
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    rc, report = read(args, lambda client, **sel: budget(client, database=args.database, service=args.service,
-                                                        model=args.model, approx=args.approx, **sel))
+    rc, report = read(
+        args,
+        lambda client, **sel: budget(
+            client, database=args.database, service=args.service, model=args.model, approx=args.approx, **sel
+        ),
+    )
     if rc:
         return rc
     if args.format == "json":

@@ -16,8 +16,13 @@ def register(subparsers) -> None:
     parser.add_argument("--data", required=True, metavar="DIR", help="data directory (kept across restarts)")
     parser.add_argument("--http-port", type=int, default=8123, help="(one node only; a cluster takes free ports)")
     parser.add_argument("--tcp-port", type=int, default=9000, help="(one node only)")
-    parser.add_argument("--shards", type=int, default=None, metavar="N",
-                        help="start N nodes, one shard each, defined as cluster --cluster-name")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start N nodes, one shard each, defined as cluster --cluster-name",
+    )
     parser.add_argument("--cluster-name", default=DEFAULT_CLUSTER)
     parser.set_defaults(func=run)
 

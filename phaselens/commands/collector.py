@@ -16,21 +16,41 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("collector", help="receive OTLP traces and write them to ClickHouse")
     p.add_argument("--clickhouse", required=True, metavar="URL", help="e.g. http://127.0.0.1:8123")
     p.add_argument("--database", default="otel")
-    p.add_argument("--cluster", default=None, metavar="NAME",
-                   help="a ClickHouse cluster (schema apply --cluster NAME): rows sharded by trace id")
-    p.add_argument("--cluster-insert", choices=CLUSTER_INSERTS, default="direct",
-                   help="with --cluster: straight to each shard (default), or through the Distributed table")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="NAME",
+        help="a ClickHouse cluster (schema apply --cluster NAME): rows sharded by trace id",
+    )
+    p.add_argument(
+        "--cluster-insert",
+        choices=CLUSTER_INSERTS,
+        default="direct",
+        help="with --cluster: straight to each shard (default), or through the Distributed table",
+    )
     p.add_argument("--host", default="127.0.0.1", help="listen address (non-loopback needs --auth-token or --insecure)")
     p.add_argument("--grpc-port", type=int, default=4317)
     p.add_argument("--http-port", type=int, default=4318)
-    p.add_argument("--spool", metavar="DIR", default=None,
-                   help="spool directory, replayed on restart (default: ~/.local/state/phaselens/collector-spool-<grpc port>)")
+    p.add_argument(
+        "--spool",
+        metavar="DIR",
+        default=None,
+        help="spool directory, replayed on restart (default: ~/.local/state/phaselens/collector-spool-<grpc port>)",
+    )
     p.add_argument("--auth-token", default=None, help="require 'Authorization: Bearer TOKEN' on both protocols")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback listen address without a token")
-    p.add_argument("--max-spool-bytes", type=int, default=1 << 30, help="backlog cap; beyond it exports get retryable errors")
+    p.add_argument(
+        "--max-spool-bytes", type=int, default=1 << 30, help="backlog cap; beyond it exports get retryable errors"
+    )
     p.add_argument("--max-body-bytes", type=int, default=16 << 20, help="request size cap, after decompression")
     p.add_argument("--batch-spans", type=int, default=50_000, help="spans per ClickHouse insert (at most)")
-    p.add_argument("--flush-interval", type=float, default=0.2, metavar="SECONDS", help="longest wait before a partial batch is written")
+    p.add_argument(
+        "--flush-interval",
+        type=float,
+        default=0.2,
+        metavar="SECONDS",
+        help="longest wait before a partial batch is written",
+    )
     p.set_defaults(func=run)
 
 
@@ -40,12 +60,19 @@ def run(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     collector = Collector(
-        clickhouse_url=args.clickhouse, database=args.database, cluster=args.cluster,
-        cluster_insert=args.cluster_insert, host=args.host,
-        grpc_port=args.grpc_port, http_port=args.http_port,
+        clickhouse_url=args.clickhouse,
+        database=args.database,
+        cluster=args.cluster,
+        cluster_insert=args.cluster_insert,
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
         spool_dir=args.spool or default_spool_dir(args.grpc_port),
-        auth_token=args.auth_token, insecure=args.insecure, max_spool_bytes=args.max_spool_bytes,
-        max_body_bytes=args.max_body_bytes, batch_spans=args.batch_spans,
+        auth_token=args.auth_token,
+        insecure=args.insecure,
+        max_spool_bytes=args.max_spool_bytes,
+        max_body_bytes=args.max_body_bytes,
+        batch_spans=args.batch_spans,
         flush_interval_s=args.flush_interval,
     )
     try:
@@ -58,8 +85,7 @@ def run(args) -> int:
         pass
     drained = collector.stop()
     if not drained:
-        print("warning: ClickHouse unreachable; unwritten spans stay in the spool for the next start",
-              file=sys.stderr)
+        print("warning: ClickHouse unreachable; unwritten spans stay in the spool for the next start", file=sys.stderr)
     return 0
 
 

@@ -16,8 +16,12 @@ def register(subparsers) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     gen = actions.add_parser("generate", help="write the dashboard JSON and provisioning YAML")
-    gen.add_argument("--out", type=Path, default=generate.PACKAGE_DIR,
-                     help="folder that gets generated/*.json and provisioning/ (default: the package's own)")
+    gen.add_argument(
+        "--out",
+        type=Path,
+        default=generate.PACKAGE_DIR,
+        help="folder that gets generated/*.json and provisioning/ (default: the package's own)",
+    )
     gen.set_defaults(func=run_generate)
 
     check = actions.add_parser("check", help="exit 1 if the checked-in files differ from a fresh generation")
@@ -26,14 +30,22 @@ def register(subparsers) -> None:
 
     p = actions.add_parser("push", help="create or update the data source and dashboards (idempotent)")
     p.add_argument("--grafana", required=True, metavar="URL", help="e.g. http://127.0.0.1:3000")
-    p.add_argument("--token", default=os.environ.get("GRAFANA_TOKEN"),
-                   help="service-account token (default: $GRAFANA_TOKEN)")
+    p.add_argument(
+        "--token", default=os.environ.get("GRAFANA_TOKEN"), help="service-account token (default: $GRAFANA_TOKEN)"
+    )
     p.add_argument("--user", default=None, help="basic-auth user (with --password)")
     p.add_argument("--password", default=None)
-    p.add_argument("--clickhouse-host", default="clickhouse",
-                   help="ClickHouse host as Grafana's server reaches it (default: clickhouse)")
-    p.add_argument("--clickhouse-port", type=int, default=None,
-                   help=f"default: {DEFAULT_PORTS['native']} native, {DEFAULT_PORTS['http']} http")
+    p.add_argument(
+        "--clickhouse-host",
+        default="clickhouse",
+        help="ClickHouse host as Grafana's server reaches it (default: clickhouse)",
+    )
+    p.add_argument(
+        "--clickhouse-port",
+        type=int,
+        default=None,
+        help=f"default: {DEFAULT_PORTS['native']} native, {DEFAULT_PORTS['http']} http",
+    )
     p.add_argument("--clickhouse-protocol", choices=sorted(DEFAULT_PORTS), default="native")
     p.add_argument("--database", default="otel", help="the database the panels and the data source read")
     p.add_argument("--folder", default="phaselens", help="folder uid and title (default: phaselens)")
@@ -50,11 +62,13 @@ def run_check(args) -> int:
 
 
 def run_push(args) -> int:
-    target = ClickHouseTarget(host=args.clickhouse_host, port=args.clickhouse_port,
-                              protocol=args.clickhouse_protocol, database=args.database)
+    target = ClickHouseTarget(
+        host=args.clickhouse_host, port=args.clickhouse_port, protocol=args.clickhouse_protocol, database=args.database
+    )
     try:
-        api = push.connect(args.grafana, token=args.token, user=args.user, password=args.password,
-                           timeout_s=args.timeout)
+        api = push.connect(
+            args.grafana, token=args.token, user=args.user, password=args.password, timeout_s=args.timeout
+        )
         result = push.push(api, datasource(target), generate.dashboards(args.database), args.folder, args.folder)
     except push.PushError as exc:
         print(f"error: {exc}", file=sys.stderr)

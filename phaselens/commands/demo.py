@@ -6,29 +6,52 @@ import sys
 
 from rich.console import Console
 
-from phaselens.demo import DEFAULT_RATE, DEFAULT_SLO, DemoOptions, run as run_demo
+from phaselens.demo import DEFAULT_RATE, DEFAULT_SLO, DemoOptions
+from phaselens.demo import run as run_demo
 from phaselens.stack import SERVER_KINDS
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="run the whole pipeline on this machine and show where the time went",
-                              description="Starts an embedded ClickHouse, the collector and the reference server, "
-                                          "runs a mixed workload with client spans, prints the latency budget and "
-                                          "goodput, writes an HTML report, and shuts everything down.")
+    p = subparsers.add_parser(
+        "demo",
+        help="run the whole pipeline on this machine and show where the time went",
+        description="Starts an embedded ClickHouse, the collector and the reference server, "
+        "runs a mixed workload with client spans, prints the latency budget and "
+        "goodput, writes an HTML report, and shuts everything down.",
+    )
     p.add_argument("--requests", type=int, default=200, help="measured requests (default 200)")
-    p.add_argument("--rate", type=float, default=DEFAULT_RATE,
-                   help=f"Poisson arrivals, requests/s (default {DEFAULT_RATE:g}: near the tiny model's capacity on 2 cores)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=DEFAULT_RATE,
+        help=f"Poisson arrivals, requests/s (default {DEFAULT_RATE:g}: near the tiny model's capacity on 2 cores)",
+    )
     p.add_argument("--model", default="tiny", help="'tiny' (built in, random weights) or a local HF model folder")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--server", choices=SERVER_KINDS, default="reference",
-                   help="reference (default); vllm: a real vLLM on the tiny model with the phaselens plugin; "
-                        "vllm-native: the same vLLM with its own spans only (needs ./setup.sh --vllm)")
-    p.add_argument("--shards", type=int, default=1, metavar="N",
-                   help="ClickHouse as an embedded cluster of N shards, the collector writing with --cluster "
-                        "(default 1: one node)")
-    p.add_argument("--data", metavar="DIR", default=None,
-                   help="keep ClickHouse data, spool and logs here (default: a temporary directory, removed)")
-    p.add_argument("--slo", default=DEFAULT_SLO, metavar="ttft:MS,tpot:MS", help=f"goodput SLOs (default {DEFAULT_SLO})")
+    p.add_argument(
+        "--server",
+        choices=SERVER_KINDS,
+        default="reference",
+        help="reference (default); vllm: a real vLLM on the tiny model with the phaselens plugin; "
+        "vllm-native: the same vLLM with its own spans only (needs ./setup.sh --vllm)",
+    )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        metavar="N",
+        help="ClickHouse as an embedded cluster of N shards, the collector writing with --cluster "
+        "(default 1: one node)",
+    )
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        default=None,
+        help="keep ClickHouse data, spool and logs here (default: a temporary directory, removed)",
+    )
+    p.add_argument(
+        "--slo", default=DEFAULT_SLO, metavar="ttft:MS,tpot:MS", help=f"goodput SLOs (default {DEFAULT_SLO})"
+    )
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     p.add_argument("--keep-running", action="store_true", help="leave everything up afterwards (until Ctrl-C)")
     p.add_argument("--report", default="phaselens-report.html", metavar="FILE.html", help="where to write the report")
@@ -36,9 +59,19 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    opts = DemoOptions(requests=args.requests, rate=args.rate, model=args.model, device=args.device, server=args.server,
-                       data_dir=args.data, keep_running=args.keep_running, report_path=args.report,
-                       slo=args.slo, seed=args.seed, shards=args.shards)
+    opts = DemoOptions(
+        requests=args.requests,
+        rate=args.rate,
+        model=args.model,
+        device=args.device,
+        server=args.server,
+        data_dir=args.data,
+        keep_running=args.keep_running,
+        report_path=args.report,
+        slo=args.slo,
+        seed=args.seed,
+        shards=args.shards,
+    )
     try:
         opts.validate()
     except ValueError as e:

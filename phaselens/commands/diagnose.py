@@ -17,8 +17,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    rc, result = read(args, lambda client, **sel: diagnose(client, database=args.database, service=args.service,
-                                                          model=args.model, **sel))
+    rc, result = read(
+        args,
+        lambda client, **sel: diagnose(client, database=args.database, service=args.service, model=args.model, **sel),
+    )
     if rc:
         return rc
     if args.format == "json":

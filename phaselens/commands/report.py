@@ -23,9 +23,12 @@ def _without_credentials(url: str) -> str:
 
 def run(args) -> int:
     config = {"command": "phaselens report", "ClickHouse": _without_credentials(args.clickhouse)}
-    rc, data = read(args, lambda client, **sel: write_report(client, args.out, database=args.database,
-                                                            service=args.service, model=args.model, config=config,
-                                                            **sel))
+    rc, data = read(
+        args,
+        lambda client, **sel: write_report(
+            client, args.out, database=args.database, service=args.service, model=args.model, config=config, **sel
+        ),
+    )
     if rc:
         return rc
     print(f"report: {Path(args.out).resolve()} ({data.subtitle})")

@@ -26,18 +26,27 @@ def register(subparsers) -> None:
     apply_p.add_argument("--database", default="otel")
     apply_p.add_argument("--ttl", default=None, help="row lifetime, e.g. 72h or 30d (default: keep)")
     apply_p.add_argument("--cluster", default=None, help="cluster name: Distributed tables sharded by trace id")
-    apply_p.add_argument("--ddl", choices=DDL_MODES, default="on-cluster",
-                         help="with --cluster: ON CLUSTER + Replicated engines (needs Keeper), or the "
-                              "statements on every node of system.clusters with plain engines")
-    apply_p.add_argument("--table-engine", default=None, help="e.g. ReplicatedMergeTree('/clickhouse/tables/{shard}/otel_traces', '{replica}')")
+    apply_p.add_argument(
+        "--ddl",
+        choices=DDL_MODES,
+        default="on-cluster",
+        help="with --cluster: ON CLUSTER + Replicated engines (needs Keeper), or the "
+        "statements on every node of system.clusters with plain engines",
+    )
+    apply_p.add_argument(
+        "--table-engine",
+        default=None,
+        help="e.g. ReplicatedMergeTree('/clickhouse/tables/{shard}/otel_traces', '{replica}')",
+    )
     apply_p.add_argument("--print", action="store_true", help="print the statements instead of running them")
     apply_p.set_defaults(func=run)
 
 
 def run(args) -> int:
     per_node = bool(args.cluster) and args.ddl == "per-node"
-    statements = analysis_schema.all_statements(args.database, ttl=args.ttl, cluster=args.cluster,
-                                                table_engine=args.table_engine, on_cluster=not per_node)
+    statements = analysis_schema.all_statements(
+        args.database, ttl=args.ttl, cluster=args.cluster, table_engine=args.table_engine, on_cluster=not per_node
+    )
     if args.print:
         print(analysis_schema.script(statements))
         return 0
@@ -49,8 +58,11 @@ def run(args) -> int:
         return 1
     except Exception as exc:
         if args.cluster and _DDL_DISABLED in str(exc):
-            print(f"error: this cluster runs no distributed DDL (ON CLUSTER refused: {_DDL_DISABLED}); "
-                  "apply the schema node by node with --ddl per-node", file=sys.stderr)
+            print(
+                f"error: this cluster runs no distributed DDL (ON CLUSTER refused: {_DDL_DISABLED}); "
+                "apply the schema node by node with --ddl per-node",
+                file=sys.stderr,
+            )
             return 1
         raise
     where = f"{len(urls)} nodes of cluster {args.cluster}" if per_node else args.clickhouse

@@ -9,14 +9,22 @@ from phaselens.reference_server.config import DEVICES, DTYPES, POLICIES, EngineC
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="run the instrumented reference LLM server",
-                              description="Continuous-batching reference server, OpenAI-compatible, traced "
-                                          "through OTLP as configured by the OTEL_* environment variables.")
+    p = subparsers.add_parser(
+        "serve",
+        help="run the instrumented reference LLM server",
+        description="Continuous-batching reference server, OpenAI-compatible, traced "
+        "through OTLP as configured by the OTEL_* environment variables.",
+    )
     d = EngineConfig()
     p.add_argument("--model", default="tiny", help="'tiny' (built-in random Llama) or a local HF model folder")
-    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                   help="the model name(s) /v1/models lists and requests may use (default: --model exactly as "
-                        "given; its base name is accepted too)")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the model name(s) /v1/models lists and requests may use (default: --model exactly as "
+        "given; its base name is accepted too)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--device", choices=DEVICES, default=d.device)
@@ -28,10 +36,15 @@ def register(subparsers) -> None:
     p.add_argument("--policy", choices=POLICIES, default=d.policy)
     p.add_argument("--max-waiting", type=int, default=d.max_waiting, help="waiting-queue bound (then 503)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--cpu-threads", type=int, default=d.cpu_threads,
-                   help="torch threads on cpu (0: 1 for tiny, torch's default otherwise)")
-    p.add_argument("--reasoning-tokens", type=int, default=0,
-                   help="chat: stream the first N output tokens as reasoning_content")
+    p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=d.cpu_threads,
+        help="torch threads on cpu (0: 1 for tiny, torch's default otherwise)",
+    )
+    p.add_argument(
+        "--reasoning-tokens", type=int, default=0, help="chat: stream the first N output tokens as reasoning_content"
+    )
     p.add_argument("--auth-token", default=None, help="require 'Authorization: Bearer TOKEN' on /v1/*")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --auth-token")
     p.add_argument("--no-telemetry", action="store_true", help="serve without the phaselens instrumentation")
@@ -42,14 +55,28 @@ def run(args: argparse.Namespace) -> int:
     from phaselens.reference_server.process import ServeOptions, serve
 
     engine = EngineConfig(
-        model=args.model, device=args.device,
+        model=args.model,
+        device=args.device,
         dtype=args.dtype or ("bfloat16" if args.device == "cuda" else "float32"),
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_tokens=args.kv_cache_tokens, block_size=args.block_size, policy=args.policy,
-        max_waiting=args.max_waiting, seed=args.seed, cpu_threads=args.cpu_threads)
-    options = ServeOptions(engine=engine, host=args.host, port=args.port, reasoning_tokens=args.reasoning_tokens,
-                           auth_token=args.auth_token, insecure=args.insecure, telemetry=not args.no_telemetry,
-                           served_model_names=tuple(args.served_model_name or ()))
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_tokens=args.kv_cache_tokens,
+        block_size=args.block_size,
+        policy=args.policy,
+        max_waiting=args.max_waiting,
+        seed=args.seed,
+        cpu_threads=args.cpu_threads,
+    )
+    options = ServeOptions(
+        engine=engine,
+        host=args.host,
+        port=args.port,
+        reasoning_tokens=args.reasoning_tokens,
+        auth_token=args.auth_token,
+        insecure=args.insecure,
+        telemetry=not args.no_telemetry,
+        served_model_names=tuple(args.served_model_name or ()),
+    )
     try:
         return serve(options)
     except (ValueError, OSError) as exc:
