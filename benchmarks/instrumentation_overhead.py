@@ -329,7 +329,7 @@ def main() -> int:
             paused = paused_telemetry(capacity, mode)
             stamps[mode].append(measure_on(args, no_model, paused))
             paused.shutdown()
-            model_runs[mode].append(timed(lambda: measure_on(args, model, telemetry)))
+            model_runs[mode].append(timed(lambda telemetry=telemetry: measure_on(args, model, telemetry)))
             quantiles[mode].append(model.take_step_quantiles_ms())
             telemetry.flush(120)  # its backlog is built before the next loop is timed
     for telemetry in live.values():

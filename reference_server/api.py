@@ -12,6 +12,7 @@ at the engine's next iteration. Errors are always OpenAI-shaped JSON, FastAPI's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import uuid
@@ -76,10 +77,8 @@ class EventStreamResponse(StreamingResponse):
         async with anyio.create_task_group() as group:
 
             async def stream_then_stop() -> None:
-                try:
+                with contextlib.suppress(OSError):
                     await self.stream_response(send)
-                except OSError:
-                    pass
                 group.cancel_scope.cancel()
 
             group.start_soon(stream_then_stop)

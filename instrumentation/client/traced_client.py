@@ -331,7 +331,7 @@ class TracedClient:
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._request(self._urls[endpoint], body, headers, reader)
-        except (Exception, asyncio.CancelledError) as exc:  # every failure becomes the result's error
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 — every failure becomes the result's error
             result.error_type, result.error = _classify(exc)
             cancelled = exc if isinstance(exc, asyncio.CancelledError) else None
         result.done_ns = self._clock_ns()

@@ -102,7 +102,7 @@ class SpanProcess:
                 if kind == wire.KIND_STEP
                 else None
             )
-        except Exception:  # a malformed record is counted, the rest still get built
+        except Exception:  # noqa: BLE001 — a malformed record is counted, the rest still get built
             record = None
         if record is None:
             self.decode_errors += 1
@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
     os.nice(NICE)  # as the thread sink's thread: on a busy machine the serving loop gets the CPU first
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C goes to the server; it closes our pipe
-    stream = open(0, "rb", buffering=1 << 20, closefd=False)
+    stream = open(0, "rb", buffering=1 << 20, closefd=False)  # noqa: SIM115 — stdin, read until the process ends
     first = wire.read_frame(stream)
     if first is None or first[0] != wire.KIND_HELLO:
         return 2

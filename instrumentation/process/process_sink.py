@@ -23,6 +23,7 @@ unsampled requests are shipped, without a span, because the GenAI metrics count 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -205,7 +206,7 @@ class ProcessSink:
                 self._counts["steps_unsampled"] += 1
                 return None
             return wire.encode_step(record)
-        except Exception:
+        except Exception:  # noqa: BLE001 — a record the pipe cannot carry is counted, never raised
             self._counts["encode_errors"] += 1
             return None
 
@@ -315,6 +316,9 @@ class ProcessSink:
         return counters
 
     # --- flush and stop --------------------------------------------------------------------------------
+    def _acked_or_replaced(self, child: _Child, sequence: int) -> bool:
+        return child.acked >= sequence or self._child is not child
+
     def flush(self, timeout_s: float) -> bool:
         """Wait until every record handed off so far is shipped, then until the child has built and
         exported it (its FLUSH acknowledgement). A child that dies meanwhile: its replacement (with
@@ -330,7 +334,7 @@ class ProcessSink:
                 sequence = self._sequence
                 self._flush_asked.append(sequence)
                 self._wake.set()
-                self._child_changed.wait_for(lambda: child.acked >= sequence or self._child is not child, left_s)
+                self._child_changed.wait_for(functools.partial(self._acked_or_replaced, child, sequence), left_s)
                 if child.acked >= sequence:
                     return True
             return False
