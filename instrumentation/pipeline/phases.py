@@ -100,7 +100,7 @@ def stall_ns(itl_ns: list[int]) -> float:
     """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring)."""
     if not itl_ns:
         return 0
-    median = quantile(sorted(itl_ns), 0.5)
+    median = quantile(sorted(map(float, itl_ns)), 0.5) or 0.0
     return sum(g - median for g in itl_ns if g > STALL_FACTOR * median)
 
 

@@ -35,6 +35,8 @@ import sys
 import threading
 import time
 from collections import deque
+from types import FrameType
+from typing import Any
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
@@ -55,12 +57,12 @@ class Terminated(BaseException):
     must not swallow it)."""
 
 
-def _terminate(signum, frame) -> None:
+def _terminate(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
 class SpanProcess:
-    def __init__(self, hello: tuple, report_fd: int) -> None:
+    def __init__(self, hello: tuple[Any, ...], report_fd: int) -> None:
         service_name, anchor_mono_ns, anchor_wall_ns, token_events = hello
         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = str(CHECKPOINT_ONLY_DELAY_MS)  # this process's own environment
         self.providers = configure(service_name, set_global=False)
@@ -84,7 +86,7 @@ class SpanProcess:
         self.marks: deque[tuple[int, tuple[int, ...]]] = deque()  # (records done, each processor's `queued`)
         self.progress_lock = threading.Lock()
 
-    def handle(self, kind: int, fields: tuple) -> None:
+    def handle(self, kind: int, fields: tuple[Any, ...]) -> None:
         if kind == wire.KIND_FLUSH:
             self.checkpoint(ack=fields[0])
             return
@@ -93,7 +95,7 @@ class SpanProcess:
         self.done += 1  # after its spans went to the processors
         self.marks.append((self.done, tuple(p.queued for p in self.positions)))
 
-    def build(self, kind: int, fields: tuple) -> None:
+    def build(self, kind: int, fields: tuple[Any, ...]) -> None:
         try:
             record = (
                 wire.decode_request(fields)
@@ -126,7 +128,7 @@ class SpanProcess:
             moved, self.safe = safe > self.safe, safe
             return moved
 
-    def checkpoint(self, **extra) -> None:
+    def checkpoint(self, **extra: int) -> None:
         """Export everything queued, then report (see the module doc)."""
         with self.checkpoint_lock:
             if self.stopping:
@@ -141,10 +143,10 @@ class SpanProcess:
             if self.progress():
                 self.write({"records_safe": self.safe})
 
-    def report(self, **extra) -> None:
+    def report(self, **extra: int) -> None:
         self.write({**self.counters(), "child_cpu_ns": time.process_time_ns(), **extra})
 
-    def write(self, report: dict) -> None:
+    def write(self, report: dict[str, int]) -> None:
         with self.report_lock:
             try:
                 self.report_out.write(json.dumps(report) + "\n")

@@ -53,10 +53,11 @@ _NOT_SUMMED = ("ack", "final")  # report fields that are not cumulative counts
 class _Child:
     """One span-builder process: its stdin (proc.stdin), its report pipe, what it last reported."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
+    stdin: IO[bytes]
     reports: IO[bytes]
-    reader: threading.Thread | None = None
-    report: dict = field(default_factory=dict)
+    reader: threading.Thread = field(init=False)  # reads `reports`, set once the child exists
+    report: dict[str, int] = field(default_factory=dict)
     acked: int = 0  # the last FLUSH it acknowledged
     safe: int = 0  # its first `safe` records are built and exported (reported `records_safe`)
     released: int = 0  # its first `released` records left the retention: reported safe, or evicted
@@ -131,13 +132,15 @@ class ProcessSink:
             raise
         finally:
             os.close(report_write)
+        stdin = proc.stdin
+        assert stdin is not None  # stdin=PIPE
         try:
             import fcntl  # POSIX only
 
-            fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+            fcntl.fcntl(stdin.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
         except (ImportError, OSError):  # not Linux, or over /proc/sys/fs/pipe-max-size: the default size
             pass
-        child = _Child(proc, os.fdopen(report_read, "rb"))
+        child = _Child(proc, stdin, os.fdopen(report_read, "rb"))
         child.reader = threading.Thread(
             target=self._read_reports, args=(child,), name="phaselens-span-reports", daemon=True
         )
@@ -162,7 +165,7 @@ class ProcessSink:
             self._wake.clear()
         self._drain(final=True)
         try:
-            self._child.proc.stdin.close()  # EOF: the child builds what it holds, exports and exits
+            self._child.stdin.close()  # EOF: the child builds what it holds, exports and exits
         except OSError:
             pass
 
@@ -227,7 +230,7 @@ class ProcessSink:
         data = memoryview(b"".join(frames))
         try:
             while data:
-                data = data[os.write(child.proc.stdin.fileno(), data) :]
+                data = data[os.write(child.stdin.fileno(), data) :]
         except (OSError, ValueError):  # the child is gone (EPIPE) or the pipe was closed
             child.dead = True
             return False
