@@ -130,7 +130,7 @@ class StepRecord(NamedTuple):
     (trace_id, span_id, trace_flags) of its SERVER span, or None for a member that is not sampled
     (or not ours); so the batch size is `len(links)`."""
 
-    index: int
+    step_index: int
     start_ts: int
     end_ts: int
     prefill_tokens: int

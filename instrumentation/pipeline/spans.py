@@ -358,7 +358,7 @@ def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> Re
         return None
     links = [emitter.link(*link) for link in sampled]
     attributes = {
-        names.PL_STEP_INDEX: step.index,
+        names.PL_STEP_INDEX: step.step_index,
         names.PL_STEP_NUM_SEQS: len(step.links),
         names.PL_STEP_PREFILL_TOKENS: step.prefill_tokens,
         names.PL_STEP_DECODE_TOKENS: step.decode_tokens,
