@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import json
 import os
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -268,6 +269,7 @@ class TracedClient:
         max_connections: int = 4096,
         keep_text: bool = False,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
+        ssl_context: ssl.SSLContext | None = None,  # https:// servers (None: the system's trust store)
     ):
         base = base_url.rstrip("/").removesuffix("/v1")
         parts = urlsplit(base)
@@ -292,7 +294,7 @@ class TracedClient:
             headers={"accept-encoding": "identity", **(headers or {})},
             trust_env=False,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            transport=StreamingTransport(max_connections, clock_ns=clock_ns),
+            transport=StreamingTransport(max_connections, ssl_context=ssl_context, clock_ns=clock_ns),
         )
 
     async def __aenter__(self) -> Self:

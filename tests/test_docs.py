@@ -72,7 +72,7 @@ def test_every_citation_of_a_page_resolves():
     assert broken == []
 
 
-@pytest.mark.parametrize("page", ["budget-method.md", "span-model.md", "contracts.md"])
+@pytest.mark.parametrize("page", ["budget-method.md", "span-model.md", "contracts.md", "collectors.md"])
 def test_every_file_a_page_names_exists(page):
     paths = set(re.findall(r"`((?:[\w-]+/)+[\w-]+\.(?:py|c|md|sql|yaml|toml))`", _page(page)))
     assert paths
