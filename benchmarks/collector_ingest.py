@@ -253,7 +253,7 @@ def running(name: str, url: str, database: str, tmp: str, args) -> Iterator[tupl
             proc.terminate()
             proc.wait(60)
         return
-    rotel = RotelAgent(url, database, f"{tmp}/{name}.log", batching=name == "rotel_batching").start()
+    rotel = RotelAgent(url, database, f"{tmp}/{name}.log", batching=name == "rotel_batching").start_serving()
     try:
         yield rotel.pid, rotel.grpc_endpoint
     finally:

@@ -78,20 +78,36 @@ class RotelAgent:
             *self.extra_args,
         ]  # fmt: skip
 
-    def start(self, timeout_s: float = 20.0) -> RotelAgent:
+    def start(self) -> None:
+        """Spawns at once (no waiting); `healthy()` says when it listens. The ports are kept across
+        restarts."""
         argv = self.argv()
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def start_serving(self, timeout_s: float = 20.0) -> RotelAgent:
+        """start(), then wait until both receivers accept connections (RotelError with its log otherwise)."""
+        self.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                tail = Path(self.log_path).read_text(errors="replace")[-2000:]
-                raise RotelError(f"rotel-agent exited with {self._proc.returncode}:\n{tail}")
-            if _accepts(self.grpc_port) and _accepts(self.http_port):
+            if self._proc is None or self._proc.poll() is not None:
+                code = None if self._proc is None else self._proc.returncode
+                raise RotelError(f"rotel-agent exited with {code}:\n{self.log_tail()}")
+            if self.healthy():
                 return self
             time.sleep(0.05)
         self.stop()
         raise RotelError(f"rotel-agent did not listen on {self.grpc_endpoint} within {timeout_s:.0f} s")
+
+    def healthy(self) -> bool:
+        return _accepts(self.grpc_port) and _accepts(self.http_port)
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        path = Path(self.log_path)
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
     def kill(self) -> None:
         """SIGKILL, as a crash would (the fault scenarios)."""
@@ -108,7 +124,7 @@ class RotelAgent:
         return code
 
     def __enter__(self) -> Self:
-        return self.start()
+        return self.start_serving()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -24,6 +24,7 @@ from phaselens.analysis.schema import all_statements
 from phaselens.collectors import schema
 from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.collectors.service import Collector
+from phaselens.faults import suite
 from tests.collector_fixtures import wait_rows
 from tests.collector_payloads import export_request
 from tests.otlp_tee import EXPORT_METHOD, OtlpTee
@@ -75,7 +76,7 @@ def test_budget_through_rotel_equals_budget_through_our_collector(clickhouse, ch
             ch_client.command(statement)
     collector = Collector(clickhouse.url, database=databases["ours"], spool_dir=str(tmp_path / "spool"),
                           flush_interval_s=0.05).start()  # fmt: skip
-    rotel = RotelAgent(clickhouse.url, databases["rotel"], str(tmp_path / "rotel.log")).start()
+    rotel = RotelAgent(clickhouse.url, databases["rotel"], str(tmp_path / "rotel.log")).start_serving()
     tee = OtlpTee([collector.grpc_endpoint, rotel.grpc_endpoint])
     serve = subprocess.Popen(
         [sys.executable, "-m", "phaselens", "serve", "--port", "0", "--max-num-seqs", "4"],
@@ -129,3 +130,17 @@ def test_rotel_batching_drops_the_resource_of_a_split_request(batching, mislabel
         f"FROM {database}.otel_traces"
     ).result_rows[0]
     assert (empty, no_resource) == (mislabelled, mislabelled)
+
+
+def test_fault_scenarios_against_rotel(tmp_path):
+    """The fault suite's collector scenarios with Rotel in the collector's place (short form, the
+    wait for missing spans bounded at 5 s): a SIGKILLed Rotel serves again at once, and whatever an
+    outage of ClickHouse costs is what Rotel's log says it dropped (inserts cut off mid-flight)."""
+    params = dataclasses.replace(suite.SHORT, store_timeout_s=5.0)
+    outcomes = {o.scenario: o for o in suite.run(params, ("rotel_sigkill", "rotel_clickhouse_outage"), str(tmp_path))}
+    assert all(outcome.acknowledged > 0 for outcome in outcomes.values()), outcomes
+    assert outcomes["rotel_sigkill"].recover_s is not None and outcomes["rotel_sigkill"].recover_s < 5.0
+    outage = outcomes["rotel_clickhouse_outage"]
+    assert outage.stored > 0.9 * outage.acknowledged, outage  # it resumed after ClickHouse came back
+    dropped = "Exporting failed, dropping data" in (tmp_path / "rotel-rotel_clickhouse_outage.log").read_text()
+    assert dropped == (outage.lost > 0), outage
