@@ -26,7 +26,7 @@ class RotelError(RuntimeError):
 def agent_path() -> str:
     """The `rotel-agent` binary shipped inside the `rotel` wheel."""
     try:
-        import rotel
+        import rotel  # type: ignore[import-untyped]  # no py.typed: only its file location is used
     except ImportError:
         raise RotelError("Rotel is not installed: pip install rotel (it is in phaselens's test extra)") from None
     path = Path(rotel.__file__).parent / "rotel-agent"
@@ -46,7 +46,7 @@ class RotelAgent:
     grpc_port: int = 0
     http_port: int = 0
     extra_args: tuple[str, ...] = ()
-    _proc: subprocess.Popen | None = field(default=None, init=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
     def grpc_endpoint(self) -> str:
@@ -85,7 +85,7 @@ class RotelAgent:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-    def start_serving(self, timeout_s: float = 20.0) -> RotelAgent:
+    def start_serving(self, timeout_s: float = 20.0) -> Self:
         """start(), then wait until both receivers accept connections (RotelError with its log otherwise)."""
         self.start()
         deadline = time.monotonic() + timeout_s
