@@ -1,6 +1,7 @@
 """Fault suite: the pipeline under steady load while its parts are killed, stalled or overrun.
 
-Loopback only, bounded in time (FULL ≈ 3–4 min, --short ≈ 1 min). Prints ONE JSON object: the
+Loopback only, bounded in time (FULL ≈ 3–4 min, plus ≈ 4 min for the two Rotel scenarios, which
+wait the 60 s store timeout twice when Rotel lost spans; --short ≈ 1.5 min). Prints ONE JSON object: the
 parameters, then per scenario spans (or requests) sent / acknowledged / stored / lost / duplicated,
 client-side drops (decided by the real OTel SDK exporter's retry budget and queue), time to recover
 and the scenario's own figures. `no_fault` is the same-run baseline. Scenarios:
