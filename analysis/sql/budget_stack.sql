@@ -4,8 +4,9 @@
 -- Run: clickhouse-client --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --param_model='tiny' --queries-file budget_stack.sql
 -- Grafana panels render the same template with macros: dashboards/generated/*.json.
 --
--- TTFT budget components at p50/p90/p99 (each its own percentile) and the mean (exact sum).
+-- TTFT budget components at p50/p90/p99 (each its own percentile, from the rollups' sketches)
+-- and the mean (exact: rolled-up sums).
 SELECT tupleElement(row, 1) AS statistic, tupleElement(row, 2) AS ingress_ms, tupleElement(row, 3) AS queue_ms, tupleElement(row, 4) AS prefill_ms, tupleElement(row, 5) AS first_token_ms, tupleElement(row, 6) AS before_engine_ms, tupleElement(row, 7) AS first_chunk_ms, tupleElement(row, 8) AS residual_ms
-FROM (SELECT arrayJoin(arrayZip(['p50', 'p90', 'p99', 'mean'], arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)(ingress_ms), avg(ingress_ms)), arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)(ttft_queue_ms), avg(ttft_queue_ms)), arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)(prefill_ms), avg(prefill_ms)), arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)(first_token_ms), avg(first_token_ms)), arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)(before_engine_ms), avg(before_engine_ms)), arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)(ifNull(first_chunk_ms, 0)), avg(ifNull(first_chunk_ms, 0))), arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)(residual_ms), avg(residual_ms)))) AS row
-    FROM {database:Identifier}.phaselens_request_facts
-WHERE start_time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND model = {model:String})
+FROM (SELECT arrayJoin(arrayZip(['p50', 'p90', 'p99', 'mean'], arrayPushBack(quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(ingress_ms_qs), avgMerge(ingress_ms_avg)), arrayPushBack(quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(queue_ms_qs), avgMerge(queue_ms_avg)), arrayPushBack(quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(prefill_ms_qs), avgMerge(prefill_ms_avg)), arrayPushBack(quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(first_token_ms_qs), avgMerge(first_token_ms_avg)), arrayPushBack(quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(before_engine_ms_qs), avgMerge(before_engine_ms_avg)), arrayPushBack(quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(first_chunk_ms_qs), avgMerge(first_chunk_ms_avg)), arrayPushBack(quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(residual_ms_qs), avgMerge(residual_ms_avg)))) AS row
+    FROM {database:Identifier}.phaselens_budget_states
+WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String})

@@ -1,0 +1,70 @@
+"""The approximation the budget rollups make, in one place: the quantile sketch, the log buckets of
+the goodput and tail histograms, and the names of the rollup's state columns.
+
+Quantiles: ClickHouse's DDSketch (`quantilesDD`) with relative accuracy ALPHA = 1 %: the value it
+returns for level q lies within ALPHA × |x| of x, an order statistic next to rank q·(n − 1) (the exact
+path interpolates between those two). Sketches of one minute merge into sketches of any window
+without losing accuracy (bucket counts add), so a budget over a day or over 2 shards is as accurate
+as over one minute.
+
+Histograms (goodput and tail): a value x > 0 falls in bucket i = ⌈log_γ x⌉, γ = (1 + ALPHA) / (1 − ALPHA),
+i.e. x ∈ (γ^(i−1), γ^i], at most 2 % wide; x ≤ 0 (or NULL, for TPOT) in bucket −OFFSET.
+    goodput: a request counts as good when the upper edges of its TTFT and TPOT buckets meet the SLOs,
+             so a request less than 2 % under an SLO may count as missing it (never the reverse);
+    tail:    the requests of the TTFT buckets above the bucket holding the p99, so requests less
+             than 2 % above the p99 may be left out of the tail.
+"""
+
+from __future__ import annotations
+
+import math
+
+ALPHA = 0.01
+LEVELS = (0.5, 0.9, 0.99)
+GAMMA = (1 + ALPHA) / (1 - ALPHA)
+OFFSET = 2048  # bucket indexes −OFFSET … OFFSET − 1 cover e^±41: every duration in ms there is
+SLO_STRIDE = 2 * OFFSET  # a goodput key is ttft_bucket × SLO_STRIDE + tpot_bucket
+_PARAMS = f"({ALPHA}, {', '.join(map(str, LEVELS))})"
+SKETCH_TYPE = f"AggregateFunction(quantilesDD{_PARAMS}, Nullable(Float64))"
+SKETCH_STATE = f"quantilesDDState{_PARAMS}"
+NOTE = (
+    f"approximate: quantiles from DDSketch rollups (relative error ≤ {ALPHA:.0%} of the value); goodput and "
+    f"tail from {GAMMA - 1:.0%}-wide log buckets (a request within {GAMMA - 1:.0%} of an SLO or of the p99 "
+    "may be counted on the wrong side); counts, sums and means exact; --exact reads every request"
+)
+
+ROLLUP_TABLE = "phaselens_budget_rollup"  # sealed minutes: -State aggregates per minute × group
+PENDING_TABLE = "phaselens_request_pending"  # recent partial request rows, stamped with their insert time
+STATES_LOCAL = "phaselens_budget_states_local"  # this node's rollup + its not yet sealed requests
+STATES_VIEW = "phaselens_budget_states"  # what the budget reads: the local view, or every shard's
+
+
+def merge_quantiles(column: str) -> str:
+    """The p50, p90, p99 array of a quantile state column (the -Merge must name the state's own
+    levels: a Nullable state does not merge under other ones)."""
+    return f"quantilesDDMerge{_PARAMS}({column})"
+
+
+def merge_quantile(column: str, level: float) -> str:
+    """One of LEVELS of a quantile state column."""
+    return f"{merge_quantiles(column)}[{LEVELS.index(level) + 1}]"
+
+
+def bucket_index(x: str) -> str:
+    """SQL: the log-bucket index of x, shifted by OFFSET into 0 … 2·OFFSET − 1 (UInt32)."""
+    raw = f"ceil(log({x}) / {math.log(GAMMA)!r})"
+    clamped = f"ifNull(if({x} > 0, least(greatest({raw}, -{OFFSET}), {OFFSET - 1}), NULL), -{OFFSET})"
+    return f"toUInt32({clamped} + {OFFSET})"
+
+
+def bucket_upper(index: str) -> str:
+    """SQL: the upper edge γ^i of the bucket with shifted index `index`."""
+    return f"pow({GAMMA!r}, toInt32({index}) - {OFFSET})"
+
+
+def quantile_column(term: str) -> str:
+    return f"{term}_qs"
+
+
+def mean_column(term: str) -> str:
+    return f"{term}_avg"
