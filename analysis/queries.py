@@ -450,9 +450,17 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
 
 def _states(d: Dialect) -> str:
     """FROM + WHERE of the rollup states (sealed minutes and the requests not sealed yet) under the
-    time, service and model filters; the window is widened to whole minutes."""
+    time, service and model filters; the window is widened to whole minutes. Live rows count only
+    when computed against their node's current end of the sealed rollup (`sealed_to`; the epoch
+    before its first pass): a request just sealed is never read twice. The subquery names local
+    tables, so on a cluster each node answers it for its own rows."""
+    watermarks = (
+        f"SELECT sealer, max(sealed_to) FROM (SELECT sealer, sealed_to FROM {d.table(sk.ROLLUP_TABLE)} "
+        f"UNION ALL SELECT sealer, toDateTime64(0, 3) FROM {d.table(sk.LIVE_TABLE)}) GROUP BY sealer"
+    )
+    current = f"(is_live = 0 OR (sealer, sealed_to) IN ({watermarks}))"
     return f"FROM {d.table(sk.STATES_VIEW)}\n" + _where(
-        d.bucket_filter("bucket"), d.match("service", "service"), d.match("model", "model")
+        current, d.bucket_filter("bucket"), d.match("service", "service"), d.match("model", "model")
     )
 
 
@@ -467,28 +475,32 @@ def _mean(term: str) -> str:
 
 
 def _good_from_hist(d: Dialect) -> str:
-    """Requests meeting the SLOs, from the goodput histogram: both bucket upper edges within them."""
+    """Requests meeting the SLOs, from the goodput histogram: each (TTFT, TPOT) bucket counts with
+    the share of it under both SLOs (sketch.share_below; 1 for an SLO not set)."""
     ttft = d.value("ttft_slo_ms", "Nullable(Float64)")
     tpot = d.value("tpot_slo_ms", "Nullable(Float64)")
-    ttft_edge = sk.bucket_upper(f"intDiv(k, {sk.SLO_STRIDE})")
-    tpot_edge = sk.bucket_upper(f"k % {sk.SLO_STRIDE}")
-    keep = f"({ttft} IS NULL OR {ttft_edge} <= {ttft}) AND ({tpot} IS NULL OR {tpot_edge} <= {tpot})"
-    return f"arraySum((k, c) -> if({keep}, c, 0), sumMapMerge(slo_hist).1, sumMapMerge(slo_hist).2)"
+    ttft_share = f"ifNull({sk.share_below(ttft, f'intDiv(k, {sk.SLO_STRIDE})')}, 1)"
+    tpot_share = f"ifNull({sk.share_below(tpot, f'k % {sk.SLO_STRIDE}')}, 1)"
+    hist = "sumMapMerge(slo_hist)"
+    return f"toUInt64(round(arraySum((k, c) -> c * {ttft_share} * {tpot_share}, {hist}.1, {hist}.2)))"
 
 
 def _tail_from_hist() -> list[str]:
-    """Tail attribution from the tail histogram: the TTFT buckets above the bucket of the p99."""
+    """Tail attribution from the tail histogram: the TTFT buckets above the p99, and the share above
+    it of the bucket it falls in."""
     h = "tail_hist_merged"
+    share = f"ifNull(1 - {sk.share_below('threshold_ms', 'k')}, 0)"
+    share_above = f"if(k > threshold_bucket, 1, if(k = threshold_bucket, {share}, 0))"
 
     def above(i: int) -> str:
-        return f"arraySum((k, v) -> if(k > threshold_bucket, v, 0), {h}.1, {h}.{i})"
+        return f"arraySum((k, v) -> v * {share_above}, {h}.1, {h}.{i})"
 
     cols = [
         f"{_sketch('ttft_ms', 0.99)} AS threshold_ms",
         f"sumMapMerge(tail_hist) AS {h}",
         f"{sk.bucket_index('threshold_ms')} AS threshold_bucket",
-        f"toUInt64({above(2)}) AS tail_requests",
-        f"{above(3)} / nullIf(tail_requests, 0) AS ttft_tail_mean",
+        f"toUInt64(round({above(2)})) AS tail_requests",
+        f"{above(3)} / nullIf({above(2)}, 0) AS ttft_tail_mean",
     ]
     return cols + [
         f"{above(4 + 2 * i)} / nullIf({above(5 + 2 * i)}, 0) AS {name}_tail_mean"

@@ -502,7 +502,7 @@ def all_statements(
 ) -> list[str]:
     """Everything `phaselens schema apply` creates, in order: the exporter's tables
     (`phaselens.collectors.schema`), the per-request analysis tables and views, then the budget
-    rollups (`phaselens.analysis.rollup`; `rollup_wait_s`: how long a request waits to be sealed)."""
+    rollups (`phaselens.analysis.rollup`; `rollup_wait_s`: how long after its first part a request is sealed)."""
     from phaselens.analysis import rollup  # it imports this module
 
     wait = {} if rollup_wait_s is None else {"wait_s": rollup_wait_s}

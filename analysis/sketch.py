@@ -9,10 +9,11 @@ as over one minute.
 
 Histograms (goodput and tail): a value x > 0 falls in bucket i = ⌈log_γ x⌉, γ = (1 + ALPHA) / (1 − ALPHA),
 i.e. x ∈ (γ^(i−1), γ^i], at most 2 % wide; x ≤ 0 (or NULL, for TPOT) in bucket −OFFSET.
-    goodput: a request counts as good when the upper edges of its TTFT and TPOT buckets meet the SLOs,
-             so a request less than 2 % under an SLO may count as missing it (never the reverse);
-    tail:    the requests of the TTFT buckets above the bucket holding the p99, so requests less
-             than 2 % above the p99 may be left out of the tail.
+    goodput: the requests of the (TTFT, TPOT) buckets under both SLOs, and of a bucket an SLO falls
+             in the share of it under the SLO (log scale): only requests within 2 % of an SLO may be
+             counted on the wrong side;
+    tail:    the requests of the TTFT buckets above the p99, and of the bucket it falls in the share
+             above it: only requests within 2 % of the p99 may be counted on the wrong side.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ NOTE = (
 
 ROLLUP_TABLE = "phaselens_budget_rollup"  # sealed minutes: -State aggregates per minute × group
 PENDING_TABLE = "phaselens_request_pending"  # recent partial request rows, stamped with their insert time
-STATES_LOCAL = "phaselens_budget_states_local"  # this node's rollup + its not yet sealed requests
+LIVE_TABLE = "phaselens_budget_live"  # the states of the requests not sealed yet, as of its last refresh
+STATES_LOCAL = "phaselens_budget_states_local"  # this node's rollup + its live states (a Merge table)
 STATES_VIEW = "phaselens_budget_states"  # what the budget reads: the local view, or every shard's
 
 
@@ -57,9 +59,12 @@ def bucket_index(x: str) -> str:
     return f"toUInt32({clamped} + {OFFSET})"
 
 
-def bucket_upper(index: str) -> str:
-    """SQL: the upper edge γ^i of the bucket with shifted index `index`."""
-    return f"pow({GAMMA!r}, toInt32({index}) - {OFFSET})"
+def share_below(value: str, index: str) -> str:
+    """SQL: the share of the bucket with shifted index `index` that lies at or below `value`, on the
+    log scale (0 below the bucket, 1 above it): the requests of the bucket an SLO or the p99 falls
+    in are split in this proportion, as if spread evenly over log x inside it."""
+    lower = f"(toInt32({index}) - {OFFSET + 1})"
+    return f"least(greatest(log({value}) / {math.log(GAMMA)!r} - {lower}, 0), 1)"
 
 
 def quantile_column(term: str) -> str:

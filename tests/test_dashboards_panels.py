@@ -12,7 +12,7 @@ import time
 import clickhouse_connect
 import pytest
 
-from phaselens.analysis import queries
+from phaselens.analysis import queries, rollup
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from phaselens.dashboards import generate
@@ -48,6 +48,7 @@ def loaded(clickhouse):
         n_steps=120,
     )
     spangen.emit(workload, clickhouse_url=clickhouse.url, database=database, seed=7)
+    rollup.refresh_live(client, database)
     client.close()
     yield database, workload
 
@@ -227,6 +228,7 @@ def test_every_panel_on_a_real_run(tmp_path):
         assert bench.returncode == 0, bench.stderr[-2000:]
         assert stack.server.stop(30) == 0 and stack.collector.stop(30) == 0  # flush, then drain
         with stack.client() as ch:
+            rollup.refresh_live(ch, stack.database)
             trace_id = ch.query(
                 f"SELECT any(TraceId) FROM {stack.database}.otel_traces WHERE SpanKind = 'Client'"
             ).result_rows[0][0]
