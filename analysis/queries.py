@@ -424,7 +424,7 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
         col
         for name, expr in ROLLUP_TERMS
         for col in (
-            (sk.quantile_column(name), sk.SKETCH_TYPE, f"{sk.SKETCH_STATE}(CAST({expr} AS Nullable(Float64)))"),
+            (sk.quantile_column(name), sk.SKETCH_TYPE, sk.quantile_state(expr)),
             (
                 sk.mean_column(name),
                 "AggregateFunction(avg, Nullable(Float64))",

@@ -203,7 +203,7 @@ def budget_panels() -> list[str]:
     board = next(b for b in definitions.all_dashboards() if b["uid"] == definitions.UID_BUDGET)
     by_sql = {Q.render_grafana(name): name for name in Q.PANEL_COLUMNS}
     panels = [by_sql[t["rawSql"]] for p in board["panels"] for t in p["targets"]]
-    return panels + ["services", "models"]
+    return [*panels, "services", "models"]
 
 
 def dashboard_refresh(client, filters: dict, panels: list[str]) -> dict[str, float]:

@@ -8,11 +8,11 @@
 -- the residual (network + client): a starved event loop shows in loop_wait, a slow network or
 -- client in the residual. p90s from the rollups' sketches.
 SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(loop_wait_ms_qs)[2] AS loop_wait_p90_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(encode_ms_qs)[2] AS encode_p90_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(write_ms_qs)[2] AS write_p90_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(first_chunk_stamped_ms_qs)[2] AS first_chunk_p90_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(residual_ms_qs)[2] AS residual_p90_ms
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(loop_wait_ms_qs))[2] AS loop_wait_p90_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(encode_ms_qs))[2] AS encode_p90_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(write_ms_qs))[2] AS write_p90_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(first_chunk_stamped_ms_qs))[2] AS first_chunk_p90_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(residual_ms_qs))[2] AS residual_p90_ms
 FROM {database:Identifier}.phaselens_budget_states
 WHERE (is_live = 0 OR (sealer, sealed_to) IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, sealed_to FROM {database:Identifier}.phaselens_budget_rollup UNION ALL SELECT sealer, toDateTime64(0, 3) FROM {database:Identifier}.phaselens_budget_live) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time

@@ -4,17 +4,17 @@
 -- Run: clickhouse-client --param_bucket_s='10' --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --param_model='tiny' --queries-file latency_over_time.sql
 -- Grafana panels render the same template with macros: dashboards/generated/*.json.
 SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttft_ms_qs)[1] AS client_ttft_p50_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttft_ms_qs)[3] AS client_ttft_p99_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_ttft_ms_qs)[3] AS server_ttft_p99_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttfo_ms_qs)[3] AS client_ttfo_p99_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_tpot_ms_qs)[1] AS client_tpot_p50_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_tpot_ms_qs)[3] AS client_tpot_p99_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_tpot_ms_qs)[3] AS server_tpot_p99_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_itl_p99_ms_qs)[3] AS client_itl_p99_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_itl_p99_ms_qs)[3] AS server_itl_p99_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_e2e_ms_qs)[1] AS client_e2e_p50_ms,
-    quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_e2e_ms_qs)[3] AS client_e2e_p99_ms
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttft_ms_qs))[1] AS client_ttft_p50_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttft_ms_qs))[3] AS client_ttft_p99_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_ttft_ms_qs))[3] AS server_ttft_p99_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttfo_ms_qs))[3] AS client_ttfo_p99_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_tpot_ms_qs))[1] AS client_tpot_p50_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_tpot_ms_qs))[3] AS client_tpot_p99_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_tpot_ms_qs))[3] AS server_tpot_p99_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_itl_p99_ms_qs))[3] AS client_itl_p99_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_itl_p99_ms_qs))[3] AS server_itl_p99_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_e2e_ms_qs))[1] AS client_e2e_p50_ms,
+    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_e2e_ms_qs))[3] AS client_e2e_p99_ms
 FROM {database:Identifier}.phaselens_budget_states
 WHERE (is_live = 0 OR (sealer, sealed_to) IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, sealed_to FROM {database:Identifier}.phaselens_budget_rollup UNION ALL SELECT sealer, toDateTime64(0, 3) FROM {database:Identifier}.phaselens_budget_live) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
