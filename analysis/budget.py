@@ -111,6 +111,7 @@ class BudgetReport:
     filters: dict = field(default_factory=dict)
     span_models: list[str] = field(default_factory=list)  # whose spans the rows came from
     unseparated: list[str] = field(default_factory=list)  # what those span models cannot separate
+    client_harnesses: list[str] = field(default_factory=list)  # who measured the client views (`aiperf 0.13.0`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -220,6 +221,7 @@ def budget(
         filters={k: v for k, v in filters.items() if v is not None},
         span_models=list(row.get("span_models") or []),
         unseparated=span_models.notes(row.get("span_models") or []),
+        client_harnesses=list(row.get("client_harnesses") or []),
     )
 
 

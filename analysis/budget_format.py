@@ -70,6 +70,8 @@ def to_rich(report: BudgetReport) -> Group:
     parts = [budget, split, tpot]
     if report.span_models:
         parts.append(f"span models: {', '.join(report.span_models)}")
+    if report.client_harnesses:
+        parts.append(f"client views measured by: {', '.join(report.client_harnesses)}")
     parts += [f"not separated by {note}" for note in report.unseparated]
     if report.tail is not None:
         t = report.tail

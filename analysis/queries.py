@@ -156,6 +156,13 @@ def _mean_of(array: str) -> str:
     return f"arrayReduce('avgOrNull', {array})"
 
 
+# who measured the client views: `name version` per harness (phaselens's own client has no version)
+CLIENT_HARNESSES = (
+    "arraySort(groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', "
+    "concat(' ', client_harness_version))), has_client))"
+)
+
+
 def budget_summary(d: Dialect) -> str:
     """One row, one pass: counts, goodput, every distribution's p50/p90/p99 array and mean, and
     the tail attribution (against the medians, which are the distributions' p50)."""
@@ -166,6 +173,7 @@ def budget_summary(d: Dialect) -> str:
         f"SELECT count() AS requests, countIf(has_client) AS with_client, countIf({ERROR}) AS errors,\n"
         f"    countIf(has_server) AS with_server, countIf({_meets_slo(d)}) AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model IS NOT NULL)) AS span_models,\n"
+        f"    {CLIENT_HARNESSES} AS client_harnesses,\n"
         f"    countIf({NO_OUTPUT}) AS no_output,\n"
         f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}"
     )
@@ -258,7 +266,8 @@ def diagnosis_figures(d: Dialect) -> str:
         f"    countIf({_meets_diagnosis_slo(d)}) AS good, {_window_s()} AS window_s,\n"
         "    least(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 1) AS prefix_hit_rate,\n"
         "    countIf(preemptions > 0) / count() AS preempted_share,\n"
-        f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n    {dists}\n{_requests(d)}"
+        f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n"
+        f"    {CLIENT_HARNESSES} AS client_harnesses,\n    {dists}\n{_requests(d)}"
     )
 
 
@@ -452,7 +461,7 @@ def slowest_requests(d: Dialect) -> str:
         f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
         f"    server_ttft_ms, {comps},\n"
         f"    tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{parts}])[1], 1) AS dominant_phase,\n"
-        f"    input_tokens, output_tokens, preemptions, client_e2e_ms\n"
+        f"    input_tokens, output_tokens, preemptions, client_e2e_ms, client_harness, x_request_id\n"
         f"{_requests(d)}\nORDER BY ttft_ms DESC NULLS LAST\nLIMIT {d.limit(50)}"
     )
 
@@ -677,6 +686,7 @@ QUERIES: dict[str, Query] = {
             "with_server",
             "good",
             "span_models",
+            "client_harnesses",
             "no_output",
             "window_s",
             *_dist_columns(),
@@ -696,6 +706,7 @@ QUERIES: dict[str, Query] = {
             "prefix_hit_rate",
             "preempted_share",
             "models",
+            "client_harnesses",
             *(f"{name}_q" for name, _ in DIAGNOSIS_FIGURES),
         ),
     ),
@@ -751,6 +762,8 @@ QUERIES: dict[str, Query] = {
             "output_tokens",
             "preemptions",
             "client_e2e_ms",
+            "client_harness",
+            "x_request_id",
         ),
         panel=True,
     ),
