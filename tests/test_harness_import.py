@@ -271,6 +271,22 @@ def _aiperf() -> str | None:
     return found if Path(found).is_file() else None
 
 
+def _profile(stack: Stack, tokenizer: Path, artifacts: Path, requests: int) -> list[str]:
+    """`aiperf profile` against the stack's server (chat, streamed, 2 in flight); the ids it sent,
+    once every one names a stored server request."""
+    argv = [_aiperf(), "profile", "--model", "tiny", "--url", stack.server_url, "--endpoint-type", "chat"]
+    argv += ["--streaming", "--tokenizer", str(tokenizer), "--request-count", str(requests)]
+    argv += ["--concurrency", "2", "--synthetic-input-tokens-mean", "24", "--output-tokens-mean", "12"]
+    argv += ["--artifact-dir", str(artifacts), "--ui-type", "none"]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = read_aiperf(artifacts)
+    ids = [r.request_id for r in run.records]
+    assert len(ids) == requests and not run.bad_lines
+    wait_joinable(stack, ids, timeout_s=120)
+    return ids
+
+
 @pytest.mark.skipif(_aiperf() is None, reason="no AIPerf: ./setup.sh --aiperf makes .venv-aiperf (1.2 GB)")
 def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
     """aiperf profile → phaselens import aiperf → the budget, against the reference server: every
@@ -282,16 +298,7 @@ def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
     with Stack(str(tmp_path / "stack")) as s:
         send(s.server_url, None)  # the first forward pass builds the model's kernels: not AIPerf's to wait for
         artifacts = tmp_path / "artifacts"
-        argv = [_aiperf(), "profile", "--model", "tiny", "--url", s.server_url, "--endpoint-type", "chat"]
-        argv += ["--streaming", "--tokenizer", str(tokenizer), "--request-count", str(requests)]
-        argv += ["--concurrency", "2", "--synthetic-input-tokens-mean", "24", "--output-tokens-mean", "12"]
-        argv += ["--artifact-dir", str(artifacts), "--ui-type", "none"]
-        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        run = read_aiperf(artifacts)
-        ids = [r.request_id for r in run.records]
-        assert len(ids) == requests and not run.bad_lines
-        wait_joinable(s, ids)
+        ids = _profile(s, tokenizer, artifacts, requests)
 
         assert (
             run_command(harness_import.register, "import", "aiperf", str(artifacts), "--clickhouse", s.clickhouse_url)
@@ -306,3 +313,34 @@ def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
             report = budget(ch, database=s.database, since=None)
         assert report.client_harnesses == ["aiperf 0.13.0"] and report.with_client == requests
         assert report.distributions["residual_ms"].p50 == pytest.approx(statistics.median(residuals))
+
+
+def _vllm_python() -> Path | None:
+    from phaselens.integrations.vllm.launcher import default_python
+
+    return default_python(ROOT)
+
+
+@pytest.mark.skipif(
+    _aiperf() is None or _vllm_python() is None,
+    reason="needs AIPerf (./setup.sh --aiperf) and vLLM (./setup.sh --vllm)",
+)
+@pytest.mark.parametrize("server_kind", ["vllm-native", "vllm"])
+def test_live_aiperf_run_against_vllm_joins_every_request(tmp_path, capsys, server_kind):
+    """A real vLLM 0.32 (CPU) on the tiny model: with its own `llm_request` spans, the header reaches
+    the view only through vLLM's request id (`chatcmpl-{X-Request-Id}`); with the phaselens plugin
+    (service `vllm`), likewise. Every AIPerf request is joined and its residual ≥ 0."""
+    requests = 6
+    with Stack(str(tmp_path / "stack"), server_kind=server_kind, ready_timeout_s=300) as s:
+        artifacts = tmp_path / "artifacts"
+        ids = _profile(s, tmp_path / "stack" / "tiny-llama", artifacts, requests)
+        assert (
+            run_command(harness_import.register, "import", "aiperf", str(artifacts), "--clickhouse", s.clickhouse_url)
+            == 0
+        )
+        assert f"imported {requests} client spans, 0 already stored" in capsys.readouterr().out
+        rows = facts(s, ids)
+        assert sorted(rows) == sorted(ids)
+        if server_kind == "vllm-native":
+            assert {r["span_model"] for r in rows.values()} == {"vllm-native"}
+        assert all(r["residual_ms"] >= 0 and r["client_harness"] == "aiperf" for r in rows.values()), rows
