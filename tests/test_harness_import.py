@@ -160,6 +160,27 @@ def test_import_joins_each_record_once_and_reports_the_unmatched(stack, tmp_path
     assert imported_rows(stack, sent) == 15
 
 
+def test_an_id_sent_twice_is_ambiguous_and_not_joined_by_guess(stack, tmp_path, capsys):
+    folder, raw = export_copy(tmp_path, "twice")
+    path = folder / "profile_export.jsonl"
+    path.write_text(path.read_text().splitlines()[0] + "\n")
+    request_id = raw[0]["metadata"]["x_request_id"]
+    send(stack.server_url, request_id)
+    send(stack.server_url, request_id)  # a harness that reused its id
+    deadline = time.monotonic() + 60
+    with stack.client() as ch:
+        while len(lookup(ch, stack.database, [request_id]).get(request_id, [])) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    assert (
+        run_command(harness_import.register, "import", "aiperf", str(folder), "--clickhouse", stack.clickhouse_url) == 0
+    )
+    out, err = capsys.readouterr()
+    assert "imported 0 client spans" in out
+    assert f"warning: 1 records with several server requests for their X-Request-ID: {request_id}" in err
+    assert imported_rows(stack, [request_id]) == 0
+
+
 def test_a_repeated_insert_is_dropped_by_its_deduplication_token(stack, tmp_path):
     """Below the skip of stored spans: the insert itself, repeated (a crash after it, before the
     report), adds no row, as the collector's spool replay adds none."""
