@@ -33,7 +33,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from phaselens.analysis.harness_records import ClientRecord, HarnessRun
 from phaselens.analysis.schema import FACTS_VIEW, SPANS_VIEW
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
-from phaselens.collectors.schema import ident
+from phaselens.collectors.schema import DISTRIBUTED_TABLE, ident
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
 
@@ -93,6 +93,19 @@ def stored_span_ids(client: Any, database: str, trace_ids: Sequence[str], span_i
         params = {"t": list(trace_ids[i : i + LOOKUP_BATCH]), "s": list(span_ids[i : i + LOOKUP_BATCH])}
         out |= {row[0] for row in client.query(sql, parameters={**params, "scope": IMPORT_SCOPE}).result_rows}
     return out
+
+
+def distributed_cluster(client: Any, database: str) -> str | None:
+    """The cluster of `database`'s `otel_traces_distributed` table, None on one node. On a cluster the
+    spans go through it (a foreground Distributed insert, sharded by cityHash64(TraceId), as the
+    collector's `--cluster-insert distributed`), so a client span lands on its server request's shard:
+    the per-request parts are shard-local."""
+    rows = client.query(
+        "SELECT extract(engine_full, '^Distributed[(]\\'([^\\']+)\\'') FROM system.tables "
+        "WHERE database = {db:String} AND name = {t:String}",
+        parameters={"db": database, "t": DISTRIBUTED_TABLE},
+    ).result_rows
+    return (rows[0][0] or None) if rows else None
 
 
 def span_id_for(harness: str, request_id: str, trace_id: str) -> int:
@@ -189,7 +202,7 @@ def import_run(client: Any, url: str, run: HarnessRun, database: str = "otel") -
         client, database, [m.trace_id for _, m in joined], [f"{s.context.span_id:016x}" for s in spans]
     )
     new = [s for s in spans if f"{s.context.span_id:016x}" not in stored]
-    sink = ClickHouseSink(url, database)
+    sink = ClickHouseSink(url, database, cluster=distributed_cluster(client, database))
     try:
         _insert(sink, new)
     finally:

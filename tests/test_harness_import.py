@@ -365,3 +365,55 @@ def test_live_aiperf_run_against_vllm_joins_every_request(tmp_path, capsys, serv
         if server_kind == "vllm-native":
             assert {r["span_model"] for r in rows.values()} == {"vllm-native"}
         assert all(r["residual_ms"] >= 0 and r["client_harness"] == "aiperf" for r in rows.values()), rows
+
+
+def test_on_a_cluster_each_client_span_lands_on_its_server_requests_shard(tmp_path):
+    """The per-request parts are shard-local: a client span inserted on the wrong shard would be a
+    client-only row beside a server-only one. The import goes through otel_traces_distributed."""
+    from opentelemetry.trace import SpanKind
+
+    from phaselens.analysis.harness_import import import_run
+    from phaselens.analysis.harness_records import HarnessRun
+    from phaselens.collectors.service import Collector
+    from phaselens.commands import schema as schema_command
+    from phaselens.storage.clickhouse_url import connect
+    from phaselens.storage.cluster import EmbeddedCluster
+    from tests.native_spans import provider
+
+    ids = [f"cluster-{i}" for i in range(8)]
+    db = "imports"
+    with EmbeddedCluster(str(tmp_path / "cluster"), shards=2, name="phaselens") as cluster:
+        url = cluster.urls[0]
+        argv = ["schema", "apply", "--clickhouse", url, "--database", db, "--cluster", "phaselens", "--ddl", "per-node"]
+        assert run_command(schema_command.register, *argv) == 0
+        with Collector(url, database=db, cluster="phaselens", spool_dir=str(tmp_path / "spool")) as c:
+            server = provider(c.grpc_endpoint, "phaselens-server")
+            t0 = time.time_ns()
+            for request_id in ids:
+                span = server.get_tracer("s").start_span("chat tiny", kind=SpanKind.SERVER, start_time=t0)
+                span.set_attributes(
+                    {
+                        n.GEN_AI_OPERATION_NAME: n.OP_CHAT,
+                        n.PL_SERVER_TTFT_MS: 5.0,
+                        n.PL_SERVER_TTFC_MS: 6.0,
+                        n.HTTP_REQUEST_HEADER_X_REQUEST_ID: [request_id],
+                    }
+                )
+                span.end(end_time=t0 + 30_000_000)
+            server.shutdown()
+        records = tuple(ClientRecord(i, t0 - 1_000_000, e2e_ms=40.0, ttft_ms=10.0) for i in ids)
+        run = HarnessRun("aiperf", "0.13.0", n.OP_CHAT, "tiny", records)
+        with connect(url) as ch:
+            deadline = time.monotonic() + 30
+            while len(lookup(ch, db, ids)) < len(ids):
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            report = import_run(ch, url, run, db)
+            assert (report.imported, report.unmatched) == (8, [])
+            rows = ch.query(f"SELECT has_client, has_server, residual_ms FROM {db}.phaselens_request_facts").result_rows
+            assert sorted(rows) == [(True, True, 4.0)] * 8  # joined on the shard: no client-only row
+            placed = ch.query(
+                f"SELECT count(), countIf(_shard_num != cityHash64(TraceId) % 2 + 1) FROM {db}.otel_traces_distributed "
+                "WHERE SpanKind = 'Client'"
+            ).result_rows
+            assert placed == [(8, 0)]
