@@ -1,7 +1,7 @@
 """The `phaselens serve` process: engine + telemetry + HTTP server, READY line, clean shutdown.
 
 Start-up order: load the model → start the engine loop → bind the socket (port 0 picks a free
-one) → serve → print `READY server http://HOST:PORT` once uvicorn accepts. SIGTERM/SIGINT stop
+one) → serve → print `READY server http://HOST:PORT` (https:// with TLS) once uvicorn accepts. SIGTERM/SIGINT stop
 uvicorn gracefully; then the engine stops (requests still inside finish as aborted) and the
 telemetry flushes its spans. Exit status 0.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import ssl
 import sys
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import uvicorn
 
 from phaselens.common.exposure import check_exposure
 from phaselens.common.ports import bind_reusable
+from phaselens.common.tls import ServerTls
 from phaselens.instrumentation import names
 from phaselens.reference_server.api import ApiSettings, create_app
 from phaselens.reference_server.config import EngineConfig
@@ -32,6 +34,7 @@ class ServeOptions:
     reasoning_tokens: int = 0
     auth_token: str | None = None
     insecure: bool = False
+    tls: ServerTls | None = None  # HTTPS
     telemetry: bool = True
     served_model_names: tuple[str, ...] = ()  # empty: the --model argument as given
 
@@ -64,6 +67,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(options: ServeOptions) -> int:
     check_exposure(options.host, options.auth_token, options.insecure)
+    tls_context = options.tls.ssl_context() if options.tls else None  # bad files fail before the model loads
     engine = Engine(options.engine)  # loads the model: bad flags fail here, before anything starts
     sock = bind(options.host, options.port)
     telemetry = _telemetry() if options.telemetry else None
@@ -79,7 +83,7 @@ def serve(options: ServeOptions) -> int:
     app = create_app(engine, settings, telemetry)
     engine.start()
     try:
-        asyncio.run(_run(app, sock))
+        asyncio.run(_run(app, sock, tls_context))
     finally:
         engine.stop()
         sock.close()
@@ -89,13 +93,19 @@ def serve(options: ServeOptions) -> int:
 
 
 def _telemetry():
-    from phaselens.instrumentation.server import ServerTelemetry
+    from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
     return ServerTelemetry.from_env(names.SERVER_SERVICE_NAME)
 
 
-async def _run(app, sock: socket.socket) -> None:
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+async def _run(app, sock: socket.socket, tls_context: ssl.SSLContext | None) -> None:
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        ssl_context_factory=(lambda *_: tls_context) if tls_context else None,
+    )
     server = uvicorn.Server(config)
     # uvicorn re-raises the signals it caught after shutdown; keep them from killing us mid-cleanup.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,6 +116,6 @@ async def _run(app, sock: socket.socket) -> None:
     if server.started:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        print(f"READY server http://{shown}:{port}", flush=True)
+        print(f"READY server {'https' if tls_context else 'http'}://{shown}:{port}", flush=True)
     await task
     sys.stdout.flush()

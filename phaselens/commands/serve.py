@@ -47,12 +47,21 @@ def register(subparsers) -> None:
     )
     p.add_argument("--auth-token", default=None, help="require 'Authorization: Bearer TOKEN' on /v1/*")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --auth-token")
+    p.add_argument("--tls-cert", metavar="PEM", default=None, help="serve HTTPS: certificate chain (with --tls-key)")
+    p.add_argument("--tls-key", metavar="PEM", default=None, help="the certificate's private key")
     p.add_argument("--no-telemetry", action="store_true", help="serve without the phaselens instrumentation")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from phaselens.common.tls import TlsConfigError, server_tls
     from phaselens.reference_server.process import ServeOptions, serve
+
+    try:
+        tls = server_tls(args.tls_cert, args.tls_key)
+    except TlsConfigError as exc:
+        print(f"phaselens serve: {exc}", file=sys.stderr)
+        return 2
 
     engine = EngineConfig(
         model=args.model,
@@ -74,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         reasoning_tokens=args.reasoning_tokens,
         auth_token=args.auth_token,
         insecure=args.insecure,
+        tls=tls,
         telemetry=not args.no_telemetry,
         served_model_names=tuple(args.served_model_name or ()),
     )
