@@ -67,7 +67,7 @@ def to_rich(report: BudgetReport) -> Group:
     )
     for name in FIRST_CHUNK_SPLIT:
         split.add_row(name, *_stat_cells(report.distributions[name]))
-    parts = [budget, split, tpot]
+    parts: list[Table | str] = [budget, split, tpot]
     if report.span_models:
         parts.append(f"span models: {', '.join(report.span_models)}")
     if report.client_harnesses:
