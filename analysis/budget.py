@@ -115,6 +115,7 @@ class BudgetReport:
     # which path the figures came from: "exact" (every request) or "rollup", and what that approximates
     source: str = "exact"
     approximation: str | None = None
+    client_harnesses: list[str] = field(default_factory=list)  # who measured the client views (`aiperf 0.13.0`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -230,6 +231,7 @@ def budget(
         unseparated=span_models.notes(row.get("span_models") or []),
         source="rollup" if rollup else "exact",
         approximation=sketch.NOTE if rollup else TDIGEST_NOTE if approx else None,
+        client_harnesses=list(row.get("client_harnesses") or []),
     )
 
 

@@ -84,6 +84,7 @@ class Diagnosis:
     requests: int
     slo: dict[str, float]
     filters: dict = field(default_factory=dict)
+    client_harnesses: list[str] = field(default_factory=list)  # who measured the client views
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -169,6 +170,7 @@ def assemble(figures: Figures, signals: list[Signal], load: LoadDependence, slo:
         figures.requests,
         slo.describe(),
         filters,
+        figures.client_harnesses,
     )
 
 

@@ -210,6 +210,9 @@ TEXT_ATTRS = {
     "t_error_type": n.ERROR_TYPE,
     "t_finish_reason": n.PL_FINISH_REASON,
     "t_rid": n.SGLANG_RID,
+    "t_x_request_id": n.HTTP_REQUEST_HEADER_X_REQUEST_ID,
+    "t_client_harness": n.PL_CLIENT_HARNESS,
+    "t_client_harness_version": n.PL_CLIENT_HARNESS_VERSION,
 }
 # TGI's timings as recorded, from its request span only; the views parse them, once per request
 # (parsing them in the materialized view cost ~20 % more of its server CPU, measured over 800k spans)
@@ -310,6 +313,22 @@ def _before_engine_ms() -> str:
     )
 
 
+def _x_request_id() -> str:
+    """The harness's request id: the X-Request-ID header as the server recorded it (semconv
+    `http.request.header.x-request-id`, a string array: its first value); else, on vLLM's spans
+    (native, or the phaselens plugin's service), the base of vLLM's request id, which vLLM takes
+    from X-Request-Id: `cmpl-{base}-{prompt index}` for completions, `chatcmpl-{base}` for chat
+    (vLLM 0.32, entrypoints/openai/*/serving.py). For a request sent without the header that base
+    is vLLM's own random id, which no harness record carries."""
+    header = "nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), '')"
+    vllm_base = (
+        "nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), "
+        "extract(request_id, '^cmpl-(.+)-[0-9]+$')), '')"
+    )
+    is_vllm = f"span_model = '{n.SPAN_MODEL_VLLM}' OR server_service = '{n.VLLM_SERVICE_NAME}'"
+    return f"coalesce({header}, if({is_vllm}, {vllm_base}, NULL))"
+
+
 # The wide per-request view: (name, expression over the merged parts). The first block is the
 # documented `phaselens_requests` column set, in order; the rest serve the queries.
 REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -364,6 +383,9 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("clock_offset_estimate_ms", _wall_offset_ms()),
     ("span_model", _span_model()),
     ("before_engine_ms", _before_engine_ms()),
+    ("x_request_id", _x_request_id()),
+    # who measured the client view: an imported harness's name, else phaselens's own client
+    ("client_harness", f"if(client_start IS NULL, NULL, coalesce(t_client_harness, '{n.HARNESS_PHASELENS}'))"),
 )
 EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("start_time", "coalesce(server_start, client_start)"),
@@ -384,6 +406,7 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("client_itl_p99_ms", "a_client_itl_p99_ms"),
     ("ttft_ms", "coalesce(client_ttft_ms, server_ttft_ms)"),
     ("tpot_ms", "coalesce(client_tpot_ms, server_tpot_ms)"),
+    ("client_harness_version", "t_client_harness_version"),
 )
 REQUESTS_VIEW_COLUMNS = tuple(name for name, _ in REQUEST_COLUMNS)
 

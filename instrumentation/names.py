@@ -64,6 +64,11 @@ SERVER_PORT = "server.port"
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
 URL_PATH = "url.path"
+# semconv `http.request.header.<key>` (string[]): the harness's request id, X-Request-ID as received
+# (AIPerf, `vllm bench serve` and others send it; `phaselens import` joins their records on it)
+HTTP_REQUEST_HEADER_X_REQUEST_ID = "http.request.header.x-request-id"
+X_REQUEST_ID_HEADER = "x-request-id"
+X_REQUEST_ID_MAX_CHARS = 256  # a longer value is cut: the header is the client's to fill
 ERROR_CLIENT_DISCONNECTED = "client_disconnected"  # error.type value: the client went away
 
 PROVIDER_PHASELENS = "phaselens"
@@ -169,6 +174,12 @@ PL_CLIENT_OUTCOME = "phaselens.client.outcome"  # OUTCOME_NO_OUTPUT, else absent
 OUTCOME_NO_OUTPUT = "no_output"  # completed without a content chunk (e.g. EOS first): no TTFT, not an error
 PL_CLIENT_SENT_WALL_NS = "phaselens.client.sent_wall_ns"
 PL_CLIENT_DONE_WALL_NS = "phaselens.client.done_wall_ns"
+# Who measured the client view: a client span imported from another harness's export (`phaselens import`)
+PL_CLIENT_HARNESS = "phaselens.client.harness"  # e.g. aiperf; absent on phaselens's own client spans
+PL_CLIENT_HARNESS_VERSION = "phaselens.client.harness_version"
+PL_CLIENT_INPUT_TOKENS = "phaselens.client.input_tokens"  # as the harness counted them (its tokenizer or usage)
+PL_CLIENT_OUTPUT_TOKENS = "phaselens.client.output_tokens"
+HARNESS_PHASELENS = "phaselens"  # view column `client_harness` for a client span without the key
 
 # --- metrics (GenAI semconv, seconds) -------------------------------------------------------
 METRIC_SERVER_TTFT = "gen_ai.server.time_to_first_token"

@@ -189,6 +189,8 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
         "clock_offset_estimate_ms",
         "span_model",
         "before_engine_ms",
+        "x_request_id",
+        "client_harness",
     ]
     steps = [r[0] for r in client.query(f"DESCRIBE {db}.phaselens_steps").result_rows]
     assert tuple(steps) == S.STEPS_VIEW_COLUMNS

@@ -11,6 +11,7 @@ EXPECTED = {
     "dashboards",
     "demo",
     "diagnose",
+    "import",
     "report",
     "schema",
     "serve",

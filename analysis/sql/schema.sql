@@ -123,6 +123,9 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_parts" (
     t_error_type SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_finish_reason SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_rid SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_x_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_client_harness SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_client_harness_version SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_validation SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_queue SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_inference SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -199,6 +202,9 @@ ALTER TABLE "otel"."phaselens_request_parts"
     ADD COLUMN IF NOT EXISTS t_error_type SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_finish_reason SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_rid SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_x_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_client_harness SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_client_harness_version SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_validation SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_queue SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_inference SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -273,6 +279,9 @@ AS SELECT TraceId,
     anyIf(toNullable(SpanAttributes['error.type']), SpanAttributes['error.type'] != '') AS t_error_type,
     anyIf(toNullable(SpanAttributes['phaselens.finish_reason']), SpanAttributes['phaselens.finish_reason'] != '') AS t_finish_reason,
     anyIf(toNullable(SpanAttributes['rid']), SpanAttributes['rid'] != '') AS t_rid,
+    anyIf(toNullable(SpanAttributes['http.request.header.x-request-id']), SpanAttributes['http.request.header.x-request-id'] != '') AS t_x_request_id,
+    anyIf(toNullable(SpanAttributes['phaselens.client.harness']), SpanAttributes['phaselens.client.harness'] != '') AS t_client_harness,
+    anyIf(toNullable(SpanAttributes['phaselens.client.harness_version']), SpanAttributes['phaselens.client.harness_version'] != '') AS t_client_harness_version,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['validation_time']), NULL)) AS t_tgi_validation,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['queue_time']), NULL)) AS t_tgi_queue,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['inference_time']), NULL)) AS t_tgi_inference,
@@ -349,6 +358,9 @@ ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     anyIf(toNullable(SpanAttributes['error.type']), SpanAttributes['error.type'] != '') AS t_error_type,
     anyIf(toNullable(SpanAttributes['phaselens.finish_reason']), SpanAttributes['phaselens.finish_reason'] != '') AS t_finish_reason,
     anyIf(toNullable(SpanAttributes['rid']), SpanAttributes['rid'] != '') AS t_rid,
+    anyIf(toNullable(SpanAttributes['http.request.header.x-request-id']), SpanAttributes['http.request.header.x-request-id'] != '') AS t_x_request_id,
+    anyIf(toNullable(SpanAttributes['phaselens.client.harness']), SpanAttributes['phaselens.client.harness'] != '') AS t_client_harness,
+    anyIf(toNullable(SpanAttributes['phaselens.client.harness_version']), SpanAttributes['phaselens.client.harness_version'] != '') AS t_client_harness_version,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['validation_time']), NULL)) AS t_tgi_validation,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['queue_time']), NULL)) AS t_tgi_queue,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['inference_time']), NULL)) AS t_tgi_inference,
@@ -400,6 +412,8 @@ SELECT
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
     multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
+    coalesce(nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
+    if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
     coalesce(server_start, client_start) AS start_time,
     coalesce(a_queue_ms, if(queue_spans = 0, NULL, queue_ns / 1e6), a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ttft_queue_ms,
     server_start + toIntervalNanosecond(server_duration_ns) AS server_end_time,
@@ -416,12 +430,13 @@ SELECT
     a_client_itl_p50_ms AS client_itl_p50_ms,
     a_client_itl_p99_ms AS client_itl_p99_ms,
     coalesce(client_ttft_ms, server_ttft_ms) AS ttft_ms,
-    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms
+    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms,
+    t_client_harness_version AS client_harness_version
 FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness
 FROM "otel"."phaselens_request_facts";
 
 CREATE OR REPLACE VIEW "otel"."phaselens_steps" AS

@@ -74,6 +74,7 @@ class HttpFacts(NamedTuple):
     status_code: int | None = None
     client_disconnected: bool = False
     exception_type: str | None = None
+    x_request_id: str | None = None  # the X-Request-ID header, cut at names.X_REQUEST_ID_MAX_CHARS
 
 
 NO_OUTCOME = RequestOutcome()

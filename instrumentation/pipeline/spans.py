@@ -121,6 +121,7 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
         names.HTTP_RESPONSE_STATUS_CODE: outcome.status_code or http.status_code,
         names.SERVER_ADDRESS: http.server_address,
         names.SERVER_PORT: http.server_port,
+        names.HTTP_REQUEST_HEADER_X_REQUEST_ID: [http.x_request_id] if http.x_request_id else None,
         names.ERROR_TYPE: error_type(record),
         names.PL_INGRESS_MS: _ms(phases.ingress_ns),
         names.PL_QUEUE_MS: _ms(phases.queue_ns),
