@@ -26,8 +26,9 @@ python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
 if [[ "${1:-}" == "--test" ]]; then
     .venv/bin/pip install -q -e '.[test]'
-    if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose >/dev/null
+    # faketime: the disaggregated-serving tests run each "host" on its own skewed wall clock
+    if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null || ! command -v faketime >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose faketime >/dev/null
     fi
 else
     .venv/bin/pip install -q -e .
