@@ -156,6 +156,7 @@ PL_KV_WAIT_MS = "phaselens.kv.wait_ms"  # first token → send start (prefill cl
 PL_KV_READ_MS = "phaselens.kv.read_ms"  # llm.kv_receive: accepted → bytes read (decode clock)
 PL_KV_STAGE_MS = "phaselens.kv.stage_ms"  # llm.kv_receive: bytes read → written into the pool (decode clock)
 PL_KV_PEER = "phaselens.kv.peer"  # the other instance's KV address
+PL_PD_PREFILL_ANSWER_MS = "phaselens.pd.prefill_answer_ms"  # llm.kv_transfer: received → answer built (prefill clock)
 PL_ROUTER_INGRESS_MS = "phaselens.router.ingress_ms"  # received → request sent to the prefill instance
 PL_ROUTER_PREFILL_CALL_MS = "phaselens.router.prefill_call_ms"  # that request → its answer
 PL_ROUTER_GAP_MS = "phaselens.router.gap_ms"  # the prefill answer → request sent to the decode instance

@@ -66,10 +66,10 @@ class PrefillRoutes(_Routes):
     ) -> Response:
         try:
             return await super()._respond(request, job, stream, handle, seq_id)
-        finally:
+        finally:  # the answer is built, not yet sent: where the router's hop starts (pd_spans)
             handoff = self._handoffs.pop(seq_id, None)
             if handoff is not None and handoff.send_start_ns:
-                self.spans.kv_sent(handle, handoff)
+                self.spans.kv_sent(handle, handoff, time.monotonic_ns())
 
     def _engine_failure(self, out: SeqOutput, handle: RequestHandle) -> ApiError:
         if not out.error:

@@ -60,8 +60,10 @@ class PdSpans:
             return ""
         return traceparent(root.trace_id, self.new_span_id(), root.trace_flags)
 
-    def kv_sent(self, handle: Any, handoff: KvHandoff) -> None:
-        """llm.kv_transfer, child of the prefill instance's SERVER span: send start → acknowledgement."""
+    def kv_sent(self, handle: Any, handoff: KvHandoff, answer_ns: int) -> None:
+        """llm.kv_transfer, child of the prefill instance's SERVER span: send start → acknowledgement;
+        with the request's received → answer built (`answer_ns`, before the framework sends it: the
+        SERVER span ends after `send` returned, which may be after the router read the answer)."""
         context = parse_traceparent(handoff.traceparent)
         if context is None:
             return
@@ -75,6 +77,7 @@ class PdSpans:
             names.PL_KV_TRANSFER_MS: ms(handoff.send_start_ns, handoff.ack_ns),
             names.PL_KV_WAIT_MS: ms(handle.first_token_ns, handoff.send_start_ns) if handle.first_token_ns else None,
             names.PL_KV_PEER: f"{host}:{port}",
+            names.PL_PD_PREFILL_ANSWER_MS: ms(handle.received_ns, answer_ns),
         }
         self.submit(
             names.SPAN_KV_TRANSFER, context, parent, handoff.send_start_ns, handoff.ack_ns, attrs, handoff.error
