@@ -28,10 +28,9 @@ from phaselens.analysis.schema import REQUESTS_VIEW
 TTFT_TERMS = ("residual_ms", *PD_TERMS)
 SIDE = ("client_ttft_ms", "kv_bytes", "kv_bytes_received", "decode_itl_p99_ms", "decode_stall_ms", "kv_receive_ms")
 COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in (*TTFT_TERMS, "client_ttft_ms"))
-# Who added what: the terms disaggregation brings (the transfer and the hops) against the rest.
-ADDED_BY_DISAGG = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms", "router_gap_ms")
-ADDED_BY_DISAGG += ("decode_hop_ms", "decode_ingress_ms", "decode_queue_ms", "decode_first_token_ms")
-ADDED_BY_DISAGG += ("router_ingress_ms", "router_relay_ms")
+# What disaggregation adds to a request's TTFT: the transfer, the prefill answer, the hops, the router.
+ADDED_BY_DISAGG = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms", "decode_hop_ms")
+ADDED_BY_DISAGG += ("router_ingress_ms", "router_gap_ms", "router_relay_ms")
 
 
 def pd_summary(d: Dialect) -> str:

@@ -50,6 +50,11 @@ def _role_attr(column: str, role: str, key: str) -> Part:
     return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {cond})")
 
 
+def _role_any(column: str, role: str, key: str) -> Part:
+    """A numeric attribute of any of the role's spans (the ITL figures are on `llm.decode`)."""
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {ROLE} = '{role}')")
+
+
 def _span_attr(column: str, span: str, key: str) -> Part:
     return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, SpanName = '{span}')")
 
@@ -82,8 +87,8 @@ PD_PARTS: tuple[Part, ...] = (
     *(_role_attr(col, "router", key) for col, key in _ROUTER_TERMS.items()),
     *(_role_attr(f"{role[0]}_{phase}", role, key) for role in INSTANCE_ROLES for phase, key in _PHASES),
     _span_attr("p_answer", n.SPAN_KV_TRANSFER, n.PL_PD_PREFILL_ANSWER_MS),
-    _role_attr("d_itl_p99", "decode", n.PL_ITL_P99_MS),
-    _role_attr("d_stall", "decode", n.PL_STALL_MS),
+    _role_any("d_itl_p99", "decode", n.PL_ITL_P99_MS),
+    _role_any("d_stall", "decode", n.PL_STALL_MS),
     _span_attr("kv_wait", n.SPAN_KV_TRANSFER, n.PL_KV_WAIT_MS),
     _span_attr("kv_transfer", n.SPAN_KV_TRANSFER, n.PL_KV_TRANSFER_MS),
     _span_attr("kv_sent_bytes", n.SPAN_KV_TRANSFER, n.PL_KV_BYTES),

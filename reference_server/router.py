@@ -12,7 +12,8 @@ decode instances (fewest requests in flight from this router, then fewest picks)
 A prefill answer that is not "transferred" (the first token ended the request) is the whole
 answer. A failure on either side gives the client an OpenAI-shaped error: before the stream
 (HTTP 502 naming the instance, or the instance's own error status), or as an SSE `error` event
-when the decode instance dies mid-stream; the stream then ends without `[DONE]`.
+when the decode instance dies mid-stream; the stream then ends without `[DONE]`. An instance that
+failed is passed over for DOWN_S seconds (unless every instance of its kind did).
 
 Telemetry (reference_server.router_spans): the router stamps monotonic integers per request and
 emits its SERVER span and two CLIENT spans (pd.prefill_call, pd.decode_call) off the event loop;
@@ -40,6 +41,7 @@ from phaselens.reference_server.router_spans import RouterRecord, RouterSpans
 from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 DEFAULT_TIMEOUT_S = 300.0
+DOWN_S = 10.0  # how long an instance that failed is passed over
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 
 
@@ -49,6 +51,14 @@ class Instance:
     inflight: int = 0
     picks: int = 0
     kv_address: str = ""  # decode instances: learnt from their /health
+    down_until_ns: int = 0  # after a failure it is passed over until then (monotonic ns)
+
+    def mark_down(self) -> None:
+        self.down_until_ns = time.monotonic_ns() + int(DOWN_S * 1e9)
+
+    @property
+    def up(self) -> bool:
+        return self.down_until_ns <= time.monotonic_ns()
 
 
 @dataclass(slots=True)
@@ -56,13 +66,16 @@ class Pool:
     instances: list[Instance] = field(default_factory=list)
 
     def pick(self) -> Instance:
-        """Least loaded: fewest in flight, then fewest picks so far (round robin among equals)."""
-        chosen = min(self.instances, key=lambda i: (i.inflight, i.picks))
+        """Least loaded: fewest in flight, then fewest picks so far (round robin among equals), among
+        the instances that have not failed in the last DOWN_S seconds (all of them when none has not)."""
+        chosen = min([i for i in self.instances if i.up] or self.instances, key=lambda i: (i.inflight, i.picks))
         chosen.picks += 1
         return chosen
 
 
 def _upstream_error(instance: Instance, role: str, exc: Exception) -> ApiError:
+    """The client's error for a failed instance, which is passed over for a while."""
+    instance.mark_down()
     return ApiError(
         502, f"the {role} instance {instance.url} failed: {exc}", type_="server_error", code=f"{role}_failed"
     )
@@ -130,7 +143,7 @@ class Router:
 
     async def health(self) -> Response:
         def rows(pool: Pool) -> list[dict[str, Any]]:
-            return [{"url": i.url, "inflight": i.inflight, "picks": i.picks} for i in pool.instances]
+            return [{"url": i.url, "inflight": i.inflight, "picks": i.picks, "up": i.up} for i in pool.instances]
 
         return JSONResponse({"status": "ok", "prefill": rows(self.prefill), "decode": rows(self.decode)})
 
@@ -216,7 +229,10 @@ class Router:
             prefill.inflight -= 1
         data = _json_or_error(answer, prefill, "prefill")
         if answer.status_code != 200:
-            raise ApiError(answer.status_code, **_error_fields(data))
+            error = ApiError(answer.status_code, **_error_fields(data))
+            if error.code == "kv_transfer_failed":  # the decode instance's KV port failed
+                decode.mark_down()
+            raise error
         return None if data["choices"][0].get("finish_reason") == FINISH_TRANSFERRED else data
 
     def _whole(self, data: dict[str, Any], rec: RouterRecord) -> Response:

@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,6 +99,7 @@ def test_kv_bytes_received_equal_kv_bytes_sent(rows):
     for row in rows:
         assert row["kv_bytes"] == row["kv_bytes_received"] > 0
         assert row["prefill_instance"] and row["decode_instance"]
+        assert row["decode_itl_p99_ms"] > 0  # from the decode instance's llm.decode span
 
 
 def test_router_spreads_requests_over_both_decode_instances_by_load(rows):
@@ -171,3 +173,25 @@ def test_decode_killed_mid_stream_errors_the_client_and_frees_the_prefill_blocks
     prefill = httpx.get(f"{pd.prefill.url}/health").json()
     assert prefill["kv_blocks_used"] == 0 and prefill["running"] == 0
     assert all(d["inflight"] == 0 for d in httpx.get(f"{pd.router_url}/health").json()["decode"])
+
+
+def test_prefill_killed_mid_prompt_errors_the_client_and_leaves_no_kv_staged(pd):
+    """Runs after the decode kill (whose dead instance the router now passes over): the prefill
+    instance dies while a long prompt is in it."""
+    live = next(c for c in pd.decodes if c.proc.poll() is None)
+    prompt = [3 + i % 200 for i in range(3500)]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "ignore_eos": True}
+    answers: list[httpx.Response] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(httpx.post(f"{pd.router_url}/v1/completions", json=body, timeout=60))
+    )
+    caller.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not httpx.get(f"{pd.router_url}/health").json()["prefill"][0]["inflight"]:
+        time.sleep(0.01)
+    pd.prefill.proc.send_signal(signal.SIGKILL)
+    caller.join(15)
+    assert not caller.is_alive() and answers[0].status_code == 502
+    assert answers[0].json()["error"]["code"] == "prefill_failed"
+    health = httpx.get(f"{live.url}/health").json()
+    assert health["kv_staged"] == 0 and health["kv_blocks_used"] == 0
