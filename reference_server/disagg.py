@@ -79,8 +79,9 @@ def transfer_header(seq: Sequence, handoff: KvHandoff, cache: PagedKVCache, mode
 
 
 def check_header(header: dict[str, object], cache: PagedKVCache, model: str, max_model_len: int) -> None:
-    """Refuse a transfer this instance cannot continue: another model, another KV layout, or tokens
-    that do not fit the blocks sent."""
+    """Refuse a transfer this instance cannot continue: another model, another KV layout, tokens
+    that do not fit the blocks sent, or byte counts other than those blocks' (checked before the
+    bytes are read: a garbled length allocates nothing)."""
     tokens = header.get("token_ids")
     prompt = header.get("num_prompt_tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
@@ -94,8 +95,15 @@ def check_header(header: dict[str, object], cache: PagedKVCache, model: str, max
             f"KV layout differs: {header.get('bytes_per_block')} bytes per block, here {cache.bytes_per_block()}"
         )
     block_size = cache.block_shape[1]
-    if header.get("num_blocks") != -(-prompt // block_size):
+    blocks = -(-prompt // block_size)
+    if header.get("num_blocks") != blocks:
         raise ValueError(f"{header.get('num_blocks')} blocks for {prompt} prompt tokens of block size {block_size}")
+    sizes, expected = header.get("part_bytes"), blocks * cache.bytes_per_block()
+    if isinstance(sizes, list) and (len(sizes) != 2 * len(cache.keys) or sum(sizes) != expected):
+        raise ValueError(
+            f"{len(sizes)} tensors of {sum(sizes)} bytes: this cache takes {2 * len(cache.keys)} "
+            f"of {expected} bytes in all for {blocks} blocks"
+        )
 
 
 class KvSender:

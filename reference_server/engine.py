@@ -148,7 +148,7 @@ class Engine:
     def receive_kv(self, transfer: ReceivedKv, timeout_s: float = 10.0) -> None:
         """Decode instance, receiver thread: stage a transfer's KV (the loop writes it into the pool);
         returns once it is staged, raises ValueError when it cannot be."""
-        check_header(transfer.transfer.header, self.runner.cache, self.runner.loaded.name, self.max_model_len)
+        self.check_kv_header(transfer.transfer.header)
         with self._lock:
             self._incoming.append(transfer)
         self._wake.set()
@@ -156,6 +156,10 @@ class Engine:
             raise ValueError(f"the engine did not stage the KV within {timeout_s} s")
         if transfer.error:
             raise ValueError(transfer.error)
+
+    def check_kv_header(self, header: dict[str, object]) -> None:
+        """ValueError when this engine cannot continue a transfer with this header (disagg.check_header)."""
+        check_header(header, self.runner.cache, self.runner.loaded.name, self.max_model_len)
 
     def claim(
         self, transfer_id: str, params: SamplingParams, observer: RequestObserver = NULL_REQUEST, sink: Sink = _drop

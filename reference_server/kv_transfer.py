@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+Check = Callable[[dict[str, Any]], None]  # refuses a header (ValueError) before its bytes are read
+
 MAGIC = b"PLKV0001"
 MAX_HEADER_BYTES = 1 << 20
 MAX_KV_BYTES = 1 << 34  # 16 GiB: a bound against a garbled length, not a capacity
@@ -81,17 +83,24 @@ def send(address: tuple[str, int], header: dict[str, Any], parts: list[bytes], t
     header = {**header, "part_bytes": [len(p) for p in parts]}
     with socket.create_connection(address, timeout=timeout_s) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(MAGIC + _json_frame(header))
-        for part in parts:
-            sock.sendall(part)
+        try:
+            sock.sendall(MAGIC + _json_frame(header))
+            for part in parts:
+                sock.sendall(part)
+        except OSError:  # the receiver may have refused the header and stopped reading: its reason
+            ack = _read_json(sock, MAX_HEADER_BYTES)
+            raise KvTransferError(
+                f"the decode instance refused the KV: {ack.get('error', 'no reason given')}"
+            ) from None
         ack = _read_json(sock, MAX_HEADER_BYTES)
     if not ack.get("ok"):
         raise KvTransferError(f"the decode instance refused the KV: {ack.get('error', 'no reason given')}")
     return ack
 
 
-def receive(sock: socket.socket) -> Transfer:
-    """Read one transfer (header, then its bytes) from an accepted connection."""
+def receive(sock: socket.socket, check: Check | None = None) -> Transfer:
+    """Read one transfer (header, then its bytes) from an accepted connection; `check(header)` may
+    refuse it (ValueError) before any of its bytes are read."""
     if _read_exact(sock, len(MAGIC)) != MAGIC:
         raise KvTransferError("not a phaselens KV transfer (bad magic)")
     header = _read_json(sock, MAX_HEADER_BYTES)
@@ -100,6 +109,8 @@ def receive(sock: socket.socket) -> Transfer:
         raise KvTransferError("header.part_bytes must be a list of byte counts")
     if sum(sizes) > MAX_KV_BYTES:
         raise KvTransferError(f"transfer of {sum(sizes)} bytes exceeds {MAX_KV_BYTES}")
+    if check is not None:
+        check(header)
     return Transfer(header, [_read_exact(sock, n) for n in sizes])
 
 
@@ -107,11 +118,13 @@ Handler = Callable[[Transfer], None]  # writes the KV where it belongs; raises V
 
 
 class KvReceiver:
-    """Listens for transfers; each connection gets a thread that reads it, hands it to `handler`
-    and acknowledges (`ok` false with the handler's error when it raised)."""
+    """Listens for transfers; each connection gets a thread that reads it (`check` on its header
+    first), hands it to `handler` and acknowledges (`ok` false with the error when either raised)."""
 
-    def __init__(self, host: str, port: int, handler: Handler, timeout_s: float = 30.0) -> None:
-        self._handler = handler
+    def __init__(
+        self, host: str, port: int, handler: Handler, timeout_s: float = 30.0, check: Check | None = None
+    ) -> None:
+        self._handler, self._check = handler, check
         self._timeout_s = timeout_s
         self._sock = socket.create_server((host, port))
         self._stopping = False
@@ -145,10 +158,11 @@ class KvReceiver:
         with conn:
             conn.settimeout(self._timeout_s)
             try:
-                transfer = receive(conn)
+                transfer = receive(conn, self._check)
                 transfer.accepted_ns = accepted_ns
-            except (KvTransferError, OSError) as exc:
+            except (KvTransferError, OSError, ValueError) as exc:
                 self._ack(conn, {"ok": False, "error": str(exc)})
+                _discard(conn)
                 return
             try:
                 self._handler(transfer)
@@ -161,3 +175,14 @@ class KvReceiver:
     def _ack(conn: socket.socket, ack: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):  # the sender is gone: its own timeout or error reports the transfer
             conn.sendall(_json_frame(ack))
+
+
+def _discard(conn: socket.socket, limit_s: float = 2.0) -> None:
+    """After a refusal: read and drop what the sender still sends (for at most `limit_s`), so that
+    closing does not reset the connection before the sender has read the refusal."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(limit_s)
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and conn.recv(1 << 16):
+            pass

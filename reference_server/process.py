@@ -134,7 +134,7 @@ def _pd_routes(options: ServeOptions, engine: Engine, spans: PdSpans):
     if options.role == ROLE_PREFILL:
         return None, lambda e, s, t: PrefillRoutes(e, s, t, spans)
     if options.role == ROLE_DECODE:
-        receiver = KvReceiver(options.host, options.kv_port, kv_handler(engine, spans))
+        receiver = KvReceiver(options.host, options.kv_port, kv_handler(engine, spans), check=engine.check_kv_header)
         receiver.start()
         return receiver, lambda e, s, t: DecodeRoutes(e, s, t, receiver.address)
     return None, None

@@ -35,7 +35,7 @@ def pd():
         received.append(item)
         decode.receive_kv(item)
 
-    receiver = KvReceiver("127.0.0.1", 0, handler)
+    receiver = KvReceiver("127.0.0.1", 0, handler, check=decode.check_kv_header)
     for part in (prefill, decode, receiver):
         part.start()
     yield prefill, decode, receiver, received
@@ -116,6 +116,8 @@ def test_refused_transfers_name_their_reason_and_stage_nothing(pd):
     ):
         with pytest.raises(kv_transfer.KvTransferError, match=reason):
             kv_transfer.send(receiver.address, good | bad, parts, 10)
+    with pytest.raises(kv_transfer.KvTransferError, match="tensors"):  # refused before its bytes are read
+        kv_transfer.send(receiver.address, good, [*parts, b"x" * 100], 10)
     assert decode.num_staged == 0 and decode.scheduler.blocks.num_used == 0
     decode.stage_timeout_ns = 0
     kv_transfer.send(receiver.address, good, parts, 10)
