@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from rich.console import Group
@@ -29,8 +30,8 @@ TTFT_TERMS = ("residual_ms", *PD_TERMS)
 SIDE = ("client_ttft_ms", "kv_bytes", "kv_bytes_received", "decode_itl_p99_ms", "decode_stall_ms", "kv_receive_ms")
 COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in (*TTFT_TERMS, "client_ttft_ms"))
 # What disaggregation adds to a request's TTFT: the transfer, the prefill answer, the hops, the router.
-ADDED_BY_DISAGG = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms", "decode_hop_ms")
-ADDED_BY_DISAGG += ("router_ingress_ms", "router_gap_ms", "router_relay_ms")
+ADDED_BY_DISAGG: tuple[str, ...] = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms")
+ADDED_BY_DISAGG += ("decode_hop_ms", "router_ingress_ms", "router_gap_ms", "router_relay_ms")
 
 
 def pd_summary(d: Dialect) -> str:
@@ -61,7 +62,7 @@ class PdBudget:
     terms: list[ComponentBudget] = field(default_factory=list)
     side: dict[str, Stat] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def term(self, name: str) -> Stat:
@@ -72,12 +73,12 @@ class PdBudget:
         return sum(self.term(name).mean or 0.0 for name in ADDED_BY_DISAGG)
 
 
-def _stat(row: dict, name: str) -> Stat:
+def _stat(row: dict[str, Any], name: str) -> Stat:
     qs = [_clean(v) for v in row.get(f"{name}_q") or []] + [None] * 3
     return Stat(*qs[:3], _clean(row.get(f"{name}_mean")))
 
 
-def pd_budget(client, database: str = "otel", model: str | None = None, since: str | None = "15m") -> PdBudget:
+def pd_budget(client: Any, database: str = "otel", model: str | None = None, since: str | None = "15m") -> PdBudget:
     """The P/D budget of the selection; an empty PdBudget when there is no disaggregated request."""
     d = CliDialect({"since": since, "model": model}, database=database)
     try:

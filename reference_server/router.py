@@ -181,9 +181,16 @@ class Router:
         return await self._decode(request, path, body, rec)
 
     async def _read_json(self, request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        if len(raw) > self.max_body_bytes:
-            raise ApiError(413, f"request body larger than {self.max_body_bytes} bytes", code="request_too_large")
+        """The body as a JSON object, read only up to `max_body_bytes` (413 beyond)."""
+        too_big = ApiError(413, f"request body larger than {self.max_body_bytes} bytes", code="request_too_large")
+        declared = request.headers.get("content-length") or "0"
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_big
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > self.max_body_bytes:
+                raise too_big
         try:
             body = json.loads(raw)
         except ValueError as exc:

@@ -151,6 +151,16 @@ def test_greedy_output_through_the_router_equals_a_colocated_engine(pd):
         engine.stop()
 
 
+def test_router_answers_bad_requests_with_openai_errors(pd):
+    url = f"{pd.router_url}/v1/completions"
+    not_json = httpx.post(url, content=b"{nope", headers={"content-type": "application/json"}, timeout=30)
+    assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
+    unknown = httpx.post(url, json={"model": "nope", "prompt": "hi"}, timeout=30)  # the prefill instance's own 400
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "model_not_found"
+    too_big = httpx.post(url, content=b" " * (2 << 20), headers={"content-type": "application/json"}, timeout=30)
+    assert too_big.status_code == 413
+
+
 def test_decode_killed_mid_stream_errors_the_client_and_frees_the_prefill_blocks(pd):
     """Runs last: it kills a decode instance."""
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 3000, "ignore_eos": True, "stream": True}
