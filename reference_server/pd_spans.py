@@ -11,6 +11,7 @@ of two stamps of the emitting process.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +24,7 @@ from phaselens.instrumentation.emitter import SpanEmitter
 from phaselens.reference_server.disagg import KvHandoff, ReceivedKv
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+log = logging.getLogger(__name__)
 
 
 def traceparent(trace_id: int, span_id: int, flags: int) -> str:
@@ -49,6 +51,7 @@ class PdSpans:
         self._anchor = anchor or process_anchor()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pd-spans") if self._emitter else None
         self.emitted = 0
+        self.failed = 0  # spans that could not be made or handed to the processors (logged, counted)
 
     def new_span_id(self) -> int:
         return self._emitter.ids.generate_span_id() if self._emitter else 0
@@ -112,7 +115,15 @@ class PdSpans:
         """Make and emit the span on the executor; start/end are monotonic ns of this process."""
         if self._pool is None:
             return
-        self._pool.submit(self._emit, name, context, parent, start_ns, end_ns, attrs, error, kind)
+        self._pool.submit(self._emit_counted, name, context, parent, start_ns, end_ns, attrs, error, kind)
+
+    def _emit_counted(self, *args: Any) -> None:
+        """A telemetry failure never reaches the request; it is counted in `failed`."""
+        try:
+            self._emit(*args)
+        except Exception:  # any SDK or processor failure: count it, keep serving
+            self.failed += 1
+            log.exception("a P/D span could not be emitted (%d so far)", self.failed)
 
     def _emit(
         self,

@@ -7,10 +7,17 @@ import socket
 import time
 
 import pytest
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext, TraceFlags
 
+from phaselens.instrumentation import names
+from phaselens.instrumentation.record import SpanIds
 from phaselens.reference_server import kv_transfer
 from phaselens.reference_server.disagg import FINISH_TRANSFERRED, KvHandoff, ReceivedKv
 from phaselens.reference_server.kv_transfer import KvReceiver
+from phaselens.reference_server.pd_spans import PdSpans
 from tests.server_fixtures import Collected, greedy, make_engine
 
 
@@ -134,3 +141,46 @@ def test_malformed_frames_are_refused_without_hanging(pd):
         ack = sock.recv(4096)
     assert b"bad magic" in ack
     assert decode.num_staged == 0
+
+
+class _Handle:
+    """What PdSpans reads of a request handle: its SERVER span ids and two stamps."""
+
+    def __init__(self) -> None:
+        self.root = SpanIds(0xABC, 0x123, 1)
+        self.received_ns, self.first_token_ns = 1_000_000, 5_000_000
+
+
+def test_kv_spans_chain_prefill_to_decode_with_durations_of_one_clock_each():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    prefill, decode, handle = PdSpans(provider), PdSpans(provider), _Handle()
+    handoff = KvHandoff(("127.0.0.1", 9), "t", traceparent=prefill.kv_send_traceparent(handle))
+    handoff.send_start_ns, handoff.ack_ns, handoff.kv_bytes, handoff.received_bytes = 7_000_000, 9_500_000, 64, 64
+    prefill.kv_sent(handle, handoff, 10_000_000)
+    header = {"transfer_id": "t", "traceparent": handoff.traceparent}
+    received = ReceivedKv(kv_transfer.Transfer(header, [b"x" * 64], accepted_ns=100), 400)
+    decode.kv_received(received, 900)
+    prefill.shutdown()
+    decode.shutdown()
+    sent, got = sorted(exporter.get_finished_spans(), key=lambda s: s.name, reverse=True)
+    assert (sent.name, got.name) == (names.SPAN_KV_TRANSFER, names.SPAN_KV_RECEIVE)
+    assert sent.parent.span_id == 0x123 and sent.context.trace_id == 0xABC
+    assert got.parent.span_id == sent.context.span_id and got.context.trace_id == 0xABC
+    assert sent.attributes[names.PL_KV_TRANSFER_MS] == 2.5 and sent.attributes[names.PL_KV_WAIT_MS] == 2.0
+    assert sent.attributes[names.PL_PD_PREFILL_ANSWER_MS] == 9.0 and sent.end_time - sent.start_time == 2_500_000
+    assert got.attributes[names.PL_KV_BYTES] == 64 and got.attributes[names.PL_KV_STAGE_MS] == 0.0005
+
+
+def test_a_span_that_cannot_be_emitted_is_counted_not_raised():
+    class Broken(SpanProcessor):
+        def on_end(self, span) -> None:
+            raise RuntimeError("exporter gone")
+
+    provider = TracerProvider()
+    provider.add_span_processor(Broken())
+    spans = PdSpans(provider)
+    spans.submit("x", SpanContext(1, 2, False, TraceFlags(1)), None, 1, 2, {})
+    spans.shutdown()
+    assert (spans.emitted, spans.failed) == (0, 1)
