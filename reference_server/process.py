@@ -170,7 +170,7 @@ def serve_router(options: RouterOptions) -> int:
     spans = PdSpans(provider)
     router = Router(list(options.prefill), list(options.decode), RouterSpans(spans, provider), options.auth_token)
     try:
-        asyncio.run(_run(router.app(), sock))
+        asyncio.run(_run(router.app(), sock, None))
     finally:
         sock.close()
         spans.shutdown()
