@@ -78,9 +78,9 @@ class PdSpans:
             names.PL_KV_BYTES: handoff.kv_bytes,
             names.PL_KV_ACKED_BYTES: handoff.received_bytes,
             names.PL_KV_TRANSFER_MS: ms(handoff.send_start_ns, handoff.ack_ns),
-            names.PL_KV_WAIT_MS: ms(handle.first_token_ns, handoff.send_start_ns) if handle.first_token_ns else None,
+            names.PL_KV_WAIT_MS: ms(handle.first_token_ts, handoff.send_start_ns) if handle.first_token_ts else None,
             names.PL_KV_PEER: f"{host}:{port}",
-            names.PL_PD_PREFILL_ANSWER_MS: ms(handle.received_ns, answer_ns),
+            names.PL_PD_PREFILL_ANSWER_MS: ms(handle.received_ts, answer_ns),
         }
         self.submit(
             names.SPAN_KV_TRANSFER, context, parent, handoff.send_start_ns, handoff.ack_ns, attrs, handoff.error
