@@ -95,6 +95,7 @@ def to_rich(report: BudgetReport) -> Group:
         f"+{_ms(s.stall_ms)} ms engine time vs a {_ms(s.baseline_ms)} ms decode-only step; "
         f"{_ms(s.request_stall_ms)} request-ms of delayed tokens ({s.delayed_decodes} tokens)"
     )
+    parts.append(f"source: {report.source}" + (f" ({report.approximation})" if report.approximation else ""))
     return Group(*parts)
 
 

@@ -13,9 +13,14 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("budget", help="latency budget of the requests stored in ClickHouse")
     add_selection(parser, "15m", "SLOs for goodput")
     parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="read every request (default: the per-minute rollups, DDSketch quantiles within 1 %%)",
+    )
+    parser.add_argument(
         "--approx",
         action="store_true",
-        help="t-digest percentiles: constant memory on huge selections (default: exact)",
+        help="read every request, with t-digest percentiles: constant memory on huge selections",
     )
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.set_defaults(func=run)
@@ -25,7 +30,13 @@ def run(args) -> int:
     rc, report = read(
         args,
         lambda client, **sel: budget(
-            client, database=args.database, service=args.service, model=args.model, approx=args.approx, **sel
+            client,
+            database=args.database,
+            service=args.service,
+            model=args.model,
+            approx=args.approx,
+            exact=args.exact,
+            **sel,
         ),
     )
     if rc:
