@@ -41,6 +41,8 @@ from phaselens.instrumentation import names as n
 IMPORT_SCOPE = "phaselens.harness_import"  # ScopeName of an imported client span
 LOOKUP_BATCH = 10_000  # request ids per lookup query
 INSERT_BATCH = 5_000  # spans per insert (one deduplication token each)
+# the per-minute rollups (analysis/rollup.py, `phaselens budget`'s default) leave imported views out
+READ_HINT = "  read them with `phaselens budget --exact`, report or diagnose (the per-minute rollups leave them out)"
 
 
 @dataclass(slots=True)
@@ -245,6 +247,7 @@ def summary_lines(report: ImportReport, run: HarnessRun, list_ids: int = 10) -> 
     out = [
         f"{who}: {report.records} records",
         f"  imported {report.imported} client spans, {report.already} already stored",
+        READ_HINT,
     ]
     warnings = []
     for label, ids in (("no server request", report.unmatched), ("several server requests", report.ambiguous)):

@@ -859,6 +859,9 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_pending" (
     t_error_type SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_finish_reason SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_rid SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_x_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_client_harness SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_client_harness_version SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_validation SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_queue SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_inference SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -937,6 +940,9 @@ ALTER TABLE "otel"."phaselens_request_pending"
     ADD COLUMN IF NOT EXISTS t_error_type SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_finish_reason SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_rid SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_x_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_client_harness SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_client_harness_version SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_validation SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_queue SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_inference SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -944,9 +950,9 @@ ALTER TABLE "otel"."phaselens_request_pending"
     ADD COLUMN IF NOT EXISTS t_tgi_per_token SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1));
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_request_pending_mv" TO "otel"."phaselens_request_pending"
-AS SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts";
+AS SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts" WHERE t_client_harness IS NULL;
 
-ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts";
+ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts" WHERE t_client_harness IS NULL;
 
 DROP VIEW IF EXISTS "otel"."phaselens_budget_seal";
 
@@ -1064,6 +1070,8 @@ FROM (SELECT
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
     multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
+    coalesce(nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
+    if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
     coalesce(server_start, client_start) AS start_time,
     coalesce(a_queue_ms, if(queue_spans = 0, NULL, queue_ns / 1e6), a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ttft_queue_ms,
     server_start + toIntervalNanosecond(server_duration_ns) AS server_end_time,
@@ -1080,7 +1088,8 @@ FROM (SELECT
     a_client_itl_p50_ms AS client_itl_p50_ms,
     a_client_itl_p99_ms AS client_itl_p99_ms,
     coalesce(client_ttft_ms, server_ttft_ms) AS ttft_ms,
-    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms
+    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms,
+    t_client_harness_version AS client_harness_version
 FROM (SELECT TraceId,
         min(first_seen) AS first_seen,
         min(server_start) AS server_start,
@@ -1148,6 +1157,9 @@ FROM (SELECT TraceId,
         any(t_error_type) AS t_error_type,
         any(t_finish_reason) AS t_finish_reason,
         any(t_rid) AS t_rid,
+        any(t_x_request_id) AS t_x_request_id,
+        any(t_client_harness) AS t_client_harness,
+        any(t_client_harness_version) AS t_client_harness_version,
         any(t_tgi_validation) AS t_tgi_validation,
         any(t_tgi_queue) AS t_tgi_queue,
         any(t_tgi_inference) AS t_tgi_inference,
@@ -1278,6 +1290,8 @@ FROM (SELECT
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
     multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
+    coalesce(nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
+    if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
     coalesce(server_start, client_start) AS start_time,
     coalesce(a_queue_ms, if(queue_spans = 0, NULL, queue_ns / 1e6), a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ttft_queue_ms,
     server_start + toIntervalNanosecond(server_duration_ns) AS server_end_time,
@@ -1294,7 +1308,8 @@ FROM (SELECT
     a_client_itl_p50_ms AS client_itl_p50_ms,
     a_client_itl_p99_ms AS client_itl_p99_ms,
     coalesce(client_ttft_ms, server_ttft_ms) AS ttft_ms,
-    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms
+    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms,
+    t_client_harness_version AS client_harness_version
 FROM (SELECT TraceId,
         min(first_seen) AS first_seen,
         min(server_start) AS server_start,
@@ -1362,6 +1377,9 @@ FROM (SELECT TraceId,
         any(t_error_type) AS t_error_type,
         any(t_finish_reason) AS t_finish_reason,
         any(t_rid) AS t_rid,
+        any(t_x_request_id) AS t_x_request_id,
+        any(t_client_harness) AS t_client_harness,
+        any(t_client_harness_version) AS t_client_harness_version,
         any(t_tgi_validation) AS t_tgi_validation,
         any(t_tgi_queue) AS t_tgi_queue,
         any(t_tgi_inference) AS t_tgi_inference,
