@@ -34,25 +34,12 @@ python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
 if [[ "${1:-}" == "--test" ]]; then
     .venv/bin/pip install -q -e '.[test]'
-    if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose >/dev/null
+    # faketime: the disaggregated-serving tests run each "host" on its own skewed wall clock
+    if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null || ! command -v faketime >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose faketime >/dev/null
     fi
 else
     .venv/bin/pip install -q -e .
 fi
-# build/src/phaselens: links to the top-level folders under their `phaselens.*` names, for mypy,
-# pyright and IDEs (pyproject.toml [tool.mypy]); folder links, so a new module is seen at once.
-.venv/bin/python - <<'PY'
-import pathlib, tomllib
-root = pathlib.Path.cwd()
-tree = root / "build/src/phaselens"
-tree.mkdir(parents=True, exist_ok=True)
-mapped = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-links = {path.name: path for path in (root / "phaselens").iterdir() if path.name != "__pycache__"}
-links.update({name.removeprefix("phaselens."): root / folder for name, folder in mapped.items() if name.count(".") == 1})
-for name, target in links.items():
-    link = tree / name
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target)
-PY
+# build/src/phaselens: the package as static tools see it (mypy, pyright, IDEs; .ci/linktree)
+.venv/bin/python .ci/linktree

@@ -14,6 +14,11 @@ SPAN_FIRST_CHUNK = "llm.first_chunk"  # first token handed to the stream → its
 SPAN_DECODE = "llm.decode"
 SPAN_DELIVERY = "llm.delivery"
 SPAN_ENGINE_STEP = "llm.engine_step"
+# Disaggregated prefill/decode (docs/disaggregation.md): each on the clock of the instance that emits it
+SPAN_KV_TRANSFER = "llm.kv_transfer"  # prefill instance: send start → the decode instance's acknowledgement
+SPAN_KV_RECEIVE = "llm.kv_receive"  # decode instance: connection accepted → KV written into its pool, ack sent
+SPAN_PD_PREFILL_CALL = "pd.prefill_call"  # router, CLIENT: request to the prefill instance → its answer
+SPAN_PD_DECODE_CALL = "pd.decode_call"  # router, CLIENT: request to the decode instance → its stream's end
 
 SERVER_SERVICE_NAME = "phaselens-server"  # service.name of a phaselens server when OTEL_SERVICE_NAME sets none
 VLLM_SERVICE_NAME = "vllm"  # service.name of vLLM with the phaselens plugin when OTEL_SERVICE_NAME sets none
@@ -144,6 +149,26 @@ PL_CLIENT_DISCONNECTED = "phaselens.client_disconnected"
 # wall/mono anchor of the emitting process, for the clock-offset diagnostic only
 PL_RECEIVED_WALL_NS = "phaselens.server.received_wall_ns"
 PL_RESPONDED_WALL_NS = "phaselens.server.responded_wall_ns"
+
+# Disaggregated serving: resource attributes of each instance, and the P/D terms (ms, the emitter's clock)
+PL_PD_ROLE = "phaselens.pd.role"  # resource: router | prefill | decode
+PL_PD_INSTANCE = "phaselens.pd.instance"  # resource: the instance's URL as the router knows it
+PL_PD_TRANSFER_ID = "phaselens.pd.transfer_id"
+PL_KV_BYTES = "phaselens.kv.bytes"  # llm.kv_transfer: bytes sent; llm.kv_receive: bytes received
+PL_KV_ACKED_BYTES = "phaselens.kv.acked_bytes"  # llm.kv_transfer: bytes the receiver's ack reports
+PL_KV_TRANSFER_MS = "phaselens.kv.transfer_ms"  # send start → acknowledgement (prefill clock)
+PL_KV_WAIT_MS = "phaselens.kv.wait_ms"  # first token → send start (prefill clock)
+PL_KV_READ_MS = "phaselens.kv.read_ms"  # llm.kv_receive: accepted → bytes read (decode clock)
+PL_KV_STAGE_MS = "phaselens.kv.stage_ms"  # llm.kv_receive: bytes read → written into the pool (decode clock)
+PL_KV_PEER = "phaselens.kv.peer"  # the other instance's KV address
+PL_PD_PREFILL_ANSWER_MS = "phaselens.pd.prefill_answer_ms"  # llm.kv_transfer: received → answer built (prefill clock)
+PL_ROUTER_INGRESS_MS = "phaselens.router.ingress_ms"  # received → request sent to the prefill instance
+PL_ROUTER_PREFILL_CALL_MS = "phaselens.router.prefill_call_ms"  # that request → its answer
+PL_ROUTER_GAP_MS = "phaselens.router.gap_ms"  # the prefill answer → request sent to the decode instance
+PL_ROUTER_DECODE_FIRST_CHUNK_MS = "phaselens.router.decode_first_chunk_ms"  # that request → first content chunk back
+PL_ROUTER_RELAY_MS = "phaselens.router.relay_ms"  # that chunk → handed to the router's send
+PL_ROUTER_PREFILL = "phaselens.router.prefill"  # the prefill instance's URL
+PL_ROUTER_DECODE = "phaselens.router.decode"  # the decode instance's URL
 
 # Engine step
 PL_STEP_INDEX = "phaselens.step.index"
