@@ -90,24 +90,27 @@ def _aiperf_paths(path: Path) -> tuple[Path, Path]:
     return records, records.with_name(AIPERF_SUMMARY)
 
 
-def _aiperf_summary(summary: Path) -> tuple[str | None, str | None, str | None]:
-    """(version, operation, model) from profile_export_aiperf.json; None for what it does not say."""
+def _aiperf_summary(summary: Path) -> tuple[str | None, str | None, str | None, str | None]:
+    """(version, operation, model, server URL) from profile_export_aiperf.json; None for what it
+    does not say."""
     if not summary.is_file():
-        return None, None, None
+        return None, None, None, None
     try:
         data = json.loads(summary.read_text(encoding="utf-8"))
         config = data.get("input_config") or {}
-        endpoint = (config.get("endpoint") or {}).get("type")
+        endpoint = config.get("endpoint") or {}
         models = ((config.get("models") or {}).get("items")) or [{}]
-        return data.get("aiperf_version"), AIPERF_OPERATIONS.get(str(endpoint)), models[0].get("name")
+        urls = endpoint.get("urls") or [None]
+        operation = AIPERF_OPERATIONS.get(str(endpoint.get("type")))
+        return data.get("aiperf_version"), operation, models[0].get("name"), urls[0]
     except (ValueError, AttributeError, TypeError):
-        return None, None, None  # the per-request file still holds every figure
+        return None, None, None, None  # the per-request file still holds every figure
 
 
 def read_aiperf(path: str | Path) -> HarnessRun:
     """AIPerf's artifact directory (or its profile_export.jsonl) → a HarnessRun."""
     records_path, summary = _aiperf_paths(Path(path))
-    version, operation, model = _aiperf_summary(summary)
+    version, operation, model, server_url = _aiperf_summary(summary)
     records: list[ClientRecord] = []
     bad: list[BadLine] = []
     without_id = 0
@@ -125,7 +128,7 @@ def read_aiperf(path: str | Path) -> HarnessRun:
                 without_id += 1
             else:
                 records.append(record)
-    return HarnessRun(AIPERF, version, operation, model, tuple(records), tuple(bad), without_id)
+    return HarnessRun(AIPERF, version, operation, model, tuple(records), tuple(bad), without_id, server_url)
 
 
 READERS = {AIPERF: read_aiperf}

@@ -23,6 +23,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -40,6 +41,8 @@ from phaselens.instrumentation import names as n
 IMPORT_SCOPE = "phaselens.harness_import"  # ScopeName of an imported client span
 LOOKUP_BATCH = 10_000  # request ids per lookup query
 INSERT_BATCH = 5_000  # spans per insert (one deduplication token each)
+# the per-minute rollups (analysis/rollup.py, `phaselens budget`'s default) leave imported views out
+READ_HINT = "  read them with `phaselens budget --exact`, report or diagnose (the per-minute rollups leave them out)"
 
 
 @dataclass(slots=True)
@@ -120,7 +123,8 @@ def _ms_to_ns(ms: float) -> int:
 
 def client_attributes(run: HarnessRun, record: ClientRecord, model: str | None) -> dict[str, Any]:
     """The CLIENT span's attributes: the harness's figures under the keys of phaselens's own client
-    span (docs/span-model.md#client-span), who measured them, and the request id it sent.
+    span (docs/span-model.md#client-span), who measured them, the request id it sent, and the server
+    it called.
         ITL p50/p99/max over the harness's inter-chunk gaps (common/quantile.py)."""
     gaps = sorted(record.itl_ms)
     attributes: dict[str, Any] = {
@@ -144,7 +148,21 @@ def client_attributes(run: HarnessRun, record: ClientRecord, model: str | None) 
     }
     if record.e2e_ms is not None:
         attributes[n.PL_CLIENT_DONE_WALL_NS] = record.start_wall_ns + _ms_to_ns(record.e2e_ms)
+    attributes.update(_server_address(run.server_url))
     return {k: v for k, v in attributes.items() if v is not None}
+
+
+def _server_address(url: str | None) -> dict[str, Any]:
+    """server.address / server.port of the URL the harness called (what `diagnose` suggests a second
+    run against); nothing for a URL it cannot read."""
+    if not url:
+        return {}
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # a port out of range
+        return {}
+    return {n.SERVER_ADDRESS: parts.hostname, n.SERVER_PORT: port} if parts.hostname else {}
 
 
 def client_span(run: HarnessRun, record: ClientRecord, match: ServerMatch, resource: Resource) -> ReadableSpan:
@@ -229,6 +247,7 @@ def summary_lines(report: ImportReport, run: HarnessRun, list_ids: int = 10) -> 
     out = [
         f"{who}: {report.records} records",
         f"  imported {report.imported} client spans, {report.already} already stored",
+        READ_HINT,
     ]
     warnings = []
     for label, ids in (("no server request", report.unmatched), ("several server requests", report.ambiguous)):

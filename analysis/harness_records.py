@@ -46,7 +46,8 @@ class BadLine:
 @dataclass(frozen=True, slots=True)
 class HarnessRun:
     """What one export holds: who measured (`harness`, `version`), the request shape it sent
-    (`operation`, `model`: None when the export does not say), the readable records and the bad ones."""
+    (`operation`, `model`: None when the export does not say), the readable records and the bad ones,
+    and the server it called (`server_url`)."""
 
     harness: str
     version: str | None
@@ -55,3 +56,4 @@ class HarnessRun:
     records: tuple[ClientRecord, ...]
     bad_lines: tuple[BadLine, ...] = field(default=())
     without_id: int = 0  # records that carry no request id: they cannot be joined, counted here
+    server_url: str | None = None  # the URL the harness called (its first, when it balanced over several)

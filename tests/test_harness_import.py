@@ -24,6 +24,8 @@ from phaselens.analysis.budget import budget
 from phaselens.analysis.harness_formats import read_aiperf
 from phaselens.analysis.harness_import import IMPORT_SCOPE, _insert, client_span, lookup
 from phaselens.analysis.harness_records import ClientRecord
+from phaselens.analysis.schema import PARTS_TABLE
+from phaselens.analysis.sketch import PENDING_TABLE
 from phaselens.commands import harness_import
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
@@ -81,6 +83,12 @@ def facts(stack: Stack, ids: list[str]) -> dict[str, dict]:
     )
     with stack.client() as ch:
         return {r["x_request_id"]: r for r in ch.query(sql, parameters={"ids": ids}).named_results()}
+
+
+def queries_rows(ch, name: str, database: str) -> list[dict]:
+    from phaselens.analysis.budget import query_rows
+
+    return query_rows(ch, name, {"database": database, "since": None})
 
 
 def imported_rows(stack: Stack, ids: list[str]) -> int:
@@ -151,6 +159,19 @@ def test_import_joins_each_record_once_and_reports_the_unmatched(stack, tmp_path
         assert row["client_ttfo_ms"] == record.ttfo_ms and row["client_tpot_ms"] == record.tpot_ms
         assert row["client_itl_p99_ms"] == pytest.approx(quantile(sorted(record.itl_ms), 0.99), rel=1e-12)
     assert imported_rows(stack, sent) == 15
+    with stack.client() as ch:  # the rollups leave imported client views out; the exact path reads them
+        traces = [m[0].trace_id for m in lookup(ch, stack.database, sent).values()]
+        sql = (
+            "SELECT countIf(t_client_harness IS NOT NULL) FROM {db:Identifier}.{t:Identifier} "
+            "WHERE TraceId IN {ids:Array(String)}"
+        )
+        for table, want in ((PARTS_TABLE, 15), (PENDING_TABLE, 0)):
+            params = {"db": stack.database, "t": table, "ids": traces}
+            assert ch.query(sql, parameters=params).result_rows == [(want,)]
+    with stack.client() as ch:  # the server AIPerf called: what diagnose suggests a second run against
+        assert queries_rows(ch, "diagnosis_target", stack.database) == [
+            {"server_address": "127.0.0.1", "server_port": "32789"}
+        ]
 
     # the same file again: every span is already stored, nothing is added
     assert (
@@ -273,6 +294,7 @@ def test_aiperf_records_read_as_aiperf_wrote_them():
     first = json.loads((FIXTURE / "profile_export.jsonl").read_text().splitlines()[0])
     m = first["metrics"]
     assert (run.harness, run.version, run.operation, run.model) == ("aiperf", "0.13.0", n.OP_CHAT, "tiny")
+    assert run.server_url == "http://127.0.0.1:32789"  # the reference server that run called
     assert len(run.records) == 18 and run.bad_lines == () and run.without_id == 0
     assert run.records[0] == ClientRecord(
         request_id=first["metadata"]["x_request_id"],

@@ -1119,9 +1119,9 @@ ALTER TABLE "otel"."phaselens_request_pending"
     ADD COLUMN IF NOT EXISTS t_tgi_per_token SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1));
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_request_pending_mv" TO "otel"."phaselens_request_pending"
-AS SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts";
+AS SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts" WHERE t_client_harness IS NULL;
 
-ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts";
+ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts" WHERE t_client_harness IS NULL;
 
 DROP VIEW IF EXISTS "otel"."phaselens_budget_seal";
 
