@@ -179,6 +179,14 @@ def _stat(row: dict, name: str) -> Stat:
     return Stat(*values[:3], _clean(row.get(f"{name}_mean")))
 
 
+def _unobserved(dists: dict[str, Stat]) -> None:
+    """A component no request in the selection stamped (`q.OBSERVED_BY`) is unobserved: no figures,
+    rather than the 0 ms it counts as inside the mean identity."""
+    for name, witness in q.OBSERVED_BY.items():
+        if dists[witness].mean is None:
+            dists[name] = Stat()
+
+
 def budget(
     client,
     database: str = "otel",
@@ -203,6 +211,7 @@ def budget(
     dists = {name: _stat(row, name) for name, _ in q.DISTRIBUTIONS}
     reference = "client" if row.get("with_client") else "server"
     whole = dists[f"{reference}_ttft_ms"]
+    _unobserved(dists)
     components = [ComponentBudget(name, dists[name], dists[name].ratio(whole)) for name, _ in q.COMPONENTS]
     requests = int(row.get("requests") or 0)
     return BudgetReport(

@@ -10,12 +10,15 @@ Filters (CLI): database, service, model, since ("15m"; None = all time), bucket_
 ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
 
 Budget terms (docs/budget-method.md), each a duration on one clock, from `phaselens_request_facts`:
-    TTFT_client = ingress + queue + prefill + first_token + first_chunk + residual,
+    TTFT_client = inbound + ingress + queue + prefill + first_token + first_chunk + client_read + residual,
+    inbound = the request's bytes in the server's kernel → ingress (server clock, kernel stamp),
     first_chunk = first token handed to the stream → its chunk handed to the server's `send`,
-    residual = client_ttft − server_ttfc (network both ways + client overhead), server_ttfc =
-    server_ttft + first_chunk. A request without a first-chunk stamp (not streamed, or a span model
-    that does not separate it) counts first_chunk = 0 in the budget: its delivery stays in the
-    residual, which is then client_ttft − server_ttft, so the mean row still adds up exactly.
+    client_read = the first content bytes in the client's kernel → the client read them (client clock),
+    residual = client_ttft − server_ttfc − inbound − client_read (network both ways: what no stamp
+    explains), server_ttfc = server_ttft + first_chunk. A request without one of the stamped terms
+    (not streamed, a server without the inbound protocol, another client, a span model that does not
+    separate it) counts it 0 in the budget: that time stays in the residual, so the mean row still
+    adds up exactly; a term no request in the selection has prints as unobserved (`OBSERVED_BY`).
 The queue term is `ttft_queue_ms`, the waits before the first token; `queue_ms` counts all waits.
 A request's TTFT for ranking and SLOs is the client's when there is a client span, else the server's
 (`ttft_ms`); likewise `tpot_ms`.
@@ -46,14 +49,19 @@ LEVEL_LABELS = ("p50", "p90", "p99")
 # `before_engine_ms` is set only for span models that cannot split ingress and first_token (vLLM's
 # native span): server TTFT − queue − prefill (analysis/schema.py).
 COMPONENTS = (
+    ("inbound_ms", "ifNull(inbound_ms, 0)"),
     ("ingress_ms", "ingress_ms"),
     ("queue_ms", "ttft_queue_ms"),
     ("prefill_ms", "prefill_ms"),
     ("first_token_ms", "first_token_ms"),
     ("before_engine_ms", "before_engine_ms"),
     ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"),
+    ("client_read_ms", "ifNull(client_read_ms, 0)"),
     ("residual_ms", "residual_ms"),
 )
+# Where the inbound edge went (inbound = kernel_wait + dispatch): the bytes waiting in the kernel for
+# a busy event loop, against HTTP parsing and the task start.
+INBOUND_SPLIT = (("kernel_wait_ms", "kernel_wait_ms"), ("dispatch_ms", "dispatch_ms"))
 # Where the server's first-chunk time went (first_chunk = loop_wait + encode): a late event loop
 # (loop_wait) against SSE encoding and the framework (encode); write (send until it returned) beside it.
 FIRST_CHUNK_SPLIT = (("loop_wait_ms", "loop_wait_ms"), ("encode_ms", "encode_ms"), ("write_ms", "write_ms"))
@@ -66,6 +74,8 @@ DISTRIBUTIONS = (
     ("server_ttfc_ms", "server_ttfc_ms"),
     *COMPONENTS,
     *FIRST_CHUNK_SPLIT,
+    *INBOUND_SPLIT,
+    ("client_read_observed_ms", "client_read_ms"),
     ("e2e_residual_ms", "e2e_residual_ms"),
     ("client_tpot_ms", "client_tpot_ms"),
     ("server_tpot_ms", "server_tpot_ms"),
@@ -76,6 +86,13 @@ DISTRIBUTIONS = (
     ("stall_ms", "stall_ms"),
     ("queue_all_waits_ms", "queue_ms"),
 )
+# A component counted 0 where not stamped, and the distribution whose mean is NULL when no request
+# in the selection was stamped: the budget then shows the component as unobserved, not as 0 ms.
+OBSERVED_BY = {
+    "inbound_ms": "kernel_wait_ms",
+    "first_chunk_ms": "loop_wait_ms",
+    "client_read_ms": "client_read_observed_ms",
+}
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
 NO_OUTPUT = "status = 'ok' AND has_client AND client_ttft_ms IS NULL"

@@ -214,6 +214,8 @@ class ServerRequest(RequestTimeline):
             self.first_chunk_ns,
             self.first_chunk_sent_ns,
             self.last_chunk_ns,
+            self.arrived_ns,
+            self.read_ns,
             self.finish_reason,
             int64s(self.waits.tobytes()),
             int64s(self.chunks.tobytes()),

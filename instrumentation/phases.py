@@ -26,6 +26,11 @@ Boundaries (monotonic ns of one process):
                 the bytes before the server's coroutine resumes, and the residual stays ≥ 0.
 - So, exactly:  server TTFC = first_chunk − received = server TTFT + first_chunk, and the
                 client's residual = client TTFT − server TTFC is network both ways + client only.
+- inbound     = received − arrived = kernel_wait + dispatch, before ingress (`inbound`; 0 and
+                `arrived_ns` 0 when not observed): kernel_wait = read − arrived (the request's
+                first bytes in the server's kernel until the event loop read them), dispatch =
+                received − read (HTTP parsing, the server's task start). So the server's part of
+                the client's TTFT is inbound + server TTFC.
 - server last chunk = last_chunk − received (the last content chunk handed to `send`: the stream's
                 end as the client's e2e sees it).
 - decode      = last_token − first_token (waits after a preemption in decode are inside it and show
@@ -60,6 +65,10 @@ class Phases:
 
     received_ns: int
     end_ns: int  # responded; the engine's last stamp when later (it worked on after the client left)
+    arrived_ns: int = 0  # the request's bytes reached the kernel (0: not observed)
+    read_ns: int = 0  # the event loop handed them to the HTTP protocol (0: not observed)
+    kernel_wait_ns: int = 0
+    dispatch_ns: int = 0
     enqueued_ns: int = 0
     scheduled_ns: int = 0
     prefill_end_ns: int = 0
@@ -91,6 +100,11 @@ class Phases:
     def ttfc_ns(self) -> int:
         """Server time to first chunk: received → the first content chunk handed to the server's `send`."""
         return self.first_chunk_ns - self.received_ns if self.first_chunk_ns else 0
+
+    @property
+    def inbound_ns(self) -> int:
+        """arrived → received (0 when not observed: then `arrived_ns` is 0 too)."""
+        return self.received_ns - self.arrived_ns if self.arrived_ns else 0
 
     @property
     def e2e_ns(self) -> int:
@@ -132,6 +146,7 @@ def compute_phases(timeline: Timeline) -> Phases:
     end_ns = max(timeline.responded_ns, last_stamp_ns(timeline))
     p = Phases(received_ns=timeline.received_ns, end_ns=end_ns, enqueued_ns=timeline.enqueued_ns)
     p.waits = closed_waits(timeline, end_ns)
+    _inbound(p, timeline)
     if not p.enqueued_ns:
         return p
     p.ingress_ns = p.enqueued_ns - p.received_ns
@@ -157,6 +172,16 @@ def compute_phases(timeline: Timeline) -> Phases:
     p.itl_ns = [b - a for a, b in itertools.pairwise(stamps)]
     _first_chunk(p, timeline)
     return p
+
+
+def _inbound(p: Phases, timeline: Timeline) -> None:
+    """The inbound edge (module docstring), when its stamps are in order."""
+    arrived, read = timeline.arrived_ns, timeline.read_ns
+    if not 0 < read <= p.received_ns:
+        return
+    p.read_ns, p.dispatch_ns = read, p.received_ns - read
+    if 0 < arrived <= read:
+        p.arrived_ns, p.kernel_wait_ns = arrived, read - arrived
 
 
 def _first_chunk(p: Phases, timeline: Timeline) -> None:

@@ -83,7 +83,8 @@ NO_HTTP = HttpFacts()
 class RequestRecord(NamedTuple):
     """One closed request: the SERVER root's ids (chosen at receipt), the sampling decision, the
     remote parent (None: a root trace), the timeline (monotonic ns of the serving process; layout
-    in `timeline`; the four stamps of the response's content chunks in `handle.ServerRequest`), and
+    in `timeline`; the four stamps of the response's content chunks in `handle.ServerRequest`, the inbound
+    edge's two in `inbound`), and
     what the API layer and the middleware reported."""
 
     root: SpanIds
@@ -97,6 +98,8 @@ class RequestRecord(NamedTuple):
     first_chunk_ns: int
     first_chunk_sent_ns: int
     last_chunk_ns: int
+    arrived_ns: int
+    read_ns: int
     finish_reason: str
     waits: Int64s
     chunks: Int64s

@@ -41,6 +41,7 @@ from .emitter import SpanEmitter
 from .genai_metrics import GenAiServerMetrics
 from .handle import Closer, ServerRequest
 from .ids import RootDecider
+from .inbound import InboundStamps
 from .observer import RequestHandle
 from .record import HttpFacts
 from .shipper import ProcessSink
@@ -108,6 +109,7 @@ class ServerTelemetry:
         self._roots, self._sink = make_sink(service_name, token_events, queue_capacity, poll_interval_s)
         self._closer = Closer(self._sink.submit, clock_ns, int(engine_grace_s * 1e9))
         self.step_observer = StepRecorder(self._sink.submit)
+        self.inbound = InboundStamps(clock_ns)  # filled by an `inbound.InboundProtocol` when the server has one
         self._owns_providers = owns_providers
         self._shut_down = False
         self._sink.start()
@@ -186,8 +188,13 @@ class ServerTelemetry:
             received_ns=received_ns,
             managed=managed,
         )
+        handle.arrived_ns, handle.read_ns = self.inbound.take(scope.get("client"))
         scope[SCOPE_KEY] = handle
         return handle
+
+    def response_ended(self, scope: MutableMapping[str, Any]) -> None:
+        """The response's last body chunk went out: the connection's later reads were this request's."""
+        self.inbound.discard(scope.get("client"))
 
     def _expire(self) -> None:
         """At each wake-up of the sink's thread: requests the engine has let go of go on."""

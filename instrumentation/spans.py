@@ -170,6 +170,7 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
     if outcome.completion is not None:
         attributes[names.GEN_AI_OUTPUT_MESSAGES] = _messages("assistant", outcome.completion, finish_reason)
     attributes.update(first_chunk_attributes(phases))
+    attributes.update(inbound_attributes(phases))
     return _drop_none(attributes)
 
 
@@ -180,6 +181,18 @@ def first_chunk_split(phases: Phases) -> dict[str, Any]:
         names.PL_FIRST_CHUNK_ENCODE_MS: _ms(phases.encode_ns),
         names.PL_FIRST_CHUNK_WRITE_MS: _ms(phases.write_ns),
     }
+
+
+def inbound_attributes(phases: Phases) -> dict[str, Any]:
+    """The inbound edge on the root (exact, kernel receive stamp); dispatch alone when the kernel gave
+    no stamp; {} when the server has no inbound protocol."""
+    if not phases.read_ns:
+        return {}
+    attributes = {names.PL_INBOUND_DISPATCH_MS: _ms(phases.dispatch_ns)}
+    if phases.arrived_ns:
+        attributes[names.PL_INBOUND_MS] = _ms(phases.inbound_ns)
+        attributes[names.PL_INBOUND_KERNEL_WAIT_MS] = _ms(phases.kernel_wait_ns)
+    return attributes
 
 
 def first_chunk_attributes(phases: Phases) -> dict[str, Any]:

@@ -12,6 +12,8 @@ Layout of a request timeline (all monotonic ns, 0 = not stamped):
                chunks, stamped on the event loop (`handle.ServerRequest`): the API layer took the
                first output carrying content off the engine's stream; its body chunk handed to the
                server's `send`; that `send` returned; the last content chunk handed to `send`
+    arrived_ns, read_ns   the request's first bytes reached the server's kernel; the event loop
+               handed them to the HTTP protocol (`inbound`; 0 = not observed)
     waits      flat [start0, end0, start1, end1, …]  queue waits; odd length = a wait still open
     chunks     flat [start, end, tokens, cached, …]  prefill chunks (initial and recompute)
     token_ns   one stamp per `token()` call (a decode step that gave this request tokens)
@@ -36,6 +38,7 @@ class RequestTimeline:
     """Per-request phase stamps (observer.RequestObserver). Written by the loop thread only."""
 
     __slots__ = (
+        "arrived_ns",
         "chunks",
         "clock_ns",
         "enqueued_ns",
@@ -46,6 +49,7 @@ class RequestTimeline:
         "first_token_ns",
         "last_chunk_ns",
         "output_ready_ns",
+        "read_ns",
         "received_ns",
         "responded_ns",
         "token_n",
@@ -61,6 +65,7 @@ class RequestTimeline:
         self.finished_ns = 0
         self.responded_ns = 0
         self.output_ready_ns = self.first_chunk_ns = self.first_chunk_sent_ns = self.last_chunk_ns = 0
+        self.arrived_ns = self.read_ns = 0
         self.finish_reason = ""
         self.waits = array("q")
         self.chunks = array("q")
