@@ -25,6 +25,7 @@ TPOT_ITL = (
 )
 FIRST_CHUNK_SPLIT = tuple(name for name, _ in q.FIRST_CHUNK_SPLIT)
 INBOUND_SPLIT = tuple(name for name, _ in q.INBOUND_SPLIT)
+CLIENT_SPLIT = tuple(name for name, _ in q.CLIENT_SPLIT)
 UNOBSERVED = "unobserved"  # a term no request in the selection was stamped with (not 0 ms)
 
 
@@ -71,11 +72,13 @@ def to_rich(report: BudgetReport) -> Group:
     for name in FIRST_CHUNK_SPLIT:
         split.add_row(name, *_stat_cells(report.distributions[name]))
     inbound = _table(
-        "inbound: before ingress, on the server (ms; kernel_wait = the request's bytes in the kernel "
-        "until the event loop read them, dispatch = HTTP parsing and task start; kernel receive stamps)",
+        "edges (ms, kernel receive stamps): inbound = kernel_wait (the request's bytes in the server's "
+        "kernel until its event loop read them) + dispatch (HTTP parsing, task start), server clock; "
+        "client = client_send (until the request's bytes left) + client_read (the first content bytes "
+        "in the client's kernel until it read them), client clock",
         ["part", "p50", "p90", "p99", "mean"],
     )
-    for name in INBOUND_SPLIT:
+    for name in INBOUND_SPLIT + CLIENT_SPLIT:
         inbound.add_row(name, *_stat_cells(report.distributions[name]))
     parts = [budget, split, inbound, tpot]
     if report.span_models:

@@ -10,11 +10,12 @@ Filters (CLI): database, service, model, since ("15m"; None = all time), bucket_
 ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
 
 Budget terms (docs/budget-method.md), each a duration on one clock, from `phaselens_request_facts`:
-    TTFT_client = inbound + ingress + queue + prefill + first_token + first_chunk + client_read + residual,
+    TTFT_client = inbound + ingress + queue + prefill + first_token + first_chunk + client + residual,
     inbound = the request's bytes in the server's kernel → ingress (server clock, kernel stamp),
     first_chunk = first token handed to the stream → its chunk handed to the server's `send`,
-    client_read = the first content bytes in the client's kernel → the client read them (client clock),
-    residual = client_ttft − server_ttfc − inbound − client_read (network both ways: what no stamp
+    client = client_send + client_read (client clock): sent → the request's bytes handed to the
+    kernel, less a new connection's connect; the first content bytes in the client's kernel → read,
+    residual = client_ttft − server_ttfc − inbound − client (network both ways: what no stamp
     explains), server_ttfc = server_ttft + first_chunk. A request without one of the stamped terms
     (not streamed, a server without the inbound protocol, another client, a span model that does not
     separate it) counts it 0 in the budget: that time stays in the residual, so the mean row still
@@ -56,12 +57,14 @@ COMPONENTS = (
     ("first_token_ms", "first_token_ms"),
     ("before_engine_ms", "before_engine_ms"),
     ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"),
-    ("client_read_ms", "ifNull(client_read_ms, 0)"),
+    ("client_ms", "ifNull(client_ms, 0)"),
     ("residual_ms", "residual_ms"),
 )
 # Where the inbound edge went (inbound = kernel_wait + dispatch): the bytes waiting in the kernel for
 # a busy event loop, against HTTP parsing and the task start.
 INBOUND_SPLIT = (("kernel_wait_ms", "kernel_wait_ms"), ("dispatch_ms", "dispatch_ms"))
+# The client's own time (client = send + read): a load generator short of CPU shows here.
+CLIENT_SPLIT = (("client_send_ms", "client_send_ms"), ("client_read_ms", "client_read_ms"))
 # Where the server's first-chunk time went (first_chunk = loop_wait + encode): a late event loop
 # (loop_wait) against SSE encoding and the framework (encode); write (send until it returned) beside it.
 FIRST_CHUNK_SPLIT = (("loop_wait_ms", "loop_wait_ms"), ("encode_ms", "encode_ms"), ("write_ms", "write_ms"))
@@ -75,7 +78,8 @@ DISTRIBUTIONS = (
     *COMPONENTS,
     *FIRST_CHUNK_SPLIT,
     *INBOUND_SPLIT,
-    ("client_read_observed_ms", "client_read_ms"),
+    *CLIENT_SPLIT,
+    ("client_observed_ms", "client_ms"),
     ("e2e_residual_ms", "e2e_residual_ms"),
     ("client_tpot_ms", "client_tpot_ms"),
     ("server_tpot_ms", "server_tpot_ms"),
@@ -91,7 +95,7 @@ DISTRIBUTIONS = (
 OBSERVED_BY = {
     "inbound_ms": "kernel_wait_ms",
     "first_chunk_ms": "loop_wait_ms",
-    "client_read_ms": "client_read_observed_ms",
+    "client_ms": "client_observed_ms",
 }
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error

@@ -29,7 +29,7 @@ COMPONENTS = (
     ("first_token_ms", "first token", "#b07ad0"),
     ("before_engine_ms", "before the engine (span model without ingress/first token)", "#d08a8a"),
     ("first_chunk_ms", "first chunk (server delivery)", "#e07b9a"),
-    ("client_read_ms", "client read (first bytes in the client's kernel → read)", "#8c7a5b"),
+    ("client_ms", "client (its own send and read of the first bytes)", "#8c7a5b"),
     ("residual_ms", "residual (network: what no stamp explains)", "#a9b0bc"),
 )
 SPAN_COLORS = {

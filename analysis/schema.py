@@ -185,6 +185,7 @@ NUMERIC_ATTRS = {
     "a_kernel_wait_ms": n.PL_INBOUND_KERNEL_WAIT_MS,
     "a_dispatch_ms": n.PL_INBOUND_DISPATCH_MS,
     "a_client_read_ms": n.PL_CLIENT_READ_MS,
+    "a_client_send_ms": n.PL_CLIENT_SEND_MS,
     "a_server_ttfc_ms": n.PL_SERVER_TTFC_MS,
     "a_server_last_chunk_ms": n.PL_SERVER_LAST_CHUNK_MS,
     "a_delivery_ms": n.PL_DELIVERY_MS,
@@ -361,14 +362,19 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("itl_p99_ms", "a_itl_p99_ms"),
     ("stall_ms", "a_stall_ms"),
     ("preemptions", "CAST(coalesce(a_preemptions, if(queue_spans = 0, NULL, queue_spans - 1)) AS Nullable(UInt32))"),
-    # the server's inbound edge and the client's read of the first content bytes (kernel receive stamps)
+    # the server's inbound edge, and the client's own time: before its request's bytes left, after
+    # the first content bytes arrived (kernel receive stamps)
     ("inbound_ms", "a_inbound_ms"),
-    ("client_read_ms", "a_client_read_ms"),
+    (
+        "client_ms",
+        "if(a_client_send_ms IS NULL AND a_client_read_ms IS NULL, NULL, "
+        "ifNull(a_client_send_ms, 0) + ifNull(a_client_read_ms, 0))",
+    ),
     # what no stamp explains (network both ways): against the server's first content bytes where it
     # stamped them, less the edges observed on either side (an unobserved edge stays in it)
     (
         "residual_ms",
-        "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_read_ms, 0)",
+        "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_ms, 0)",
     ),
     # TGI: total_time ends as its last token reaches the router, before that event's SSE encoding
     ("e2e_residual_ms", f"client_e2e_ms - coalesce(a_server_last_chunk_ms, {_tgi_ms('total')})"),
@@ -388,6 +394,8 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("write_ms", "a_write_ms"),
     ("kernel_wait_ms", "a_kernel_wait_ms"),
     ("dispatch_ms", "a_dispatch_ms"),
+    ("client_send_ms", "a_client_send_ms"),
+    ("client_read_ms", "a_client_read_ms"),
     ("has_client", "client_start IS NOT NULL"),
     ("has_server", "server_start IS NOT NULL"),
     ("finish_reason", "t_finish_reason"),

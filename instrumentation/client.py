@@ -87,6 +87,8 @@ class StreamResult:
     first_event_ns: int | None = None  # first SSE event of any kind (role-only included)
     first_chunk_ns: int | None = None  # first content chunk (TTFT)
     first_chunk_arrived_ns: int = 0  # the kernel's receive stamp of its bytes (0: not observed)
+    written_ns: int = 0  # the request's last bytes handed to the kernel (0: not observed)
+    connect_ns: int = 0  # the new connection's connect it waited for (network time, not the client's)
     first_output_ns: int | None = None  # first non-reasoning content chunk (TTFO)
     last_chunk_ns: int | None = None  # last content chunk (e2e)
     done_ns: int = 0  # response closed (or failure seen)
@@ -101,6 +103,7 @@ class StreamResult:
     error: str | None = None
     ttft_ms: float | None = None
     read_ms: float | None = None  # first content bytes in this host's kernel → this client read them
+    send_ms: float | None = None  # sent → the request's bytes handed to the kernel, less the connect
     ttfo_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
@@ -150,6 +153,8 @@ def compute_metrics(result: StreamResult) -> None:
         result.ttft_ms = (result.first_chunk_ns - sent) / 1e6
         if sent <= result.first_chunk_arrived_ns <= result.first_chunk_ns:
             result.read_ms = (result.first_chunk_ns - result.first_chunk_arrived_ns) / 1e6
+        if sent + result.connect_ns <= result.written_ns <= result.first_chunk_ns:
+            result.send_ms = (result.written_ns - sent - result.connect_ns) / 1e6
         result.e2e_ms = (result.last_chunk_ns - sent) / 1e6
     if result.first_output_ns is not None:
         result.ttfo_ms = (result.first_output_ns - sent) / 1e6
@@ -377,6 +382,8 @@ class TracedClient:
                 raise StreamFailure(*_error_of(obj, str(response.status_code)))
             parser = SSEParser()
             receipts = None
+            result.written_ns = getattr(response.extensions.get(RECEIPTS), "written_ns", 0)
+            result.connect_ns = getattr(response.extensions.get(RECEIPTS), "connect_ns", 0)
             if response.headers.get("content-encoding", "identity") == "identity":
                 receipts = response.extensions[RECEIPTS]
                 pieces = receipts.stamped()  # stamped per network read, with the kernel's stamp
@@ -441,6 +448,7 @@ def _result_attributes(result: StreamResult) -> dict:
         N.PL_CLIENT_TTFT_MS: result.ttft_ms,
         N.PL_CLIENT_TTFO_MS: result.ttfo_ms,
         N.PL_CLIENT_READ_MS: result.read_ms,
+        N.PL_CLIENT_SEND_MS: result.send_ms,
         N.PL_CLIENT_TPOT_MS: result.tpot_ms,
         N.PL_CLIENT_E2E_MS: result.e2e_ms,
         N.PL_CLIENT_ITL_P50_MS: quantile(itl, 0.5),

@@ -15,7 +15,10 @@ over, before any other task's work can delay it; on a plain TCP connection also 
 receive stamp of its bytes, peeked in `get_buffer` just before the loop reads them (`kernel_stamps`;
 0 when the kernel gave none, or over TLS, where the socket's bytes are not yet the payload's). The
 response carries its body stream under `extensions[RECEIPTS]`; `stream.stamped()` yields (receive
-stamp, payload) per network read, and `stream.arrived_ns` is the kernel stamp of the last one.
+stamp, payload) per network read, and `stream.arrived_ns` is the kernel stamp of the last one;
+`stream.written_ns` is when the request's last bytes were handed to the transport (asyncio sends
+at once when the socket buffer has room; stamped just before, so the send itself is never counted
+twice, as the client's and as the server's time) and `stream.connect_ns` how long its new connection took to open.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._kernel_stamps = kernel_stamps
         self._stamper: KernelStamper | None = None
         self._arrived_ns = 0  # the kernel's receive stamp of the bytes being read (0: none)
+        self.connect_ns = 0  # how long opening this connection took; taken by its first request
+        self.write_ns = 0  # the last write handed to the transport (stamped just before it)
         self._pieces: collections.deque = collections.deque()  # (stamp ns, bytes, kernel stamp ns)
         self._unread = 0
         self._waiter: asyncio.Future | None = None
@@ -168,6 +173,8 @@ class _Connection(asyncio.BufferedProtocol):
     async def write(self, data: bytes, timeout_s: float | None, request: httpx.Request) -> None:
         if self.closed:
             raise httpx.WriteError("connection closed", request=request)
+        # before the write: asyncio sends at once, and a reader may take the bytes before we resume
+        self.write_ns = self._clock_ns()
         self.transport.write(data)
         if self._drained is not None:
             try:
@@ -280,6 +287,8 @@ class _Body(httpx.AsyncByteStream):
     reusable: bool = True
     read_timeout_s: float | None = None
     arrived_ns: int = 0  # the kernel's receive stamp of the read `stamped()` yielded last (0: none)
+    written_ns: int = 0  # the request's last bytes handed to the kernel (a synchronous send)
+    connect_ns: int = 0  # the TCP (and TLS) connect this request waited for; 0 on a kept-alive one
     complete: bool = False
     released: bool = False
     decoder: ChunkedDecoder = field(default_factory=ChunkedDecoder)
@@ -355,13 +364,16 @@ class StreamingTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout", {})
         conn = await self._acquire(request, timeouts)
+        connect_ns, conn.connect_ns = conn.connect_ns, 0
         try:
             await self._send(conn, request, timeouts.get("write"))
+            written_ns = conn.write_ns
             head, body_start = await self._read_head(conn, request, timeouts.get("read"))
             body = self._body(conn, request, head, timeouts.get("read"))
         except BaseException:
             self.release(conn, False)
             raise
+        body.written_ns, body.connect_ns = written_ns, connect_ns
         if body_start is not None:
             conn.unread(*body_start)
             body.reusable = body.reusable and body.framing != "none"  # bytes beyond an empty body
@@ -421,6 +433,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 self._ssl = httpx.create_ssl_context(trust_env=False)
             tls = self._ssl
         loop = asyncio.get_running_loop()
+        start_ns = self._clock_ns()
         try:
             async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(
@@ -434,6 +447,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connect to {host}:{port} took over {timeout_s} s", request=request) from None
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
+        conn.connect_ns = self._clock_ns() - start_ns
         return conn
 
     async def _send(self, conn: _Connection, request: httpx.Request, timeout_s: float | None) -> None:

@@ -159,6 +159,7 @@ PL_CLIENT_TTFT_MS = "phaselens.client.ttft_ms"
 PL_CLIENT_TTFO_MS = "phaselens.client.ttfo_ms"
 PL_CLIENT_TPOT_MS = "phaselens.client.tpot_ms"
 PL_CLIENT_READ_MS = "phaselens.client.read_ms"  # first content bytes in the client's kernel → the client read them
+PL_CLIENT_SEND_MS = "phaselens.client.send_ms"  # request started → its bytes handed to the kernel, less the connect
 PL_CLIENT_E2E_MS = "phaselens.client.e2e_ms"
 PL_CLIENT_ITL_P50_MS = "phaselens.client.itl_p50_ms"
 PL_CLIENT_ITL_P99_MS = "phaselens.client.itl_p99_ms"

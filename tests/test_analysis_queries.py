@@ -184,7 +184,7 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
         "stall_ms",
         "preemptions",
         "inbound_ms",
-        "client_read_ms",
+        "client_ms",
         "residual_ms",
         "e2e_residual_ms",
         "clock_offset_estimate_ms",

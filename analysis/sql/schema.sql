@@ -101,6 +101,7 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_parts" (
     a_kernel_wait_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_dispatch_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_client_read_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    a_client_send_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_server_ttfc_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_server_last_chunk_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_delivery_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
@@ -181,6 +182,7 @@ ALTER TABLE "otel"."phaselens_request_parts"
     ADD COLUMN IF NOT EXISTS a_kernel_wait_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_dispatch_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_client_read_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS a_client_send_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_server_ttfc_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_server_last_chunk_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_delivery_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
@@ -259,6 +261,7 @@ AS SELECT TraceId,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound.kernel_wait_ms'])) AS a_kernel_wait_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound.dispatch_ms'])) AS a_dispatch_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.client.read_ms'])) AS a_client_read_ms,
+    max(toFloat64OrNull(SpanAttributes['phaselens.client.send_ms'])) AS a_client_send_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.server.ttfc_ms'])) AS a_server_ttfc_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.server.last_chunk_ms'])) AS a_server_last_chunk_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.delivery_ms'])) AS a_delivery_ms,
@@ -339,6 +342,7 @@ ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound.kernel_wait_ms'])) AS a_kernel_wait_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound.dispatch_ms'])) AS a_dispatch_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.client.read_ms'])) AS a_client_read_ms,
+    max(toFloat64OrNull(SpanAttributes['phaselens.client.send_ms'])) AS a_client_send_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.server.ttfc_ms'])) AS a_server_ttfc_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.server.last_chunk_ms'])) AS a_server_last_chunk_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.delivery_ms'])) AS a_delivery_ms,
@@ -412,8 +416,8 @@ SELECT
     a_stall_ms AS stall_ms,
     CAST(coalesce(a_preemptions, if(queue_spans = 0, NULL, queue_spans - 1)) AS Nullable(UInt32)) AS preemptions,
     a_inbound_ms AS inbound_ms,
-    a_client_read_ms AS client_read_ms,
-    client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_read_ms, 0) AS residual_ms,
+    if(a_client_send_ms IS NULL AND a_client_read_ms IS NULL, NULL, ifNull(a_client_send_ms, 0) + ifNull(a_client_read_ms, 0)) AS client_ms,
+    client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_ms, 0) AS residual_ms,
     client_e2e_ms - coalesce(a_server_last_chunk_ms, toFloat64OrNull(extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS e2e_residual_ms,
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
     multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
@@ -428,6 +432,8 @@ SELECT
     a_write_ms AS write_ms,
     a_kernel_wait_ms AS kernel_wait_ms,
     a_dispatch_ms AS dispatch_ms,
+    a_client_send_ms AS client_send_ms,
+    a_client_read_ms AS client_read_ms,
     client_start IS NOT NULL AS has_client,
     server_start IS NOT NULL AS has_server,
     t_finish_reason AS finish_reason,
@@ -441,7 +447,7 @@ FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_read_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms
 FROM "otel"."phaselens_request_facts";
 
 CREATE OR REPLACE VIEW "otel"."phaselens_steps" AS
