@@ -32,3 +32,19 @@ if [[ "${1:-}" == "--test" ]]; then
 else
     .venv/bin/pip install -q -e .
 fi
+# build/src/phaselens: links to the top-level folders under their `phaselens.*` names, for mypy,
+# pyright and IDEs (pyproject.toml [tool.mypy]); folder links, so a new module is seen at once.
+.venv/bin/python - <<'PY'
+import pathlib, tomllib
+root = pathlib.Path.cwd()
+tree = root / "build/src/phaselens"
+tree.mkdir(parents=True, exist_ok=True)
+mapped = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+links = {path.name: path for path in (root / "phaselens").iterdir() if path.name != "__pycache__"}
+links.update({name.removeprefix("phaselens."): root / folder for name, folder in mapped.items() if name.count(".") == 1})
+for name, target in links.items():
+    link = tree / name
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+PY

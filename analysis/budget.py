@@ -126,7 +126,7 @@ def open_client(url: str):
         return connect(url)
     except ValueError as e:
         raise AnalysisError(str(e)) from None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 — any failure to connect becomes one AnalysisError
         text = str(e)
         refused = "NewConnectionError" in text or "refused" in text.lower()
         reason = "connection refused" if refused else text.splitlines()[0][:160]
@@ -152,7 +152,7 @@ def query_rows(client, name: str, filters: dict) -> list[dict]:
         result = client.query(sql, parameters=params)
     except QueryError as e:
         raise AnalysisError(str(e)) from None
-    except Exception as e:  # clickhouse-connect raises DatabaseError/OperationalError subclasses
+    except Exception as e:  # noqa: BLE001 — clickhouse-connect raises DatabaseError/OperationalError subclasses
         raise AnalysisError(_explain(e, filters.get("database", "otel"))) from None
     return [dict(zip(result.column_names, row, strict=False)) for row in result.result_rows]
 

@@ -552,7 +552,7 @@ def request_trace(d: Dialect) -> str:
     )
 
 
-# --- cookbook (README) --------------------------------------------------------------------
+# --- cookbook (docs/sql-cookbook.md) ------------------------------------------------------
 
 TTFT_P50_P99 = (
     "quantileExactInclusive(0.5)(ttft_ms) AS ttft_p50_ms, quantileExactInclusive(0.99)(ttft_ms) AS ttft_p99_ms"

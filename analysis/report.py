@@ -142,7 +142,7 @@ def _rows(client, name: str, filters: dict) -> list[tuple]:
         raise AnalysisError(str(e)) from None
     try:
         return client.query(sql, parameters=params).result_rows
-    except Exception as e:  # clickhouse-connect's errors: one line for the user
+    except Exception as e:  # noqa: BLE001 — clickhouse-connect's errors: one line for the user
         raise AnalysisError(f"ClickHouse query failed: {str(e).splitlines()[0][:300]}") from None
 
 

@@ -259,7 +259,7 @@ def _spans_ms(phase: str) -> str:
 
 def _phase_ms(phase: str, ms_attr: str, *fallbacks: str) -> str:
     """A budget term in ms: the server span's `phaselens.*_ms` attribute (the exact term, monotonic
-    clock, waits after a preemption excluded: see instrumentation/phases.py); else the phase span's
+    clock, waits after a preemption excluded: see instrumentation/pipeline/phases.py); else the phase span's
     own Duration; else what a native span model gives (`fallbacks`, ms, in order)."""
     return f"coalesce({', '.join([ms_attr, _spans_ms(phase), *fallbacks])})"
 
@@ -367,8 +367,10 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("inbound_ms", "a_inbound_ms"),
     (
         "client_ms",
-        "if(a_client_send_ms IS NULL AND a_client_read_ms IS NULL, NULL, "
-        "ifNull(a_client_send_ms, 0) + ifNull(a_client_read_ms, 0))",
+        (
+            "if(a_client_send_ms IS NULL AND a_client_read_ms IS NULL, NULL, "
+            "ifNull(a_client_send_ms, 0) + ifNull(a_client_read_ms, 0))"
+        ),
     ),
     # what no stamp explains (network both ways): against the server's first content bytes where it
     # stamped them, less the edges observed on either side (an unobserved edge stays in it)

@@ -32,7 +32,7 @@ def main() -> int:
     )
     parser.add_argument("--only", default=",".join(suite.SCENARIOS), help="comma-separated scenario names")
     parser.add_argument("--work-dir", default=None, help="where ClickHouse, spools and logs go (a temporary folder)")
-    parser.add_argument("--markdown", action="store_true", help="also print the README table on stderr")
+    parser.add_argument("--markdown", action="store_true", help="also print the table of docs/faults.md on stderr")
     args = parser.parse_args()
     params = suite.SHORT if args.short else suite.FULL
     if args.outage_s is not None:

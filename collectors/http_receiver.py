@@ -150,7 +150,7 @@ class _Handler(BaseHTTPRequestHandler):
         if exc.kind == "unauthenticated":
             headers["WWW-Authenticate"] = "Bearer"
         if content_type == JSON:
-            body = ('{"code":%d,"message":%s}' % (status.code, json.dumps(status.message))).encode()
+            body = f'{{"code":{status.code:d},"message":{json.dumps(status.message)}}}'.encode()
             self._send(_HTTP_STATUS[exc.kind], body, JSON, headers)
         else:
             self._send(_HTTP_STATUS[exc.kind], status.SerializeToString(), PROTOBUF, headers)

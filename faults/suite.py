@@ -1,6 +1,6 @@
 """The fault suite: every scenario in turn on one loopback pipeline, bounded in time.
 
-`SHORT` is the CI form (tests/test_faults.py); `FULL` what the README's table comes from
+`SHORT` is the CI form (tests/test_faults.py); `FULL` what the table of docs/faults.md comes from
 (`benchmarks/faults.py`), with ClickHouse down for 30 s and the spool full for longer than the
 OTel SDK's 10 s retry budget.
 """

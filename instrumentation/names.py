@@ -1,7 +1,7 @@
 """Span names, attribute keys and metric names: the one source of truth of the data contract.
 
 Every producer (server, client), the analysis SQL and the dashboards import names from here.
-Changing a value here changes the contract: update README, dashboards and tests together.
+Changing a value here changes the contract: update docs/span-model.md, dashboards and tests together.
 """
 
 # --- span names -----------------------------------------------------------------------------

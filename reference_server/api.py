@@ -12,6 +12,7 @@ at the engine's next iteration. Errors are always OpenAI-shaped JSON, FastAPI's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import uuid
@@ -27,7 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phaselens.common.exposure import authorized
 from phaselens.instrumentation import names
-from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, RequestHandle
+from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, RequestHandle
+from phaselens.instrumentation.hotpath.records import RequestInfo
 from phaselens.reference_server import chat_template
 from phaselens.reference_server.engine import Engine, QueueFullError
 from phaselens.reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
@@ -75,10 +77,8 @@ class EventStreamResponse(StreamingResponse):
         async with anyio.create_task_group() as group:
 
             async def stream_then_stop() -> None:
-                try:
+                with contextlib.suppress(OSError):
                     await self.stream_response(send)
-                except OSError:
-                    pass
                 group.cancel_scope.cancel()
 
             group.start_soon(stream_then_stop)
@@ -263,17 +263,19 @@ class _Routes:
     def _describe(self, handle: RequestHandle, job: Job, chat: bool) -> None:
         parsed, params = job.parsed, job.params
         handle.describe(
-            operation=names.OP_CHAT if chat else names.OP_TEXT_COMPLETION,
-            model=parsed.model,
-            request_id=job.envelope.request_id,
-            input_tokens=len(job.prompt_ids),
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            seed=params.seed,
-            stream=parsed.stream,
-            prompt=parsed.messages if chat else parsed.prompt,
+            RequestInfo(
+                operation=names.OP_CHAT if chat else names.OP_TEXT_COMPLETION,
+                model=parsed.model,
+                request_id=job.envelope.request_id,
+                input_tokens=len(job.prompt_ids),
+                max_tokens=params.max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                seed=params.seed,
+                stream=parsed.stream,
+                prompt=parsed.messages if chat else parsed.prompt,
+            )
         )
 
     def _submit(self, job: Job, handle: RequestHandle, stream: OutputStream) -> int:

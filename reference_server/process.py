@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
+from typing import cast
 
 import anyio
 import uvicorn
@@ -21,8 +22,8 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from phaselens.common.exposure import check_exposure
 from phaselens.common.ports import bind_reusable
 from phaselens.instrumentation import names
-from phaselens.instrumentation.inbound import inbound_protocol
-from phaselens.instrumentation.kernel_stamps import enable_kernel_stamps
+from phaselens.instrumentation.hotpath.kernel_stamps import enable_kernel_stamps
+from phaselens.instrumentation.server.inbound import inbound_protocol
 from phaselens.reference_server.api import ApiSettings, create_app
 from phaselens.reference_server.config import EngineConfig
 from phaselens.reference_server.engine import Engine
@@ -94,15 +95,20 @@ def serve(options: ServeOptions) -> int:
 
 
 def _telemetry():
-    from phaselens.instrumentation.server import ServerTelemetry
+    from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
     return ServerTelemetry.from_env(names.SERVER_SERVICE_NAME)
 
 
 async def _run(app, sock: socket.socket, telemetry=None) -> None:
     # Each connection's HTTP protocol wrapped to stamp its reads (the inbound edge) when traced.
-    http = AutoHTTPProtocol if telemetry is None else inbound_protocol(AutoHTTPProtocol, telemetry.inbound)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, http=http)
+    http: type[asyncio.BaseProtocol] = AutoHTTPProtocol
+    if telemetry is not None:
+        http = inbound_protocol(AutoHTTPProtocol, telemetry.inbound)
+    # uvicorn takes any protocol class; its annotation names only plain (non-buffered) ones
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, http=cast(type[asyncio.Protocol], http)
+    )
     await _warm_event_loop()
     server = uvicorn.Server(config)
     # uvicorn re-raises the signals it caught after shutdown; keep them from killing us mid-cleanup.

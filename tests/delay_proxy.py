@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Self
 
-from phaselens.instrumentation.kernel_stamps import SCM_TIMESTAMPNS, SO_TIMESTAMPNS
+from phaselens.instrumentation.hotpath.kernel_stamps import SCM_TIMESTAMPNS, SO_TIMESTAMPNS
 
 UP, DOWN = "up", "down"  # client → server, server → client
 _CMSG_BYTES = socket.CMSG_SPACE(16)

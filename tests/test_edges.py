@@ -19,10 +19,10 @@ from opentelemetry.trace import SpanKind
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.client import TracedClient
-from phaselens.instrumentation.inbound import inbound_protocol
-from phaselens.instrumentation.kernel_stamps import KernelStamper, enable_kernel_stamps
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.client.traced_client import TracedClient
+from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper, enable_kernel_stamps
+from phaselens.instrumentation.server.inbound import inbound_protocol
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
 from phaselens.reference_server.process import bind
 from phaselens.reference_server.sse import DONE_EVENT
