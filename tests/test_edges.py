@@ -23,6 +23,8 @@ from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper, enable_kernel_stamps
 from phaselens.instrumentation.server.inbound import inbound_protocol
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
+from phaselens.loadgen.metrics import client_bottleneck
+from phaselens.loadgen.report import client_bottleneck_note
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
 from phaselens.reference_server.process import bind
 from phaselens.reference_server.sse import DONE_EVENT
@@ -213,3 +215,9 @@ def test_the_clients_own_lateness_is_client_read_not_network():
     assert 0 <= idle.read_ms < idle.ttft_ms
     # sent → the request's bytes handed over, the new connection's connect left out (network time)
     assert 0 <= idle.send_ms < idle.ttft_ms - first_chunk_ms + 1
+    # bench says so at the end of a run whose client was its own bottleneck, and only then
+    blocked_run, idle_run = client_bottleneck([blocked]), client_bottleneck([idle])
+    assert blocked_run["bottleneck"] and blocked_run["client_p90_ms"] >= blocked.read_ms
+    assert not idle_run["bottleneck"], idle_run
+    assert "the client was a bottleneck" in client_bottleneck_note({"client_bottleneck": blocked_run})
+    assert client_bottleneck_note({"client_bottleneck": idle_run}) is None
