@@ -251,6 +251,7 @@ DIAGNOSIS_FIGURES = (
     ("ingress_ms", "coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)"),
     ("delivery_ms", "ifNull(first_chunk_ms, 0)"),
     ("network_ms", "residual_ms"),
+    ("client_ms", "ifNull(client_ms, 0)"),
 )
 # TTFT terms and the cause each one names
 TTFT_CAUSES = (
@@ -342,17 +343,26 @@ def _cause_rows() -> list[str]:
         f"('decode', {_share('server_tpot_ms', 'tpot_ms', 1)}, {_share('server_tpot_ms', 'tpot_ms', 2)}, "
         f"{th.DECODE_SHARE}, 0)"
     )
-    client = [f"toFloat64(1 - {_at('server_tpot_ms', i)} / nullIf({_at('client_tpot_ms', i)}, 0))" for i in (1, 2)]
-    rows.append(f"('client', {client[0]}, {client[1]}, {th.CLIENT_SHARE}, 0)")
+    rows.append(f"('client', {_client_signal(1)}, {_client_signal(2)}, {th.CLIENT_SHARE}, 0)")
     rows.append(f"('prefill_stalls', toFloat64(e.stall_share), toFloat64(e.stall_share), {th.STALL_SHARE}, 1)")
     kv = f"toFloat64(greatest(e.kv_used_p90 / {th.KV_USED}, f.preempted_share / {th.PREEMPTED_SHARE}))"
     rows.append(f"('kv_pressure', {kv}, {kv}, 1, 1)")
     return rows
 
 
+def _client_signal(i: int) -> str:
+    """The client's share at level `i`: the larger of its TPOT share (1 − server TPOT / client TPOT)
+    and its own time's share of TTFT (client = send + read, kernel receive stamps); NULL with neither."""
+    tpot = f"toFloat64(1 - {_at('server_tpot_ms', i)} / nullIf({_at('client_tpot_ms', i)}, 0))"
+    ttft = _share("client_ms", "ttft_ms", i)
+    return f"if({tpot} IS NULL AND {ttft} IS NULL, NULL, greatest(ifNull({tpot}, 0), ifNull({ttft}, 0)))"
+
+
 def _flagged(i: int, ttft_risk: str, tpot_risk: str) -> str:
-    """Cause `c` flagged at level `i`: its signal reached its threshold while the SLO it acts on is at risk."""
-    gate = f"multiIf(c.1 IN {DECODE_CAUSES}, {tpot_risk}, c.1 = 'kv_pressure', {ttft_risk} OR {tpot_risk}, {ttft_risk})"
+    """Cause `c` flagged at level `i`: its signal reached its threshold while the SLO it acts on is at
+    risk (the client acts on both: its own time delays the first chunk and every later one)."""
+    both = f"{ttft_risk} OR {tpot_risk}"
+    gate = f"multiIf(c.1 IN ('kv_pressure', 'client'), {both}, c.1 IN {DECODE_CAUSES}, {tpot_risk}, {ttft_risk})"
     return f"ifNull({gate} AND c.{i + 1} >= c.4, 0)"
 
 
