@@ -257,6 +257,8 @@ def _tail(row: dict, dists: dict[str, Stat]) -> TailAttribution:
     comps = []
     for name, _ in q.COMPONENTS:
         tail_mean, median = _clean(row.get(f"{name}_tail_mean")), dists[name].p50
+        if name in q.OBSERVED_BY and dists[name].mean is None:  # counted 0 in the rows: unobserved
+            tail_mean = None
         delta = None if tail_mean is None or median is None else tail_mean - median
         comps.append(TailComponent(name, tail_mean, median, delta, _div(delta, growth)))
     ranked = [c for c in comps if c.delta_ms is not None]

@@ -56,8 +56,8 @@ def to_rich(report: BudgetReport) -> Group:
         ["term (ms)", "p50", "p90", "p99", "mean", "share p50", "share p99", "share mean"],
     )
     for c in report.components:
-        cells = _stat_cells(c.ms) if c.ms.mean is not None else [UNOBSERVED, "", "", ""]
-        budget.add_row(c.name, *cells, _pct(c.share.p50), _pct(c.share.p99), _pct(c.share.mean))
+        name = c.name if c.ms.mean is not None else f"{c.name} {UNOBSERVED}"
+        budget.add_row(name, *_stat_cells(c.ms), _pct(c.share.p50), _pct(c.share.p99), _pct(c.share.mean))
     for name in ("client_ttft_ms", "server_ttfc_ms", "server_ttft_ms", "client_ttfo_ms"):
         style = "bold" if name == ref else None
         budget.add_row(name, *_stat_cells(report.distributions[name]), "", "", "", style=style)
