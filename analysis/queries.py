@@ -10,13 +10,15 @@ Filters (CLI): database, service, model, since ("15m"; None = all time), bucket_
 ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
 
 Budget terms (docs/budget-method.md), each a duration on one clock, from `phaselens_request_facts`:
-    TTFT_client = inbound + ingress + queue + prefill + first_token + first_chunk + client + residual,
+    TTFT_client = inbound + ingress + queue + prefill + first_token + held_back + first_chunk + client
+                  + residual,
+    held_back = first token → the decode step whose token made the first content visible,
     inbound = the request's bytes in the server's kernel → ingress (server clock, kernel stamp),
-    first_chunk = first token handed to the stream → its chunk handed to the server's `send`,
+    first_chunk = that token handed to the stream → its chunk handed to the server's `send`,
     client = client_send + client_read (client clock): sent → the request's bytes handed to the
     kernel, less a new connection's connect; the first content bytes in the client's kernel → read,
     residual = client_ttft − server_ttfc − inbound − client (network both ways: what no stamp
-    explains), server_ttfc = server_ttft + first_chunk. A request without one of the stamped terms
+    explains), server_ttfc = server_ttft + held_back + first_chunk. A request without one of the stamped terms
     (not streamed, a server without the inbound protocol, another client, a span model that does not
     separate it) counts it 0 in the budget: that time stays in the residual, so the mean row still
     adds up exactly; a term no request in the selection has prints as unobserved (`OBSERVED_BY`).
@@ -56,6 +58,7 @@ COMPONENTS = (
     ("prefill_ms", "prefill_ms"),
     ("first_token_ms", "first_token_ms"),
     ("before_engine_ms", "before_engine_ms"),
+    ("held_back_ms", "ifNull(held_back_ms, 0)"),
     ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"),
     ("client_ms", "ifNull(client_ms, 0)"),
     ("residual_ms", "residual_ms"),
@@ -80,6 +83,7 @@ DISTRIBUTIONS = (
     *INBOUND_SPLIT,
     *CLIENT_SPLIT,
     ("client_observed_ms", "client_ms"),
+    ("held_back_observed_ms", "held_back_ms"),
     ("e2e_residual_ms", "e2e_residual_ms"),
     ("client_tpot_ms", "client_tpot_ms"),
     ("server_tpot_ms", "server_tpot_ms"),
@@ -94,6 +98,7 @@ DISTRIBUTIONS = (
 # in the selection was stamped: the budget then shows the component as unobserved, not as 0 ms.
 OBSERVED_BY = {
     "inbound_ms": "kernel_wait_ms",
+    "held_back_ms": "held_back_observed_ms",
     "first_chunk_ms": "loop_wait_ms",
     "client_ms": "client_observed_ms",
 }

@@ -28,6 +28,7 @@ COMPONENTS = (
     ("prefill_ms", "prefill", "#5bb07a"),
     ("first_token_ms", "first token", "#b07ad0"),
     ("before_engine_ms", "before the engine (span model without ingress/first token)", "#d08a8a"),
+    ("held_back_ms", "held back (decode steps until the first visible text)", "#c9a0dc"),
     ("first_chunk_ms", "first chunk (server delivery)", "#e07b9a"),
     ("client_ms", "client (its own send and read of the first bytes)", "#8c7a5b"),
     ("residual_ms", "residual (network: what no stamp explains)", "#a9b0bc"),

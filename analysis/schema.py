@@ -181,6 +181,8 @@ NUMERIC_ATTRS = {
     "a_loop_wait_ms": n.PL_FIRST_CHUNK_LOOP_WAIT_MS,
     "a_encode_ms": n.PL_FIRST_CHUNK_ENCODE_MS,
     "a_write_ms": n.PL_FIRST_CHUNK_WRITE_MS,
+    "a_held_back_ms": n.PL_HELD_BACK_MS,
+    "a_held_back_tokens": n.PL_HELD_BACK_TOKENS,
     "a_inbound_ms": n.PL_INBOUND_MS,
     "a_kernel_wait_ms": n.PL_INBOUND_KERNEL_WAIT_MS,
     "a_dispatch_ms": n.PL_INBOUND_DISPATCH_MS,
@@ -343,7 +345,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
             "ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms))"
         ),
     ),
-    ("server_ttfc_ms", "coalesce(a_server_ttfc_ms, server_ttft_ms + first_chunk_ms)"),
+    ("server_ttfc_ms", "coalesce(a_server_ttfc_ms, server_ttft_ms + ifNull(held_back_ms, 0) + first_chunk_ms)"),
     ("ingress_ms", _phase_ms("ingress", "a_ingress_ms", SGLANG_INGRESS_MS, _tgi_ms("validation"))),
     ("queue_ms", f"coalesce({_spans_ms('queue')}, a_queue_ms, a_lat_queue_s * 1000, {_tgi_ms('queue')})"),  # all waits
     ("prefill_ms", _phase_ms("prefill", "a_prefill_ms", ENGINE_PREFILL_MS)),
@@ -355,6 +357,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
         ),
     ),
     ("first_token_ms", _phase_ms("first_token", "a_first_token_ms")),
+    ("held_back_ms", "a_held_back_ms"),
     ("first_chunk_ms", _phase_ms("first_chunk", "a_first_chunk_ms")),
     ("decode_ms", _phase_ms("decode", "a_decode_ms", "a_lat_decode_s * 1000")),
     ("delivery_ms", _phase_ms("delivery", "a_delivery_ms")),
@@ -394,6 +397,7 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("loop_wait_ms", "a_loop_wait_ms"),
     ("encode_ms", "a_encode_ms"),
     ("write_ms", "a_write_ms"),
+    ("held_back_tokens", "CAST(a_held_back_tokens AS Nullable(UInt32))"),
     ("kernel_wait_ms", "a_kernel_wait_ms"),
     ("dispatch_ms", "a_dispatch_ms"),
     ("client_send_ms", "a_client_send_ms"),

@@ -111,6 +111,8 @@ PL_QUEUE_MS = "phaselens.queue_ms"
 PL_PREFILL_MS = "phaselens.prefill_ms"
 PL_FIRST_TOKEN_MS = "phaselens.first_token_ms"
 PL_FIRST_CHUNK_MS = "phaselens.first_chunk_ms"  # = loop_wait + encode
+PL_HELD_BACK_MS = "phaselens.held_back_ms"  # first token → the token that made the first content visible
+PL_HELD_BACK_TOKENS = "phaselens.held_back.tokens"  # the tokens before it (byte-level tokens with no text yet)
 PL_FIRST_CHUNK_LOOP_WAIT_MS = "phaselens.first_chunk.loop_wait_ms"  # handed to the stream → the event loop took it
 PL_FIRST_CHUNK_ENCODE_MS = "phaselens.first_chunk.encode_ms"  # taken → its body chunk handed to send (SSE encoding)
 PL_FIRST_CHUNK_WRITE_MS = "phaselens.first_chunk.write_ms"  # send called → returned: outside the term, beside it

@@ -112,11 +112,11 @@ _LATENCIES["e2e_from_intended"] = _lagged(_LATENCIES["e2e"])
 
 def client_bottleneck(results: list[StreamResult]) -> dict | None:
     """The client's own time at p90 against TTFT p90 (module docstring); None when not observed."""
-    ok = [r for r in results if r.ok and r.ttft_ms is not None]
-    own = sorted(v for r in ok if (v := client_own_ms(r)) is not None)
-    if not own:
+    ttft = sorted(r.ttft_ms for r in results if r.ok and r.ttft_ms is not None)
+    own = sorted(v for r in results if r.ok and r.ttft_ms is not None and (v := client_own_ms(r)) is not None)
+    ttft_p90, own_p90 = quantile(ttft, 0.9), quantile(own, 0.9)
+    if ttft_p90 is None or own_p90 is None:
         return None
-    ttft_p90, own_p90 = quantile(sorted(r.ttft_ms for r in ok), 0.9), quantile(own, 0.9)
     share = own_p90 / ttft_p90 if ttft_p90 > 0 else 0.0
     return {
         "client_p90_ms": own_p90,

@@ -176,6 +176,7 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
         "prefill_ms",
         "prefill_chunks",
         "first_token_ms",
+        "held_back_ms",
         "first_chunk_ms",
         "decode_ms",
         "delivery_ms",

@@ -74,6 +74,7 @@ def test_the_mean_budget_adds_up_to_client_ttft_with_the_first_chunk_term(report
         "prefill_ms",
         "first_token_ms",
         "before_engine_ms",
+        "held_back_ms",
         "first_chunk_ms",
         "client_ms",
         "residual_ms",

@@ -97,6 +97,8 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_parts" (
     a_loop_wait_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_encode_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_write_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    a_held_back_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    a_held_back_tokens SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_inbound_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_kernel_wait_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     a_dispatch_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
@@ -178,6 +180,8 @@ ALTER TABLE "otel"."phaselens_request_parts"
     ADD COLUMN IF NOT EXISTS a_loop_wait_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_encode_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_write_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS a_held_back_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS a_held_back_tokens SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_inbound_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_kernel_wait_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_dispatch_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
@@ -257,6 +261,8 @@ AS SELECT TraceId,
     max(toFloat64OrNull(SpanAttributes['phaselens.first_chunk.loop_wait_ms'])) AS a_loop_wait_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.first_chunk.encode_ms'])) AS a_encode_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.first_chunk.write_ms'])) AS a_write_ms,
+    max(toFloat64OrNull(SpanAttributes['phaselens.held_back_ms'])) AS a_held_back_ms,
+    max(toFloat64OrNull(SpanAttributes['phaselens.held_back.tokens'])) AS a_held_back_tokens,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound_ms'])) AS a_inbound_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound.kernel_wait_ms'])) AS a_kernel_wait_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound.dispatch_ms'])) AS a_dispatch_ms,
@@ -338,6 +344,8 @@ ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     max(toFloat64OrNull(SpanAttributes['phaselens.first_chunk.loop_wait_ms'])) AS a_loop_wait_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.first_chunk.encode_ms'])) AS a_encode_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.first_chunk.write_ms'])) AS a_write_ms,
+    max(toFloat64OrNull(SpanAttributes['phaselens.held_back_ms'])) AS a_held_back_ms,
+    max(toFloat64OrNull(SpanAttributes['phaselens.held_back.tokens'])) AS a_held_back_tokens,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound_ms'])) AS a_inbound_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound.kernel_wait_ms'])) AS a_kernel_wait_ms,
     max(toFloat64OrNull(SpanAttributes['phaselens.inbound.dispatch_ms'])) AS a_dispatch_ms,
@@ -402,12 +410,13 @@ SELECT
     a_client_tpot_ms AS client_tpot_ms,
     a_client_e2e_ms AS client_e2e_ms,
     coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms)) AS server_ttft_ms,
-    coalesce(a_server_ttfc_ms, server_ttft_ms + first_chunk_ms) AS server_ttfc_ms,
+    coalesce(a_server_ttfc_ms, server_ttft_ms + ifNull(held_back_ms, 0) + first_chunk_ms) AS server_ttfc_ms,
     coalesce(a_ingress_ms, d_ingress / 1e6, if(native_model = 'sglang-native', (a_lat_ttft_s - a_lat_prefill_s) * 1000, NULL), toFloat64OrNull(extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ingress_ms,
     coalesce(if(queue_spans = 0, NULL, queue_ns / 1e6), a_queue_ms, a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS queue_ms,
     coalesce(a_prefill_ms, d_prefill / 1e6, if(native_model = 'sglang-native', NULL, a_lat_prefill_s * 1000)) AS prefill_ms,
     CAST(coalesce(a_prefill_chunks, if(chunk_spans > 0, chunk_spans, if(d_prefill IS NULL, NULL, 1))) AS Nullable(UInt32)) AS prefill_chunks,
     coalesce(a_first_token_ms, d_first_token / 1e6) AS first_token_ms,
+    a_held_back_ms AS held_back_ms,
     coalesce(a_first_chunk_ms, d_first_chunk / 1e6) AS first_chunk_ms,
     coalesce(a_decode_ms, d_decode / 1e6, a_lat_decode_s * 1000) AS decode_ms,
     coalesce(a_delivery_ms, d_delivery / 1e6) AS delivery_ms,
@@ -430,6 +439,7 @@ SELECT
     a_loop_wait_ms AS loop_wait_ms,
     a_encode_ms AS encode_ms,
     a_write_ms AS write_ms,
+    CAST(a_held_back_tokens AS Nullable(UInt32)) AS held_back_tokens,
     a_kernel_wait_ms AS kernel_wait_ms,
     a_dispatch_ms AS dispatch_ms,
     a_client_send_ms AS client_send_ms,
@@ -447,7 +457,7 @@ FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms
 FROM "otel"."phaselens_request_facts";
 
 CREATE OR REPLACE VIEW "otel"."phaselens_steps" AS

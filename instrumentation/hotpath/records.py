@@ -100,6 +100,7 @@ class RequestRecord(NamedTuple):
     last_chunk_ts: int
     arrived_ts: int
     read_ts: int
+    visible_tokens: int
     finish_reason: str
     waits: Int64s
     chunks: Int64s

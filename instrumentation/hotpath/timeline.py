@@ -12,6 +12,7 @@ Layout of a request timeline (all monotonic ns, 0 = not stamped):
                chunks, stamped on the event loop (`handle.ServerRequest`): the API layer took the
                first output carrying content off the engine's stream; its body chunk handed to the
                server's `send`; that `send` returned; the last content chunk handed to `send`
+    visible_tokens   the output tokens so far when the first content reached the API layer
     arrived_ts, read_ts   the request's first bytes reached the server's kernel; the event loop
                handed them to the HTTP protocol (`inbound`; 0 = not observed)
     waits      flat [start0, end0, start1, end1, …]  queue waits; odd length = a wait still open
@@ -53,6 +54,7 @@ class RequestTimeline:
         "responded_ts",
         "token_n",
         "token_ts",
+        "visible_tokens",
         "waits",
     )
 
@@ -65,6 +67,7 @@ class RequestTimeline:
         self.responded_ts = 0
         self.output_ready_ts = self.first_chunk_ts = self.first_chunk_sent_ts = self.last_chunk_ts = 0
         self.arrived_ts = self.read_ts = 0
+        self.visible_tokens = 0  # the first content came with this many output tokens (0: not known)
         self.finish_reason = ""
         self.waits = array("q")
         self.chunks = array("q")

@@ -195,12 +195,18 @@ def inbound_attributes(phases: Phases) -> dict[str, Any]:
 
 
 def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
-    """The first_chunk term, its split, server TTFC and last chunk, on the root; {} when no content
-    chunk was streamed."""
+    """The first_chunk term, its split, the held-back decode steps before it, server TTFC and last
+    chunk, on the root; {} when no content chunk was streamed."""
     if not phases.first_chunk_ts:
         return {}
+    held_back = (
+        {names.PL_HELD_BACK_MS: _ms(phases.held_back_ns), names.PL_HELD_BACK_TOKENS: phases.held_back_tokens}
+        if phases.held_back_known
+        else {}
+    )
     return {
         names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns),
+        **held_back,
         **first_chunk_split(phases),
         names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
         names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ts - phases.received_ts),
@@ -318,7 +324,7 @@ def request_spans(
     if phases.first_token_ts:
         tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ts, phases.first_token_ts)
         if phases.first_chunk_ts:
-            tree.leaf(names.SPAN_FIRST_CHUNK, phases.first_token_ts, phases.first_chunk_ts, first_chunk_split(phases))
+            tree.leaf(names.SPAN_FIRST_CHUNK, phases.visible_ts, phases.first_chunk_ts, first_chunk_split(phases))
         decode = tree.new_context()
         tree.leaf(names.SPAN_DELIVERY, phases.last_token_ts, phases.end_ts)
     _chunk_spans(tree, record, phases, prefill, decode)
