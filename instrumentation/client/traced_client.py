@@ -86,7 +86,7 @@ class StreamResult:
     first_event_ns: int | None = None  # first SSE event of any kind (role-only included)
     first_chunk_ns: int | None = None  # first content chunk (TTFT)
     first_chunk_arrived_ns: int = 0  # the kernel's receive stamp of its bytes (0: not observed)
-    written_ns: int = 0  # the request's last bytes handed to the kernel (0: not observed)
+    written_ns: int = 0  # the request's first bytes handed to the transport (0: not observed)
     connect_ns: int = 0  # the new connection's connect it waited for (network time, not the client's)
     first_output_ns: int | None = None  # first non-reasoning content chunk (TTFO)
     last_chunk_ns: int | None = None  # last content chunk (e2e)

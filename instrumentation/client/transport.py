@@ -16,7 +16,7 @@ receive stamp of its bytes, peeked in `get_buffer` just before the loop reads th
 0 when the kernel gave none, or over TLS, where the socket's bytes are not yet the payload's). The
 response carries its body stream under `extensions[RECEIPTS]`; `stream.stamped()` yields (receive
 stamp, payload) per network read, and `stream.arrived_ns` is the kernel stamp of the last one;
-`stream.written_ns` is when the request's last bytes were handed to the transport (asyncio sends
+`stream.written_ns` is when the request's first bytes were handed to the transport (asyncio sends
 at once when the socket buffer has room; stamped just before, so the send itself is never counted
 twice, as the client's and as the server's time) and `stream.connect_ns` how long its new connection took to open.
 """
@@ -55,7 +55,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._stamper: KernelStamper | None = None
         self._arrived_ns = 0  # the kernel's receive stamp of the bytes being read (0: none)
         self.connect_ns = 0  # how long opening this connection took; taken by its first request
-        self.write_ns = 0  # the last write handed to the transport (stamped just before it)
+        self.write_ns = 0  # the request's first write handed to the transport (stamped just before it)
         self._pieces: collections.deque[tuple[int, bytes, int]] = collections.deque()  # (stamp, bytes, kernel stamp)
         self._unread = 0
         self._waiter: asyncio.Future | None = None
@@ -70,7 +70,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if self._kernel_stamps and sock is not None and transport.get_extra_info("sslcontext") is None:
-            self._stamper = KernelStamper(sock.fileno(), self._clock_ns)
+            self._stamper = KernelStamper(sock.fileno(), self._clock_ns, latest=True)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # asyncio's default recv() allocates max_size (256 KiB) per read; a reused buffer does not
@@ -173,8 +173,10 @@ class _Connection(asyncio.BufferedProtocol):
     async def write(self, data: bytes, timeout_s: float | None, request: httpx.Request) -> None:
         if self.closed:
             raise httpx.WriteError("connection closed", request=request)
-        # before the write: asyncio sends at once, and a reader may take the bytes before we resume
-        self.write_ns = self._clock_ns()
+        # the first write of a request, stamped before it: asyncio sends at once, and the server may
+        # take the bytes before we resume (its inbound term starts at its first bytes' arrival)
+        if not self.write_ns:
+            self.write_ns = self._clock_ns()
         self.transport.write(data)
         if self._drained is not None:
             try:
@@ -287,7 +289,7 @@ class _Body(httpx.AsyncByteStream):
     reusable: bool = True
     read_timeout_s: float | None = None
     arrived_ns: int = 0  # the kernel's receive stamp of the read `stamped()` yielded last (0: none)
-    written_ns: int = 0  # the request's last bytes handed to the kernel (a synchronous send)
+    written_ns: int = 0  # the request's first bytes handed to the transport (stamped just before)
     connect_ns: int = 0  # the TCP (and TLS) connect this request waited for; 0 on a kept-alive one
     complete: bool = False
     released: bool = False
@@ -366,6 +368,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         conn = await self._acquire(request, timeouts)
         connect_ns, conn.connect_ns = conn.connect_ns, 0
         try:
+            conn.write_ns = 0
             await self._send(conn, request, timeouts.get("write"))
             written_ns = conn.write_ns
             head, body_start = await self._read_head(conn, request, timeouts.get("read"))

@@ -16,6 +16,12 @@ packet and the peek, and moved onto the caller's monotonic clock as a duration:
 A wall-clock step between the packet and the peek would bend that one wait; a negative or missing
 stamp gives 0 ("not observed"), never a guess. Cost: one `recvmsg` of one byte per network read,
 ~1.4 µs of CPU here (kernel 6.18); `time.clock_gettime_ns(CLOCK_REALTIME)` ~0.3 µs.
+
+Which packet: TCP returns the stamp of the last packet a read copied. The server wants its request's
+first bytes (peek one byte: the oldest pending packet); a client that reads the first content bytes
+late may find them behind earlier bytes (the response head, a role-only chunk) in one read, so it
+peeks everything pending (`latest`): the newest packet's stamp, never earlier than the content's own
+arrival, so the client's read time is never overstated (at most understated, left in the residual).
 """
 
 from __future__ import annotations
@@ -32,16 +38,20 @@ SCM_TIMESTAMPNS = SO_TIMESTAMPNS
 _TIMESPEC = struct.Struct("qq")
 _CMSG_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 _MAX_WAIT_NS = 60 * 10**9  # older than a minute: a stale or stepped stamp, not a wait
+_LATEST_PEEK_BYTES = 64 * 1024
 
 
 class KernelStamper:
     """Peeks the kernel receive stamp of a connected TCP socket's pending bytes (Linux; elsewhere
     `available` is False and every peek gives 0)."""
 
-    __slots__ = ("_clock_ns", "_sock")
+    __slots__ = ("_clock_ns", "_peek", "_sock")
 
-    def __init__(self, fileno: int, clock_ns: Callable[[], int]) -> None:
+    def __init__(self, fileno: int, clock_ns: Callable[[], int], latest: bool = False) -> None:
         self._clock_ns = clock_ns
+        # TCP hands back the stamp of the last packet it copied: one byte gives the oldest pending
+        # packet's, a peek of everything pending (up to the buffer) the newest one's
+        self._peek = memoryview(bytearray(_LATEST_PEEK_BYTES if latest else 1))
         self._sock: socket.socket | None = None
         try:
             dup = socket.socket(fileno=os.dup(fileno))
@@ -60,12 +70,13 @@ class KernelStamper:
         return self._sock is not None
 
     def arrived_ns(self) -> int:
-        """When the oldest unread bytes reached the kernel, on `clock_ns`; 0 when not known."""
+        """When the oldest unread bytes (`latest`: the newest) reached the kernel, on `clock_ns`; 0
+        when not known."""
         sock = self._sock
         if sock is None:
             return 0
         try:
-            _, ancillary, _, _ = sock.recvmsg(1, _CMSG_BYTES, socket.MSG_PEEK)
+            _, ancillary, _, _ = sock.recvmsg_into([self._peek], _CMSG_BYTES, socket.MSG_PEEK)
         except OSError:  # nothing pending (EAGAIN), or the connection is gone
             return 0
         now_real, now = time.clock_gettime_ns(time.CLOCK_REALTIME), self._clock_ns()
