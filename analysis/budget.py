@@ -184,6 +184,14 @@ def _stat(row: dict, name: str) -> Stat:
     return Stat(*values[:3], _clean(row.get(f"{name}_mean")))
 
 
+def _unobserved(dists: dict[str, Stat]) -> None:
+    """A component no request in the selection stamped (`q.OBSERVED_BY`) is unobserved: no figures,
+    rather than the 0 ms it counts as inside the mean identity."""
+    for name, witness in q.OBSERVED_BY.items():
+        if dists[witness].mean is None:
+            dists[name] = Stat()
+
+
 def budget(
     client,
     database: str = "otel",
@@ -212,6 +220,7 @@ def budget(
     dists = {name: _stat(row, name) for name, _ in q.DISTRIBUTIONS}
     reference = "client" if row.get("with_client") else "server"
     whole = dists[f"{reference}_ttft_ms"]
+    _unobserved(dists)
     components = [ComponentBudget(name, dists[name], dists[name].ratio(whole)) for name, _ in q.COMPONENTS]
     requests = int(row.get("requests") or 0)
     return BudgetReport(
@@ -260,6 +269,8 @@ def _tail(row: dict, dists: dict[str, Stat]) -> TailAttribution:
     comps = []
     for name, _ in q.COMPONENTS:
         tail_mean, median = _clean(row.get(f"{name}_tail_mean")), dists[name].p50
+        if name in q.OBSERVED_BY and dists[name].mean is None:  # counted 0 in the rows: unobserved
+            tail_mean = None
         delta = None if tail_mean is None or median is None else tail_mean - median
         comps.append(TailComponent(name, tail_mean, median, delta, _div(delta, growth)))
     ranked = [c for c in comps if c.delta_ms is not None]

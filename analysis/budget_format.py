@@ -24,6 +24,9 @@ TPOT_ITL = (
     "queue_all_waits_ms",
 )
 FIRST_CHUNK_SPLIT = tuple(name for name, _ in q.FIRST_CHUNK_SPLIT)
+INBOUND_SPLIT = tuple(name for name, _ in q.INBOUND_SPLIT)
+CLIENT_SPLIT = tuple(name for name, _ in q.CLIENT_SPLIT)
+UNOBSERVED = "unobserved"  # a term no request in the selection was stamped with (not 0 ms)
 
 
 def _ms(x) -> str:
@@ -53,7 +56,8 @@ def to_rich(report: BudgetReport) -> Group:
         ["term (ms)", "p50", "p90", "p99", "mean", "share p50", "share p99", "share mean"],
     )
     for c in report.components:
-        budget.add_row(c.name, *_stat_cells(c.ms), _pct(c.share.p50), _pct(c.share.p99), _pct(c.share.mean))
+        name = c.name if c.ms.mean is not None else f"{c.name} {UNOBSERVED}"
+        budget.add_row(name, *_stat_cells(c.ms), _pct(c.share.p50), _pct(c.share.p99), _pct(c.share.mean))
     for name in ("client_ttft_ms", "server_ttfc_ms", "server_ttft_ms", "client_ttfo_ms"):
         style = "bold" if name == ref else None
         budget.add_row(name, *_stat_cells(report.distributions[name]), "", "", "", style=style)
@@ -67,7 +71,16 @@ def to_rich(report: BudgetReport) -> Group:
     )
     for name in FIRST_CHUNK_SPLIT:
         split.add_row(name, *_stat_cells(report.distributions[name]))
-    parts: list[Table | str] = [budget, split, tpot]
+    inbound = _table(
+        "edges (ms, kernel receive stamps): inbound = kernel_wait (the request's bytes in the server's "
+        "kernel until its event loop read them) + dispatch (HTTP parsing, task start), server clock; "
+        "client = client_send (until the request's bytes left) + client_read (the first content bytes "
+        "in the client's kernel until it read them), client clock",
+        ["part", "p50", "p90", "p99", "mean"],
+    )
+    for name in INBOUND_SPLIT + CLIENT_SPLIT:
+        inbound.add_row(name, *_stat_cells(report.distributions[name]))
+    parts: list[Table | str] = [budget, split, inbound, tpot]
     if report.span_models:
         parts.append(f"span models: {', '.join(report.span_models)}")
     if report.client_harnesses:

@@ -146,13 +146,21 @@ def _term_lever(cause: str, column: str, label: str, action: str) -> Callable[[F
 
 def _client(f: Figures, load: LoadDependence) -> list[Lever]:
     client, server = f.at("client_tpot_ms", 0), f.at("server_tpot_ms", 0)
-    if client is None or server is None:
+    evidence = []
+    if client is not None and server is not None:
+        evidence.append(f"client TPOT p50 = {num(client)} vs server TPOT p50 = {num(server)}")
+    own, ttft = f.at("client_ms", 1), f.at("ttft_ms", 1)
+    if own and ttft:
+        evidence.append(
+            f"the client's own time (send + read of the first chunk) p99 = {num(own)} = {100 * own / ttft:.0f} % of TTFT p99"
+        )
+    if not evidence:
         return []
     return [
         Lever(
             "client",
-            "read the stream faster (fewer streams per client process, less work per chunk)",
-            f"client TPOT p50 = {num(client)} vs server TPOT p50 = {num(server)} (n = {f.with_client})",
+            "read the stream faster (fewer streams per client process, more client processes, less work per chunk)",
+            f"{'; '.join(evidence)} (n = {f.with_client})",
         )
     ]
 
@@ -172,7 +180,7 @@ LEVERS: dict[str, Callable[[Figures, LoadDependence], list[Lever]]] = {
     "network": _term_lever(
         "network",
         "network_ms",
-        "residual (network + client)",
+        "residual (network: what no stamp explains)",
         "move the client closer, reuse connections (keep-alive), check the client's own load",
     ),
     "ingress": _term_lever(

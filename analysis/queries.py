@@ -10,12 +10,18 @@ Filters (CLI): database, service, model, since ("15m"; None = all time), bucket_
 ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
 
 Budget terms (docs/budget-method.md), each a duration on one clock, from `phaselens_request_facts`:
-    TTFT_client = ingress + queue + prefill + first_token + first_chunk + residual,
-    first_chunk = first token handed to the stream → its chunk handed to the server's `send`,
-    residual = client_ttft − server_ttfc (network both ways + client overhead), server_ttfc =
-    server_ttft + first_chunk. A request without a first-chunk stamp (not streamed, or a span model
-    that does not separate it) counts first_chunk = 0 in the budget: its delivery stays in the
-    residual, which is then client_ttft − server_ttft, so the mean row still adds up exactly.
+    TTFT_client = inbound + ingress + queue + prefill + first_token + held_back + first_chunk + client
+                  + residual,
+    held_back = first token → the decode step whose token made the first content visible,
+    inbound = the request's bytes in the server's kernel → ingress (server clock, kernel stamp),
+    first_chunk = that token handed to the stream → its chunk handed to the server's `send`,
+    client = client_send + client_read (client clock): sent → the request's bytes handed to the
+    kernel, less a new connection's connect; the first content bytes in the client's kernel → read,
+    residual = client_ttft − server_ttfc − inbound − client (network both ways: what no stamp
+    explains), server_ttfc = server_ttft + held_back + first_chunk. A request without one of the stamped terms
+    (not streamed, a server without the inbound protocol, another client, a span model that does not
+    separate it) counts it 0 in the budget: that time stays in the residual, so the mean row still
+    adds up exactly; a term no request in the selection has prints as unobserved (`OBSERVED_BY`).
 The queue term is `ttft_queue_ms`, the waits before the first token; `queue_ms` counts all waits.
 A request's TTFT for ranking and SLOs is the client's when there is a client span, else the server's
 (`ttft_ms`); likewise `tpot_ms`.
@@ -47,14 +53,22 @@ LEVEL_LABELS = ("p50", "p90", "p99")
 # `before_engine_ms` is set only for span models that cannot split ingress and first_token (vLLM's
 # native span): server TTFT − queue − prefill (analysis/schema.py).
 COMPONENTS = (
+    ("inbound_ms", "ifNull(inbound_ms, 0)"),
     ("ingress_ms", "ingress_ms"),
     ("queue_ms", "ttft_queue_ms"),
     ("prefill_ms", "prefill_ms"),
     ("first_token_ms", "first_token_ms"),
     ("before_engine_ms", "before_engine_ms"),
+    ("held_back_ms", "ifNull(held_back_ms, 0)"),
     ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"),
+    ("client_ms", "ifNull(client_ms, 0)"),
     ("residual_ms", "residual_ms"),
 )
+# Where the inbound edge went (inbound = kernel_wait + dispatch): the bytes waiting in the kernel for
+# a busy event loop, against HTTP parsing and the task start.
+INBOUND_SPLIT = (("kernel_wait_ms", "kernel_wait_ms"), ("dispatch_ms", "dispatch_ms"))
+# The client's own time (client = send + read): a load generator short of CPU shows here.
+CLIENT_SPLIT = (("client_send_ms", "client_send_ms"), ("client_read_ms", "client_read_ms"))
 # Where the server's first-chunk time went (first_chunk = loop_wait + encode): a late event loop
 # (loop_wait) against SSE encoding and the framework (encode); write (send until it returned) beside it.
 FIRST_CHUNK_SPLIT = (("loop_wait_ms", "loop_wait_ms"), ("encode_ms", "encode_ms"), ("write_ms", "write_ms"))
@@ -67,6 +81,10 @@ DISTRIBUTIONS = (
     ("server_ttfc_ms", "server_ttfc_ms"),
     *COMPONENTS,
     *FIRST_CHUNK_SPLIT,
+    *INBOUND_SPLIT,
+    *CLIENT_SPLIT,
+    ("client_observed_ms", "client_ms"),
+    ("held_back_observed_ms", "held_back_ms"),
     ("e2e_residual_ms", "e2e_residual_ms"),
     ("client_tpot_ms", "client_tpot_ms"),
     ("server_tpot_ms", "server_tpot_ms"),
@@ -77,6 +95,14 @@ DISTRIBUTIONS = (
     ("stall_ms", "stall_ms"),
     ("queue_all_waits_ms", "queue_ms"),
 )
+# A component counted 0 where not stamped, and the distribution whose mean is NULL when no request
+# in the selection was stamped: the budget then shows the component as unobserved, not as 0 ms.
+OBSERVED_BY = {
+    "inbound_ms": "kernel_wait_ms",
+    "held_back_ms": "held_back_observed_ms",
+    "first_chunk_ms": "loop_wait_ms",
+    "client_ms": "client_observed_ms",
+}
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
 NO_OUTPUT = "status = 'ok' AND has_client AND client_ttft_ms IS NULL"
@@ -236,6 +262,7 @@ DIAGNOSIS_FIGURES = (
     ("ingress_ms", "coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)"),
     ("delivery_ms", "ifNull(first_chunk_ms, 0)"),
     ("network_ms", "residual_ms"),
+    ("client_ms", "ifNull(client_ms, 0)"),
 )
 # TTFT terms and the cause each one names
 TTFT_CAUSES = (
@@ -328,17 +355,26 @@ def _cause_rows() -> list[str]:
         f"('decode', {_share('server_tpot_ms', 'tpot_ms', 1)}, {_share('server_tpot_ms', 'tpot_ms', 2)}, "
         f"{th.DECODE_SHARE}, 0)"
     )
-    client = [f"toFloat64(1 - {_at('server_tpot_ms', i)} / nullIf({_at('client_tpot_ms', i)}, 0))" for i in (1, 2)]
-    rows.append(f"('client', {client[0]}, {client[1]}, {th.CLIENT_SHARE}, 0)")
+    rows.append(f"('client', {_client_signal(1)}, {_client_signal(2)}, {th.CLIENT_SHARE}, 0)")
     rows.append(f"('prefill_stalls', toFloat64(e.stall_share), toFloat64(e.stall_share), {th.STALL_SHARE}, 1)")
     kv = f"toFloat64(greatest(e.kv_used_p90 / {th.KV_USED}, f.preempted_share / {th.PREEMPTED_SHARE}))"
     rows.append(f"('kv_pressure', {kv}, {kv}, 1, 1)")
     return rows
 
 
+def _client_signal(i: int) -> str:
+    """The client's share at level `i`: the larger of its TPOT share (1 − server TPOT / client TPOT)
+    and its own time's share of TTFT (client = send + read, kernel receive stamps); NULL with neither."""
+    tpot = f"toFloat64(1 - {_at('server_tpot_ms', i)} / nullIf({_at('client_tpot_ms', i)}, 0))"
+    ttft = _share("client_ms", "ttft_ms", i)
+    return f"if({tpot} IS NULL AND {ttft} IS NULL, NULL, greatest(ifNull({tpot}, 0), ifNull({ttft}, 0)))"
+
+
 def _flagged(i: int, ttft_risk: str, tpot_risk: str) -> str:
-    """Cause `c` flagged at level `i`: its signal reached its threshold while the SLO it acts on is at risk."""
-    gate = f"multiIf(c.1 IN {DECODE_CAUSES}, {tpot_risk}, c.1 = 'kv_pressure', {ttft_risk} OR {tpot_risk}, {ttft_risk})"
+    """Cause `c` flagged at level `i`: its signal reached its threshold while the SLO it acts on is at
+    risk (the client acts on both: its own time delays the first chunk and every later one)."""
+    both = f"{ttft_risk} OR {tpot_risk}"
+    gate = f"multiIf(c.1 IN ('kv_pressure', 'client'), {both}, c.1 IN {DECODE_CAUSES}, {tpot_risk}, {ttft_risk})"
     return f"ifNull({gate} AND c.{i + 1} >= c.4, 0)"
 
 

@@ -22,13 +22,16 @@ from phaselens.instrumentation import names
 ASSETS = Path(__file__).resolve().parent / "report_assets"
 # Budget components in TTFT order (the analysis API's names), with their labels and colours.
 COMPONENTS = (
+    ("inbound_ms", "inbound (request bytes in the server's kernel → ingress)", "#4f6d8f"),
     ("ingress_ms", "ingress", "#7aa6d8"),
     ("queue_ms", "queue", "#f0a04b"),
     ("prefill_ms", "prefill", "#5bb07a"),
     ("first_token_ms", "first token", "#b07ad0"),
     ("before_engine_ms", "before the engine (span model without ingress/first token)", "#d08a8a"),
+    ("held_back_ms", "held back (decode steps until the first visible text)", "#c9a0dc"),
     ("first_chunk_ms", "first chunk (server delivery)", "#e07b9a"),
-    ("residual_ms", "residual (network + client)", "#a9b0bc"),
+    ("client_ms", "client (its own send and read of the first bytes)", "#8c7a5b"),
+    ("residual_ms", "residual (network: what no stamp explains)", "#a9b0bc"),
 )
 SPAN_COLORS = {
     names.SPAN_INGRESS: "#7aa6d8",

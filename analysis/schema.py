@@ -156,6 +156,13 @@ NUMERIC_ATTRS = {
     "a_loop_wait_ms": n.PL_FIRST_CHUNK_LOOP_WAIT_MS,
     "a_encode_ms": n.PL_FIRST_CHUNK_ENCODE_MS,
     "a_write_ms": n.PL_FIRST_CHUNK_WRITE_MS,
+    "a_held_back_ms": n.PL_HELD_BACK_MS,
+    "a_held_back_tokens": n.PL_HELD_BACK_TOKENS,
+    "a_inbound_ms": n.PL_INBOUND_MS,
+    "a_kernel_wait_ms": n.PL_INBOUND_KERNEL_WAIT_MS,
+    "a_dispatch_ms": n.PL_INBOUND_DISPATCH_MS,
+    "a_client_read_ms": n.PL_CLIENT_READ_MS,
+    "a_client_send_ms": n.PL_CLIENT_SEND_MS,
     "a_server_ttfc_ms": n.PL_SERVER_TTFC_MS,
     "a_server_last_chunk_ms": n.PL_SERVER_LAST_CHUNK_MS,
     "a_delivery_ms": n.PL_DELIVERY_MS,
@@ -332,7 +339,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
             "ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms))"
         ),
     ),
-    ("server_ttfc_ms", "coalesce(a_server_ttfc_ms, server_ttft_ms + first_chunk_ms)"),
+    ("server_ttfc_ms", "coalesce(a_server_ttfc_ms, server_ttft_ms + ifNull(held_back_ms, 0) + first_chunk_ms)"),
     ("ingress_ms", _phase_ms("ingress", "a_ingress_ms", SGLANG_INGRESS_MS, _tgi_ms("validation"))),
     ("queue_ms", f"coalesce({_spans_ms('queue')}, a_queue_ms, a_lat_queue_s * 1000, {_tgi_ms('queue')})"),  # all waits
     ("prefill_ms", _phase_ms("prefill", "a_prefill_ms", ENGINE_PREFILL_MS)),
@@ -344,6 +351,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
         ),
     ),
     ("first_token_ms", _phase_ms("first_token", "a_first_token_ms")),
+    ("held_back_ms", "a_held_back_ms"),
     ("first_chunk_ms", _phase_ms("first_chunk", "a_first_chunk_ms")),
     ("decode_ms", _phase_ms("decode", "a_decode_ms", "a_lat_decode_s * 1000")),
     ("delivery_ms", _phase_ms("delivery", "a_delivery_ms")),
@@ -351,8 +359,22 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("itl_p99_ms", "a_itl_p99_ms"),
     ("stall_ms", "a_stall_ms"),
     ("preemptions", "CAST(coalesce(a_preemptions, if(queue_spans = 0, NULL, queue_spans - 1)) AS Nullable(UInt32))"),
-    # network both ways + client: against the server's first content bytes where it stamped them
-    ("residual_ms", "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms)"),
+    # the server's inbound edge, and the client's own time: before its request's bytes left, after
+    # the first content bytes arrived (kernel receive stamps)
+    ("inbound_ms", "a_inbound_ms"),
+    (
+        "client_ms",
+        (
+            "if(a_client_send_ms IS NULL AND a_client_read_ms IS NULL, NULL, "
+            "ifNull(a_client_send_ms, 0) + ifNull(a_client_read_ms, 0))"
+        ),
+    ),
+    # what no stamp explains (network both ways): against the server's first content bytes where it
+    # stamped them, less the edges observed on either side (an unobserved edge stays in it)
+    (
+        "residual_ms",
+        "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_ms, 0)",
+    ),
     # TGI: total_time ends as its last token reaches the router, before that event's SSE encoding
     ("e2e_residual_ms", f"client_e2e_ms - coalesce(a_server_last_chunk_ms, {_tgi_ms('total')})"),
     ("clock_offset_estimate_ms", _wall_offset_ms()),
@@ -372,6 +394,11 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("loop_wait_ms", "a_loop_wait_ms"),
     ("encode_ms", "a_encode_ms"),
     ("write_ms", "a_write_ms"),
+    ("held_back_tokens", "CAST(a_held_back_tokens AS Nullable(UInt32))"),
+    ("kernel_wait_ms", "a_kernel_wait_ms"),
+    ("dispatch_ms", "a_dispatch_ms"),
+    ("client_send_ms", "a_client_send_ms"),
+    ("client_read_ms", "a_client_read_ms"),
     ("has_client", "client_start IS NOT NULL"),
     ("has_server", "server_start IS NOT NULL"),
     ("finish_reason", "t_finish_reason"),

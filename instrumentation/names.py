@@ -121,9 +121,14 @@ PL_QUEUE_MS = "phaselens.queue_ms"
 PL_PREFILL_MS = "phaselens.prefill_ms"
 PL_FIRST_TOKEN_MS = "phaselens.first_token_ms"
 PL_FIRST_CHUNK_MS = "phaselens.first_chunk_ms"  # = loop_wait + encode
+PL_HELD_BACK_MS = "phaselens.held_back_ms"  # first token → the token that made the first content visible
+PL_HELD_BACK_TOKENS = "phaselens.held_back.tokens"  # the tokens before it (byte-level tokens with no text yet)
 PL_FIRST_CHUNK_LOOP_WAIT_MS = "phaselens.first_chunk.loop_wait_ms"  # handed to the stream → the event loop took it
 PL_FIRST_CHUNK_ENCODE_MS = "phaselens.first_chunk.encode_ms"  # taken → its body chunk handed to send (SSE encoding)
 PL_FIRST_CHUNK_WRITE_MS = "phaselens.first_chunk.write_ms"  # send called → returned: outside the term, beside it
+PL_INBOUND_MS = "phaselens.inbound_ms"  # request bytes in the server's kernel → ingress (= kernel_wait + dispatch)
+PL_INBOUND_KERNEL_WAIT_MS = "phaselens.inbound.kernel_wait_ms"  # kernel receive stamp → the event loop read them
+PL_INBOUND_DISPATCH_MS = "phaselens.inbound.dispatch_ms"  # read → the ASGI app called (HTTP parsing, task start)
 PL_DECODE_MS = "phaselens.decode_ms"
 PL_DELIVERY_MS = "phaselens.delivery_ms"
 PL_SERVER_TTFT_MS = "phaselens.server.ttft_ms"
@@ -185,6 +190,8 @@ PL_STEP_DURATION_MS = "phaselens.step.duration_ms"
 PL_CLIENT_TTFT_MS = "phaselens.client.ttft_ms"
 PL_CLIENT_TTFO_MS = "phaselens.client.ttfo_ms"
 PL_CLIENT_TPOT_MS = "phaselens.client.tpot_ms"
+PL_CLIENT_READ_MS = "phaselens.client.read_ms"  # first content bytes in the client's kernel → the client read them
+PL_CLIENT_SEND_MS = "phaselens.client.send_ms"  # request started → its bytes handed to the kernel, less the connect
 PL_CLIENT_E2E_MS = "phaselens.client.e2e_ms"
 PL_CLIENT_ITL_P50_MS = "phaselens.client.itl_p50_ms"
 PL_CLIENT_ITL_P99_MS = "phaselens.client.itl_p99_ms"

@@ -13,6 +13,10 @@
   TTFT and e2e taken from the intended send time; TPOT holds trivially for ≤ 1 output token.
       attainment = met / all requests,  goodput = met / D (requests per second).
 - usage mismatch: requests whose `usage.completion_tokens` differs from the counted chunk tokens.
+- The client's own time per request, client = send + read (the request started → its bytes handed
+  over, less a new connection's connect; the first content bytes in this host's kernel → read; kernel
+  receive stamps). The client is the bottleneck when client p90 ≥ CLIENT_BOTTLENECK_SHARE × TTFT p90:
+  its own lateness then inflates the TTFT it reports (`client_bottleneck`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from phaselens.common.slo import SLO
 from phaselens.instrumentation.client.traced_client import StreamResult
 
 INF = float("inf")
+CLIENT_BOTTLENECK_SHARE = 0.1  # the client's own time at p90, as a share of TTFT p90
 
 
 @dataclass(slots=True)
@@ -86,15 +91,39 @@ def _lagged(value):
     return lambda r: None if value(r) is None else value(r) + (r.schedule_lag_ms or 0.0)
 
 
+def client_own_ms(r: StreamResult) -> float | None:
+    """send + read (a part not observed counts 0); None when neither was observed."""
+    if r.send_ms is None and r.read_ms is None:
+        return None
+    return (r.send_ms or 0.0) + (r.read_ms or 0.0)
+
+
 _LATENCIES = {
     "ttft": lambda r: r.ttft_ms,
     "ttfo": lambda r: r.ttfo_ms,
     "tpot": lambda r: r.tpot_ms,
     "e2e": lambda r: r.e2e_ms,
     "schedule_lag": lambda r: r.schedule_lag_ms,
+    "client": client_own_ms,
 }
 _LATENCIES["ttft_from_intended"] = _lagged(_LATENCIES["ttft"])
 _LATENCIES["e2e_from_intended"] = _lagged(_LATENCIES["e2e"])
+
+
+def client_bottleneck(results: list[StreamResult]) -> dict | None:
+    """The client's own time at p90 against TTFT p90 (module docstring); None when not observed."""
+    ttft = sorted(r.ttft_ms for r in results if r.ok and r.ttft_ms is not None)
+    own = sorted(v for r in results if r.ok and r.ttft_ms is not None and (v := client_own_ms(r)) is not None)
+    ttft_p90, own_p90 = quantile(ttft, 0.9), quantile(own, 0.9)
+    if ttft_p90 is None or own_p90 is None:
+        return None
+    share = own_p90 / ttft_p90 if ttft_p90 > 0 else 0.0
+    return {
+        "client_p90_ms": own_p90,
+        "ttft_p90_ms": ttft_p90,
+        "share": share,
+        "bottleneck": share >= CLIENT_BOTTLENECK_SHARE,
+    }
 
 
 def summarize(
@@ -125,6 +154,7 @@ def summarize(
         },
         "tokens": _token_figures(ok, input_tokens, output_tokens),
         "latency_ms": {k: (asdict(v) if v else None) for k, v in latency.items()},
+        "client_bottleneck": client_bottleneck(results),
         "failure_adjusted_ms": {
             name: _tail(results, _LATENCIES[name], percentiles)
             for name in ("ttft", "e2e", "ttft_from_intended", "e2e_from_intended")

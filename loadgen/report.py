@@ -24,6 +24,7 @@ _LATENCY_ROWS = (
     ("ttft_from_intended", "TTFT from intended (ms)"),
     ("e2e_from_intended", "E2E from intended (ms)"),
     ("schedule_lag", "Schedule lag (ms)"),
+    ("client", "Client own time: send + read (ms)"),
 )
 
 
@@ -133,6 +134,19 @@ def write_json(path: str, summary: dict, config: dict) -> None:
         f.write("\n")
 
 
+def client_bottleneck_note(summary: dict) -> str | None:
+    """What to tell at the end of a run whose client was its own bottleneck (metrics.client_bottleneck)."""
+    figure = summary.get("client_bottleneck")
+    if not figure or not figure["bottleneck"]:
+        return None
+    return (
+        f"the client was a bottleneck: its own time (before each request's bytes left, and reading the "
+        f"first chunk after it arrived) was {figure['client_p90_ms']:.1f} ms at p90, "
+        f"{100 * figure['share']:.0f} % of TTFT p90 ({figure['ttft_p90_ms']:.1f} ms): the TTFT figures "
+        "include it. Run fewer streams per client process, or more client processes."
+    )
+
+
 def request_row(index: int, r: StreamResult, start_ns: int) -> dict:
     """One `--per-request` line: timings (ms, client monotonic clock), tokens, trace id, error."""
     rel = lambda ns: None if ns is None else (ns - start_ns) / 1e6  # noqa: E731
@@ -142,6 +156,8 @@ def request_row(index: int, r: StreamResult, start_ns: int) -> dict:
         "sent_ms": rel(r.sent_ns),
         "schedule_lag_ms": r.schedule_lag_ms,
         "ttft_ms": r.ttft_ms,
+        "client_send_ms": r.send_ms,
+        "client_read_ms": r.read_ms,
         "ttfo_ms": r.ttfo_ms,
         "tpot_ms": r.tpot_ms,
         "e2e_ms": r.e2e_ms,

@@ -307,7 +307,7 @@ class _Routes:
                     return
                 if out.reasoning or out.content:
                     text.append(out.content)
-                    handle.output_ready()  # the middleware stamps this chunk's send (first_chunk term)
+                    handle.output_ready(out.output_tokens)  # the middleware stamps this chunk's send (first_chunk)
                     yield encode_event(envelope.chunk(out.reasoning, out.content))
                 if out.finish_reason:
                     break

@@ -171,7 +171,7 @@ class Scheduler:
 
     def _check_finish(self, seq: Sequence, token_id: int) -> tuple[str | None, SeqOutput]:
         """Finish reason (or None) and the text this token releases; EOS adds no text."""
-        out = SeqOutput(new_tokens=1)
+        out = SeqOutput(new_tokens=1, output_tokens=seq.num_output_tokens)  # the count so far: held_back
         if token_id in self.eos_ids and not seq.params.ignore_eos:
             return FINISH_STOP, out
         delta = seq.text.push(token_id)

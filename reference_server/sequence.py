@@ -44,7 +44,7 @@ class SeqOutput:
     reasoning: str = ""
     new_tokens: int = 0
     finish_reason: str | None = None
-    output_tokens: int = 0
+    output_tokens: int = 0  # the request's output tokens so far, this step's included
     reasoning_tokens: int = 0
     cached_tokens: int = 0
     error: str = ""  # why the engine failed this request, when it knows (a KV transfer's failure)

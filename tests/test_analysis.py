@@ -117,11 +117,12 @@ def test_budget_equals_the_hand_computed_one(client, clean):
         "first_chunk_ms": [r.first_chunk_ms for r in w.requests],
         "residual_ms": [r.residual_ms for r in w.requests],
     }
-    # the phaselens tree separates ingress and first token: no before-the-engine remainder
+    # the phaselens tree separates ingress and first token: no before-the-engine remainder; these
+    # spans carry no kernel receive stamps: the two edges are unobserved, not 0 ms
     assert report.span_models == ["phaselens"] and report.unseparated == []
     for c in report.components:
-        if c.name == "before_engine_ms":
-            assert c.ms.values() == (None, None, None, None)
+        if c.name in ("before_engine_ms", "inbound_ms", "held_back_ms", "client_ms"):
+            assert c.ms.values() == (None, None, None, None), c.name
             continue
         assert c.ms.values() == pytest.approx(stat(truth[c.name]), abs=1e-6), c.name
     ttft = stat(r.client_ttft_ms for r in w.requests)
@@ -132,7 +133,8 @@ def test_budget_equals_the_hand_computed_one(client, clean):
     tpot = stat(r.tpot_ms for r in w.requests)
     assert report.distributions["client_tpot_ms"].values() == pytest.approx(tpot, abs=1e-6)
     assert sum(c.share.mean or 0 for c in report.components) == pytest.approx(1.0, abs=1e-9)
-    assert report.components[2].share.p99 == pytest.approx(report.components[2].ms.p99 / ttft[2])
+    prefill = next(c for c in report.components if c.name == "prefill_ms")
+    assert prefill.share.p99 == pytest.approx(prefill.ms.p99 / ttft[2])
 
 
 def test_tail_attribution(client, clean):

@@ -64,9 +64,15 @@ def test_table_and_csv(clickhouse, db, capsys):
     rc, out, _ = _cli(capsys, "--clickhouse", clickhouse.url, "--database", db, "--model", "tiny")
     assert rc == 0 and "TTFT budget (25 requests" in out and "prefill_ms" in out and "grew most" in out
     assert "source: rollup (approximate: quantiles from DDSketch rollups" in " ".join(out.split())
+    # these spans carry no kernel receive stamps: the edge terms are unobserved, not 0.00, in the
+    # budget and in the tail attribution
+    edge_rows = [line for line in out.splitlines() if "inbound_ms" in line or "client_ms" in line]
+    assert sum("unobserved" in line for line in edge_rows) == 2, edge_rows
+    assert len(edge_rows) == 4 and not any("0.00" in line for line in edge_rows), edge_rows
     rc, out, _ = _cli(capsys, "--clickhouse", clickhouse.url, "--database", db, "--format", "csv")
     rows = dict(csv.reader(io.StringIO(out)))
     assert rc == 0 and rows["requests"] == "25" and float(rows["components.prefill_ms.ms.p50"]) > 0
+    assert rows["components.inbound_ms.ms.mean"] == rows["components.client_ms.ms.mean"] == ""
 
 
 def test_unreachable_clickhouse_is_one_line_and_exit_1(capsys):

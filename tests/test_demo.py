@@ -52,7 +52,9 @@ def test_demo_end_to_end(tmp_path):
         client.close()
     assert sorted(r[0] for r in rows) == sorted(trace_ids)
     for _, client_ttft, server_ttft, prefill, residual in rows:
-        assert client_ttft > server_ttft > prefill > 0 and residual > 0
+        # the residual is what no stamp explains: on loopback microseconds (the kernel receive stamps'
+        # move onto the monotonic clocks costs about one)
+        assert client_ttft > server_ttft > prefill > 0 and residual > -0.1
 
 
 _ORCHESTRATOR = textwrap.dedent("""

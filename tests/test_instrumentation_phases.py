@@ -30,7 +30,8 @@ def timelines(draw) -> RequestTimeline:
             timeline.scheduled()
     clock.advance(draw(gap))
     timeline.first_token()
-    if draw(st.booleans()):  # streamed: the first content chunk's stamps (event loop, same clock)
+    late = draw(st.booleans())  # the first content came with a later token (held back) or the first
+    if not late and draw(st.booleans()):  # streamed: the first content chunk's stamps (event loop, same clock)
         timeline.output_ready_ts = clock.advance(draw(gap))
         timeline.first_chunk_ts = timeline.last_chunk_ts = clock.advance(draw(gap))
         timeline.first_chunk_sent_ts = clock.advance(draw(gap))
@@ -42,6 +43,11 @@ def timelines(draw) -> RequestTimeline:
             timeline.scheduled()
         clock.advance(draw(gap))
         timeline.token(draw(st.integers(min_value=1, max_value=3)))
+    if late:
+        timeline.visible_tokens = draw(st.integers(min_value=0, max_value=20))
+        timeline.output_ready_ts = clock.advance(draw(gap))
+        timeline.first_chunk_ts = timeline.last_chunk_ts = clock.advance(draw(gap))
+        timeline.first_chunk_sent_ts = clock.advance(draw(gap))
     clock.advance(draw(gap))
     timeline.finished("stop")
     timeline.responded_ts = clock.advance(draw(gap))
@@ -59,10 +65,37 @@ def test_ttft_and_e2e_identities_hold_exactly(timeline):
     assert sum(p.itl_ns) == p.decode_ns and p.decode_steps == len(p.itl_ns)
     if timeline.first_chunk_ts:
         assert p.loop_wait_ns + p.encode_ns == p.first_chunk_phase_ns
-        assert min(p.loop_wait_ns, p.encode_ns, p.write_ns) >= 0
-        assert p.ttft_ns + p.first_chunk_phase_ns == p.ttfc_ns
+        assert min(p.loop_wait_ns, p.encode_ns, p.write_ns, p.held_back_ns) >= 0
+        assert p.ttft_ns + p.held_back_ns + p.first_chunk_phase_ns == p.ttfc_ns
     else:
         assert p.first_chunk_phase_ns == p.ttfc_ns == 0
+
+
+def test_decode_steps_before_the_first_visible_text_are_held_back_not_loop_wait():
+    """A byte-level first token (half of a UTF-8 character) renders no text: the content comes with
+    the 3rd token, two decode steps later. Those steps are `held_back` (2 tokens); the event loop's
+    lateness is measured from the step that made the text."""
+    clock = ScriptedClock(now_ns=1_000)
+    timeline = RequestTimeline(clock)
+    timeline.enqueued()
+    timeline.scheduled()
+    clock.now_ns = 5_000
+    timeline.first_token()
+    for stamp in (15_000, 25_000, 35_000):
+        clock.now_ns = stamp
+        timeline.token()
+    timeline.visible_tokens = 3  # the API layer: the first content came with the 3rd output token
+    timeline.output_ready_ts, timeline.first_chunk_ts, timeline.first_chunk_sent_ts = 27_000, 27_500, 27_600
+    timeline.last_chunk_ts = 27_500
+    timeline.finished("stop")
+    timeline.responded_ts = 40_000
+    p = compute_phases(timeline)
+    assert (p.held_back_ns, p.held_back_tokens, p.visible_ts) == (20_000, 2, 25_000)
+    assert (p.loop_wait_ns, p.encode_ns, p.first_chunk_phase_ns) == (2_000, 500, 2_500)
+    assert p.ttfc_ns == p.ttft_ns + p.held_back_ns + p.first_chunk_phase_ns
+    timeline.visible_tokens = 1  # the first token rendered text: nothing held back
+    p = compute_phases(timeline)
+    assert (p.held_back_ns, p.held_back_tokens, p.loop_wait_ns) == (0, 0, 22_000)
 
 
 def test_stall_definition():

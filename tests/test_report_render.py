@@ -119,7 +119,7 @@ def test_report_is_self_contained_and_escaped(tmp_path):
     assert html.count("<svg") >= 7  # budget, 2 CDFs, scatter, 2 waterfalls, engine
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "external reference"
     assert "<script" not in html and "&lt;script&gt;alert(1)" in html
-    assert "residual (network + client)" in html and "centred inside the client span" in html
+    assert "residual (network: what no stamp explains)" in html and "centred inside the client span" in html
 
 
 def test_report_renders_in_headless_chromium(tmp_path):

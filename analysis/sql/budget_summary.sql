@@ -17,16 +17,25 @@ SELECT count() AS requests, countIf(has_client) AS with_client, countIf(status =
     quantilesExactInclusive(0.5, 0.9, 0.99)(server_ttft_ms) AS server_ttft_ms_q, avg(server_ttft_ms) AS server_ttft_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_ttfo_ms) AS client_ttfo_ms_q, avg(client_ttfo_ms) AS client_ttfo_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(server_ttfc_ms) AS server_ttfc_ms_q, avg(server_ttfc_ms) AS server_ttfc_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(ifNull(inbound_ms, 0)) AS inbound_ms_q, avg(ifNull(inbound_ms, 0)) AS inbound_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(ingress_ms) AS ingress_ms_q, avg(ingress_ms) AS ingress_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(ttft_queue_ms) AS queue_ms_q, avg(ttft_queue_ms) AS queue_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(prefill_ms) AS prefill_ms_q, avg(prefill_ms) AS prefill_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(first_token_ms) AS first_token_ms_q, avg(first_token_ms) AS first_token_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(before_engine_ms) AS before_engine_ms_q, avg(before_engine_ms) AS before_engine_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(ifNull(held_back_ms, 0)) AS held_back_ms_q, avg(ifNull(held_back_ms, 0)) AS held_back_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(ifNull(first_chunk_ms, 0)) AS first_chunk_ms_q, avg(ifNull(first_chunk_ms, 0)) AS first_chunk_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(ifNull(client_ms, 0)) AS client_ms_q, avg(ifNull(client_ms, 0)) AS client_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(residual_ms) AS residual_ms_q, avg(residual_ms) AS residual_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(loop_wait_ms) AS loop_wait_ms_q, avg(loop_wait_ms) AS loop_wait_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(encode_ms) AS encode_ms_q, avg(encode_ms) AS encode_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(write_ms) AS write_ms_q, avg(write_ms) AS write_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(kernel_wait_ms) AS kernel_wait_ms_q, avg(kernel_wait_ms) AS kernel_wait_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(dispatch_ms) AS dispatch_ms_q, avg(dispatch_ms) AS dispatch_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(client_send_ms) AS client_send_ms_q, avg(client_send_ms) AS client_send_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(client_read_ms) AS client_read_ms_q, avg(client_read_ms) AS client_read_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(client_ms) AS client_observed_ms_q, avg(client_ms) AS client_observed_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(held_back_ms) AS held_back_observed_ms_q, avg(held_back_ms) AS held_back_observed_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(e2e_residual_ms) AS e2e_residual_ms_q, avg(e2e_residual_ms) AS e2e_residual_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_tpot_ms) AS client_tpot_ms_q, avg(client_tpot_ms) AS client_tpot_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(server_tpot_ms) AS server_tpot_ms_q, avg(server_tpot_ms) AS server_tpot_ms_mean,
@@ -36,7 +45,7 @@ SELECT count() AS requests, countIf(has_client) AS with_client, countIf(status =
     quantilesExactInclusive(0.5, 0.9, 0.99)(server_e2e_ms) AS server_e2e_ms_q, avg(server_e2e_ms) AS server_e2e_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(stall_ms) AS stall_ms_q, avg(stall_ms) AS stall_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(queue_ms) AS queue_all_waits_ms_q, avg(queue_ms) AS queue_all_waits_ms_mean,
-    quantileExactInclusive(0.99)(ttft_ms) AS threshold_ms, arrayFilter(r -> r.1 > threshold_ms, groupArrayIf(tuple(ttft_ms, ingress_ms, ttft_queue_ms, prefill_ms, first_token_ms, before_engine_ms, ifNull(first_chunk_ms, 0), residual_ms), ttft_ms IS NOT NULL)) AS tail_rows, length(tail_rows) AS tail_requests, arrayReduce('avgOrNull', arrayMap(r -> r.1, tail_rows)) AS ttft_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.2, tail_rows)) AS ingress_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.3, tail_rows)) AS queue_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.4, tail_rows)) AS prefill_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.5, tail_rows)) AS first_token_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.6, tail_rows)) AS before_engine_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.7, tail_rows)) AS first_chunk_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.8, tail_rows)) AS residual_ms_tail_mean
+    quantileExactInclusive(0.99)(ttft_ms) AS threshold_ms, arrayFilter(r -> r.1 > threshold_ms, groupArrayIf(tuple(ttft_ms, ifNull(inbound_ms, 0), ingress_ms, ttft_queue_ms, prefill_ms, first_token_ms, before_engine_ms, ifNull(held_back_ms, 0), ifNull(first_chunk_ms, 0), ifNull(client_ms, 0), residual_ms), ttft_ms IS NOT NULL)) AS tail_rows, length(tail_rows) AS tail_requests, arrayReduce('avgOrNull', arrayMap(r -> r.1, tail_rows)) AS ttft_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.2, tail_rows)) AS inbound_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.3, tail_rows)) AS ingress_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.4, tail_rows)) AS queue_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.5, tail_rows)) AS prefill_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.6, tail_rows)) AS first_token_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.7, tail_rows)) AS before_engine_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.8, tail_rows)) AS held_back_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.9, tail_rows)) AS first_chunk_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.10, tail_rows)) AS client_ms_tail_mean, arrayReduce('avgOrNull', arrayMap(r -> r.11, tail_rows)) AS residual_ms_tail_mean
 FROM {database:Identifier}.phaselens_request_facts
 WHERE start_time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND model = {model:String}
 )

@@ -86,6 +86,9 @@ class StreamResult:
     sent_ns: int = 0
     first_event_ns: int | None = None  # first SSE event of any kind (role-only included)
     first_chunk_ns: int | None = None  # first content chunk (TTFT)
+    first_chunk_arrived_ns: int = 0  # the kernel's receive stamp of its bytes (0: not observed)
+    written_ns: int = 0  # the request's first bytes handed to the transport (0: not observed)
+    connect_ns: int = 0  # the new connection's connect it waited for (network time, not the client's)
     first_output_ns: int | None = None  # first non-reasoning content chunk (TTFO)
     last_chunk_ns: int | None = None  # last content chunk (e2e)
     done_ns: int = 0  # response closed (or failure seen)
@@ -99,6 +102,8 @@ class StreamResult:
     error_type: str | None = None
     error: str | None = None
     ttft_ms: float | None = None
+    read_ms: float | None = None  # first content bytes in this host's kernel → this client read them
+    send_ms: float | None = None  # sent → the request's bytes handed to the kernel, less the connect
     ttfo_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
@@ -146,6 +151,10 @@ def compute_metrics(result: StreamResult) -> None:
         result.schedule_lag_ms = (sent - result.intended_ns) / 1e6
     if result.first_chunk_ns is not None:
         result.ttft_ms = (result.first_chunk_ns - sent) / 1e6
+        if sent <= result.first_chunk_arrived_ns <= result.first_chunk_ns:
+            result.read_ms = (result.first_chunk_ns - result.first_chunk_arrived_ns) / 1e6
+        if sent + result.connect_ns <= result.written_ns <= result.first_chunk_ns:
+            result.send_ms = (result.written_ns - sent - result.connect_ns) / 1e6
         result.e2e_ms = (result.last_chunk_ns - sent) / 1e6
     if result.first_output_ns is not None:
         result.ttfo_ms = (result.first_output_ns - sent) / 1e6
@@ -180,6 +189,7 @@ class _ChunkReader:
     token_counter: Callable[[str], int] | None
     keep_text: bool  # record each content chunk's text (content capture or `keep_text`)
     counted: int = 0  # tokens in the content chunks so far
+    arrived_ns: int = 0  # the kernel's receive stamp of the network read being parsed (0: none)
 
     def on_event(self, data: str, event: str, now_ns: int) -> None:
         res = self.result
@@ -224,7 +234,7 @@ class _ChunkReader:
         res.chunk_tokens.append(k)
         self.counted += k
         if res.first_chunk_ns is None:
-            res.first_chunk_ns = now_ns
+            res.first_chunk_ns, res.first_chunk_arrived_ns = now_ns, self.arrived_ns
         if output and res.first_output_ns is None:
             res.first_output_ns = now_ns
         res.last_chunk_ns = now_ns
@@ -369,11 +379,17 @@ class TracedClient:
                     obj = raw.decode("utf-8", "replace")
                 raise StreamFailure(*_error_of(obj, str(response.status_code)))
             parser = SSEParser()
+            receipts = None
+            result.written_ns = getattr(response.extensions.get(RECEIPTS), "written_ns", 0)
+            result.connect_ns = getattr(response.extensions.get(RECEIPTS), "connect_ns", 0)
             if response.headers.get("content-encoding", "identity") == "identity":
-                pieces = response.extensions[RECEIPTS].stamped()  # stamped per network read
+                receipts = response.extensions[RECEIPTS]
+                pieces = receipts.stamped()  # stamped per network read, with the kernel's stamp
             else:  # a compressed body: decoded by httpx, stamped as it comes out of the decoder
                 pieces = _clock_stamped(response.aiter_bytes(), self._clock_ns)
             async for now_ns, chunk in pieces:
+                if receipts is not None:
+                    reader.arrived_ns = receipts.arrived_ns
                 for event in parser.feed(chunk):
                     reader.on_event(event.data, event.event, now_ns)
             parser.close()
@@ -429,6 +445,8 @@ def _result_attributes(result: StreamResult) -> dict:
         N.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: result.cached_tokens,
         N.PL_CLIENT_TTFT_MS: result.ttft_ms,
         N.PL_CLIENT_TTFO_MS: result.ttfo_ms,
+        N.PL_CLIENT_READ_MS: result.read_ms,
+        N.PL_CLIENT_SEND_MS: result.send_ms,
         N.PL_CLIENT_TPOT_MS: result.tpot_ms,
         N.PL_CLIENT_E2E_MS: result.e2e_ms,
         N.PL_CLIENT_ITL_P50_MS: quantile(itl, 0.5),

@@ -11,8 +11,14 @@ through `ssl=`, httpx's connect/read/write/pool timeouts, and httpx's exception 
 no proxies, no protocol upgrades (101 is an error).
 
 Every network read is stamped (`clock_ns`) in `buffer_updated`, when the event loop hands the bytes
-over, before any other task's work can delay it. The response carries its body stream under
-`extensions[RECEIPTS]`; `stream.stamped()` yields (receive stamp, payload) per network read.
+over, before any other task's work can delay it; on a plain TCP connection also with the kernel's
+receive stamp of its bytes, peeked in `get_buffer` just before the loop reads them (`kernel_stamps`;
+0 when the kernel gave none, or over TLS, where the socket's bytes are not yet the payload's). The
+response carries its body stream under `extensions[RECEIPTS]`; `stream.stamped()` yields (receive
+stamp, payload) per network read, and `stream.arrived_ns` is the kernel stamp of the last one;
+`stream.written_ns` is when the request's first bytes were handed to the transport (asyncio sends
+at once when the socket buffer has room; stamped just before, so the send itself is never counted
+twice, as the client's and as the server's time) and `stream.connect_ns` how long its new connection took to open.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
+
 RECEIPTS = "phaselens.receipts"  # response extension: the body stream, with `stamped()`
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE_BYTES = 4096
@@ -38,12 +46,17 @@ _NO_BODY_STATUS = frozenset({204, 304})
 class _Connection(asyncio.BufferedProtocol):
     """One TCP (or TLS) connection; received bytes wait here, each read with its receive stamp."""
 
-    def __init__(self, origin: tuple, clock_ns: Callable[[], int], recv_buffer: memoryview):
+    def __init__(self, origin: tuple, clock_ns: Callable[[], int], recv_buffer: memoryview, kernel_stamps: bool = True):
         self.origin = origin
         self._clock_ns = clock_ns
         self._recv = recv_buffer  # shared by the connections of one transport: copied out at once
         self.transport: asyncio.Transport | None = None
-        self._pieces: collections.deque = collections.deque()  # (stamp ns, bytes)
+        self._kernel_stamps = kernel_stamps
+        self._stamper: KernelStamper | None = None
+        self._arrived_ns = 0  # the kernel's receive stamp of the bytes being read (0: none)
+        self.connect_ns = 0  # how long opening this connection took; taken by its first request
+        self.write_ns = 0  # the request's first write handed to the transport (stamped just before it)
+        self._pieces: collections.deque[tuple[int, bytes, int]] = collections.deque()  # (stamp, bytes, kernel stamp)
         self._unread = 0
         self._waiter: asyncio.Future | None = None
         self._paused = False
@@ -55,13 +68,18 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if self._kernel_stamps and sock is not None and transport.get_extra_info("sslcontext") is None:
+            self._stamper = KernelStamper(sock.fileno(), self._clock_ns, latest=True)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # asyncio's default recv() allocates max_size (256 KiB) per read; a reused buffer does not
+        stamper = self._stamper
+        self._arrived_ns = stamper.arrived_ns() if stamper is not None else 0
         return self._recv
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._pieces.append((self._clock_ns(), bytes(self._recv[:nbytes])))
+        self._pieces.append((self._clock_ns(), bytes(self._recv[:nbytes]), self._arrived_ns))
         self._unread += nbytes
         if self._unread > _PAUSE_BYTES and not self._paused:
             self._paused = True
@@ -74,6 +92,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc) -> None:
         self.closed, self.error = True, exc
+        if self._stamper is not None:
+            self._stamper.close()
         self._wake()
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
@@ -94,31 +114,32 @@ class _Connection(asyncio.BufferedProtocol):
     def unread_bytes(self) -> int:
         return self._unread
 
-    def unread(self, stamp_ns: int, data: bytes) -> None:
+    def unread(self, stamp_ns: int, data: bytes, arrived_ns: int) -> None:
         """Give back bytes read too far (a body's first bytes arrive with the head)."""
-        self._pieces.appendleft((stamp_ns, data))
+        self._pieces.appendleft((stamp_ns, data, arrived_ns))
         self._unread += len(data)
 
-    async def read(self, timeout_s: float | None, request: httpx.Request) -> tuple[int, bytes]:
-        """(receive stamp, bytes) of the oldest unread network read; (0, b"") at end of stream."""
+    async def read(self, timeout_s: float | None, request: httpx.Request) -> tuple[int, bytes, int]:
+        """(receive stamp, bytes, kernel stamp) of the oldest unread network read; (0, b"", 0) at
+        end of stream."""
         while (piece := self.pop(request)) is None:
             await self.wait(timeout_s, request)
         return piece
 
-    def pop(self, request: httpx.Request) -> tuple[int, bytes] | None:
+    def pop(self, request: httpx.Request) -> tuple[int, bytes, int] | None:
         """`read` without waiting: None when nothing has arrived yet."""
         if not self._pieces:
             if not self.closed:
                 return None
             if isinstance(self.error, OSError):
                 raise httpx.ReadError(str(self.error) or type(self.error).__name__, request=request)
-            return 0, b""
-        stamp, data = self._pieces.popleft()
-        self._unread -= len(data)
+            return 0, b"", 0
+        piece = self._pieces.popleft()
+        self._unread -= len(piece[1])
         if self._paused and self._unread <= _PAUSE_BYTES and not self.closed:
             self._paused = False
             self.transport.resume_reading()
-        return stamp, data
+        return piece
 
     async def wait(self, timeout_s: float | None, request: httpx.Request) -> None:
         """Until bytes arrive or the connection ends (httpx.ReadTimeout after `timeout_s`)."""
@@ -152,6 +173,10 @@ class _Connection(asyncio.BufferedProtocol):
     async def write(self, data: bytes, timeout_s: float | None, request: httpx.Request) -> None:
         if self.closed:
             raise httpx.WriteError("connection closed", request=request)
+        # the first write of a request, stamped before it: asyncio sends at once, and the server may
+        # take the bytes before we resume (its inbound term starts at its first bytes' arrival)
+        if not self.write_ns:
+            self.write_ns = self._clock_ns()
         self.transport.write(data)
         if self._drained is not None:
             try:
@@ -263,6 +288,9 @@ class _Body(httpx.AsyncByteStream):
     length: int = 0  # for "length": bytes still due
     reusable: bool = True
     read_timeout_s: float | None = None
+    arrived_ns: int = 0  # the kernel's receive stamp of the read `stamped()` yielded last (0: none)
+    written_ns: int = 0  # the request's first bytes handed to the transport (stamped just before)
+    connect_ns: int = 0  # the TCP (and TLS) connect this request waited for; 0 on a kept-alive one
     complete: bool = False
     released: bool = False
     decoder: ChunkedDecoder = field(default_factory=ChunkedDecoder)
@@ -279,12 +307,13 @@ class _Body(httpx.AsyncByteStream):
             if piece is None:
                 await conn.wait(self.read_timeout_s, request)
                 continue
-            stamp, data = piece
+            stamp, data, arrived = piece
             if not data:
                 self._at_eof()
                 return
             payload = self._decode(data)
             if payload:
+                self.arrived_ns = arrived
                 yield stamp, payload
 
     def _decode(self, data: bytes) -> bytes:
@@ -323,8 +352,10 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         max_connections: int = 4096,
         ssl_context: ssl.SSLContext | None = None,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
+        kernel_stamps: bool = True,
     ):
         self.max_connections = max_connections
+        self.kernel_stamps = kernel_stamps
         self._ssl = ssl_context
         self._clock_ns = clock_ns
         self._recv = memoryview(bytearray(_RECV_BYTES))
@@ -335,13 +366,17 @@ class StreamingTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout", {})
         conn = await self._acquire(request, timeouts)
+        connect_ns, conn.connect_ns = conn.connect_ns, 0
         try:
+            conn.write_ns = 0
             await self._send(conn, request, timeouts.get("write"))
+            written_ns = conn.write_ns
             head, body_start = await self._read_head(conn, request, timeouts.get("read"))
             body = self._body(conn, request, head, timeouts.get("read"))
         except BaseException:
             self.release(conn, False)
             raise
+        body.written_ns, body.connect_ns = written_ns, connect_ns
         if body_start is not None:
             conn.unread(*body_start)
             body.reusable = body.reusable and body.framing != "none"  # bytes beyond an empty body
@@ -401,10 +436,11 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 self._ssl = httpx.create_ssl_context(trust_env=False)
             tls = self._ssl
         loop = asyncio.get_running_loop()
+        start_ns = self._clock_ns()
         try:
             async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(origin, self._clock_ns, self._recv),
+                    lambda: _Connection(origin, self._clock_ns, self._recv, self.kernel_stamps),
                     host,
                     port,
                     ssl=tls,
@@ -414,6 +450,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connect to {host}:{port} took over {timeout_s} s", request=request) from None
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
+        conn.connect_ns = self._clock_ns() - start_ns
         return conn
 
     async def _send(self, conn: _Connection, request: httpx.Request, timeout_s: float | None) -> None:
@@ -433,15 +470,15 @@ class StreamingTransport(httpx.AsyncBaseTransport):
 
     async def _read_head(
         self, conn: _Connection, request: httpx.Request, timeout_s: float | None
-    ) -> tuple[_Head, tuple[int, bytes] | None]:
+    ) -> tuple[_Head, tuple[int, bytes, int] | None]:
         """The final response head (1xx interim responses skipped) and the bytes read past it."""
-        buf, stamp = b"", 0
+        buf, stamp, arrived = b"", 0, 0
         while True:
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(buf) > MAX_HEAD_BYTES:
                     raise httpx.RemoteProtocolError("response head too long", request=request)
-                stamp, data = await conn.read(timeout_s, request)
+                stamp, data, arrived = await conn.read(timeout_s, request)
                 if not data:
                     raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
                 buf += data
@@ -450,7 +487,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             if head.status == 101:
                 raise httpx.RemoteProtocolError("protocol upgrade is not supported", request=request)
             if head.status >= 200:
-                return head, ((stamp, buf) if buf else None)
+                return head, ((stamp, buf, arrived) if buf else None)
 
     def _body(self, conn: _Connection, request: httpx.Request, head: _Head, timeout_s: float | None) -> _Body:
         """Body framing by RFC 9112 §6.3; keep-alive only for HTTP/1.1 without `Connection: close`."""

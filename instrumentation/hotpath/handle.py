@@ -152,10 +152,11 @@ class ServerRequest(RequestTimeline):
         if not self.managed:
             self.close()
 
-    def output_ready(self) -> None:
+    def output_ready(self, output_tokens: int = 0) -> None:
         """See observer.RequestHandle.output_ready."""
         if not self.output_ready_ts:
             self.output_ready_ts = self.clock_ns()
+            self.visible_tokens = output_tokens
         self.output_pending = True
 
     def chunk_sending(self) -> None:
@@ -197,6 +198,9 @@ class ServerRequest(RequestTimeline):
             self.first_chunk_ts,
             self.first_chunk_sent_ts,
             self.last_chunk_ts,
+            self.arrived_ts,
+            self.read_ts,
+            self.visible_tokens,
             self.finish_reason,
             int64s(self.waits.tobytes()),
             int64s(self.chunks.tobytes()),

@@ -81,11 +81,13 @@ class RequestHandle(RequestObserver, Protocol):
     def fail(self, error_type: str, status_code: int | None = None) -> None:
         """The request failed or was rejected (`error.type`)."""
 
-    def output_ready(self) -> None:
+    def output_ready(self, output_tokens: int = 0) -> None:
         """Streaming: the API layer took output that carries content (text or reasoning, not a
         role-only chunk) off the engine's stream; the next body chunk it sends carries it. The
         ingress middleware stamps when that chunk is handed to the server's `send` (the `first_chunk`
-        budget term)."""
+        budget term). `output_tokens`: the request's tokens so far (0: not known); when the first
+        content came only with a later token (a byte-level token that renders no text yet), the
+        decode steps until it are the `held_back` term, not the event loop's lateness."""
 
 
 class NullRequest:
@@ -115,7 +117,7 @@ class NullRequest:
     ) -> None: ...
 
     def fail(self, error_type: str, status_code: int | None = None) -> None: ...
-    def output_ready(self) -> None: ...
+    def output_ready(self, output_tokens: int = 0) -> None: ...
 
 
 class NullStepObserver:

@@ -84,7 +84,8 @@ NO_HTTP = HttpFacts()
 class RequestRecord(NamedTuple):
     """One closed request: the SERVER root's ids (chosen at receipt), the sampling decision, the
     remote parent (None: a root trace), the timeline (monotonic ns of the serving process; layout
-    in `timeline`; the four stamps of the response's content chunks in `handle.ServerRequest`), and
+    in `timeline`; the four stamps of the response's content chunks in `handle.ServerRequest`, the inbound
+    edge's two in `inbound`), and
     what the API layer and the middleware reported."""
 
     root: SpanIds
@@ -98,6 +99,9 @@ class RequestRecord(NamedTuple):
     first_chunk_ts: int
     first_chunk_sent_ts: int
     last_chunk_ts: int
+    arrived_ts: int
+    read_ts: int
+    visible_tokens: int
     finish_reason: str
     waits: Int64s
     chunks: Int64s

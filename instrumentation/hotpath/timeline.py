@@ -12,6 +12,9 @@ Layout of a request timeline (all monotonic ns, 0 = not stamped):
                chunks, stamped on the event loop (`handle.ServerRequest`): the API layer took the
                first output carrying content off the engine's stream; its body chunk handed to the
                server's `send`; that `send` returned; the last content chunk handed to `send`
+    visible_tokens   the output tokens so far when the first content reached the API layer
+    arrived_ts, read_ts   the request's first bytes reached the server's kernel; the event loop
+               handed them to the HTTP protocol (`inbound`; 0 = not observed)
     waits      flat [start0, end0, start1, end1, …]  queue waits; odd length = a wait still open
     chunks     flat [start, end, tokens, cached, …]  prefill chunks (initial and recompute)
     token_ts   one stamp per `token()` call (a decode step that gave this request tokens)
@@ -35,6 +38,7 @@ class RequestTimeline:
     """Per-request phase stamps (observer.RequestObserver). Written by the loop thread only."""
 
     __slots__ = (
+        "arrived_ts",
         "chunks",
         "clock_ns",
         "enqueued_ts",
@@ -45,10 +49,12 @@ class RequestTimeline:
         "first_token_ts",
         "last_chunk_ts",
         "output_ready_ts",
+        "read_ts",
         "received_ts",
         "responded_ts",
         "token_n",
         "token_ts",
+        "visible_tokens",
         "waits",
     )
 
@@ -60,6 +66,8 @@ class RequestTimeline:
         self.finished_ts = 0
         self.responded_ts = 0
         self.output_ready_ts = self.first_chunk_ts = self.first_chunk_sent_ts = self.last_chunk_ts = 0
+        self.arrived_ts = self.read_ts = 0
+        self.visible_tokens = 0  # the first content came with this many output tokens (0: not known)
         self.finish_reason = ""
         self.waits = array("q")
         self.chunks = array("q")

@@ -13,19 +13,29 @@ Boundaries (monotonic ns of one process):
                 and a chunk's own start, and between chunks, belongs to prefill unless it is a queue wait.
 - first_token = (first_token − prefill_end) − queue waits inside that interval.
 - So, exactly:  server TTFT = first_token − received = ingress + queue + prefill + first_token.
-- first_chunk = first_chunk − first_token: the server's part of delivering the first output, from
-                the first token handed to the stream to the first body chunk carrying output handed
-                to the server's `send` (a streamed response; 0 without). Exactly
+- held_back   = visible − first_token: the decode steps until the first token that rendered text
+                (a byte-level token of an incomplete UTF-8 character renders none; visible = the
+                stamp of the step that gave the `visible_tokens`-th token, as the API layer told
+                `output_ready`; = first_token, held_back 0, when the first token rendered text or
+                the count is not known); `held_back_tokens` = visible_tokens − 1.
+- first_chunk = first_chunk − visible: the server's part of delivering the first output, from
+                the token that made it visible handed to the stream to the first body chunk carrying
+                output handed to the server's `send` (a streamed response; 0 without). Exactly
                 first_chunk = loop_wait + encode:
-                  loop_wait = output_ready − first_token   (the event loop took the output: how
-                              late the loop was, plus any token that gave no text yet)
+                  loop_wait = output_ready − visible   (the event loop took the output: how
+                              late the loop was)
                   encode    = first_chunk − output_ready   (SSE encoding, the framework's work)
                 Beside it, write = first_chunk_sent − first_chunk (`send` until it returned): the
                 bytes going out, on the residual's side (a full socket buffer is a slow reader).
                 The term ends where `send` is called, not where it returns: the client may read
                 the bytes before the server's coroutine resumes, and the residual stays ≥ 0.
-- So, exactly:  server TTFC = first_chunk − received = server TTFT + first_chunk, and the
+- So, exactly:  server TTFC = first_chunk − received = server TTFT + held_back + first_chunk, and the
                 client's residual = client TTFT − server TTFC is network both ways + client only.
+- inbound     = received − arrived = kernel_wait + dispatch, before ingress (`inbound`; 0 and
+                `arrived_ts` 0 when not observed): kernel_wait = read − arrived (the request's
+                first bytes in the server's kernel until the event loop read them), dispatch =
+                received − read (HTTP parsing, the server's task start). So the server's part of
+                the client's TTFT is inbound + server TTFC.
 - server last chunk = last_chunk − received (the last content chunk handed to `send`: the stream's
                 end as the client's e2e sees it).
 - decode      = last_token − first_token (waits after a preemption in decode are inside it and show
@@ -59,6 +69,10 @@ class Phases:
 
     received_ts: int
     end_ts: int  # responded; the engine's last stamp when later (it worked on after the client left)
+    arrived_ts: int = 0  # the request's bytes reached the kernel (0: not observed)
+    read_ts: int = 0  # the event loop handed them to the HTTP protocol (0: not observed)
+    kernel_wait_ns: int = 0
+    dispatch_ns: int = 0
     enqueued_ts: int = 0
     scheduled_ts: int = 0
     prefill_end_ts: int = 0
@@ -71,6 +85,10 @@ class Phases:
     first_chunk_ts: int = 0  # stamp: the first content chunk handed to `send`
     last_chunk_ts: int = 0
     first_chunk_phase_ns: int = 0
+    visible_ts: int = 0  # the token stamp that made the first content (first_token when it did)
+    held_back_ns: int = 0
+    held_back_tokens: int = 0
+    held_back_known: bool = False  # the API layer told which token made the first content
     loop_wait_ns: int = 0
     encode_ns: int = 0
     write_ns: int = 0
@@ -90,6 +108,11 @@ class Phases:
     def ttfc_ns(self) -> int:
         """Server time to first chunk: received → the first content chunk handed to the server's `send`."""
         return self.first_chunk_ts - self.received_ts if self.first_chunk_ts else 0
+
+    @property
+    def inbound_ns(self) -> int:
+        """arrived → received (0 when not observed: then `arrived_ts` is 0 too)."""
+        return self.received_ts - self.arrived_ts if self.arrived_ts else 0
 
     @property
     def e2e_ns(self) -> int:
@@ -131,6 +154,7 @@ def compute_phases(timeline: Timeline) -> Phases:
     end_ns = max(timeline.responded_ts, last_stamp_ns(timeline))
     p = Phases(received_ts=timeline.received_ts, end_ts=end_ns, enqueued_ts=timeline.enqueued_ts)
     p.waits = closed_waits(timeline, end_ns)
+    _inbound(p, timeline)
     if not p.enqueued_ts:
         return p
     p.ingress_ns = p.enqueued_ts - p.received_ts
@@ -158,11 +182,37 @@ def compute_phases(timeline: Timeline) -> Phases:
     return p
 
 
+def _inbound(p: Phases, timeline: Timeline) -> None:
+    """The inbound edge (module docstring), when its stamps are in order."""
+    arrived, read = timeline.arrived_ts, timeline.read_ts
+    if not 0 < read <= p.received_ts:
+        return
+    p.read_ts, p.dispatch_ns = read, p.received_ts - read
+    if 0 < arrived <= read:
+        p.arrived_ts, p.kernel_wait_ns = arrived, read - arrived
+
+
 def _first_chunk(p: Phases, timeline: Timeline) -> None:
     """The first_chunk term and its split (module docstring), when a content chunk was sent."""
     ready, first, sent = timeline.output_ready_ts, timeline.first_chunk_ts, timeline.first_chunk_sent_ts
     if not (p.first_token_ts <= ready <= first <= sent):  # not streamed, or no content at all
         return
     p.first_chunk_ts, p.last_chunk_ts = first, timeline.last_chunk_ts
-    p.loop_wait_ns, p.encode_ns, p.write_ns = ready - p.first_token_ts, first - ready, sent - first
-    p.first_chunk_phase_ns = first - p.first_token_ts
+    visible, p.held_back_tokens = _visible(p.first_token_ts, timeline)
+    p.held_back_known = timeline.visible_tokens > 0
+    p.visible_ts, p.held_back_ns = visible, visible - p.first_token_ts
+    p.loop_wait_ns, p.encode_ns, p.write_ns = ready - visible, first - ready, sent - first
+    p.first_chunk_phase_ns = first - visible
+
+
+def _visible(first_token_ts: int, timeline: Timeline) -> tuple[int, int]:
+    """(stamp, tokens held back): the decode step whose token made the first content visible, the
+    tokens before it; (first_token, 0) when that was the first token or the count is not known."""
+    wanted, count = timeline.visible_tokens, 1
+    if wanted <= 1:
+        return first_token_ts, 0
+    for stamp, n in zip(timeline.token_ts, timeline.token_n, strict=False):
+        count += n
+        if count >= wanted and stamp <= timeline.output_ready_ts:
+            return stamp, wanted - 1
+    return first_token_ts, 0

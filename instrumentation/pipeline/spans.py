@@ -170,6 +170,7 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
     if outcome.completion is not None:
         attributes[names.GEN_AI_OUTPUT_MESSAGES] = _messages("assistant", outcome.completion, finish_reason)
     attributes.update(first_chunk_attributes(phases))
+    attributes.update(inbound_attributes(phases))
     return _drop_none(attributes)
 
 
@@ -182,13 +183,31 @@ def first_chunk_split(phases: Phases) -> dict[str, Any]:
     }
 
 
+def inbound_attributes(phases: Phases) -> dict[str, Any]:
+    """The inbound edge on the root (exact, kernel receive stamp); dispatch alone when the kernel gave
+    no stamp; {} when the server has no inbound protocol."""
+    if not phases.read_ts:
+        return {}
+    attributes = {names.PL_INBOUND_DISPATCH_MS: _ms(phases.dispatch_ns)}
+    if phases.arrived_ts:
+        attributes[names.PL_INBOUND_MS] = _ms(phases.inbound_ns)
+        attributes[names.PL_INBOUND_KERNEL_WAIT_MS] = _ms(phases.kernel_wait_ns)
+    return attributes
+
+
 def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
-    """The first_chunk term, its split, server TTFC and last chunk, on the root; {} when no content
-    chunk was streamed."""
+    """The first_chunk term, its split, the held-back decode steps before it, server TTFC and last
+    chunk, on the root; {} when no content chunk was streamed."""
     if not phases.first_chunk_ts:
         return {}
+    held_back = (
+        {names.PL_HELD_BACK_MS: _ms(phases.held_back_ns), names.PL_HELD_BACK_TOKENS: phases.held_back_tokens}
+        if phases.held_back_known
+        else {}
+    )
     return {
         names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns),
+        **held_back,
         **first_chunk_split(phases),
         names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
         names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ts - phases.received_ts),
@@ -306,7 +325,7 @@ def request_spans(
     if phases.first_token_ts:
         tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ts, phases.first_token_ts)
         if phases.first_chunk_ts:
-            tree.leaf(names.SPAN_FIRST_CHUNK, phases.first_token_ts, phases.first_chunk_ts, first_chunk_split(phases))
+            tree.leaf(names.SPAN_FIRST_CHUNK, phases.visible_ts, phases.first_chunk_ts, first_chunk_split(phases))
         decode = tree.new_context()
         tree.leaf(names.SPAN_DELIVERY, phases.last_token_ts, phases.end_ts)
     _chunk_spans(tree, record, phases, prefill, decode)

@@ -47,6 +47,7 @@ from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.sink import Sink, ThreadSink, wait_until
 from phaselens.instrumentation.process.process_sink import ProcessSink
+from phaselens.instrumentation.server.inbound import InboundStamps
 
 SCOPE_KEY = "phaselens.request"  # where the middleware leaves the handle in the ASGI scope
 DEFAULT_QUEUE_CAPACITY = 8192
@@ -105,6 +106,7 @@ class ServerTelemetry:
         self._roots, self._sink = make_sink(service_name, token_events, queue_capacity, poll_interval_s)
         self._closer = Closer(self._sink.submit, clock_ns, int(engine_grace_s * 1e9))
         self.step_observer = StepRecorder(self._sink.submit)
+        self.inbound = InboundStamps(clock_ns)  # filled by an `inbound.InboundProtocol` when the server has one
         self._owns_providers = owns_providers
         self._shut_down = False
         self._sink.start()
@@ -185,8 +187,13 @@ class ServerTelemetry:
             received_ts=received_ts,
             managed=managed,
         )
+        handle.arrived_ts, handle.read_ts = self.inbound.take(scope.get("client"))
         scope[SCOPE_KEY] = handle
         return handle
+
+    def response_ended(self, scope: MutableMapping[str, Any]) -> None:
+        """The response's last body chunk went out: the connection's later reads were this request's."""
+        self.inbound.discard(scope.get("client"))
 
     def _expire(self) -> None:
         """At each wake-up of the sink's thread: requests the engine has let go of go on."""

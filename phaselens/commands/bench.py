@@ -220,6 +220,8 @@ def run(args) -> int:
     title = f"phaselens bench · {opts.model} @ {opts.url} · {outcome.config['arrival']['process']}"
     for table in report.summary_tables(outcome.summary, opts.percentiles, title):
         console.print(table)
+    if note := report.client_bottleneck_note(outcome.summary):
+        console.print(note)
     if outcome.span_export:
         console.print(
             "client spans: " + ", ".join(f"{k.removeprefix('export_')} {v}" for k, v in outcome.span_export.items())

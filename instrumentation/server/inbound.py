@@ -1,0 +1,110 @@
+"""The server's inbound edge: when a request's bytes reached the server's kernel, and when the event
+loop handed them to the HTTP protocol, both before the ASGI app (and so `received`) sees it.
+
+    inbound     = received − arrived = kernel_wait + dispatch        (server clock, exact)
+    kernel_wait = read − arrived     the bytes waited in the kernel for the event loop (a busy or
+                                     GIL-starved loop; a new connection's accept is inside it)
+    dispatch    = received − read    HTTP parsing, the server's task start, middleware before ours
+
+`arrived` is the kernel's receive stamp of the request's first bytes (`kernel_stamps`), `read` the
+loop's hand-over, both taken in `get_buffer` / `buffer_updated` of `InboundProtocol`, a buffered
+wrapper around the server's own HTTP protocol (uvicorn's `Config(http=…)` takes the class made by
+`inbound_protocol`). The stamps wait in `InboundStamps`, keyed by the connection's peer address,
+until the ingress middleware takes them for the request it opens (`take`, with ASGI's
+`scope["client"]`). A keep-alive client sends its next request only after the last response, so
+the first read after a take belongs to the next request; the middleware drops what is left when a
+response ends (`discard`: the body's later reads), so a pipelined request is unobserved, never
+given an older stamp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
+
+_RECV_BYTES = 256 * 1024  # asyncio's own read size for a plain protocol
+Peer = tuple[Any, ...]
+
+
+class InboundStamps:
+    """(arrived_ns, read_ns) of the first unclaimed read per peer; written and read on the event loop."""
+
+    __slots__ = ("_pending", "clock_ns")
+
+    def __init__(self, clock_ns: Callable[[], int]) -> None:
+        self.clock_ns = clock_ns
+        self._pending: dict[Peer, tuple[int, int]] = {}
+
+    def read(self, peer: Peer, arrived_ns: int, read_ns: int) -> None:
+        self._pending.setdefault(peer, (arrived_ns, read_ns))
+
+    def take(self, peer: Any) -> tuple[int, int]:
+        """The stamps of the request from `peer` (ASGI `scope["client"]`): (0, 0) when unobserved."""
+        if not peer:
+            return 0, 0
+        return self._pending.pop(tuple(peer), (0, 0))
+
+    def discard(self, peer: Any) -> None:
+        if peer:
+            self._pending.pop(tuple(peer), None)
+
+    def closed(self, peer: Peer) -> None:
+        self._pending.pop(peer, None)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+
+class InboundProtocol(asyncio.BufferedProtocol):
+    """Wraps one connection's HTTP protocol (`inner`): stamps each read, then hands the bytes on."""
+
+    inner_class: type[asyncio.Protocol]
+    stamps: InboundStamps
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.inner = self.inner_class(*args, **kwargs)
+        self._buffer = memoryview(bytearray(_RECV_BYTES))
+        self._stamper: KernelStamper | None = None
+        self._peer: Peer = ()
+        self._arrived_ns = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("socket")
+        self._peer = tuple(peer) if isinstance(peer, (tuple, list)) else ()
+        if sock is not None and self._peer:
+            self._stamper = KernelStamper(sock.fileno(), self.stamps.clock_ns)
+        self.inner.connection_made(transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        stamper = self._stamper
+        self._arrived_ns = stamper.arrived_ns() if stamper is not None else 0
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._peer:
+            self.stamps.read(self._peer, self._arrived_ns, self.stamps.clock_ns())
+        self.inner.data_received(bytes(self._buffer[:nbytes]))
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._stamper is not None:
+            self._stamper.close()
+        self.stamps.closed(self._peer)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+def inbound_protocol(inner: type[asyncio.Protocol], stamps: InboundStamps) -> type[InboundProtocol]:
+    """A protocol class (same constructor as `inner`) whose connections stamp into `stamps`."""
+    return type(f"Inbound{inner.__name__}", (InboundProtocol,), {"inner_class": inner, "stamps": stamps})

@@ -1,0 +1,224 @@
+"""The budget's edges on real loopback sockets: the kernel's receive stamp (`kernel_stamps`), the
+server's inbound edge under uvicorn (`inbound`: a request that waits in the kernel while the event
+loop is blocked), and the client's read of the first content bytes (`client_transport`, `client`)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from phaselens.instrumentation import names
+from phaselens.instrumentation.client.traced_client import TracedClient
+from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper, enable_kernel_stamps
+from phaselens.instrumentation.server.inbound import inbound_protocol
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
+from phaselens.loadgen.metrics import client_bottleneck
+from phaselens.loadgen.report import client_bottleneck_note
+from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
+from phaselens.reference_server.process import bind
+from phaselens.reference_server.sse import DONE_EVENT
+
+BLOCK_S = 0.3  # how long the server's event loop (or the client's) is blocked
+
+
+def _pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    enable_kernel_stamps(listener)
+    listener.listen()
+    sender = socket.create_connection(listener.getsockname())
+    receiver, _ = listener.accept()
+    return listener, sender, receiver
+
+
+def test_the_kernel_stamp_dates_the_pending_bytes_without_consuming_them():
+    listener, sender, receiver = _pair()
+    stamper = KernelStamper(receiver.fileno(), time.monotonic_ns)
+    try:
+        assert stamper.available and stamper.arrived_ns() == 0  # nothing pending: not observed
+        # the kernel turns stamping on lazily at the first request for it: wait until packets carry one
+        deadline = time.monotonic() + 5
+        while True:
+            sender.sendall(b"x")
+            time.sleep(0.01)
+            stamped = stamper.arrived_ns()
+            receiver.recv(64)
+            if stamped or time.monotonic() > deadline:
+                break
+        assert stamped, "the kernel gave no receive stamp"
+        before = time.monotonic_ns()
+        sender.sendall(b"request")
+        after = time.monotonic_ns()
+        time.sleep(0.05)
+        arrived = stamper.arrived_ns()
+        # loopback delivers inside the send call; the realtime → monotonic move costs microseconds
+        assert before - 1_000_000 <= arrived <= after + 1_000_000
+        assert time.monotonic_ns() - arrived >= 50_000_000
+        assert receiver.recv(64) == b"request"  # the peek left the bytes for the real reader
+    finally:
+        stamper.close()
+        for s in (sender, receiver, listener):
+            s.close()
+
+
+class BlockingApp:
+    """/block holds the event loop for BLOCK_S (set `blocking` first); anything else answers at once."""
+
+    def __init__(self) -> None:
+        self.blocking = threading.Event()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        if scope["path"] == "/block":
+            self.blocking.set()
+            time.sleep(BLOCK_S)  # the loop's thread is busy: nothing is read meanwhile
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture()
+def inbound_server():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = ServerTelemetry(provider, MeterProvider(), builder="thread")
+    app = BlockingApp()
+    sock = bind("127.0.0.1", 0)
+    protocol = inbound_protocol(AutoHTTPProtocol, telemetry.inbound)
+    config = uvicorn.Config(telemetry.asgi(app), log_level="warning", access_log=False, http=protocol)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+
+    def roots(count: int) -> list[dict]:
+        """The first `count` SERVER spans' attributes (a request closes just after its last byte went)."""
+        deadline = time.monotonic() + 10
+        while True:
+            assert telemetry.flush(10)
+            spans = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+            if len(spans) >= count or time.monotonic() > deadline:
+                return [dict(s.attributes) for s in sorted(spans, key=lambda s: s.start_time)]
+            time.sleep(0.01)
+
+    yield sock.getsockname(), app, roots
+    server.should_exit = True
+    thread.join(10)
+    telemetry.shutdown()
+    sock.close()
+
+
+def _get(conn: socket.socket, path: str) -> None:
+    conn.sendall(f"GET {path} HTTP/1.1\r\nhost: test\r\n\r\n".encode())
+
+
+def _response(conn: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"ok"):
+        chunk = conn.recv(4096)
+        assert chunk, data
+        data += chunk
+    return data
+
+
+def test_a_request_waiting_in_the_kernel_for_a_blocked_event_loop_is_inbound_time(inbound_server):
+    address, app, roots = inbound_server
+    first = socket.create_connection(address)
+    _get(first, "/block")
+    assert app.blocking.wait(10)
+    second = socket.create_connection(address)  # accepted only once the loop runs again
+    _get(second, "/fast")
+    assert b" 200 " in _response(first) and b" 200 " in _response(second)
+    time.sleep(BLOCK_S)  # a keep-alive request much later: its own stamps, not the connection's first
+    _get(second, "/fast")
+    _response(second)
+    for conn in (first, second):
+        conn.close()
+    blocked, waited, later = roots(3)
+    for root in (blocked, waited, later):
+        inbound = root[names.PL_INBOUND_MS]
+        kernel_wait, dispatch = root[names.PL_INBOUND_KERNEL_WAIT_MS], root[names.PL_INBOUND_DISPATCH_MS]
+        assert kernel_wait >= 0 and dispatch >= 0
+        assert inbound == pytest.approx(kernel_wait + dispatch, abs=1e-3)
+    # the request sent while the loop was held waited in the kernel most of the hold
+    assert waited[names.PL_INBOUND_KERNEL_WAIT_MS] >= 0.5 * BLOCK_S * 1e3
+    assert waited[names.PL_INBOUND_KERNEL_WAIT_MS] > 10 * blocked[names.PL_INBOUND_KERNEL_WAIT_MS]
+    assert later[names.PL_INBOUND_MS] < 0.5 * BLOCK_S * 1e3
+
+
+def _stream_in_a_thread(steps: list[Step]):
+    """A scripted server on its own event loop in a thread (the client's loop may then block)."""
+    started, stop = threading.Event(), threading.Event()
+    box: dict = {}
+
+    async def handler(request):
+        return Reply(steps=list(steps))
+
+    async def main():
+        async with ScriptedServer(handler) as server:
+            box["url"] = server.url
+            started.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    return box["url"], stop, thread
+
+
+def test_the_clients_own_lateness_is_client_read_not_network():
+    first_chunk_ms = 60
+    url, stop, thread = _stream_in_a_thread(
+        [
+            Step(first_chunk_ms, completion_chunk("Hi")),
+            Step(5, completion_chunk("!", finish="stop") + usage_chunk(3, 2) + DONE_EVENT),
+        ]
+    )
+
+    async def blocked_client():
+        async with TracedClient(url, tracer_provider=TracerProvider()) as client:
+            task = asyncio.create_task(client.stream("completions", {"model": "m", "prompt": "p", "max_tokens": 2}))
+            await asyncio.sleep(0.02)  # the request is out; the first chunk comes at ~60 ms
+            time.sleep(BLOCK_S)  # this client's event loop is busy: the chunk waits in its kernel
+            return await task
+
+    async def idle_client():
+        async with TracedClient(url, tracer_provider=TracerProvider()) as client:
+            return await client.stream("completions", {"model": "m", "prompt": "p", "max_tokens": 2})
+
+    try:
+        blocked, idle = asyncio.run(blocked_client()), asyncio.run(idle_client())
+    finally:
+        stop.set()
+        thread.join(10)
+    assert blocked.ok and idle.ok
+    assert blocked.ttft_ms >= BLOCK_S * 1e3
+    assert blocked.read_ms >= BLOCK_S * 1e3 - first_chunk_ms - 20  # held by the client, not the wire
+    assert blocked.ttft_ms - blocked.read_ms >= first_chunk_ms - 1  # the wire part: the server's script
+    assert 0 <= idle.read_ms < idle.ttft_ms
+    # sent → the request's bytes handed over, the new connection's connect left out (network time)
+    assert 0 <= idle.send_ms < idle.ttft_ms - first_chunk_ms + 1
+    # bench says so at the end of a run whose client was its own bottleneck, and only then
+    blocked_run, idle_run = client_bottleneck([blocked]), client_bottleneck([idle])
+    assert blocked_run["bottleneck"] and blocked_run["client_p90_ms"] >= blocked.read_ms
+    assert idle_run["share"] < blocked_run["share"], (idle_run, blocked_run)
+    assert "the client was a bottleneck" in client_bottleneck_note({"client_bottleneck": blocked_run})
+    quiet = {**blocked_run, "share": 0.05, "bottleneck": False}  # a client far below the line says nothing
+    assert client_bottleneck_note({"client_bottleneck": quiet}) is None
