@@ -19,13 +19,14 @@ the pending table (`PENDING_RETENTION_S`): then it counts as a request of its ow
 Reads see the sealed minutes plus the requests not sealed yet (`phaselens_budget_states`): those
 are aggregated from the pending table with the same -State functions every LIVE_EVERY_S by a second
 refreshable view (no FINAL; its cost follows the traffic of the last `wait_s`, not the time range)
-into a small table that each refresh replaces. A read takes them only while they were computed
-against the rollup's current end (`sealed_to`), so a request is never read twice; right after a
-sealing pass, until the next refresh, the requests not sealed yet are missing for a few seconds.
-(Computing them at read time instead cost ~0.2 s of query analysis per read, measured: the
-per-request expressions are large.) On a cluster every node seals its
-own pending table into its own rollup (the spans of a request meet on one shard), and the budget
-reads every node's states through a Distributed table; sketches merge across shards exactly.
+into a small table that each refresh replaces. Reads take a node's live rows only while they were
+computed against that node's current end of the rollup (`sealed_to`; queries._states), so a
+request is never read twice; right after a sealing pass, until the next refresh, the requests not
+sealed yet are missing for a few seconds. (Computing them at read time instead cost ~0.2 s of query analysis per read,
+measured: the per-request expressions are large.) On a cluster every node seals its own pending
+table into its own rollup (the spans of a request meet on one shard), and the budget reads every
+node's rollup and live table (a Merge table) through a Distributed table; sketches merge across
+shards exactly.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ SEALER = "concat(hostName(), ':', toString(getServerPort('tcp_port')))"
 def _watermark(rollup: str) -> str:
     """The end of the insert times this node has sealed (1970 before its first pass)."""
     return f"(SELECT max(sealed_to) FROM {rollup} WHERE sealer = {SEALER})"
+
+
+def _column_names() -> list[str]:
+    """The rollup's columns, in the order states_select gives them."""
+    return [*(name for name, _ in q.rollup_key()), "sealer", "sealed_to", "is_live"] + [
+        name for name, _, _ in q.rollup_columns()
+    ]
 
 
 def requests_between(pending: str, after: str, upto: str | None) -> str:
@@ -183,9 +191,7 @@ def seal_now(client, database: str = "otel", wait_s: int = 0) -> None:
     """One sealing pass now, of the requests whose first part is older than `wait_s` (tests and
     benchmarks, with the view's own passes stopped: `SYSTEM STOP VIEW`, or a longer wait)."""
     rollup = f"{ident(database)}.{ident(sk.ROLLUP_TABLE)}"
-    names = [*(name for name, _ in q.rollup_key()), "sealer", "sealed_to", "is_live"]
-    names += [name for name, _, _ in q.rollup_columns()]
-    client.command(f"INSERT INTO {rollup} ({', '.join(names)})\n{seal_select(database, wait_s)}")
+    client.command(f"INSERT INTO {rollup} ({', '.join(_column_names())})\n{seal_select(database, wait_s)}")
     refresh_live(client, database)
 
 

@@ -40,7 +40,7 @@ NOTE = (
 ROLLUP_TABLE = "phaselens_budget_rollup"  # sealed minutes: -State aggregates per minute × group
 PENDING_TABLE = "phaselens_request_pending"  # recent partial request rows, stamped with their insert time
 LIVE_TABLE = "phaselens_budget_live"  # the states of the requests not sealed yet, as of its last refresh
-STATES_LOCAL = "phaselens_budget_states_local"  # this node's rollup + its live states (a Merge table)
+STATES_LOCAL = "phaselens_budget_states_local"  # this node's rollup + its live states 
 STATES_VIEW = "phaselens_budget_states"  # what the budget reads: the local view, or every shard's
 
 
