@@ -229,7 +229,7 @@ def _best_refresh(client, filters: dict, repeat: int) -> tuple[float, dict]:
 def run(client, n_requests: int, repeat: int, pid: int | None = None, round_requests: int = 1_000_000) -> dict:
     client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
     CS.apply(client, S.all_statements(DATABASE))
-    client.command(f"SYSTEM STOP VIEW {DATABASE}.{rollup.SEAL_VIEW}")  # sealed after each round instead
+    rollup.stop_refreshes(client, DATABASE)  # sealed after each round instead, then refreshed
     spread_s = max(60, SPREAD_S * n_requests // 1_000_000)  # one rate: 1M requests in 10 minutes
     ingest_s, seal_s = ingest(client, n_requests, round_requests, spread_s)
     spans = client.query(f"SELECT count() FROM {DATABASE}.otel_traces").result_rows[0][0]
