@@ -2,12 +2,15 @@
 
 Spans are generated server-side (INSERT … SELECT FROM numbers()) as the exporter renders them:
 client spans in one insert, the server's SERVER + six phase spans in another (two processes), then
-engine steps (one per ten requests, linked to a request). Prints ONE JSON object: ingest time, the
-full budget time (summary percentiles + shares, tail attribution, decode stalls: `phaselens.analysis.budget`)
-as ingested and after the parts are merged, the t-digest variant, and the same-run baseline: the
-same summary computed from the raw spans (no materialized view).
+engine steps (one per ten requests, linked to a request), in rounds of `--round` requests (one rate:
+1M requests in 10 minutes), each round sealed into the rollups once its inserts are done. Prints ONE
+JSON object: ingest and sealing time; the default budget (`phaselens budget`: the rollups) and the
+exact one (every request), as ingested (parts unmerged) and after OPTIMIZE … FINAL, with the server's
+CPU seconds beside wall seconds (the figure to compare on a shared machine); the refresh of every
+panel of the latency-budget dashboard (`dashboard_refresh_s`, queries run one after another), and the
+same-run baseline: the exact summary computed from the raw spans (no materialized view; ≤ 1M only).
 
-    python benchmarks/budget_query.py [--requests N] [--quick] [--clickhouse URL]
+    python benchmarks/budget_query.py [--requests N] [--quick] [--round N] [--clickhouse URL]
 """
 
 from __future__ import annotations
