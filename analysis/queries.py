@@ -488,18 +488,19 @@ def _good_from_hist(d: Dialect) -> str:
 
 def _tail_from_hist() -> list[str]:
     """Tail attribution from the tail histogram: the TTFT buckets above the p99, and the share above
-    it of the bucket it falls in."""
+    it of the bucket it falls in (one weight per bucket, then a dot product per column)."""
     h = "tail_hist_merged"
     share = f"ifNull(1 - {sk.share_below('threshold_ms', 'k')}, 0)"
-    share_above = f"if(k > threshold_bucket, 1, if(k = threshold_bucket, {share}, 0))"
+    weights = f"arrayMap(k -> if(k > threshold_bucket, 1, if(k = threshold_bucket, {share}, 0)), {h}.1)"
 
     def above(i: int) -> str:
-        return f"arraySum((k, v) -> v * {share_above}, {h}.1, {h}.{i})"
+        return f"arrayDotProduct(tail_weights, {h}.{i})"
 
     cols = [
         f"{_sketch('ttft_ms', 0.99)} AS threshold_ms",
         f"sumMapMerge(tail_hist) AS {h}",
         f"{sk.bucket_index('threshold_ms')} AS threshold_bucket",
+        f"{weights} AS tail_weights",
         f"toUInt64(round({above(2)})) AS tail_requests",
         f"{above(3)} / nullIf({above(2)}, 0) AS ttft_tail_mean",
     ]
@@ -514,7 +515,7 @@ def budget_summary_rollup(d: Dialect) -> str:
     means and counts exact, goodput and tail from the log-bucket histograms (analysis/sketch.py)."""
     dists = ",\n    ".join(f"{_sketch(name)} AS {name}_q, {_mean(name)} AS {name}_mean" for name, _ in DISTRIBUTIONS)
     return (
-        "SELECT * EXCEPT (tail_hist_merged, threshold_bucket) FROM (\n"
+        "SELECT * EXCEPT (tail_hist_merged, threshold_bucket, tail_weights) FROM (\n"
         "SELECT sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
         f"    sum(with_server) AS with_server, {_good_from_hist(d)} AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,\n"
@@ -586,7 +587,7 @@ def goodput_over_time(d: Dialect) -> str:
         [
             f"{_good_from_hist(d)} / {s} AS goodput_rps",
             f"sum(ok_requests) / {s} AS completed_rps",
-            f"{_good_from_hist(d)} / sum(requests) AS slo_attainment",
+            f"goodput_rps * {s} / sum(requests) AS slo_attainment",
         ],
     )
 
@@ -771,11 +772,9 @@ def services(d: Dialect) -> str:
 
 
 def models(d: Dialect) -> str:
-    """Values of the dashboards' model drop-down (gen_ai.response.model, else request.model)."""
-    return (
-        f"SELECT DISTINCT model FROM {d.table(FACTS_VIEW)}\n"
-        f"WHERE {d.time_filter('start_time')} AND model != ''\nORDER BY model"
-    )
+    """Values of the dashboards' model drop-down (gen_ai.response.model, else request.model), from
+    the rollups: a minute's rows name its models."""
+    return f"SELECT DISTINCT model {_states(d)} AND model != ''\nORDER BY model"
 
 
 def naive_ttft(d: Dialect) -> str:

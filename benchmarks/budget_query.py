@@ -229,7 +229,54 @@ def _best_refresh(client, filters: dict, repeat: int) -> tuple[float, dict]:
     return round(sum(best.values()), 3), best
 
 
-def run(client, n_requests: int, repeat: int, pid: int | None = None, round_requests: int = 1_000_000) -> dict:
+def scale_rollup(client, copies: int) -> None:
+    """Synthetic rows straight into the rollup: `copies` more copies of every sealed row, each moved
+    before the ones already there (another window of the same traffic), as if (copies + 1) × the
+    requests had been sealed at the same rate."""
+    names = rollup._column_names()
+    moved = {
+        "bucket": "bucket - toIntervalSecond({shift})",
+        "first_server_start": "first_server_start - toIntervalSecond({shift})",
+        "last_server_end": "last_server_end - toIntervalSecond({shift})",
+    }
+    table = f"{DATABASE}.{sketch.ROLLUP_TABLE}"
+    first, last = client.query(f"SELECT min(bucket), max(bucket) FROM {table}").result_rows[0]
+    span_s = int((last - first).total_seconds()) + 60  # the sealed minutes; each copy goes before them
+    for k in range(1, copies + 1):
+        cols = ", ".join(moved.get(name, name).format(shift=k * span_s) for name in names)
+        client.command(
+            f"INSERT INTO {table} ({', '.join(names)}) SELECT {cols} FROM {table} "
+            f"WHERE bucket >= toDateTime('{first:%Y-%m-%d %H:%M:%S}')"
+        )
+    client.command(f"OPTIMIZE TABLE {table} FINAL")
+
+
+def _scaled(client, n_requests: int, copies: int, repeat: int, pid: int | None, default) -> dict:
+    """The default budget and the rollup panels after scale_rollup: what (copies + 1) × n_requests cost."""
+    scale_rollup(client, copies)
+    report = default()
+    timed = _timed(default, repeat, pid)
+    panels = [p for p in budget_panels() if p not in ("diagnosis_causes", "slowest_requests", "services", "models")]
+    filters = {"database": DATABASE, "since": "7d", "ttft_slo_ms": 60, "tpot_slo_ms": 12, "bucket_s": 60}
+    runs = [dashboard_refresh(client, filters, panels) for _ in range(repeat)]
+    return {
+        "requests": report.requests,
+        "synthetic": f"{copies} shifted copies of the sealed rollup rows of {n_requests} requests",
+        "rollup_rows": client.query(f"SELECT count() FROM {DATABASE}.{sketch.ROLLUP_TABLE}").result_rows[0][0],
+        "budget_s_best": round(timed[0], 3),
+        "budget_server_cpu_s": round(timed[2], 3) if pid else None,
+        "rollup_panels_refresh_s": round(min(sum(r.values()) for r in runs), 3),
+    }
+
+
+def run(
+    client,
+    n_requests: int,
+    repeat: int,
+    pid: int | None = None,
+    round_requests: int = 1_000_000,
+    scale: int = 1,
+) -> dict:
     client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
     CS.apply(client, S.all_statements(DATABASE))
     rollup.stop_refreshes(client, DATABASE)  # sealed after each round instead, then refreshed
@@ -284,6 +331,7 @@ def run(client, n_requests: int, repeat: int, pid: int | None = None, round_requ
         "meets_targets": merged[0] <= 0.2 and as_ingested[0] <= 0.5 and refresh <= 1.0,
         "load_avg_1m": os.getloadavg()[0],
         "repeat": repeat,
+        "scaled": _scaled(client, n_requests, scale - 1, repeat, pid, default) if scale > 1 else None,
         "sample": {
             "client_ttft_p99_ms": report.distributions["client_ttft_ms"].p99,
             "client_ttft_p99_ms_exact": exact_report.distributions["client_ttft_ms"].p99,
@@ -300,17 +348,23 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true", help="100,000 requests (CI-sized)")
     parser.add_argument("--round", type=int, default=1_000_000, help="requests ingested between sealing passes")
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="then the default budget over this many times the requests (synthetic rollup rows)",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clickhouse", default=None, help="use this server instead of an embedded one")
     args = parser.parse_args()
     n_requests = 100_000 if args.quick else args.requests
     if args.clickhouse:
         client = connect(args.clickhouse)
-        result = run(client, n_requests, args.repeat, round_requests=args.round)
+        result = run(client, n_requests, args.repeat, round_requests=args.round, scale=args.scale)
     else:
         with tempfile.TemporaryDirectory(prefix="phaselens-bench-") as tmp, EmbeddedClickHouse(tmp) as server:
             client = connect(server.url)
-            result = run(client, n_requests, args.repeat, server_pid(tmp), args.round)
+            result = run(client, n_requests, args.repeat, server_pid(tmp), args.round, args.scale)
             client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
             client.close()
     print(json.dumps(result))
