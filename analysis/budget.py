@@ -115,6 +115,7 @@ class BudgetReport:
     # which path the figures came from: "exact" (every request) or "rollup", and what that approximates
     source: str = "exact"
     approximation: str | None = None
+    client_harnesses: list[str] = field(default_factory=list)  # who measured the client views (`aiperf 0.13.0`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,7 +131,7 @@ def open_client(url: str):
         return connect(url)
     except ValueError as e:
         raise AnalysisError(str(e)) from None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 — any failure to connect becomes one AnalysisError
         text = str(e)
         refused = "NewConnectionError" in text or "refused" in text.lower()
         reason = "connection refused" if refused else text.splitlines()[0][:160]
@@ -156,7 +157,7 @@ def query_rows(client, name: str, filters: dict) -> list[dict]:
         result = client.query(sql, parameters=params)
     except QueryError as e:
         raise AnalysisError(str(e)) from None
-    except Exception as e:  # clickhouse-connect raises DatabaseError/OperationalError subclasses
+    except Exception as e:  # noqa: BLE001 — clickhouse-connect raises DatabaseError/OperationalError subclasses
         raise AnalysisError(_explain(e, filters.get("database", "otel"))) from None
     return [dict(zip(result.column_names, row, strict=False)) for row in result.result_rows]
 
@@ -230,6 +231,7 @@ def budget(
         unseparated=span_models.notes(row.get("span_models") or []),
         source="rollup" if rollup else "exact",
         approximation=sketch.NOTE if rollup else TDIGEST_NOTE if approx else None,
+        client_harnesses=list(row.get("client_harnesses") or []),
     )
 
 

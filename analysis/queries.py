@@ -154,6 +154,13 @@ def _mean_of(array: str) -> str:
     return f"arrayReduce('avgOrNull', {array})"
 
 
+# who measured the client views: `name version` per harness (phaselens's own client has no version)
+CLIENT_HARNESSES = (
+    "arraySort(groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', "
+    "concat(' ', client_harness_version))), has_client))"
+)
+
+
 def budget_summary(d: Dialect) -> str:
     """One row, one pass: counts, goodput, every distribution's p50/p90/p99 array and mean, and
     the tail attribution (against the medians, which are the distributions' p50)."""
@@ -164,6 +171,7 @@ def budget_summary(d: Dialect) -> str:
         f"SELECT count() AS requests, countIf(has_client) AS with_client, countIf({ERROR}) AS errors,\n"
         f"    countIf(has_server) AS with_server, countIf({_meets_slo(d)}) AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model IS NOT NULL)) AS span_models,\n"
+        f"    {CLIENT_HARNESSES} AS client_harnesses,\n"
         f"    countIf({NO_OUTPUT}) AS no_output,\n"
         f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}"
     )
@@ -256,7 +264,8 @@ def diagnosis_figures(d: Dialect) -> str:
         f"    countIf({_meets_diagnosis_slo(d)}) AS good, {_window_s()} AS window_s,\n"
         "    least(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 1) AS prefix_hit_rate,\n"
         "    countIf(preemptions > 0) / count() AS preempted_share,\n"
-        f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n    {dists}\n{_requests(d)}"
+        f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n"
+        f"    {CLIENT_HARNESSES} AS client_harnesses,\n    {dists}\n{_requests(d)}"
     )
 
 
@@ -628,7 +637,7 @@ def slowest_requests(d: Dialect) -> str:
         f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
         f"    server_ttft_ms, {comps},\n"
         f"    tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{parts}])[1], 1) AS dominant_phase,\n"
-        f"    input_tokens, output_tokens, preemptions, client_e2e_ms\n"
+        f"    input_tokens, output_tokens, preemptions, client_e2e_ms, client_harness, x_request_id\n"
         f"{_requests(d)}\nORDER BY ttft_ms DESC NULLS LAST\nLIMIT {d.limit(50)}"
     )
 
@@ -707,7 +716,7 @@ def request_trace(d: Dialect) -> str:
     )
 
 
-# --- cookbook (README) --------------------------------------------------------------------
+# --- cookbook (docs/sql-cookbook.md) ------------------------------------------------------
 
 TTFT_P50_P99 = (
     "quantileExactInclusive(0.5)(ttft_ms) AS ttft_p50_ms, quantileExactInclusive(0.99)(ttft_ms) AS ttft_p99_ms"
@@ -829,21 +838,11 @@ _LATENCY = tuple(name for name, _, _ in LATENCY_SERIES)
 _COMP_NAMES = tuple(name for name, _ in COMPONENTS)
 _GOODPUT = ("time", "goodput_rps", "completed_rps", "slo_attainment")
 _TAIL = ("threshold_ms", "tail_requests", "ttft_tail_mean", *(f"{c}_tail_mean" for c in _COMP_NAMES))
-_SUMMARY = (
-    "requests",
-    "with_client",
-    "errors",
-    "with_server",
-    "good",
-    "span_models",
-    "no_output",
-    "window_s",
-    *_dist_columns(),
-    *_TAIL,
-)
+_SUMMARY_HEAD = ("requests", "with_client", "errors", "with_server", "good", "span_models")
+_SUMMARY_TAIL = ("no_output", "window_s", *_dist_columns(), *_TAIL)
 QUERIES: dict[str, Query] = {
-    "budget_summary": Query(budget_summary, _SUMMARY),
-    "budget_summary_rollup": Query(budget_summary_rollup, _SUMMARY),
+    "budget_summary": Query(budget_summary, (*_SUMMARY_HEAD, "client_harnesses", *_SUMMARY_TAIL)),
+    "budget_summary_rollup": Query(budget_summary_rollup, (*_SUMMARY_HEAD, *_SUMMARY_TAIL)),
     "tail_attribution": Query(tail_attribution, (*_TAIL, "ttft_median", *(f"{c}_median" for c in _COMP_NAMES))),
     "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
     "diagnosis_figures": Query(
@@ -857,6 +856,7 @@ QUERIES: dict[str, Query] = {
             "prefix_hit_rate",
             "preempted_share",
             "models",
+            "client_harnesses",
             *(f"{name}_q" for name, _ in DIAGNOSIS_FIGURES),
         ),
     ),
@@ -912,6 +912,8 @@ QUERIES: dict[str, Query] = {
             "output_tokens",
             "preemptions",
             "client_e2e_ms",
+            "client_harness",
+            "x_request_id",
         ),
         panel=True,
     ),

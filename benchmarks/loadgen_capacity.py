@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import NoOpTracerProvider
 
 from phaselens.common.quantile import quantile
-from phaselens.instrumentation.client import TracedClient
+from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.loadgen import runner
 from phaselens.loadgen.arrivals import GammaArrivals
 from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload
@@ -129,7 +129,7 @@ async def measure_raw(url: str, ladder: Ladder, streams: int, duration_s: float)
         await asyncio.sleep(max(intended - time.perf_counter_ns(), 0) / 1e9)
         lags.append((time.perf_counter_ns() - intended) / 1e6)
         done = loop.create_future()
-        await loop.create_connection(lambda: _RawStream(request, done), host, int(port))
+        await loop.create_connection(lambda done=done: _RawStream(request, done), host, int(port))
         pending.append(done)
     errors = [e for per_request in await asyncio.gather(*pending) for e in per_request]
     cpu_s = time.process_time() - cpu_s

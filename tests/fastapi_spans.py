@@ -5,8 +5,8 @@ on loopback with uvicorn, send requests, print the finished spans as JSON lines 
 
 MODE: `fastapi` a user's FastAPI app alone (FastAPI's own telemetry on, as installed); `ours` the same
 app wrapped in the phaselens middleware; `contrib` the same, also instrumented by
-opentelemetry-instrumentation-fastapi with the LLM route excluded, as the README says; `reference`
-the reference server's app with phaselens telemetry.
+opentelemetry-instrumentation-fastapi with the LLM route excluded, as docs/instrument-your-loop.md says;
+`reference` the reference server's app with phaselens telemetry.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.hotpath.records import RequestInfo
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
 LLM_ROUTE = "/v1/completions"
 
@@ -41,7 +42,7 @@ def user_app(telemetry: ServerTelemetry | None) -> FastAPI:
     async def completions(request: Request):
         handle = telemetry.request(request.scope) if telemetry else None
         if handle:
-            handle.describe(operation=names.OP_TEXT_COMPLETION, model="user-model", stream=True)
+            handle.describe(RequestInfo(operation=names.OP_TEXT_COMPLETION, model="user-model", stream=True))
 
         async def chunks():
             for word in ("a", "b"):

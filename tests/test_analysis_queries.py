@@ -12,6 +12,7 @@ from phaselens.analysis import queries as Q
 from phaselens.analysis import schema as S
 from phaselens.analysis.budget import budget
 from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
+from phaselens.analysis.pd_schema import PD_COLUMN_NAMES
 from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import client, loaded
@@ -189,6 +190,9 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
         "clock_offset_estimate_ms",
         "span_model",
         "before_engine_ms",
+        "x_request_id",
+        "client_harness",
+        *PD_COLUMN_NAMES,  # a disaggregated request's columns (docs/disaggregation.md), NULL otherwise
     ]
     steps = [r[0] for r in client.query(f"DESCRIBE {db}.phaselens_steps").result_rows]
     assert tuple(steps) == S.STEPS_VIEW_COLUMNS

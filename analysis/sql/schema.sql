@@ -123,6 +123,9 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_parts" (
     t_error_type SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_finish_reason SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_rid SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_x_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_client_harness SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_client_harness_version SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_validation SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_queue SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_inference SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -199,6 +202,9 @@ ALTER TABLE "otel"."phaselens_request_parts"
     ADD COLUMN IF NOT EXISTS t_error_type SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_finish_reason SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_rid SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_x_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_client_harness SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_client_harness_version SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_validation SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_queue SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_inference SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -273,13 +279,16 @@ AS SELECT TraceId,
     anyIf(toNullable(SpanAttributes['error.type']), SpanAttributes['error.type'] != '') AS t_error_type,
     anyIf(toNullable(SpanAttributes['phaselens.finish_reason']), SpanAttributes['phaselens.finish_reason'] != '') AS t_finish_reason,
     anyIf(toNullable(SpanAttributes['rid']), SpanAttributes['rid'] != '') AS t_rid,
+    anyIf(toNullable(SpanAttributes['http.request.header.x-request-id']), SpanAttributes['http.request.header.x-request-id'] != '') AS t_x_request_id,
+    anyIf(toNullable(SpanAttributes['phaselens.client.harness']), SpanAttributes['phaselens.client.harness'] != '') AS t_client_harness,
+    anyIf(toNullable(SpanAttributes['phaselens.client.harness_version']), SpanAttributes['phaselens.client.harness_version'] != '') AS t_client_harness_version,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['validation_time']), NULL)) AS t_tgi_validation,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['queue_time']), NULL)) AS t_tgi_queue,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['inference_time']), NULL)) AS t_tgi_inference,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['total_time']), NULL)) AS t_tgi_total,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['time_per_token']), NULL)) AS t_tgi_per_token
 FROM "otel"."otel_traces"
-WHERE SpanName != 'llm.engine_step' AND TraceId != ''
+WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode')
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
@@ -349,14 +358,185 @@ ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     anyIf(toNullable(SpanAttributes['error.type']), SpanAttributes['error.type'] != '') AS t_error_type,
     anyIf(toNullable(SpanAttributes['phaselens.finish_reason']), SpanAttributes['phaselens.finish_reason'] != '') AS t_finish_reason,
     anyIf(toNullable(SpanAttributes['rid']), SpanAttributes['rid'] != '') AS t_rid,
+    anyIf(toNullable(SpanAttributes['http.request.header.x-request-id']), SpanAttributes['http.request.header.x-request-id'] != '') AS t_x_request_id,
+    anyIf(toNullable(SpanAttributes['phaselens.client.harness']), SpanAttributes['phaselens.client.harness'] != '') AS t_client_harness,
+    anyIf(toNullable(SpanAttributes['phaselens.client.harness_version']), SpanAttributes['phaselens.client.harness_version'] != '') AS t_client_harness_version,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['validation_time']), NULL)) AS t_tgi_validation,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['queue_time']), NULL)) AS t_tgi_queue,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['inference_time']), NULL)) AS t_tgi_inference,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['total_time']), NULL)) AS t_tgi_total,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['time_per_token']), NULL)) AS t_tgi_per_token
 FROM "otel"."otel_traces"
-WHERE SpanName != 'llm.engine_step' AND TraceId != ''
+WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode')
 GROUP BY TraceId;
+
+CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
+    TraceId String CODEC(ZSTD(1)),
+    r_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    r_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    r_prefill_call SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    r_gap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    r_decode_first_chunk SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    r_relay SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    r_ttfc SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    p_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    p_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    p_first_chunk SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    p_ttfc SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    d_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    d_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    d_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    d_first_chunk SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    d_ttfc SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    p_answer SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    d_stall SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    kv_wait SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    kv_transfer SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    kv_sent_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    kv_recv_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    kv_recv_ns SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
+    pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE)
+) ENGINE = AggregatingMergeTree()
+ORDER BY TraceId
+SETTINGS non_replicated_deduplication_window = 10000;
+
+ALTER TABLE "otel"."phaselens_pd_parts"
+    ADD COLUMN IF NOT EXISTS r_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS r_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS r_prefill_call SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS r_gap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS r_decode_first_chunk SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS r_relay SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS r_ttfc SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS p_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS p_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS p_first_chunk SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS p_ttfc SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS d_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS d_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS d_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS d_first_chunk SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS d_ttfc SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS p_answer SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS d_stall SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS kv_wait SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS kv_transfer SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS kv_sent_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS kv_recv_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS kv_recv_ns SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE);
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_pd_parts_mv" TO "otel"."phaselens_pd_parts"
+AS SELECT TraceId,
+    any(if(ResourceAttributes['phaselens.pd.role'] = 'router', toNullable(ResourceAttributes['phaselens.pd.instance']), NULL)) AS r_instance,
+    any(if(ResourceAttributes['phaselens.pd.role'] = 'prefill', toNullable(ResourceAttributes['phaselens.pd.instance']), NULL)) AS p_instance,
+    any(if(ResourceAttributes['phaselens.pd.role'] = 'decode', toNullable(ResourceAttributes['phaselens.pd.instance']), NULL)) AS d_instance,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.ingress_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_ingress,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.prefill_call_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_prefill_call,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.gap_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_gap,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.decode_first_chunk_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_decode_first_chunk,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.relay_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_relay,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.server.ttfc_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_ttfc,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.ingress_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_ingress,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.queue_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.prefill_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.first_token_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.first_chunk_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_first_chunk,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.server.ttfc_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_ttfc,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.ingress_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_ingress,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.queue_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.prefill_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.first_token_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.first_chunk_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_first_chunk,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.server.ttfc_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_ttfc,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.pd.prefill_answer_ms']), SpanName = 'llm.kv_transfer') AS p_answer,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.decode.itl_p99_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode') AS d_itl_p99,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.decode.stall_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode') AS d_stall,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.wait_ms']), SpanName = 'llm.kv_transfer') AS kv_wait,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.transfer_ms']), SpanName = 'llm.kv_transfer') AS kv_transfer,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_transfer') AS kv_sent_bytes,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_receive') AS kv_recv_bytes,
+    maxIf(toNullable(Duration), SpanName = 'llm.kv_receive') AS kv_recv_ns,
+    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error
+FROM "otel"."otel_traces"
+WHERE ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' AND TraceId != ''
+GROUP BY TraceId;
+
+ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
+    any(if(ResourceAttributes['phaselens.pd.role'] = 'router', toNullable(ResourceAttributes['phaselens.pd.instance']), NULL)) AS r_instance,
+    any(if(ResourceAttributes['phaselens.pd.role'] = 'prefill', toNullable(ResourceAttributes['phaselens.pd.instance']), NULL)) AS p_instance,
+    any(if(ResourceAttributes['phaselens.pd.role'] = 'decode', toNullable(ResourceAttributes['phaselens.pd.instance']), NULL)) AS d_instance,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.ingress_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_ingress,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.prefill_call_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_prefill_call,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.gap_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_gap,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.decode_first_chunk_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_decode_first_chunk,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.router.relay_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_relay,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.server.ttfc_ms']), ResourceAttributes['phaselens.pd.role'] = 'router' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS r_ttfc,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.ingress_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_ingress,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.queue_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.prefill_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.first_token_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.first_chunk_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_first_chunk,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.server.ttfc_ms']), ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS p_ttfc,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.ingress_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_ingress,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.queue_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.prefill_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.first_token_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.first_chunk_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_first_chunk,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.server.ttfc_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanKind IN ('Server', 'SPAN_KIND_SERVER')) AS d_ttfc,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.pd.prefill_answer_ms']), SpanName = 'llm.kv_transfer') AS p_answer,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.decode.itl_p99_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode') AS d_itl_p99,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.decode.stall_ms']), ResourceAttributes['phaselens.pd.role'] = 'decode') AS d_stall,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.wait_ms']), SpanName = 'llm.kv_transfer') AS kv_wait,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.transfer_ms']), SpanName = 'llm.kv_transfer') AS kv_transfer,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_transfer') AS kv_sent_bytes,
+    maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_receive') AS kv_recv_bytes,
+    maxIf(toNullable(Duration), SpanName = 'llm.kv_receive') AS kv_recv_ns,
+    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error
+FROM "otel"."otel_traces"
+WHERE ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' AND TraceId != ''
+GROUP BY TraceId;
+
+CREATE OR REPLACE VIEW "otel"."phaselens_pd_requests" AS
+SELECT
+    TraceId AS trace_id,
+    p_instance AS prefill_instance,
+    d_instance AS decode_instance,
+    kv_transfer AS kv_transfer_ms,
+    CAST(kv_sent_bytes AS Nullable(UInt64)) AS kv_bytes,
+    CAST(kv_recv_bytes AS Nullable(UInt64)) AS kv_bytes_received,
+    kv_wait AS kv_wait_ms,
+    kv_recv_ns / 1e6 AS kv_receive_ms,
+    r_ingress AS router_ingress_ms,
+    r_gap AS router_gap_ms,
+    r_relay AS router_relay_ms,
+    r_ttfc AS router_ttfc_ms,
+    r_prefill_call - p_answer AS prefill_hop_ms,
+    r_decode_first_chunk - d_ttfc AS decode_hop_ms,
+    p_ingress AS prefill_ingress_ms,
+    p_queue AS prefill_queue_ms,
+    p_prefill AS prefill_compute_ms,
+    p_first_token AS prefill_first_token_ms,
+    p_answer - (p_ingress + p_queue + p_prefill + p_first_token + kv_wait + kv_transfer) AS prefill_respond_ms,
+    d_ingress AS decode_ingress_ms,
+    d_queue AS decode_queue_ms,
+    d_prefill + d_first_token AS decode_first_token_ms,
+    d_first_chunk AS decode_first_chunk_ms,
+    d_itl_p99 AS decode_itl_p99_ms,
+    d_stall AS decode_stall_ms
+FROM "otel"."phaselens_pd_parts" FINAL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_spans" AS
 SELECT * FROM "otel"."otel_traces";
@@ -400,6 +580,8 @@ SELECT
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
     multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
+    coalesce(nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
+    if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
     coalesce(server_start, client_start) AS start_time,
     coalesce(a_queue_ms, if(queue_spans = 0, NULL, queue_ns / 1e6), a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ttft_queue_ms,
     server_start + toIntervalNanosecond(server_duration_ns) AS server_end_time,
@@ -416,13 +598,15 @@ SELECT
     a_client_itl_p50_ms AS client_itl_p50_ms,
     a_client_itl_p99_ms AS client_itl_p99_ms,
     coalesce(client_ttft_ms, server_ttft_ms) AS ttft_ms,
-    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms
+    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms,
+    t_client_harness_version AS client_harness_version
 FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms
-FROM "otel"."phaselens_request_facts";
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms
+FROM "otel"."phaselens_request_facts"
+LEFT JOIN "otel"."phaselens_pd_requests" AS pd USING (trace_id);
 
 CREATE OR REPLACE VIEW "otel"."phaselens_steps" AS
 SELECT
@@ -844,6 +1028,9 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_pending" (
     t_error_type SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_finish_reason SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_rid SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_x_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_client_harness SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    t_client_harness_version SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_validation SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_queue SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_tgi_inference SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -922,6 +1109,9 @@ ALTER TABLE "otel"."phaselens_request_pending"
     ADD COLUMN IF NOT EXISTS t_error_type SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_finish_reason SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_rid SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_x_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_client_harness SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS t_client_harness_version SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_validation SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_queue SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_tgi_inference SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -1049,6 +1239,8 @@ FROM (SELECT
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
     multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
+    coalesce(nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
+    if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
     coalesce(server_start, client_start) AS start_time,
     coalesce(a_queue_ms, if(queue_spans = 0, NULL, queue_ns / 1e6), a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ttft_queue_ms,
     server_start + toIntervalNanosecond(server_duration_ns) AS server_end_time,
@@ -1065,7 +1257,8 @@ FROM (SELECT
     a_client_itl_p50_ms AS client_itl_p50_ms,
     a_client_itl_p99_ms AS client_itl_p99_ms,
     coalesce(client_ttft_ms, server_ttft_ms) AS ttft_ms,
-    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms
+    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms,
+    t_client_harness_version AS client_harness_version
 FROM (SELECT TraceId,
         min(first_seen) AS first_seen,
         min(server_start) AS server_start,
@@ -1133,6 +1326,9 @@ FROM (SELECT TraceId,
         any(t_error_type) AS t_error_type,
         any(t_finish_reason) AS t_finish_reason,
         any(t_rid) AS t_rid,
+        any(t_x_request_id) AS t_x_request_id,
+        any(t_client_harness) AS t_client_harness,
+        any(t_client_harness_version) AS t_client_harness_version,
         any(t_tgi_validation) AS t_tgi_validation,
         any(t_tgi_queue) AS t_tgi_queue,
         any(t_tgi_inference) AS t_tgi_inference,
@@ -1263,6 +1459,8 @@ FROM (SELECT
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
     multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
+    coalesce(nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
+    if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
     coalesce(server_start, client_start) AS start_time,
     coalesce(a_queue_ms, if(queue_spans = 0, NULL, queue_ns / 1e6), a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ttft_queue_ms,
     server_start + toIntervalNanosecond(server_duration_ns) AS server_end_time,
@@ -1279,7 +1477,8 @@ FROM (SELECT
     a_client_itl_p50_ms AS client_itl_p50_ms,
     a_client_itl_p99_ms AS client_itl_p99_ms,
     coalesce(client_ttft_ms, server_ttft_ms) AS ttft_ms,
-    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms
+    coalesce(client_tpot_ms, server_tpot_ms) AS tpot_ms,
+    t_client_harness_version AS client_harness_version
 FROM (SELECT TraceId,
         min(first_seen) AS first_seen,
         min(server_start) AS server_start,
@@ -1347,6 +1546,9 @@ FROM (SELECT TraceId,
         any(t_error_type) AS t_error_type,
         any(t_finish_reason) AS t_finish_reason,
         any(t_rid) AS t_rid,
+        any(t_x_request_id) AS t_x_request_id,
+        any(t_client_harness) AS t_client_harness,
+        any(t_client_harness_version) AS t_client_harness_version,
         any(t_tgi_validation) AS t_tgi_validation,
         any(t_tgi_queue) AS t_tgi_queue,
         any(t_tgi_inference) AS t_tgi_inference,

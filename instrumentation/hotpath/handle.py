@@ -1,0 +1,208 @@
+"""The per-request handle the API layer and the engine share (`observer.RequestHandle`).
+
+It is a `RequestTimeline` (the engine's stamps) plus what the API layer knows: the request's
+description (`describe`), its outcome (`complete` / `fail`) and the HTTP facts the middleware saw,
+and the ids of its SERVER span, chosen at receipt (`ids.RootDecider`) so that step links and the
+app's own spans can name it before it exists. `close()` stamps `responded`; the `Closer` then
+freezes the handle into a `record.RequestRecord` and submits it, exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan
+
+from phaselens.instrumentation.hotpath.clock import ClockNs
+from phaselens.instrumentation.hotpath.ids import span_context
+from phaselens.instrumentation.hotpath.records import (
+    NO_OUTCOME,
+    HttpFacts,
+    RequestInfo,
+    RequestOutcome,
+    RequestRecord,
+    SpanIds,
+    int64s,
+)
+from phaselens.instrumentation.hotpath.timeline import RequestTimeline
+
+
+class Closer:
+    """Where closed requests go. One the engine is done with is frozen and submitted at once; one
+    closed while the engine still works on it (a client that left mid-stream) waits until the
+    engine stamps `finished`, or `grace_ns` after `responded`, so no timeline is frozen while it is
+    written. `expire()` runs on the sink's thread at each wake-up, and at flush and stop."""
+
+    __slots__ = ("_clock_ns", "_submit", "_waiting", "grace_ns")
+
+    def __init__(self, submit: Callable[[RequestRecord], Any], clock_ns: ClockNs, grace_ns: int) -> None:
+        self._submit = submit
+        self._clock_ns = clock_ns
+        self.grace_ns = grace_ns
+        self._waiting: dict[int, ServerRequest] = {}  # added on the event loop, taken by expire()
+
+    def closed(self, handle: ServerRequest) -> None:
+        if handle.engine_done:
+            self._submit(handle.freeze())
+        else:
+            self._waiting[id(handle)] = handle
+
+    def expire(self, force: bool = False) -> None:
+        """Submit the waiting requests that are ready (all of them with `force`)."""
+        if not self._waiting:
+            return
+        now = self._clock_ns()
+        for key, handle in list(self._waiting.items()):
+            ready = force or handle.engine_done or now - handle.responded_ts >= self.grace_ns
+            # pop() decides who submits when expire() runs on two threads (sink wake-up and stop)
+            if ready and self._waiting.pop(key, None) is not None:
+                self._submit(handle.freeze())
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+
+class ServerRequest(RequestTimeline):
+    """observer.RequestHandle for one request of this server. The timeline's content-chunk stamps
+    are written here, on the event loop: by the API layer (`output_ready`) and the middleware."""
+
+    __slots__ = (
+        "_closed",
+        "_closer",
+        "capture_content",
+        "context",
+        "http",
+        "info",
+        "link",
+        "managed",
+        "outcome",
+        "output_pending",
+        "parent",
+        "root",
+        "span",
+    )
+
+    def __init__(
+        self,
+        root: SpanIds,
+        parent: SpanIds | None,
+        incoming: Context,
+        closer: Closer,
+        http: HttpFacts,
+        *,
+        capture_content: bool,
+        clock_ns: ClockNs = time.monotonic_ns,
+        received_ts: int | None = None,
+        managed: bool = False,
+    ) -> None:
+        RequestTimeline.__init__(self, clock_ns, received_ts)
+        self.root = root
+        self.parent = parent  # the remote parent's ids, or None
+        # what an engine step links: (trace_id, span_id, trace_flags), None when not sampled
+        self.link = (root.trace_id, root.span_id, root.trace_flags) if root.sampled else None
+        self.span = NonRecordingSpan(span_context(root))  # current while the app runs: its spans nest
+        self.context = trace.set_span_in_context(self.span, incoming)  # incoming baggage + the root
+        self.info: RequestInfo | None = None
+        self.outcome = NO_OUTCOME
+        self.http = http
+        self.managed = managed  # True: the middleware closes it when the response ends
+        self.capture_content = capture_content
+        self.output_pending = False  # output_ready() was called; the next body chunk carries it
+        self._closer = closer
+        self._closed = False
+
+    @property
+    def sampled(self) -> bool:
+        return self.root.sampled
+
+    def describe(self, info: RequestInfo) -> None:
+        """The request as the API layer parsed it; `info.prompt` (str or chat messages) is kept only
+        with content capture on."""
+        self.info = info if self.capture_content or info.prompt is None else info._replace(prompt=None)
+
+    def complete(
+        self,
+        output_tokens: int | None = None,
+        finish_reason: str | None = None,
+        cached_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        completion: str | None = None,
+    ) -> None:
+        """Usage as reported to the client. Without middleware this also closes the request."""
+        failed = self.outcome
+        self.outcome = RequestOutcome(
+            output_tokens,
+            finish_reason,
+            cached_tokens,
+            reasoning_tokens,
+            completion if self.capture_content else None,
+            failed.error_type,
+            failed.status_code,
+        )
+        if not self.managed:
+            self.close()
+
+    def fail(self, error_type: str, status_code: int | None = None) -> None:
+        """The request failed or was rejected (`error.type`). Without middleware this closes it."""
+        self.outcome = self.outcome._replace(error_type=error_type, status_code=status_code)
+        if not self.managed:
+            self.close()
+
+    def output_ready(self) -> None:
+        """See observer.RequestHandle.output_ready."""
+        if not self.output_ready_ts:
+            self.output_ready_ts = self.clock_ns()
+        self.output_pending = True
+
+    def chunk_sending(self) -> None:
+        """The middleware hands a body chunk carrying output to the server's `send`."""
+        t = self.clock_ns()
+        if not self.first_chunk_ts:
+            self.first_chunk_ts = t
+        self.last_chunk_ts = t
+
+    def chunk_sent(self) -> None:
+        """That `send` returned (its bytes written, or queued behind a full socket buffer)."""
+        if not self.first_chunk_sent_ts:
+            self.first_chunk_sent_ts = self.clock_ns()
+        self.output_pending = False
+
+    def note_http(self, **facts: Any) -> None:
+        """The middleware's view of the exchange (HttpFacts fields)."""
+        self.http = self.http._replace(**facts)
+
+    def close(self, responded_ts: int | None = None) -> None:
+        """Stamp `responded` (now, unless given) and hand the request on, once."""
+        if self._closed:
+            return
+        self._closed = True
+        self.responded_ts = self.clock_ns() if responded_ts is None else responded_ts
+        self._closer.closed(self)
+
+    def freeze(self) -> RequestRecord:
+        """The request as a frozen record (the timeline arrays copied into read-only int64 views)."""
+        return RequestRecord(
+            self.root,
+            self.parent,
+            self.received_ts,
+            self.enqueued_ts,
+            self.first_token_ts,
+            self.finished_ts,
+            self.responded_ts,
+            self.output_ready_ts,
+            self.first_chunk_ts,
+            self.first_chunk_sent_ts,
+            self.last_chunk_ts,
+            self.finish_reason,
+            int64s(self.waits.tobytes()),
+            int64s(self.chunks.tobytes()),
+            int64s(self.token_ts.tobytes()),
+            int64s(self.token_n.tobytes()),
+            self.info,
+            self.outcome,
+            self.http,
+        )

@@ -1,0 +1,74 @@
+"""Span ids and the one sampling decision per request, taken at receipt.
+
+The serving process decides a request's trace id, SERVER span id and sampling when it is received
+(its children and the engine-step links need them at once), with the tracer provider's own sampler
+and id generator, as the SDK's `Tracer.start_span` would (same trace flags: sampled, and the W3C
+random-trace-id bit). No span is started: the builder emits the SERVER span later with these ids.
+`SpanIds` (plain values) and `SpanContext` (OTel) convert here, and only here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, _get_from_env_or_default
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState, get_current_span
+
+from phaselens.instrumentation.hotpath.records import SpanIds
+
+SAMPLED_DECISIONS = (Decision.RECORD_AND_SAMPLE,)  # the SDK's Decision.is_sampled(), typed
+
+UNSAMPLED_ROOT = SpanIds(0, 0, TraceFlags.DEFAULT)  # tracing off: invalid ids, nothing is built
+
+
+def span_ids(context: SpanContext) -> SpanIds:
+    return SpanIds(context.trace_id, context.span_id, int(context.trace_flags), context.trace_state.to_header())
+
+
+def span_context(ids: SpanIds, is_remote: bool = False) -> SpanContext:
+    state = TraceState.from_header([ids.trace_state]) if ids.trace_state else TraceState()
+    return SpanContext(ids.trace_id, ids.span_id, is_remote, TraceFlags(ids.trace_flags), state)
+
+
+def child_flags(sampled: bool, random_trace_id: bool) -> int:
+    """Trace flags as the SDK sets them: SAMPLED per the decision, RANDOM_TRACE_ID when the trace
+    id came from a random generator (or the parent said so)."""
+    return (TraceFlags.SAMPLED if sampled else 0) | (TraceFlags.RANDOM_TRACE_ID if random_trace_id else 0)
+
+
+class RootDecider:
+    """Sampling decision and root ids for a request, without starting a span. `sampler=None`: no
+    SDK to emit spans to, so every request is unsampled."""
+
+    def __init__(self, sampler: Sampler | None, ids: IdGenerator) -> None:
+        self._sampler = sampler
+        self._ids = ids
+
+    @classmethod
+    def of_provider(cls, tracer_provider: Any) -> RootDecider:
+        """An SDK provider's sampler and id generator (public attributes); for another provider the
+        OTEL_TRACES_SAMPLER sampler and random ids."""
+        return cls(
+            getattr(tracer_provider, "sampler", None) or _get_from_env_or_default(),
+            getattr(tracer_provider, "id_generator", None) or RandomIdGenerator(),
+        )
+
+    def decide(self, parent: Context, name: str) -> tuple[SpanIds, SpanIds | None]:
+        """(the SERVER span's ids, the remote parent's or None)."""
+        remote = get_current_span(parent).get_span_context()
+        valid = remote.is_valid
+        if self._sampler is None:
+            return UNSAMPLED_ROOT, span_ids(remote) if valid else None
+        trace_id = remote.trace_id if valid else self._ids.generate_trace_id()
+        result = self._sampler.should_sample(parent, trace_id, name, SpanKind.SERVER)
+        random_trace_id = remote.trace_flags.random_trace_id if valid else self._ids.is_trace_id_random()
+        state = result.trace_state.to_header() if result.trace_state is not None else ""
+        root = SpanIds(
+            trace_id,
+            self._ids.generate_span_id(),
+            child_flags(result.decision in SAMPLED_DECISIONS, random_trace_id),
+            state,
+        )
+        return root, span_ids(remote) if valid else None

@@ -1,0 +1,149 @@
+"""The records the span pipeline carries: frozen plain data, no OpenTelemetry object inside.
+
+A closed request becomes one `RequestRecord`, an engine iteration one `StepRecord`. Both cross a
+process pipe as they are (`wire`), and one builder turns either into spans (`builder`). Ids are
+ints as in OTel (128-bit trace id, 64-bit span id); trace flags an int (bit 0 sampled, bit 1
+random trace id); trace state its W3C header string. Records are NamedTuples: immutable and
+plain, and ~6x cheaper to make than frozen slotted dataclasses, whose __init__ goes through
+object.__setattr__ per field (15 fields, measured here). Timelines are read-only int64 views over
+bytes (`int64s`): they index, slice and sum like tuples of ints, but freezing one is a memcpy of
+the loop's `array('q')` and the pipe carries it as those bytes (a tuple of 128 stamps costs ~4 µs
+to make and ~6 µs to marshal: large ints, one object each).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+Int64s = memoryview  # format "q", read-only
+
+
+def int64s(raw: bytes) -> Int64s:
+    """A read-only int64 view of `raw` (native byte order, as array('q').tobytes() writes it)."""
+    return memoryview(raw).cast("q")
+
+
+class SpanIds(NamedTuple):
+    """A span context as plain values."""
+
+    trace_id: int
+    span_id: int
+    trace_flags: int
+    trace_state: str = ""  # W3C tracestate header form
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.trace_flags & 1)
+
+
+class RequestInfo(NamedTuple):
+    """What `describe()` was told: GenAI request attributes."""
+
+    operation: str
+    model: str
+    request_id: str | None = None
+    input_tokens: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stream: bool | None = None
+    prompt: Any = None  # str or chat messages; kept only when content capture is on
+
+
+class RequestOutcome(NamedTuple):
+    """What `complete()` or `fail()` was told."""
+
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    completion: str | None = None  # kept only when content capture is on
+    error_type: str | None = None
+    status_code: int | None = None
+
+
+class HttpFacts(NamedTuple):
+    """What the ingress middleware saw of the HTTP exchange."""
+
+    method: str = ""
+    path: str = ""
+    server_address: str | None = None
+    server_port: int | None = None
+    status_code: int | None = None
+    client_disconnected: bool = False
+    exception_type: str | None = None
+    x_request_id: str | None = None  # the X-Request-ID header, cut at names.X_REQUEST_ID_MAX_CHARS
+
+
+NO_OUTCOME = RequestOutcome()
+NO_HTTP = HttpFacts()
+
+
+class RequestRecord(NamedTuple):
+    """One closed request: the SERVER root's ids (chosen at receipt), the sampling decision, the
+    remote parent (None: a root trace), the timeline (monotonic ns of the serving process; layout
+    in `timeline`; the four stamps of the response's content chunks in `handle.ServerRequest`), and
+    what the API layer and the middleware reported."""
+
+    root: SpanIds
+    parent: SpanIds | None
+    received_ts: int
+    enqueued_ts: int
+    first_token_ts: int
+    finished_ts: int
+    responded_ts: int
+    output_ready_ts: int
+    first_chunk_ts: int
+    first_chunk_sent_ts: int
+    last_chunk_ts: int
+    finish_reason: str
+    waits: Int64s
+    chunks: Int64s
+    token_ts: Int64s
+    token_n: Int64s
+    info: RequestInfo | None
+    outcome: RequestOutcome
+    http: HttpFacts
+
+    @property
+    def sampled(self) -> bool:
+        return self.root.sampled
+
+
+class StepStats(NamedTuple):
+    """What a serving loop reports of one engine iteration (`StepObserver.step`): its interval on the
+    loop's clock and the batch's shape."""
+
+    start_ts: int
+    end_ts: int
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    preemptions: int = 0
+    queue_depth: int = 0
+
+
+class StepRecord(NamedTuple):
+    """One engine iteration, as the loop reported it. `links` holds one entry per batch member:
+    (trace_id, span_id, trace_flags) of its SERVER span, or None for a member that is not sampled
+    (or not ours); so the batch size is `len(links)`."""
+
+    step_index: int
+    start_ts: int
+    end_ts: int
+    prefill_tokens: int
+    decode_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    preemptions: int
+    queue_depth: int
+    links: tuple[tuple[int, int, int] | None, ...]
+
+    def sampled_links(self) -> list[tuple[int, int, int]]:
+        return [link for link in self.links if link is not None]
+
+
+Record = RequestRecord | StepRecord

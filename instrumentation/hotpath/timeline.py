@@ -1,0 +1,123 @@
+"""Hot-path records: what the serving loop writes, and nothing more.
+
+`RequestTimeline` implements `observer.RequestObserver`; `StepRecorder` implements
+`observer.StepObserver`. Every method appends integers (monotonic ns from the injected clock,
+counts) to `array('q')` buffers or int slots: no OpenTelemetry call, no lock, no object kept per
+token. Records reach the span pipeline through a sink's `BoundedHandOff`, which never blocks and
+never raises: when full it drops the record and counts it.
+
+Layout of a request timeline (all monotonic ns, 0 = not stamped):
+    received_ts, enqueued_ts, first_token_ts, finished_ts, responded_ts
+    output_ready_ts, first_chunk_ts, first_chunk_sent_ts, last_chunk_ts   the response's content
+               chunks, stamped on the event loop (`handle.ServerRequest`): the API layer took the
+               first output carrying content off the engine's stream; its body chunk handed to the
+               server's `send`; that `send` returned; the last content chunk handed to `send`
+    waits      flat [start0, end0, start1, end1, …]  queue waits; odd length = a wait still open
+    chunks     flat [start, end, tokens, cached, …]  prefill chunks (initial and recompute)
+    token_ts   one stamp per `token()` call (a decode step that gave this request tokens)
+    token_n    tokens that step gave (usually 1)
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from phaselens.instrumentation.hotpath.clock import ClockNs
+from phaselens.instrumentation.hotpath.records import StepRecord, StepStats
+
+CHUNK_FIELDS = 4  # start, end, tokens, cached
+
+
+class RequestTimeline:
+    """Per-request phase stamps (observer.RequestObserver). Written by the loop thread only."""
+
+    __slots__ = (
+        "chunks",
+        "clock_ns",
+        "enqueued_ts",
+        "finish_reason",
+        "finished_ts",
+        "first_chunk_sent_ts",
+        "first_chunk_ts",
+        "first_token_ts",
+        "last_chunk_ts",
+        "output_ready_ts",
+        "received_ts",
+        "responded_ts",
+        "token_n",
+        "token_ts",
+        "waits",
+    )
+
+    def __init__(self, clock_ns: ClockNs = time.monotonic_ns, received_ts: int | None = None) -> None:
+        self.clock_ns = clock_ns
+        self.received_ts = clock_ns() if received_ts is None else received_ts
+        self.enqueued_ts = 0
+        self.first_token_ts = 0
+        self.finished_ts = 0
+        self.responded_ts = 0
+        self.output_ready_ts = self.first_chunk_ts = self.first_chunk_sent_ts = self.last_chunk_ts = 0
+        self.finish_reason = ""
+        self.waits = array("q")
+        self.chunks = array("q")
+        self.token_ts = array("q")
+        self.token_n = array("q")
+
+    def enqueued(self) -> None:
+        t = self.clock_ns()
+        self.enqueued_ts = t
+        self.waits.append(t)
+
+    def scheduled(self) -> None:
+        t = self.clock_ns()
+        waits = self.waits
+        if not len(waits) & 1:  # scheduled without an open wait: record a zero-length one
+            waits.append(t)
+        waits.append(t)
+
+    def prefill_chunk(self, start_ns: int, end_ns: int, tokens: int, cached_tokens: int) -> None:
+        self.chunks.extend((start_ns, end_ns, tokens, cached_tokens))
+
+    def first_token(self) -> None:
+        self.first_token_ts = self.clock_ns()
+
+    def token(self, n: int = 1) -> None:
+        self.token_ts.append(self.clock_ns())
+        self.token_n.append(n)
+
+    def preempted(self) -> None:
+        self.waits.append(self.clock_ns())
+
+    def finished(self, reason: str) -> None:
+        self.finish_reason = reason  # before finished_ts: a reader that sees `engine_done` sees both
+        self.finished_ts = self.clock_ns()
+
+    @property
+    def engine_done(self) -> bool:
+        """The engine will write no more stamps (finished, or never handed to the engine)."""
+        return self.finished_ts != 0 or self.enqueued_ts == 0
+
+
+class StepRecorder:
+    """observer.StepObserver: one StepRecord per engine iteration, handed to `submit`.
+
+    The links are read from the members' `link` (their SERVER span's ids, fixed at receipt): one
+    list comprehension per step, no OTel object."""
+
+    __slots__ = ("_index", "_submit")
+
+    def __init__(self, submit: Callable[[StepRecord], Any]) -> None:
+        self._submit = submit
+        self._index = 0
+
+    def step(self, stats: StepStats, requests: Sequence[Any]) -> None:
+        index = self._index
+        self._index = index + 1
+        try:
+            links = tuple([request.link for request in requests])
+        except AttributeError:  # a loop that also batches observers of its own: counted, not linked
+            links = tuple([getattr(request, "link", None) for request in requests])
+        self._submit(StepRecord(index, *stats, links))

@@ -1,0 +1,78 @@
+"""The span builder: records in, spans and GenAI metrics out. The only one, in either sink.
+
+`SpanBuilder.build(record)` runs on the thread of whichever sink feeds it (`sink.ThreadSink` in the
+serving process, the span-builder process behind `shipper.ProcessSink`): phases from the frozen
+timeline, the GenAI histograms (every request, sampled or not), and for a sampled request its
+spans, made finished and handed to the provider's processors (`emitter`). A failure while
+building is counted, never raised. `counters()` also reads the export counts of the provider the
+spans go to, so a sink's counters are the whole story of its records.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.records import Record, RequestRecord, StepRecord
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.otel_setup import export_counters
+from phaselens.instrumentation.pipeline.phases import compute_phases
+from phaselens.instrumentation.pipeline.spans import request_spans, step_span
+
+_logger = logging.getLogger(__name__)
+
+COUNTERS = ("requests_built", "requests_unsampled", "steps_built", "steps_unsampled", "build_errors")
+
+
+class SpanBuilder:
+    """Builds records one at a time on the caller's thread; not thread-safe (one sink thread calls it)."""
+
+    def __init__(
+        self,
+        emitter: SpanEmitter | None,
+        metrics: GenAiServerMetrics,
+        anchor: ClockAnchor,
+        tracer_provider: Any,
+        token_events: bool,
+    ) -> None:
+        self._emitter = emitter  # None: nothing to emit to, every record is unsampled
+        self._metrics = metrics
+        self._anchor = anchor
+        self._tracer_provider = tracer_provider
+        self._token_events = token_events
+        self._counts = dict.fromkeys(COUNTERS, 0)
+
+    def build(self, record: Record) -> None:
+        try:
+            if isinstance(record, RequestRecord):
+                self._build_request(record)
+            else:
+                self._build_step(record)
+        except Exception:  # telemetry must never take the server down; count, and log the first
+            self._counts["build_errors"] += 1
+            if self._counts["build_errors"] == 1:
+                _logger.exception("phaselens: building spans failed (counted in build_errors)")
+
+    def counters(self) -> dict[str, int]:
+        emitted = self._emitter.emitted if self._emitter is not None else 0
+        return {**self._counts, "spans_built": emitted, **export_counters(self._tracer_provider)}
+
+    def _build_request(self, record: RequestRecord) -> None:
+        phases = compute_phases(record)
+        self._metrics.record(record, phases)
+        if not record.sampled or self._emitter is None:
+            self._counts["requests_unsampled"] += 1
+            return
+        spans = request_spans(self._emitter, self._anchor, record, phases, self._token_events)
+        self._emitter.emit(spans)
+        self._counts["requests_built"] += 1
+
+    def _build_step(self, step: StepRecord) -> None:
+        span = step_span(self._emitter, self._anchor, step) if self._emitter is not None else None
+        if span is None:
+            self._counts["steps_unsampled"] += 1
+            return
+        self._emitter.emit((span,))
+        self._counts["steps_built"] += 1

@@ -1,0 +1,172 @@
+"""OpenTelemetry providers from the standard OTEL_* environment, with every loss counted.
+
+Honoured: OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER(_ARG) (default
+parentbased_always_on: one decision per request, taken at its root and kept by all its spans),
+OTEL_TRACES_EXPORTER and OTEL_METRICS_EXPORTER (otlp | console | none; comma lists allowed; default
+otlp), OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)PROTOCOL (grpc | http/protobuf; default http/protobuf,
+as the specification says), OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)ENDPOINT, _HEADERS, _TIMEOUT (read
+by the exporters themselves), OTEL_BSP_* (queue size, batch size, delay) and OTEL_METRIC_EXPORT_INTERVAL.
+
+Spans leave through `export.CountingBatchSpanProcessor` (bounded queue, exporting on its own
+thread, so a slow or dead collector never blocks the caller) which counts spans refused because
+its queue was full and spans whose export failed; `export_counters(tracer_provider)` reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import Sampler
+
+from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor, ExportCounts
+
+T = TypeVar("T")
+
+PROTOCOL_GRPC = "grpc"
+PROTOCOL_HTTP = "http/protobuf"
+_DEFAULT_PROTOCOL = PROTOCOL_HTTP
+
+
+_counts_by_provider: weakref.WeakKeyDictionary[object, list[ExportCounts]] = weakref.WeakKeyDictionary()
+
+
+def add_counting_processor(tracer_provider: TracerProvider, exporter: SpanExporter) -> ExportCounts:
+    """Attach a CountingBatchSpanProcessor for `exporter`; its counts show in export_counters()."""
+    processor = CountingBatchSpanProcessor(exporter)
+    tracer_provider.add_span_processor(processor)
+    _counts_by_provider.setdefault(tracer_provider, []).append(processor.counts)
+    return processor.counts
+
+
+def export_positions(tracer_provider: object) -> list[ExportCounts]:
+    """The counts of each counting processor on this provider, live (their `queued` / `settled`)."""
+    return list(_counts_by_provider.get(tracer_provider, []))
+
+
+def export_counters(tracer_provider: object) -> dict[str, int]:
+    """Sum of the counts of every counting processor on this provider (zeros when none)."""
+    counts = _counts_by_provider.get(tracer_provider, []) if tracer_provider is not None else []
+    return {
+        "export_exported": sum(c.exported for c in counts),
+        "export_failed": sum(c.failed for c in counts),
+        "export_dropped": sum(c.dropped for c in counts),
+        "export_suppressed": sum(c.suppressed for c in counts),
+    }
+
+
+@dataclass(slots=True)
+class Providers:
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+
+    def shutdown(self) -> None:
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+
+
+def _choices(variable: str) -> list[str]:
+    value = os.environ.get(variable, "otlp")
+    return [v.strip().lower() for v in value.split(",") if v.strip()]
+
+
+def _protocol(signal: str) -> str:
+    value = (
+        (
+            os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or _DEFAULT_PROTOCOL
+        )
+        .strip()
+        .lower()
+    )
+    if value not in (PROTOCOL_GRPC, PROTOCOL_HTTP):
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={value!r}: expected {PROTOCOL_GRPC} or {PROTOCOL_HTTP}")
+    return value
+
+
+def otlp_span_exporter() -> SpanExporter:
+    if _protocol("TRACES") == PROTOCOL_GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter()
+
+
+def otlp_metric_exporter() -> MetricExporter:
+    if _protocol("METRICS") == PROTOCOL_GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+        return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+    return HttpExporter()
+
+
+def _span_exporters() -> list[SpanExporter]:
+    factories = {"otlp": otlp_span_exporter, "console": ConsoleSpanExporter}
+    return [
+        _pick(factories, name, "OTEL_TRACES_EXPORTER")() for name in _choices("OTEL_TRACES_EXPORTER") if name != "none"
+    ]
+
+
+def _metric_readers() -> list[MetricReader]:
+    factories = {"otlp": otlp_metric_exporter, "console": ConsoleMetricExporter}
+    return [
+        PeriodicExportingMetricReader(_pick(factories, name, "OTEL_METRICS_EXPORTER")())
+        for name in _choices("OTEL_METRICS_EXPORTER")
+        if name != "none"
+    ]
+
+
+def _pick(factories: dict[str, Callable[[], T]], name: str, variable: str) -> Callable[[], T]:
+    if name not in factories:
+        raise ValueError(f"{variable}={name!r}: expected one of {', '.join([*factories, 'none'])}")
+    return factories[name]
+
+
+def make_resource(service_name: str) -> Resource:
+    """OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win; `service_name` fills in when neither names one."""
+    from_env = Resource.create()
+    named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    return from_env if named else from_env.merge(Resource({SERVICE_NAME: service_name}))
+
+
+def configure(
+    service_name: str,
+    *,
+    set_global: bool = True,
+    sampler: Sampler | None = None,
+    id_generator: IdGenerator | None = None,
+) -> Providers:
+    """Tracer and meter providers from the OTEL_* environment (see module docstring).
+
+    With `set_global` they also become the process's global providers (only the first call in a
+    process can set them; later ones keep the providers local). `sampler` replaces the one
+    OTEL_TRACES_SAMPLER names; `id_generator` the SDK's random one."""
+    resource = make_resource(service_name)
+    tracer_provider = TracerProvider(resource=resource, sampler=sampler, id_generator=id_generator)
+    for exporter in _span_exporters():
+        add_counting_processor(tracer_provider, exporter)
+    meter_provider = MeterProvider(resource=resource, metric_readers=_metric_readers())
+    if set_global:
+        trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+    return Providers(tracer_provider, meter_provider)

@@ -1,0 +1,181 @@
+"""Where records go: one protocol, two places the spans are built.
+
+    sink.start()               its thread (and process) start
+    sink.submit(record)        hot path: one bounded deque append, never blocks, never raises
+    sink.flush(timeout_s)      every record submitted so far is built (and, for a process, exported)
+    sink.stop(timeout_s)       build what is left, stop; later submits are counted as dropped
+    sink.counters()            every count of the records' way: hand-off, shipping, building, export
+
+`ThreadSink` builds on a thread of this process; `shipper.ProcessSink` ships the records to a
+span-builder process. Both feed the same `builder.SpanBuilder`, and both poll their hand-offs
+(producers do one deque append: no Event, no lock on the loop thread).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from phaselens.instrumentation.hotpath.records import Record, RequestRecord, StepRecord
+from phaselens.instrumentation.pipeline.builder import SpanBuilder
+
+NICE = 10  # span building runs at a lower CPU priority: on a busy machine the serving loop goes first
+
+
+class BoundedHandOff:
+    """A bounded single-consumer queue: `offer` is one GIL-atomic deque append, never blocks.
+
+    When `capacity` items are waiting, the new item is dropped and counted in `dropped` (the count
+    is written by producers only; a lost increment under a thread race under-counts by one at most
+    per race, it never raises).
+    """
+
+    __slots__ = ("_items", "capacity", "dropped", "offered")
+
+    def __init__(self, capacity: int) -> None:
+        self._items: deque[Any] = deque()
+        self.capacity = capacity
+        self.offered = 0
+        self.dropped = 0
+
+    def offer(self, item: Any) -> bool:
+        self.offered += 1
+        if len(self._items) >= self.capacity:
+            self.dropped += 1
+            return False
+        self._items.append(item)
+        return True
+
+    def take(self) -> Any | None:
+        """The oldest item, or None when empty (consumer thread only)."""
+        try:
+            return self._items.popleft()
+        except IndexError:
+            return None
+
+    def close(self) -> None:
+        """Refuse (and count) every later offer; what is still queued is counted as dropped too."""
+        self.capacity = 0
+        while self.take() is not None:
+            self.dropped += 1
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Sink(Protocol):
+    def start(self) -> None: ...
+    def submit(self, record: Record) -> None: ...
+    def flush(self, timeout_s: float) -> bool: ...
+    def stop(self, timeout_s: float) -> None: ...
+    def counters(self) -> dict[str, int]: ...
+
+
+class HandOffs:
+    """A sink's bounded hand-offs, one per record kind (each `capacity` long), drops counted per kind."""
+
+    __slots__ = ("_by_type", "requests", "steps")
+
+    def __init__(self, capacity: int) -> None:
+        self.requests, self.steps = BoundedHandOff(capacity), BoundedHandOff(capacity)
+        self._by_type = {RequestRecord: self.requests, StepRecord: self.steps}
+
+    def submit(self, record: Record) -> None:
+        self._by_type[type(record)].offer(record)
+
+    def take(self) -> list[Record]:
+        """Everything waiting, steps first (consumer thread only)."""
+        taken = []
+        for handoff in (self.steps, self.requests):
+            while (record := handoff.take()) is not None:
+                taken.append(record)
+        return taken
+
+    def accepted(self) -> int:
+        """Records accepted so far: a flush is complete when this many are done."""
+        return sum(h.offered - h.dropped for h in (self.requests, self.steps))
+
+    def close(self) -> None:
+        self.requests.close()
+        self.steps.close()
+
+    def counters(self) -> dict[str, int]:
+        requests, steps = self.requests, self.steps
+        return {
+            "requests_offered": requests.offered,
+            "requests_dropped": requests.dropped,
+            "steps_offered": steps.offered,
+            "steps_dropped": steps.dropped,
+            "queue_full": requests.dropped + steps.dropped,
+            "queued": len(requests) + len(steps),
+        }
+
+
+def lower_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
+        pass
+
+
+def wait_until(done: Callable[[], bool], timeout_s: float, nudge: Callable[[], None] = lambda: None) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        nudge()
+        time.sleep(0.002)
+    return True
+
+
+class ThreadSink:
+    """Builds records on a daemon thread of this process; `tick()` runs at every wake-up.
+
+    Staying out of the loop's way: the thread runs at nice +NICE (Linux, best effort) and gives up
+    the GIL after every record it builds (`time.sleep(0)`), so a serving loop coming back from a
+    GIL-free model call waits at most one record's build for the GIL, not the 5 ms switch interval."""
+
+    def __init__(self, builder: SpanBuilder, capacity: int, poll_interval_s: float, tick: Callable[[], None]) -> None:
+        self._builder = builder
+        self._handoffs = HandOffs(capacity)
+        self.submit = self._handoffs.submit  # the hot path, one call level less
+        self._poll_interval_s = poll_interval_s
+        self._tick = tick
+        self._done = 0  # records built (or failed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="phaselens-span-builder", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        lower_priority()
+        while not self._stop.is_set():
+            self._tick()
+            if not self._drain():
+                self._stop.wait(self._poll_interval_s)
+        self._drain()
+
+    def _drain(self) -> bool:
+        """Build what is waiting; True when there was anything."""
+        records = self._handoffs.take()
+        for record in records:
+            self._builder.build(record)
+            self._done += 1
+            time.sleep(0)  # hand the GIL to a waiting serving loop
+        return bool(records)
+
+    def flush(self, timeout_s: float) -> bool:
+        return wait_until(lambda: self._done >= self._handoffs.accepted(), timeout_s)
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+        self._handoffs.close()  # from now on a submit is counted as dropped
+
+    def counters(self) -> dict[str, int]:
+        return {**self._handoffs.counters(), **self._builder.counters()}

@@ -1,0 +1,393 @@
+"""Records → finished OpenTelemetry spans (`emitter.SpanEmitter`), on the builder's thread only.
+
+Per request (one trace, child of the client's span when a traceparent arrived):
+
+    {operation} {model}  SERVER   received → responded          (started at receipt, ended here)
+    ├ llm.ingress                 received → enqueued
+    ├ llm.queue ×N                one per wait (phaselens.queue.wait_index 0, then 1… after preemptions)
+    ├ llm.prefill                 scheduled₀ → end of the last prefill chunk before the first token
+    │ └ llm.prefill.chunk ×k      only when the request was prefilled in more than one chunk
+    ├ llm.first_token             prefill end → first token on the host
+    ├ llm.decode                  first token → last token (recompute chunks after a preemption are
+    │                             its llm.prefill.chunk children, phaselens.prefill.recompute=true)
+    └ llm.delivery                last token → responded
+
+Budget terms and formulas: see `phaselens.instrumentation.pipeline.phases`. The SERVER span carries them all as
+attributes (phaselens.*_ms, the GenAI semconv keys and the de-facto gen_ai.latency.* keys in
+seconds), so a per-request query needs no join.
+
+Engine steps: one `llm.engine_step` span per iteration in a trace of its own, linked to the SERVER
+spans of the batch's sampled requests; a step whose batch holds no sampled request is not built, and
+the step's own trace is sampled by the provider's root sampler (always, by default; with a ratio
+sampler, that share of steps). The SDK keeps 128 links per span by default
+(OTEL_SPAN_LINK_COUNT_LIMIT) and 128 events (OTEL_SPAN_EVENT_COUNT_LIMIT, per-token events).
+
+Every span of a request shares the trace id, flags and trace state of its SERVER span: the one
+sampling decision, taken at receipt, holds for the whole tree. Child span ids come from the
+provider's id generator.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from phaselens.common.quantile import quantile
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.ids import child_flags, span_context
+from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
+from phaselens.instrumentation.hotpath.records import RequestRecord, StepRecord
+from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.phases import Phases, stall_ns
+
+NS_PER_MS = 1e6
+NS_PER_S = 1e9
+
+
+def error_type(record: RequestRecord) -> str | None:
+    """The request's `error.type`: what the app said, else what the transport or engine saw."""
+    http, outcome = record.http, record.outcome
+    status = outcome.status_code or http.status_code
+    if outcome.error_type:
+        return outcome.error_type
+    if http.client_disconnected:
+        return names.ERROR_CLIENT_DISCONNECTED
+    if http.exception_type:
+        return http.exception_type
+    if status is not None and status >= 400:
+        return str(status)
+    if record.finish_reason == FINISH_ERROR:
+        return FINISH_ERROR
+    return None
+
+
+def output_tokens(record: RequestRecord, phases: Phases) -> int:
+    """Usage as reported by `complete()`, else counted from the stamps (1 + Σ tokens per step)."""
+    if record.outcome.output_tokens is not None:
+        return record.outcome.output_tokens
+    return (1 + phases.decode_tokens) if phases.first_token_ts else 0
+
+
+def tpot_ns(phases: Phases, tokens: int) -> float | None:
+    """(last_token − first_token) / (output_tokens − 1), for output_tokens > 1."""
+    if not phases.first_token_ts or tokens <= 1:
+        return None
+    return phases.decode_ns / (tokens - 1)
+
+
+def _ms(ns: float) -> float:
+    return ns / NS_PER_MS
+
+
+def _s(ns: float) -> float:
+    return ns / NS_PER_S
+
+
+def _drop_none(attributes: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attributes.items() if v is not None}
+
+
+def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
+    """GenAI semconv message JSON: a str becomes one text part; chat messages keep their roles."""
+    if isinstance(content, str):
+        message: dict[str, Any] = {"role": role, "parts": [{"type": "text", "content": content}]}
+        if finish_reason:
+            message["finish_reason"] = finish_reason
+        return json.dumps([message])
+    return json.dumps(
+        [{"role": m.get("role", role), "parts": [{"type": "text", "content": m.get("content")}]} for m in content],
+        default=str,
+    )
+
+
+def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAnchor) -> dict[str, Any]:
+    """Every attribute of the SERVER root span (docs/span-model.md#server-root-span)."""
+    info, outcome, http = record.info, record.outcome, record.http
+    tokens = output_tokens(record, phases)
+    finish_reason = outcome.finish_reason or record.finish_reason or None
+    tpot = tpot_ns(phases, tokens)
+    inference_ns = phases.prefill_ns + phases.first_token_phase_ns + phases.decode_ns
+    cached = outcome.cached_tokens or sum(record.chunks[3::CHUNK_FIELDS])
+    attributes: dict[str, Any] = {
+        names.GEN_AI_PROVIDER_NAME: names.PROVIDER_PHASELENS,
+        names.HTTP_REQUEST_METHOD: http.method or None,
+        names.URL_PATH: http.path or None,
+        names.HTTP_RESPONSE_STATUS_CODE: outcome.status_code or http.status_code,
+        names.SERVER_ADDRESS: http.server_address,
+        names.SERVER_PORT: http.server_port,
+        names.HTTP_REQUEST_HEADER_X_REQUEST_ID: [http.x_request_id] if http.x_request_id else None,
+        names.ERROR_TYPE: error_type(record),
+        names.PL_INGRESS_MS: _ms(phases.ingress_ns),
+        names.PL_QUEUE_MS: _ms(phases.queue_ns),
+        names.PL_PREFILL_MS: _ms(phases.prefill_ns),
+        names.PL_FIRST_TOKEN_MS: _ms(phases.first_token_phase_ns),
+        names.PL_DECODE_MS: _ms(phases.decode_ns),
+        names.PL_DELIVERY_MS: _ms(phases.delivery_ns),
+        names.PL_SERVER_TTFT_MS: _ms(phases.ttft_ns) if phases.first_token_ts else None,
+        names.PL_SERVER_TPOT_MS: _ms(tpot) if tpot is not None else None,
+        names.PL_PREEMPTIONS: max(0, len(phases.waits) - 1),
+        names.PL_FINISH_REASON: finish_reason,
+        names.PL_CLIENT_DISCONNECTED: http.client_disconnected,
+        names.PL_RECEIVED_WALL_NS: anchor.to_wall_ns(phases.received_ts),
+        names.PL_RESPONDED_WALL_NS: anchor.to_wall_ns(phases.end_ts),
+        names.GEN_AI_RESPONSE_FINISH_REASONS: [finish_reason] if finish_reason else None,
+        names.GEN_AI_USAGE_OUTPUT_TOKENS: tokens,
+        names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached,
+        names.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: outcome.reasoning_tokens,
+        # de-facto engine keys, vLLM's definitions, seconds
+        names.LATENCY_TIME_IN_QUEUE: _s(phases.queue_ns),
+        names.LATENCY_TIME_TO_FIRST_TOKEN: _s(phases.ttft_ns) if phases.first_token_ts else None,
+        names.LATENCY_E2E: _s(phases.e2e_ns),
+        names.LATENCY_TIME_IN_MODEL_PREFILL: _s(phases.prefill_ns + phases.first_token_phase_ns),
+        names.LATENCY_TIME_IN_MODEL_DECODE: _s(phases.decode_ns),
+        names.LATENCY_TIME_IN_MODEL_INFERENCE: _s(inference_ns),
+    }
+    if info is not None:
+        attributes.update(
+            {
+                names.GEN_AI_OPERATION_NAME: info.operation,
+                names.GEN_AI_REQUEST_MODEL: info.model,
+                names.GEN_AI_RESPONSE_MODEL: info.model,
+                names.GEN_AI_RESPONSE_ID: info.request_id,
+                names.GEN_AI_REQUEST_ID: info.request_id,
+                names.GEN_AI_USAGE_INPUT_TOKENS: info.input_tokens,
+                names.GEN_AI_REQUEST_MAX_TOKENS: info.max_tokens,
+                names.GEN_AI_REQUEST_TEMPERATURE: info.temperature,
+                names.GEN_AI_REQUEST_TOP_P: info.top_p,
+                names.GEN_AI_REQUEST_TOP_K: info.top_k,
+                names.GEN_AI_REQUEST_SEED: info.seed,
+                names.GEN_AI_REQUEST_STREAM: info.stream,
+            }
+        )
+        if info.prompt is not None:
+            attributes[names.GEN_AI_INPUT_MESSAGES] = _messages("user", info.prompt)
+    if outcome.completion is not None:
+        attributes[names.GEN_AI_OUTPUT_MESSAGES] = _messages("assistant", outcome.completion, finish_reason)
+    attributes.update(first_chunk_attributes(phases))
+    return _drop_none(attributes)
+
+
+def first_chunk_split(phases: Phases) -> dict[str, Any]:
+    """What llm.first_chunk carries: loop_wait + encode (= the term) and write beside it."""
+    return {
+        names.PL_FIRST_CHUNK_LOOP_WAIT_MS: _ms(phases.loop_wait_ns),
+        names.PL_FIRST_CHUNK_ENCODE_MS: _ms(phases.encode_ns),
+        names.PL_FIRST_CHUNK_WRITE_MS: _ms(phases.write_ns),
+    }
+
+
+def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
+    """The first_chunk term, its split, server TTFC and last chunk, on the root; {} when no content
+    chunk was streamed."""
+    if not phases.first_chunk_ts:
+        return {}
+    return {
+        names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns),
+        **first_chunk_split(phases),
+        names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
+        names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ts - phases.received_ts),
+    }
+
+
+def decode_attributes(phases: Phases) -> dict[str, Any]:
+    itl = sorted(phases.itl_ns)
+    return {
+        names.PL_DECODE_TOKENS: phases.decode_tokens,
+        names.PL_DECODE_STEPS: phases.decode_steps,
+        names.PL_ITL_P50_MS: _ms(quantile(itl, 0.5) if itl else 0),
+        names.PL_ITL_P99_MS: _ms(quantile(itl, 0.99) if itl else 0),
+        names.PL_ITL_MAX_MS: _ms(itl[-1] if itl else 0),
+        names.PL_STALL_MS: _ms(stall_ns(phases.itl_ns)),
+    }
+
+
+class _Tree:
+    """The spans of one request's trace, collected in the order they would have ended."""
+
+    __slots__ = ("anchor", "emitter", "root", "spans")
+
+    def __init__(self, emitter: SpanEmitter, anchor: ClockAnchor, root: SpanContext) -> None:
+        self.emitter, self.anchor, self.root = emitter, anchor, root
+        self.spans: list[ReadableSpan] = []
+
+    def new_context(self) -> SpanContext:
+        """A child's context: the root's trace, flags and state, a fresh span id."""
+        root = self.root
+        return SpanContext(
+            root.trace_id, self.emitter.ids.generate_span_id(), False, root.trace_flags, root.trace_state
+        )
+
+    def add(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        to_wall = self.anchor.to_wall_ns
+        self.spans.append(
+            self.emitter.span(name, context, parent, to_wall(start_ns), to_wall(end_ns), attributes, **options)
+        )
+
+    def leaf(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        attributes: dict[str, Any] | None = None,
+        parent: SpanContext | None = None,
+    ) -> None:
+        self.add(name, self.new_context(), parent or self.root, start_ns, end_ns, attributes)
+
+
+def _chunk_spans(
+    tree: _Tree, record: RequestRecord, phases: Phases, prefill: SpanContext | None, decode: SpanContext | None
+) -> None:
+    """llm.prefill.chunk spans: initial chunks under llm.prefill (when more than one), recompute
+    chunks after the first token under llm.decode."""
+    chunks = record.chunks
+    for index in range(len(chunks) // CHUNK_FIELDS):
+        start, end, tokens, cached = chunks[index * CHUNK_FIELDS : (index + 1) * CHUNK_FIELDS]
+        recompute = index >= phases.initial_chunks
+        parent = decode if recompute else prefill
+        if parent is None or (not recompute and phases.initial_chunks < 2):
+            continue
+        tree.leaf(
+            names.SPAN_PREFILL_CHUNK,
+            start,
+            end,
+            {
+                names.PL_CHUNK_INDEX: index,
+                names.PL_CHUNK_TOKENS: tokens,
+                names.PL_CACHED_TOKENS: cached,
+                names.PL_PREFILL_RECOMPUTE: recompute,
+            },
+            parent,
+        )
+
+
+def _prefill_attributes(record: RequestRecord, phases: Phases) -> dict[str, Any]:
+    initial = record.chunks[: phases.initial_chunks * CHUNK_FIELDS]
+    return {
+        names.PL_PREFILL_CHUNKS: phases.initial_chunks,
+        names.PL_CHUNK_TOKENS: sum(initial[2::CHUNK_FIELDS]),
+        names.PL_CACHED_TOKENS: sum(initial[3::CHUNK_FIELDS]),
+    }
+
+
+def _token_events(tree: _Tree, record: RequestRecord) -> list:
+    to_wall, event = tree.anchor.to_wall_ns, tree.emitter.event
+    return [
+        event(names.EVENT_TOKEN, {names.PL_TOKEN_COUNT: n}, to_wall(t_ns))
+        for t_ns, n in zip(record.token_ts, record.token_n, strict=False)
+    ]
+
+
+def request_spans(
+    emitter: SpanEmitter, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool
+) -> list[ReadableSpan]:
+    """The spans of one sampled request: phase spans, then the SERVER span."""
+    tree = _Tree(emitter, anchor, span_context(record.root))
+    # rejected before reaching the engine: the whole request was ingress
+    tree.leaf(names.SPAN_INGRESS, phases.received_ts, phases.enqueued_ts or phases.end_ts)
+    for index, (start, end) in enumerate(phases.waits):
+        tree.leaf(names.SPAN_QUEUE, start, end, {names.PL_QUEUE_WAIT_INDEX: index})
+    prefill = tree.new_context() if phases.scheduled_ts else None
+    decode = None
+    if phases.first_token_ts:
+        tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ts, phases.first_token_ts)
+        if phases.first_chunk_ts:
+            tree.leaf(names.SPAN_FIRST_CHUNK, phases.first_token_ts, phases.first_chunk_ts, first_chunk_split(phases))
+        decode = tree.new_context()
+        tree.leaf(names.SPAN_DELIVERY, phases.last_token_ts, phases.end_ts)
+    _chunk_spans(tree, record, phases, prefill, decode)
+    if prefill is not None:
+        tree.add(
+            names.SPAN_PREFILL,
+            prefill,
+            tree.root,
+            phases.scheduled_ts,
+            phases.prefill_end_ts,
+            _prefill_attributes(record, phases),
+        )
+    if decode is not None:
+        tree.add(
+            names.SPAN_DECODE,
+            decode,
+            tree.root,
+            phases.first_token_ts,
+            phases.last_token_ts,
+            decode_attributes(phases),
+            events=_token_events(tree, record) if token_events else (),
+        )
+    _add_root(tree, record, phases)
+    return tree.spans
+
+
+def _add_root(tree: _Tree, record: RequestRecord, phases: Phases) -> None:
+    attributes = request_attributes(record, phases, tree.anchor)
+    info = record.info
+    name = names.root_span_name(info.operation, info.model) if info is not None else record.http.method or "request"
+    failure = attributes.get(names.ERROR_TYPE)
+    parent = span_context(record.parent, is_remote=True) if record.parent is not None else None
+    tree.add(
+        name,
+        tree.root,
+        parent,
+        phases.received_ts,
+        phases.end_ts,
+        attributes,
+        kind=SpanKind.SERVER,
+        status=Status(StatusCode.ERROR, failure) if failure else Status(StatusCode.UNSET),
+    )
+
+
+def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> ReadableSpan | None:
+    """One llm.engine_step span in a trace of its own, linked to the batch's sampled SERVER spans;
+    None when no member is sampled or the provider's sampler does not record the step's trace."""
+    sampled = step.sampled_links()
+    if not sampled:
+        return None
+    links = [emitter.link(*link) for link in sampled]
+    attributes = {
+        names.PL_STEP_INDEX: step.step_index,
+        names.PL_STEP_NUM_SEQS: len(step.links),
+        names.PL_STEP_PREFILL_TOKENS: step.prefill_tokens,
+        names.PL_STEP_DECODE_TOKENS: step.decode_tokens,
+        names.PL_STEP_KV_BLOCKS_USED: step.kv_blocks_used,
+        names.PL_STEP_KV_BLOCKS_TOTAL: step.kv_blocks_total,
+        names.PL_STEP_PREEMPTIONS: step.preemptions,
+        names.PL_STEP_QUEUE_DEPTH: step.queue_depth,
+        names.PL_STEP_DURATION_MS: _ms(step.end_ts - step.start_ts),
+    }
+    trace_id = emitter.ids.generate_trace_id()
+    result = emitter.sampler.should_sample(
+        Context(), trace_id, names.SPAN_ENGINE_STEP, SpanKind.INTERNAL, attributes, links
+    )
+    if not result.decision.is_recording():
+        return None
+    context = SpanContext(
+        trace_id,
+        emitter.ids.generate_span_id(),
+        False,
+        TraceFlags(child_flags(result.decision.is_sampled(), emitter.ids.is_trace_id_random())),
+        result.trace_state,
+    )
+    return emitter.span(
+        names.SPAN_ENGINE_STEP,
+        context,
+        None,
+        anchor.to_wall_ns(step.start_ts),
+        anchor.to_wall_ns(step.end_ts),
+        result.attributes,
+        links=links,
+    )

@@ -1,0 +1,369 @@
+"""Out-of-process span building, the serving side: `ProcessSink` (`ServerTelemetry(builder="process")`).
+
+Building spans costs ~1 ms of Python per request (spans, step links, metrics, OTLP encoding);
+in-process that runs under the serving loop's GIL. This sink keeps the records and ships them as
+bytes (`wire`) to a child process (`python -m phaselens.instrumentation.process.builder_child`) that runs the
+same `SpanBuilder` and exporters: a thread drains the hand-offs, encodes the records (a few µs each)
+and writes them to the child's stdin in one `os.write` per drain (the write runs without the GIL).
+
+Never hurts the loop: the hand-offs are bounded (full → dropped, counted), and everything below
+runs on the shipper thread. A killed child loses nothing this process still holds: every frame is
+kept (`retention`, bounded by bytes) until the child reports it built and exported
+(`records_safe`: every span they made exported, see span_process). A child that dies is restarted at
+the shipper's next wake-up, then at most once per backoff (0.5 s, doubling to 30 s; at stop, at
+once if it held frames); meanwhile frames are kept, and the replacement gets the hello, then every
+frame its predecessor had not reported safe (`records_replayed`), then what arrived meanwhile.
+At-least-once: spans the dead child exported after its last report are exported again (a request's
+SERVER span with the same id, its other spans with fresh ones). Counted losses: frames
+evicted past the bound before any child got them (`channel_dropped`), and evicted ones whose child
+died before reporting them safe (`channel_lost`). Nothing raises into the loop.
+Steps whose batch holds no sampled request are not shipped (counted `steps_unsampled` here);
+unsampled requests are shipped, without a span, because the GenAI metrics count every request.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.records import Record, RequestRecord
+from phaselens.instrumentation.pipeline.sink import HandOffs, wait_until
+from phaselens.instrumentation.process import retention, wire
+
+PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~1000 requests while the child is busy
+# one drain and write per interval: each wake-up costs this process GIL time (measured: 20 ms → 0.25 s
+# cut the shipper's CPU per request ~4x); flush() and stop() wake it at once
+SHIP_INTERVAL_S = 0.25
+_F_SETPIPE_SZ = 1031
+RESTART_BACKOFF_S = 0.5  # the wait before a second restart; doubles per restart, up to the max
+RESTART_BACKOFF_MAX_S = 30.0
+_NOT_SUMMED = ("ack", "final")  # report fields that are not cumulative counts
+
+
+@dataclass(slots=True)
+class _Child:
+    """One span-builder process: its stdin (proc.stdin), its report pipe, what it last reported."""
+
+    proc: subprocess.Popen[bytes]
+    stdin: IO[bytes]
+    reports: IO[bytes]
+    reader: threading.Thread = field(init=False)  # reads `reports`, set once the child exists
+    report: dict[str, int] = field(default_factory=dict)
+    acked: int = 0  # the last FLUSH it acknowledged
+    safe: int = 0  # its first `safe` records are built and exported (reported `records_safe`)
+    released: int = 0  # its first `released` records left the retention: reported safe, or evicted
+    dead: bool = False
+    retired: bool = False  # its report is in ProcessSink._retired (counters() must not add it again)
+
+    def alive(self) -> bool:
+        return not self.dead and self.proc.poll() is None
+
+    def lost(self) -> int:
+        """Records evicted from the retention that it never reported safe: if it died, they are gone
+        (the rest it had not reported are replayed to its replacement)."""
+        return max(0, self.released - self.safe)
+
+
+class ProcessSink:
+    """sink.Sink that ships records to the span-builder process; `tick()` runs at every wake-up."""
+
+    def __init__(
+        self,
+        service_name: str,
+        anchor: ClockAnchor,
+        token_events: bool,
+        capacity: int,
+        poll_interval_s: float,
+        tick: Callable[[], None],
+    ) -> None:
+        self._handoffs = HandOffs(capacity)
+        self.submit = self._handoffs.submit  # the hot path, one call level less
+        self._tick = tick
+        self._interval_s = max(poll_interval_s, SHIP_INTERVAL_S)
+        self._wake = threading.Event()
+        self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns, token_events))
+        self._counts = {
+            "records_shipped": 0,
+            "bytes_shipped": 0,
+            "records_replayed": 0,
+            "channel_dropped": 0,
+            "encode_errors": 0,
+            "steps_unsampled": 0,
+            "shipper_cpu_ns": 0,
+            "child_restarts": 0,
+            "spawn_errors": 0,
+        }
+        self._retained = retention.Retained(retention.RETAIN_BYTES)  # the shipper thread's alone
+        self._done = 0  # records taken off the hand-offs and shipped, dropped or skipped
+        self._flush_asked: list[int] = []  # flush sequence numbers for the shipper to send
+        self._sequence = 0  # flushes asked
+        self._child_changed = threading.Condition()  # guards _child, _retired and each child's report
+        self._retired: dict[str, int] = {}  # the reports of children that died, summed, and their losses
+        self._restart_at = 0.0  # monotonic time before which a dead child is not replaced
+        self._stop = threading.Event()
+        self._child = self._spawn()
+        self._shipper = threading.Thread(target=self._run, name="phaselens-span-shipper", daemon=True)
+
+    def _spawn(self) -> _Child:
+        report_read, report_write = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "phaselens.instrumentation.process.builder_child",
+                    str(report_write),
+                    str(os.getpid()),
+                ],
+                stdin=subprocess.PIPE,
+                pass_fds=(report_write,),
+            )
+        except OSError:
+            os.close(report_read)
+            raise
+        finally:
+            os.close(report_write)
+        stdin = proc.stdin
+        assert stdin is not None  # stdin=PIPE
+        try:
+            import fcntl  # POSIX only
+
+            fcntl.fcntl(stdin.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+        except (ImportError, OSError):  # not Linux, or over /proc/sys/fs/pipe-max-size: the default size
+            pass
+        child = _Child(proc, stdin, os.fdopen(report_read, "rb"))
+        child.reader = threading.Thread(
+            target=self._read_reports, args=(child,), name="phaselens-span-reports", daemon=True
+        )
+        return child
+
+    @property
+    def pid(self) -> int:
+        return self._child.proc.pid
+
+    def start(self) -> None:
+        self._child.reader.start()
+        self._shipper.start()
+
+    # --- shipper thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        self._write(self._child, [self._hello])
+        while not self._stop.is_set():
+            self._tick()
+            self._drain()
+            self._counts["shipper_cpu_ns"] = time.thread_time_ns()  # what shipping costs this process
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+        self._drain(final=True)
+        try:
+            self._child.stdin.close()  # EOF: the child builds what it holds, exports and exits
+        except OSError:
+            pass
+
+    def _drain(self, final: bool = False) -> None:
+        """Keep what is waiting, and ship what is kept and not yet shipped, with any flush asked for;
+        a dead child is replaced even with nothing to ship (a flush may be waiting for it).
+        `final`: at stop, a dead child holding kept frames is replaced whatever the backoff."""
+        self._release(self._child)
+        records = self._handoffs.take()
+        self._keep([payload for record in records if (payload := self._encoded(record))])
+        flushes = []
+        while self._flush_asked:
+            flushes.append(wire.frame(wire.KIND_FLUSH, (self._flush_asked.pop(0),)))
+        if flushes or self._due(final):
+            self._send(flushes, final)
+        self._done += len(records)
+
+    def _due(self, final: bool) -> bool:
+        """Kept frames not yet written; or a dead child to replace (at stop: only if it held frames)."""
+        kept = self._retained
+        if kept.sent < len(kept.frames):
+            return True
+        return not self._child.alive() and (bool(kept.frames) or not final)
+
+    def _keep(self, frames: list[bytes]) -> None:
+        evicted = self._retained.add(frames)
+        self._child.released += evicted.sent  # still with the child; lost only if it dies unreported
+        self._counts["channel_dropped"] += evicted.unsent
+
+    def _release(self, child: _Child) -> None:
+        """Forget the frames `child` reported safe since the last call."""
+        child.released += self._retained.release(child.safe - child.released)
+
+    def _encoded(self, record: Record) -> bytes | None:
+        """The record's frame; None when it is not shipped (a batch with no sampled member, or a
+        record the pipe cannot carry, e.g. a prompt marshal cannot encode: lost, counted)."""
+        try:
+            if isinstance(record, RequestRecord):
+                return wire.encode_request(record)
+            if not any(record.links):
+                self._counts["steps_unsampled"] += 1
+                return None
+            return wire.encode_step(record)
+        except Exception:  # noqa: BLE001 — a record the pipe cannot carry is counted, never raised
+            self._counts["encode_errors"] += 1
+            return None
+
+    def _send(self, flushes: list[bytes], final: bool) -> None:
+        """The kept frames not yet written, then `flushes`, to the live child (none: they wait, and
+        a flush waits for the replacement)."""
+        child = self._live_child(final)
+        if child is None:
+            return
+        frames = self._retained.unsent()
+        self._write(child, frames + flushes)
+        # written, or gone with a child that died mid-write: either way its replacement gets them again
+        self._retained.sent = len(self._retained.frames)
+        self._counts["records_shipped"] += len(frames)
+        self._counts["bytes_shipped"] += sum(map(len, frames))
+
+    def _write(self, child: _Child, frames: list[bytes]) -> bool:
+        data = memoryview(b"".join(frames))
+        try:
+            while data:
+                data = data[os.write(child.stdin.fileno(), data) :]
+        except (OSError, ValueError):  # the child is gone (EPIPE) or the pipe was closed
+            child.dead = True
+            return False
+        return True
+
+    # --- a child that died -----------------------------------------------------------------------------
+    def _live_child(self, final: bool) -> _Child | None:
+        """The child; a new one if it died (unless within the restart backoff and not `final`)."""
+        child = self._child
+        if child.alive():
+            return child
+        child.dead = True
+        if not final and time.monotonic() < self._restart_at:
+            return None
+        attempts = self._counts["child_restarts"] + self._counts["spawn_errors"]
+        # the doublings capped: past ~1,000 restarts (8 h of a crash loop at 30 s) 2**n overflows a float
+        backoff_s = RESTART_BACKOFF_S * 2 ** min(attempts, 30)
+        self._restart_at = time.monotonic() + min(backoff_s, RESTART_BACKOFF_MAX_S)
+        try:
+            fresh = self._spawn()
+        except OSError:  # no process to be had now (EMFILE, ENOMEM): frames stay kept, tried after the backoff
+            self._counts["spawn_errors"] += 1
+            return None
+        self._retire(child)
+        self._counts["child_restarts"] += 1
+        fresh.reader.start()
+        with self._child_changed:
+            self._child = fresh
+            self._child_changed.notify_all()  # a flush waiting on the dead one asks this one
+        return fresh if self._write(fresh, [self._hello]) else None
+
+    def _retire(self, child: _Child) -> None:
+        """Reaps a dead child and keeps what it reported, and what it lost, in the running totals;
+        the frames it had not reported safe are now for its replacement."""
+        if child.proc.poll() is None:  # a broken pipe, the process not yet gone
+            child.proc.kill()
+        child.proc.wait()
+        child.reader.join(1.0)  # its last report is on the pipe until EOF
+        self._release(child)
+        self._counts["records_replayed"] += self._retained.sent
+        self._retained.sent = 0
+        with self._child_changed:
+            for key, value in child.report.items():
+                if key not in _NOT_SUMMED:
+                    self._retired[key] = self._retired.get(key, 0) + value
+            self._retired["channel_lost"] = self._retired.get("channel_lost", 0) + child.lost()
+            child.retired = True  # still self._child until its replacement has started
+
+    # --- reports from the child ----------------------------------------------------------------------
+    def _read_reports(self, child: _Child) -> None:
+        with child.reports:
+            for line in child.reports:
+                try:
+                    report = json.loads(line)
+                except ValueError:
+                    continue
+                with self._child_changed:
+                    if report.keys() != {"records_safe"}:  # else a progress line: that alone
+                        child.report = report
+                    child.acked = max(child.acked, report.get("ack", 0))
+                    child.safe = child.report["records_safe"] = max(child.safe, report.get("records_safe", 0))
+                    self._child_changed.notify_all()
+        with self._child_changed:
+            child.dead = True
+            self._child_changed.notify_all()
+
+    def counters(self) -> dict[str, int]:
+        with self._child_changed:
+            child, retired = self._child, dict(self._retired)
+            current = {} if child.retired else child.report
+            report = {k: v for k, v in current.items() if k not in _NOT_SUMMED}
+        alive = child.alive()
+        counters = {
+            "spans_built": 0,
+            "build_errors": 0,
+            "export_exported": 0,
+            "export_failed": 0,
+            "export_dropped": 0,
+            **self._handoffs.counters(),
+        }
+        for counts in (report, retired, self._counts):  # steps_unsampled is counted on both sides
+            for key, value in counts.items():
+                counters[key] = counters.get(key, 0) + value
+        counters["child_alive"] = int(alive)
+        counters["channel_lost"] = retired.get("channel_lost", 0) + (0 if alive or child.retired else child.lost())
+        return counters
+
+    # --- flush and stop --------------------------------------------------------------------------------
+    def _acked_or_replaced(self, child: _Child, sequence: int) -> bool:
+        return child.acked >= sequence or self._child is not child
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every record handed off so far is shipped, then until the child has built and
+        exported it (its FLUSH acknowledgement). A child that dies meanwhile: its replacement (with
+        the replays) is asked; False on timeout, e.g. a dead child within its restart backoff."""
+        deadline = time.monotonic() + timeout_s
+        # counted from what the hand-offs accepted: a record just taken but not yet shipped still counts
+        if not wait_until(lambda: self._done >= self._handoffs.accepted(), timeout_s, self._wake.set):
+            return False
+        with self._child_changed:
+            while (left_s := deadline - time.monotonic()) > 0:
+                child = self._child
+                self._sequence += 1
+                sequence = self._sequence
+                self._flush_asked.append(sequence)
+                self._wake.set()
+                self._child_changed.wait_for(functools.partial(self._acked_or_replaced, child, sequence), left_s)
+                if child.acked >= sequence:
+                    return True
+            return False
+
+    def stop(self, timeout_s: float) -> None:
+        """Ship everything left, close the pipe and wait for the child to export and exit; kill it
+        when it does not within `timeout_s`. Later submits are counted as dropped."""
+        self._stop.set()
+        self._wake.set()
+        self._shipper.join(timeout_s)
+        child = self._child
+        try:
+            child.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+            child.proc.wait()
+        child.reader.join(timeout_s)
+        self._handoffs.close()
+        if not self._shipper.is_alive():
+            self._abandon(child)
+
+    def _abandon(self, child: _Child) -> None:
+        """At stop: what the last child did not report safe is lost with it (a child that exits on
+        EOF reports everything), and what no child got is dropped."""
+        self._release(child)
+        with self._child_changed:
+            child.released += self._retained.sent
+            self._counts["channel_dropped"] += len(self._retained.frames) - self._retained.sent
+            self._retained = retention.Retained(retention.RETAIN_BYTES)

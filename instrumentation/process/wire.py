@@ -1,0 +1,85 @@
+"""The byte format between the serving process and the span-builder process (`builder="process"`).
+
+A stream of frames, each `<u32 payload length><u8 kind><payload>`; the payload is a `marshal`ed
+tuple of ints, strings, floats, None, bytes and tuples — a record's fields in declaration order,
+nested records as tuples of theirs, timelines as their int64 bytes:
+
+    HELLO    (service_name, anchor_mono_ns, anchor_wall_ns, token_events)    first frame, once
+    REQUEST  record.RequestRecord
+    STEP     record.StepRecord   (links: (trace_id, span_id, trace_flags) or None per member)
+    FLUSH    (sequence,)   the child exports what it has built and acks `sequence`
+
+The child answers on its own pipe with one JSON line of counters per report (see builder_child).
+"""
+
+from __future__ import annotations
+
+import marshal
+import struct
+from typing import Any, BinaryIO
+
+from phaselens.instrumentation.hotpath.records import (
+    HttpFacts,
+    RequestInfo,
+    RequestOutcome,
+    RequestRecord,
+    SpanIds,
+    StepRecord,
+    int64s,
+)
+
+HEADER = struct.Struct("<IB")
+KIND_HELLO, KIND_REQUEST, KIND_STEP, KIND_FLUSH = 1, 2, 3, 4
+
+
+def frame(kind: int, fields: tuple[Any, ...]) -> bytes:
+    payload = marshal.dumps(fields)
+    return HEADER.pack(len(payload), kind) + payload
+
+
+def _plain(record: Any) -> tuple[Any, ...] | None:
+    """A NamedTuple as a plain tuple (marshal takes exact tuples only)."""
+    return None if record is None else tuple(record)
+
+
+def encode_request(record: RequestRecord) -> bytes:
+    root, parent, *timeline, info, outcome, http = record
+    return frame(KIND_REQUEST, (tuple(root), _plain(parent), *timeline, _plain(info), tuple(outcome), tuple(http)))
+
+
+def encode_step(step: StepRecord) -> bytes:
+    return frame(KIND_STEP, tuple(step))
+
+
+def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
+    root, parent, *stamps, waits, chunks, token_ts, token_n, info, outcome, http = fields
+    return RequestRecord._make(
+        (
+            SpanIds(*root),
+            SpanIds(*parent) if parent is not None else None,
+            *stamps,
+            int64s(waits),
+            int64s(chunks),
+            int64s(token_ts),
+            int64s(token_n),
+            RequestInfo(*info) if info is not None else None,
+            RequestOutcome(*outcome),
+            HttpFacts(*http),
+        )
+    )
+
+
+def decode_step(fields: tuple[Any, ...]) -> StepRecord:
+    return StepRecord(*fields)
+
+
+def read_frame(stream: BinaryIO) -> tuple[int, tuple[Any, ...]] | None:
+    """(kind, fields), or None at EOF."""
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        return None
+    length, kind = HEADER.unpack(header)
+    payload = stream.read(length)
+    if len(payload) < length:
+        return None
+    return kind, marshal.loads(payload)

@@ -1,0 +1,97 @@
+"""Ingress middleware (pure ASGI): the server's `received` and `responded` stamps.
+
+For each HTTP request it stamps `received` on arrival, extracts the W3C traceparent/tracestate and
+baggage with the global propagator, decides the SERVER span's ids and sampling (here, once) and
+leaves the request handle in the scope for `telemetry.request(scope)`. While the app runs, the
+SERVER span's context is the current span (with the incoming baggage), so the app's own spans nest
+under it.
+
+`responded` is stamped when the last body chunk (`more_body` false) has been handed to the server.
+A body chunk sent after the app called `output_ready()` carries output: the middleware stamps
+around its `send` (the `first_chunk` budget term and its loop-wait / encode / write split, in
+`phases`).
+A client that goes away first — an `http.disconnect` received, or `send` raising — marks the request
+`client_disconnected` (error.type, status ERROR). Requests the app rejects (4xx/5xx) still give one
+SERVER span, with the status code and `error.type`. The request is closed (and goes on to the span
+builder) when the app returns or raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
+
+from opentelemetry import context
+
+from phaselens.instrumentation.hotpath.handle import ServerRequest
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+# FastAPI ≥ 0.165 traces every request by itself once a global tracer provider is set: its own SERVER
+# span (from the same traceparent: a sibling of ours) and operation spans. It skips a request whose
+# scope already holds this key (how it hands a request to a mounted app), so marking the scope keeps
+# one SERVER span per request, ours, and spares the event loop the spans nobody asked for.
+FASTAPI_TELEMETRY_KEY = "fastapi.telemetry"
+
+
+class RequestOpener(Protocol):
+    """What the middleware needs of `server.ServerTelemetry` (which imports this module)."""
+
+    def open_request(self, scope: Scope, *, managed: bool, received_ts: int | None = None) -> ServerRequest: ...
+
+
+class IngressMiddleware:
+    """ASGI middleware; `telemetry` is the ServerTelemetry that owns the handles."""
+
+    def __init__(self, app: Any, telemetry: RequestOpener) -> None:
+        self.app = app
+        self.telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        handle = self.telemetry.open_request(scope, managed=True)
+        scope.setdefault(FASTAPI_TELEMETRY_KEY, None)
+        clock_ns = handle.clock_ns
+        responded_ts = 0
+
+        async def receive_stamped() -> Message:
+            message = await receive()
+            if message.get("type") == "http.disconnect" and not responded_ts:
+                handle.note_http(client_disconnected=True)
+            return message
+
+        async def send_stamped(message: Message) -> None:
+            nonlocal responded_ts
+            kind = message.get("type")
+            if kind == "http.response.start":
+                handle.note_http(status_code=message.get("status"))
+            carries_output = handle.output_pending and kind == "http.response.body"
+            if carries_output:
+                handle.chunk_sending()
+            try:
+                await send(message)
+            except Exception:  # the server could not write: the client is gone
+                if not responded_ts:
+                    handle.note_http(client_disconnected=True)
+                raise
+            if carries_output:
+                handle.chunk_sent()
+            if kind == "http.response.body" and not message.get("more_body", False):
+                responded_ts = clock_ns()
+
+        token = context.attach(handle.context)
+        try:
+            await self.app(scope, receive_stamped, send_stamped)
+        except BaseException as exc:
+            if not handle.http.client_disconnected:
+                handle.note_http(exception_type=type(exc).__qualname__)
+            if handle.http.status_code is None:
+                handle.note_http(status_code=500)  # what the server answers for an app that raised
+            raise
+        finally:
+            context.detach(token)
+            handle.close(responded_ts or None)
