@@ -31,6 +31,8 @@ shards exactly.
 
 from __future__ import annotations
 
+from typing import Any
+
 from phaselens.analysis import queries as q
 from phaselens.analysis import schema as s
 from phaselens.analysis import sketch as sk
@@ -131,7 +133,7 @@ def statements(
     seals what was inserted on it); the rollup is replicated with ON CLUSTER DDL."""
     db = ident(database)
     replicated = bool(cluster) and on_cluster
-    on = f" ON CLUSTER {ident(cluster)}" if replicated else ""
+    on = f" ON CLUSTER {ident(cluster)}" if cluster and on_cluster else ""
     engine = "ReplicatedAggregatingMergeTree()" if replicated else "AggregatingMergeTree()"
     rollup, pending = f"{db}.{ident(sk.ROLLUP_TABLE)}", f"{db}.{ident(sk.PENDING_TABLE)}"
     parts = f"{db}.{ident(s.PARTS_TABLE)}"
@@ -194,7 +196,7 @@ def seal_select(database: str, wait_s: int) -> str:
     return states_select(s.facts_select(requests_between(pending, _watermark(rollup), upto), final=False), upto)
 
 
-def seal_now(client, database: str = "otel", wait_s: int = 0) -> None:
+def seal_now(client: Any, database: str = "otel", wait_s: int = 0) -> None:
     """One sealing pass now, of the requests whose first part is older than `wait_s` (tests and
     benchmarks, with the view's own passes stopped: `SYSTEM STOP VIEW`, or a longer wait)."""
     rollup = f"{ident(database)}.{ident(sk.ROLLUP_TABLE)}"
@@ -202,13 +204,13 @@ def seal_now(client, database: str = "otel", wait_s: int = 0) -> None:
     refresh_live(client, database)
 
 
-def stop_refreshes(client, database: str = "otel") -> None:
+def stop_refreshes(client: Any, database: str = "otel") -> None:
     """Stop both views' own passes (tests and benchmarks seal and refresh when they choose)."""
     for view in (SEAL_VIEW, LIVE_VIEW):
         client.command(f"SYSTEM STOP VIEW {ident(database)}.{ident(view)}")
 
 
-def refresh_live(client, database: str = "otel") -> None:
+def refresh_live(client: Any, database: str = "otel") -> None:
     """What a refresh of the live view does, now (tests and benchmarks, with the views stopped:
     not atomic, the live states are missing between the two statements)."""
     live = f"{ident(database)}.{ident(sk.LIVE_TABLE)}"
