@@ -495,16 +495,17 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
 
 def _states(d: Dialect) -> str:
     """FROM + WHERE of the rollup states (sealed minutes and the requests not sealed yet) under the
-    time, service and model filters; the window is widened to whole minutes. Live rows count only
-    when computed against their node's current end of the sealed rollup (`sealed_to`; the epoch
-    before its first pass): a request just sealed is never read twice. The subquery names local
-    tables, so on a cluster each node answers it for its own rows."""
-    watermarks = (
-        f"SELECT sealer, max(sealed_to) FROM (SELECT sealer, sealed_to FROM {d.table(sk.ROLLUP_TABLE)} "
-        f"UNION ALL SELECT sealer, toDateTime64(0, 3) FROM {d.table(sk.LIVE_TABLE)}) GROUP BY sealer"
+    time, service and model filters; the window is widened to whole minutes. A node's live rows
+    count only while computed against its current end of the rollup (`sealed_to`; the epoch before
+    its first pass): a request just sealed is never read twice. The ends are gathered from every
+    node (GLOBAL IN: a plain IN is evaluated once, on the node that received the query)."""
+    states = d.table(sk.STATES_VIEW)
+    ends = (
+        f"SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) "
+        f"AS sealed_to FROM {states}) GROUP BY sealer"
     )
-    current = f"(is_live = 0 OR (sealer, sealed_to) IN ({watermarks}))"
-    return f"FROM {d.table(sk.STATES_VIEW)}\n" + _where(
+    current = f"(is_live = 0 OR (sealer, sealed_to) GLOBAL IN ({ends}))"
+    return f"FROM {states}\n" + _where(
         current, d.bucket_filter("bucket"), d.match("service", "service"), d.match("model", "model")
     )
 
@@ -532,18 +533,19 @@ def _good_from_hist(d: Dialect) -> str:
 
 def _tail_from_hist() -> list[str]:
     """Tail attribution from the tail histogram: the TTFT buckets above the p99, and the share above
-    it of the bucket it falls in."""
+    it of the bucket it falls in (one weight per bucket, then a dot product per column)."""
     h = "tail_hist_merged"
     share = f"ifNull(1 - {sk.share_below('threshold_ms', 'k')}, 0)"
-    share_above = f"if(k > threshold_bucket, 1, if(k = threshold_bucket, {share}, 0))"
+    weights = f"arrayMap(k -> if(k > threshold_bucket, 1, if(k = threshold_bucket, {share}, 0)), {h}.1)"
 
     def above(i: int) -> str:
-        return f"arraySum((k, v) -> v * {share_above}, {h}.1, {h}.{i})"
+        return f"arrayDotProduct(tail_weights, {h}.{i})"
 
     cols = [
         f"{_sketch('ttft_ms', 0.99)} AS threshold_ms",
         f"sumMapMerge(tail_hist) AS {h}",
         f"{sk.bucket_index('threshold_ms')} AS threshold_bucket",
+        f"{weights} AS tail_weights",
         f"toUInt64(round({above(2)})) AS tail_requests",
         f"{above(3)} / nullIf({above(2)}, 0) AS ttft_tail_mean",
     ]
@@ -558,7 +560,7 @@ def budget_summary_rollup(d: Dialect) -> str:
     means and counts exact, goodput and tail from the log-bucket histograms (analysis/sketch.py)."""
     dists = ",\n    ".join(f"{_sketch(name)} AS {name}_q, {_mean(name)} AS {name}_mean" for name, _ in DISTRIBUTIONS)
     return (
-        "SELECT * EXCEPT (tail_hist_merged, threshold_bucket) FROM (\n"
+        "SELECT * EXCEPT (tail_hist_merged, threshold_bucket, tail_weights) FROM (\n"
         "SELECT sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
         f"    sum(with_server) AS with_server, {_good_from_hist(d)} AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,\n"
@@ -630,7 +632,22 @@ def goodput_over_time(d: Dialect) -> str:
         [
             f"{_good_from_hist(d)} / {s} AS goodput_rps",
             f"sum(ok_requests) / {s} AS completed_rps",
-            f"{_good_from_hist(d)} / sum(requests) AS slo_attainment",
+            f"goodput_rps * {s} / sum(requests) AS slo_attainment",
+        ],
+    )
+
+
+def goodput_per_minute(d: Dialect) -> str:
+    """goodput_over_time over every request (the cookbook's: exact, and plain SQL to read)."""
+    good = f"countIf({_meets_slo(d)})"
+    return _series(
+        d,
+        "start_time",
+        _requests(d),
+        [
+            f"{good} / {d.bucket_seconds()} AS goodput_rps",
+            f"countIf(status = 'ok') / {d.bucket_seconds()} AS completed_rps",
+            f"{good} / count() AS slo_attainment",
         ],
     )
 
@@ -800,11 +817,9 @@ def services(d: Dialect) -> str:
 
 
 def models(d: Dialect) -> str:
-    """Values of the dashboards' model drop-down (gen_ai.response.model, else request.model)."""
-    return (
-        f"SELECT DISTINCT model FROM {d.table(FACTS_VIEW)}\n"
-        f"WHERE {d.time_filter('start_time')} AND model != ''\nORDER BY model"
-    )
+    """Values of the dashboards' model drop-down (gen_ai.response.model, else request.model), from
+    the rollups: a minute's rows name its models."""
+    return f"SELECT DISTINCT model {_states(d)} AND model != ''\nORDER BY model"
 
 
 def naive_ttft(d: Dialect) -> str:
@@ -984,7 +999,7 @@ QUERIES: dict[str, Query] = {
     "queueing_vs_load": Query(
         queueing_vs_load, ("time", "arrivals_per_s", "queue_p50_ms", "queue_p99_ms", "queue_share_of_ttft")
     ),
-    "goodput_per_minute": Query(goodput_over_time, _GOODPUT, defaults={"bucket_s": 60}),
+    "goodput_per_minute": Query(goodput_per_minute, _GOODPUT, defaults={"bucket_s": 60}),
     "request_spans": Query(
         request_spans, ("service", "span", "kind", "span_id", "parent_span_id", "offset_ms", "duration_ms", "status")
     ),

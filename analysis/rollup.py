@@ -19,16 +19,19 @@ the pending table (`PENDING_RETENTION_S`): then it counts as a request of its ow
 Reads see the sealed minutes plus the requests not sealed yet (`phaselens_budget_states`): those
 are aggregated from the pending table with the same -State functions every LIVE_EVERY_S by a second
 refreshable view (no FINAL; its cost follows the traffic of the last `wait_s`, not the time range)
-into a small table that each refresh replaces. A read takes them only while they were computed
-against the rollup's current end (`sealed_to`), so a request is never read twice; right after a
-sealing pass, until the next refresh, the requests not sealed yet are missing for a few seconds.
-(Computing them at read time instead cost ~0.2 s of query analysis per read, measured: the
-per-request expressions are large.) On a cluster every node seals its
-own pending table into its own rollup (the spans of a request meet on one shard), and the budget
-reads every node's states through a Distributed table; sketches merge across shards exactly.
+into a small table that each refresh replaces. Reads take a node's live rows only while they were
+computed against that node's current end of the rollup (`sealed_to`; queries._states), so a
+request is never read twice; right after a sealing pass, until the next refresh, the requests not
+sealed yet are missing for a few seconds. (Computing them at read time instead cost ~0.2 s of query analysis per read,
+measured: the per-request expressions are large.) On a cluster every node seals its own pending
+table into its own rollup (the spans of a request meet on one shard), and the budget reads every
+node's rollup and live table (a Merge table) through a Distributed table; sketches merge across
+shards exactly.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from phaselens.analysis import queries as q
 from phaselens.analysis import schema as s
@@ -40,8 +43,10 @@ SEAL_VIEW = "phaselens_budget_seal"
 LIVE_VIEW = "phaselens_budget_live_refresh"
 STATES_DISTRIBUTED = "phaselens_budget_states_distributed"
 DEFAULT_WAIT_S = 60  # a request's spans come from 2 processes within seconds of each other
-DEFAULT_EVERY_S = 15
-LIVE_EVERY_S = 5
+# Each pass costs ~0.17 s of server CPU, mostly ClickHouse's analysis of the per-request expressions
+# (measured: five idle databases with passes every 15 s and refreshes every 5 s kept 0.29 of a core busy)
+DEFAULT_EVERY_S = 30
+LIVE_EVERY_S = 10
 PENDING_RETENTION_S = 900  # a part later than this after its request's first part counts on its own
 # which node sealed a row: the watermark is per node, on that node's clock
 SEALER = "concat(hostName(), ':', toString(getServerPort('tcp_port')))"
@@ -50,6 +55,13 @@ SEALER = "concat(hostName(), ':', toString(getServerPort('tcp_port')))"
 def _watermark(rollup: str) -> str:
     """The end of the insert times this node has sealed (1970 before its first pass)."""
     return f"(SELECT max(sealed_to) FROM {rollup} WHERE sealer = {SEALER})"
+
+
+def _column_names() -> list[str]:
+    """The rollup's columns, in the order states_select gives them."""
+    return [*(name for name, _ in q.rollup_key()), "sealer", "sealed_to", "is_live"] + [
+        name for name, _, _ in q.rollup_columns()
+    ]
 
 
 def requests_between(pending: str, after: str, upto: str | None) -> str:
@@ -121,7 +133,7 @@ def statements(
     seals what was inserted on it); the rollup is replicated with ON CLUSTER DDL."""
     db = ident(database)
     replicated = bool(cluster) and on_cluster
-    on = f" ON CLUSTER {ident(cluster)}" if replicated else ""
+    on = f" ON CLUSTER {ident(cluster)}" if cluster and on_cluster else ""
     engine = "ReplicatedAggregatingMergeTree()" if replicated else "AggregatingMergeTree()"
     rollup, pending = f"{db}.{ident(sk.ROLLUP_TABLE)}", f"{db}.{ident(sk.PENDING_TABLE)}"
     parts = f"{db}.{ident(s.PARTS_TABLE)}"
@@ -131,9 +143,6 @@ def statements(
     # rollups leave it out, the exact path reads it
     copy = f"SELECT *, now64(3) AS inserted FROM {parts} WHERE t_client_harness IS NULL"
     live_table = f"{db}.{ident(sk.LIVE_TABLE)}"
-    live = states_select(
-        s.facts_select(requests_between(pending, _watermark(rollup), None), final=False), _watermark(rollup), live=1
-    )
     out = [
         _rollup_ddl(rollup, on, engine, ttl),
         _rollup_ddl(live_table, on, "AggregatingMergeTree()", None),
@@ -152,7 +161,7 @@ def statements(
             f"APPEND TO {rollup}\nAS {seal_select(database, wait_s)}"
         ),
         f"DROP VIEW IF EXISTS {db}.{ident(LIVE_VIEW)}{on}",
-        f"CREATE MATERIALIZED VIEW {db}.{ident(LIVE_VIEW)}{on}\nREFRESH EVERY {LIVE_EVERY_S} SECOND TO {live_table}\nAS {live}",
+        f"CREATE MATERIALIZED VIEW {db}.{ident(LIVE_VIEW)}{on}\nREFRESH EVERY {LIVE_EVERY_S} SECOND TO {live_table}\nAS {live_select(database)}",
         f"DROP TABLE IF EXISTS {local}{on}",  # a Merge table: a new column reaches the reads
         (
             f"CREATE TABLE {local}{on} AS {rollup}\n"
@@ -173,6 +182,14 @@ def statements(
     return out
 
 
+def live_select(database: str) -> str:
+    """The states of the requests not sealed yet (what the live view refreshes its table with)."""
+    db = ident(database)
+    rollup, pending = f"{db}.{ident(sk.ROLLUP_TABLE)}", f"{db}.{ident(sk.PENDING_TABLE)}"
+    facts = s.facts_select(requests_between(pending, _watermark(rollup), None), final=False)
+    return states_select(facts, _watermark(rollup), live=1)
+
+
 def seal_select(database: str, wait_s: int) -> str:
     """The sealing pass: the rows of the requests whose first part is older than `wait_s`, from the
     previous pass's end on (what the refreshable view appends to the rollup)."""
@@ -182,18 +199,23 @@ def seal_select(database: str, wait_s: int) -> str:
     return states_select(s.facts_select(requests_between(pending, _watermark(rollup), upto), final=False), upto)
 
 
-def seal_now(client, database: str = "otel", wait_s: int = 0) -> None:
+def seal_now(client: Any, database: str = "otel", wait_s: int = 0) -> None:
     """One sealing pass now, of the requests whose first part is older than `wait_s` (tests and
     benchmarks, with the view's own passes stopped: `SYSTEM STOP VIEW`, or a longer wait)."""
     rollup = f"{ident(database)}.{ident(sk.ROLLUP_TABLE)}"
-    names = [*(name for name, _ in q.rollup_key()), "sealer", "sealed_to", "is_live"]
-    names += [name for name, _, _ in q.rollup_columns()]
-    client.command(f"INSERT INTO {rollup} ({', '.join(names)})\n{seal_select(database, wait_s)}")
+    client.command(f"INSERT INTO {rollup} ({', '.join(_column_names())})\n{seal_select(database, wait_s)}")
     refresh_live(client, database)
 
 
-def refresh_live(client, database: str = "otel") -> None:
-    """Refresh the states of the requests not sealed yet now, and wait for it."""
-    view = f"{ident(database)}.{ident(LIVE_VIEW)}"
-    client.command(f"SYSTEM REFRESH VIEW {view}")
-    client.command(f"SYSTEM WAIT VIEW {view}")
+def stop_refreshes(client: Any, database: str = "otel") -> None:
+    """Stop both views' own passes (tests and benchmarks seal and refresh when they choose)."""
+    for view in (SEAL_VIEW, LIVE_VIEW):
+        client.command(f"SYSTEM STOP VIEW {ident(database)}.{ident(view)}")
+
+
+def refresh_live(client: Any, database: str = "otel") -> None:
+    """What a refresh of the live view does, now (tests and benchmarks, with the views stopped:
+    not atomic, the live states are missing between the two statements)."""
+    live = f"{ident(database)}.{ident(sk.LIVE_TABLE)}"
+    client.command(f"TRUNCATE TABLE {live}")
+    client.command(f"INSERT INTO {live} ({', '.join(_column_names())})\n{live_select(database)}")

@@ -14,7 +14,8 @@ once server-side, read back as the RowBinary the collector sends, and inserted i
   splits the rows, here they are split up front).
 Ingest figures are the server side only (rendering excluded: benchmarks/collector_ingest.py
 measures the collector). Then the full budget (`phaselens.analysis.budget`) over single and over
-distributed_sync, best of `--repeat`, and a back-of-envelope for a fleet at the measured rate.
+distributed_sync, best of `--repeat`, exact and from the rollups (sealed on every node), and a
+back-of-envelope for a fleet at the measured rate.
 Prints ONE JSON object.
 
     python benchmarks/cluster_scaleout.py [--requests N] [--shards 2] [--quick]
@@ -35,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.budget_query import _client_insert, _server_insert, _steps_insert, cpu_s
+from phaselens.analysis import rollup
 from phaselens.analysis import schema as S
 from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget
 from phaselens.collectors import schema as CS
@@ -78,9 +80,19 @@ def batches(client, batch_spans: int, where: str = "1") -> list[bytes]:
 
 
 def _schema(urls: list[str], database: str, cluster: str | None) -> None:
+    """The schema on every node, the rollups' own passes stopped (sealed once ingest is done)."""
     for url in urls:
         client = connect(url)
         CS.apply(client, S.all_statements(database, cluster=cluster, on_cluster=False))
+        rollup.stop_refreshes(client, database)
+        client.close()
+
+
+def seal(urls: list[str], database: str) -> None:
+    """A sealing pass on every node: each seals its own requests into its own rollup."""
+    for url in urls:
+        client = connect(url)
+        rollup.seal_now(client, database)
         client.close()
 
 
@@ -133,11 +145,13 @@ def ingest_direct(url: str, database: str, per_shard: list[list[bytes]]) -> floa
         sink.close()
 
 
-def budget_s(url: str, database: str, repeat: int) -> tuple[float, dict]:
+def budget_s(url: str, database: str, repeat: int, exact: bool = True) -> tuple[float, dict]:
+    """Best of `repeat` full budgets, exact (every request) or from the rollups."""
     client = connect(url)
     slo = parse_slo("ttft:60,tpot:12", GOODPUT_SLO_KEYS)
-    report = budget(client, database=database, since="1h", slo=slo)
-    best = min(_timed(lambda: budget(client, database=database, since="1h", slo=slo)) for _ in range(repeat))
+    run = lambda: budget(client, database=database, since="1h", slo=slo, exact=exact)  # noqa: E731
+    report = run()
+    best = min(_timed(run) for _ in range(repeat))
     client.close()
     return best, report.to_dict()
 
@@ -238,6 +252,10 @@ def main() -> int:
         }
         budget_single, report_single = budget_s(single.url, "single", args.repeat)
         budget_sharded, report_sharded = budget_s(cluster.urls[0], "sync", args.repeat)
+        seal([single.url], "single")
+        seal(cluster.urls, "sync")
+        rollup_single, rollup_report_single = budget_s(single.url, "single", args.repeat, exact=False)
+        rollup_sharded, rollup_report_sharded = budget_s(cluster.urls[0], "sync", args.repeat, exact=False)
         bytes_per_span = stored_bytes([single.url], "single") / spans
     rates = {mode: round(spans / wall) for mode, (wall, _) in ingest.items()}
     per_cpu = {mode: round(spans / cpu) for mode, (_, cpu) in ingest.items()}
@@ -255,6 +273,8 @@ def main() -> int:
         "collector_path": "direct",
         "budget_s_best": {"single": round(budget_single, 3), "sharded": round(budget_sharded, 3)},
         "same_budget": _same_budget(report_single, report_sharded),
+        "budget_rollup_s_best": {"single": round(rollup_single, 3), "sharded": round(rollup_sharded, 3)},
+        "same_rollup_budget": _same_budget(rollup_report_single, rollup_report_sharded),
         "requests_in_budget": report_sharded["requests"],
         "stored_bytes_per_span": round(bytes_per_span, 1),
         "fleet": fleet(per_cpu["single"], request_spans, bytes_per_span, args),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phaselens.analysis import queries
+from phaselens.analysis import queries, sketch
 from phaselens.analysis import thresholds as th
 from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from phaselens.dashboards.model import (
@@ -97,6 +97,11 @@ def time_series(
     )
 
 
+def from_rollups(description: str) -> str:
+    """A panel description that says the panel reads the rollups, and what that approximates."""
+    return f"{description} {sketch.PANEL_NOTE}"
+
+
 def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
     """Columns whose name matches `pattern` (regex) get `unit`, optionally on the right axis."""
     props = [{"id": "unit", "value": unit}]
@@ -177,14 +182,16 @@ def budget_panels(src: Source) -> list[dict]:
         panel(
             "barchart",
             "TTFT budget: p50 / p90 / p99 / mean",
-            "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
-            "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
-            "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
-            "delivery of the first output (token handed to the stream -> chunk handed to the server's send); "
-            "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
-            "A server whose own spans give no first-token term (span_model vllm-native, sglang-native) "
-            "fills before_engine = server TTFT - ingress - queue - prefill instead, and its first chunk's "
-            "delivery stays in residual; TGI's spans (tgi-native) give no TTFT: only ingress and queue.",
+            from_rollups(
+                "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
+                "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
+                "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
+                "delivery of the first output (token handed to the stream -> chunk handed to the server's send); "
+                "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
+                "A server whose own spans give no first-token term (span_model vllm-native, sglang-native) "
+                "fills before_engine = server TTFT - ingress - queue - prefill instead, and its first chunk's "
+                "delivery stays in residual; TGI's spans (tgi-native) give no TTFT: only ingress and queue."
+            ),
             [src.target("budget_stack", FORMAT_TABLE)],
             width=10,
             height=9,
@@ -202,8 +209,10 @@ def budget_panels(src: Source) -> list[dict]:
             src,
             "latency_over_time",
             "TTFT, TTFO and e2e percentiles",
-            "How long do users wait for the first token (TTFT, client and server view), the first "
-            "non-reasoning output (TTFO) and the whole response (e2e), over time?",
+            from_rollups(
+                "How long do users wait for the first token (TTFT, client and server view), the first "
+                "non-reasoning output (TTFO) and the whole response (e2e), over time?"
+            ),
             unit="ms",
             width=14,
             height=9,
@@ -213,9 +222,11 @@ def budget_panels(src: Source) -> list[dict]:
             src,
             "latency_over_time",
             "TPOT and ITL percentiles",
-            "How fast does text stream once it starts? TPOT = (e2e - TTFT) / (output tokens - 1) per "
-            "request; ITL = the gaps between streamed chunks (p99 within each request). Different "
-            "statistics, both shown, client and server view.",
+            from_rollups(
+                "How fast does text stream once it starts? TPOT = (e2e - TTFT) / (output tokens - 1) per "
+                "request; ITL = the gaps between streamed chunks (p99 within each request). Different "
+                "statistics, both shown, client and server view."
+            ),
             unit="ms",
             transformations=series("latency_over_time", only=_per_token()),
         ),
@@ -223,19 +234,23 @@ def budget_panels(src: Source) -> list[dict]:
             src,
             "delivery_over_time",
             "Server delivery of the first chunk vs the residual (p90)",
-            "Is my event loop starved or is my network slow? first chunk = the server's time from "
-            "the first token handed to the stream to its chunk handed to the server's send = loop wait "
-            "(the event loop was late) + encode (SSE) + write (send); residual = client TTFT - "
-            "server time to first chunk (network both ways + client).",
+            from_rollups(
+                "Is my event loop starved or is my network slow? first chunk = the server's time from "
+                "the first token handed to the stream to its chunk handed to the server's send = loop wait "
+                "(the event loop was late) + encode (SSE) + write (send); residual = client TTFT - "
+                "server time to first chunk (network both ways + client)."
+            ),
             unit="ms",
         ),
         time_series(
             src,
             "goodput_over_time",
             "Goodput and SLO attainment",
-            "How many completed requests per second meet every SLO (TTFT <= $ttft_slo_ms ms and "
-            "TPOT <= $tpot_slo_ms ms), against all completed requests, and what fraction of "
-            "requests is that (right axis)?",
+            from_rollups(
+                "How many completed requests per second meet every SLO (TTFT <= $ttft_slo_ms ms and "
+                "TPOT <= $tpot_slo_ms ms), against all completed requests, and what fraction of "
+                "requests is that (right axis)?"
+            ),
             unit="reqps",
             overrides=[unit_override("^slo_attainment$", "percentunit", right_axis=True)],
         ),
@@ -243,8 +258,10 @@ def budget_panels(src: Source) -> list[dict]:
             src,
             "throughput_over_time",
             "Throughput: requests and tokens per second",
-            "How much work is finished per second: requests (and errors, right axis), input "
-            "(prompt) and output (generated) tokens? Throughput is not TPOT.",
+            from_rollups(
+                "How much work is finished per second: requests (and errors, right axis), input "
+                "(prompt) and output (generated) tokens? Throughput is not TPOT."
+            ),
             unit="short",
             overrides=[unit_override("^(requests|errors)_per_s$", "reqps", right_axis=True)],
         ),

@@ -25,10 +25,12 @@ def client(clickhouse):
 
 
 def new_database(client, prefix: str = "analysis") -> str:
-    """A fresh database holding otel_traces (collector schema) and the analysis schema."""
+    """A fresh database holding otel_traces (collector schema) and the analysis schema, its rollup
+    views stopped."""
     name = f"{prefix}_{next(_counter)}"
     client.command(f"DROP DATABASE IF EXISTS {name}")
     collector_schema.apply(client, analysis_schema.all_statements(name))
+    rollup.stop_refreshes(client, name)  # the tests seal and refresh when they need to: no idle load
     return name
 
 

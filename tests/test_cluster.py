@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from phaselens.analysis import queries
+from phaselens.analysis import queries, rollup
 from phaselens.collectors.service import Collector
 from phaselens.collectors.shard_sink import make_sink
 from phaselens.commands import budget as budget_command
@@ -88,6 +88,9 @@ def test_schema_per_node_twice_and_on_cluster_points_at_the_flag(cluster, client
         tables = _tables(client, "sch")
         assert tables["otel_traces"] == "MergeTree" and tables["phaselens_request_parts"] == "AggregatingMergeTree"
         assert tables["otel_traces_distributed"] == tables["phaselens_request_parts_distributed"] == "Distributed"
+        assert tables["phaselens_budget_rollup"] == "AggregatingMergeTree"
+        assert tables["phaselens_budget_states_local"] == "Merge"
+        assert tables["phaselens_budget_states_distributed"] == "Distributed"
         assert {"phaselens_requests", "phaselens_request_facts", "phaselens_steps"} <= set(tables)
 
 
@@ -173,8 +176,14 @@ def test_spans_shard_by_request_and_the_budget_equals_one_nodes(
     )
     assert (split, misplaced) == (0, 0) and traces >= 60
     _trace_level_queries_see_every_shard(clients, db)
+    for c in clients:  # the budget reads the rollups (each shard's own) by default
+        rollup.refresh_live(c, db)
+    one = connect(clickhouse.url)
+    rollup.refresh_live(one, single)
+    one.close()
     sharded, one_node = _budget(cluster.urls[0], db, capsys), _budget(clickhouse.url, single, capsys)
-    assert sharded["requests"] == one_node["requests"] == 60
+    assert sharded["source"] == one_node["source"] == "rollup"
+    assert sharded["requests"] == one_node["requests"] == 60, (sharded["requests"], one_node["requests"])
     assert sharded["filters"].pop("database") == db and one_node["filters"].pop("database") == single
     got, want = _flat(sharded), _flat(one_node)
     assert got.keys() == want.keys() and len(got) > 100

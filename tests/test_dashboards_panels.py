@@ -37,6 +37,7 @@ def loaded(clickhouse):
     database = f"{DATABASE}_{next(_names)}"
     client.command(f"DROP DATABASE IF EXISTS {database}")
     collector_schema.apply(client, analysis_schema.all_statements(database))
+    rollup.stop_refreshes(client, database)
     workload = spangen.generate(
         N_REQUESTS,
         seed=7,

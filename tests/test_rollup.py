@@ -26,9 +26,7 @@ __all__ = ["client"]
 
 def _stopped_database(client) -> str:
     """A database with the schema whose views do not seal on their own: the tests seal."""
-    database = new_database(client, "rollup")
-    client.command(f"SYSTEM STOP VIEW {database}.{rollup.SEAL_VIEW}")
-    return database
+    return new_database(client, "rollup")
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +138,17 @@ def test_a_request_counts_once_however_its_spans_are_split(clickhouse, client):
 def test_the_views_seal_and_refresh_on_their_own(clickhouse, client):
     database = new_database(client, "rollup")
     CS.apply(client, rollup.statements(database, wait_s=0, every_s=1))  # re-created: a pass a second
-    spangen.emit(spangen.generate(12, seed=6), clickhouse.url, database, transport="insert")
-    deadline, sealed = time.monotonic() + 30, 0
-    while time.monotonic() < deadline and sealed < 12:
-        time.sleep(0.5)
-        sealed = client.query(f"SELECT sum(requests) FROM {database}.{sketch.ROLLUP_TABLE}").result_rows[0][0]
-    assert sealed == 12
-    time.sleep(rollup.LIVE_EVERY_S + 1)  # the live states, recomputed against the new end: none left
-    assert B.budget(client, database=database, since="1h", exact=False).requests == 12
+    try:
+        spangen.emit(spangen.generate(12, seed=6), clickhouse.url, database, transport="insert")
+        deadline, sealed = time.monotonic() + 30, 0
+        while time.monotonic() < deadline and sealed < 12:
+            time.sleep(0.5)
+            sealed = client.query(f"SELECT sum(requests) FROM {database}.{sketch.ROLLUP_TABLE}").result_rows[0][0]
+        assert sealed == 12
+        time.sleep(rollup.LIVE_EVERY_S + 1)  # the live states, recomputed against the new end: none left
+        assert B.budget(client, database=database, since="1h", exact=False).requests == 12
+    finally:
+        rollup.stop_refreshes(client, database)
 
 
 def test_a_new_term_is_one_line_and_upgrades_in_place(clickhouse, client, monkeypatch):
@@ -159,7 +160,7 @@ def test_a_new_term_is_one_line_and_upgrades_in_place(clickhouse, client, monkey
     rollup.seal_now(client, database)
     monkeypatch.setattr(Q, "ROLLUP_TERMS", (*Q.ROLLUP_TERMS, ("double_ingress_ms", "ingress_ms * 2")))
     CS.apply(client, rollup.statements(database))
-    client.command(f"SYSTEM STOP VIEW {database}.{rollup.SEAL_VIEW}")
+    rollup.stop_refreshes(client, database)
     spangen.emit(spangen.generate(20, seed=9), clickhouse.url, database, transport="insert", seed=9)
     rollup.seal_now(client, database)
     mean, rows = client.query(

@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from phaselens.analysis import rollup
 from phaselens.collectors import schema
 from phaselens.commands import schema as schema_command
 
@@ -135,3 +136,4 @@ def test_cli_schema_apply(clickhouse, ch_client, fresh_database, capsys):
     assert args.func(args) == 0
     assert "applied" in capsys.readouterr().out
     assert ch_client.command(f"EXISTS TABLE {fresh_database}.otel_traces") == 1
+    rollup.stop_refreshes(ch_client, fresh_database)  # no idle passes on the session's server

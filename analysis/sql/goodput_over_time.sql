@@ -9,8 +9,8 @@
 SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
     toUInt64(round(arraySum((k, c) -> c * ifNull(least(greatest(log({ttft_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(intDiv(k, 4096)) - 2049), 0), 1), 1) * ifNull(least(greatest(log({tpot_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(k % 4096) - 2049), 0), 1), 1), sumMapMerge(slo_hist).1, sumMapMerge(slo_hist).2))) / greatest({bucket_s:UInt32}, 60) AS goodput_rps,
     sum(ok_requests) / greatest({bucket_s:UInt32}, 60) AS completed_rps,
-    toUInt64(round(arraySum((k, c) -> c * ifNull(least(greatest(log({ttft_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(intDiv(k, 4096)) - 2049), 0), 1), 1) * ifNull(least(greatest(log({tpot_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(k % 4096) - 2049), 0), 1), 1), sumMapMerge(slo_hist).1, sumMapMerge(slo_hist).2))) / sum(requests) AS slo_attainment
+    goodput_rps * greatest({bucket_s:UInt32}, 60) / sum(requests) AS slo_attainment
 FROM {database:Identifier}.phaselens_budget_states
-WHERE (is_live = 0 OR (sealer, sealed_to) IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, sealed_to FROM {database:Identifier}.phaselens_budget_rollup UNION ALL SELECT sealer, toDateTime64(0, 3) FROM {database:Identifier}.phaselens_budget_live) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
+WHERE (is_live = 0 OR (sealer, sealed_to) GLOBAL IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) AS sealed_to FROM {database:Identifier}.phaselens_budget_states) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
 ORDER BY time

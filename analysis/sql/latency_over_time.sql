@@ -16,6 +16,6 @@ SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
     arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_e2e_ms_qs))[1] AS client_e2e_p50_ms,
     arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_e2e_ms_qs))[3] AS client_e2e_p99_ms
 FROM {database:Identifier}.phaselens_budget_states
-WHERE (is_live = 0 OR (sealer, sealed_to) IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, sealed_to FROM {database:Identifier}.phaselens_budget_rollup UNION ALL SELECT sealer, toDateTime64(0, 3) FROM {database:Identifier}.phaselens_budget_live) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
+WHERE (is_live = 0 OR (sealer, sealed_to) GLOBAL IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) AS sealed_to FROM {database:Identifier}.phaselens_budget_states) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
 ORDER BY time

@@ -1248,7 +1248,7 @@ ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3
 DROP VIEW IF EXISTS "otel"."phaselens_budget_seal";
 
 CREATE MATERIALIZED VIEW "otel"."phaselens_budget_seal"
-REFRESH EVERY 15 SECOND APPEND TO "otel"."phaselens_budget_rollup"
+REFRESH EVERY 30 SECOND APPEND TO "otel"."phaselens_budget_rollup"
 AS SELECT toStartOfMinute(start_time) AS bucket, ifNull(service, '') AS service, ifNull(model, '') AS model, ifNull(span_model, '') AS span_model, concat(hostName(), ':', toString(getServerPort('tcp_port'))) AS sealer, now64(3) - toIntervalSecond(60) AS sealed_to, toUInt8(0) AS is_live,
     countIf(1) AS requests,
     countIf(has_client) AS with_client,
@@ -1501,7 +1501,7 @@ GROUP BY bucket, service, model, span_model;
 DROP VIEW IF EXISTS "otel"."phaselens_budget_live_refresh";
 
 CREATE MATERIALIZED VIEW "otel"."phaselens_budget_live_refresh"
-REFRESH EVERY 5 SECOND TO "otel"."phaselens_budget_live"
+REFRESH EVERY 10 SECOND TO "otel"."phaselens_budget_live"
 AS SELECT toStartOfMinute(start_time) AS bucket, ifNull(service, '') AS service, ifNull(model, '') AS model, ifNull(span_model, '') AS span_model, concat(hostName(), ':', toString(getServerPort('tcp_port'))) AS sealer, (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port')))) AS sealed_to, toUInt8(1) AS is_live,
     countIf(1) AS requests,
     countIf(has_client) AS with_client,
