@@ -516,29 +516,6 @@ def statements(
     return out
 
 
-def all_statements(
-    database: str = "otel",
-    ttl: str | None = None,
-    cluster: str | None = None,
-    table_engine: str | None = None,
-    on_cluster: bool = True,
-    rollup_wait_s: int | None = None,
-) -> list[str]:
-    """Everything `phaselens schema apply` creates, in order: the exporter's tables
-    (`phaselens.collectors.schema`), the per-request analysis tables and views, then the budget
-    rollups (`phaselens.analysis.rollup`; `rollup_wait_s`: how long after its first part a request is sealed)."""
-    from phaselens.analysis import rollup  # it imports this module
-
-    wait = {} if rollup_wait_s is None else {"wait_s": rollup_wait_s}
-    return (
-        collector_schema.statements(
-            database, ttl=ttl, cluster=cluster, table_engine=table_engine, on_cluster=on_cluster
-        )
-        + statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster)
-        + rollup.statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster, **wait)
-    )
-
-
 def script(statements: list[str]) -> str:
     """Statements as one SQL script, each ended by `;` (what `phaselens schema apply --print` prints)."""
     return ";\n\n".join(statements) + ";"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from phaselens.analysis import queries
+from phaselens.analysis import ddl, queries
 from phaselens.analysis import schema as analysis_schema
 from phaselens.analysis.dialect import client_params
 from phaselens.common import generated_files
@@ -61,10 +61,10 @@ def query_file(name: str) -> str:
 def schema_file() -> str:
     """`schema.sql`: every statement of `phaselens schema apply --database otel`, in order."""
     return (
-        _DO_NOT_EDIT.format(source="analysis/schema.py (all_statements)") + "\n"
+        _DO_NOT_EDIT.format(source="analysis/ddl.py (all_statements)") + "\n"
         "-- What `phaselens schema apply --database otel` runs on one node (no TTL, no cluster): the\n"
         "-- exporter's otel_traces and lookup table, then the per-request tables and views.\n"
-        f"{analysis_schema.script(analysis_schema.all_statements('otel'))}\n"
+        f"{analysis_schema.script(ddl.all_statements('otel'))}\n"
     )
 
 

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from phaselens.analysis import ddl, rollup, sketch
 from phaselens.analysis import queries as Q
-from phaselens.analysis import rollup, sketch
 from phaselens.analysis import schema as S
 from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget
 from phaselens.collectors import schema as CS
@@ -278,7 +278,7 @@ def run(
     scale: int = 1,
 ) -> dict:
     client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
-    CS.apply(client, S.all_statements(DATABASE))
+    CS.apply(client, ddl.all_statements(DATABASE))
     rollup.stop_refreshes(client, DATABASE)  # sealed after each round instead, then refreshed
     spread_s = max(60, SPREAD_S * n_requests // 1_000_000)  # one rate: 1M requests in 10 minutes
     ingest_s, seal_s = ingest(client, n_requests, round_requests, spread_s)

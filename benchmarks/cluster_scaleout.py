@@ -36,8 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.budget_query import _client_insert, _server_insert, _steps_insert, cpu_s
-from phaselens.analysis import rollup
-from phaselens.analysis import schema as S
+from phaselens.analysis import ddl, rollup
 from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget
 from phaselens.collectors import schema as CS
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
@@ -83,7 +82,7 @@ def _schema(urls: list[str], database: str, cluster: str | None) -> None:
     """The schema on every node, the rollups' own passes stopped (sealed once ingest is done)."""
     for url in urls:
         client = connect(url)
-        CS.apply(client, S.all_statements(database, cluster=cluster, on_cluster=False))
+        CS.apply(client, ddl.all_statements(database, cluster=cluster, on_cluster=False))
         rollup.stop_refreshes(client, database)
         client.close()
 

@@ -8,7 +8,7 @@ import clickhouse_connect
 import numpy as np
 import pytest
 
-from phaselens.analysis import rollup
+from phaselens.analysis import ddl, rollup
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from tests import spangen
@@ -29,7 +29,7 @@ def new_database(client, prefix: str = "analysis") -> str:
     views stopped."""
     name = f"{prefix}_{next(_counter)}"
     client.command(f"DROP DATABASE IF EXISTS {name}")
-    collector_schema.apply(client, analysis_schema.all_statements(name))
+    collector_schema.apply(client, ddl.all_statements(name))
     rollup.stop_refreshes(client, name)  # the tests seal and refresh when they need to: no idle load
     return name
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from phaselens.analysis import cookbook
+from phaselens.analysis import cookbook, ddl
 from phaselens.analysis import queries as Q
 from phaselens.analysis import schema as S
 from phaselens.analysis.budget import budget
@@ -255,7 +255,7 @@ def test_a_schema_from_an_older_phaselens_is_upgraded_in_place(clickhouse, clien
         S.collector_schema.apply(client, S.collector_schema.statements(db) + S.statements(db)[:-3])
     described = {r[0] for r in client.query(f"DESCRIBE {db}.{S.PARTS_TABLE}").result_rows}
     assert not described & new_columns
-    S.collector_schema.apply(client, S.all_statements(db))
+    S.collector_schema.apply(client, ddl.all_statements(db))
     described = {r[0] for r in client.query(f"DESCRIBE {db}.{S.PARTS_TABLE}").result_rows}
     assert new_columns <= described
     w = spangen.generate(6, seed=3)

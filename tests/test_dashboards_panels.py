@@ -12,7 +12,7 @@ import time
 import clickhouse_connect
 import pytest
 
-from phaselens.analysis import queries, rollup
+from phaselens.analysis import ddl, queries, rollup
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from phaselens.dashboards import generate
@@ -36,7 +36,7 @@ def loaded(clickhouse):
     client = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
     database = f"{DATABASE}_{next(_names)}"
     client.command(f"DROP DATABASE IF EXISTS {database}")
-    collector_schema.apply(client, analysis_schema.all_statements(database))
+    collector_schema.apply(client, ddl.all_statements(database))
     rollup.stop_refreshes(client, database)
     workload = spangen.generate(
         N_REQUESTS,

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from phaselens.analysis.budget import budget
-from phaselens.analysis.schema import all_statements
+from phaselens.analysis.ddl import all_statements
 from phaselens.collectors import schema
 from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.collectors.service import Collector

@@ -18,6 +18,7 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
+from phaselens.analysis import ddl
 from phaselens.analysis import schema as analysis_schema
 from phaselens.analysis.budget import budget
 from phaselens.collectors import schema as collector_schema
@@ -44,7 +45,7 @@ def pipeline(clickhouse, tmp_path_factory):
     db = "vllm_live"
     client = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
     client.command(f"DROP DATABASE IF EXISTS {db}")
-    collector_schema.apply(client, analysis_schema.all_statements(db))
+    collector_schema.apply(client, ddl.all_statements(db))
     collector = Collector(
         clickhouse.url, database=db, spool_dir=str(tmp_path_factory.mktemp("spool")), flush_interval_s=0.05
     ).start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from phaselens.analysis import ddl
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from phaselens.storage.cluster_nodes import ClusterError, node_urls
@@ -44,7 +45,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     per_node = bool(args.cluster) and args.ddl == "per-node"
-    statements = analysis_schema.all_statements(
+    statements = ddl.all_statements(
         args.database, ttl=args.ttl, cluster=args.cluster, table_engine=args.table_engine, on_cluster=not per_node
     )
     if args.print:
