@@ -4,7 +4,9 @@ with the analysis dialect (bound parameters), and its text form.
 
 A request counts when it went through both instances and every term is known (`complete`):
 
-    client TTFT = residual_ms + Σ PD_TERMS      (each term a duration on one clock; analysis.pd_schema)
+    client TTFT = inbound_ms + client_ms + residual_ms + Σ PD_TERMS
+(each term a duration on one clock; analysis.pd_schema; the edges, docs/budget-method.md, count 0
+where nobody stamped them)
 
 so for the mean the terms' shares of client TTFT sum to 1. Percentiles of the parts do not add up
 to the percentile of the whole; the p50/p99 shares are ratios. Beside the TTFT terms: KV bytes,
@@ -26,18 +28,24 @@ from phaselens.analysis.dialect import CliDialect, Dialect, QueryError
 from phaselens.analysis.pd_schema import PD_TERMS
 from phaselens.analysis.schema import REQUESTS_VIEW
 
-TTFT_TERMS = ("residual_ms", *PD_TERMS)
+EDGE_TERMS = ("inbound_ms", "client_ms")  # the router's kernel/dispatch wait, the client's own time
+TTFT_TERMS = (*EDGE_TERMS, "residual_ms", *PD_TERMS)
 SIDE = ("client_ttft_ms", "kv_bytes", "kv_bytes_received", "decode_itl_p99_ms", "decode_stall_ms", "kv_receive_ms")
-COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in (*TTFT_TERMS, "client_ttft_ms"))
+COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in ("residual_ms", *PD_TERMS, "client_ttft_ms"))
 # What disaggregation adds to a request's TTFT: the transfer, the prefill answer, the hops, the router.
 ADDED_BY_DISAGG: tuple[str, ...] = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms")
 ADDED_BY_DISAGG += ("decode_hop_ms", "router_ingress_ms", "router_gap_ms", "router_relay_ms")
 
 
+def _value(column: str) -> str:
+    """An edge term nobody stamped counts 0, so the mean row still adds up to client TTFT."""
+    return f"ifNull({column}, 0)" if column in EDGE_TERMS else column
+
+
 def pd_summary(d: Dialect) -> str:
     """One row: counts, then each term's p50/p90/p99 and mean over the complete requests."""
     stats = ",\n    ".join(
-        f"quantilesExactInclusiveIf(0.5, 0.9, 0.99)({c}, complete) AS {c}_q, avgIf({c}, complete) AS {c}_mean"
+        f"quantilesExactInclusiveIf(0.5, 0.9, 0.99)({_value(c)}, complete) AS {c}_q, avgIf({_value(c)}, complete) AS {c}_mean"
         for c in (*TTFT_TERMS, *SIDE)
     )
     where = f"prefill_instance IS NOT NULL AND {d.time_filter('server_start_time')} AND {d.match('model', 'model')}"

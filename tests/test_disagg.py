@@ -148,7 +148,7 @@ class _Handle:
 
     def __init__(self) -> None:
         self.root = SpanIds(0xABC, 0x123, 1)
-        self.received_ns, self.first_token_ns = 1_000_000, 5_000_000
+        self.received_ts, self.first_token_ts = 1_000_000, 5_000_000
 
 
 def test_kv_spans_chain_prefill_to_decode_with_durations_of_one_clock_each():
