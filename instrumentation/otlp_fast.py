@@ -1,0 +1,169 @@
+"""The fast span backend: descriptions → OTLP bytes in C → the OTLP exporter's own transport.
+
+Used where phaselens owns the tracer provider (the span-builder process; `ServerTelemetry.from_env`)
+and every trace exporter is OTLP: no ReadableSpan, no SDK Link and no protobuf object is made.
+`FastEmitter.emit` encodes a record's sampled spans (`_otlp_encode.encode_spans`, SpanLimits
+applied as the SDK applies them) and offers the encoded spans to an `EncodedSpanProcessor` per
+exporter: `export.CountingBatchSpanProcessor`'s bounded queue, batches, worker thread and counts
+(`dropped`, `failed`, `exported`, positions), holding bytes instead of spans. A batch becomes one
+ExportTraceServiceRequest (the provider's resource at export time, scope `names.SERVER_SCOPE`)
+sent by the SDK's OTLP exporter classes themselves, so their retry and backoff, timeout,
+compression, headers, TLS and every `OTEL_EXPORTER_OTLP_*` setting hold unchanged:
+
+- HTTP: `OTLPSpanExporter` (proto.http) whose `export` hands the bytes to its own client, as its
+  `export` does after encoding (size limit, retries on 429/502/503/504 and connection errors).
+- gRPC: `OTLPSpanExporter` (proto.grpc) with a stub whose `Export` sends bytes as they are; its
+  `_export` does the retries (and the reconnect on UNAVAILABLE), the deadline and the headers.
+
+Both lean on the exporters' internals (`_client`, `_translate_data`); `bytes_exporter` returns None
+when the installed exporter lacks them, and the caller then stays on the SDK backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from . import names
+from ._otlp_encode import encode_request, encode_spans
+from .export import CountingBatchSpanProcessor
+from .span_data import SpanData
+
+PROTOCOL_GRPC = "grpc"
+PROTOCOL_HTTP = "http/protobuf"
+_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+RequestEncoder = Callable[[Sequence[bytes]], bytes]
+
+
+def limits_tuple(limits: SpanLimits) -> tuple[int, ...]:
+    """SpanLimits as `_otlp_encode` takes them (-1: no limit), in its order."""
+    values = (
+        limits.max_span_attributes,
+        limits.max_span_attribute_length,
+        limits.max_events,
+        limits.max_links,
+        limits.max_event_attributes,
+        limits.max_link_attributes,
+        limits.max_attribute_length,
+    )
+    return tuple(-1 if value is None else value for value in values)
+
+
+def request_encoder(tracer_provider: TracerProvider) -> RequestEncoder:
+    """Encoded spans → one ExportTraceServiceRequest with the provider's resource (read per batch,
+    so a fork's update shows, as the SDK backend reads it per span)."""
+
+    def encode(spans: Sequence[bytes]) -> bytes:
+        return encode_request(dict(tracer_provider.resource.attributes), names.SERVER_SCOPE, "", spans)
+
+    return encode
+
+
+class EncodedSpanProcessor(CountingBatchSpanProcessor):
+    """CountingBatchSpanProcessor over encoded spans (bytes), fed by `offer` instead of `on_end`."""
+
+    def offer(self, spans: list[bytes]) -> None:
+        """Queue what fits; the rest is refused and counted in `dropped` (never blocks)."""
+        if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            with self._lock:
+                self.counts.suppressed += len(spans)
+            return
+        with self._lock:
+            room = 0 if self._stopped else max(0, self.settings.max_queue_size - len(self._queue))
+            taken = spans[:room]
+            self._queue.extend(taken)  # type: ignore[arg-type]  # bytes, the exporter's items
+            self.counts.queued += len(taken)
+            self.counts.dropped += len(spans) - len(taken)
+            full = len(self._queue) >= self.settings.max_export_batch_size
+        if full:
+            self._wake.set()
+
+
+class FastEmitter:
+    """The fast backend (the SDK one: `emitter.SpanEmitter`): the provider's ids, sampler and limits;
+    sampled spans encoded once and offered to each processor; `emitted` counts every span given."""
+
+    def __init__(
+        self, tracer_provider: TracerProvider, processors: list[EncodedSpanProcessor], limits: SpanLimits | None = None
+    ) -> None:
+        self.ids = tracer_provider.id_generator
+        self.sampler = tracer_provider.sampler
+        self.limits = limits_tuple(limits or SpanLimits())
+        self.processors = processors
+        self.emitted = 0
+
+    def emit(self, spans: Sequence[SpanData]) -> None:
+        self.emitted += len(spans)
+        sampled = [span for span in spans if span.trace_flags & 1]  # as the SDK's batch processors
+        if sampled:
+            encoded = encode_spans(sampled, self.limits)
+            for processor in self.processors:
+                processor.offer(encoded)
+
+
+def _http_exporter(encode: RequestEncoder) -> SpanExporter | None:
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter
+
+    class HttpBytesExporter(trace_exporter.OTLPSpanExporter):
+        """Sends encoded batches with the exporter's own client (retries, timeout, compression)."""
+
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            if self._shutdown:
+                return SpanExportResult.FAILURE
+            with self._metrics.export_operation(len(spans)) as result:
+                payload = encode(spans)
+                if 0 < self._max_request_size < len(payload):
+                    result.error = ValueError(f"request of {len(payload)} bytes over max_request_size")
+                    return SpanExportResult.FAILURE
+                outcome = self._client.export(payload)
+                if not outcome.success:
+                    result.error = outcome.error
+                    return SpanExportResult.FAILURE
+            return SpanExportResult.SUCCESS
+
+    exporter = HttpBytesExporter()
+    usable = all(hasattr(exporter, name) for name in ("_client", "_metrics", "_max_request_size", "_shutdown"))
+    return exporter if usable and hasattr(exporter._client, "export") else None
+
+
+class _BytesTraceStub:
+    """TraceService's stub with the request sent as the bytes given (no serializer)."""
+
+    def __init__(self, channel: Any) -> None:
+        self.Export = channel.unary_unary(
+            _EXPORT_METHOD, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+
+
+def _grpc_exporter(encode: RequestEncoder) -> SpanExporter | None:
+    from opentelemetry.exporter.otlp.proto.grpc import trace_exporter
+
+    class GrpcBytesExporter(trace_exporter.OTLPSpanExporter):
+        """The exporter's `_export` (retries, reconnect, deadline, headers) over pre-encoded bytes."""
+
+        def _initialize_channel_and_stub(self) -> None:
+            self._stub = _BytesTraceStub
+            super()._initialize_channel_and_stub()
+
+        def _translate_data(self, data: Sequence[Any]) -> Any:
+            return encode(data)
+
+        def _count_data(self, data: Sequence[Any]) -> int:
+            return len(data)
+
+    if not all(
+        hasattr(trace_exporter.OTLPSpanExporter, name) for name in ("_export", "_translate_data", "_count_data")
+    ):
+        return None
+    return GrpcBytesExporter()
+
+
+def bytes_exporter(protocol: str, encode: RequestEncoder) -> SpanExporter | None:
+    """The OTLP exporter for `protocol`, sending `encode(batch)` bytes; None where unsupported."""
+    return _grpc_exporter(encode) if protocol == PROTOCOL_GRPC else _http_exporter(encode)
