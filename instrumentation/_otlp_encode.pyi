@@ -1,4 +1,4 @@
-"""Types of the C extension `_otlp_encode.c` (see its header comment)."""
+# Types of the C extension _otlp_encode.c (see its header comment).
 
 from collections.abc import Sequence
 from typing import Any
