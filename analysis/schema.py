@@ -254,7 +254,7 @@ def _spans_ms(phase: str) -> str:
 
 def _phase_ms(phase: str, ms_attr: str, *fallbacks: str) -> str:
     """A budget term in ms: the server span's `phaselens.*_ms` attribute (the exact term, monotonic
-    clock, waits after a preemption excluded: see instrumentation/phases.py); else the phase span's
+    clock, waits after a preemption excluded: see instrumentation/pipeline/phases.py); else the phase span's
     own Duration; else what a native span model gives (`fallbacks`, ms, in order)."""
     return f"coalesce({', '.join([ms_attr, _spans_ms(phase), *fallbacks])})"
 

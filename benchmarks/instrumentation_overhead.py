@@ -45,9 +45,10 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.version import __version__ as otel_sdk_version
 
 from phaselens.common.quantile import quantile
-from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequest
-from phaselens.instrumentation.otel_setup import add_counting_processor
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.hotpath.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequest
+from phaselens.instrumentation.hotpath.records import StepStats
+from phaselens.instrumentation.pipeline.otel_setup import add_counting_processor
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "server": ("127.0.0.1", 8000)}
 
@@ -134,7 +135,7 @@ def run_engine(
                 req.finished(FINISH_LENGTH)
                 close(req)
                 item[0], item[1] = spare.pop(), 0
-        step_observer.step(started, started, 0, batch, 1, 2, 0, 0, reqs)
+        step_observer.step(StepStats(started, started, 0, batch, 1, 2), reqs)
         reqs = [item[0] for item in live]
         elapsed += time.perf_counter_ns() - started
         model.step()
@@ -319,7 +320,7 @@ def main() -> int:
     stamps, model_runs, quantiles = ({mode: [] for mode in live} for _ in range(3))
     time.sleep(1.0)  # the span-builder process is up and idle
     live["process"].flush(30)
-    child_before = live["process"].stats()
+    child_before = live["process"].stats().as_dict()
     for _ in range(args.rounds):
         off_null.append(measure_off(args, no_model))
         off_model.append(timed(lambda: measure_off(args, model)))
@@ -333,7 +334,7 @@ def main() -> int:
             telemetry.flush(120)  # its backlog is built before the next loop is timed
     for telemetry in live.values():
         telemetry.flush(120)
-    child_after = live["process"].stats()
+    child_after = live["process"].stats().as_dict()
     tokens = args.steps * args.batch
     off_ns = min(off_null)
     figures = {
@@ -379,7 +380,9 @@ def main() -> int:
         "phaselens_process_builder": figures["process"],
         "naive_span_per_token": {"overhead_ns_per_token": naive_per_token},
         "targets": {"overhead_ns_per_request_step_max": 1000, "throughput_loss_pct_max": 1.0, "met": met},
-        "telemetry": {mode: {k: v for k, v in telemetry.stats().items() if v} for mode, telemetry in live.items()},
+        "telemetry": {
+            mode: {k: v for k, v in telemetry.stats().as_dict().items() if v} for mode, telemetry in live.items()
+        },
         "thread_exported_bytes": exporter.bytes,
     }
     for telemetry in live.values():

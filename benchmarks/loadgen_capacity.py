@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import NoOpTracerProvider
 
 from phaselens.common.quantile import quantile
-from phaselens.instrumentation.client import TracedClient
+from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.loadgen import runner
 from phaselens.loadgen.arrivals import GammaArrivals
 from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload

@@ -15,6 +15,7 @@ import httpx
 import uvicorn
 
 from phaselens.common.process import LOOPBACK
+from phaselens.instrumentation.pipeline.counters import Counters
 
 _OTEL_ENV = {
     "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
@@ -65,8 +66,8 @@ class ServingRig:
     _saved_env: dict = field(default_factory=dict, init=False)
 
     def start(self) -> ServingRig:
-        from phaselens.instrumentation.otel_setup import configure
-        from phaselens.instrumentation.server import ServerTelemetry
+        from phaselens.instrumentation.pipeline.otel_setup import configure
+        from phaselens.instrumentation.server.telemetry import ServerTelemetry
         from phaselens.reference_server.api import ApiSettings, create_app
         from phaselens.reference_server.config import EngineConfig
         from phaselens.reference_server.engine import Engine
@@ -100,7 +101,7 @@ class ServingRig:
     def kv_blocks_used(self) -> int:
         return self.engine.scheduler.blocks.num_used
 
-    def stop(self) -> dict[str, int]:
+    def stop(self) -> Counters:
         """Stops serving; returns the telemetry's counters after everything was flushed."""
         self._server.should_exit = True
         self._thread.join(15)

@@ -113,8 +113,8 @@ def _outcome(
         unit="requests",
         statuses=_statuses(replies),
         transport_errors={e: errors.count(e) for e in sorted(set(errors))},
-        telemetry_spans_dropped=after["spans_dropped"] - before["spans_dropped"],
-        child_restarts=after.get("child_restarts", 0) - before.get("child_restarts", 0),
+        telemetry_spans_dropped=after.spans_dropped - before.spans_dropped,
+        child_restarts=after.child_restarts - before.child_restarts,
     )
     return Outcome(
         name,
@@ -176,7 +176,7 @@ def span_builder_killed(pipeline: Pipeline, served: Served, params: Params) -> O
         kills=params.builder_kills,
     )
     rows, extra = _span_copies(pipeline, rig.service, [r.trace_id for r in replies])
-    replayed = rig.telemetry.stats()["records_replayed"] - before.get("records_replayed", 0)
+    replayed = rig.telemetry.stats().records_replayed - before.records_replayed
     outcome.detail.update(request_spans_stored=rows, duplicated_spans=extra, records_replayed=replayed)
     return outcome
 

@@ -1,4 +1,4 @@
-"""Run-level metrics from per-request `StreamResult`s (per-request formulas: phaselens.instrumentation.client).
+"""Run-level metrics from per-request `StreamResult`s (per-request formulas: phaselens.instrumentation.client.traced_client).
 
 - Statistics: mean, std (population), min, max and the requested percentiles
   (`phaselens.common.quantile`: linear interpolation between closest ranks) over the successful
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from phaselens.common.quantile import quantile
 from phaselens.common.slo import SLO
-from phaselens.instrumentation.client import StreamResult
+from phaselens.instrumentation.client.traced_client import StreamResult
 
 INF = float("inf")
 

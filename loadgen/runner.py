@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from phaselens.instrumentation.client import StreamResult, TracedClient
+from phaselens.instrumentation.client.traced_client import StreamResult, TracedClient
 from phaselens.loadgen.workloads import RequestSpec
 
 _START_LEAD_NS = 2_000_000  # the schedule starts 2 ms after setup, so request 0 is not born late

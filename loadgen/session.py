@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from phaselens.common.slo import SLO, parse_slo
-from phaselens.instrumentation.client import TracedClient
-from phaselens.instrumentation.otel_setup import configure, export_counters
+from phaselens.instrumentation.client.traced_client import TracedClient
+from phaselens.instrumentation.pipeline.otel_setup import configure, export_counters
 from phaselens.loadgen import metrics, report, runner, sweep
 from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals
 from phaselens.loadgen.token_prompts import TokenPrompts

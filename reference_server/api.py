@@ -27,7 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phaselens.common.exposure import authorized
 from phaselens.instrumentation import names
-from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, RequestHandle
+from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, RequestHandle
+from phaselens.instrumentation.hotpath.records import RequestInfo
 from phaselens.reference_server import chat_template
 from phaselens.reference_server.engine import Engine, QueueFullError
 from phaselens.reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
@@ -263,17 +264,19 @@ class _Routes:
     def _describe(self, handle: RequestHandle, job: Job, chat: bool) -> None:
         parsed, params = job.parsed, job.params
         handle.describe(
-            operation=names.OP_CHAT if chat else names.OP_TEXT_COMPLETION,
-            model=parsed.model,
-            request_id=job.envelope.request_id,
-            input_tokens=len(job.prompt_ids),
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            seed=params.seed,
-            stream=parsed.stream,
-            prompt=parsed.messages if chat else parsed.prompt,
+            RequestInfo(
+                operation=names.OP_CHAT if chat else names.OP_TEXT_COMPLETION,
+                model=parsed.model,
+                request_id=job.envelope.request_id,
+                input_tokens=len(job.prompt_ids),
+                max_tokens=params.max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                seed=params.seed,
+                stream=parsed.stream,
+                prompt=parsed.messages if chat else parsed.prompt,
+            )
         )
 
     def _submit(self, job: Job, handle: RequestHandle, stream: OutputStream) -> int:

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from phaselens.instrumentation.observer import (
+from phaselens.instrumentation.hotpath.observer import (
     FINISH_ABORT,
     FINISH_ERROR,
     NULL_REQUEST,
@@ -31,6 +31,7 @@ from phaselens.instrumentation.observer import (
     RequestObserver,
     StepObserver,
 )
+from phaselens.instrumentation.hotpath.records import StepStats
 from phaselens.reference_server.config import EngineConfig
 from phaselens.reference_server.detokenizer import TextTracker
 from phaselens.reference_server.model_runner import ModelRunner
@@ -226,17 +227,17 @@ class Engine:
         self.stats.prefill_tokens += prefill
         self.stats.decode_tokens += decode
         blocks = self.scheduler.blocks
-        self.step_observer.step(
+        stats = StepStats(
             start_ns,
             time.monotonic_ns(),
-            prefill,
-            decode,
-            blocks.num_used,
-            blocks.num_blocks,
-            batch.preemptions,
-            self.num_waiting,
-            [i.seq.observer for i in batch.items],
+            prefill_tokens=prefill,
+            decode_tokens=decode,
+            kv_blocks_used=blocks.num_used,
+            kv_blocks_total=blocks.num_blocks,
+            preemptions=batch.preemptions,
+            queue_depth=self.num_waiting,
         )
+        self.step_observer.step(stats, [i.seq.observer for i in batch.items])
 
     def _drain(self) -> None:
         with self._lock:

@@ -89,7 +89,7 @@ def serve(options: ServeOptions) -> int:
 
 
 def _telemetry():
-    from phaselens.instrumentation.server import ServerTelemetry
+    from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
     return ServerTelemetry.from_env(names.SERVER_SERVICE_NAME)
 

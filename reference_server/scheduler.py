@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from phaselens.instrumentation.observer import FINISH_LENGTH, FINISH_STOP
+from phaselens.instrumentation.hotpath.observer import FINISH_LENGTH, FINISH_STOP
 from phaselens.reference_server.block_manager import BlockManager
 from phaselens.reference_server.config import POLICY_MIXED, EngineConfig
 from phaselens.reference_server.sequence import SeqOutput, SeqStatus, Sequence

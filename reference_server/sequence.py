@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from phaselens.instrumentation.observer import NULL_REQUEST, RequestObserver
+from phaselens.instrumentation.hotpath.observer import NULL_REQUEST, RequestObserver
 from phaselens.reference_server.detokenizer import TextTracker
 
 

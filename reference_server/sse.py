@@ -1,11 +1,11 @@
 """Server side of Server-Sent Events: the bytes an OpenAI-compatible server streams. (The client's
-parser is `phaselens.instrumentation.sse`; the end-of-stream sentinel is defined there, once.)"""
+parser is `phaselens.instrumentation.client.sse`; the end-of-stream sentinel is defined there, once.)"""
 
 from __future__ import annotations
 
 import json
 
-from phaselens.instrumentation.sse import DONE
+from phaselens.instrumentation.client.sse import DONE
 
 DONE_EVENT = f"data: {DONE}\n\n".encode()
 

@@ -28,7 +28,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.hotpath.records import RequestInfo
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
 LLM_ROUTE = "/v1/completions"
 
@@ -41,7 +42,7 @@ def user_app(telemetry: ServerTelemetry | None) -> FastAPI:
     async def completions(request: Request):
         handle = telemetry.request(request.scope) if telemetry else None
         if handle:
-            handle.describe(operation=names.OP_TEXT_COMPLETION, model="user-model", stream=True)
+            handle.describe(RequestInfo(operation=names.OP_TEXT_COMPLETION, model="user-model", stream=True))
 
         async def chunks():
             for word in ("a", "b"):

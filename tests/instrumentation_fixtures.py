@@ -19,9 +19,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.clock import ClockAnchor
-from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_LENGTH
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_LENGTH
+from phaselens.instrumentation.hotpath.records import RequestInfo, StepStats
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
 WALL_BASE_NS = 1_700_000_000_000_000_000
 
@@ -122,17 +123,19 @@ def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="wor
     clock.now_ns = 1_000_000
     req = rig.telemetry.request(http_scope(traceparent=traceparent))
     req.describe(
-        operation=names.OP_TEXT_COMPLETION,
-        model="tiny",
-        request_id="cmpl-1",
-        input_tokens=12,
-        max_tokens=7,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        seed=None,
-        stream=True,
-        prompt=prompt,
+        RequestInfo(
+            operation=names.OP_TEXT_COMPLETION,
+            model="tiny",
+            request_id="cmpl-1",
+            input_tokens=12,
+            max_tokens=7,
+            temperature=0.0,
+            top_p=1.0,
+            top_k=0,
+            seed=None,
+            stream=True,
+            prompt=prompt,
+        )
     )
     clock.now_ns = 1_100_000
     req.enqueued()
@@ -157,7 +160,7 @@ def script_request(rig, traceparent=TRACEPARENT, prompt="hello", completion="wor
     _send_chunk(req, clock, 1_971_000, 1_971_500, 1_972_000)
     clock.now_ns = 1_975_000
     req.finished(FINISH_LENGTH)
-    rig.telemetry.step_observer.step(1_940_000, 1_970_000, 16, 1, 3, 16, 0, 2, [req])
+    rig.telemetry.step_observer.step(StepStats(1_940_000, 1_970_000, 16, 1, 3, 16, 0, 2), [req])
     clock.now_ns = 1_990_000
     req.complete(output_tokens=7, finish_reason=FINISH_LENGTH, cached_tokens=4, completion=completion)
     return req
@@ -195,9 +198,15 @@ def run_engine_job(job: EngineJob, step_observer) -> None:
             req.token()
         else:
             req.first_token()
-        step_observer.step(
-            step_start, time.monotonic_ns(), 5 if not index else 0, 1 if index else 0, 1, 16, 0, 0, [req]
+        stats = StepStats(
+            step_start,
+            time.monotonic_ns(),
+            prefill_tokens=0 if index else 5,
+            decode_tokens=1 if index else 0,
+            kv_blocks_used=1,
+            kv_blocks_total=16,
         )
+        step_observer.step(stats, [req])
         job.loop.call_soon_threadsafe(job.out.put_nowait, f"tok{index} ")
     req.finished(reason)
     job.loop.call_soon_threadsafe(job.out.put_nowait, None)
@@ -216,13 +225,15 @@ def make_app(telemetry: ServerTelemetry):
             req.fail("invalid_request_error", 400)
             return JSONResponse({"error": {"type": "invalid_request_error"}}, status_code=400)
         req.describe(
-            operation=names.OP_TEXT_COMPLETION,
-            model="tiny",
-            request_id="cmpl-test",
-            input_tokens=5,
-            max_tokens=body["max_tokens"],
-            stream=True,
-            prompt=body.get("prompt"),
+            RequestInfo(
+                operation=names.OP_TEXT_COMPLETION,
+                model="tiny",
+                request_id="cmpl-test",
+                input_tokens=5,
+                max_tokens=body["max_tokens"],
+                stream=True,
+                prompt=body.get("prompt"),
+            )
         )
         job = EngineJob(
             req, body["max_tokens"], body.get("delay_s", 0.001), asyncio.Queue(), asyncio.get_running_loop()

@@ -1,4 +1,4 @@
-"""The analysis views over spans built by the real server instrumentation (phaselens.instrumentation.server on
+"""The analysis views over spans built by the real server instrumentation (phaselens.instrumentation.server.telemetry on
 a scripted clock, as its own tests drive it): chunked prefill and a preemption during decode."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def test_scripted_request_through_the_real_instrumentation(clickhouse, client):
     db = new_database(client, "realspans")
     spangen.insert_spans(rig.spans(), clickhouse.url, db)
     row = rows_by_trace(client, db)[TRACE_ID]
-    # phase boundaries of script_request (instrumentation/phases.py): received 1.000 ms, enqueued
+    # phase boundaries of script_request (instrumentation/pipeline/phases.py): received 1.000 ms, enqueued
     # 1.100, scheduled 1.400, prefill end 1.700, first token 1.720, a 0.140 ms wait in decode,
     # last token 1.970, responded 1.990
     expected = {

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from phaselens.instrumentation import names as N
-from phaselens.instrumentation.client import TracedClient
+from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, chat_chunk, completion_chunk, usage_chunk
 from phaselens.reference_server.sse import DONE_EVENT, encode_event
 

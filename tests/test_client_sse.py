@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phaselens.instrumentation.sse import SSEError, SSEParser
+from phaselens.instrumentation.client.sse import SSEError, SSEParser
 
 STREAM = (
     b"\xef\xbb\xbf: a comment line\r\n"

@@ -14,8 +14,8 @@ from typing import Self
 import httpx
 import pytest
 
-from phaselens.instrumentation.client import TracedClient
-from phaselens.instrumentation.client_transport import RECEIPTS, ChunkedDecoder, StreamingTransport
+from phaselens.instrumentation.client.traced_client import TracedClient
+from phaselens.instrumentation.client.transport import RECEIPTS, ChunkedDecoder, StreamingTransport
 from phaselens.loadgen.scripted_server import completion_chunk
 from phaselens.reference_server.sse import DONE_EVENT
 

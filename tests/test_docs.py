@@ -9,7 +9,8 @@ import pytest
 
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
-from phaselens.instrumentation import names, observer
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath import observer
 from tests.source_tree import ROOT, python_sources
 
 DOCS = ROOT / "docs"

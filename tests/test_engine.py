@@ -8,7 +8,7 @@ import torch
 from server_fixtures import Collected, Recorder, greedy, make_engine, reference_greedy, run_until_idle
 from transformers import ByT5Tokenizer
 
-from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
+from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from phaselens.reference_server import QueueFullError, SamplingParams
 from phaselens.reference_server.config import POLICY_PREFILL_FIRST
 
@@ -99,8 +99,8 @@ def test_observer_call_order_and_step_records():
     steps = []
 
     class Steps:
-        def step(self, *args):
-            steps.append(args)
+        def step(self, stats, requests):
+            steps.append((stats, requests))
 
     engine = make_engine(max_num_batched_tokens=16, block_size=8)
     engine.step_observer = Steps()
@@ -122,9 +122,10 @@ def test_observer_call_order_and_step_records():
     assert recorder.calls[-1] == ("finished", FINISH_LENGTH)
     assert all(c[3] for c in recorder.calls if c[0] == "prefill_chunk")
     assert sink.final.output_tokens == 4
-    start, end, prefill, decode, used, total, _preempt, _depth, members = steps[0]
-    assert end >= start and prefill == 16 and decode == 0 and 0 < used <= total and members == [recorder]
-    assert [s[3] for s in steps[-3:]] == [1, 1, 1]
+    stats, members = steps[0]
+    assert stats.end_ts >= stats.start_ts and stats.prefill_tokens == 16 and stats.decode_tokens == 0
+    assert 0 < stats.kv_blocks_used <= stats.kv_blocks_total and members == [recorder]
+    assert [s.decode_tokens for s, _ in steps[-3:]] == [1, 1, 1]
 
 
 def test_eos_stops_unless_ignored():

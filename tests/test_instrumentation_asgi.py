@@ -9,7 +9,8 @@ from opentelemetry import baggage, trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.server import SCOPE_KEY
+from phaselens.instrumentation.hotpath.records import RequestInfo
+from phaselens.instrumentation.server.telemetry import SCOPE_KEY
 from tests.instrumentation_fixtures import http_scope, make_rig
 
 
@@ -88,7 +89,7 @@ def test_app_exception_is_recorded_and_reraised():
 def streaming_app(rig):
     async def app(scope, receive, send):
         req = rig.telemetry.request(scope)
-        req.describe(operation=names.OP_CHAT, model="tiny")
+        req.describe(RequestInfo(operation=names.OP_CHAT, model="tiny"))
         await receive()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for _ in range(3):

@@ -11,8 +11,8 @@ import pytest
 from phaselens.collectors import schema
 from phaselens.collectors.service import Collector
 from phaselens.instrumentation import names
-from phaselens.instrumentation.clock import ClockAnchor
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.instrumentation_fixtures import PARENT_ID, TRACE_ID, WALL_BASE_NS, ScriptedClock, script_request
 
 
@@ -55,7 +55,7 @@ def test_spans_arrive_in_clickhouse_over_otlp_grpc(collector, ch_client, monkeyp
     )
     script_request(SimpleNamespace(telemetry=telemetry, clock=clock))
     telemetry.shutdown()
-    assert telemetry.stats()["export_exported"] == 13
+    assert telemetry.stats().export_exported == 13
     rows = {row["SpanName"]: row for row in query_rows(ch_client, database, want=12)}
     root = rows["text_completion tiny"]
     assert (root["TraceId"], root["ParentSpanId"], root["SpanKind"]) == (TRACE_ID, PARENT_ID, "Server")

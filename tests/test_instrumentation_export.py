@@ -12,9 +12,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.export import BatchSettings, CountingBatchSpanProcessor
-from phaselens.instrumentation.otel_setup import configure
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.hotpath.records import RequestInfo
+from phaselens.instrumentation.pipeline.otel_setup import configure
+from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
 OTEL_VARS = (
     "OTEL_TRACES_EXPORTER",
@@ -104,7 +105,7 @@ def test_unreachable_collector_does_not_slow_the_loop_and_losses_are_counted(env
     for index in range(100):
         req = telemetry.request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []})
         started = time.perf_counter_ns()
-        req.describe(operation=names.OP_TEXT_COMPLETION, model="tiny", request_id=f"r{index}")
+        req.describe(RequestInfo(operation=names.OP_TEXT_COMPLETION, model="tiny", request_id=f"r{index}"))
         req.enqueued()
         req.scheduled()
         req.first_token()
@@ -119,9 +120,9 @@ def test_unreachable_collector_does_not_slow_the_loop_and_losses_are_counted(env
     assert telemetry.flush(10)
     telemetry.shutdown()
     stats = telemetry.stats()
-    assert stats["spans_built"] == 100 * 7 and stats["export_exported"] == 0
-    assert stats["export_failed"] + stats["export_dropped"] == stats["spans_built"]
-    assert stats["export_dropped"] > 0 and stats["spans_dropped"] >= stats["spans_built"]
+    assert stats.spans_built == 100 * 7 and stats.export_exported == 0
+    assert stats.export_failed + stats.export_dropped == stats.spans_built
+    assert stats.export_dropped > 0 and stats.spans_dropped >= stats.spans_built
 
 
 class FlakyExporter(SpanExporter):

@@ -1,12 +1,12 @@
-"""The budget identities of phaselens.instrumentation.phases hold exactly for any valid timeline."""
+"""The budget identities of phaselens.instrumentation.pipeline.phases hold exactly for any valid timeline."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaselens.instrumentation.phases import compute_phases, stall_ns
-from phaselens.instrumentation.timeline import RequestTimeline
+from phaselens.instrumentation.hotpath.timeline import RequestTimeline
+from phaselens.instrumentation.pipeline.phases import compute_phases, stall_ns
 from tests.instrumentation_fixtures import ScriptedClock
 
 gap = st.integers(min_value=0, max_value=10**9)
@@ -31,9 +31,9 @@ def timelines(draw) -> RequestTimeline:
     clock.advance(draw(gap))
     timeline.first_token()
     if draw(st.booleans()):  # streamed: the first content chunk's stamps (event loop, same clock)
-        timeline.output_ready_ns = clock.advance(draw(gap))
-        timeline.first_chunk_ns = timeline.last_chunk_ns = clock.advance(draw(gap))
-        timeline.first_chunk_sent_ns = clock.advance(draw(gap))
+        timeline.output_ready_ts = clock.advance(draw(gap))
+        timeline.first_chunk_ts = timeline.last_chunk_ts = clock.advance(draw(gap))
+        timeline.first_chunk_sent_ts = clock.advance(draw(gap))
     for _ in range(draw(st.integers(min_value=0, max_value=6))):
         if draw(st.booleans()):
             clock.advance(draw(gap))
@@ -44,7 +44,7 @@ def timelines(draw) -> RequestTimeline:
         timeline.token(draw(st.integers(min_value=1, max_value=3)))
     clock.advance(draw(gap))
     timeline.finished("stop")
-    timeline.responded_ns = clock.advance(draw(gap))
+    timeline.responded_ts = clock.advance(draw(gap))
     return timeline
 
 
@@ -57,7 +57,7 @@ def test_ttft_and_e2e_identities_hold_exactly(timeline):
     assert p.ingress_ns + p.queue_ns + p.prefill_ns + p.first_token_phase_ns == p.ttft_ns
     assert p.ttft_ns + p.decode_ns + p.delivery_ns == p.e2e_ns
     assert sum(p.itl_ns) == p.decode_ns and p.decode_steps == len(p.itl_ns)
-    if timeline.first_chunk_ns:
+    if timeline.first_chunk_ts:
         assert p.loop_wait_ns + p.encode_ns == p.first_chunk_phase_ns
         assert min(p.loop_wait_ns, p.encode_ns, p.write_ns) >= 0
         assert p.ttft_ns + p.first_chunk_phase_ns == p.ttfc_ns

@@ -16,10 +16,13 @@ import time
 import pytest
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
-from phaselens.instrumentation import names, retention, shipper
-from phaselens.instrumentation.observer import FINISH_LENGTH, NULL_REQUEST
-from phaselens.instrumentation.server import ServerTelemetry
-from phaselens.instrumentation.sink import wait_until
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.observer import FINISH_LENGTH, NULL_REQUEST
+from phaselens.instrumentation.hotpath.records import StepStats
+from phaselens.instrumentation.pipeline.sink import wait_until
+from phaselens.instrumentation.process import process_sink as shipper
+from phaselens.instrumentation.process import retention
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.instrumentation_fixtures import (
     PARENT_ID,
     TRACE_ID,
@@ -68,7 +71,9 @@ def script_mix(rig) -> list:
     rejected = rig.telemetry.request(http_scope())
     rig.clock.advance(5_000)
     rejected.fail("invalid_request_error", 400)
-    rig.telemetry.step_observer.step(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1, [traced, rooted, rejected, NULL_REQUEST])
+    rig.telemetry.step_observer.step(
+        StepStats(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1), [traced, rooted, rejected, NULL_REQUEST]
+    )
     return [traced, rooted, rejected]
 
 
@@ -84,9 +89,9 @@ def test_process_builder_exports_exactly_the_spans_of_the_thread_builder(receive
     assert len(expected) == 2 * 12 + 2 + 3  # 2 full requests, a rejected one (root + ingress), 3 steps
     stats, thread_stats = process_rig.telemetry.stats(), thread_rig.telemetry.stats()
     for key in ("requests_built", "requests_unsampled", "steps_built", "steps_unsampled", "spans_built"):
-        assert stats[key] == thread_stats[key], key
-    assert stats["export_exported"] == len(expected) and stats["spans_dropped"] == 0
-    assert stats["records_shipped"] == 3 + 3 and stats["child_cpu_ns"] > 0
+        assert getattr(stats, key) == getattr(thread_stats, key), key
+    assert stats.export_exported == len(expected) and stats.spans_dropped == 0
+    assert stats.records_shipped == 3 + 3 and stats.child_cpu_ns > 0
     process_rig.telemetry.shutdown()
     thread_rig.telemetry.shutdown()
 
@@ -121,8 +126,8 @@ def test_sampling_is_decided_once_upstream(receiver):
     assert rig.telemetry.flush(20)
     assert {s.trace_id.hex() for s in receiver.spans if s.name != names.SPAN_ENGINE_STEP} == {TRACE_ID}
     stats = rig.telemetry.stats()
-    assert stats["requests_unsampled"] == 3 and stats["requests_built"] == 1
-    assert stats["steps_unsampled"] == 3 and stats["steps_built"] == 1  # unsampled batches are not shipped
+    assert stats.requests_unsampled == 3 and stats.requests_built == 1
+    assert stats.steps_unsampled == 3 and stats.steps_built == 1  # unsampled batches are not shipped
     rig.telemetry.shutdown()
 
 
@@ -157,7 +162,7 @@ def _kill_child(rig) -> int:
 def _accounted(stats: dict, records: int) -> bool:
     """Every record (a scripted request is two: the request, its step) was reported built and
     exported by a child, or counted lost."""
-    return stats["records_safe"] + stats["channel_lost"] + stats["channel_dropped"] == records
+    return stats.records_safe + stats.channel_lost + stats.channel_dropped == records
 
 
 def test_a_child_killed_with_records_in_flight_is_replaced_and_they_all_arrive(receiver):
@@ -167,13 +172,13 @@ def test_a_child_killed_with_records_in_flight_is_replaced_and_they_all_arrive(r
     first = rig.telemetry.span_builder_pid
     os.kill(first, signal.SIGSTOP)  # it reads nothing more: what follows is shipped, never built
     handles += [script_request(rig) for _ in range(20)]
-    assert wait_until(lambda: rig.telemetry.stats()["records_shipped"] == 2 * len(handles), 10)
+    assert wait_until(lambda: rig.telemetry.stats().records_shipped == 2 * len(handles), 10)
     _kill_child(rig)
     assert rig.telemetry.flush(20)  # the replacement got the 40 records again, then the flush
     stats = rig.telemetry.stats()
-    assert stats["child_restarts"] == 1 and stats["child_alive"] == 1 and rig.telemetry.span_builder_pid != first
-    assert stats["records_replayed"] == 40 and stats["records_shipped"] == 2 + 40 + 40
-    assert (stats["channel_lost"], stats["channel_dropped"], stats["spans_dropped"]) == (0, 0, 0)
+    assert stats.child_restarts == 1 and stats.child_alive == 1 and rig.telemetry.span_builder_pid != first
+    assert stats.records_replayed == 40 and stats.records_shipped == 2 + 40 + 40
+    assert (stats.channel_lost, stats.channel_dropped, stats.spans_dropped) == (0, 0, 0)
     assert _accounted(stats, 2 * len(handles))
     roots = _exported_roots(receiver)
     assert set(roots) == _root_ids(handles) and len(roots) == len(handles)  # each once: none was built twice
@@ -221,8 +226,8 @@ def test_a_replacement_that_cannot_start_is_tried_again_and_nothing_is_lost(rece
     handles += [script_request(rig) for _ in range(3)]
     assert rig.telemetry.flush(20)  # the second start, after the backoff, gets everything
     stats = rig.telemetry.stats()
-    assert (stats["spawn_errors"], stats["child_restarts"], stats["child_alive"]) == (1, 1, 1)
-    assert (stats["channel_lost"], stats["channel_dropped"], stats["spans_dropped"]) == (0, 0, 0)
+    assert (stats.spawn_errors, stats.child_restarts, stats.child_alive) == (1, 1, 1)
+    assert (stats.channel_lost, stats.channel_dropped, stats.spans_dropped) == (0, 0, 0)
     assert set(_exported_roots(receiver)) == _root_ids(handles)
     rig.telemetry.shutdown()
     assert rig.telemetry._sink._shipper.is_alive() is False
@@ -236,7 +241,7 @@ def test_a_child_is_still_replaced_after_thousands_of_restarts(receiver):
     _kill_child(rig)
     handles.append(script_request(rig))
     assert rig.telemetry.flush(20)  # replaced: the backoff is capped, not 0.5 s × 2**5000
-    assert rig.telemetry.stats()["child_restarts"] == 5_001 and set(_exported_roots(receiver)) == _root_ids(handles)
+    assert rig.telemetry.stats().child_restarts == 5_001 and set(_exported_roots(receiver)) == _root_ids(handles)
     rig.telemetry.shutdown()
 
 
@@ -252,13 +257,13 @@ def test_records_are_kept_through_the_restart_backoff_and_delivered_at_shutdown(
     handles += [script_request(rig) for _ in range(3)]
     assert not rig.telemetry.flush(2)  # the second waits out 60 s: kept meanwhile, nothing dropped
     stats = rig.telemetry.stats()
-    assert stats["child_restarts"] == 1 and stats["child_alive"] == 0 and rig.telemetry.span_builder_pid == pid
-    assert (stats["channel_lost"], stats["channel_dropped"], stats["spans_dropped"]) == (0, 0, 0)
+    assert stats.child_restarts == 1 and stats.child_alive == 0 and rig.telemetry.span_builder_pid == pid
+    assert (stats.channel_lost, stats.channel_dropped, stats.spans_dropped) == (0, 0, 0)
     started = time.monotonic()
     rig.telemetry.shutdown()  # a last child takes what is kept
     assert time.monotonic() - started < 30
     stats = rig.telemetry.stats()
-    assert stats["child_restarts"] == 2 and stats["spans_dropped"] == 0 and _accounted(stats, 2 * len(handles))
+    assert stats.child_restarts == 2 and stats.spans_dropped == 0 and _accounted(stats, 2 * len(handles))
     assert set(_exported_roots(receiver)) == _root_ids(handles)
 
 
@@ -267,7 +272,7 @@ def test_past_the_retention_bound_the_oldest_records_are_dropped_and_counted(rec
     rig = make_rig(builder="process")
     script_request(rig)
     assert rig.telemetry.flush(20)
-    pair_bytes = rig.telemetry.stats()["bytes_shipped"]  # one request's two frames
+    pair_bytes = rig.telemetry.stats().bytes_shipped  # one request's two frames
     rig.telemetry._sink._retained.limit_bytes = 3 * pair_bytes  # the bound, as RETAIN_BYTES sets it
     _kill_child(rig)
     assert rig.telemetry.flush(20), rig.telemetry.stats()  # replaced at once; the next death waits out the backoff
@@ -275,15 +280,15 @@ def test_past_the_retention_bound_the_oldest_records_are_dropped_and_counted(rec
     handles = []
     for _ in range(10):  # one at a time: oldest first in the retention
         handles.append(script_request(rig))
-        assert wait_until(lambda: rig.telemetry.stats()["queued"] == 0, 10)
+        assert wait_until(lambda: rig.telemetry.stats().queued == 0, 10)
     rig.telemetry.shutdown()  # a last child takes the newest three
     stats = rig.telemetry.stats()
     delivered = set(_exported_roots(receiver)) & _root_ids(handles)
     kept = len(delivered)
     assert kept == 3 and delivered == _root_ids(handles[-kept:])
     evicted_pairs = 2 * (len(handles) - kept)  # and, frame sizes varying, maybe the oldest kept one's step
-    assert stats["channel_dropped"] in (evicted_pairs, evicted_pairs + 1) and stats["channel_lost"] == 0
-    assert stats["spans_dropped"] == stats["channel_dropped"] and _accounted(stats, 2 + 2 * len(handles))
+    assert stats.channel_dropped in (evicted_pairs, evicted_pairs + 1) and stats.channel_lost == 0
+    assert stats.spans_dropped == stats.channel_dropped and _accounted(stats, 2 + 2 * len(handles))
 
 
 def test_the_retention_evicts_oldest_first_and_tells_sent_from_unsent():
@@ -313,12 +318,12 @@ def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch
     telemetry.shutdown()
     assert gone(pid, timeout_s=0.5)
     assert sum(s.name == "POST" for s in receiver.spans) == 1 and len(receiver.spans) == 7  # not described
-    assert telemetry.stats()["export_exported"] == 7
+    assert telemetry.stats().export_exported == 7
 
 
 def test_the_child_dies_with_its_server_process(receiver, tmp_path):
     code = (
-        "from phaselens.instrumentation.server import ServerTelemetry; import time; "
+        "from phaselens.instrumentation.server.telemetry import ServerTelemetry; import time; "
         "t = ServerTelemetry(builder='process'); print(t.span_builder_pid, flush=True); time.sleep(60)"
     )
     server = subprocess.Popen(
@@ -338,7 +343,7 @@ def test_unknown_builder_is_a_clear_error():
 def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
     import marshal
 
-    from phaselens.instrumentation import wire
+    from phaselens.instrumentation.process import wire
 
     submitted = []
     rig = make_rig(capture_content=True, poll_interval_s=3600)
@@ -346,14 +351,14 @@ def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
     rig.telemetry._closer._submit = submitted.append
     rig.telemetry.step_observer._submit = submitted.append
     traced = script_request(rig, prompt=[{"role": "user", "content": "hi"}])
-    rig.telemetry.step_observer.step(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1, [traced, NULL_REQUEST])
+    rig.telemetry.step_observer.step(StepStats(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1), [traced, NULL_REQUEST])
     step, request, both = submitted
     assert request.root.span_id == traced.span.get_span_context().span_id and request.sampled
     assert (request.parent.trace_id, request.parent.span_id) == (int(TRACE_ID, 16), int(PARENT_ID, 16))
-    assert request.token_ns.tolist() == [1_730_000, 1_740_000, 1_750_000, 1_960_000, 1_970_000]
+    assert request.token_ts.tolist() == [1_730_000, 1_740_000, 1_750_000, 1_960_000, 1_970_000]
     assert both.links == (traced.link, None) and traced.link[:2] == (request.root.trace_id, request.root.span_id)
     with pytest.raises(AttributeError):
-        request.responded_ns = 0
+        request.responded_ts = 0
     for record, decode in ((request, wire.decode_request), (step, wire.decode_step), (both, wire.decode_step)):
         frame = wire.encode_request(record) if record is request else wire.encode_step(record)
         assert decode(marshal.loads(frame[wire.HEADER.size :])) == record

@@ -11,8 +11,9 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry.trace import SpanKind, StatusCode
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.observer import FINISH_LENGTH
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.hotpath.observer import FINISH_LENGTH
+from phaselens.instrumentation.hotpath.records import StepStats
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.instrumentation_fixtures import (
     PARENT_ID,
     TRACE_ID,
@@ -217,7 +218,7 @@ def test_sampling_off_builds_no_span_but_keeps_metrics():
         script_request(rig, traceparent=None)
     assert rig.spans() == []
     stats = rig.telemetry.stats()
-    assert stats["requests_unsampled"] == 3 and stats["steps_unsampled"] == 3 and stats["spans_built"] == 0
+    assert stats.requests_unsampled == 3 and stats.steps_unsampled == 3 and stats.spans_built == 0
     assert rig.metric_points(names.METRIC_SERVER_TTFT)[0].count == 3
     script_request(rig, traceparent=TRACEPARENT)  # a sampled parent wins: parent-based, one decision
     spans = rig.spans()
@@ -237,7 +238,7 @@ def test_sampling_ratio_keeps_whole_traces():
             per_trace[span.context.trace_id] = per_trace.get(span.context.trace_id, 0) + 1
     assert 60 <= len(per_trace) <= 140
     assert set(per_trace.values()) == {12}  # every sampled request is complete
-    assert rig.telemetry.stats()["requests_unsampled"] == 200 - len(per_trace)
+    assert rig.telemetry.stats().requests_unsampled == 200 - len(per_trace)
 
 
 def test_content_capture_is_opt_in(monkeypatch):
@@ -285,10 +286,10 @@ def test_full_handoff_drops_and_counts_never_raises():
     rig = make_rig(queue_capacity=4, poll_interval_s=30)
     time.sleep(0.2)  # the builder has drained the empty queues and sleeps
     for index in range(10):
-        rig.telemetry.step_observer.step(index, index + 1, 0, 1, 1, 1, 0, 0, [])
+        rig.telemetry.step_observer.step(StepStats(index, index + 1, 0, 1, 1, 1), [])
     stats = rig.telemetry.stats()
-    assert stats["steps_dropped"] == 6 and stats["steps_offered"] == 10 and stats["queue_full"] == 6
-    assert stats["spans_dropped"] == 6
+    assert stats.steps_dropped == 6 and stats.steps_offered == 10 and stats.queue_full == 6
+    assert stats.spans_dropped == 6
     (dropped,) = [
         p
         for p in rig.metric_points(names.METRIC_TELEMETRY_DROPPED)
@@ -296,7 +297,7 @@ def test_full_handoff_drops_and_counts_never_raises():
     ]
     assert dropped.value == 6
     rig.telemetry.shutdown()
-    assert rig.telemetry.stats()["steps_unsampled"] == 4  # the 4 kept were built (no sampled request)
+    assert rig.telemetry.stats().steps_unsampled == 4  # the 4 kept were built (no sampled request)
 
 
 def test_request_that_fails_while_queued_ends_its_open_wait():
@@ -328,7 +329,7 @@ def test_global_providers_by_default():
     req.complete(output_tokens=2, finish_reason=FINISH_LENGTH)
     assert telemetry.flush(10)
     stats = telemetry.stats()
-    assert stats["requests_built"] + stats["requests_unsampled"] == 1 and stats["build_errors"] == 0
+    assert stats.requests_built + stats.requests_unsampled == 1 and stats.build_errors == 0
     telemetry.shutdown()
 
 
@@ -340,7 +341,7 @@ def test_a_failing_build_is_counted_and_the_builder_goes_on(caplog):
     script_request(rig)
     spans = rig.by_name()
     stats = rig.telemetry.stats()
-    assert stats["build_errors"] == 1 and stats["spans_dropped"] == 1 and stats["requests_built"] == 1
+    assert stats.build_errors == 1 and stats.spans_dropped == 1 and stats.requests_built == 1
     assert "text_completion tiny" in spans and "building spans failed" in caplog.text
 
 
@@ -349,7 +350,7 @@ def test_records_after_shutdown_are_counted_not_lost():
     rig.telemetry.shutdown()
     script_request(rig)
     stats = rig.telemetry.stats()
-    assert stats["requests_dropped"] == 1 and stats["steps_dropped"] == 1 and stats["requests_built"] == 0
+    assert stats.requests_dropped == 1 and stats.steps_dropped == 1 and stats.requests_built == 0
 
 
 def test_the_sdk_span_limits_apply_as_to_an_sdk_span(monkeypatch):
@@ -361,7 +362,7 @@ def test_the_sdk_span_limits_apply_as_to_an_sdk_span(monkeypatch):
     rig = make_rig(token_events=True)
     other = rig.telemetry.request(http_scope(traceparent=None))
     script_request(rig)  # its step links this request only; one more step links both
-    rig.telemetry.step_observer.step(1_980_000, 1_985_000, 0, 2, 3, 16, 0, 0, [other, other])
+    rig.telemetry.step_observer.step(StepStats(1_980_000, 1_985_000, 0, 2, 3, 16), [other, other])
     other.fail("invalid_request_error", 400)
     spans = rig.by_name()
     root = spans["text_completion tiny"][0]

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from phaselens.instrumentation import names as N
-from phaselens.instrumentation.client import TracedClient
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.client.traced_client import TracedClient
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from phaselens.loadgen import runner, session
 from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload
 from phaselens.reference_server import Engine, EngineConfig

@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from phaselens.commands import bench
-from phaselens.instrumentation.client import TracedClient
+from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.loadgen import metrics, runner, session
 from phaselens.loadgen.arrivals import GammaArrivals
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from phaselens.common.slo import parse_slo
-from phaselens.instrumentation.client import StreamResult, compute_metrics
+from phaselens.instrumentation.client.traced_client import StreamResult, compute_metrics
 from phaselens.loadgen import metrics, sweep
 from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals, coefficient_of_variation
 from phaselens.loadgen.workloads import DatasetWorkload, LengthDist, RequestSpec, SyntheticWorkload, TraceWorkload

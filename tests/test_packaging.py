@@ -72,7 +72,7 @@ def test_wheel_holds_only_the_phaselens_namespace(wheel):
     tops = {name.split("/")[0] for name in names}
     assert tops == {"phaselens", next(t for t in tops if t.endswith(".dist-info"))}
     for expected in (
-        "phaselens/instrumentation/server.py",
+        "phaselens/instrumentation/server/telemetry.py",
         "phaselens/reference_server/engine.py",
         "phaselens/loadgen/runner.py",
         "phaselens/collectors/otelcol.yaml",

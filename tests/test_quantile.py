@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from phaselens.common.quantile import quantile
-from phaselens.instrumentation import client
 from phaselens.instrumentation import names as N
-from phaselens.instrumentation.phases import compute_phases
-from phaselens.instrumentation.spans import decode_attributes
-from phaselens.instrumentation.timeline import RequestTimeline
+from phaselens.instrumentation.client import traced_client as client
+from phaselens.instrumentation.hotpath.timeline import RequestTimeline
+from phaselens.instrumentation.pipeline.phases import compute_phases
+from phaselens.instrumentation.pipeline.spans import decode_attributes
 from phaselens.loadgen import metrics
 from tests.instrumentation_fixtures import ScriptedClock
 
@@ -74,7 +74,7 @@ def test_server_and_client_itl_percentiles_agree_on_the_same_gaps():
         timeline.token(1)
     clock.advance(1_000)
     timeline.finished("length")
-    timeline.responded_ns = clock.advance(1_000)
+    timeline.responded_ts = clock.advance(1_000)
     server = decode_attributes(compute_phases(timeline))
 
     result = client.StreamResult("completions", "m", sent_ns=0)

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from server_fixtures import LiveServer, make_engine
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.server import ServerTelemetry
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from phaselens.reference_server.api import ApiSettings
 
 TOKEN = "s3cret"

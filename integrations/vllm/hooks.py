@@ -54,7 +54,7 @@ def tracker() -> VllmTracker:
     processes outputs, so the EngineCore and workers never start a span builder."""
     global _tracker
     if _tracker is None:
-        from phaselens.instrumentation.server import ServerTelemetry
+        from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
         # vLLM put --otlp-traces-endpoint into OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and exports to it
         # over gRPC unless this variable says otherwise; phaselens's own default is http/protobuf.

@@ -30,7 +30,8 @@ import logging
 from typing import Any
 
 from phaselens.instrumentation import names as n
-from phaselens.instrumentation.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from phaselens.instrumentation.hotpath.records import RequestInfo, StepStats
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 # vLLM's FinishReason names → the observer's reasons
@@ -116,23 +117,23 @@ class VllmTracker:
         now = self.clock_ns()
         for handle, tokens, first_stats in seen:
             if first_stats is not None:
-                handle.first_token_ns = now
+                handle.first_token_ts = now
                 self._step_first_tokens += 1
                 self._step_scheduled_ns = max(self._step_scheduled_ns, _ns(first_stats.scheduled_ts))
                 if tokens > 1:
-                    handle.token_ns.append(now)
+                    handle.token_ts.append(now)
                     handle.token_n.append(tokens - 1)
             elif tokens:
-                handle.token_ns.append(now)
+                handle.token_ts.append(now)
                 handle.token_n.append(tokens)
             self._step_handles.append(handle)
 
     def _open_handle(self, req_id: str, state: Any, trace_headers: Any) -> Any:
         anchor = self.telemetry.anchor
-        received_ns = anchor.mono_ns + (_ns(state.stats.arrival_time) - anchor.wall_ns)
+        received_ts = anchor.mono_ns + (_ns(state.stats.arrival_time) - anchor.wall_ns)
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (trace_headers or {}).items()]
         handle = self.telemetry.open_request(
-            {"headers": headers, "method": "POST"}, managed=False, received_ns=received_ns
+            {"headers": headers, "method": "POST"}, managed=False, received_ts=received_ts
         )
         self._open[req_id] = handle
         self._states_of[req_id] = state
@@ -158,14 +159,16 @@ class VllmTracker:
         external = req_state.external_req_id
         operation = n.OP_CHAT if str(external).startswith("chatcmpl") else n.OP_TEXT_COMPLETION
         handle.describe(
-            operation,
-            req_state.lora_name or self.model,
-            request_id=external,
-            input_tokens=req_state.prompt_len,
-            max_tokens=req_state.max_tokens_param,
-            temperature=req_state.temperature,
-            top_p=req_state.top_p,
-            stream=True,
+            RequestInfo(
+                operation,
+                req_state.lora_name or self.model,
+                request_id=external,
+                input_tokens=req_state.prompt_len,
+                max_tokens=req_state.max_tokens_param,
+                temperature=req_state.temperature,
+                top_p=req_state.top_p,
+                stream=True,
+            )
         )
         handle.finished(reason)
 
@@ -175,7 +178,7 @@ class VllmTracker:
         queued, scheduled, first = _ns(stats.queued_ts), _ns(stats.scheduled_ts), _ns(stats.first_token_ts)
         if not queued:
             return
-        handle.enqueued_ns = queued
+        handle.enqueued_ts = queued
         handle.waits.extend((queued, scheduled or queued))
         if scheduled and first:
             handle.prefill_chunk(scheduled, first, prompt_tokens, cached_tokens)
@@ -204,17 +207,17 @@ class VllmTracker:
         generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
         prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
         usage = getattr(scheduler_stats, "kv_cache_usage", None)
-        self.telemetry.step_observer.step(
+        stats = StepStats(
             start_ns,
             end_ns,
-            prompt,
-            max(0, generated - first_tokens),
-            round(usage * KV_SCALE) if usage is not None else 0,
-            KV_SCALE if usage is not None else 0,
-            iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
-            getattr(scheduler_stats, "num_waiting_reqs", 0),
-            members,
+            prefill_tokens=prompt,
+            decode_tokens=max(0, generated - first_tokens),
+            kv_blocks_used=round(usage * KV_SCALE) if usage is not None else 0,
+            kv_blocks_total=KV_SCALE if usage is not None else 0,
+            preemptions=iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
+            queue_depth=getattr(scheduler_stats, "num_waiting_reqs", 0),
         )
+        self.telemetry.step_observer.step(stats, members)
 
     def _close_vanished(self) -> None:
         """Requests aborted before finishing never reach `do_tracing`: close them as aborted."""

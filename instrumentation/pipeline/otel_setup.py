@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import Sampler
 
-from .export import CountingBatchSpanProcessor, ExportCounts
+from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor, ExportCounts
 
 PROTOCOL_GRPC = "grpc"
 PROTOCOL_HTTP = "http/protobuf"

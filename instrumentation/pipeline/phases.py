@@ -45,9 +45,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from phaselens.common.quantile import quantile
-
-from .record import RequestRecord
-from .timeline import CHUNK_FIELDS, RequestTimeline
+from phaselens.instrumentation.hotpath.records import RequestRecord
+from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS, RequestTimeline
 
 Timeline = RequestRecord | RequestTimeline  # the same stamps, frozen or still being written
 
@@ -58,19 +57,19 @@ STALL_FACTOR = 2
 class Phases:
     """Budget terms (ns) and span boundaries of one request; 0 / None where a phase did not happen."""
 
-    received_ns: int
-    end_ns: int  # responded; the engine's last stamp when later (it worked on after the client left)
-    enqueued_ns: int = 0
-    scheduled_ns: int = 0
-    prefill_end_ns: int = 0
-    first_token_ns: int = 0
-    last_token_ns: int = 0
+    received_ts: int
+    end_ts: int  # responded; the engine's last stamp when later (it worked on after the client left)
+    enqueued_ts: int = 0
+    scheduled_ts: int = 0
+    prefill_end_ts: int = 0
+    first_token_ts: int = 0
+    last_token_ts: int = 0
     ingress_ns: int = 0
     queue_ns: int = 0
     prefill_ns: int = 0
     first_token_phase_ns: int = 0
-    first_chunk_ns: int = 0  # stamp: the first content chunk handed to `send`
-    last_chunk_ns: int = 0
+    first_chunk_ts: int = 0  # stamp: the first content chunk handed to `send`
+    last_chunk_ts: int = 0
     first_chunk_phase_ns: int = 0
     loop_wait_ns: int = 0
     encode_ns: int = 0
@@ -85,16 +84,16 @@ class Phases:
 
     @property
     def ttft_ns(self) -> int:
-        return self.first_token_ns - self.received_ns if self.first_token_ns else 0
+        return self.first_token_ts - self.received_ts if self.first_token_ts else 0
 
     @property
     def ttfc_ns(self) -> int:
         """Server time to first chunk: received → the first content chunk handed to the server's `send`."""
-        return self.first_chunk_ns - self.received_ns if self.first_chunk_ns else 0
+        return self.first_chunk_ts - self.received_ts if self.first_chunk_ts else 0
 
     @property
     def e2e_ns(self) -> int:
-        return self.end_ns - self.received_ns
+        return self.end_ts - self.received_ts
 
 
 def stall_ns(itl_ns: list[int]) -> float:
@@ -112,9 +111,9 @@ def overlap_ns(waits: list[tuple[int, int]], start_ns: int, end_ns: int) -> int:
 
 def last_stamp_ns(timeline: Timeline) -> int:
     """The latest stamp a request got: where open phases end when it never responded."""
-    stamps = [timeline.received_ns, timeline.enqueued_ns, timeline.first_token_ns, timeline.finished_ns]
+    stamps = [timeline.received_ts, timeline.enqueued_ts, timeline.first_token_ts, timeline.finished_ts]
     stamps.extend(timeline.waits[-1:])
-    stamps.extend(timeline.token_ns[-1:])
+    stamps.extend(timeline.token_ts[-1:])
     stamps.extend(timeline.chunks[1::CHUNK_FIELDS][-1:])
     return max(stamps)
 
@@ -129,31 +128,31 @@ def closed_waits(timeline: Timeline, end_ns: int) -> list[tuple[int, int]]:
 
 def compute_phases(timeline: Timeline) -> Phases:
     """Phase boundaries and budget terms; the TTFT identity in the module docstring holds exactly."""
-    end_ns = max(timeline.responded_ns, last_stamp_ns(timeline))
-    p = Phases(received_ns=timeline.received_ns, end_ns=end_ns, enqueued_ns=timeline.enqueued_ns)
+    end_ns = max(timeline.responded_ts, last_stamp_ns(timeline))
+    p = Phases(received_ts=timeline.received_ts, end_ts=end_ns, enqueued_ts=timeline.enqueued_ts)
     p.waits = closed_waits(timeline, end_ns)
-    if not p.enqueued_ns:
+    if not p.enqueued_ts:
         return p
-    p.ingress_ns = p.enqueued_ns - p.received_ns
-    ft = p.first_token_ns = timeline.first_token_ns
+    p.ingress_ns = p.enqueued_ts - p.received_ts
+    ft = p.first_token_ts = timeline.first_token_ts
     horizon = ft or end_ns
-    p.queue_ns = overlap_ns(p.waits, p.enqueued_ns, horizon)
+    p.queue_ns = overlap_ns(p.waits, p.enqueued_ts, horizon)
     if len(timeline.waits) < 2:
         return p
-    p.scheduled_ns = timeline.waits[1]
+    p.scheduled_ts = timeline.waits[1]
     chunk_ends = [e for e in timeline.chunks[1::CHUNK_FIELDS] if e <= horizon]
     p.initial_chunks = len(chunk_ends)
-    p.prefill_end_ns = max([p.scheduled_ns, *chunk_ends])
-    p.prefill_ns = p.prefill_end_ns - p.scheduled_ns - overlap_ns(p.waits, p.scheduled_ns, p.prefill_end_ns)
+    p.prefill_end_ts = max([p.scheduled_ts, *chunk_ends])
+    p.prefill_ns = p.prefill_end_ts - p.scheduled_ts - overlap_ns(p.waits, p.scheduled_ts, p.prefill_end_ts)
     if not ft:
         return p
-    p.first_token_phase_ns = ft - p.prefill_end_ns - overlap_ns(p.waits, p.prefill_end_ns, ft)
-    p.last_token_ns = timeline.token_ns[-1] if timeline.token_ns else ft
-    p.decode_ns = p.last_token_ns - ft
-    p.delivery_ns = max(0, end_ns - p.last_token_ns)
+    p.first_token_phase_ns = ft - p.prefill_end_ts - overlap_ns(p.waits, p.prefill_end_ts, ft)
+    p.last_token_ts = timeline.token_ts[-1] if timeline.token_ts else ft
+    p.decode_ns = p.last_token_ts - ft
+    p.delivery_ns = max(0, end_ns - p.last_token_ts)
     p.decode_tokens = sum(timeline.token_n)
-    p.decode_steps = len(timeline.token_ns)
-    stamps = [ft, *timeline.token_ns]
+    p.decode_steps = len(timeline.token_ts)
+    stamps = [ft, *timeline.token_ts]
     p.itl_ns = [b - a for a, b in itertools.pairwise(stamps)]
     _first_chunk(p, timeline)
     return p
@@ -161,9 +160,9 @@ def compute_phases(timeline: Timeline) -> Phases:
 
 def _first_chunk(p: Phases, timeline: Timeline) -> None:
     """The first_chunk term and its split (module docstring), when a content chunk was sent."""
-    ready, first, sent = timeline.output_ready_ns, timeline.first_chunk_ns, timeline.first_chunk_sent_ns
-    if not (p.first_token_ns <= ready <= first <= sent):  # not streamed, or no content at all
+    ready, first, sent = timeline.output_ready_ts, timeline.first_chunk_ts, timeline.first_chunk_sent_ts
+    if not (p.first_token_ts <= ready <= first <= sent):  # not streamed, or no content at all
         return
-    p.first_chunk_ns, p.last_chunk_ns = first, timeline.last_chunk_ns
-    p.loop_wait_ns, p.encode_ns, p.write_ns = ready - p.first_token_ns, first - ready, sent - first
-    p.first_chunk_phase_ns = first - p.first_token_ns
+    p.first_chunk_ts, p.last_chunk_ts = first, timeline.last_chunk_ts
+    p.loop_wait_ns, p.encode_ns, p.write_ns = ready - p.first_token_ts, first - ready, sent - first
+    p.first_chunk_phase_ns = first - p.first_token_ts

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from opentelemetry import context
 
-from .handle import ServerRequest
+from phaselens.instrumentation.hotpath.handle import ServerRequest
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,7 +39,7 @@ FASTAPI_TELEMETRY_KEY = "fastapi.telemetry"
 class RequestOpener(Protocol):
     """What the middleware needs of `server.ServerTelemetry` (which imports this module)."""
 
-    def open_request(self, scope: Scope, *, managed: bool, received_ns: int | None = None) -> ServerRequest: ...
+    def open_request(self, scope: Scope, *, managed: bool, received_ts: int | None = None) -> ServerRequest: ...
 
 
 class IngressMiddleware:
@@ -56,16 +56,16 @@ class IngressMiddleware:
         handle = self.telemetry.open_request(scope, managed=True)
         scope.setdefault(FASTAPI_TELEMETRY_KEY, None)
         clock_ns = handle.clock_ns
-        responded_ns = 0
+        responded_ts = 0
 
         async def receive_stamped() -> Message:
             message = await receive()
-            if message.get("type") == "http.disconnect" and not responded_ns:
+            if message.get("type") == "http.disconnect" and not responded_ts:
                 handle.note_http(client_disconnected=True)
             return message
 
         async def send_stamped(message: Message) -> None:
-            nonlocal responded_ns
+            nonlocal responded_ts
             kind = message.get("type")
             if kind == "http.response.start":
                 handle.note_http(status_code=message.get("status"))
@@ -75,13 +75,13 @@ class IngressMiddleware:
             try:
                 await send(message)
             except Exception:  # the server could not write: the client is gone
-                if not responded_ns:
+                if not responded_ts:
                     handle.note_http(client_disconnected=True)
                 raise
             if carries_output:
                 handle.chunk_sent()
             if kind == "http.response.body" and not message.get("more_body", False):
-                responded_ns = clock_ns()
+                responded_ts = clock_ns()
 
         token = context.attach(handle.context)
         try:
@@ -94,4 +94,4 @@ class IngressMiddleware:
             raise
         finally:
             context.detach(token)
-            handle.close(responded_ns or None)
+            handle.close(responded_ts or None)

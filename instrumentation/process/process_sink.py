@@ -2,7 +2,7 @@
 
 Building spans costs ~1 ms of Python per request (spans, step links, metrics, OTLP encoding);
 in-process that runs under the serving loop's GIL. This sink keeps the records and ships them as
-bytes (`wire`) to a child process (`python -m phaselens.instrumentation.span_process`) that runs the
+bytes (`wire`) to a child process (`python -m phaselens.instrumentation.process.builder_child`) that runs the
 same `SpanBuilder` and exporters: a thread drains the hand-offs, encodes the records (a few µs each)
 and writes them to the child's stdin in one `os.write` per drain (the write runs without the GIL).
 
@@ -33,10 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from . import retention, wire
-from .clock import ClockAnchor
-from .record import Record, RequestRecord
-from .sink import HandOffs, wait_until
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.records import Record, RequestRecord
+from phaselens.instrumentation.pipeline.sink import HandOffs, wait_until
+from phaselens.instrumentation.process import retention, wire
 
 PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~1000 requests while the child is busy
 # one drain and write per interval: each wake-up costs this process GIL time (measured: 20 ms → 0.25 s
@@ -115,7 +115,13 @@ class ProcessSink:
         report_read, report_write = os.pipe()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "phaselens.instrumentation.span_process", str(report_write), str(os.getpid())],
+                [
+                    sys.executable,
+                    "-m",
+                    "phaselens.instrumentation.process.builder_child",
+                    str(report_write),
+                    str(os.getpid()),
+                ],
                 stdin=subprocess.PIPE,
                 pass_fds=(report_write,),
             )

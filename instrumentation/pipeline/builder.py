@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .clock import ClockAnchor
-from .emitter import SpanEmitter
-from .genai_metrics import GenAiServerMetrics
-from .otel_setup import export_counters
-from .phases import compute_phases
-from .record import Record, RequestRecord, StepRecord
-from .spans import request_spans, step_span
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.records import Record, RequestRecord, StepRecord
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.otel_setup import export_counters
+from phaselens.instrumentation.pipeline.phases import compute_phases
+from phaselens.instrumentation.pipeline.spans import request_spans, step_span
 
 _logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from . import names
+from phaselens.instrumentation import names
 
 UNSET = Status(StatusCode.UNSET)
 

@@ -17,10 +17,18 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan
 
-from .clock import ClockNs
-from .ids import span_context
-from .record import NO_OUTCOME, HttpFacts, RequestInfo, RequestOutcome, RequestRecord, SpanIds, int64s
-from .timeline import RequestTimeline
+from phaselens.instrumentation.hotpath.clock import ClockNs
+from phaselens.instrumentation.hotpath.ids import span_context
+from phaselens.instrumentation.hotpath.records import (
+    NO_OUTCOME,
+    HttpFacts,
+    RequestInfo,
+    RequestOutcome,
+    RequestRecord,
+    SpanIds,
+    int64s,
+)
+from phaselens.instrumentation.hotpath.timeline import RequestTimeline
 
 
 class Closer:
@@ -49,7 +57,7 @@ class Closer:
             return
         now = self._clock_ns()
         for key, handle in list(self._waiting.items()):
-            ready = force or handle.engine_done or now - handle.responded_ns >= self.grace_ns
+            ready = force or handle.engine_done or now - handle.responded_ts >= self.grace_ns
             # pop() decides who submits when expire() runs on two threads (sink wake-up and stop)
             if ready and self._waiting.pop(key, None) is not None:
                 self._submit(handle.freeze())
@@ -88,10 +96,10 @@ class ServerRequest(RequestTimeline):
         *,
         capture_content: bool,
         clock_ns: ClockNs = time.monotonic_ns,
-        received_ns: int | None = None,
+        received_ts: int | None = None,
         managed: bool = False,
     ) -> None:
-        RequestTimeline.__init__(self, clock_ns, received_ns)
+        RequestTimeline.__init__(self, clock_ns, received_ts)
         self.root = root
         self.parent = parent  # the remote parent's ids, or None
         # what an engine step links: (trace_id, span_id, trace_flags), None when not sampled
@@ -111,35 +119,10 @@ class ServerRequest(RequestTimeline):
     def sampled(self) -> bool:
         return self.root.sampled
 
-    def describe(
-        self,
-        operation: str,
-        model: str,
-        request_id: str | None = None,
-        input_tokens: int | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stream: bool | None = None,
-        prompt: Any = None,
-    ) -> None:
-        """The request as the API layer parsed it; `prompt` (str or chat messages) is kept only with
-        content capture on."""
-        self.info = RequestInfo(
-            operation,
-            model,
-            request_id,
-            input_tokens,
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            seed,
-            stream,
-            prompt if self.capture_content else None,
-        )
+    def describe(self, info: RequestInfo) -> None:
+        """The request as the API layer parsed it; `info.prompt` (str or chat messages) is kept only
+        with content capture on."""
+        self.info = info if self.capture_content or info.prompt is None else info._replace(prompt=None)
 
     def complete(
         self,
@@ -171,33 +154,33 @@ class ServerRequest(RequestTimeline):
 
     def output_ready(self) -> None:
         """See observer.RequestHandle.output_ready."""
-        if not self.output_ready_ns:
-            self.output_ready_ns = self.clock_ns()
+        if not self.output_ready_ts:
+            self.output_ready_ts = self.clock_ns()
         self.output_pending = True
 
     def chunk_sending(self) -> None:
         """The middleware hands a body chunk carrying output to the server's `send`."""
         t = self.clock_ns()
-        if not self.first_chunk_ns:
-            self.first_chunk_ns = t
-        self.last_chunk_ns = t
+        if not self.first_chunk_ts:
+            self.first_chunk_ts = t
+        self.last_chunk_ts = t
 
     def chunk_sent(self) -> None:
         """That `send` returned (its bytes written, or queued behind a full socket buffer)."""
-        if not self.first_chunk_sent_ns:
-            self.first_chunk_sent_ns = self.clock_ns()
+        if not self.first_chunk_sent_ts:
+            self.first_chunk_sent_ts = self.clock_ns()
         self.output_pending = False
 
     def note_http(self, **facts: Any) -> None:
         """The middleware's view of the exchange (HttpFacts fields)."""
         self.http = self.http._replace(**facts)
 
-    def close(self, responded_ns: int | None = None) -> None:
+    def close(self, responded_ts: int | None = None) -> None:
         """Stamp `responded` (now, unless given) and hand the request on, once."""
         if self._closed:
             return
         self._closed = True
-        self.responded_ns = self.clock_ns() if responded_ns is None else responded_ns
+        self.responded_ts = self.clock_ns() if responded_ts is None else responded_ts
         self._closer.closed(self)
 
     def freeze(self) -> RequestRecord:
@@ -205,19 +188,19 @@ class ServerRequest(RequestTimeline):
         return RequestRecord(
             self.root,
             self.parent,
-            self.received_ns,
-            self.enqueued_ns,
-            self.first_token_ns,
-            self.finished_ns,
-            self.responded_ns,
-            self.output_ready_ns,
-            self.first_chunk_ns,
-            self.first_chunk_sent_ns,
-            self.last_chunk_ns,
+            self.received_ts,
+            self.enqueued_ts,
+            self.first_token_ts,
+            self.finished_ts,
+            self.responded_ts,
+            self.output_ready_ts,
+            self.first_chunk_ts,
+            self.first_chunk_sent_ts,
+            self.last_chunk_ts,
             self.finish_reason,
             int64s(self.waits.tobytes()),
             int64s(self.chunks.tobytes()),
-            int64s(self.token_ns.tobytes()),
+            int64s(self.token_ts.tobytes()),
             int64s(self.token_n.tobytes()),
             self.info,
             self.outcome,

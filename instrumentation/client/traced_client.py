@@ -3,7 +3,7 @@
 One `stream()` call = one CLIENT span `{gen_ai.operation.name} {model}`, started when the request
 is sent, carrying a W3C `traceparent` (global propagator) so the server span becomes its child.
 Every stamp is `time.perf_counter_ns()` of this process; wall time only places the span, through
-one anchor (`phaselens.instrumentation.clock`). Formulas (docs/budget-method.md#formulas), all on the client's monotonic clock:
+one anchor (`phaselens.instrumentation.hotpath.clock`). Formulas (docs/budget-method.md#formulas), all on the client's monotonic clock:
 
     content chunk  = a chunk whose delta carries non-empty text: `text` (completions),
                      `content`, `reasoning_content`, `reasoning` or `tool_calls` (chat).
@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,11 +40,12 @@ import orjson
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from phaselens.common.env import env_flag
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as N
-from phaselens.instrumentation.client_transport import RECEIPTS, StreamingTransport
-from phaselens.instrumentation.clock import ClockAnchor
-from phaselens.instrumentation.sse import DONE, SSEError, SSEParser
+from phaselens.instrumentation.client.sse import DONE, SSEError, SSEParser
+from phaselens.instrumentation.client.transport import RECEIPTS, StreamingTransport
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 OPERATIONS = {"completions": N.OP_TEXT_COMPLETION, "chat": N.OP_CHAT}
@@ -57,7 +57,6 @@ ERROR_MALFORMED_CHUNK = "malformed_chunk"
 ERROR_STREAM = "stream_error"
 ERROR_TRUNCATED = "truncated_stream"
 _MAX_ERROR_BODY = 64 * 1024
-_ANCHOR = ClockAnchor.capture(mono_ns=time.perf_counter_ns)
 _REQUEST_ATTRS = (
     ("max_tokens", N.GEN_AI_REQUEST_MAX_TOKENS),
     ("max_completion_tokens", N.GEN_AI_REQUEST_MAX_TOKENS),
@@ -249,10 +248,6 @@ def _error_of(obj, default_type: str) -> tuple[str, str]:
     return default_type, str(err)[:500]
 
 
-def _capture_enabled() -> bool:
-    return os.environ.get(N.ENV_CAPTURE_CONTENT, "").strip().lower() == "true"
-
-
 class TracedClient:
     """Async streaming client; one CLIENT span per request (docs/contracts.md#client-span)."""
 
@@ -278,6 +273,7 @@ class TracedClient:
         self.provider_name = provider_name
         self.keep_text = keep_text
         self._clock_ns = clock_ns
+        self._anchor = ClockAnchor.capture(mono_ns=clock_ns)  # wall time of this client's own clock
         self._tracer = trace.get_tracer("phaselens.client", tracer_provider=tracer_provider)
         self._duration = metrics.get_meter("phaselens.client", meter_provider=meter_provider).create_histogram(
             N.METRIC_CLIENT_OPERATION_DURATION,
@@ -317,12 +313,12 @@ class TracedClient:
             "stream_options": {**(payload.get("stream_options") or {}), "include_usage": True},
         }
         result = StreamResult(endpoint=endpoint, model=str(payload.get("model", "")), intended_ns=intended_ns)
-        capture = _capture_enabled()
+        capture = env_flag(N.ENV_CAPTURE_CONTENT)
         result.sent_ns = self._clock_ns()
         span = self._tracer.start_span(
             N.root_span_name(OPERATIONS[endpoint], result.model),
             kind=SpanKind.CLIENT,
-            start_time=_ANCHOR.to_wall_ns(result.sent_ns),
+            start_time=self._anchor.to_wall_ns(result.sent_ns),
             attributes=self._request_attributes(endpoint, body),
         )
         ctx = span.get_span_context()
@@ -394,20 +390,20 @@ class TracedClient:
         for key, attr in _REQUEST_ATTRS:
             if isinstance(body.get(key), (int, float)) and not isinstance(body[key], bool):
                 attrs[attr] = body[key]
-        if _capture_enabled():
+        if env_flag(N.ENV_CAPTURE_CONTENT):
             attrs[N.GEN_AI_INPUT_MESSAGES] = json.dumps(body.get("messages", body.get("prompt")))
         return attrs
 
     def _end_span(self, span, result: StreamResult, capture: bool) -> None:
-        result.sent_wall_ns = _ANCHOR.to_wall_ns(result.sent_ns)
-        result.done_wall_ns = _ANCHOR.to_wall_ns(result.done_ns)
+        result.sent_wall_ns = self._anchor.to_wall_ns(result.sent_ns)
+        result.done_wall_ns = self._anchor.to_wall_ns(result.done_ns)
         for name, stamp in (
             (N.EVENT_FIRST_CHUNK, result.first_chunk_ns),
             (N.EVENT_FIRST_OUTPUT, result.first_output_ns),
             (N.EVENT_LAST_CHUNK, result.last_chunk_ns),
         ):
             if stamp is not None:
-                span.add_event(name, timestamp=_ANCHOR.to_wall_ns(stamp))
+                span.add_event(name, timestamp=self._anchor.to_wall_ns(stamp))
         span.set_attributes(_result_attributes(result))
         if capture:
             span.set_attribute(N.GEN_AI_OUTPUT_MESSAGES, json.dumps("".join(result.chunk_text)))

@@ -33,27 +33,24 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import TracerProvider
 
-from . import names
-from .builder import SpanBuilder
-from .clock import ClockAnchor, ClockNs, process_anchor
-from .counters import drop_reasons, with_losses
-from .emitter import SpanEmitter
-from .genai_metrics import GenAiServerMetrics
-from .handle import Closer, ServerRequest
-from .ids import RootDecider
-from .observer import RequestHandle
-from .record import HttpFacts
-from .shipper import ProcessSink
-from .sink import Sink, ThreadSink, wait_until
-from .timeline import StepRecorder
+from phaselens.common.env import env_flag
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.clock import ClockAnchor, ClockNs, process_anchor
+from phaselens.instrumentation.hotpath.handle import Closer, ServerRequest
+from phaselens.instrumentation.hotpath.ids import RootDecider
+from phaselens.instrumentation.hotpath.observer import RequestHandle
+from phaselens.instrumentation.hotpath.records import HttpFacts
+from phaselens.instrumentation.hotpath.timeline import StepRecorder
+from phaselens.instrumentation.pipeline.builder import SpanBuilder
+from phaselens.instrumentation.pipeline.counters import Counters
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.sink import Sink, ThreadSink, wait_until
+from phaselens.instrumentation.process.process_sink import ProcessSink
 
 SCOPE_KEY = "phaselens.request"  # where the middleware leaves the handle in the ASGI scope
 DEFAULT_QUEUE_CAPACITY = 8192
 BUILDER_THREAD, BUILDER_PROCESS = "thread", "process"
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _headers(scope: MutableMapping[str, Any]) -> dict[str, str]:
@@ -119,7 +116,7 @@ class ServerTelemetry:
         (none of them when it is not an SDK provider: every request is then unsampled)."""
         emitter = SpanEmitter.of_provider(self.tracer_provider)
         roots = RootDecider(emitter.sampler, emitter.ids) if emitter else RootDecider(None, RandomIdGenerator())
-        genai_metrics = GenAiServerMetrics(self.meter_provider, lambda: drop_reasons(self.stats()))
+        genai_metrics = GenAiServerMetrics(self.meter_provider, lambda: self.stats().drop_reasons())
         builder = SpanBuilder(emitter, genai_metrics, self.anchor, self.tracer_provider, token_events)
         return roots, ThreadSink(builder, capacity, poll_interval_s, self._expire)
 
@@ -137,7 +134,7 @@ class ServerTelemetry:
         the span builder from PHASELENS_SPAN_BUILDER (thread | process; default process: ~1 ms of SDK
         work per request off this process's GIL, see benchmarks/instrumentation_overhead.py) unless
         `builder=` is given."""
-        from .otel_setup import configure
+        from phaselens.instrumentation.pipeline.otel_setup import configure
 
         kwargs.setdefault("builder", os.environ.get(names.ENV_SPAN_BUILDER, "").strip().lower() or BUILDER_PROCESS)
         providers = configure(service_name)
@@ -151,8 +148,8 @@ class ServerTelemetry:
 
     # --- per request -----------------------------------------------------------------------------
     def asgi(self, app: Any) -> Any:
-        """Wrap an ASGI app with the ingress middleware (see phaselens.instrumentation.asgi)."""
-        from .asgi import IngressMiddleware
+        """Wrap an ASGI app with the ingress middleware (see phaselens.instrumentation.server.asgi)."""
+        from phaselens.instrumentation.server.asgi import IngressMiddleware
 
         return IngressMiddleware(app, self)
 
@@ -165,11 +162,11 @@ class ServerTelemetry:
         return handle
 
     def open_request(
-        self, scope: MutableMapping[str, Any], *, managed: bool, received_ns: int | None = None
+        self, scope: MutableMapping[str, Any], *, managed: bool, received_ts: int | None = None
     ) -> ServerRequest:
         """Stamp `received`, decide the request's ids and sampling (child of an incoming
         traceparent) and leave the handle in the scope."""
-        received_ns = self.clock_ns() if received_ns is None else received_ns
+        received_ts = self.clock_ns() if received_ts is None else received_ts
         incoming = propagate.extract(_headers(scope))
         method = scope.get("method", "")
         root, parent = self._roots.decide(incoming, method or "request")
@@ -183,7 +180,7 @@ class ServerTelemetry:
             http,
             capture_content=self.capture_content,
             clock_ns=self.clock_ns,
-            received_ns=received_ns,
+            received_ts=received_ts,
             managed=managed,
         )
         scope[SCOPE_KEY] = handle
@@ -199,7 +196,7 @@ class ServerTelemetry:
         """The span-builder process's pid (builder="process"), else None."""
         return getattr(self._sink, "pid", None)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> Counters:
         """Counters, all from the sink (`sink.Sink.counters`) plus `requests_pending` (closed, waiting
         for the engine) and `spans_dropped` (every loss, `counters.LOSSES`). `requests_dropped` /
         `steps_dropped`: records lost at the hand-off (queue full, or after shutdown); `spans_built`:
@@ -213,7 +210,7 @@ class ServerTelemetry:
         get stays kept and the start is tried again after the backoff), `child_cpu_ns`, `records_received`, `records_safe` (built and exported, as the
         children reported), `decode_errors`, and the children's counters as of their last reports
         (every 0.25 s and at each flush), summed over the children that died."""
-        return with_losses({**self._sink.counters(), "requests_pending": len(self._closer)})
+        return Counters.total([self._sink.counters(), {"requests_pending": len(self._closer)}])
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every closed request and every step so far is built into spans (for the

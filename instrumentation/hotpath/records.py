@@ -88,19 +88,19 @@ class RequestRecord(NamedTuple):
 
     root: SpanIds
     parent: SpanIds | None
-    received_ns: int
-    enqueued_ns: int
-    first_token_ns: int
-    finished_ns: int
-    responded_ns: int
-    output_ready_ns: int
-    first_chunk_ns: int
-    first_chunk_sent_ns: int
-    last_chunk_ns: int
+    received_ts: int
+    enqueued_ts: int
+    first_token_ts: int
+    finished_ts: int
+    responded_ts: int
+    output_ready_ts: int
+    first_chunk_ts: int
+    first_chunk_sent_ts: int
+    last_chunk_ts: int
     finish_reason: str
     waits: Int64s
     chunks: Int64s
-    token_ns: Int64s
+    token_ts: Int64s
     token_n: Int64s
     info: RequestInfo | None
     outcome: RequestOutcome
@@ -111,14 +111,28 @@ class RequestRecord(NamedTuple):
         return self.root.sampled
 
 
+class StepStats(NamedTuple):
+    """What a serving loop reports of one engine iteration (`StepObserver.step`): its interval on the
+    loop's clock and the batch's shape."""
+
+    start_ts: int
+    end_ts: int
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    preemptions: int = 0
+    queue_depth: int = 0
+
+
 class StepRecord(NamedTuple):
     """One engine iteration, as the loop reported it. `links` holds one entry per batch member:
     (trace_id, span_id, trace_flags) of its SERVER span, or None for a member that is not sampled
     (or not ours); so the batch size is `len(links)`."""
 
     index: int
-    start_ns: int
-    end_ns: int
+    start_ts: int
+    end_ts: int
     prefill_tokens: int
     decode_tokens: int
     kv_blocks_used: int

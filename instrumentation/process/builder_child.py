@@ -1,7 +1,7 @@
-"""The span-builder process (`ServerTelemetry(builder="process")`): `python -m phaselens.instrumentation.span_process
-REPORT_FD PARENT_PID`, started by `phaselens.instrumentation.shipper`.
+"""The span-builder process (`ServerTelemetry(builder="process")`): `python -m phaselens.instrumentation.process.builder_child
+REPORT_FD PARENT_PID`, started by `phaselens.instrumentation.process.process_sink`.
 
-It reads frames (`phaselens.instrumentation.wire`) on stdin, decodes each into its record and builds
+It reads frames (`phaselens.instrumentation.process.wire`) on stdin, decodes each into its record and builds
 it at once with the same `SpanBuilder` as the thread sink (so nothing waits here: while it builds,
 the pipe holds the rest), with its own providers from the OTEL_* environment
 (`otel_setup.configure`). The records carry every id the serving process chose. Counters go back
@@ -29,7 +29,6 @@ in each case it shuts its providers down (exporting what it built) and exits 0.
 from __future__ import annotations
 
 import json
-import marshal
 import os
 import signal
 import sys
@@ -37,14 +36,14 @@ import threading
 import time
 from collections import deque
 
-from . import wire
-from .builder import SpanBuilder
-from .clock import ClockAnchor
-from .counters import drop_reasons
-from .emitter import SpanEmitter
-from .genai_metrics import GenAiServerMetrics
-from .otel_setup import configure, export_positions
-from .sink import NICE
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.pipeline.builder import SpanBuilder
+from phaselens.instrumentation.pipeline.counters import Counters
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.otel_setup import configure, export_positions
+from phaselens.instrumentation.pipeline.sink import NICE
+from phaselens.instrumentation.process import wire
 
 REPORT_INTERVAL_S = 0.25  # also the checkpoint interval: spans wait at most this long to be exported
 CHECKPOINT_ONLY_DELAY_MS = 3_600_000  # the batch processor's schedule, off: the checkpoints export
@@ -60,25 +59,15 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
-def read_frame(stream) -> tuple[int, tuple] | None:
-    """(kind, fields), or None at EOF."""
-    header = stream.read(wire.HEADER.size)
-    if len(header) < wire.HEADER.size:
-        return None
-    length, kind = wire.HEADER.unpack(header)
-    payload = stream.read(length)
-    if len(payload) < length:
-        return None
-    return kind, marshal.loads(payload)
-
-
 class SpanProcess:
     def __init__(self, hello: tuple, report_fd: int) -> None:
         service_name, anchor_mono_ns, anchor_wall_ns, token_events = hello
         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = str(CHECKPOINT_ONLY_DELAY_MS)  # this process's own environment
         self.providers = configure(service_name, set_global=False)
         provider = self.providers.tracer_provider
-        metrics = GenAiServerMetrics(self.providers.meter_provider, lambda: drop_reasons(self.counters()))
+        metrics = GenAiServerMetrics(
+            self.providers.meter_provider, lambda: Counters.total([self.counters()]).drop_reasons()
+        )
         self.builder = SpanBuilder(
             SpanEmitter.of_provider(provider),
             metrics,
@@ -186,14 +175,14 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C goes to the server; it closes our pipe
     stream = open(0, "rb", buffering=1 << 20, closefd=False)
-    first = read_frame(stream)
+    first = wire.read_frame(stream)
     if first is None or first[0] != wire.KIND_HELLO:
         return 2
     process = SpanProcess(first[1], report_fd)
     threading.Thread(target=process.report_periodically, args=(parent_pid,), daemon=True).start()
     threading.Thread(target=process.report_progress, daemon=True).start()
     try:
-        while (item := read_frame(stream)) is not None:
+        while (item := wire.read_frame(stream)) is not None:
             process.handle(*item)
     except Terminated:
         pass

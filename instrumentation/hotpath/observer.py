@@ -2,7 +2,7 @@
 
 A serving loop never calls OpenTelemetry. It calls these observers at phase boundaries; each call
 only appends integers (monotonic nanoseconds, counts) to a per-request or per-step record. Spans are
-built later, off the loop thread, from those records (see `phaselens.instrumentation.spans`).
+built later, off the loop thread, from those records (see `phaselens.instrumentation.pipeline.spans`).
 
 Order of calls for one request (the middleware stamps `received` and `responded`):
 
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Protocol
+
+from phaselens.instrumentation.hotpath.records import RequestInfo, StepStats
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -52,18 +54,7 @@ class RequestObserver(Protocol):
 class StepObserver(Protocol):
     """Per-engine-iteration record, called once per step by the loop thread."""
 
-    def step(
-        self,
-        start_ns: int,
-        end_ns: int,
-        prefill_tokens: int,
-        decode_tokens: int,
-        kv_blocks_used: int,
-        kv_blocks_total: int,
-        preemptions: int,
-        queue_depth: int,
-        requests: Sequence[RequestObserver],
-    ) -> None:
+    def step(self, stats: StepStats, requests: Sequence[RequestObserver]) -> None:
         """One `schedule() → run() → postprocess()` iteration; `requests` are the batch's members
         (their server spans become the links of the `llm.engine_step` span)."""
 
@@ -73,21 +64,9 @@ class RequestHandle(RequestObserver, Protocol):
     stamps plus the request's description and outcome. `complete`/`fail` also close the request
     when no ingress middleware does."""
 
-    def describe(
-        self,
-        operation: str,
-        model: str,
-        request_id: str | None = None,
-        input_tokens: int | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stream: bool | None = None,
-        prompt: Any = None,
-    ) -> None:
-        """The request as parsed (GenAI request attributes); `prompt` is kept only with content capture on."""
+    def describe(self, info: RequestInfo) -> None:
+        """The request as parsed (GenAI request attributes); `info.prompt` is kept only with content
+        capture on."""
 
     def complete(
         self,
@@ -124,20 +103,7 @@ class NullRequest:
     def preempted(self) -> None: ...
     def finished(self, reason: str) -> None: ...
 
-    def describe(
-        self,
-        operation: str,
-        model: str,
-        request_id: str | None = None,
-        input_tokens: int | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        top_k: int | None = None,
-        seed: int | None = None,
-        stream: bool | None = None,
-        prompt: Any = None,
-    ) -> None: ...
+    def describe(self, info: RequestInfo) -> None: ...
 
     def complete(
         self,
@@ -155,18 +121,7 @@ class NullRequest:
 class NullStepObserver:
     __slots__ = ()
 
-    def step(
-        self,
-        start_ns,
-        end_ns,
-        prefill_tokens,
-        decode_tokens,
-        kv_blocks_used,
-        kv_blocks_total,
-        preemptions,
-        queue_depth,
-        requests,
-    ) -> None: ...
+    def step(self, stats: StepStats, requests: Sequence[Any]) -> None: ...
 
 
 NULL_REQUEST = NullRequest()

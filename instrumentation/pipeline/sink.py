@@ -16,14 +16,55 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
-from .builder import SpanBuilder
-from .record import Record, RequestRecord, StepRecord
-from .timeline import BoundedHandOff
+from phaselens.instrumentation.hotpath.records import Record, RequestRecord, StepRecord
+from phaselens.instrumentation.pipeline.builder import SpanBuilder
 
 NICE = 10  # span building runs at a lower CPU priority: on a busy machine the serving loop goes first
+
+
+class BoundedHandOff:
+    """A bounded single-consumer queue: `offer` is one GIL-atomic deque append, never blocks.
+
+    When `capacity` items are waiting, the new item is dropped and counted in `dropped` (the count
+    is written by producers only; a lost increment under a thread race under-counts by one at most
+    per race, it never raises).
+    """
+
+    __slots__ = ("_items", "capacity", "dropped", "offered")
+
+    def __init__(self, capacity: int) -> None:
+        self._items: deque = deque()
+        self.capacity = capacity
+        self.offered = 0
+        self.dropped = 0
+
+    def offer(self, item: Any) -> bool:
+        self.offered += 1
+        if len(self._items) >= self.capacity:
+            self.dropped += 1
+            return False
+        self._items.append(item)
+        return True
+
+    def take(self) -> Any | None:
+        """The oldest item, or None when empty (consumer thread only)."""
+        try:
+            return self._items.popleft()
+        except IndexError:
+            return None
+
+    def close(self) -> None:
+        """Refuse (and count) every later offer; what is still queued is counted as dropped too."""
+        self.capacity = 0
+        while self.take() is not None:
+            self.dropped += 1
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class Sink(Protocol):

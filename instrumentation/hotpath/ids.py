@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Sampler, _get_from_env_or_default
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState, get_current_span
 
-from .record import SpanIds
+from phaselens.instrumentation.hotpath.records import SpanIds
 
 UNSAMPLED_ROOT = SpanIds(0, 0, TraceFlags.DEFAULT)  # tracing off: invalid ids, nothing is built
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-from . import names
-from .phases import Phases
-from .record import RequestRecord
-from .spans import NS_PER_S, error_type, output_tokens, tpot_ns
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.records import RequestRecord
+from phaselens.instrumentation.pipeline.phases import Phases
+from phaselens.instrumentation.pipeline.spans import NS_PER_S, error_type, output_tokens, tpot_ns
 
 
 class GenAiServerMetrics:
@@ -57,7 +57,7 @@ class GenAiServerMetrics:
     def record(self, record: RequestRecord, phases: Phases) -> None:
         attributes = metric_attributes(record)
         failure = error_type(record)
-        if phases.first_token_ns:
+        if phases.first_token_ts:
             self._ttft.record(phases.ttft_ns / NS_PER_S, attributes)
             tpot = tpot_ns(phases, output_tokens(record, phases))
             if tpot is not None:

@@ -7,14 +7,14 @@ token. Records reach the span pipeline through a sink's `BoundedHandOff`, which 
 never raises: when full it drops the record and counts it.
 
 Layout of a request timeline (all monotonic ns, 0 = not stamped):
-    received_ns, enqueued_ns, first_token_ns, finished_ns, responded_ns
-    output_ready_ns, first_chunk_ns, first_chunk_sent_ns, last_chunk_ns   the response's content
+    received_ts, enqueued_ts, first_token_ts, finished_ts, responded_ts
+    output_ready_ts, first_chunk_ts, first_chunk_sent_ts, last_chunk_ts   the response's content
                chunks, stamped on the event loop (`handle.ServerRequest`): the API layer took the
                first output carrying content off the engine's stream; its body chunk handed to the
                server's `send`; that `send` returned; the last content chunk handed to `send`
     waits      flat [start0, end0, start1, end1, …]  queue waits; odd length = a wait still open
     chunks     flat [start, end, tokens, cached, …]  prefill chunks (initial and recompute)
-    token_ns   one stamp per `token()` call (a decode step that gave this request tokens)
+    token_ts   one stamp per `token()` call (a decode step that gave this request tokens)
     token_n    tokens that step gave (usually 1)
 """
 
@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .clock import ClockNs
-from .record import StepRecord
+from phaselens.instrumentation.hotpath.clock import ClockNs
+from phaselens.instrumentation.hotpath.records import StepRecord, StepStats
 
 CHUNK_FIELDS = 4  # start, end, tokens, cached
 
@@ -38,38 +37,38 @@ class RequestTimeline:
     __slots__ = (
         "chunks",
         "clock_ns",
-        "enqueued_ns",
+        "enqueued_ts",
         "finish_reason",
-        "finished_ns",
-        "first_chunk_ns",
-        "first_chunk_sent_ns",
-        "first_token_ns",
-        "last_chunk_ns",
-        "output_ready_ns",
-        "received_ns",
-        "responded_ns",
+        "finished_ts",
+        "first_chunk_sent_ts",
+        "first_chunk_ts",
+        "first_token_ts",
+        "last_chunk_ts",
+        "output_ready_ts",
+        "received_ts",
+        "responded_ts",
         "token_n",
-        "token_ns",
+        "token_ts",
         "waits",
     )
 
-    def __init__(self, clock_ns: ClockNs = time.monotonic_ns, received_ns: int | None = None) -> None:
+    def __init__(self, clock_ns: ClockNs = time.monotonic_ns, received_ts: int | None = None) -> None:
         self.clock_ns = clock_ns
-        self.received_ns = clock_ns() if received_ns is None else received_ns
-        self.enqueued_ns = 0
-        self.first_token_ns = 0
-        self.finished_ns = 0
-        self.responded_ns = 0
-        self.output_ready_ns = self.first_chunk_ns = self.first_chunk_sent_ns = self.last_chunk_ns = 0
+        self.received_ts = clock_ns() if received_ts is None else received_ts
+        self.enqueued_ts = 0
+        self.first_token_ts = 0
+        self.finished_ts = 0
+        self.responded_ts = 0
+        self.output_ready_ts = self.first_chunk_ts = self.first_chunk_sent_ts = self.last_chunk_ts = 0
         self.finish_reason = ""
         self.waits = array("q")
         self.chunks = array("q")
-        self.token_ns = array("q")
+        self.token_ts = array("q")
         self.token_n = array("q")
 
     def enqueued(self) -> None:
         t = self.clock_ns()
-        self.enqueued_ns = t
+        self.enqueued_ts = t
         self.waits.append(t)
 
     def scheduled(self) -> None:
@@ -83,64 +82,23 @@ class RequestTimeline:
         self.chunks.extend((start_ns, end_ns, tokens, cached_tokens))
 
     def first_token(self) -> None:
-        self.first_token_ns = self.clock_ns()
+        self.first_token_ts = self.clock_ns()
 
     def token(self, n: int = 1) -> None:
-        self.token_ns.append(self.clock_ns())
+        self.token_ts.append(self.clock_ns())
         self.token_n.append(n)
 
     def preempted(self) -> None:
         self.waits.append(self.clock_ns())
 
     def finished(self, reason: str) -> None:
-        self.finish_reason = reason  # before finished_ns: a reader that sees `engine_done` sees both
-        self.finished_ns = self.clock_ns()
+        self.finish_reason = reason  # before finished_ts: a reader that sees `engine_done` sees both
+        self.finished_ts = self.clock_ns()
 
     @property
     def engine_done(self) -> bool:
         """The engine will write no more stamps (finished, or never handed to the engine)."""
-        return self.finished_ns != 0 or self.enqueued_ns == 0
-
-
-class BoundedHandOff:
-    """A bounded single-consumer queue: `offer` is one GIL-atomic deque append, never blocks.
-
-    When `capacity` items are waiting, the new item is dropped and counted in `dropped` (the count
-    is written by producers only; a lost increment under a thread race under-counts by one at most
-    per race, it never raises).
-    """
-
-    __slots__ = ("_items", "capacity", "dropped", "offered")
-
-    def __init__(self, capacity: int) -> None:
-        self._items: deque = deque()
-        self.capacity = capacity
-        self.offered = 0
-        self.dropped = 0
-
-    def offer(self, item: Any) -> bool:
-        self.offered += 1
-        if len(self._items) >= self.capacity:
-            self.dropped += 1
-            return False
-        self._items.append(item)
-        return True
-
-    def take(self) -> Any | None:
-        """The oldest item, or None when empty (consumer thread only)."""
-        try:
-            return self._items.popleft()
-        except IndexError:
-            return None
-
-    def close(self) -> None:
-        """Refuse (and count) every later offer; what is still queued is counted as dropped too."""
-        self.capacity = 0
-        while self.take() is not None:
-            self.dropped += 1
-
-    def __len__(self) -> int:
-        return len(self._items)
+        return self.finished_ts != 0 or self.enqueued_ts == 0
 
 
 class StepRecorder:
@@ -155,35 +113,11 @@ class StepRecorder:
         self._submit = submit
         self._index = 0
 
-    def step(
-        self,
-        start_ns: int,
-        end_ns: int,
-        prefill_tokens: int,
-        decode_tokens: int,
-        kv_blocks_used: int,
-        kv_blocks_total: int,
-        preemptions: int,
-        queue_depth: int,
-        requests: Sequence[Any],
-    ) -> None:
+    def step(self, stats: StepStats, requests: Sequence[Any]) -> None:
         index = self._index
         self._index = index + 1
         try:
             links = tuple([request.link for request in requests])
         except AttributeError:  # a loop that also batches observers of its own: counted, not linked
             links = tuple([getattr(request, "link", None) for request in requests])
-        self._submit(
-            StepRecord(
-                index,
-                start_ns,
-                end_ns,
-                prefill_tokens,
-                decode_tokens,
-                kv_blocks_used,
-                kv_blocks_total,
-                preemptions,
-                queue_depth,
-                links,
-            )
-        )
+        self._submit(StepRecord(index, *stats, links))

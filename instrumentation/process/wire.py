@@ -9,7 +9,7 @@ nested records as tuples of theirs, timelines as their int64 bytes:
     STEP     record.StepRecord   (links: (trace_id, span_id, trace_flags) or None per member)
     FLUSH    (sequence,)   the child exports what it has built and acks `sequence`
 
-The child answers on its own pipe with one JSON line of counters per report (see span_process).
+The child answers on its own pipe with one JSON line of counters per report (see builder_child).
 """
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ import marshal
 import struct
 from typing import Any
 
-from .record import HttpFacts, RequestInfo, RequestOutcome, RequestRecord, SpanIds, StepRecord, int64s
+from phaselens.instrumentation.hotpath.records import (
+    HttpFacts,
+    RequestInfo,
+    RequestOutcome,
+    RequestRecord,
+    SpanIds,
+    StepRecord,
+    int64s,
+)
 
 HEADER = struct.Struct("<IB")
 KIND_HELLO, KIND_REQUEST, KIND_STEP, KIND_FLUSH = 1, 2, 3, 4
@@ -44,14 +52,14 @@ def encode_step(step: StepRecord) -> bytes:
 
 
 def decode_request(fields: tuple) -> RequestRecord:
-    root, parent, *stamps, waits, chunks, token_ns, token_n, info, outcome, http = fields
+    root, parent, *stamps, waits, chunks, token_ts, token_n, info, outcome, http = fields
     return RequestRecord(
         SpanIds(*root),
         SpanIds(*parent) if parent is not None else None,
         *stamps,
         int64s(waits),
         int64s(chunks),
-        int64s(token_ns),
+        int64s(token_ts),
         int64s(token_n),
         RequestInfo(*info) if info is not None else None,
         RequestOutcome(*outcome),
@@ -61,3 +69,15 @@ def decode_request(fields: tuple) -> RequestRecord:
 
 def decode_step(fields: tuple) -> StepRecord:
     return StepRecord(*fields)
+
+
+def read_frame(stream) -> tuple[int, tuple] | None:
+    """(kind, fields), or None at EOF."""
+    header = stream.read(HEADER.size)
+    if len(header) < HEADER.size:
+        return None
+    length, kind = HEADER.unpack(header)
+    payload = stream.read(length)
+    if len(payload) < length:
+        return None
+    return kind, marshal.loads(payload)

@@ -12,7 +12,7 @@ Per request (one trace, child of the client's span when a traceparent arrived):
     │                             its llm.prefill.chunk children, phaselens.prefill.recompute=true)
     └ llm.delivery                last token → responded
 
-Budget terms and formulas: see `phaselens.instrumentation.phases`. The SERVER span carries them all as
+Budget terms and formulas: see `phaselens.instrumentation.pipeline.phases`. The SERVER span carries them all as
 attributes (phaselens.*_ms, the GenAI semconv keys and the de-facto gen_ai.latency.* keys in
 seconds), so a per-request query needs no join.
 
@@ -37,15 +37,14 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from phaselens.common.quantile import quantile
-
-from . import names
-from .clock import ClockAnchor
-from .emitter import SpanEmitter
-from .ids import child_flags, span_context
-from .observer import FINISH_ERROR
-from .phases import Phases, stall_ns
-from .record import RequestRecord, StepRecord
-from .timeline import CHUNK_FIELDS
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.ids import child_flags, span_context
+from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
+from phaselens.instrumentation.hotpath.records import RequestRecord, StepRecord
+from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.phases import Phases, stall_ns
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
@@ -72,12 +71,12 @@ def output_tokens(record: RequestRecord, phases: Phases) -> int:
     """Usage as reported by `complete()`, else counted from the stamps (1 + Σ tokens per step)."""
     if record.outcome.output_tokens is not None:
         return record.outcome.output_tokens
-    return (1 + phases.decode_tokens) if phases.first_token_ns else 0
+    return (1 + phases.decode_tokens) if phases.first_token_ts else 0
 
 
 def tpot_ns(phases: Phases, tokens: int) -> float | None:
     """(last_token − first_token) / (output_tokens − 1), for output_tokens > 1."""
-    if not phases.first_token_ns or tokens <= 1:
+    if not phases.first_token_ts or tokens <= 1:
         return None
     return phases.decode_ns / (tokens - 1)
 
@@ -129,20 +128,20 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
         names.PL_FIRST_TOKEN_MS: _ms(phases.first_token_phase_ns),
         names.PL_DECODE_MS: _ms(phases.decode_ns),
         names.PL_DELIVERY_MS: _ms(phases.delivery_ns),
-        names.PL_SERVER_TTFT_MS: _ms(phases.ttft_ns) if phases.first_token_ns else None,
+        names.PL_SERVER_TTFT_MS: _ms(phases.ttft_ns) if phases.first_token_ts else None,
         names.PL_SERVER_TPOT_MS: _ms(tpot) if tpot is not None else None,
         names.PL_PREEMPTIONS: max(0, len(phases.waits) - 1),
         names.PL_FINISH_REASON: finish_reason,
         names.PL_CLIENT_DISCONNECTED: http.client_disconnected,
-        names.PL_RECEIVED_WALL_NS: anchor.to_wall_ns(phases.received_ns),
-        names.PL_RESPONDED_WALL_NS: anchor.to_wall_ns(phases.end_ns),
+        names.PL_RECEIVED_WALL_NS: anchor.to_wall_ns(phases.received_ts),
+        names.PL_RESPONDED_WALL_NS: anchor.to_wall_ns(phases.end_ts),
         names.GEN_AI_RESPONSE_FINISH_REASONS: [finish_reason] if finish_reason else None,
         names.GEN_AI_USAGE_OUTPUT_TOKENS: tokens,
         names.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached,
         names.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: outcome.reasoning_tokens,
         # de-facto engine keys, vLLM's definitions, seconds
         names.LATENCY_TIME_IN_QUEUE: _s(phases.queue_ns),
-        names.LATENCY_TIME_TO_FIRST_TOKEN: _s(phases.ttft_ns) if phases.first_token_ns else None,
+        names.LATENCY_TIME_TO_FIRST_TOKEN: _s(phases.ttft_ns) if phases.first_token_ts else None,
         names.LATENCY_E2E: _s(phases.e2e_ns),
         names.LATENCY_TIME_IN_MODEL_PREFILL: _s(phases.prefill_ns + phases.first_token_phase_ns),
         names.LATENCY_TIME_IN_MODEL_DECODE: _s(phases.decode_ns),
@@ -185,13 +184,13 @@ def first_chunk_split(phases: Phases) -> dict[str, Any]:
 def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
     """The first_chunk term, its split, server TTFC and last chunk, on the root; {} when no content
     chunk was streamed."""
-    if not phases.first_chunk_ns:
+    if not phases.first_chunk_ts:
         return {}
     return {
         names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns),
         **first_chunk_split(phases),
         names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
-        names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ns - phases.received_ns),
+        names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ts - phases.received_ts),
     }
 
 
@@ -288,7 +287,7 @@ def _token_events(tree: _Tree, record: RequestRecord) -> list:
     to_wall, event = tree.anchor.to_wall_ns, tree.emitter.event
     return [
         event(names.EVENT_TOKEN, {names.PL_TOKEN_COUNT: n}, to_wall(t_ns))
-        for t_ns, n in zip(record.token_ns, record.token_n, strict=False)
+        for t_ns, n in zip(record.token_ts, record.token_n, strict=False)
     ]
 
 
@@ -298,25 +297,25 @@ def request_spans(
     """The spans of one sampled request: phase spans, then the SERVER span."""
     tree = _Tree(emitter, anchor, span_context(record.root))
     # rejected before reaching the engine: the whole request was ingress
-    tree.leaf(names.SPAN_INGRESS, phases.received_ns, phases.enqueued_ns or phases.end_ns)
+    tree.leaf(names.SPAN_INGRESS, phases.received_ts, phases.enqueued_ts or phases.end_ts)
     for index, (start, end) in enumerate(phases.waits):
         tree.leaf(names.SPAN_QUEUE, start, end, {names.PL_QUEUE_WAIT_INDEX: index})
-    prefill = tree.new_context() if phases.scheduled_ns else None
+    prefill = tree.new_context() if phases.scheduled_ts else None
     decode = None
-    if phases.first_token_ns:
-        tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ns, phases.first_token_ns)
-        if phases.first_chunk_ns:
-            tree.leaf(names.SPAN_FIRST_CHUNK, phases.first_token_ns, phases.first_chunk_ns, first_chunk_split(phases))
+    if phases.first_token_ts:
+        tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ts, phases.first_token_ts)
+        if phases.first_chunk_ts:
+            tree.leaf(names.SPAN_FIRST_CHUNK, phases.first_token_ts, phases.first_chunk_ts, first_chunk_split(phases))
         decode = tree.new_context()
-        tree.leaf(names.SPAN_DELIVERY, phases.last_token_ns, phases.end_ns)
+        tree.leaf(names.SPAN_DELIVERY, phases.last_token_ts, phases.end_ts)
     _chunk_spans(tree, record, phases, prefill, decode)
     if prefill is not None:
         tree.add(
             names.SPAN_PREFILL,
             prefill,
             tree.root,
-            phases.scheduled_ns,
-            phases.prefill_end_ns,
+            phases.scheduled_ts,
+            phases.prefill_end_ts,
             _prefill_attributes(record, phases),
         )
     if decode is not None:
@@ -324,8 +323,8 @@ def request_spans(
             names.SPAN_DECODE,
             decode,
             tree.root,
-            phases.first_token_ns,
-            phases.last_token_ns,
+            phases.first_token_ts,
+            phases.last_token_ts,
             decode_attributes(phases),
             events=_token_events(tree, record) if token_events else (),
         )
@@ -343,8 +342,8 @@ def _add_root(tree: _Tree, record: RequestRecord, phases: Phases) -> None:
         name,
         tree.root,
         parent,
-        phases.received_ns,
-        phases.end_ns,
+        phases.received_ts,
+        phases.end_ts,
         attributes,
         kind=SpanKind.SERVER,
         status=Status(StatusCode.ERROR, failure) if failure else Status(StatusCode.UNSET),
@@ -367,7 +366,7 @@ def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> Re
         names.PL_STEP_KV_BLOCKS_TOTAL: step.kv_blocks_total,
         names.PL_STEP_PREEMPTIONS: step.preemptions,
         names.PL_STEP_QUEUE_DEPTH: step.queue_depth,
-        names.PL_STEP_DURATION_MS: _ms(step.end_ns - step.start_ns),
+        names.PL_STEP_DURATION_MS: _ms(step.end_ts - step.start_ts),
     }
     trace_id = emitter.ids.generate_trace_id()
     result = emitter.sampler.should_sample(
@@ -386,8 +385,8 @@ def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> Re
         names.SPAN_ENGINE_STEP,
         context,
         None,
-        anchor.to_wall_ns(step.start_ns),
-        anchor.to_wall_ns(step.end_ns),
+        anchor.to_wall_ns(step.start_ts),
+        anchor.to_wall_ns(step.end_ts),
         result.attributes,
         links=links,
     )
