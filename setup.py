@@ -1,5 +1,5 @@
 """The C extensions: the collector's OTLP → RowBinary decoder (collectors/render.py) and the span
-builder's OTLP encoder (instrumentation/otlp_fast.py); they need a C compiler and the Python
+builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py); they need a C compiler and the Python
 headers. Everything else is in pyproject.toml; the extensions are declared here because pyproject's `[tool.setuptools] ext-modules` is still experimental."""
 
 from setuptools import Extension, setup
@@ -12,8 +12,8 @@ setup(
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(
-            "phaselens.instrumentation._otlp_encode",
-            ["instrumentation/_otlp_encode.c"],
+            "phaselens.instrumentation.pipeline._otlp_encode",
+            ["instrumentation/pipeline/_otlp_encode.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
     ]

@@ -19,22 +19,23 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from phaselens.collectors import schema
 from phaselens.collectors.service import Collector
-from phaselens.instrumentation import names, otel_setup
-from phaselens.instrumentation._otlp_encode import encode_spans
-from phaselens.instrumentation.builder import SpanBuilder
-from phaselens.instrumentation.emitter import SpanEmitter
-from phaselens.instrumentation.export import BatchSettings, CountingBatchSpanProcessor
-from phaselens.instrumentation.genai_metrics import GenAiServerMetrics
-from phaselens.instrumentation.observer import NULL_REQUEST
-from phaselens.instrumentation.otlp_fast import (
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
+from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats
+from phaselens.instrumentation.pipeline import otel_setup
+from phaselens.instrumentation.pipeline._otlp_encode import encode_spans
+from phaselens.instrumentation.pipeline.builder import SpanBuilder
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.otlp_fast import (
     EncodedSpanProcessor,
     FastEmitter,
     bytes_exporter,
     limits_tuple,
     request_encoder,
 )
-from phaselens.instrumentation.record import RequestRecord
-from phaselens.instrumentation.spans import KIND_INTERNAL, SpanData
+from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
+from phaselens.instrumentation.pipeline.spans import KIND_INTERNAL, SpanData
 from tests.collector_fixtures import rows, wait_rows
 from tests.instrumentation_fixtures import http_scope, make_rig, script_request
 
@@ -82,10 +83,10 @@ def scripted_records() -> list:
     scope = http_scope(traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
     scope["headers"].append((b"tracestate", b"vendor=abc,other=1"))
     failed = rig.telemetry.request(scope)
-    failed.describe(operation=names.OP_TEXT_COMPLETION, model="tiny", prompt=[{"role": "user", "content": "hi"}])
+    failed.describe(RequestInfo(names.OP_TEXT_COMPLETION, "tiny", prompt=[{"role": "user", "content": "hi"}]))
     failed.enqueued()
     failed.fail("ValueError", status_code=400)
-    rig.telemetry.step_observer.step(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1, [traced, NULL_REQUEST, failed])
+    rig.telemetry.step_observer.step(StepStats(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1), [traced, NULL_REQUEST, failed])
     rig.telemetry.shutdown()
     assert [type(r).__name__ for r in records].count("RequestRecord") == 2
     return records
@@ -97,6 +98,7 @@ def build(records: list, backend: str, limits: SpanLimits | None = None) -> tupl
     if backend == "sdk":
         kept = RequestsKept()
         processor: Any = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
+        tracer_provider.add_span_processor(processor)
         emitter: Any = SpanEmitter(tracer_provider.get_tracer(names.SERVER_SCOPE), limits or SpanLimits())
     else:
         kept = RequestsKept(request_encoder(tracer_provider))
@@ -149,7 +151,13 @@ def fields_of(request_bytes: bytes) -> list[dict]:
                             for e in s.events
                         ],
                         "links": [
-                            (lk.trace_id.hex(), lk.span_id.hex(), lk.trace_state, lk.flags, attributes_of(lk.attributes))
+                            (
+                                lk.trace_id.hex(),
+                                lk.span_id.hex(),
+                                lk.trace_state,
+                                lk.flags,
+                                attributes_of(lk.attributes),
+                            )
                             for lk in s.links
                         ],
                         "status": (s.HasField("status"), s.status.code, s.status.message),
@@ -164,7 +172,7 @@ def test_both_paths_export_the_same_spans_field_by_field():
     (sdk,), sdk_counts = build(records, "sdk")
     (fast,), fast_counts = build(records, "fast")
     sdk_spans, fast_spans = fields_of(sdk), fields_of(fast)
-    assert len(sdk_spans) == 15  # 10 of the traced request, the failed one's 2, 1 step (3 members)
+    assert len(sdk_spans) == 17  # 12 of the traced request, 3 of the failed one, 2 steps
     for sdk_span, fast_span in zip(sdk_spans, fast_spans, strict=True):
         assert fast_span == sdk_span, sdk_span["name"]
     by_name = {s["name"][0]: s for s in fast_spans}
@@ -176,7 +184,7 @@ def test_both_paths_export_the_same_spans_field_by_field():
         kind for s in fast_spans for _, (kind, _) in s["attributes"]
     }
     assert fast == sdk  # and byte for byte: the SDK's encoder writes fields in the same order
-    assert fast_counts == sdk_counts and fast_counts["processor_exported"] == 15
+    assert fast_counts == sdk_counts and fast_counts["processor_exported"] == 17
 
 
 def test_span_limits_bound_both_paths_alike():
@@ -253,15 +261,18 @@ def test_a_description_that_fails_to_encode_is_counted_in_build_errors():
     tracer_provider = provider()
     processor = EncodedSpanProcessor(RequestsKept(request_encoder(tracer_provider)))
     builder = SpanBuilder(
-        FastEmitter(tracer_provider, [processor]), GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor,
-        tracer_provider, True,
+        FastEmitter(tracer_provider, [processor]),
+        GenAiServerMetrics(MeterProvider(), dict),
+        make_rig().anchor,
+        tracer_provider,
+        True,
     )
     request = next(r for r in records if isinstance(r, RequestRecord))
     builder.build(request._replace(info=request.info._replace(seed=object())))  # no attribute type
     builder.build(request)
     processor.shutdown()
     counts = builder.counters()
-    assert counts["build_errors"] == 1 and counts["requests_built"] == 1 and processor.counts.exported == 10
+    assert counts["build_errors"] == 1 and counts["requests_built"] == 1 and processor.counts.exported == 12
 
 
 def closed_port() -> int:
@@ -309,29 +320,32 @@ def test_fast_path_rows_in_clickhouse_equal_the_sdk_paths(collector, ch_client, 
         if backend == "sdk":
             exporter = otel_setup.otlp_span_exporter()
             processor: Any = CountingBatchSpanProcessor(exporter)
+            tracer_provider.add_span_processor(processor)
             emitter: Any = SpanEmitter.of_provider(tracer_provider)
         else:
             processor = EncodedSpanProcessor(bytes_exporter(protocol, request_encoder(tracer_provider)))
             emitter = FastEmitter(tracer_provider, [processor])
-        builder = SpanBuilder(emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True)
+        builder = SpanBuilder(
+            emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True
+        )
         for record in records:
             builder.build(record)
         processor.shutdown()
-        assert processor.counts.exported == 15 and processor.counts.failed == 0
-    assert wait_rows(ch_client, database, 30) == 30
+        assert processor.counts.exported == 17 and processor.counts.failed == 0
+    assert wait_rows(ch_client, database, 34) == 34
     by_service: dict[str, list] = {}
     for row in rows(ch_client, database, order_by="SpanId, ServiceName"):
         service = row.pop("ServiceName")
         row["ResourceAttributes"].pop("service.name")
         by_service.setdefault(service, []).append(row)
     assert by_service["phaselens-fast"] == by_service["phaselens-sdk"]
-    assert len(by_service["phaselens-fast"]) == 15
+    assert len(by_service["phaselens-fast"]) == 17
 
 
 def test_a_provider_the_user_brought_keeps_the_sdk_path():
     rig = make_rig()  # the user's TracerProvider with their own processor and exporter
     script_request(rig)
-    assert rig.telemetry.builder == "thread" and len(rig.spans()) == 10
+    assert rig.telemetry.builder == "thread" and len(rig.spans()) == 13
     rig.telemetry.shutdown()
 
 

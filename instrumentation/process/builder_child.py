@@ -39,9 +39,8 @@ from collections import deque
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.counters import Counters
-from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
-from phaselens.instrumentation.pipeline.otel_setup import configure, export_positions
+from phaselens.instrumentation.pipeline.otel_setup import configure, export_positions, span_backend
 from phaselens.instrumentation.pipeline.sink import NICE
 from phaselens.instrumentation.process import wire
 
@@ -63,13 +62,13 @@ class SpanProcess:
     def __init__(self, hello: tuple, report_fd: int) -> None:
         service_name, anchor_mono_ns, anchor_wall_ns, token_events = hello
         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = str(CHECKPOINT_ONLY_DELAY_MS)  # this process's own environment
-        self.providers = configure(service_name, set_global=False)
+        self.providers = configure(service_name, set_global=False, encoded_spans=True)
         provider = self.providers.tracer_provider
         metrics = GenAiServerMetrics(
             self.providers.meter_provider, lambda: Counters.total([self.counters()]).drop_reasons()
         )
         self.builder = SpanBuilder(
-            SpanEmitter.of_provider(provider),
+            span_backend(self.providers),
             metrics,
             ClockAnchor(anchor_mono_ns, anchor_wall_ns),
             provider,
@@ -131,7 +130,7 @@ class SpanProcess:
         with self.checkpoint_lock:
             if self.stopping:
                 return
-            self.providers.tracer_provider.force_flush()
+            self.providers.force_flush()
             self.progress()
             self.report(**extra)
 

@@ -4,7 +4,7 @@ Used where phaselens owns the tracer provider (the span-builder process; `Server
 and every trace exporter is OTLP: no ReadableSpan, no SDK Link and no protobuf object is made.
 `FastEmitter.emit` encodes a record's sampled spans (`_otlp_encode.encode_spans`, SpanLimits
 applied as the SDK applies them) and offers the encoded spans to an `EncodedSpanProcessor` per
-exporter: `export.CountingBatchSpanProcessor`'s bounded queue, batches, worker thread and counts
+exporter: `span_processor.CountingBatchSpanProcessor`'s bounded queue, batches, worker thread and counts
 (`dropped`, `failed`, `exported`, positions), holding bytes instead of spans. A batch becomes one
 ExportTraceServiceRequest (the provider's resource at export time, scope `names.SERVER_SCOPE`)
 sent by the SDK's OTLP exporter classes themselves, so their retry and backoff, timeout,
@@ -29,10 +29,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from . import names
-from ._otlp_encode import encode_request, encode_spans
-from .export import CountingBatchSpanProcessor
-from .span_data import SpanData
+from phaselens.instrumentation import names
+from phaselens.instrumentation.pipeline._otlp_encode import encode_request, encode_spans
+from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor
+from phaselens.instrumentation.pipeline.spans import SpanData
 
 PROTOCOL_GRPC = "grpc"
 PROTOCOL_HTTP = "http/protobuf"
