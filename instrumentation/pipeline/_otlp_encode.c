@@ -176,30 +176,19 @@ static int put_id(Buf *b, uint32_t field, PyObject *v, int bytes, const char *wh
         PyErr_Format(PyExc_TypeError, "%s: expected int", what);
         return -1;
     }
-    uint64_t low = PyLong_AsUnsignedLongLongMask(v), high = 0;
-    if (low == (uint64_t)-1 && PyErr_Occurred())
-        return -1;
-    PyObject *shift = PyLong_FromLong(64), *rest = shift ? PyNumber_Rshift(v, shift) : NULL;
-    Py_XDECREF(shift);
-    if (!rest)
-        return -1;
-    int bad = PyObject_IsTrue(rest); /* bits above the low 64 */
-    if (bad > 0 && bytes == 16) {
-        high = PyLong_AsUnsignedLongLong(rest);
-        bad = (high == (uint64_t)-1 && PyErr_Occurred()) ? 1 : 0;
-    }
-    Py_DECREF(rest);
+    uint8_t be[16];
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t need = PyLong_AsNativeBytes(v, be, bytes, Py_ASNATIVEBYTES_BIG_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
+                                                         Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+    int bad = need < 0 || need > bytes;
+#else
+    int bad = _PyLong_AsByteArray((PyLongObject *)v, be, (size_t)bytes, 0, 0) < 0;
+#endif
     if (bad) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "%s: not an unsigned %d-bit int", what, 8 * bytes);
         return -1;
     }
-    uint8_t be[16];
-    for (int i = 0; i < 8; i++)
-        be[bytes - 1 - i] = (uint8_t)(low >> (8 * i));
-    if (bytes == 16)
-        for (int i = 0; i < 8; i++)
-            be[7 - i] = (uint8_t)(high >> (8 * i));
     return put_bytes(b, field, be, (size_t)bytes);
 }
 
@@ -363,14 +352,20 @@ static int put_event(Buf *b, PyObject *event, const Limits *limits) {
     return dropped < 0 || put_dropped(b, 4, dropped) || close_message(b, mark);
 }
 
-/* Link: (trace_id, span_id, trace_flags[, attributes]); a local context (flags: has-is-remote). */
+/* Link: 25 bytes (records.LINK: trace id, span id, flags, big-endian) or (trace_id, span_id,
+ * trace_flags[, attributes]); a local context (flags: has-is-remote). */
 static int put_link(Buf *b, PyObject *link, const Limits *limits) {
+    size_t mark;
+    if (PyBytes_Check(link) && PyBytes_GET_SIZE(link) == 25) {
+        const char *p = PyBytes_AS_STRING(link);
+        return open_message(b, 13, &mark) || put_bytes(b, 1, p, 16) || put_bytes(b, 2, p + 16, 8) ||
+               put_fixed(b, 6, FLAGS_HAS_IS_REMOTE, 4) || close_message(b, mark);
+    }
     Py_ssize_t n = PyTuple_Check(link) ? PyTuple_GET_SIZE(link) : 0;
     if (n != 3 && n != 4) {
-        PyErr_SetString(PyExc_TypeError, "link: expected (trace_id, span_id, trace_flags[, attributes])");
+        PyErr_SetString(PyExc_TypeError, "link: expected 25 packed bytes or (trace_id, span_id, trace_flags[, attributes])");
         return -1;
     }
-    size_t mark;
     if (open_message(b, 13, &mark) || put_id(b, 1, PyTuple_GET_ITEM(link, 0), 16, "link trace_id") ||
         put_id(b, 2, PyTuple_GET_ITEM(link, 1), 8, "link span_id"))
         return -1;

@@ -26,6 +26,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.records import unpack_link
 from phaselens.instrumentation.pipeline.spans import KIND_SERVER, SpanData
 
 UNSET = Status(StatusCode.UNSET)
@@ -120,7 +121,7 @@ class SpanEmitter:
             data.attributes,
             kind=SpanKind.SERVER if data.kind == KIND_SERVER else SpanKind.INTERNAL,
             events=[self.event(name, attributes, time_ts) for name, time_ts, attributes in data.events],
-            links=[self.link(*link) for link in data.links],
+            links=[self.link(*(unpack_link(link) if isinstance(link, bytes) else link)) for link in data.links],
             status=Status(StatusCode(data.status_code), data.status_message) if data.status_code else UNSET,
         )
 

@@ -51,7 +51,7 @@ from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.ids import child_flags
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
-from phaselens.instrumentation.hotpath.records import RequestRecord, StepRecord
+from phaselens.instrumentation.hotpath.records import RequestRecord, StepRecord, unpack_link
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
 from phaselens.instrumentation.pipeline.phases import Phases, stall_ns
 
@@ -228,7 +228,8 @@ KIND_INTERNAL, KIND_SERVER = 1, 2  # OTLP Span.SpanKind
 STATUS_UNSET, STATUS_ERROR = 0, 2  # OTLP Status.StatusCode (= the API's StatusCode values)
 
 Event = tuple[str, int, dict[str, Any]]  # (name, time_ts, attributes)
-LinkIds = tuple[int, int, int] | tuple[int, int, int, dict[str, Any]]  # (trace_id, span_id, flags[, attributes])
+# a link: packed SERVER span ids (records.pack_link), or (trace_id, span_id, trace_flags[, attributes])
+LinkIds = bytes | tuple[int, int, int] | tuple[int, int, int, dict[str, Any]]
 
 
 class SpanData(NamedTuple):
@@ -384,7 +385,7 @@ class _SamplerLinks(Sequence[Link]):
 
     __slots__ = ("_links",)
 
-    def __init__(self, links: Sequence[tuple[int, int, int]]) -> None:
+    def __init__(self, links: Sequence[bytes]) -> None:
         self._links = links
 
     def __len__(self) -> int:
@@ -403,8 +404,9 @@ class _SamplerLinks(Sequence[Link]):
         return (_link(ids) for ids in self._links)
 
 
-def _link(ids: tuple[int, int, int]) -> Link:
-    return Link(SpanContext(ids[0], ids[1], False, TraceFlags(ids[2])))
+def _link(packed: bytes) -> Link:
+    trace_id, span_id, flags = unpack_link(packed)
+    return Link(SpanContext(trace_id, span_id, False, TraceFlags(flags)))
 
 
 def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: StepRecord) -> SpanData | None:
