@@ -159,7 +159,7 @@ class StepRecord(NamedTuple):
     links: tuple[bytes | None, ...]
 
     def sampled_links(self) -> list[bytes]:
-        return [link for link in self.links if link is not None]
+        return list(filter(None, self.links))  # packed links are never empty
 
 
 Record = RequestRecord | StepRecord

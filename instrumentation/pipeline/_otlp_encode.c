@@ -356,10 +356,19 @@ static int put_event(Buf *b, PyObject *event, const Limits *limits) {
  * trace_flags[, attributes]); a local context (flags: has-is-remote). */
 static int put_link(Buf *b, PyObject *link, const Limits *limits) {
     size_t mark;
-    if (PyBytes_Check(link) && PyBytes_GET_SIZE(link) == 25) {
+    if (PyBytes_Check(link) && PyBytes_GET_SIZE(link) == 25) { /* one layout, written at once (~16k a second) */
+        static const uint8_t flags[5] = {6 << 3 | I32, FLAGS_HAS_IS_REMOTE & 0xFF, FLAGS_HAS_IS_REMOTE >> 8, 0, 0};
         const char *p = PyBytes_AS_STRING(link);
-        return open_message(b, 13, &mark) || put_bytes(b, 1, p, 16) || put_bytes(b, 2, p + 16, 8) ||
-               put_fixed(b, 6, FLAGS_HAS_IS_REMOTE, 4) || close_message(b, mark);
+        if (reserve(b, 35))
+            return -1;
+        uint8_t *out = b->data + b->len;
+        out[0] = 13 << 3 | LEN, out[1] = 33, out[2] = 1 << 3 | LEN, out[3] = 16;
+        memcpy(out + 4, p, 16);
+        out[20] = 2 << 3 | LEN, out[21] = 8;
+        memcpy(out + 22, p + 16, 8);
+        memcpy(out + 30, flags, 5);
+        b->len += 35;
+        return 0;
     }
     Py_ssize_t n = PyTuple_Check(link) ? PyTuple_GET_SIZE(link) : 0;
     if (n != 3 && n != 4) {

@@ -41,7 +41,8 @@ Boundaries (monotonic ns of one process):
 
 from __future__ import annotations
 
-import itertools
+import bisect
+import operator
 from dataclasses import dataclass, field
 
 from phaselens.common.quantile import quantile
@@ -96,12 +97,14 @@ class Phases:
         return self.end_ts - self.received_ts
 
 
-def stall_ns(itl_ns: list[int]) -> float:
-    """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring)."""
-    if not itl_ns:
+def stall_ns(itl_sorted_ns: list[int]) -> float:
+    """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring), from the gaps in ascending
+    order: the stalls are the sorted tail, = Σ tail − p50·len(tail) (exact: ns ints, p50 a half-int)."""
+    if not itl_sorted_ns:
         return 0
-    median = quantile(sorted(itl_ns), 0.5)
-    return sum(g - median for g in itl_ns if g > STALL_FACTOR * median)
+    median = quantile(itl_sorted_ns, 0.5)
+    stalls = itl_sorted_ns[bisect.bisect_right(itl_sorted_ns, STALL_FACTOR * median) :]
+    return sum(stalls) - median * len(stalls)
 
 
 def overlap_ns(waits: list[tuple[int, int]], start_ns: int, end_ns: int) -> int:
@@ -153,7 +156,7 @@ def compute_phases(timeline: Timeline) -> Phases:
     p.decode_tokens = sum(timeline.token_n)
     p.decode_steps = len(timeline.token_ts)
     stamps = [ft, *timeline.token_ts]
-    p.itl_ns = [b - a for a, b in itertools.pairwise(stamps)]
+    p.itl_ns = list(map(operator.sub, stamps[1:], stamps))  # gaps b − a of consecutive stamps
     _first_chunk(p, timeline)
     return p
 

@@ -211,7 +211,7 @@ def decode_attributes(phases: Phases) -> dict[str, Any]:
         names.PL_ITL_P50_MS: _ms(quantile(itl, 0.5) if itl else 0),
         names.PL_ITL_P99_MS: _ms(quantile(itl, 0.99) if itl else 0),
         names.PL_ITL_MAX_MS: _ms(itl[-1] if itl else 0),
-        names.PL_STALL_MS: _ms(stall_ns(phases.itl_ns)),
+        names.PL_STALL_MS: _ms(stall_ns(itl)),
     }
 
 
