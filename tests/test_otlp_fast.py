@@ -4,8 +4,12 @@ a dead endpoint is counted, never raised; a provider the user brought keeps the 
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import socket
+import threading
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +24,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from phaselens.collectors import schema
 from phaselens.collectors.service import Collector
 from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
 from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats
 from phaselens.instrumentation.pipeline import otel_setup
@@ -27,6 +32,7 @@ from phaselens.instrumentation.pipeline._otlp_encode import encode_spans
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.http_transport import HttpClientTransport
 from phaselens.instrumentation.pipeline.otlp_fast import (
     EncodedSpanProcessor,
     FastEmitter,
@@ -36,8 +42,9 @@ from phaselens.instrumentation.pipeline.otlp_fast import (
 )
 from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
 from phaselens.instrumentation.pipeline.spans import KIND_INTERNAL, SpanData
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.collector_fixtures import rows, wait_rows
-from tests.instrumentation_fixtures import http_scope, make_rig, script_request
+from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
 
 
 class CountingIds(IdGenerator):
@@ -364,3 +371,106 @@ def test_configure_picks_the_fast_backend_only_for_otlp_alone(monkeypatch):
         assert isinstance(emitter, FastEmitter if fast else SpanEmitter | type(None)), (exporters, backend)
         providers.shutdown()
         monkeypatch.delenv(names.ENV_SPAN_BACKEND, raising=False)
+
+
+class ScriptedReceiver:
+    """A loopback OTLP/HTTP endpoint answering each POST with the next status of `statuses` (then
+    200), after `delay_s`; it keeps each request's headers and body."""
+
+    def __init__(self, statuses: list[int], delay_s: float = 0.0) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[tuple[dict, bytes]] = []
+        receiver, statuses = self, list(statuses)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the transport expects
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                time.sleep(delay_s)
+                status = statuses.pop(0) if statuses else 200
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def export_one(monkeypatch, receiver: ScriptedReceiver, **env: str) -> EncodedSpanProcessor:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    tracer_provider = provider()
+    exporter = bytes_exporter("http/protobuf", request_encoder(tracer_provider))
+    assert isinstance(exporter._client._transport, HttpClientTransport)  # not requests
+    processor = EncodedSpanProcessor(exporter)
+    FastEmitter(tracer_provider, [processor]).emit([SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 1, 2, {})])
+    processor.shutdown()
+    return processor
+
+
+def test_http_export_keeps_the_exporters_headers_compression_and_retries(monkeypatch):
+    receiver = ScriptedReceiver([503, 429])
+    processor = export_one(
+        monkeypatch,
+        receiver,
+        OTEL_EXPORTER_OTLP_TRACES_HEADERS="authorization=Bearer%20abc,x-tenant=t1",
+        OTEL_EXPORTER_OTLP_TRACES_COMPRESSION="gzip",
+    )
+    receiver.close()
+    assert (processor.counts.exported, processor.counts.failed) == (1, 0)
+    assert len(receiver.requests) == 3  # 503 and 429 retried with the exporter's backoff
+    headers, body = receiver.requests[-1]
+    assert headers["authorization"] == "Bearer abc" and headers["x-tenant"] == "t1"
+    assert headers["content-encoding"] == "gzip" and headers["content-type"] == "application/x-protobuf"
+    (span,) = fields_of(gzip.decompress(body))
+    assert span["name"] == ("s", KIND_INTERNAL) and span["resource"][0] == (
+        "service.name",
+        ("string_value", "phaselens-test"),
+    )
+
+
+def test_http_export_fails_on_a_4xx_and_within_the_exporters_timeout(monkeypatch):
+    refused = ScriptedReceiver([400])
+    assert export_one(monkeypatch, refused).counts.failed == 1 and len(refused.requests) == 1  # not retried
+    refused.close()
+    slow = ScriptedReceiver([], delay_s=3.0)
+    started = time.monotonic()
+    processor = export_one(monkeypatch, slow, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="0.5")
+    assert processor.counts.failed == 1 and time.monotonic() - started < 2.5
+    slow.close()
+
+
+def test_the_span_builder_process_counts_a_dead_endpoint_and_serving_goes_on(monkeypatch):
+    for name, value in {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(names.ENV_SPAN_BACKEND, raising=False)
+    clock = ScriptedClock()
+    telemetry = ServerTelemetry.from_env(
+        "phaselens-dead-end", builder="process", clock_ns=clock, anchor=ClockAnchor.capture(clock, lambda: WALL_BASE_NS)
+    )
+    script_request(SimpleNamespace(telemetry=telemetry, clock=clock))
+    assert telemetry.flush(20)
+    stats = telemetry.stats()
+    assert (stats.export_failed, stats.export_exported, stats.child_alive) == (13, 0, 1)
+    assert stats.spans_dropped == 13 and stats.build_errors == 0
+    script_request(SimpleNamespace(telemetry=telemetry, clock=clock))  # still serving, still counting
+    telemetry.shutdown()
+    assert telemetry.stats().export_failed == 26
