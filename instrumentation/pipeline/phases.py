@@ -153,10 +153,10 @@ def compute_phases(timeline: Timeline) -> Phases:
     p.last_token_ts = timeline.token_ts[-1] if timeline.token_ts else ft
     p.decode_ns = p.last_token_ts - ft
     p.delivery_ns = max(0, end_ns - p.last_token_ts)
-    p.decode_tokens = sum(timeline.token_n)
+    p.decode_tokens = sum(timeline.token_n.tolist())  # tolist: one C loop, not an int per iteration step
     p.decode_steps = len(timeline.token_ts)
-    stamps = [ft, *timeline.token_ts]
-    p.itl_ns = list(map(operator.sub, stamps[1:], stamps))  # gaps b − a of consecutive stamps
+    stamps = timeline.token_ts.tolist()
+    p.itl_ns = list(map(operator.sub, stamps, [ft, *stamps[:-1]]))  # gaps b − a of consecutive stamps
     _first_chunk(p, timeline)
     return p
 

@@ -265,10 +265,11 @@ class SpanBackend(Protocol):
 class _Tree:
     """The spans of one request's trace, collected in the order they would have ended."""
 
-    __slots__ = ("anchor", "ids", "root", "spans")
+    __slots__ = ("ids", "root", "spans", "wall_offset_ns")
 
     def __init__(self, ids: IdGenerator, anchor: ClockAnchor, root: RequestRecord) -> None:
-        self.ids, self.anchor, self.root = ids, anchor, root.root
+        self.ids, self.root = ids, root.root
+        self.wall_offset_ns = anchor.to_wall_ns(0)  # wall = mono + offset (the anchor's formula)
         self.spans: list[SpanData] = []
 
     def leaf(
@@ -282,7 +283,7 @@ class _Tree:
         events: tuple[Event, ...] = (),
     ) -> None:
         """A child span (of the root unless `parent_id`), with the root's trace, flags and state."""
-        root, to_wall = self.root, self.anchor.to_wall_ns
+        root, offset = self.root, self.wall_offset_ns
         self.spans.append(
             SpanData(
                 name,
@@ -293,8 +294,8 @@ class _Tree:
                 False,
                 root.trace_flags,
                 root.trace_state,
-                to_wall(start_ts),
-                to_wall(end_ts),
+                start_ts + offset,
+                end_ts + offset,
                 attributes or {},
                 events,
             )
