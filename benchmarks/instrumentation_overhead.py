@@ -69,7 +69,7 @@ from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.otel_setup import add_counting_processor
-from phaselens.instrumentation.pipeline.otlp_fast import EncodedSpanProcessor, FastEmitter, request_encoder
+from phaselens.instrumentation.pipeline.otlp_fast import FastEmitter, request_encoder
 from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
 from phaselens.instrumentation.process import wire
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
@@ -412,7 +412,7 @@ def builder_run(records: list, path: str, anchor) -> None:
     provider = TracerProvider()
     never = BatchSettings(1 << 20, 1 << 20, 3_600_000)  # the worker stays asleep: force_flush exports here
     if path == "fast":
-        processor = EncodedSpanProcessor(EncodingDiscard(request_encoder(provider)), never)
+        processor = CountingBatchSpanProcessor(EncodingDiscard(request_encoder(provider)), never)
         emitter = FastEmitter(provider, [processor])
     else:
         processor = CountingBatchSpanProcessor(EncodingDiscardExporter(), never)

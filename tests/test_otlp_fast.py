@@ -34,7 +34,6 @@ from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.http_transport import HttpClientTransport
 from phaselens.instrumentation.pipeline.otlp_fast import (
-    EncodedSpanProcessor,
     FastEmitter,
     bytes_exporter,
     limits_tuple,
@@ -109,7 +108,7 @@ def build(records: list, backend: str, limits: SpanLimits | None = None) -> tupl
         emitter: Any = SpanEmitter(tracer_provider.get_tracer(names.SERVER_SCOPE), limits or SpanLimits())
     else:
         kept = RequestsKept(request_encoder(tracer_provider))
-        processor = EncodedSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
+        processor = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
         emitter = FastEmitter(tracer_provider, [processor], limits)
     anchor = make_rig().anchor
     builder = SpanBuilder(emitter, GenAiServerMetrics(MeterProvider(), dict), anchor, tracer_provider, True)
@@ -266,7 +265,7 @@ def test_bad_descriptions_are_clear_errors_not_crashes():
 def test_a_description_that_fails_to_encode_is_counted_in_build_errors():
     records = scripted_records()
     tracer_provider = provider()
-    processor = EncodedSpanProcessor(RequestsKept(request_encoder(tracer_provider)))
+    processor = CountingBatchSpanProcessor(RequestsKept(request_encoder(tracer_provider)))
     builder = SpanBuilder(
         FastEmitter(tracer_provider, [processor]),
         GenAiServerMetrics(MeterProvider(), dict),
@@ -296,7 +295,7 @@ def test_an_endpoint_that_is_down_counts_failed_spans_and_raises_nothing(monkeyp
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
     tracer_provider = provider()
     exporter = bytes_exporter(protocol, request_encoder(tracer_provider))
-    processor = EncodedSpanProcessor(exporter, BatchSettings(max_queue_size=12, max_export_batch_size=512))
+    processor = CountingBatchSpanProcessor(exporter, BatchSettings(max_queue_size=12, max_export_batch_size=512))
     emitter = FastEmitter(tracer_provider, [processor])
     span = SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 10, 20, {"k": 1})
     emitter.emit([span._replace(span_id=i) for i in range(1, 11)])
@@ -330,7 +329,7 @@ def test_fast_path_rows_in_clickhouse_equal_the_sdk_paths(collector, ch_client, 
             tracer_provider.add_span_processor(processor)
             emitter: Any = SpanEmitter.of_provider(tracer_provider)
         else:
-            processor = EncodedSpanProcessor(bytes_exporter(protocol, request_encoder(tracer_provider)))
+            processor = CountingBatchSpanProcessor(bytes_exporter(protocol, request_encoder(tracer_provider)))
             emitter = FastEmitter(tracer_provider, [processor])
         builder = SpanBuilder(
             emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True
@@ -407,14 +406,14 @@ class ScriptedReceiver:
         self.server.server_close()
 
 
-def export_one(monkeypatch, receiver: ScriptedReceiver, **env: str) -> EncodedSpanProcessor:
+def export_one(monkeypatch, receiver: ScriptedReceiver, **env: str) -> CountingBatchSpanProcessor:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     tracer_provider = provider()
     exporter = bytes_exporter("http/protobuf", request_encoder(tracer_provider))
     assert isinstance(exporter._client._transport, HttpClientTransport)  # not requests
-    processor = EncodedSpanProcessor(exporter)
+    processor = CountingBatchSpanProcessor(exporter)
     FastEmitter(tracer_provider, [processor]).emit([SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 1, 2, {})])
     processor.shutdown()
     return processor

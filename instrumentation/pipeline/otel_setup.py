@@ -11,8 +11,8 @@ Spans leave through `span_processor.CountingBatchSpanProcessor` (bounded queue, 
 own thread, so a slow or dead collector never blocks the caller) which counts spans refused because
 its queue was full and spans whose export failed; `export_counters(tracer_provider)` reads them.
 With `configure(encoded_spans=True)` (the span-builder process) and OTEL_TRACES_EXPORTER=otlp alone,
-the spans skip the SDK's span objects: `otlp_fast.EncodedSpanProcessor` (the same queue and counts,
-over OTLP bytes) with the OTLP exporter for the protocol, unless PHASELENS_SPAN_BACKEND=sdk.
+the spans skip the SDK's span objects: a CountingBatchSpanProcessor of OTLP bytes (the same queue
+and counts) with the OTLP exporter for the protocol, unless PHASELENS_SPAN_BACKEND=sdk.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from opentelemetry.sdk.trace.sampling import Sampler
 from phaselens.instrumentation import names
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.otlp_fast import (
-    EncodedSpanProcessor,
     FastEmitter,
     bytes_exporter,
     request_encoder,
@@ -77,7 +76,7 @@ def export_counters(tracer_provider: object) -> dict[str, int]:
 class Providers:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
-    encoded: list[EncodedSpanProcessor] = field(default_factory=list)  # the fast backend's export, if used
+    encoded: list[CountingBatchSpanProcessor] = field(default_factory=list)  # the fast backend's export, if used
 
     def force_flush(self) -> None:
         for processor in self.encoded:
@@ -98,8 +97,8 @@ def span_backend(providers: Providers) -> SpanBackend | None:
     return SpanEmitter.of_provider(providers.tracer_provider)
 
 
-def _encoded_processors(tracer_provider: TracerProvider) -> list[EncodedSpanProcessor]:
-    """One EncodedSpanProcessor for OTEL_TRACES_EXPORTER=otlp alone (another exporter takes SDK
+def _encoded_processors(tracer_provider: TracerProvider) -> list[CountingBatchSpanProcessor]:
+    """One processor of encoded spans for OTEL_TRACES_EXPORTER=otlp alone (another exporter takes SDK
     spans), its counts in export_counters(); [] when the SDK path is to be used."""
     backend = os.environ.get(names.ENV_SPAN_BACKEND, "").strip().lower() or names.SPAN_BACKEND_FAST
     if backend not in (names.SPAN_BACKEND_FAST, names.SPAN_BACKEND_SDK):
@@ -109,7 +108,7 @@ def _encoded_processors(tracer_provider: TracerProvider) -> list[EncodedSpanProc
     exporter = bytes_exporter(_protocol("TRACES"), request_encoder(tracer_provider))
     if exporter is None:  # an exporter version without the hooks otlp_fast uses
         return []
-    processor = EncodedSpanProcessor(exporter)
+    processor = CountingBatchSpanProcessor(exporter)
     _counts_by_provider.setdefault(tracer_provider, []).append(processor.counts)
     return [processor]
 

@@ -3,9 +3,9 @@
 Used where phaselens owns the tracer provider (the span-builder process; `ServerTelemetry.from_env`)
 and every trace exporter is OTLP: no ReadableSpan, no SDK Link and no protobuf object is made.
 `FastEmitter.emit` encodes a record's sampled spans (`_otlp_encode.encode_spans`, SpanLimits
-applied as the SDK applies them) and offers the encoded spans to an `EncodedSpanProcessor` per
-exporter: `span_processor.CountingBatchSpanProcessor`'s bounded queue, batches, worker thread and counts
-(`dropped`, `failed`, `exported`, positions), holding bytes instead of spans. A batch becomes one
+applied as the SDK applies them) and offers the encoded spans to a
+`span_processor.CountingBatchSpanProcessor` per exporter (`offer`: the same bounded queue, batches,
+worker thread and counts — `dropped`, `failed`, `exported`, positions — holding bytes, not spans). A batch becomes one
 ExportTraceServiceRequest (the provider's resource at export time, scope `names.SERVER_SCOPE`)
 sent by the SDK's OTLP exporter classes themselves, so their retry and backoff, timeout,
 compression, headers, TLS and every `OTEL_EXPORTER_OTLP_*` setting hold unchanged:
@@ -26,7 +26,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -69,32 +68,15 @@ def request_encoder(tracer_provider: TracerProvider) -> RequestEncoder:
     return encode
 
 
-class EncodedSpanProcessor(CountingBatchSpanProcessor):
-    """CountingBatchSpanProcessor over encoded spans (bytes), fed by `offer` instead of `on_end`."""
-
-    def offer(self, spans: list[bytes]) -> None:
-        """Queue what fits; the rest is refused and counted in `dropped` (never blocks)."""
-        if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
-            with self._lock:
-                self.counts.suppressed += len(spans)
-            return
-        with self._lock:
-            room = 0 if self._stopped else max(0, self.settings.max_queue_size - len(self._queue))
-            taken = spans[:room]
-            self._queue.extend(taken)  # type: ignore[arg-type]  # bytes, the exporter's items
-            self.counts.queued += len(taken)
-            self.counts.dropped += len(spans) - len(taken)
-            full = len(self._queue) >= self.settings.max_export_batch_size
-        if full:
-            self._wake.set()
-
-
 class FastEmitter:
     """The fast backend (the SDK one: `emitter.SpanEmitter`): the provider's ids, sampler and limits;
     sampled spans encoded once and offered to each processor; `emitted` counts every span given."""
 
     def __init__(
-        self, tracer_provider: TracerProvider, processors: list[EncodedSpanProcessor], limits: SpanLimits | None = None
+        self,
+        tracer_provider: TracerProvider,
+        processors: list[CountingBatchSpanProcessor],
+        limits: SpanLimits | None = None,
     ) -> None:
         self.ids = tracer_provider.id_generator
         self.sampler = tracer_provider.sampler
