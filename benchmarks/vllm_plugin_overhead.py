@@ -82,17 +82,17 @@ def _cpu_ns(pid: int) -> int:
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
         return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks)
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:  # gone
         return 0
 
 
 def _tree_cpu_ns(root: int) -> dict[str, int]:
     """CPU ns of vLLM's process tree: the API server (`root`), the span-builder child, the rest."""
     parents = {}
-    for entry in os.listdir("/proc"):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (ValueError, FileNotFoundError, ProcessLookupError, IndexError):
+        except (ValueError, OSError, IndexError):  # gone meanwhile
             continue
     tree, grew = {root}, True
     while grew:
@@ -102,7 +102,7 @@ def _tree_cpu_ns(root: int) -> dict[str, int]:
     for pid in tree - {root}:
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (FileNotFoundError, ProcessLookupError):
+        except OSError:  # gone
             continue
         cpu["span_builder" if b"builder_child" in command else "engine"] += _cpu_ns(pid)
     return cpu
