@@ -1,9 +1,10 @@
 """The vLLM plugin's cost: vLLM's output tokens/s with and without it, in the same run.
 
 One embedded ClickHouse and one collector; then, alternately, a vLLM with only its native tracing
-(`--otlp-traces-endpoint`, plugin excluded by VLLM_PLUGINS) and a vLLM with the phaselens plugin
-(same endpoint), each serving the same bounded closed-loop `phaselens bench` (after a warm-up).
-Alternating, `--rounds` times, spreads drift (thermal, other work on the machine) over both.
+(`--otlp-traces-endpoint`, plugin excluded by VLLM_PLUGINS), a vLLM with the phaselens plugin
+(same endpoint) and one with the plugin's span-builder child on its SDK backend
+(PHASELENS_SPAN_BACKEND=sdk), each serving the same bounded closed-loop `phaselens bench` (after a
+warm-up). Alternating, `--rounds` times, spreads drift (thermal, other work on the machine) over all.
 Prints ONE JSON object: each run's output tokens/s and client TTFT p50, the means, and the plugin's
 change in % next to the spread between runs of the same configuration (the noise); and, on the
 deterministic footing of benchmarks/instrumentation_overhead.py, CPU µs per request over the bench
@@ -30,7 +31,11 @@ from phaselens.integrations.vllm.launcher import VllmServer, default_python
 from phaselens.integrations.vllm.tiny_model import save_tiny_llama
 from phaselens.stack import Stack
 
-CONFIGS = {"native": {"VLLM_PLUGINS": ""}, "plugin": {"VLLM_PLUGINS": "phaselens"}}
+CONFIGS = {
+    "native": {"VLLM_PLUGINS": ""},
+    "plugin": {"VLLM_PLUGINS": "phaselens"},  # the span-builder child's fast backend (the default)
+    "plugin_sdk": {"VLLM_PLUGINS": "phaselens", "PHASELENS_SPAN_BACKEND": "sdk"},  # its SDK backend
+}
 WARMUP_REQUESTS = 4
 
 
@@ -178,12 +183,19 @@ def _cpu_medians(runs: list[dict]) -> dict:
     medians = {
         name: {k: statistics.median(r[k] for r in runs if r["config"] == name) for k in keys} for name in CONFIGS
     }
-    plugin, native = medians["plugin"], medians["native"]
+    native = medians["native"]["api_server_cpu_us_per_request"]
     return {
         **medians,
-        "plugin_api_server_cpu_us_per_request": plugin["api_server_cpu_us_per_request"]
-        - native["api_server_cpu_us_per_request"],
-        "plugin_span_builder_cpu_us_per_request": plugin["span_builder_cpu_us_per_request"],
+        **{
+            f"{name}_api_server_cpu_us_per_request": medians[name]["api_server_cpu_us_per_request"] - native
+            for name in CONFIGS
+            if name != "native"
+        },
+        **{
+            f"{name}_span_builder_cpu_us_per_request": medians[name]["span_builder_cpu_us_per_request"]
+            for name in CONFIGS
+            if name != "native"
+        },
     }
 
 
