@@ -3,6 +3,8 @@
 # packages the tests use: chromium (the HTML report renders) and docker-compose (validates the
 # compose file; no Docker engine is needed for `config`). `--vllm` sets up ./.venv-vllm instead: a
 # real vLLM (CPU build) with phaselens and its plugin, for tests/test_vllm.py (docs/vllm.md).
+# `--aiperf` sets up ./.venv-aiperf: NVIDIA AIPerf alone (~1.2 GB, 140 packages: pandas, pyarrow,
+# scipy, transformers, plotly), for the live run in tests/test_harness_import.py (docs/harness-import.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
@@ -20,15 +22,24 @@ if [[ "${1:-}" == "--vllm" ]]; then
     .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
     exit 0
 fi
+if [[ "${1:-}" == "--aiperf" ]]; then
+    python3 -m venv .venv-aiperf
+    .venv-aiperf/bin/pip install -q --upgrade pip
+    .venv-aiperf/bin/pip install -q aiperf==0.13.0
+    exit 0
+fi
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 # The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 .venv/bin/pip install -q torch==2.13.0
 if [[ "${1:-}" == "--test" ]]; then
     .venv/bin/pip install -q -e '.[test]'
-    if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose >/dev/null
+    # faketime: the disaggregated-serving tests run each "host" on its own skewed wall clock
+    if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null || ! command -v faketime >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose faketime >/dev/null
     fi
 else
     .venv/bin/pip install -q -e .
 fi
+# build/src/phaselens: the package as static tools see it (mypy, pyright, IDEs; .ci/linktree)
+.venv/bin/python .ci/linktree

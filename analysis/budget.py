@@ -22,10 +22,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from phaselens.analysis import queries as q
-from phaselens.analysis import span_models
+from phaselens.analysis import sketch, span_models
 from phaselens.analysis.dialect import QueryError
 from phaselens.common.slo import SLO
 
+TDIGEST_NOTE = "approximate: t-digest quantiles over every request (error not bounded); counts and means exact"
 # The SLOs the goodput query takes (`--slo` of budget, report and demo): parse_slo(text, GOODPUT_SLO_KEYS).
 GOODPUT_SLO_KEYS = ("ttft", "tpot")
 
@@ -111,6 +112,10 @@ class BudgetReport:
     filters: dict = field(default_factory=dict)
     span_models: list[str] = field(default_factory=list)  # whose spans the rows came from
     unseparated: list[str] = field(default_factory=list)  # what those span models cannot separate
+    # which path the figures came from: "exact" (every request) or "rollup", and what that approximates
+    source: str = "exact"
+    approximation: str | None = None
+    client_harnesses: list[str] = field(default_factory=list)  # who measured the client views (`aiperf 0.13.0`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +131,7 @@ def open_client(url: str):
         return connect(url)
     except ValueError as e:
         raise AnalysisError(str(e)) from None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 — any failure to connect becomes one AnalysisError
         text = str(e)
         refused = "NewConnectionError" in text or "refused" in text.lower()
         reason = "connection refused" if refused else text.splitlines()[0][:160]
@@ -152,7 +157,7 @@ def query_rows(client, name: str, filters: dict) -> list[dict]:
         result = client.query(sql, parameters=params)
     except QueryError as e:
         raise AnalysisError(str(e)) from None
-    except Exception as e:  # clickhouse-connect raises DatabaseError/OperationalError subclasses
+    except Exception as e:  # noqa: BLE001 — clickhouse-connect raises DatabaseError/OperationalError subclasses
         raise AnalysisError(_explain(e, filters.get("database", "otel"))) from None
     return [dict(zip(result.column_names, row, strict=False)) for row in result.result_rows]
 
@@ -187,9 +192,12 @@ def budget(
     since: str | None = "15m",
     slo: SLO | None = None,
     approx: bool = False,
+    exact: bool = True,
 ) -> BudgetReport:
     """The whole budget for the selection (two queries); goodput against `slo` (its ttft and tpot);
-    `since=None` means all time."""
+    `since=None` means all time. `exact=False`: the summary from the rollups (DDSketch quantiles,
+    goodput and tail from log buckets: `sketch.NOTE`; a window widened to whole minutes), whose cost
+    follows the window's minutes, not its requests; `approx`: t-digest over every request."""
     slos = {"ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms} if slo else {}
     filters = {
         "database": database,
@@ -199,7 +207,8 @@ def budget(
         "approx": approx or None,
         **slos,
     }
-    row = _run(client, "budget_summary", filters)
+    rollup = not exact and not approx
+    row = _run(client, "budget_summary_rollup" if rollup else "budget_summary", filters)
     dists = {name: _stat(row, name) for name, _ in q.DISTRIBUTIONS}
     reference = "client" if row.get("with_client") else "server"
     whole = dists[f"{reference}_ttft_ms"]
@@ -220,6 +229,9 @@ def budget(
         filters={k: v for k, v in filters.items() if v is not None},
         span_models=list(row.get("span_models") or []),
         unseparated=span_models.notes(row.get("span_models") or []),
+        source="rollup" if rollup else "exact",
+        approximation=sketch.NOTE if rollup else TDIGEST_NOTE if approx else None,
+        client_harnesses=list(row.get("client_harnesses") or []),
     )
 
 

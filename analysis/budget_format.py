@@ -67,9 +67,11 @@ def to_rich(report: BudgetReport) -> Group:
     )
     for name in FIRST_CHUNK_SPLIT:
         split.add_row(name, *_stat_cells(report.distributions[name]))
-    parts = [budget, split, tpot]
+    parts: list[Table | str] = [budget, split, tpot]
     if report.span_models:
         parts.append(f"span models: {', '.join(report.span_models)}")
+    if report.client_harnesses:
+        parts.append(f"client views measured by: {', '.join(report.client_harnesses)}")
     parts += [f"not separated by {note}" for note in report.unseparated]
     if report.tail is not None:
         t = report.tail
@@ -93,6 +95,7 @@ def to_rich(report: BudgetReport) -> Group:
         f"+{_ms(s.stall_ms)} ms engine time vs a {_ms(s.baseline_ms)} ms decode-only step; "
         f"{_ms(s.request_stall_ms)} request-ms of delayed tokens ({s.delayed_decodes} tokens)"
     )
+    parts.append(f"source: {report.source}" + (f" ({report.approximation})" if report.approximation else ""))
     return Group(*parts)
 
 

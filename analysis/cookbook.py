@@ -1,4 +1,4 @@
-"""The README's SQL cookbook, rendered from the named queries (never written out by hand).
+"""The SQL cookbook (docs/sql-cookbook.md), rendered from the named queries (never written out by hand).
 
     python -m phaselens.analysis.cookbook > cookbook.md
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from phaselens.analysis import levers as lv
+from phaselens.analysis import pd_budget, pd_diagnose
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.budget import AnalysisError, query_rows
 from phaselens.analysis.diagnose_figures import Figures, LoadDependence, bucket_seconds, load_dependence, num, pct
@@ -34,6 +35,7 @@ CAUSES = (
     "network",
     "ingress",
     "client",
+    "kv_transfer",  # disaggregated serving only (analysis/pd_diagnose.py)
     "none",
 )
 LEVELS = ("p50", "p99")
@@ -84,6 +86,7 @@ class Diagnosis:
     requests: int
     slo: dict[str, float]
     filters: dict = field(default_factory=dict)
+    client_harnesses: list[str] = field(default_factory=list)  # who measured the client views
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,7 +121,12 @@ def diagnose(
     signals = [_signal(row) for row in query_rows(client, "diagnosis_causes", filters)]
     bucket_s = bucket_seconds(figures.window_s)
     load = load_dependence(query_rows(client, "queueing_vs_load", {**filters, "bucket_s": bucket_s}), bucket_s, figures)
-    return assemble(figures, signals, load, slo, {k: v for k, v in filters.items() if v is not None})
+    disagg = pd_budget.pd_budget(client, database=database, model=model, since=since)
+    signals = pd_diagnose.with_kv_transfer(signals, pd_diagnose.signal(disagg, Signal))
+    result = assemble(figures, signals, load, slo, {k: v for k, v in filters.items() if v is not None})
+    if pd_diagnose.CAUSE in result.causes:
+        result.levers += pd_diagnose.levers(disagg)
+    return result
 
 
 def _describe(filters: dict) -> str:
@@ -169,6 +177,7 @@ def assemble(figures: Figures, signals: list[Signal], load: LoadDependence, slo:
         figures.requests,
         slo.describe(),
         filters,
+        figures.client_harnesses,
     )
 
 

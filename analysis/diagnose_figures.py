@@ -33,6 +33,7 @@ class Figures:
     prefix_hit_rate: float | None = None
     preempted_share: float | None = None
     models: list[str] = field(default_factory=list)
+    client_harnesses: list[str] = field(default_factory=list)  # who measured the client views
     server_url: str | None = None  # what the clients called (their CLIENT spans' server.address:port)
     quantiles: dict[str, list] = field(default_factory=dict)  # name → [p50, p99]
     engine: dict = field(default_factory=dict)  # the diagnosis_engine row
@@ -47,6 +48,7 @@ class Figures:
             _clean(row.get("prefix_hit_rate")),
             _clean(row.get("preempted_share")),
             list(row.get("models") or []),
+            list(row.get("client_harnesses") or []),
             quantiles={k.removesuffix("_q"): [_clean(v) for v in vals] for k, vals in row.items() if k.endswith("_q")},
             engine={k: _clean(v) for k, v in (engine[0] if engine else {}).items()},
         )

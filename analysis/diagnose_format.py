@@ -14,7 +14,8 @@ def headline(d: Diagnosis) -> str:
     """One line: the verdict and each level's cause."""
     levels = "; ".join(f"{v.level}: {v.primary_cause}" for v in d.levels.values())
     slo = ", ".join(f"{k.removesuffix('_ms')} {v:g} ms" for k, v in d.slo.items())
-    return f"verdict: {d.primary_cause} ({levels}) over {d.requests} requests, SLO {slo}"
+    measured = f" (client views: {', '.join(d.client_harnesses)})" if d.client_harnesses else ""
+    return f"verdict: {d.primary_cause} ({levels}) over {d.requests} requests{measured}, SLO {slo}"
 
 
 def _signal(x: float | None) -> str:

@@ -42,6 +42,9 @@ class Dialect(Protocol):
     def time_filter(self, column: str) -> str:
         """A condition keeping the rows of the time range (`1` when there is none)."""
 
+    def bucket_filter(self, column: str) -> str:
+        """A condition keeping the minute buckets (`column`: their starts) that overlap the time range."""
+
     def time_bucket(self, column: str) -> str:
         """`column` rounded down to the start of its time bucket."""
 
@@ -86,6 +89,13 @@ class CliDialect:
         self.parameters["since_ms"] = duration_ms(since)
         return f"{column} >= now64(9) - toIntervalMillisecond({{since_ms:UInt64}})"
 
+    def bucket_filter(self, column: str) -> str:
+        since = self.filters.get("since")
+        if since is None:
+            return "1"
+        self.parameters["since_ms"] = duration_ms(since)
+        return f"{column} >= toStartOfMinute(now64(9) - toIntervalMillisecond({{since_ms:UInt64}}))"
+
     def time_bucket(self, column: str) -> str:
         return f"toStartOfInterval({column}, toIntervalSecond({self.bucket_seconds()}))"
 
@@ -123,6 +133,9 @@ class GrafanaDialect:
 
     def time_filter(self, column: str) -> str:
         return f"$__timeFilter({column})"
+
+    def bucket_filter(self, column: str) -> str:
+        return f"{column} >= toStartOfMinute($__fromTime) AND {column} <= $__toTime"
 
     def time_bucket(self, column: str) -> str:
         return f"$__timeInterval({column})"

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from phaselens.analysis import sketch as sk
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
 from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, SPANS_VIEW, STEPS_VIEW, TRACE_TIMES_VIEW
@@ -111,12 +112,9 @@ def _meets_slo(d: Dialect) -> str:
     )
 
 
-def _window_s() -> str:
+def _window_s(start: str = "min(server_start_time)", end: str = "max(server_end_time)") -> str:
     """Seconds from the first request received to the last response closed, on the server clock."""
-    return (
-        "greatest((toUnixTimestamp64Nano(max(server_end_time)) "
-        "- toUnixTimestamp64Nano(min(server_start_time))) / 1e9, 1e-9)"
-    )
+    return f"greatest((toUnixTimestamp64Nano({end}) - toUnixTimestamp64Nano({start})) / 1e9, 1e-9)"
 
 
 def _series(d: Dialect, time_col: str, source: str, selects: list[str]) -> str:
@@ -156,6 +154,13 @@ def _mean_of(array: str) -> str:
     return f"arrayReduce('avgOrNull', {array})"
 
 
+# who measured the client views: `name version` per harness (phaselens's own client has no version)
+CLIENT_HARNESSES = (
+    "arraySort(groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', "
+    "concat(' ', client_harness_version))), has_client))"
+)
+
+
 def budget_summary(d: Dialect) -> str:
     """One row, one pass: counts, goodput, every distribution's p50/p90/p99 array and mean, and
     the tail attribution (against the medians, which are the distributions' p50)."""
@@ -166,6 +171,7 @@ def budget_summary(d: Dialect) -> str:
         f"SELECT count() AS requests, countIf(has_client) AS with_client, countIf({ERROR}) AS errors,\n"
         f"    countIf(has_server) AS with_server, countIf({_meets_slo(d)}) AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model IS NOT NULL)) AS span_models,\n"
+        f"    {CLIENT_HARNESSES} AS client_harnesses,\n"
         f"    countIf({NO_OUTPUT}) AS no_output,\n"
         f"    {_window_s()} AS window_s,\n    {dists},\n    {', '.join(_tail_columns())}\n{_requests(d)}"
     )
@@ -258,7 +264,8 @@ def diagnosis_figures(d: Dialect) -> str:
         f"    countIf({_meets_diagnosis_slo(d)}) AS good, {_window_s()} AS window_s,\n"
         "    least(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 1) AS prefix_hit_rate,\n"
         "    countIf(preemptions > 0) / count() AS preempted_share,\n"
-        f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n    {dists}\n{_requests(d)}"
+        f"    arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,\n"
+        f"    {CLIENT_HARNESSES} AS client_harnesses,\n    {dists}\n{_requests(d)}"
     )
 
 
@@ -365,81 +372,242 @@ def diagnosis_causes(d: Dialect) -> str:
     )
 
 
+# --- rollups (analysis/rollup.py makes the tables; the approximation is in analysis/sketch.py) ----
+
+# Every term the rollups keep a DDSketch and a mean of: each distribution of the budget, then the
+# diagnosis figures the distributions do not already hold (their own names, `diag_` first), and
+# the first chunk where it was stamped. A term added to DISTRIBUTIONS is rolled up too, with no
+# other change: the rollup DDL, the sealing query and the reads below are all generated from this.
+_DIST_EXPRS = {expr for _, expr in DISTRIBUTIONS}
+ROLLUP_TERMS: tuple[tuple[str, str], ...] = (
+    *DISTRIBUTIONS,
+    *((f"diag_{name}", expr) for name, expr in DIAGNOSIS_FIGURES if expr not in _DIST_EXPRS),
+    ("first_chunk_stamped_ms", "first_chunk_ms"),
+)
+# Counters: (column, condition on a request)
+ROLLUP_COUNTS = (
+    ("requests", "1"),
+    ("with_client", "has_client"),
+    ("with_server", "has_server"),
+    ("errors", ERROR),
+    ("ok_requests", "status = 'ok'"),
+    ("no_output", NO_OUTPUT),
+    ("preempted", "preemptions > 0"),
+)
+# Sums: (column, value of a request; NULL counts 0)
+ROLLUP_SUMS = (
+    ("input_tokens_sum", "input_tokens"),
+    ("output_tokens_sum", "output_tokens"),
+    ("cached_tokens_sum", "cached_tokens"),
+)
+_TTFT_BUCKET = sk.bucket_index("ttft_ms")
+# goodput: one count per (TTFT bucket, TPOT bucket) of the requests that could meet an SLO at all
+_SLO_KEY = f"toUInt32({_TTFT_BUCKET} * {sk.SLO_STRIDE} + {sk.bucket_index('tpot_ms')})"
+_CAN_MEET_SLO = "status = 'ok' AND ttft_ms IS NOT NULL"
+# tail: per TTFT bucket, the count, Σ TTFT, and per component Σ value and the count of values
+_TAIL_VALUES = ("1", "ttft_ms", *(v for _, expr in COMPONENTS for v in (f"ifNull({expr}, 0)", f"{expr} IS NOT NULL")))
+
+
+def rollup_key() -> tuple[tuple[str, str], ...]:
+    """The rollup's key columns: (name, expression over the per-request facts)."""
+    return (
+        ("bucket", "toStartOfMinute(start_time)"),
+        ("service", "ifNull(service, '')"),
+        ("model", "ifNull(model, '')"),
+        ("span_model", "ifNull(span_model, '')"),
+    )
+
+
+def rollup_columns() -> tuple[tuple[str, str, str], ...]:
+    """Every state column of the rollup: (name, ClickHouse type, aggregate over per-request facts)."""
+    counts = tuple((name, "SimpleAggregateFunction(sum, UInt64)", f"countIf({cond})") for name, cond in ROLLUP_COUNTS)
+    sums = tuple(
+        (name, "SimpleAggregateFunction(sum, Float64)", f"sum(toFloat64(ifNull({expr}, 0)))")
+        for name, expr in ROLLUP_SUMS
+    )
+    window = (
+        ("first_server_start", "SimpleAggregateFunction(min, Nullable(DateTime64(9)))", "min(server_start_time)"),
+        ("last_server_end", "SimpleAggregateFunction(max, Nullable(DateTime64(9)))", "max(server_end_time)"),
+    )
+    terms = tuple(
+        col
+        for name, expr in ROLLUP_TERMS
+        for col in (
+            (sk.quantile_column(name), sk.SKETCH_TYPE, sk.quantile_state(expr)),
+            (
+                sk.mean_column(name),
+                "AggregateFunction(avg, Nullable(Float64))",
+                f"avgState(CAST({expr} AS Nullable(Float64)))",
+            ),
+        )
+    )
+    tail_arrays = ", ".join(f"if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull({v}))])" for v in _TAIL_VALUES)
+    hists = (
+        (
+            "slo_hist",
+            "AggregateFunction(sumMap, Array(UInt32), Array(UInt64))",
+            f"sumMapState(if({_CAN_MEET_SLO}, [{_SLO_KEY}], []), if({_CAN_MEET_SLO}, [toUInt64(1)], []))",
+        ),
+        (
+            "tail_hist",
+            f"AggregateFunction(sumMap, Array(UInt32){', Array(Float64)' * len(_TAIL_VALUES)})",
+            f"sumMapState(if(ttft_ms IS NULL, [], [{_TTFT_BUCKET}]), {tail_arrays})",
+        ),
+    )
+    return counts + sums + window + terms + hists
+
+
+def _states(d: Dialect) -> str:
+    """FROM + WHERE of the rollup states (sealed minutes and the requests not sealed yet) under the
+    time, service and model filters; the window is widened to whole minutes. Live rows count only
+    when computed against their node's current end of the sealed rollup (`sealed_to`; the epoch
+    before its first pass): a request just sealed is never read twice. The subquery names local
+    tables, so on a cluster each node answers it for its own rows."""
+    watermarks = (
+        f"SELECT sealer, max(sealed_to) FROM (SELECT sealer, sealed_to FROM {d.table(sk.ROLLUP_TABLE)} "
+        f"UNION ALL SELECT sealer, toDateTime64(0, 3) FROM {d.table(sk.LIVE_TABLE)}) GROUP BY sealer"
+    )
+    current = f"(is_live = 0 OR (sealer, sealed_to) IN ({watermarks}))"
+    return f"FROM {d.table(sk.STATES_VIEW)}\n" + _where(
+        current, d.bucket_filter("bucket"), d.match("service", "service"), d.match("model", "model")
+    )
+
+
+def _sketch(term: str, level: float | None = None) -> str:
+    """A rolled-up term's [p50, p90, p99], or the one `level` of them."""
+    column = sk.quantile_column(term)
+    return sk.merge_quantiles(column) if level is None else sk.merge_quantile(column, level)
+
+
+def _mean(term: str) -> str:
+    return f"avgMerge({sk.mean_column(term)})"
+
+
+def _good_from_hist(d: Dialect) -> str:
+    """Requests meeting the SLOs, from the goodput histogram: each (TTFT, TPOT) bucket counts with
+    the share of it under both SLOs (sketch.share_below; 1 for an SLO not set)."""
+    ttft = d.value("ttft_slo_ms", "Nullable(Float64)")
+    tpot = d.value("tpot_slo_ms", "Nullable(Float64)")
+    ttft_share = f"ifNull({sk.share_below(ttft, f'intDiv(k, {sk.SLO_STRIDE})')}, 1)"
+    tpot_share = f"ifNull({sk.share_below(tpot, f'k % {sk.SLO_STRIDE}')}, 1)"
+    hist = "sumMapMerge(slo_hist)"
+    return f"toUInt64(round(arraySum((k, c) -> c * {ttft_share} * {tpot_share}, {hist}.1, {hist}.2)))"
+
+
+def _tail_from_hist() -> list[str]:
+    """Tail attribution from the tail histogram: the TTFT buckets above the p99, and the share above
+    it of the bucket it falls in."""
+    h = "tail_hist_merged"
+    share = f"ifNull(1 - {sk.share_below('threshold_ms', 'k')}, 0)"
+    share_above = f"if(k > threshold_bucket, 1, if(k = threshold_bucket, {share}, 0))"
+
+    def above(i: int) -> str:
+        return f"arraySum((k, v) -> v * {share_above}, {h}.1, {h}.{i})"
+
+    cols = [
+        f"{_sketch('ttft_ms', 0.99)} AS threshold_ms",
+        f"sumMapMerge(tail_hist) AS {h}",
+        f"{sk.bucket_index('threshold_ms')} AS threshold_bucket",
+        f"toUInt64(round({above(2)})) AS tail_requests",
+        f"{above(3)} / nullIf({above(2)}, 0) AS ttft_tail_mean",
+    ]
+    return cols + [
+        f"{above(4 + 2 * i)} / nullIf({above(5 + 2 * i)}, 0) AS {name}_tail_mean"
+        for i, (name, _) in enumerate(COMPONENTS)
+    ]
+
+
+def budget_summary_rollup(d: Dialect) -> str:
+    """budget_summary's row from the rollups: the same columns, quantiles from merged DDSketches,
+    means and counts exact, goodput and tail from the log-bucket histograms (analysis/sketch.py)."""
+    dists = ",\n    ".join(f"{_sketch(name)} AS {name}_q, {_mean(name)} AS {name}_mean" for name, _ in DISTRIBUTIONS)
+    return (
+        "SELECT * EXCEPT (tail_hist_merged, threshold_bucket) FROM (\n"
+        "SELECT sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
+        f"    sum(with_server) AS with_server, {_good_from_hist(d)} AS good,\n"
+        "    arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,\n"
+        "    sum(no_output) AS no_output,\n"
+        f"    {_window_s('min(first_server_start)', 'max(last_server_end)')} AS window_s,\n    {dists},\n"
+        f"    {', '.join(_tail_from_hist())}\n{_states(d)}\n)"
+    )
+
+
+def _series_rollup(d: Dialect, selects: list[str]) -> str:
+    """One row per time bucket of the rollup's minutes (buckets of at least a minute)."""
+    body = ",\n    ".join(selects)
+    return f"SELECT {d.time_bucket('bucket')} AS time,\n    {body}\n{_states(d)}\nGROUP BY time\nORDER BY time"
+
+
+def _bucket_s(d: Dialect) -> str:
+    """The length of a series bucket in seconds: the rollup's minute at least."""
+    return f"greatest({d.bucket_seconds()}, 60)"
+
+
 # --- Grafana panels (the dashboards render these) -----------------------------------------
 
 
 def budget_stack(d: Dialect) -> str:
-    """TTFT budget components at p50/p90/p99 (each its own percentile) and the mean (exact sum)."""
-    arrays = ", ".join(f"arrayPushBack({_quantiles(d, expr)}, avg({expr}))" for _, expr in COMPONENTS)
+    """TTFT budget components at p50/p90/p99 (each its own percentile, from the rollups' sketches)
+    and the mean (exact: rolled-up sums)."""
+    arrays = ", ".join(f"arrayPushBack({_sketch(name)}, {_mean(name)})" for name, _ in COMPONENTS)
     cols = ", ".join(f"tupleElement(row, {i + 2}) AS {name}" for i, (name, _) in enumerate(COMPONENTS))
     labels = ", ".join(f"'{label}'" for label in (*LEVEL_LABELS, "mean"))
     return (
         f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
-        f"FROM (SELECT arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_requests(d)})"
+        f"FROM (SELECT arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)})"
     )
 
 
+LATENCY_SERIES = (  # (column, level, rolled-up term)
+    ("client_ttft_p50_ms", 0.5, "client_ttft_ms"),
+    ("client_ttft_p99_ms", 0.99, "client_ttft_ms"),
+    ("server_ttft_p99_ms", 0.99, "server_ttft_ms"),
+    ("client_ttfo_p99_ms", 0.99, "client_ttfo_ms"),
+    ("client_tpot_p50_ms", 0.5, "client_tpot_ms"),
+    ("client_tpot_p99_ms", 0.99, "client_tpot_ms"),
+    ("server_tpot_p99_ms", 0.99, "server_tpot_ms"),
+    ("client_itl_p99_ms", 0.99, "client_itl_p99_ms"),
+    ("server_itl_p99_ms", 0.99, "server_itl_p99_ms"),
+    ("client_e2e_p50_ms", 0.5, "client_e2e_ms"),
+    ("client_e2e_p99_ms", 0.99, "client_e2e_ms"),
+)
+
+
 def latency_over_time(d: Dialect) -> str:
-    selects = [
-        f"quantileExactInclusive({q})({expr}) AS {name}"
-        for name, q, expr in (
-            ("client_ttft_p50_ms", 0.5, "client_ttft_ms"),
-            ("client_ttft_p99_ms", 0.99, "client_ttft_ms"),
-            ("server_ttft_p99_ms", 0.99, "server_ttft_ms"),
-            ("client_ttfo_p99_ms", 0.99, "client_ttfo_ms"),
-            ("client_tpot_p50_ms", 0.5, "client_tpot_ms"),
-            ("client_tpot_p99_ms", 0.99, "client_tpot_ms"),
-            ("server_tpot_p99_ms", 0.99, "server_tpot_ms"),
-            ("client_itl_p99_ms", 0.99, "client_itl_p99_ms"),
-            ("server_itl_p99_ms", 0.99, "itl_p99_ms"),
-            ("client_e2e_p50_ms", 0.5, "client_e2e_ms"),
-            ("client_e2e_p99_ms", 0.99, "client_e2e_ms"),
-        )
-    ]
-    return _series(d, "start_time", _requests(d), selects)
+    return _series_rollup(d, [f"{_sketch(term, level)} AS {name}" for name, level, term in LATENCY_SERIES])
 
 
 def delivery_over_time(d: Dialect) -> str:
     """Where the server's first-chunk time goes (first_chunk = loop_wait + encode; write beside it), against
     the residual (network + client): a starved event loop shows in loop_wait, a slow network or
-    client in the residual."""
-    return _series(
-        d,
-        "start_time",
-        _requests(d),
-        [
-            f"quantileExactInclusive(0.9)({expr}) AS {name.removesuffix('_ms')}_p90_ms"
-            for name, expr in (*FIRST_CHUNK_SPLIT, ("first_chunk_ms", "first_chunk_ms"), ("residual_ms", "residual_ms"))
-        ],
-    )
+    client in the residual. p90s from the rollups' sketches."""
+    terms = (*FIRST_CHUNK_SPLIT, ("first_chunk_ms", "first_chunk_stamped_ms"), ("residual_ms", "residual_ms"))
+    return _series_rollup(d, [f"{_sketch(term, 0.9)} AS {name.removesuffix('_ms')}_p90_ms" for name, term in terms])
 
 
 def goodput_over_time(d: Dialect) -> str:
-    """Goodput: completed requests per second meeting every SLO; attainment: their fraction."""
-    good = f"countIf({_meets_slo(d)})"
-    return _series(
+    """Goodput: completed requests per second meeting every SLO; attainment: their fraction (goodput
+    histogram of the rollups: a request less than 2 % under an SLO may count as missing it)."""
+    s = _bucket_s(d)
+    return _series_rollup(
         d,
-        "start_time",
-        _requests(d),
         [
-            f"{good} / {d.bucket_seconds()} AS goodput_rps",
-            f"countIf(status = 'ok') / {d.bucket_seconds()} AS completed_rps",
-            f"{good} / count() AS slo_attainment",
+            f"{_good_from_hist(d)} / {s} AS goodput_rps",
+            f"sum(ok_requests) / {s} AS completed_rps",
+            f"{_good_from_hist(d)} / sum(requests) AS slo_attainment",
         ],
     )
 
 
 def throughput_over_time(d: Dialect) -> str:
-    s = d.bucket_seconds()
-    return _series(
+    s = _bucket_s(d)
+    return _series_rollup(
         d,
-        "start_time",
-        _requests(d),
         [
-            f"count() / {s} AS requests_per_s",
-            f"countIf({ERROR}) / {s} AS errors_per_s",
-            f"sum(input_tokens) / {s} AS input_tokens_per_s",
-            f"sum(output_tokens) / {s} AS output_tokens_per_s",
+            f"sum(requests) / {s} AS requests_per_s",
+            f"sum(errors) / {s} AS errors_per_s",
+            f"sum(input_tokens_sum) / {s} AS input_tokens_per_s",
+            f"sum(output_tokens_sum) / {s} AS output_tokens_per_s",
         ],
     )
 
@@ -452,7 +620,7 @@ def slowest_requests(d: Dialect) -> str:
         f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
         f"    server_ttft_ms, {comps},\n"
         f"    tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{parts}])[1], 1) AS dominant_phase,\n"
-        f"    input_tokens, output_tokens, preemptions, client_e2e_ms\n"
+        f"    input_tokens, output_tokens, preemptions, client_e2e_ms, client_harness, x_request_id\n"
         f"{_requests(d)}\nORDER BY ttft_ms DESC NULLS LAST\nLIMIT {d.limit(50)}"
     )
 
@@ -531,7 +699,7 @@ def request_trace(d: Dialect) -> str:
     )
 
 
-# --- cookbook (README) --------------------------------------------------------------------
+# --- cookbook (docs/sql-cookbook.md) ------------------------------------------------------
 
 TTFT_P50_P99 = (
     "quantileExactInclusive(0.5)(ttft_ms) AS ttft_p50_ms, quantileExactInclusive(0.99)(ttft_ms) AS ttft_p99_ms"
@@ -651,38 +819,15 @@ def _dist_columns() -> tuple[str, ...]:
 
 
 _STALL = ("mixed_steps", "decode_steps", "stall_ms", "request_stall_ms", "delayed_decodes")
-_LATENCY = (
-    "client_ttft_p50_ms",
-    "client_ttft_p99_ms",
-    "server_ttft_p99_ms",
-    "client_ttfo_p99_ms",
-    "client_tpot_p50_ms",
-    "client_tpot_p99_ms",
-    "server_tpot_p99_ms",
-    "client_itl_p99_ms",
-    "server_itl_p99_ms",
-    "client_e2e_p50_ms",
-    "client_e2e_p99_ms",
-)
+_LATENCY = tuple(name for name, _, _ in LATENCY_SERIES)
 _COMP_NAMES = tuple(name for name, _ in COMPONENTS)
 _GOODPUT = ("time", "goodput_rps", "completed_rps", "slo_attainment")
 _TAIL = ("threshold_ms", "tail_requests", "ttft_tail_mean", *(f"{c}_tail_mean" for c in _COMP_NAMES))
+_SUMMARY_HEAD = ("requests", "with_client", "errors", "with_server", "good", "span_models")
+_SUMMARY_TAIL = ("no_output", "window_s", *_dist_columns(), *_TAIL)
 QUERIES: dict[str, Query] = {
-    "budget_summary": Query(
-        budget_summary,
-        (
-            "requests",
-            "with_client",
-            "errors",
-            "with_server",
-            "good",
-            "span_models",
-            "no_output",
-            "window_s",
-            *_dist_columns(),
-            *_TAIL,
-        ),
-    ),
+    "budget_summary": Query(budget_summary, (*_SUMMARY_HEAD, "client_harnesses", *_SUMMARY_TAIL)),
+    "budget_summary_rollup": Query(budget_summary_rollup, (*_SUMMARY_HEAD, *_SUMMARY_TAIL)),
     "tail_attribution": Query(tail_attribution, (*_TAIL, "ttft_median", *(f"{c}_median" for c in _COMP_NAMES))),
     "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
     "diagnosis_figures": Query(
@@ -696,6 +841,7 @@ QUERIES: dict[str, Query] = {
             "prefix_hit_rate",
             "preempted_share",
             "models",
+            "client_harnesses",
             *(f"{name}_q" for name, _ in DIAGNOSIS_FIGURES),
         ),
     ),
@@ -751,6 +897,8 @@ QUERIES: dict[str, Query] = {
             "output_tokens",
             "preemptions",
             "client_e2e_ms",
+            "client_harness",
+            "x_request_id",
         ),
         panel=True,
     ),

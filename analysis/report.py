@@ -33,6 +33,11 @@ BUDGET_NOTE = (
 )
 
 
+def _measured_by(summary: BudgetReport) -> str:
+    """Who measured the client views (`phaselens`, or an imported harness such as `aiperf 0.13.0`)."""
+    return f" by {', '.join(summary.client_harnesses)}" if summary.client_harnesses else ""
+
+
 def build(
     client,
     database: str = "otel",
@@ -52,7 +57,7 @@ def build(
     ]
     window = "all time" if since is None else f"last {since}"
     subtitle = (
-        f"{summary.requests} requests ({summary.with_client} with a client view, "
+        f"{summary.requests} requests ({summary.with_client} with a client view{_measured_by(summary)}, "
         f"{summary.with_server} with a server view) · {window} · database {database}"
     )
     settings = {
@@ -142,7 +147,7 @@ def _rows(client, name: str, filters: dict) -> list[tuple]:
         raise AnalysisError(str(e)) from None
     try:
         return client.query(sql, parameters=params).result_rows
-    except Exception as e:  # clickhouse-connect's errors: one line for the user
+    except Exception as e:  # noqa: BLE001 — clickhouse-connect's errors: one line for the user
         raise AnalysisError(f"ClickHouse query failed: {str(e).splitlines()[0][:300]}") from None
 
 

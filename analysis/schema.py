@@ -18,8 +18,9 @@ compares wall stamps of two machines, as a diagnostic:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from phaselens.analysis import pd_schema
+from phaselens.analysis.parts import Part, attr, num
+from phaselens.analysis.parts import select_list as _select_list
 from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.schema import (
     DEDUP_WINDOW_BLOCKS,
@@ -42,18 +43,10 @@ SPANS_VIEW = "phaselens_spans"  # otel_traces, of every shard on a cluster: what
 TRACE_TIMES_VIEW = "phaselens_trace_times"  # the trace-id lookup table, likewise
 
 SERVER_KINDS = "('Server', 'SPAN_KIND_SERVER')"
+# The spans of a disaggregated prefill or decode instance go to their own parts (analysis.pd_schema)
+OUTSIDE_PD_INSTANCES = f"ResourceAttributes['{n.PL_PD_ROLE}'] NOT IN ('prefill', 'decode')"
 CLIENT_KINDS = "('Client', 'SPAN_KIND_CLIENT')"
 ERROR_CODES = "('Error', 'STATUS_CODE_ERROR')"
-
-
-def attr(key: str) -> str:
-    """The string value of a span attribute ('' when absent)."""
-    return f"SpanAttributes['{key}']"
-
-
-def num(key: str) -> str:
-    """A numeric span attribute, NULL when absent or not a number."""
-    return f"toFloat64OrNull({attr(key)})"
 
 
 def _names(span_names: tuple[str, ...]) -> str:
@@ -94,24 +87,6 @@ def rust_duration_ms(value: str) -> str:
     groups = f"extractGroups({value}, '{_RUST_DURATION}')"
     units = ", ".join(f"{groups}[2] = '{unit}', {factor}" for unit, factor in _RUST_UNIT_MS.items())
     return f"toFloat64OrNull({groups}[1]) * multiIf({units}, NULL)"
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    """One column of the parts table: its type, the merge function, and the MV expression that
-    folds one insert's spans of a trace into it (the same function with -If)."""
-
-    column: str
-    merge: str
-    value_type: str
-    insert_expr: str
-
-    def ddl(self) -> str:
-        """Numbers stay uncompressed: the budget reads ~40 of them per request, and LZ4 decoding
-        cost 4× the reading (measured: 10 columns × 1M rows, 140 ms CPU vs 30 ms); ~500 bytes per
-        request on disk, against ~400 compressed for its spans."""
-        codec = "ZSTD(1)" if "String" in self.value_type else "NONE"
-        return f"{self.column} SimpleAggregateFunction({self.merge}, {self.value_type}) CODEC({codec})"
 
 
 def _attr_part(column: str, key: str) -> Part:
@@ -210,6 +185,9 @@ TEXT_ATTRS = {
     "t_error_type": n.ERROR_TYPE,
     "t_finish_reason": n.PL_FINISH_REASON,
     "t_rid": n.SGLANG_RID,
+    "t_x_request_id": n.HTTP_REQUEST_HEADER_X_REQUEST_ID,
+    "t_client_harness": n.PL_CLIENT_HARNESS,
+    "t_client_harness_version": n.PL_CLIENT_HARNESS_VERSION,
 }
 # TGI's timings as recorded, from its request span only; the views parse them, once per request
 # (parsing them in the materialized view cost ~20 % more of its server CPU, measured over 800k spans)
@@ -310,6 +288,22 @@ def _before_engine_ms() -> str:
     )
 
 
+def _x_request_id() -> str:
+    """The harness's request id: the X-Request-ID header as the server recorded it (semconv
+    `http.request.header.x-request-id`, a string array: its first value); else, on vLLM's spans
+    (native, or the phaselens plugin's service), the base of vLLM's request id, which vLLM takes
+    from X-Request-Id: `cmpl-{base}-{prompt index}` for completions, `chatcmpl-{base}` for chat
+    (vLLM 0.32, entrypoints/openai/*/serving.py). For a request sent without the header that base
+    is vLLM's own random id, which no harness record carries."""
+    header = "nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), '')"
+    vllm_base = (
+        "nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), "
+        "extract(request_id, '^cmpl-(.+)-[0-9]+$')), '')"
+    )
+    is_vllm = f"span_model = '{n.SPAN_MODEL_VLLM}' OR server_service = '{n.VLLM_SERVICE_NAME}'"
+    return f"coalesce({header}, if({is_vllm}, {vllm_base}, NULL))"
+
+
 # The wide per-request view: (name, expression over the merged parts). The first block is the
 # documented `phaselens_requests` column set, in order; the rest serve the queries.
 REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -364,6 +358,9 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("clock_offset_estimate_ms", _wall_offset_ms()),
     ("span_model", _span_model()),
     ("before_engine_ms", _before_engine_ms()),
+    ("x_request_id", _x_request_id()),
+    # who measured the client view: an imported harness's name, else phaselens's own client
+    ("client_harness", f"if(client_start IS NULL, NULL, coalesce(t_client_harness, '{n.HARNESS_PHASELENS}'))"),
 )
 EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("start_time", "coalesce(server_start, client_start)"),
@@ -384,6 +381,7 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("client_itl_p99_ms", "a_client_itl_p99_ms"),
     ("ttft_ms", "coalesce(client_ttft_ms, server_ttft_ms)"),
     ("tpot_ms", "coalesce(client_tpot_ms, server_tpot_ms)"),
+    ("client_harness_version", "t_client_harness_version"),
 )
 REQUESTS_VIEW_COLUMNS = tuple(name for name, _ in REQUEST_COLUMNS)
 
@@ -406,16 +404,12 @@ STEP_COLUMNS: tuple[tuple[str, str], ...] = (
 STEPS_VIEW_COLUMNS = tuple(name for name, _ in STEP_COLUMNS)
 
 
-def _select_list(columns: tuple[tuple[str, str], ...]) -> str:
-    return ",\n    ".join(f"{expr} AS {name}" for name, expr in columns)
-
-
 def parts_select(traces: str) -> str:
     """The materialized view's SELECT: one insert's spans folded into partial rows per TraceId."""
     mv_cols = ",\n    ".join(f"{p.insert_expr} AS {p.column}" for p in PARTS)
     return (
         f"SELECT TraceId,\n    {mv_cols}\nFROM {traces}\n"
-        f"WHERE SpanName != '{n.SPAN_ENGINE_STEP}' AND TraceId != ''\nGROUP BY TraceId"
+        f"WHERE SpanName != '{n.SPAN_ENGINE_STEP}' AND TraceId != '' AND {OUTSIDE_PD_INSTANCES}\nGROUP BY TraceId"
     )
 
 
@@ -474,6 +468,8 @@ def statements(
             ),
             f"ALTER TABLE {parts_read}{on}\n    {add_columns}",
         ]  # an upgrade reaches the reads too
+    if not cluster:
+        out += pd_schema.statements(database, f"\nTTL toDateTime(first_seen) + {ttl_interval(ttl)}" if ttl else "")
     spans = f"{db}.{ident(DISTRIBUTED_TABLE)}" if cluster else traces
     lookup = f"{db}.{ident(TRACE_ID_TS_DISTRIBUTED if cluster else TRACE_ID_TS_TABLE)}"
     out += [
@@ -482,7 +478,8 @@ def statements(
         f"CREATE OR REPLACE VIEW {db}.{ident(FACTS_VIEW)}{on} AS\n{facts_select(parts_read)}",
         (
             f"CREATE OR REPLACE VIEW {db}.{ident(REQUESTS_VIEW)}{on} AS\n"
-            f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}\nFROM {db}.{ident(FACTS_VIEW)}"
+            f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}, {pd_schema.requests_columns(bool(cluster))}\n"
+            f"FROM {db}.{ident(FACTS_VIEW)}" + ("" if cluster else f"\n{pd_schema.requests_join(database)}")
         ),
         (
             f"CREATE OR REPLACE VIEW {db}.{ident(STEPS_VIEW)}{on} AS\nSELECT\n    {_select_list(STEP_COLUMNS)}\n"
@@ -498,12 +495,21 @@ def all_statements(
     cluster: str | None = None,
     table_engine: str | None = None,
     on_cluster: bool = True,
+    rollup_wait_s: int | None = None,
 ) -> list[str]:
     """Everything `phaselens schema apply` creates, in order: the exporter's tables
-    (`phaselens.collectors.schema`), then the per-request analysis tables and views."""
-    return collector_schema.statements(
-        database, ttl=ttl, cluster=cluster, table_engine=table_engine, on_cluster=on_cluster
-    ) + statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster)
+    (`phaselens.collectors.schema`), the per-request analysis tables and views, then the budget
+    rollups (`phaselens.analysis.rollup`; `rollup_wait_s`: how long after its first part a request is sealed)."""
+    from phaselens.analysis import rollup  # it imports this module
+
+    wait = {} if rollup_wait_s is None else {"wait_s": rollup_wait_s}
+    return (
+        collector_schema.statements(
+            database, ttl=ttl, cluster=cluster, table_engine=table_engine, on_cluster=on_cluster
+        )
+        + statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster)
+        + rollup.statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster, **wait)
+    )
 
 
 def script(statements: list[str]) -> str:

@@ -52,3 +52,5 @@ QUEUE_GROWTH = 2.0
 PROMPT_HEAVY = 4.0
 # Prefix cache: a hit rate below this with prefill as a cause makes prompt reuse a lever worth checking.
 PREFIX_HIT_LOW = 0.5
+# Disaggregated serving: the KV transfer is a cause when it takes this share of client TTFT (p50 or p99).
+KV_TRANSFER_SHARE = 0.15

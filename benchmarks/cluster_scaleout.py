@@ -57,7 +57,7 @@ def stage(client, n_requests: int) -> int:
     CS.apply(client, CS.statements(STAGE)[:2])
     t0 = time.time_ns() - (SPREAD_S + 60) * 10**9
     for make in (_client_insert, _server_insert, _steps_insert):
-        client.command(make(STAGE).format(t0=t0, n=n_requests))
+        client.command(make(STAGE).format(t0=t0, n=n_requests, first=0, count=n_requests, spread_s=SPREAD_S))
     return client.query(f"SELECT count() FROM {STAGE}.otel_traces").result_rows[0][0]
 
 

@@ -1,6 +1,8 @@
-"""Collector ingest benchmark: OTLP/gRPC → `phaselens collector` (own process) → embedded ClickHouse.
+"""Collector ingest benchmark: OTLP/gRPC → `phaselens collector` (own process) → embedded ClickHouse,
+and the same payloads through Rotel (`rotel-agent`, docs/collectors.md) in the same run.
 
-Prints one JSON object. Two phases, each with its own service name:
+Prints one JSON object. Each collector writes into a database of its own; two phases, each with its
+own service and scope name (rows are counted by scope: Rotel may lose the service, never the scope):
 - flood: pre-encoded ExportTraceServiceRequest payloads posted concurrently as fast as the collector
   acknowledges them: sustained spans/s from the first export to the last row visible, lost and
   duplicate spans, CPU seconds of the collector process per 100k spans (on a shared machine the
@@ -8,7 +10,9 @@ Prints one JSON object. Two phases, each with its own service name:
 - paced: the same payloads sent at the target rate: p50/p99 export→visible when the collector keeps
   up (in the flood phase that latency is only the backlog's queueing).
 And, in the same run, the client-side baseline: the spans/s the OTel SDK's own OTLPSpanExporter
-(gRPC) can emit from one thread. Each span carries 8 attributes (one of them, the response id,
+(gRPC) can emit from one thread. Rotel runs twice: as docs/collectors.md tells its users to
+(`--disable-batching`), and with its default batching, which stores the spans of an export request
+that fills or straddles a batch with an empty ServiceName (`mislabelled`). Each span carries 8 attributes (one of them, the response id,
 never recurs) and 1 event.
 
 Export→visible of request k: from its send to the first poll where the row count reaches the
@@ -18,6 +22,8 @@ cumulative span count of requests acknowledged up to k (the spool keeps acknowle
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -25,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -33,6 +40,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from phaselens.collectors import schema
+from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names
 from phaselens.storage.clickhouse_url import connect
@@ -40,7 +48,8 @@ from phaselens.storage.embedded import EmbeddedClickHouse
 from tests.collector_payloads import export_request
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-DATABASE = "bench"
+DATABASE = "bench"  # phaselens's; Rotel's are bench_<name>
+COLLECTORS = ("phaselens", "rotel", "rotel_batching")
 LOAD_SERVICE = "bench-load"
 PACED_SERVICE = "bench-paced"
 SDK_SERVICE = "bench-sdk"
@@ -51,6 +60,7 @@ def payloads(count: int, spans_per_request: int, service: str = LOAD_SERVICE) ->
     """Distinct ids in every request: a template whose trace/span ids and response ids (an
     attribute value that never recurs, as in real traffic) are re-drawn per copy."""
     template = export_request(spans_per_request, time.time_ns(), service=service)
+    template.resource_spans[0].scope_spans[0].scope.name = service
     spans = template.resource_spans[0].scope_spans[0].spans
     response_ids = [next(kv for kv in span.attributes if kv.key == names.GEN_AI_RESPONSE_ID) for span in spans]
     out = []
@@ -68,6 +78,7 @@ def payloads(count: int, spans_per_request: int, service: str = LOAD_SERVICE) ->
 
 
 def start_collector(url: str, spool: str, batch_spans: int) -> tuple[subprocess.Popen, str]:
+    """`phaselens collector` in a process of its own; (process, gRPC endpoint)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -140,9 +151,9 @@ def send_all(
     return acks, retries[0]
 
 
-def poll_counts(client, service: str, total: int, deadline: float, samples: list) -> None:
+def poll_counts(client, database: str, scope: str, total: int, deadline: float, samples: list) -> None:
     while time.monotonic() < deadline:
-        n = client.command(f"SELECT count() FROM {DATABASE}.otel_traces WHERE ServiceName = '{service}'")
+        n = client.command(f"SELECT count() FROM {database}.otel_traces WHERE ScopeName = '{scope}'")
         samples.append((time.monotonic(), int(n)))
         if int(n) >= total:
             return
@@ -197,7 +208,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch-spans", type=int, default=50_000, help="the collector's --batch-spans")
     parser.add_argument("--timeout-s", type=float, default=300)
+    parser.add_argument(
+        "--collectors", type=lambda text: text.split(","), default=list(COLLECTORS), help=f"of {','.join(COLLECTORS)}"
+    )
     args = parser.parse_args()
+    if not set(args.collectors) <= set(COLLECTORS):
+        parser.error(f"--collectors: choose from {','.join(COLLECTORS)}")
     total = args.spans or (200_000 if args.quick else 1_000_000)
     paced_s = args.paced_s if args.paced_s is not None else (3 if args.quick else 10)
     flood = payloads(total // args.spans_per_request, args.spans_per_request)
@@ -209,35 +225,50 @@ def main() -> None:
         EmbeddedClickHouse(f"{tmp}/clickhouse") as clickhouse,
     ):
         client = connect(clickhouse.url)
-        schema.apply(client, schema.statements(DATABASE))
-        proc, endpoint = start_collector(clickhouse.url, f"{tmp}/spool", args.batch_spans)
-        pids = {"collector": proc.pid, "clickhouse": clickhouse.pid}
+        results, sdk_rate = {}, 0.0
+        for name in args.collectors:
+            database = DATABASE if name == "phaselens" else f"{DATABASE}_{name}"
+            schema.apply(client, schema.statements(database))
+            with running(name, clickhouse.url, database, tmp, args) as (pid, endpoint):
+                pids = {"collector": pid, "clickhouse": clickhouse.pid}
+                phase = functools.partial(run_phase, args, endpoint, client, database, pids=pids)
+                results[name] = {
+                    "flood": phase(flood, LOAD_SERVICE),
+                    "paced": phase(paced, PACED_SERVICE, interval_s=args.spans_per_request / TARGET_SPANS_PER_S),
+                }
+                if name == "phaselens":
+                    sdk_rate = sdk_exporter_rate(endpoint, 5_000 if args.quick else 20_000)
+        client.close()
+    print(json.dumps(report(args, results, sdk_rate)))
+
+
+@contextlib.contextmanager
+def running(name: str, url: str, database: str, tmp: str, args) -> Iterator[tuple[int, str]]:
+    """The collector `name` of COLLECTORS, started; (its pid, its OTLP/gRPC endpoint)."""
+    if name == "phaselens":
+        proc, endpoint = start_collector(url, f"{tmp}/spool", args.batch_spans)
         try:
-            flooded = run_phase(args, endpoint, client, flood, LOAD_SERVICE, pids)
-            paced_run = run_phase(
-                args,
-                endpoint,
-                client,
-                paced,
-                PACED_SERVICE,
-                pids,
-                interval_s=args.spans_per_request / TARGET_SPANS_PER_S,
-            )
-            sdk_rate = sdk_exporter_rate(endpoint, 5_000 if args.quick else 20_000)
+            yield proc.pid, endpoint
         finally:
             proc.terminate()
             proc.wait(60)
-        client.close()
-    print(json.dumps(report(args, flooded, paced_run, sdk_rate)))
+        return
+    rotel = RotelAgent(url, database, f"{tmp}/{name}.log", batching=name == "rotel_batching").start_serving()
+    try:
+        yield rotel.pid, rotel.grpc_endpoint
+    finally:
+        rotel.stop(60)
 
 
-def run_phase(args, endpoint, client, bodies, service: str, pids: dict, interval_s: float = 0.0) -> dict:
-    """Sends `bodies`, waits until all their rows are visible; figures of that phase."""
+def run_phase(args, endpoint, client, database: str, bodies, service: str, pids: dict, interval_s: float = 0.0) -> dict:
+    """Sends `bodies`, waits until all their rows are visible; figures of that phase. Rows are
+    counted by scope (the payloads' scope name is the service's): `mislabelled` rows have another
+    ServiceName."""
     total = len(bodies) * args.spans_per_request
     deadline = time.monotonic() + args.timeout_s
     cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     samples: list = []
-    poller = threading.Thread(target=poll_counts, args=(client, service, total, deadline, samples))
+    poller = threading.Thread(target=poll_counts, args=(client, database, service, total, deadline, samples))
     start = time.monotonic()
     poller.start()
     acks, retries = send_all(endpoint, bodies, args.concurrency, deadline, interval_s)
@@ -251,8 +282,9 @@ def run_phase(args, endpoint, client, bodies, service: str, pids: dict, interval
             k += 1
         if k < len(samples):
             latencies.append(samples[k][0] - sent)
-    count, unique = client.query(
-        f"SELECT count(), uniqExact(SpanId) FROM {DATABASE}.otel_traces WHERE ServiceName = '{service}'"
+    count, unique, mislabelled = client.query(
+        f"SELECT count(), uniqExact(SpanId), countIf(ServiceName != '{service}') FROM {database}.otel_traces "
+        f"WHERE ScopeName = '{service}'"
     ).result_rows[0]
     latencies.sort()
     return {
@@ -261,6 +293,7 @@ def run_phase(args, endpoint, client, bodies, service: str, pids: dict, interval
         "acknowledged_spans_per_s": round(total / sent_s),
         "lost": total - int(unique),
         "duplicates": int(count) - int(unique),
+        "mislabelled": int(mislabelled),
         "client_retries": retries,
         "p50_ms": round(quantile(latencies, 0.50) * 1000, 1),
         "p99_ms": round(quantile(latencies, 0.99) * 1000, 1),
@@ -268,30 +301,39 @@ def run_phase(args, endpoint, client, bodies, service: str, pids: dict, interval
     }
 
 
-def report(args, flood: dict, paced: dict, sdk_rate: float) -> dict:
-    cpu = flood["cpu_s"]["collector"]
-    return {
+def report(args, results: dict, sdk_rate: float) -> dict:
+    """phaselens's figures at the top level (as before), each collector's in `collectors`."""
+    out = {
         "benchmark": "collector_ingest",
-        "spans": flood["spans"],
+        "spans": results[args.collectors[0]]["flood"]["spans"],
         "spans_per_request": args.spans_per_request,
         "concurrency": args.concurrency,
         "batch_spans": args.batch_spans,
+        "collectors": {name: summary(phases["flood"], phases["paced"]) for name, phases in results.items()},
+        "paced_offered_spans_per_s": TARGET_SPANS_PER_S,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "baseline_sdk_exporter_spans_per_s": round(sdk_rate) if sdk_rate else None,
+        "target_spans_per_s": TARGET_SPANS_PER_S,
+    }
+    return out | out["collectors"].get("phaselens", {})
+
+
+def summary(flood: dict, paced: dict) -> dict:
+    cpu = flood["cpu_s"]["collector"]
+    return {
         "sustained_spans_per_s": flood["spans_per_s"],
         "acknowledged_spans_per_s": flood["acknowledged_spans_per_s"],
         "flood_export_to_visible_p50_ms": flood["p50_ms"],
         "flood_export_to_visible_p99_ms": flood["p99_ms"],
         "lost": flood["lost"] + paced["lost"],
         "duplicates": flood["duplicates"] + paced["duplicates"],
+        "mislabelled": flood["mislabelled"] + paced["mislabelled"],
         "client_retries": flood["client_retries"] + paced["client_retries"],
         "collector_cpu_s_per_100k_spans": round(cpu / flood["spans"] * 100_000, 3),
         "collector_spans_per_cpu_s": round(flood["spans"] / cpu) if cpu else None,
         "clickhouse_cpu_s_per_100k_spans": round(flood["cpu_s"]["clickhouse"] / flood["spans"] * 100_000, 3),
-        "paced_offered_spans_per_s": TARGET_SPANS_PER_S,
         "paced_export_to_visible_p50_ms": paced["p50_ms"],
         "paced_export_to_visible_p99_ms": paced["p99_ms"],
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "baseline_sdk_exporter_spans_per_s": round(sdk_rate),
-        "target_spans_per_s": TARGET_SPANS_PER_S,
     }
 
 

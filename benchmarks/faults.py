@@ -1,6 +1,7 @@
 """Fault suite: the pipeline under steady load while its parts are killed, stalled or overrun.
 
-Loopback only, bounded in time (FULL ≈ 3–4 min, --short ≈ 1 min). Prints ONE JSON object: the
+Loopback only, bounded in time (FULL ≈ 3–4 min, plus ≈ 4 min for the two Rotel scenarios, which
+wait the 60 s store timeout twice when Rotel lost spans; --short ≈ 1.5 min). Prints ONE JSON object: the
 parameters, then per scenario spans (or requests) sent / acknowledged / stored / lost / duplicated,
 client-side drops (decided by the real OTel SDK exporter's retry budget and queue), time to recover
 and the scenario's own figures. `no_fault` is the same-run baseline. Scenarios:
@@ -32,7 +33,7 @@ def main() -> int:
     )
     parser.add_argument("--only", default=",".join(suite.SCENARIOS), help="comma-separated scenario names")
     parser.add_argument("--work-dir", default=None, help="where ClickHouse, spools and logs go (a temporary folder)")
-    parser.add_argument("--markdown", action="store_true", help="also print the README table on stderr")
+    parser.add_argument("--markdown", action="store_true", help="also print the table of docs/faults.md on stderr")
     args = parser.parse_args()
     params = suite.SHORT if args.short else suite.FULL
     if args.outage_s is not None:

@@ -129,7 +129,7 @@ async def measure_raw(url: str, ladder: Ladder, streams: int, duration_s: float)
         await asyncio.sleep(max(intended - time.perf_counter_ns(), 0) / 1e9)
         lags.append((time.perf_counter_ns() - intended) / 1e6)
         done = loop.create_future()
-        await loop.create_connection(lambda: _RawStream(request, done), host, int(port))
+        await loop.create_connection(lambda done=done: _RawStream(request, done), host, int(port))
         pending.append(done)
     errors = [e for per_request in await asyncio.gather(*pending) for e in per_request]
     cpu_s = time.process_time() - cpu_s

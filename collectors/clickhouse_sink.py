@@ -33,6 +33,7 @@ class ClickHouseSink:
     url: str
     database: str = "otel"
     cluster: str | None = None
+    ca_cert: str | None = None  # verifies an https:// server (None: the system's trust store)
     _client: object = field(default=None, init=False)
 
     def _target(self) -> tuple[str, dict]:
@@ -48,7 +49,7 @@ class ClickHouseSink:
     def insert(self, blocks: Iterable[bytes], token: str) -> None:
         """Blocks from `render` (a generator renders them as they are sent), as one insert."""
         if self._client is None:
-            self._client = connect(self.url, compress=False, autogenerate_session_id=False)
+            self._client = connect(self.url, compress=False, autogenerate_session_id=False, ca_cert=self.ca_cert)
         table, settings = self._target()
         try:
             self._client.raw_insert(

@@ -14,6 +14,7 @@ from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
 from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
 from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
 from phaselens.common.ports import listener_owner, port_in_use_error
+from phaselens.common.tls import ServerTls
 
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
@@ -57,9 +58,18 @@ def _accept_metrics(ingest: Ingest):
     return accept
 
 
-def start_grpc(ingest: Ingest, host: str, port: int, workers: int = 16) -> tuple[grpc.Server, int]:
-    """Starts the server; returns it and the bound port. Raises GrpcBindError if the port is taken
-    (naming its owner) or the address cannot be bound (gRPC's reason)."""
+def _credentials(tls: ServerTls) -> grpc.ServerCredentials:
+    cert, key, client_ca = tls.pem_bytes()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=tls.mutual)
+
+
+def start_grpc(
+    ingest: Ingest, host: str, port: int, workers: int = 16, tls: ServerTls | None = None
+) -> tuple[grpc.Server, int]:
+    """Starts the server (over TLS with `tls`); returns it and the bound port. Raises GrpcBindError if
+    the port is taken (naming its owner) or the address cannot be bound (gRPC's reason), and
+    TlsConfigError for unusable certificate files."""
+    credentials = _credentials(tls) if tls is not None else None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
         options=[
@@ -81,7 +91,8 @@ def start_grpc(ingest: Ingest, host: str, port: int, workers: int = 16) -> tuple
     )
     reason = "the bind failed"
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as exc:  # some grpcio versions raise, for any cause, instead of returning 0
         bound, reason = 0, str(exc)
     if not bound:

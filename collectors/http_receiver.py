@@ -8,6 +8,8 @@ inflated in a stream that stops at the cap, so a gzip bomb is refused without be
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import threading
 import zlib
 from http import HTTPStatus
@@ -20,9 +22,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from phaselens.collectors import otlp_json
 from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
+from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
 from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
 from phaselens.common.ports import bind_reusable
+from phaselens.common.tls import ServerTls
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -150,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
         if exc.kind == "unauthenticated":
             headers["WWW-Authenticate"] = "Bearer"
         if content_type == JSON:
-            body = ('{"code":%d,"message":%s}' % (status.code, json.dumps(status.message))).encode()
+            body = f'{{"code":{status.code:d},"message":{json.dumps(status.message)}}}'.encode()
             self._send(_HTTP_STATUS[exc.kind], body, JSON, headers)
         else:
             self._send(_HTTP_STATUS[exc.kind], status.SerializeToString(), PROTOBUF, headers)
@@ -169,6 +173,27 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    tls: ssl.SSLContext | None = None
+    metrics: CollectorMetrics | None = None
+
+    def get_request(self) -> tuple[socket.socket, tuple]:
+        sock, address = self.socket.accept()
+        if self.tls is None:
+            return sock, address
+        # the handshake runs on the connection's own thread (finish_request): a client that stalls
+        # in it must not hold up accept()
+        return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+    def finish_request(self, request, client_address) -> None:
+        if isinstance(request, ssl.SSLSocket):
+            request.settimeout(_Handler.timeout)
+            try:
+                request.do_handshake()
+            except (ssl.SSLError, OSError):  # a plaintext client, a wrong CA, no client certificate
+                if self.metrics is not None:
+                    self.metrics.add("tls_handshakes_failed")
+                return
+        super().finish_request(request, client_address)
 
     def server_bind(self) -> None:
         # rebinds at once after a crash (connections left in TIME_WAIT); a live owner still fails
@@ -178,12 +203,14 @@ class _Server(ThreadingHTTPServer):
 
 
 class HttpReceiver:
-    """Owns the HTTP server thread; `metrics_text` is supplied by the service."""
+    """Owns the HTTP server thread (HTTPS with `tls`); `metrics_text` is supplied by the service."""
 
-    def __init__(self, ingest: Ingest, metrics_text, host: str, port: int):
+    def __init__(self, ingest: Ingest, metrics_text, host: str, port: int, tls: ServerTls | None = None):
         self.ingest, self.metrics_text = ingest, metrics_text
         handler = type("Handler", (_Handler,), {"collector": self})
+        context = tls.ssl_context() if tls is not None else None  # bad files fail before the bind
         self._server = _Server((host, port), handler)
+        self._server.tls, self._server.metrics = context, ingest.metrics
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-http", daemon=True)
 

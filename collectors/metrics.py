@@ -19,6 +19,7 @@ _HELP = {
     "writer_errors": "unexpected spool writer errors (it resumes from the last pending batch)",
     "metrics_requests_received": "OTLP metrics export requests accepted",
     "metric_points_not_stored": "OTLP metric data points counted, not stored (traces only)",
+    "tls_handshakes_failed": "OTLP/HTTP connections refused in the TLS handshake (plaintext, untrusted or missing client certificate)",
 }
 
 
@@ -36,6 +37,7 @@ class CollectorMetrics:
     writer_errors: int = 0
     metrics_requests_received: int = 0
     metric_points_not_stored: int = 0
+    tls_handshakes_failed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, name: str, amount: int = 1) -> None:

@@ -35,7 +35,7 @@ def accept_metrics(payload: bytes, metrics: CollectorMetrics) -> int:
     """Parses an ExportMetricsServiceRequest and counts it; returns its data point count."""
     try:
         request = ExportMetricsServiceRequest.FromString(payload)
-    except Exception as exc:  # upb DecodeError and friends
+    except Exception as exc:  # noqa: BLE001 — upb DecodeError and friends
         raise InvalidMetrics(f"malformed ExportMetricsServiceRequest: {exc}") from None
     points = count_points(request)
     metrics.add("metrics_requests_received")

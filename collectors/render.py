@@ -27,7 +27,7 @@ STATUS_CODES = dict(enumerate(("Unset", "Ok", "Error")))
 def _any_value(raw: bytes) -> str:
     try:
         return as_string(AnyValue.FromString(raw))
-    except Exception as exc:  # upb DecodeError, RecursionError on absurd nesting
+    except Exception as exc:  # noqa: BLE001 — upb DecodeError, RecursionError on absurd nesting
         raise InvalidSpans(f"malformed attribute value: {exc}") from None
 
 

@@ -19,6 +19,7 @@ from phaselens.collectors.shard_sink import make_sink
 from phaselens.collectors.spool import Spool
 from phaselens.collectors.writer import SpoolWriter
 from phaselens.common.exposure import check_exposure
+from phaselens.common.tls import ServerTls
 
 
 def default_spool_dir(grpc_port: int) -> str:
@@ -39,6 +40,8 @@ class Collector:
     spool_dir: str | None = None
     auth_token: str | None = None
     insecure: bool = False
+    tls: ServerTls | None = None  # both receivers over TLS (mutual with a client CA)
+    clickhouse_ca: str | None = None  # CA bundle for an https:// ClickHouse (None: the system's)
     max_spool_bytes: int = 1 << 30
     max_body_bytes: int = 16 << 20
     batch_spans: int = 50_000
@@ -50,21 +53,21 @@ class Collector:
     _http: HttpReceiver | None = field(default=None, init=False)
 
     def start(self) -> Collector:
-        check_exposure(self.host, self.auth_token, self.insecure)
+        check_exposure(self.host, self.auth_token, self.insecure, self.tls is not None and self.tls.mutual)
         self.spool_dir = self.spool_dir or tempfile.mkdtemp(prefix="phaselens-spool-")
         self._spool = Spool(self.spool_dir, max_bytes=self.max_spool_bytes)
         ingest = Ingest(self._spool, self.metrics, self.max_body_bytes, self.auth_token)
         self._writer = SpoolWriter(
             self._spool,
-            make_sink(self.clickhouse_url, self.database, self.cluster, self.cluster_insert),
+            make_sink(self.clickhouse_url, self.database, self.cluster, self.cluster_insert, self.clickhouse_ca),
             self.metrics,
             self.batch_spans,
             self.flush_interval_s,
         )
         try:
-            self._http = HttpReceiver(ingest, self.metrics_text, self.host, self.http_port)
-            self._grpc, self.grpc_port = start_grpc(ingest, self.host, self.grpc_port)
-        except OSError:
+            self._http = HttpReceiver(ingest, self.metrics_text, self.host, self.http_port, self.tls)
+            self._grpc, self.grpc_port = start_grpc(ingest, self.host, self.grpc_port, tls=self.tls)
+        except (OSError, ValueError):  # ValueError: TlsConfigError
             self.stop()
             raise
         self.http_port = self._http.port
@@ -78,7 +81,7 @@ class Collector:
 
     @property
     def http_endpoint(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_port}"
 
     def metrics_text(self) -> str:
         return self.metrics.prometheus(self._spool.backlog_bytes if self._spool else 0)

@@ -51,6 +51,7 @@ class ShardedSink:
     url: str
     database: str
     cluster: str
+    ca_cert: str | None = None  # for https:// nodes
     _shards: list[_Shard] = field(default_factory=list, init=False)
     _slot_shard: list[int] = field(default_factory=list, init=False)  # slot → index in _shards
     _pool: ThreadPoolExecutor | None = field(default=None, init=False)
@@ -60,7 +61,7 @@ class ShardedSink:
         is not up yet is retried like any failed insert)."""
         if self._shards:
             return
-        client = connect(self.url)
+        client = connect(self.url, ca_cert=self.ca_cert)
         try:
             nodes = cluster_nodes(client, self.url, self.cluster)
         finally:
@@ -74,7 +75,7 @@ class ShardedSink:
         if not self._slot_shard:  # render_slots(…, 0) would return one unsplit block
             raise ClusterError(f"cluster {self.cluster!r} has no shard with a weight above 0")
         self._shards = [
-            _Shard(num, [ClickHouseSink(node.url, self.database) for node in replicas])
+            _Shard(num, [ClickHouseSink(node.url, self.database, ca_cert=self.ca_cert) for node in replicas])
             for num, replicas in sorted(by_shard.items())
         ]
         self._pool = ThreadPoolExecutor(len(self._shards), thread_name_prefix="shard-insert")
@@ -114,10 +115,13 @@ class ShardedSink:
             self._pool.shutdown()
 
 
-def make_sink(url: str, database: str, cluster: str | None, cluster_insert: str = "direct"):
-    """One node, or a cluster written `direct` (ShardedSink) or through its Distributed table."""
+def make_sink(
+    url: str, database: str, cluster: str | None, cluster_insert: str = "direct", ca_cert: str | None = None
+) -> ClickHouseSink | ShardedSink:
+    """One node, or a cluster written `direct` (ShardedSink) or through its Distributed table.
+    `ca_cert`: the CA bundle that verifies an https:// ClickHouse (None: the system's)."""
     if cluster is None or cluster_insert == "distributed":
-        return ClickHouseSink(url, database, cluster)
+        return ClickHouseSink(url, database, cluster, ca_cert)
     if cluster_insert != "direct":
         raise ValueError(f"cluster insert must be one of {CLUSTER_INSERTS}, not {cluster_insert!r}")
-    return ShardedSink(url, database, cluster)
+    return ShardedSink(url, database, cluster, ca_cert)

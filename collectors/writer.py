@@ -128,11 +128,11 @@ class SpoolWriter:
             try:
                 self.sink.insert(blocks(), self.spool.token(pending))
                 break
-            except Exception as exc:  # ClickHouse down or refusing: keep the batch, retry
+            except Exception as exc:  # noqa: BLE001 — ClickHouse down or refusing: keep the batch, retry
                 self.metrics.add("insert_retries")
                 log.warning("insert of %d spans failed (%s); retrying in %.2fs", spans, exc, backoff_s)
                 if self._stop.is_set() or self._stop.wait(backoff_s):
-                    raise _Abandoned  # stopping while ClickHouse fails: the batch stays spooled
+                    raise _Abandoned from None  # stopping while ClickHouse fails: the batch stays spooled
                 backoff_s = min(backoff_s * 2, self.max_backoff_s)
         quarantined = self._set_aside(records, unrenderable)
         self.metrics.add("spans_written", spans - quarantined)

@@ -1,5 +1,10 @@
-"""Who may reach a listener: loopback by default; any other address needs a bearer token or an
-explicit opt-out. Shared by every phaselens server (reference server, collector)."""
+"""Who may reach a listener: loopback by default; any other address needs a way to authenticate its
+clients, a bearer token or mutual TLS (a client certificate, common/tls.py), or an explicit opt-out.
+Shared by every phaselens server (reference server, collector).
+
+TLS without client certificates encrypts but lets anyone in, so on its own it does not open a
+non-loopback address; a token without TLS is accepted (the existing contract) but travels in clear:
+docs/collectors.md says to pair it with --tls-cert."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import ipaddress
 
 
 class InsecureBindError(ValueError):
-    """A non-loopback address was asked for without an auth token and without --insecure."""
+    """A non-loopback address was asked for without an auth token, without mutual TLS and without --insecure."""
 
 
 def is_loopback(host: str) -> bool:
@@ -20,9 +25,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, auth_token: str | None, insecure: bool) -> None:
-    if not is_loopback(host) and not auth_token and not insecure:
-        raise InsecureBindError(f"listening on {host} (not loopback) needs --auth-token (or --insecure)")
+def check_exposure(host: str, auth_token: str | None, insecure: bool, mutual_tls: bool = False) -> None:
+    """Raises InsecureBindError unless `host` is loopback, or clients must authenticate (a token or
+    mutual TLS), or the caller opted out with `insecure`."""
+    if not is_loopback(host) and not auth_token and not mutual_tls and not insecure:
+        raise InsecureBindError(
+            f"listening on {host} (not loopback) needs --auth-token or mutual TLS (--tls-client-ca), or --insecure"
+        )
 
 
 def authorized(authorization: str | None, auth_token: str | None) -> bool:

@@ -1,7 +1,7 @@
 """The three phaselens dashboards, as data. Panel SQL comes only from `phaselens.analysis.queries.render_grafana`
 (one source of queries: the CLI's `phaselens budget` and the dashboards read the same SQL).
 
-Each panel's description states the question it answers; the README repeats them.
+Each panel's description states the question it answers; docs/dashboards.md repeats them.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@
 - spool_full: a small spool cap, inserts stalled (SlowLink) for `full_s`: the collector answers
   UNAVAILABLE + RetryInfo and the SDK retries; recover_s = stall ended → everything acknowledged stored.
 
+- rotel_sigkill, rotel_clickhouse_outage: the first two with Rotel (`rotel-agent`, run as
+  docs/collectors.md recommends) in the collector's place; recover_s of the kill = kill → Rotel
+  listens again.
+
 - no_fault: the same load with nothing broken (the same-run baseline).
 
 Ledger per scenario: sent, acknowledged (SDK SUCCESS), stored (distinct span ids in ClickHouse),
@@ -27,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.common.process import LOOPBACK
 from phaselens.faults.load import Ledger, SpanLoad
 from phaselens.faults.outcome import Outcome
@@ -35,8 +40,6 @@ from phaselens.faults.parts import CollectorProcess, SlowLink, wait_until
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse
 
-STORE_TIMEOUT_S = 60.0  # the longest wait for acknowledged spans to be visible after a scenario
-
 
 @dataclass(slots=True)
 class Pipeline:
@@ -44,6 +47,9 @@ class Pipeline:
 
     work_dir: Path
     database: str = "faults"
+    # the longest wait for acknowledged spans to be visible after a scenario: bounds a scenario
+    # whose collector lost some (Rotel's) instead of waiting for them in vain
+    store_timeout_s: float = 60.0
     clickhouse: EmbeddedClickHouse | None = field(default=None, init=False)
 
     def start(self) -> Pipeline:
@@ -63,6 +69,9 @@ class Pipeline:
             **kwargs,
         )
 
+    def rotel(self, name: str) -> RotelAgent:
+        return RotelAgent(self.clickhouse.url, self.database, str(self.work_dir / f"rotel-{name}.log"))
+
     def stored(self, service: str) -> tuple[set[str], int]:
         """(distinct span ids, rows) of `service` in ClickHouse."""
         sql = "SELECT SpanId, count() FROM {db:Identifier}.otel_traces WHERE ServiceName = {s:String} GROUP BY SpanId"
@@ -70,8 +79,8 @@ class Pipeline:
             rows = client.query(sql, parameters={"db": self.database, "s": service}).result_rows
         return {r[0] for r in rows}, sum(int(r[1]) for r in rows)
 
-    def wait_stored(self, service: str, acknowledged: set[str], timeout_s: float = STORE_TIMEOUT_S) -> float | None:
-        return wait_until(lambda: acknowledged <= self.stored(service)[0], timeout_s, 0.1)
+    def wait_stored(self, service: str, acknowledged: set[str]) -> float | None:
+        return wait_until(lambda: acknowledged <= self.stored(service)[0], self.store_timeout_s, 0.1)
 
     def stop(self) -> None:
         if self.clickhouse is not None:
@@ -83,7 +92,10 @@ def _snapshot(ledger: Ledger) -> set[str]:
         return set(ledger.acknowledged)
 
 
-def _counters(collector: CollectorProcess) -> dict[str, int]:
+def _counters(collector: CollectorProcess | RotelAgent) -> dict[str, int]:
+    """phaselens's /metrics counters ({} for Rotel, whose HTTP port serves OTLP only)."""
+    if isinstance(collector, RotelAgent):
+        return {}
     try:
         with urllib.request.urlopen(f"http://{LOOPBACK}:{collector.http_port}/metrics", timeout=2) as r:
             text = r.read().decode()
@@ -96,7 +108,12 @@ def _counters(collector: CollectorProcess) -> dict[str, int]:
 
 
 def _finish(
-    pipeline: Pipeline, name: str, load: SpanLoad, collector: CollectorProcess, recover_s: float | None, **detail
+    pipeline: Pipeline,
+    name: str,
+    load: SpanLoad,
+    collector: CollectorProcess | RotelAgent,
+    recover_s: float | None,
+    **detail,
 ) -> Outcome:
     ledger = load.stop()
     pipeline.wait_stored(load.service, ledger.acknowledged)
@@ -112,11 +129,12 @@ def _finish(
 
 @contextmanager
 def _loaded_collector(
-    pipeline: Pipeline, name: str, params: Params, **kwargs
-) -> Iterator[tuple[CollectorProcess, SpanLoad]]:
-    """A serving collector under `params.warm_s` of load. The scenario ends both (_finish); when it
-    fails instead, they are ended here (the collector would hold its ports and spool otherwise)."""
-    collector = pipeline.collector(name, **kwargs)
+    pipeline: Pipeline, name: str, params: Params, rotel: bool = False, **kwargs
+) -> Iterator[tuple[CollectorProcess | RotelAgent, SpanLoad]]:
+    """A serving collector (Rotel with `rotel`) under `params.warm_s` of load. The scenario ends
+    both (_finish); when it fails instead, they are ended here (the collector would hold its ports
+    and spool otherwise)."""
+    collector = pipeline.rotel(name) if rotel else pipeline.collector(name, **kwargs)
     collector.start_serving()
     load = None
     try:
@@ -138,7 +156,23 @@ def no_fault(pipeline: Pipeline, params: Params) -> Outcome:
 
 
 def collector_sigkill(pipeline: Pipeline, params: Params) -> Outcome:
-    with _loaded_collector(pipeline, "collector_sigkill", params) as (collector, load):
+    return _sigkill(pipeline, params, "collector_sigkill", rotel=False)
+
+
+def rotel_sigkill(pipeline: Pipeline, params: Params) -> Outcome:
+    return _sigkill(pipeline, params, "rotel_sigkill", rotel=True)
+
+
+def clickhouse_outage(pipeline: Pipeline, params: Params) -> Outcome:
+    return _outage(pipeline, params, "clickhouse_outage", rotel=False)
+
+
+def rotel_clickhouse_outage(pipeline: Pipeline, params: Params) -> Outcome:
+    return _outage(pipeline, params, "rotel_clickhouse_outage", rotel=True)
+
+
+def _sigkill(pipeline: Pipeline, params: Params, name: str, rotel: bool) -> Outcome:
+    with _loaded_collector(pipeline, name, params, rotel=rotel) as (collector, load):
         acked_before = len(_snapshot(load.ledger))
         collector.kill()
         killed_at = time.monotonic()
@@ -148,7 +182,7 @@ def collector_sigkill(pipeline: Pipeline, params: Params) -> Outcome:
         time.sleep(params.after_s)
         return _finish(
             pipeline,
-            "collector_sigkill",
+            name,
             load,
             collector,
             recover_s,
@@ -157,15 +191,15 @@ def collector_sigkill(pipeline: Pipeline, params: Params) -> Outcome:
         )
 
 
-def clickhouse_outage(pipeline: Pipeline, params: Params) -> Outcome:
-    with _loaded_collector(pipeline, "clickhouse_outage", params) as (collector, load):
+def _outage(pipeline: Pipeline, params: Params, name: str, rotel: bool) -> Outcome:
+    with _loaded_collector(pipeline, name, params, rotel=rotel) as (collector, load):
         os.kill(pipeline.clickhouse.pid, signal.SIGKILL)
         pipeline.clickhouse.stop()  # reaps it
         time.sleep(params.outage_s)
         pipeline.clickhouse.start()  # same data directory and ports
         recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
         time.sleep(params.after_s)
-        return _finish(pipeline, "clickhouse_outage", load, collector, recover_s, outage_s=params.outage_s)
+        return _finish(pipeline, name, load, collector, recover_s, outage_s=params.outage_s)
 
 
 def clickhouse_slow(pipeline: Pipeline, params: Params) -> Outcome:

@@ -1,4 +1,4 @@
-"""One scenario's figures, as the suite reports them (JSON and the README table)."""
+"""One scenario's figures, as the suite reports them (JSON and the table of docs/faults.md)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Outcome:
 
 
 def markdown(outcomes: list[Outcome]) -> str:
-    """The README's "Faults survived" table rows."""
+    """The rows of the table in docs/faults.md."""
     head = (
         "| scenario | sent | acknowledged | stored | lost | duplicated | client-side drops | recover s |\n"
         "|---|---|---|---|---|---|---|---|\n"

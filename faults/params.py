@@ -11,6 +11,7 @@ class Params:
     warm_s: float = 3.0  # load before the fault
     after_s: float = 3.0  # load after recovery
     outage_s: float = 30.0
+    store_timeout_s: float = 60.0  # longest wait for acknowledged spans to be visible (Pipeline)
     slow_s: float = 10.0
     slow_delay_s: float = 0.2
     full_s: float = 6.0

@@ -3,6 +3,7 @@ the same ports and spool), and a loopback link that delays what goes through it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -154,10 +155,8 @@ class SlowLink:
             pass
         finally:  # one side ended: end both (the other pump then ends too)
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
             src.close()
 
     def _hold(self) -> None:

@@ -1,6 +1,6 @@
 """The fault suite: every scenario in turn on one loopback pipeline, bounded in time.
 
-`SHORT` is the CI form (tests/test_faults.py); `FULL` what the README's table comes from
+`SHORT` is the CI form (tests/test_faults.py); `FULL` what the table of docs/faults.md comes from
 (`benchmarks/faults.py`), with ClickHouse down for 30 s and the spool full for longer than the
 OTel SDK's 10 s retry budget.
 """
@@ -20,6 +20,7 @@ SHORT = Params(
     warm_s=1.0,
     after_s=0.5,
     outage_s=2.0,
+    store_timeout_s=20.0,  # the longest recovery bound of tests/test_faults.py
     slow_s=2.0,
     full_s=3.0,
     spool_cap_bytes=256 << 10,
@@ -46,6 +47,9 @@ PIPELINE_SCENARIOS = {
     "clickhouse_outage": collector_faults.clickhouse_outage,
     "clickhouse_slow": collector_faults.clickhouse_slow,
     "spool_full": collector_faults.spool_full,
+    # the same two faults with Rotel in the collector's place (docs/collectors.md "Which collector")
+    "rotel_sigkill": collector_faults.rotel_sigkill,
+    "rotel_clickhouse_outage": collector_faults.rotel_clickhouse_outage,
 }
 SERVING_SCENARIOS = {  # one server for all three (serving_faults.Served), the kills last
     "client_disconnect": serving_faults.client_disconnect,
@@ -66,7 +70,7 @@ def run(
     if unknown:
         raise ValueError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
     root = Path(work_dir or tempfile.mkdtemp(prefix="phaselens-faults-"))
-    pipeline = collector_faults.Pipeline(root).start()
+    pipeline = collector_faults.Pipeline(root, store_timeout_s=params.store_timeout_s).start()
     served, outcomes = None, []
     try:
         for name in (n for n in SCENARIOS if n in only):

@@ -1,7 +1,7 @@
 """Span names, attribute keys and metric names: the one source of truth of the data contract.
 
 Every producer (server, client), the analysis SQL and the dashboards import names from here.
-Changing a value here changes the contract: update README, dashboards and tests together.
+Changing a value here changes the contract: update docs/span-model.md, dashboards and tests together.
 """
 
 # --- span names -----------------------------------------------------------------------------
@@ -14,6 +14,11 @@ SPAN_FIRST_CHUNK = "llm.first_chunk"  # first token handed to the stream → its
 SPAN_DECODE = "llm.decode"
 SPAN_DELIVERY = "llm.delivery"
 SPAN_ENGINE_STEP = "llm.engine_step"
+# Disaggregated prefill/decode (docs/disaggregation.md): each on the clock of the instance that emits it
+SPAN_KV_TRANSFER = "llm.kv_transfer"  # prefill instance: send start → the decode instance's acknowledgement
+SPAN_KV_RECEIVE = "llm.kv_receive"  # decode instance: connection accepted → KV written into its pool, ack sent
+SPAN_PD_PREFILL_CALL = "pd.prefill_call"  # router, CLIENT: request to the prefill instance → its answer
+SPAN_PD_DECODE_CALL = "pd.decode_call"  # router, CLIENT: request to the decode instance → its stream's end
 
 SERVER_SERVICE_NAME = "phaselens-server"  # service.name of a phaselens server when OTEL_SERVICE_NAME sets none
 VLLM_SERVICE_NAME = "vllm"  # service.name of vLLM with the phaselens plugin when OTEL_SERVICE_NAME sets none
@@ -64,6 +69,11 @@ SERVER_PORT = "server.port"
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
 URL_PATH = "url.path"
+# semconv `http.request.header.<key>` (string[]): the harness's request id, X-Request-ID as received
+# (AIPerf, `vllm bench serve` and others send it; `phaselens import` joins their records on it)
+HTTP_REQUEST_HEADER_X_REQUEST_ID = "http.request.header.x-request-id"
+X_REQUEST_ID_HEADER = "x-request-id"
+X_REQUEST_ID_MAX_CHARS = 256  # a longer value is cut: the header is the client's to fill
 ERROR_CLIENT_DISCONNECTED = "client_disconnected"  # error.type value: the client went away
 
 PROVIDER_PHASELENS = "phaselens"
@@ -140,6 +150,26 @@ PL_CLIENT_DISCONNECTED = "phaselens.client_disconnected"
 PL_RECEIVED_WALL_NS = "phaselens.server.received_wall_ns"
 PL_RESPONDED_WALL_NS = "phaselens.server.responded_wall_ns"
 
+# Disaggregated serving: resource attributes of each instance, and the P/D terms (ms, the emitter's clock)
+PL_PD_ROLE = "phaselens.pd.role"  # resource: router | prefill | decode
+PL_PD_INSTANCE = "phaselens.pd.instance"  # resource: the instance's URL as the router knows it
+PL_PD_TRANSFER_ID = "phaselens.pd.transfer_id"
+PL_KV_BYTES = "phaselens.kv.bytes"  # llm.kv_transfer: bytes sent; llm.kv_receive: bytes received
+PL_KV_ACKED_BYTES = "phaselens.kv.acked_bytes"  # llm.kv_transfer: bytes the receiver's ack reports
+PL_KV_TRANSFER_MS = "phaselens.kv.transfer_ms"  # send start → acknowledgement (prefill clock)
+PL_KV_WAIT_MS = "phaselens.kv.wait_ms"  # first token → send start (prefill clock)
+PL_KV_READ_MS = "phaselens.kv.read_ms"  # llm.kv_receive: accepted → bytes read (decode clock)
+PL_KV_STAGE_MS = "phaselens.kv.stage_ms"  # llm.kv_receive: bytes read → written into the pool (decode clock)
+PL_KV_PEER = "phaselens.kv.peer"  # the other instance's KV address
+PL_PD_PREFILL_ANSWER_MS = "phaselens.pd.prefill_answer_ms"  # llm.kv_transfer: received → answer built (prefill clock)
+PL_ROUTER_INGRESS_MS = "phaselens.router.ingress_ms"  # received → request sent to the prefill instance
+PL_ROUTER_PREFILL_CALL_MS = "phaselens.router.prefill_call_ms"  # that request → its answer
+PL_ROUTER_GAP_MS = "phaselens.router.gap_ms"  # the prefill answer → request sent to the decode instance
+PL_ROUTER_DECODE_FIRST_CHUNK_MS = "phaselens.router.decode_first_chunk_ms"  # that request → first content chunk back
+PL_ROUTER_RELAY_MS = "phaselens.router.relay_ms"  # that chunk → handed to the router's send
+PL_ROUTER_PREFILL = "phaselens.router.prefill"  # the prefill instance's URL
+PL_ROUTER_DECODE = "phaselens.router.decode"  # the decode instance's URL
+
 # Engine step
 PL_STEP_INDEX = "phaselens.step.index"
 PL_STEP_NUM_SEQS = "phaselens.step.num_seqs"
@@ -169,6 +199,12 @@ PL_CLIENT_OUTCOME = "phaselens.client.outcome"  # OUTCOME_NO_OUTPUT, else absent
 OUTCOME_NO_OUTPUT = "no_output"  # completed without a content chunk (e.g. EOS first): no TTFT, not an error
 PL_CLIENT_SENT_WALL_NS = "phaselens.client.sent_wall_ns"
 PL_CLIENT_DONE_WALL_NS = "phaselens.client.done_wall_ns"
+# Who measured the client view: a client span imported from another harness's export (`phaselens import`)
+PL_CLIENT_HARNESS = "phaselens.client.harness"  # e.g. aiperf; absent on phaselens's own client spans
+PL_CLIENT_HARNESS_VERSION = "phaselens.client.harness_version"
+PL_CLIENT_INPUT_TOKENS = "phaselens.client.input_tokens"  # as the harness counted them (its tokenizer or usage)
+PL_CLIENT_OUTPUT_TOKENS = "phaselens.client.output_tokens"
+HARNESS_PHASELENS = "phaselens"  # view column `client_harness` for a client span without the key
 
 # --- metrics (GenAI semconv, seconds) -------------------------------------------------------
 METRIC_SERVER_TTFT = "gen_ai.server.time_to_first_token"

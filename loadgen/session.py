@@ -1,6 +1,6 @@
 """One benchmark session as `phaselens bench` runs it: options → plan + workload → run → figures.
 
-Client spans go to the providers of `phaselens.instrumentation.otel_setup.configure("phaselens-loadgen")`
+Client spans go to the providers of `phaselens.instrumentation.pipeline.otel_setup.configure("phaselens-loadgen")`
 (standard `OTEL_*` variables) and are flushed before the session returns.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from phaselens.common.slo import SLO, parse_slo
+from phaselens.common.tls import client_context
 from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.instrumentation.pipeline.otel_setup import configure, export_counters
 from phaselens.loadgen import metrics, report, runner, sweep
@@ -40,6 +41,7 @@ class BenchOptions:
     percentiles: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
     seed: int = 0
     api_key: str | None = None
+    ca_cert: str | None = None  # PEM bundle that verifies an https:// server (None: the system's)
     timeout_s: float = 300.0
     chunk_tokens: str = "chunk"  # tokens per content chunk: "chunk" (1 each) or "bytes" (UTF-8 bytes)
     tokenizer: str | None = None  # --input-len in this tokenizer's tokens (local files only), else words
@@ -115,6 +117,7 @@ def _client(opts: BenchOptions, providers, tracer_provider) -> TracedClient:
         headers=headers,
         meter_provider=providers.meter_provider if providers else None,
         token_counter=CHUNK_TOKEN_COUNTERS[opts.chunk_tokens],
+        ssl_context=client_context(opts.ca_cert) if opts.ca_cert else None,
     )
 
 

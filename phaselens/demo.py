@@ -101,13 +101,13 @@ def make_dataset(path: Path, count: int, seed: int) -> dict:
     }
 
 
-def run_load(stack: Stack, opts: DemoOptions, run_dir: Path) -> LoadRun:
-    """One `phaselens bench` run against the stack; trace ids from its per-request file."""
+def run_load(stack: Stack, opts: DemoOptions, run_dir: Path, url: str | None = None) -> LoadRun:
+    """One `phaselens bench` run against the stack's server (or `url`); trace ids from its per-request file."""
     dataset, per_request, summary = run_dir / "workload.jsonl", run_dir / "requests.jsonl", run_dir / "bench.json"
     workload = make_dataset(dataset, opts.requests, opts.seed)
     argv = [
         "--model",
-        stack.served_model(),
+        stack.served_model() if url is None else opts.model,
         "--rate",
         str(opts.rate),
         "--requests",
@@ -125,7 +125,7 @@ def run_load(stack: Stack, opts: DemoOptions, run_dir: Path) -> LoadRun:
         str(summary),
     ]
     start = time.monotonic()
-    code = stack.bench(argv, timeout_s=max(600.0, 10 * opts.requests / opts.rate))
+    code = stack.bench(argv, timeout_s=max(600.0, 10 * opts.requests / opts.rate), url=url)
     wall_s = time.monotonic() - start
     if not per_request.exists():
         raise RuntimeError(f"phaselens bench failed (exit {code}); see {stack.log_dir / 'bench.log'}")

@@ -251,12 +251,12 @@ class Stack:
         )
         return env
 
-    def bench(self, argv: list[str], timeout_s: float) -> int:
-        """Run `phaselens bench --url <server> <argv>` with client spans exported to this stack; its
-        progress bar (stderr) shows on the terminal, its tables go to logs/bench.log."""
+    def bench(self, argv: list[str], timeout_s: float, url: str | None = None) -> int:
+        """Run `phaselens bench --url <server, or url> <argv>` with client spans exported to this stack;
+        its progress bar (stderr) shows on the terminal, its tables go to logs/bench.log."""
         child = spawn(
             "bench",
-            ["bench", "--url", self.server_url, *argv],
+            ["bench", "--url", url or self.server_url, *argv],
             self.log_dir,
             self.otel_env(CLIENT_SERVICE),
             stderr=None,

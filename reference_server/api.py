@@ -12,10 +12,11 @@ at the engine's next iteration. Errors are always OpenAI-shaped JSON, FastAPI's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -76,10 +77,8 @@ class EventStreamResponse(StreamingResponse):
         async with anyio.create_task_group() as group:
 
             async def stream_then_stop() -> None:
-                try:
+                with contextlib.suppress(OSError):
                     await self.stream_response(send)
-                except OSError:
-                    pass
                 group.cancel_scope.cancel()
 
             group.start_soon(stream_then_stop)
@@ -110,12 +109,15 @@ _NO_FASTAPI_TELEMETRY = (
 )
 
 
-def create_app(engine: Engine, settings: ApiSettings, telemetry: Any = None):
-    """The ASGI app; wrapped in the telemetry ingress middleware when `telemetry` is given."""
+def create_app(
+    engine: Engine, settings: ApiSettings, telemetry: Any = None, routes_class: Callable[..., Any] | None = None
+):
+    """The ASGI app; wrapped in the telemetry ingress middleware when `telemetry` is given.
+    `routes_class`: a `_Routes` subclass (a disaggregated instance's, reference_server.pd_api)."""
     app = FastAPI(
         title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None, **_NO_FASTAPI_TELEMETRY
     )
-    routes = _Routes(engine, settings, telemetry)
+    routes = (routes_class or _Routes)(engine, settings, telemetry)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -281,11 +283,15 @@ class _Routes:
 
     def _submit(self, job: Job, handle: RequestHandle, stream: OutputStream) -> int:
         try:
-            return self.engine.submit(job.prompt_ids, job.params, observer=handle, sink=stream.sink)
+            return self._start(job, handle, stream)
         except QueueFullError as exc:
             raise ApiError(503, str(exc), type_="server_overloaded", code="queue_full") from None
         except ValueError as exc:
             raise bad(str(exc), "max_tokens", code="context_length_exceeded") from None
+
+    def _start(self, job: Job, handle: RequestHandle, stream: OutputStream) -> int:
+        """Hand the request to the engine (a disaggregated instance's routes hand it on differently)."""
+        return self.engine.submit(job.prompt_ids, job.params, observer=handle, sink=stream.sink)
 
     async def _events(self, job: Job, stream: OutputStream, handle: RequestHandle, seq_id: int) -> AsyncIterator[bytes]:
         """SSE body: role chunk (chat), deltas, finish chunk, usage chunk (if asked), [DONE]."""

@@ -59,6 +59,16 @@ class BlockManager:
         seq.num_hashed_blocks = len(hits)
         return len(hits) * self.block_size
 
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def reserve(self, seq: Sequence, num_tokens: int) -> None:
+        """Fresh blocks for `num_tokens` whose KV arrives from elsewhere (a disaggregated prefill);
+        the caller checked `num_free`."""
+        seq.block_table = [self._allocate() for _ in range(self.blocks_for(num_tokens))]
+        seq.num_hashed_blocks = 0
+
     def can_append(self, seq: Sequence) -> bool:
         return self._has_slot(seq) or bool(self._free)
 

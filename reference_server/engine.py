@@ -9,7 +9,9 @@ The scheduler owns the queues and the KV blocks and decides what each token does
 the runner owns the model; the engine owns the threads, the observers and the streams.
 
 Other threads talk to it only through `submit()` and `abort()` (a locked inbox drained at the top
-of each iteration). Results go out through each sequence's `sink` on the loop thread; the API
+of each iteration). Disaggregated serving adds three more inboxes (`receive_kv`, `claim`, and the
+KV sender's releases) and one seam: a sequence with a KV handoff leaves the batch after its first
+token (see reference_server.disagg). Results go out through each sequence's `sink` on the loop thread; the API
 layer's sink hops to its event loop with `call_soon_threadsafe`. Token stamps come after the
 step's single host sync (`.tolist()` inside `run`), never after a kernel launch.
 """
@@ -34,9 +36,17 @@ from phaselens.instrumentation.hotpath.observer import (
 from phaselens.instrumentation.hotpath.records import StepStats
 from phaselens.reference_server.config import EngineConfig
 from phaselens.reference_server.detokenizer import TextTracker
+from phaselens.reference_server.disagg import (
+    DEFAULT_STAGE_TIMEOUT_S,
+    FINISH_TRANSFERRED,
+    KvHandoff,
+    KvSender,
+    ReceivedKv,
+    check_header,
+)
 from phaselens.reference_server.model_runner import ModelRunner
 from phaselens.reference_server.scheduler import Batch, Scheduler
-from phaselens.reference_server.sequence import SamplingParams, SeqOutput, Sequence, Sink, _drop
+from phaselens.reference_server.sequence import SamplingParams, SeqOutput, SeqStatus, Sequence, Sink, _drop
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,11 @@ class EngineStats:
     finished: int = 0
     aborted: int = 0
     failed_steps: int = 0
+    kv_sent: int = 0  # transfers acknowledged by a decode instance
+    kv_send_failed: int = 0
+    kv_received: int = 0  # transfers staged here
+    kv_refused: int = 0
+    kv_expired: int = 0  # staged, never claimed within the stage timeout: freed
 
 
 class Engine:
@@ -74,6 +89,12 @@ class Engine:
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._releases: deque[int] = deque()  # KV handoffs the sender is done with
+        self._incoming: deque[ReceivedKv] = deque()  # transfers to stage
+        self._staged: dict[str, tuple[Sequence, int]] = {}  # transfer id → (sequence, deadline ns)
+        self._claims: deque[Sequence] = deque()
+        self._sender: KvSender | None = None
+        self.stage_timeout_ns = int(DEFAULT_STAGE_TIMEOUT_S * 1e9)
 
     @property
     def tokenizer(self):
@@ -97,8 +118,10 @@ class Engine:
         params: SamplingParams,
         observer: RequestObserver = NULL_REQUEST,
         sink: Sink = _drop,
+        handoff: KvHandoff | None = None,
     ) -> int:
-        """Queue a request; returns its id. Raises QueueFullError or ValueError (too long)."""
+        """Queue a request; returns its id. Raises QueueFullError or ValueError (too long). With
+        `handoff` (a prefill instance), its KV goes to a decode instance after its first token."""
         if len(prompt_ids) + params.max_tokens > self.max_model_len or not prompt_ids:
             raise ValueError(
                 f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) must be "
@@ -113,6 +136,7 @@ class Engine:
             sink=sink,
             text=TextTracker(self.runner.loaded.decode, params.reasoning_tokens, params.stop),
             generator=self.runner.generator_for(params.seed),
+            handoff=handoff,
         )
         with self._lock:
             if self.num_waiting >= self.config.max_waiting:
@@ -121,6 +145,41 @@ class Engine:
             observer.enqueued()
         self._wake.set()
         return seq.seq_id
+
+    def receive_kv(self, transfer: ReceivedKv, timeout_s: float = 10.0) -> None:
+        """Decode instance, receiver thread: stage a transfer's KV (the loop writes it into the pool);
+        returns once it is staged, raises ValueError when it cannot be."""
+        self.check_kv_header(transfer.transfer.header)
+        with self._lock:
+            self._incoming.append(transfer)
+        self._wake.set()
+        if not transfer.done.wait(timeout_s):
+            raise ValueError(f"the engine did not stage the KV within {timeout_s} s")
+        if transfer.error:
+            raise ValueError(transfer.error)
+
+    def check_kv_header(self, header: dict[str, object]) -> None:
+        """ValueError when this engine cannot continue a transfer with this header (disagg.check_header)."""
+        check_header(header, self.runner.cache, self.runner.loaded.name, self.max_model_len)
+
+    def claim(
+        self, transfer_id: str, params: SamplingParams, observer: RequestObserver = NULL_REQUEST, sink: Sink = _drop
+    ) -> int:
+        """Decode instance: the request whose prompt KV arrived as `transfer_id` continues here;
+        returns its id. KeyError when no such transfer is staged."""
+        with self._lock:
+            seq, _ = self._staged.pop(transfer_id)
+            seq.params, seq.observer, seq.sink = params, observer, sink
+            seq.text = TextTracker(self.runner.loaded.decode, params.reasoning_tokens, params.stop)
+            seq.generator = self.runner.generator_for(params.seed)
+            self._claims.append(seq)
+            observer.enqueued()
+        self._wake.set()
+        return seq.seq_id
+
+    @property
+    def num_staged(self) -> int:
+        return len(self._staged)
 
     def abort(self, seq_id: int) -> None:
         """Cancel a request (client went away); its KV is freed at the top of the next iteration."""
@@ -141,6 +200,8 @@ class Engine:
             if self._thread.is_alive():  # a forward still running: its state is not ours to touch
                 log.error("engine loop did not stop within %.1f s", timeout_s)
                 return
+        if self._sender is not None:
+            self._sender.stop()
         self._drain()
         for seq in list(self._live.values()):
             self._end(seq, FINISH_ABORT)
@@ -169,6 +230,7 @@ class Engine:
         start_ns = time.monotonic_ns()
         batch = self.scheduler.schedule()
         self._stamp_waits(batch)
+        self._hand_out_received(batch)
         if batch.items:
             token_ids = self.runner.run(batch)
             self._stamp_prefill(batch, start_ns, time.monotonic_ns())
@@ -192,6 +254,16 @@ class Engine:
             if item.prefill:
                 item.seq.observer.prefill_chunk(start_ns, run_end_ns, item.num_tokens, item.cached_tokens)
 
+    @staticmethod
+    def _hand_out_received(batch: Batch) -> None:
+        """Decode instance: a sequence admitted with received KV hands out its first token (sampled
+        by the prefill instance) as it takes its seat, before this step's forward."""
+        for seq in batch.received:
+            seq.observer.first_token()
+            out, seq.received_output = seq.received_output, None
+            if out is not None:
+                seq.sink(out)
+
     def _hand_out(self, batch: Batch) -> None:
         """Per sampled token: stamp it, then stream its text (a finished sequence: its final output)."""
         for item in batch.items:
@@ -203,10 +275,25 @@ class Engine:
                 seq.observer.first_token()
             else:
                 seq.observer.token(1)
-            if out.finish_reason is None:
-                seq.sink(out)
-            else:
+            if out.finish_reason is not None:
                 self._close(seq, out)
+            elif seq.handoff is not None and seq.num_output_tokens == 1:
+                self._hand_off(seq)
+            else:
+                seq.sink(out)
+
+    def _hand_off(self, seq: Sequence) -> None:
+        """Prefill instance: the first token is out; the KV goes to the decode instance, which
+        hands out that token's text. The blocks stay held until the sender releases them."""
+        self.scheduler.detach(seq)
+        if self._sender is None:
+            self._sender = KvSender(self.runner.cache, self.runner.loaded.name, self._release)
+        self._sender.send(seq)
+
+    def _release(self, seq_id: int) -> None:
+        with self._lock:
+            self._releases.append(seq_id)
+        self._wake.set()
 
     def _end(self, seq: Sequence, reason: str) -> None:
         """Finish `seq` from outside a step (abort, error, stop)."""
@@ -243,13 +330,79 @@ class Engine:
         with self._lock:
             arrived, self._inbox = self._inbox, deque()
             aborted, self._aborts = self._aborts, deque()
+            released, self._releases = self._releases, deque()
+            incoming, self._incoming = self._incoming, deque()
+            claimed, self._claims = self._claims, deque()
         for seq in arrived:
             self._live[seq.seq_id] = seq
             self.scheduler.add(seq)
+        for seq_id in released:
+            self._finish_handoff(self._live[seq_id])
+        for transfer in incoming:
+            self._stage(transfer)
+        for seq in claimed:
+            self._admit_claimed(seq)
         for seq_id in aborted:
             seq = self._live.get(seq_id)
-            if seq is not None:
+            if seq is not None and seq.status != SeqStatus.TRANSFERRING:  # its release ends it
                 self._end(seq, FINISH_ABORT)
+        if self._staged:
+            self._expire_staged()
+
+    def _finish_handoff(self, seq: Sequence) -> None:
+        handoff = seq.handoff
+        assert isinstance(handoff, KvHandoff)
+        self.stats.kv_sent += not handoff.error
+        self.stats.kv_send_failed += bool(handoff.error)
+        out = SeqOutput(error=handoff.error)
+        self._close(seq, self.scheduler.finish(seq, FINISH_ERROR if handoff.error else FINISH_TRANSFERRED, out))
+
+    def _stage(self, received: ReceivedKv) -> None:
+        """Reserve blocks for a transfer's prompt KV and write its bytes into them."""
+        header = received.transfer.header
+        seq = Sequence(
+            seq_id=next(self._ids),
+            token_ids=list(header["token_ids"]),
+            num_prompt_tokens=int(header["num_prompt_tokens"]),
+            params=SamplingParams(),
+            text=TextTracker(self.runner.loaded.decode),
+        )
+        if self.scheduler.stage(seq):
+            try:
+                self.runner.cache.import_blocks(seq.block_table, received.transfer.parts)
+            except (ValueError, RuntimeError) as exc:
+                self.scheduler.finish(seq, FINISH_ABORT)
+                received.error = f"the KV bytes do not fit this cache: {exc}"
+        else:
+            received.error = f"no room: {len(header['token_ids'])} tokens need more KV blocks than are free"
+        if not received.error:
+            with self._lock:
+                self._staged[received.transfer_id] = (seq, time.monotonic_ns() + self.stage_timeout_ns)
+        self.stats.kv_received += not received.error
+        self.stats.kv_refused += bool(received.error)
+        received.done.set()
+
+    def _admit_claimed(self, seq: Sequence) -> None:
+        """A claimed transfer joins the received queue with its first token's text ready; a first
+        token that already ends it (a stop string) finishes it at once."""
+        self._live[seq.seq_id] = seq
+        reason, out = self.scheduler.receive_first_token(seq)
+        if reason is None:
+            seq.received_output = out
+            self.scheduler.add_received(seq)
+            return
+        seq.observer.scheduled()
+        seq.observer.first_token()
+        self._close(seq, self.scheduler.finish(seq, reason, out))
+
+    def _expire_staged(self) -> None:
+        now = time.monotonic_ns()
+        with self._lock:
+            expired = [tid for tid, (_, deadline) in self._staged.items() if deadline <= now]
+            seqs = [self._staged.pop(tid)[0] for tid in expired]
+        for seq in seqs:
+            self.scheduler.finish(seq, FINISH_ABORT)
+            self.stats.kv_expired += 1
 
     def _fail_running(self) -> None:
         for seq in list(self.scheduler.running):

@@ -91,6 +91,37 @@ class PagedKVCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
 
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """`[kv_heads, block_size, head_dim]` of one block of one layer's K (or V)."""
+        shape = self.keys[0].shape
+        return (shape[0], shape[2], shape[3])
+
+    def export_blocks(self, block_ids: list[int]) -> list[bytes]:
+        """The K and V of `block_ids`, per layer K then V, each `[kv_heads, n, block_size, head_dim]`
+        contiguous: the bytes a disaggregated prefill instance sends (disagg.kv_transfer)."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.keys[0].device)
+        parts: list[bytes] = []
+        for pool in (p for layer in zip(self.keys, self.values, strict=True) for p in layer):
+            parts.append(pool.index_select(1, index).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return parts
+
+    def import_blocks(self, block_ids: list[int], parts: list[bytes]) -> None:
+        """Write what `export_blocks` produced (same model, same block size) into `block_ids`."""
+        index = torch.tensor(block_ids, dtype=torch.long, device=self.keys[0].device)
+        pools = [p for layer in zip(self.keys, self.values, strict=True) for p in layer]
+        if len(parts) != len(pools):
+            raise ValueError(f"KV payload has {len(parts)} tensors, this model needs {len(pools)}")
+        for pool, raw in zip(pools, parts, strict=True):
+            shape = (pool.shape[0], len(block_ids), pool.shape[2], pool.shape[3])
+            src = torch.frombuffer(bytearray(raw), dtype=pool.dtype).view(shape)
+            pool.index_copy_(1, index, src.to(pool.device))
+
+    def bytes_per_block(self) -> int:
+        """K and V of one block over all layers."""
+        kv_heads, block_size, head_dim = self.block_shape
+        return 2 * len(self.keys) * kv_heads * block_size * head_dim * self.keys[0].element_size()
+
 
 def _decode_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: DecodeGroup, scaling: float

@@ -1,27 +1,46 @@
 """The `phaselens serve` process: engine + telemetry + HTTP server, READY line, clean shutdown.
 
 Start-up order: load the model → start the engine loop → bind the socket (port 0 picks a free
-one) → serve → print `READY server http://HOST:PORT` once uvicorn accepts. SIGTERM/SIGINT stop
+one) → serve → print `READY server http://HOST:PORT` (https:// with TLS) once uvicorn accepts. SIGTERM/SIGINT stop
 uvicorn gracefully; then the engine stops (requests still inside finish as aborted) and the
 telemetry flushes its spans. Exit status 0.
+
+Disaggregated serving (docs/disaggregation.md): `role` prefill or decode serves the same API with
+the P/D routes (reference_server.pd_api); a decode instance also listens for KV transfers on
+`kv_port` (same host; no authentication, so only on loopback unless --insecure). Each instance's
+spans carry its role and URL as resource attributes (`phaselens.pd.role`, `phaselens.pd.instance`),
+which is how the analysis tells a trace's three span trees apart. `serve_router` runs the router.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
+import ssl
 import sys
 from dataclasses import dataclass
 
 import uvicorn
 
-from phaselens.common.exposure import check_exposure
+from phaselens.common.exposure import check_exposure, is_loopback
 from phaselens.common.ports import bind_reusable
+from phaselens.common.tls import ServerTls
 from phaselens.instrumentation import names
 from phaselens.reference_server.api import ApiSettings, create_app
 from phaselens.reference_server.config import EngineConfig
 from phaselens.reference_server.engine import Engine
+from phaselens.reference_server.kv_transfer import KvReceiver
+from phaselens.reference_server.pd_api import (
+    ROLE_DECODE,
+    ROLE_PREFILL,
+    ROLE_ROUTER,
+    DecodeRoutes,
+    PrefillRoutes,
+    kv_handler,
+)
+from phaselens.reference_server.pd_spans import PdSpans
 
 
 @dataclass(slots=True)
@@ -32,8 +51,22 @@ class ServeOptions:
     reasoning_tokens: int = 0
     auth_token: str | None = None
     insecure: bool = False
+    tls: ServerTls | None = None  # HTTPS
     telemetry: bool = True
     served_model_names: tuple[str, ...] = ()  # empty: the --model argument as given
+    role: str = ""  # "" colocated, or prefill | decode (disaggregated)
+    kv_port: int = 0  # decode: the KV-transfer port (0 picks a free one)
+
+
+@dataclass(slots=True)
+class RouterOptions:
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth_token: str | None = None
+    insecure: bool = False
+    telemetry: bool = True
 
 
 def model_names(options: ServeOptions, loaded_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -64,11 +97,19 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(options: ServeOptions) -> int:
     check_exposure(options.host, options.auth_token, options.insecure)
+    if options.role == ROLE_DECODE and not is_loopback(options.host) and not options.insecure:
+        raise ValueError("the KV port of a decode instance has no authentication: --insecure to listen off loopback")
+    tls_context = options.tls.ssl_context() if options.tls else None  # bad files fail before the model loads
     engine = Engine(options.engine)  # loads the model: bad flags fail here, before anything starts
     sock = bind(options.host, options.port)
+    if options.role:
+        _pd_resource(options.role, _url(sock))
     telemetry = _telemetry() if options.telemetry else None
     if telemetry is not None:
         engine.step_observer = telemetry.step_observer
+    spans = (
+        PdSpans(telemetry.tracer_provider, telemetry.anchor) if telemetry is not None and options.role else PdSpans()
+    )
     served, aliases = model_names(options, engine.runner.loaded.name)
     settings = ApiSettings(
         served_model_names=served,
@@ -76,15 +117,65 @@ def serve(options: ServeOptions) -> int:
         reasoning_tokens=options.reasoning_tokens,
         auth_token=options.auth_token,
     )
-    app = create_app(engine, settings, telemetry)
+    receiver, routes = _pd_routes(options, engine, spans)
+    app = create_app(engine, settings, telemetry, routes)
     engine.start()
     try:
-        asyncio.run(_run(app, sock))
+        asyncio.run(_run(app, sock, tls_context))
     finally:
+        if receiver is not None:
+            receiver.stop()
         engine.stop()
         sock.close()
+        spans.shutdown()
         if telemetry is not None:
             telemetry.shutdown()
+    return 0
+
+
+def _pd_routes(options: ServeOptions, engine: Engine, spans: PdSpans):
+    """(the KV receiver, the routes factory) of a P/D instance; (None, None) when colocated."""
+    if options.role == ROLE_PREFILL:
+        return None, lambda e, s, t: PrefillRoutes(e, s, t, spans)
+    if options.role == ROLE_DECODE:
+        receiver = KvReceiver(options.host, options.kv_port, kv_handler(engine, spans), check=engine.check_kv_header)
+        receiver.start()
+        return receiver, lambda e, s, t: DecodeRoutes(e, s, t, receiver.address)
+    return None, None
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _pd_resource(role: str, url: str) -> None:
+    """Tag every span of this process (and of its span-builder child, which reads the same
+    environment) with its role and URL."""
+    ours = f"{names.PL_PD_ROLE}={role},{names.PL_PD_INSTANCE}={url}"
+    given = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    os.environ["OTEL_RESOURCE_ATTRIBUTES"] = f"{given},{ours}" if given else ours
+
+
+def serve_router(options: RouterOptions) -> int:
+    from phaselens.instrumentation.pipeline.otel_setup import configure
+    from phaselens.reference_server.router import Router
+    from phaselens.reference_server.router_spans import RouterSpans
+
+    check_exposure(options.host, options.auth_token, options.insecure)
+    sock = bind(options.host, options.port)
+    _pd_resource(ROLE_ROUTER, _url(sock))
+    providers = configure(names.SERVER_SERVICE_NAME) if options.telemetry else None
+    provider = providers.tracer_provider if providers is not None else None
+    spans = PdSpans(provider)
+    router = Router(list(options.prefill), list(options.decode), RouterSpans(spans, provider), options.auth_token)
+    try:
+        asyncio.run(_run(router.app(), sock, None))
+    finally:
+        sock.close()
+        spans.shutdown()
+        if providers is not None:
+            providers.shutdown()
     return 0
 
 
@@ -94,8 +185,14 @@ def _telemetry():
     return ServerTelemetry.from_env(names.SERVER_SERVICE_NAME)
 
 
-async def _run(app, sock: socket.socket) -> None:
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+async def _run(app, sock: socket.socket, tls_context: ssl.SSLContext | None) -> None:
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        ssl_context_factory=(lambda *_: tls_context) if tls_context else None,
+    )
     server = uvicorn.Server(config)
     # uvicorn re-raises the signals it caught after shutdown; keep them from killing us mid-cleanup.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,6 +203,6 @@ async def _run(app, sock: socket.socket) -> None:
     if server.started:
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        print(f"READY server http://{shown}:{port}", flush=True)
+        print(f"READY server {'https' if tls_context else 'http'}://{shown}:{port}", flush=True)
     await task
     sys.stdout.flush()

@@ -51,6 +51,7 @@ class ParsedRequest:
     max_tokens: int | None = None
     stream: bool = False
     include_usage: bool = False
+    kv_transfer: dict[str, str] | None = None  # disaggregated serving: `kv_transfer_params` (docs/disaggregation.md)
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
@@ -119,7 +120,17 @@ def _common(body: Any, max_tokens_key: str) -> ParsedRequest:
         max_tokens=_integer(body, max_tokens_key, low=1),
         stream=stream,
         include_usage=bool(options.get("include_usage", False)),
+        kv_transfer=_kv_transfer(body),
     )
+
+
+def _kv_transfer(body: dict) -> dict[str, str] | None:
+    value = body.get("kv_transfer_params")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise bad("kv_transfer_params must be an object of strings", "kv_transfer_params")
+    return value
 
 
 def parse_completion(body: Any) -> ParsedRequest:

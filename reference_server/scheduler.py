@@ -15,6 +15,12 @@ When a decode needs a new block and none is free, the newest running sequence is
 recompute: its blocks are freed and it goes back to the front of the waiting queue with its
 output so far; re-admission recomputes its KV (often from the prefix cache).
 
+Disaggregated serving (docs/disaggregation.md): on a prefill instance a sequence whose KV goes to a
+decode instance leaves the running batch after its first token (`detach`) and keeps its blocks
+until the transfer is acknowledged; on a decode instance received KV is written into blocks
+reserved by `stage`, and the sequence, its first token known, waits in `received` for a seat
+(`add_received`); its admission schedules its first decode at once, without a prefill.
+
 A sequence finishes on EOS (unless `ignore_eos`), on a stop string, at `max_tokens`, at the context
 length, or when the engine ends it (abort, error); its KV is freed at once.
 """
@@ -53,6 +59,7 @@ class Batch:
     # alone), so stamping `preempted` first, then `admitted`, keeps each request's order.
     preempted: list[Sequence] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
+    received: list[Sequence] = field(default_factory=list)  # admitted with received KV: first token to hand out
 
     @property
     def preemptions(self) -> int:
@@ -75,25 +82,52 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.received: deque[Sequence] = deque()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.received)
+
+    def detach(self, seq: Sequence) -> None:
+        """Prefill instance: `seq` leaves the batch after its first token; its blocks stay held
+        (they are being sent) until `finish`."""
+        self.running.remove(seq)
+        seq.status = SeqStatus.TRANSFERRING
+
+    def stage(self, seq: Sequence) -> bool:
+        """Decode instance: reserve blocks for the prompt KV of `seq` (its token_ids: prompt + the
+        first token), to be written by the caller; False when they are not free."""
+        if self.blocks.blocks_for(seq.num_prompt_tokens) > self.blocks.num_free:
+            return False
+        self.blocks.reserve(seq, seq.num_prompt_tokens)
+        seq.num_computed = seq.prefill_target = seq.num_prompt_tokens
+        seq.status = SeqStatus.STAGED
+        return True
+
+    def receive_first_token(self, seq: Sequence) -> tuple[str | None, SeqOutput]:
+        """Decode instance: the text (and finish reason) of the received first token, by this
+        request's own detokenizer and stop rules."""
+        return self._check_finish(seq, seq.token_ids[-1])
+
+    def add_received(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.received.append(seq)
 
     def schedule(self) -> Batch:
         batch = Batch()
         budget = self.config.max_num_batched_tokens
         if self.config.policy == POLICY_MIXED:
             budget = self._schedule_decodes(batch, budget)
+            budget = self._admit_received(batch, budget)
             budget = self._schedule_running_prefills(batch, budget)
             self._admit_waiting(batch, budget)
             return batch
         budget = self._schedule_running_prefills(batch, budget)
         budget = self._admit_waiting(batch, budget)
         if not batch.items:
-            self._schedule_decodes(batch, budget)
+            self._admit_received(batch, self._schedule_decodes(batch, budget))
         return batch
 
     def postprocess(self, batch: Batch, token_ids: list[int]) -> None:
@@ -116,6 +150,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.received:
+            self.received.remove(seq)
         self.blocks.free(seq)
         seq.status = SeqStatus.FINISHED
         if reason in (FINISH_STOP, FINISH_LENGTH):
@@ -175,6 +211,23 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)
+
+    def _admit_received(self, batch: Batch, budget: int) -> int:
+        """Sequences whose prompt KV arrived: each takes a seat and decodes its first token this
+        step (1 token of budget), in arrival order, while their next block fits."""
+        while self.received and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.received[0]
+            if not self.blocks.can_append(seq):
+                break
+            self.received.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.admitted.append(seq)
+            batch.received.append(seq)
+            self.blocks.append(seq)
+            batch.items.append(ScheduledSeq(seq, 1, prefill=False))
+            budget -= 1
+        return budget
 
     def _schedule_running_prefills(self, batch: Batch, budget: int) -> int:
         for seq in self.running:

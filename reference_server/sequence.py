@@ -14,6 +14,8 @@ class SeqStatus(Enum):
     WAITING = 1
     RUNNING = 2
     FINISHED = 3
+    TRANSFERRING = 4  # prefill instance: prefill done, its KV held until the decode instance acknowledges it
+    STAGED = 5  # decode instance: KV received, waiting for its request (disagg)
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,6 +47,7 @@ class SeqOutput:
     output_tokens: int = 0
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    error: str = ""  # why the engine failed this request, when it knows (a KV transfer's failure)
 
 
 Sink = Callable[[SeqOutput], None]
@@ -78,6 +81,8 @@ class Sequence:
     num_hashed_blocks: int = 0
     finish_reason: str | None = None
     generator: object | None = None  # torch.Generator when the request carries a seed
+    handoff: object | None = None  # prefill instance: a disagg.KvHandoff, where its KV goes after the first token
+    received_output: SeqOutput | None = None  # decode instance: the received first token's output, not yet handed out
 
     @property
     def num_tokens(self) -> int:

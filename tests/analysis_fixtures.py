@@ -8,6 +8,7 @@ import clickhouse_connect
 import numpy as np
 import pytest
 
+from phaselens.analysis import rollup
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from tests import spangen
@@ -36,6 +37,7 @@ def loaded(clickhouse, workload: spangen.Workload, transport: str = "otlp", **em
     try:
         database = new_database(client)
         spangen.emit(workload, clickhouse.url, database, transport=transport, **emit_kw)
+        rollup.refresh_live(client, database)  # the rollup path sees them now, not at the next refresh
         return database
     finally:
         client.close()

@@ -5,8 +5,8 @@ on loopback with uvicorn, send requests, print the finished spans as JSON lines 
 
 MODE: `fastapi` a user's FastAPI app alone (FastAPI's own telemetry on, as installed); `ours` the same
 app wrapped in the phaselens middleware; `contrib` the same, also instrumented by
-opentelemetry-instrumentation-fastapi with the LLM route excluded, as the README says; `reference`
-the reference server's app with phaselens telemetry.
+opentelemetry-instrumentation-fastapi with the LLM route excluded, as docs/instrument-your-loop.md says;
+`reference` the reference server's app with phaselens telemetry.
 """
 
 from __future__ import annotations

@@ -263,7 +263,7 @@ def serve(fd: int, spans_path: str, builder: str) -> None:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-    out = open(spans_path, "a", buffering=1)
+    out = open(spans_path, "a", buffering=1)  # noqa: SIM115 — the exporter writes to it until the process ends
     provider = TracerProvider(resource=Resource.create({"service.name": "instrumentation-test-server"}))
     provider.add_span_processor(
         SimpleSpanProcessor(ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n"))

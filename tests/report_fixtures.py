@@ -39,7 +39,7 @@ def run_chromium(html: Path, work: Path, *flags: str, timeout_s: float = 60) -> 
         *flags,
         html.resolve().as_uri(),
     ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=work)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=work, check=False)
 
 
 def console_messages(stderr: str) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,15 +22,14 @@ def make_engine(**overrides) -> Engine:
     return Engine(EngineConfig(**overrides))
 
 
-_reference = None
+@functools.cache
+def _reference_model():
+    return build_tiny().model
 
 
 def reference_greedy(prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False) -> list[int]:
     """What Hugging Face `generate()` outputs greedily for the same tiny model (a separate instance)."""
-    global _reference
-    if _reference is None:
-        _reference = build_tiny().model
-    out = _reference.generate(
+    out = _reference_model().generate(
         torch.tensor([prompt_ids]),
         max_new_tokens=max_tokens,
         do_sample=False,

@@ -12,6 +12,7 @@ from phaselens.analysis import queries as Q
 from phaselens.analysis import schema as S
 from phaselens.analysis.budget import budget
 from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
+from phaselens.analysis.pd_schema import PD_COLUMN_NAMES
 from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import client, loaded
@@ -32,7 +33,8 @@ def _expand_grafana(sql: str, variables: dict[str, str]) -> str:
     the time range is the last hour, buckets are 10 s, `All` leaves a conditionalAll out."""
     sql = re.sub(r"\$__timeFilter\(([^)]*)\)", r"\1 >= toDateTime(now() - 3600) AND \1 <= toDateTime(now() + 60)", sql)
     sql = re.sub(r"\$__timeInterval\(([^)]*)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 10 second)", sql)
-    sql = sql.replace("$__interval_s", "10")
+    sql = sql.replace("$__interval_s", "10").replace("$__fromTime", "toDateTime(now() - 3600)")
+    sql = sql.replace("$__toTime", "toDateTime(now() + 60)")
     while "$__conditionalAll(" in sql:
         start = sql.index("$__conditionalAll(")
         depth, i = 0, start + len("$__conditionalAll")
@@ -188,6 +190,9 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
         "clock_offset_estimate_ms",
         "span_model",
         "before_engine_ms",
+        "x_request_id",
+        "client_harness",
+        *PD_COLUMN_NAMES,  # a disaggregated request's columns (docs/disaggregation.md), NULL otherwise
     ]
     steps = [r[0] for r in client.query(f"DESCRIBE {db}.phaselens_steps").result_rows]
     assert tuple(steps) == S.STEPS_VIEW_COLUMNS
@@ -222,7 +227,7 @@ def test_both_dialects_answer_every_question_a_template_may_ask():
     asked = {
         name: inspect.signature(fn) for name, fn in vars(Dialect).items() if callable(fn) and not name.startswith("_")
     }
-    assert len(asked) == 8
+    assert len(asked) == 9
     for dialect in (CliDialect, GrafanaDialect):
         answered = {name: inspect.signature(getattr(dialect, name, None) or (lambda: None)) for name in asked}
         assert {n: list(s.parameters) for n, s in answered.items()} == {n: list(s.parameters) for n, s in asked.items()}
@@ -244,7 +249,7 @@ def test_a_schema_from_an_older_phaselens_is_upgraded_in_place(clickhouse, clien
     }
     with monkeypatch.context() as m:  # what an older phaselens created: the tables and the parts view
         m.setattr(S, "PARTS", tuple(p for p in S.PARTS if p.column not in new_columns))
-        S.collector_schema.apply(client, S.all_statements(db)[:-3])
+        S.collector_schema.apply(client, S.collector_schema.statements(db) + S.statements(db)[:-3])
     described = {r[0] for r in client.query(f"DESCRIBE {db}.{S.PARTS_TABLE}").result_rows}
     assert not described & new_columns
     S.collector_schema.apply(client, S.all_statements(db))

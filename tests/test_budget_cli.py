@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from phaselens.analysis import sketch
 from phaselens.analysis.budget import budget
 from phaselens.commands import budget as budget_command
 from phaselens.common.process import free_port
@@ -33,7 +34,9 @@ def _cli(capsys, *argv) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
-def test_json_matches_the_python_api(clickhouse, client, db, capsys):
+@pytest.mark.parametrize("exact", [False, True])
+def test_json_matches_the_python_api(clickhouse, client, db, capsys, exact):
+    """The default reads the rollups and says so in `source` and `approximation`; --exact every request."""
     rc, out, _ = _cli(
         capsys,
         "--clickhouse",
@@ -46,18 +49,21 @@ def test_json_matches_the_python_api(clickhouse, client, db, capsys):
         "ttft:40,tpot:15",
         "--format",
         "json",
+        *(["--exact"] if exact else []),
     )
     assert rc == 0
     got = json.loads(out)
-    want = budget(client, database=db, since="1h", slo=SLO(ttft_ms=40, tpot_ms=15)).to_dict()
+    want = budget(client, database=db, since="1h", slo=SLO(ttft_ms=40, tpot_ms=15), exact=exact).to_dict()
     assert got["requests"] == want["requests"] == 25 and got["with_client"] == 20
     assert got["components"] == json.loads(json.dumps(want["components"]))
     assert got["goodput"]["ttft_slo_ms"] == 40 and got["goodput"]["good_requests"] == want["goodput"]["good_requests"]
+    assert (got["source"], got["approximation"]) == (("exact", None) if exact else ("rollup", sketch.NOTE))
 
 
 def test_table_and_csv(clickhouse, db, capsys):
     rc, out, _ = _cli(capsys, "--clickhouse", clickhouse.url, "--database", db, "--model", "tiny")
     assert rc == 0 and "TTFT budget (25 requests" in out and "prefill_ms" in out and "grew most" in out
+    assert "source: rollup (approximate: quantiles from DDSketch rollups" in " ".join(out.split())
     rc, out, _ = _cli(capsys, "--clickhouse", clickhouse.url, "--database", db, "--format", "csv")
     rows = dict(csv.reader(io.StringIO(out)))
     assert rc == 0 and rows["requests"] == "25" and float(rows["components.prefill_ms.ms.p50"]) > 0

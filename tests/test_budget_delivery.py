@@ -45,6 +45,7 @@ def report(tmp_path_factory):
             capture_output=True,
             text=True,
             timeout=300,
+            check=False,
         )
         assert bench.returncode == 0, bench.stderr[-2000:]
         assert stack.server.stop(30) == 0 and stack.collector.stop(30) == 0  # flush, then drain

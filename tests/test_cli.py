@@ -11,6 +11,7 @@ EXPECTED = {
     "dashboards",
     "demo",
     "diagnose",
+    "import",
     "report",
     "schema",
     "serve",
@@ -35,6 +36,8 @@ def test_every_subcommand_registers_without_importing_torch():
 
 
 def test_unknown_subcommand_is_a_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "phaselens", "frobnicate"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phaselens", "frobnicate"], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr

@@ -74,7 +74,7 @@ def _tables(client, database: str) -> dict[str, str]:
 def test_nodes_are_found_through_system_clusters(cluster, clients):
     nodes = cluster_nodes(clients[0], cluster.urls[0], CLUSTER)
     assert [(n.shard_num, n.url) for n in nodes] == [(1, cluster.urls[0]), (2, cluster.urls[1])]
-    with pytest.raises(ClusterError, match="no cluster 'nope'.*knows: .*phaselens"):
+    with pytest.raises(ClusterError, match=r"no cluster 'nope'.*knows: .*phaselens"):
         cluster_nodes(clients[0], cluster.urls[0], "nope")
 
 
@@ -254,7 +254,7 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
             assert _wait_for(lambda: len(acked) >= 10)
             os.kill(victim.pid, signal.SIGKILL)
             victim.stop()
-            with pytest.raises(ClusterError, match="shard 2.*does not answer"):
+            with pytest.raises(ClusterError, match=r"shard 2.*does not answer"):
                 cluster_nodes(clients[0], cluster.urls[0], CLUSTER)
             refused_before = len(refused)
             # the inserts fail, the spool fills, exports are refused with a retryable code

@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _runtime(name: str) -> str:
-    path = subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+    path = subprocess.run(
+        ["gcc", f"-print-file-name={name}"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     if not os.path.isabs(path):
         pytest.skip(f"gcc's {name} is not installed (Debian: libgcc-12-dev)")
     return path
@@ -56,6 +58,7 @@ def test_decoder_is_clean_under_sanitizers(tmp_path):
         text=True,
         env=env,
         timeout=240,
+        check=False,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(run.stdout)

@@ -135,6 +135,8 @@ def test_variables(boards):
                 "__timeInterval",
                 "__conditionalAll",
                 "__interval_s",
+                "__fromTime",
+                "__toTime",
             }
             assert names <= set(variables(uid)), (uid, p["title"], names)
 

@@ -12,7 +12,7 @@ import time
 import clickhouse_connect
 import pytest
 
-from phaselens.analysis import queries
+from phaselens.analysis import queries, rollup
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from phaselens.dashboards import generate
@@ -24,6 +24,8 @@ from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_s
 DATABASE = "dashboards_panels"
 N_REQUESTS = 80
 INTERVAL_S = 10
+# the rate panels read the per-minute rollups: a point per minute at least, its rate per second of it
+BUCKET_S = max(INTERVAL_S, 60)
 _names = itertools.count()
 
 
@@ -46,6 +48,7 @@ def loaded(clickhouse):
         n_steps=120,
     )
     spangen.emit(workload, clickhouse_url=clickhouse.url, database=database, seed=7)
+    rollup.refresh_live(client, database)
     client.close()
     yield database, workload
 
@@ -118,8 +121,8 @@ def test_throughput_counts_every_request_once(client, loaded):
     database, workload = loaded
     result = _run(client, queries.render_grafana("throughput_over_time", database), _context(workload))
     rows = list(result.named_results())
-    assert sum(r["requests_per_s"] * INTERVAL_S for r in rows) == pytest.approx(N_REQUESTS)
-    assert sum(r["output_tokens_per_s"] * INTERVAL_S for r in rows) == pytest.approx(
+    assert sum(r["requests_per_s"] * BUCKET_S for r in rows) == pytest.approx(N_REQUESTS)
+    assert sum(r["output_tokens_per_s"] * BUCKET_S for r in rows) == pytest.approx(
         sum(r.output_tokens for r in workload.requests)
     )
 
@@ -186,7 +189,7 @@ def test_slo_variables_change_goodput(client, loaded):
 
     def attained(ttft: str, tpot: str) -> float:
         rows = list(_run(client, sql, _context(workload, ttft_slo_ms=ttft, tpot_slo_ms=tpot)).named_results())
-        return sum(r["goodput_rps"] for r in rows) * INTERVAL_S
+        return sum(r["goodput_rps"] for r in rows) * BUCKET_S
 
     loose, tight = attained("100000", "100000"), attained("1", "1")
     completed = sum(1 for r in workload.requests if not r.aborted)
@@ -221,10 +224,12 @@ def test_every_panel_on_a_real_run(tmp_path):
             capture_output=True,
             text=True,
             timeout=180,
+            check=False,
         )
         assert bench.returncode == 0, bench.stderr[-2000:]
         assert stack.server.stop(30) == 0 and stack.collector.stop(30) == 0  # flush, then drain
         with stack.client() as ch:
+            rollup.refresh_live(ch, stack.database)
             trace_id = ch.query(
                 f"SELECT any(TraceId) FROM {stack.database}.otel_traces WHERE SpanKind = 'Client'"
             ).result_rows[0][0]
@@ -241,4 +246,4 @@ def test_every_panel_on_a_real_run(tmp_path):
                 assert tuple(result.column_names) == tuple(cols), name
                 assert result.result_rows, f"{name}: no rows from a real run"
             rows = _run(ch, queries.render_grafana("throughput_over_time", stack.database), ctx).named_results()
-            assert sum(r["requests_per_s"] for r in rows) == pytest.approx(10)
+            assert sum(r["requests_per_s"] * 60 for r in rows) == pytest.approx(10)  # minutes of the rollup

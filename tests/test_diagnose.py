@@ -123,6 +123,7 @@ def stack(tmp_path_factory):
                 capture_output=True,
                 text=True,
                 timeout=300,
+                check=False,
             )
             assert bench.returncode == 0, bench.stderr[-2000:]
             assert servers[name].stop(30) == 0

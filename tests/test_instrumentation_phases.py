@@ -20,7 +20,7 @@ def timelines(draw) -> RequestTimeline:
     timeline.enqueued()
     clock.advance(draw(gap))
     timeline.scheduled()
-    for index in range(draw(st.integers(min_value=0, max_value=4))):
+    for _index in range(draw(st.integers(min_value=0, max_value=4))):
         start = clock.advance(draw(gap))
         timeline.prefill_chunk(start, clock.advance(draw(gap)), 8, 0)
         if draw(st.booleans()):  # preempted between chunks, before the first token

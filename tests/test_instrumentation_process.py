@@ -297,9 +297,9 @@ def test_the_retention_evicts_oldest_first_and_tells_sent_from_unsent():
     kept.sent = 2  # written to the child
     assert kept.add([b"cccc"]) == retention.Evicted(sent=1) and kept.sent == 1
     assert kept.add([b"dddddddd"]) == retention.Evicted(sent=1, unsent=1)
-    assert (list(kept.frames), kept.bytes, kept.sent, kept.unsent()) == ([b"dddddddd"], 8, 0, [b"dddddddd"])
+    assert (list(kept.frames), kept.size_bytes, kept.sent, kept.unsent()) == ([b"dddddddd"], 8, 0, [b"dddddddd"])
     kept.sent = 1
-    assert kept.release(5) == 1 and (kept.bytes, kept.sent, kept.unsent()) == (0, 0, [])
+    assert kept.release(5) == 1 and (kept.size_bytes, kept.sent, kept.unsent()) == (0, 0, [])
 
 
 def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch):

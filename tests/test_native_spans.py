@@ -313,6 +313,7 @@ def test_vllm_llm_request_keeps_its_mapping_beside_the_new_span_models(pipeline,
     }
     assert {k: row[k] for k in want} == {k: pytest.approx(v, abs=1e-9) for k, v in want.items()}
     assert (row["ingress_ms"], row["first_token_ms"], row["request_id"]) == (None, None, "cmpl-abc-0")
+    assert row["x_request_id"] == "abc"  # vLLM's id is cmpl-{X-Request-Id}-{prompt index}
 
 
 def test_tgi_request_that_failed_before_its_last_token_keeps_its_client_row_only(pipeline, client):

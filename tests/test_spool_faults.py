@@ -42,7 +42,11 @@ spool.close()
 
 def test_out_of_space_refuses_retryably_leaves_no_partial_record_and_recovers(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-c", _OUT_OF_SPACE, str(tmp_path / "spool")], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _OUT_OF_SPACE, str(tmp_path / "spool")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)

@@ -94,6 +94,7 @@ def _bench(url: str, model_dir: Path, endpoint: str, out: Path, *args: str) -> l
         capture_output=True,
         text=True,
         timeout=240,
+        check=False,
     )
     return [json.loads(line) for line in out.read_text().splitlines()]
 

@@ -21,6 +21,7 @@ FROM (SELECT count() AS requests, countIf(status = 'error') AS errors, countIf(h
     least(sum(cached_tokens) / nullIf(sum(input_tokens), 0), 1) AS prefix_hit_rate,
     countIf(preemptions > 0) / count() AS preempted_share,
     arraySort(groupUniqArrayIf(model, model IS NOT NULL)) AS models,
+    arraySort(groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version))), has_client)) AS client_harnesses,
     quantilesExactInclusive(0.5, 0.99)(ttft_ms) AS ttft_ms_q,
     quantilesExactInclusive(0.5, 0.99)(tpot_ms) AS tpot_ms_q,
     quantilesExactInclusive(0.5, 0.99)(client_tpot_ms) AS client_tpot_ms_q,

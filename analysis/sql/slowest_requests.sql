@@ -8,7 +8,7 @@
 SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,
     server_ttft_ms, ingress_ms, ttft_queue_ms AS queue_ms, prefill_ms, first_token_ms, before_engine_ms, ifNull(first_chunk_ms, 0) AS first_chunk_ms, residual_ms,
     tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [('ingress', coalesce(ingress_ms, 0)), ('queue', coalesce(ttft_queue_ms, 0)), ('prefill', coalesce(prefill_ms, 0)), ('first_token', coalesce(first_token_ms, 0)), ('before_engine', coalesce(before_engine_ms, 0)), ('first_chunk', coalesce(ifNull(first_chunk_ms, 0), 0)), ('residual', coalesce(residual_ms, 0))])[1], 1) AS dominant_phase,
-    input_tokens, output_tokens, preemptions, client_e2e_ms
+    input_tokens, output_tokens, preemptions, client_e2e_ms, client_harness, x_request_id
 FROM {database:Identifier}.phaselens_request_facts
 WHERE start_time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND model = {model:String}
 ORDER BY ttft_ms DESC NULLS LAST

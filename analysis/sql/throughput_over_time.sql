@@ -3,12 +3,12 @@
 -- Python API send), every filter set; an unset service, model or since drops its condition.
 -- Run: clickhouse-client --param_bucket_s='10' --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --param_model='tiny' --queries-file throughput_over_time.sql
 -- Grafana panels render the same template with macros: dashboards/generated/*.json.
-SELECT toStartOfInterval(bucket_start, toIntervalSecond({bucket_s:UInt32})) AS time,
-    count() / {bucket_s:UInt32} AS requests_per_s,
-    countIf(status = 'error') / {bucket_s:UInt32} AS errors_per_s,
-    sum(input_tokens) / {bucket_s:UInt32} AS input_tokens_per_s,
-    sum(output_tokens) / {bucket_s:UInt32} AS output_tokens_per_s
-FROM (SELECT *, start_time AS bucket_start FROM {database:Identifier}.phaselens_request_facts
-WHERE start_time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND model = {model:String})
+SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
+    sum(requests) / greatest({bucket_s:UInt32}, 60) AS requests_per_s,
+    sum(errors) / greatest({bucket_s:UInt32}, 60) AS errors_per_s,
+    sum(input_tokens_sum) / greatest({bucket_s:UInt32}, 60) AS input_tokens_per_s,
+    sum(output_tokens_sum) / greatest({bucket_s:UInt32}, 60) AS output_tokens_per_s
+FROM {database:Identifier}.phaselens_budget_states
+WHERE (is_live = 0 OR (sealer, sealed_to) IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, sealed_to FROM {database:Identifier}.phaselens_budget_rollup UNION ALL SELECT sealer, toDateTime64(0, 3) FROM {database:Identifier}.phaselens_budget_live) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
 ORDER BY time

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -263,6 +264,7 @@ class TracedClient:
         max_connections: int = 4096,
         keep_text: bool = False,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
+        ssl_context: ssl.SSLContext | None = None,  # https:// servers (None: the system's trust store)
     ):
         base = base_url.rstrip("/").removesuffix("/v1")
         parts = urlsplit(base)
@@ -288,7 +290,7 @@ class TracedClient:
             headers={"accept-encoding": "identity", **(headers or {})},
             trust_env=False,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            transport=StreamingTransport(max_connections, clock_ns=clock_ns),
+            transport=StreamingTransport(max_connections, ssl_context=ssl_context, clock_ns=clock_ns),
         )
 
     async def __aenter__(self) -> Self:
@@ -331,7 +333,7 @@ class TracedClient:
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._request(self._urls[endpoint], body, headers, reader)
-        except (Exception, asyncio.CancelledError) as exc:  # every failure becomes the result's error
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 — every failure becomes the result's error
             result.error_type, result.error = _classify(exc)
             cancelled = exc if isinstance(exc, asyncio.CancelledError) else None
         result.done_ns = self._clock_ns()

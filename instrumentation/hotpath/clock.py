@@ -11,6 +11,7 @@ two spans 5 ms apart on the monotonic clock are 5 ms apart on the exported timel
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,12 +35,7 @@ class ClockAnchor:
         return self.wall_ns + (mono_ns - self.mono_ns)
 
 
-_process_anchor: ClockAnchor | None = None
-
-
+@functools.cache
 def process_anchor() -> ClockAnchor:
     """The anchor of this process for `time.monotonic_ns`, read on first use and then fixed."""
-    global _process_anchor
-    if _process_anchor is None:
-        _process_anchor = ClockAnchor.capture()
-    return _process_anchor
+    return ClockAnchor.capture()

@@ -13,10 +13,12 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import Sampler, _get_from_env_or_default
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, _get_from_env_or_default
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState, get_current_span
 
 from phaselens.instrumentation.hotpath.records import SpanIds
+
+SAMPLED_DECISIONS = (Decision.RECORD_AND_SAMPLE,)  # the SDK's Decision.is_sampled(), typed
 
 UNSAMPLED_ROOT = SpanIds(0, 0, TraceFlags.DEFAULT)  # tracing off: invalid ids, nothing is built
 
@@ -64,6 +66,9 @@ class RootDecider:
         random_trace_id = remote.trace_flags.random_trace_id if valid else self._ids.is_trace_id_random()
         state = result.trace_state.to_header() if result.trace_state is not None else ""
         root = SpanIds(
-            trace_id, self._ids.generate_span_id(), child_flags(result.decision.is_sampled(), random_trace_id), state
+            trace_id,
+            self._ids.generate_span_id(),
+            child_flags(result.decision in SAMPLED_DECISIONS, random_trace_id),
+            state,
         )
         return root, span_ids(remote) if valid else None

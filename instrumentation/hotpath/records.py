@@ -80,6 +80,7 @@ class HttpFacts(NamedTuple):
     status_code: int | None = None
     client_disconnected: bool = False
     exception_type: str | None = None
+    x_request_id: str | None = None  # the X-Request-ID header, cut at names.X_REQUEST_ID_MAX_CHARS
 
 
 NO_OUTCOME = RequestOutcome()
@@ -147,7 +148,7 @@ class StepRecord(NamedTuple):
     its SERVER span's ids packed (`pack_link`), or None for a member that is not sampled (or not
     ours); so the batch size is `len(links)`."""
 
-    index: int
+    step_index: int
     start_ts: int
     end_ts: int
     prefill_tokens: int

@@ -19,11 +19,18 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
@@ -39,6 +46,8 @@ from phaselens.instrumentation.pipeline.otlp_fast import (
 )
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor, ExportCounts
 from phaselens.instrumentation.pipeline.spans import SpanBackend
+
+T = TypeVar("T")
 
 PROTOCOL_GRPC = "grpc"
 PROTOCOL_HTTP = "http/protobuf"
@@ -135,18 +144,22 @@ def _protocol(signal: str) -> str:
 
 def otlp_span_exporter() -> SpanExporter:
     if _protocol("TRACES") == PROTOCOL_GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    return OTLPSpanExporter()
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter()
 
 
-def otlp_metric_exporter():
+def otlp_metric_exporter() -> MetricExporter:
     if _protocol("METRICS") == PROTOCOL_GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    return OTLPMetricExporter()
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+        return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+    return HttpExporter()
 
 
 def _span_exporters() -> list[SpanExporter]:
@@ -165,7 +178,7 @@ def _metric_readers() -> list[MetricReader]:
     ]
 
 
-def _pick(factories: dict, name: str, variable: str):
+def _pick(factories: dict[str, Callable[[], T]], name: str, variable: str) -> Callable[[], T]:
     if name not in factories:
         raise ValueError(f"{variable}={name!r}: expected one of {', '.join([*factories, 'none'])}")
     return factories[name]

@@ -37,7 +37,7 @@ class BoundedHandOff:
     __slots__ = ("_items", "capacity", "dropped", "offered")
 
     def __init__(self, capacity: int) -> None:
-        self._items: deque = deque()
+        self._items: deque[Any] = deque()
         self.capacity = capacity
         self.offered = 0
         self.dropped = 0

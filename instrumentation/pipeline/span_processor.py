@@ -26,8 +26,8 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 
-from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, attach, detach, get_value, set_value
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context, attach, detach, get_value, set_value
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 _logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
         if not self._stopped:
             self._start_worker()
 
-    def on_start(self, span, parent_context=None) -> None:
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
 
     def on_end(self, span: ReadableSpan) -> None:

@@ -131,6 +131,7 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
         names.HTTP_RESPONSE_STATUS_CODE: outcome.status_code or http.status_code,
         names.SERVER_ADDRESS: http.server_address,
         names.SERVER_PORT: http.server_port,
+        names.HTTP_REQUEST_HEADER_X_REQUEST_ID: [http.x_request_id] if http.x_request_id else None,
         names.ERROR_TYPE: error_type(record),
         names.PL_INGRESS_MS: _ms(phases.ingress_ns),
         names.PL_QUEUE_MS: _ms(phases.queue_ns),
@@ -418,7 +419,7 @@ def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: Ste
     if not links:
         return None
     attributes = {
-        names.PL_STEP_INDEX: step.index,
+        names.PL_STEP_INDEX: step.step_index,
         names.PL_STEP_NUM_SEQS: len(step.links),
         names.PL_STEP_PREFILL_TOKENS: step.prefill_tokens,
         names.PL_STEP_DECODE_TOKENS: step.decode_tokens,

@@ -35,6 +35,8 @@ import sys
 import threading
 import time
 from collections import deque
+from types import FrameType
+from typing import Any
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
@@ -54,12 +56,12 @@ class Terminated(BaseException):
     must not swallow it)."""
 
 
-def _terminate(signum, frame) -> None:
+def _terminate(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
 class SpanProcess:
-    def __init__(self, hello: tuple, report_fd: int) -> None:
+    def __init__(self, hello: tuple[Any, ...], report_fd: int) -> None:
         service_name, anchor_mono_ns, anchor_wall_ns, token_events = hello
         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = str(CHECKPOINT_ONLY_DELAY_MS)  # this process's own environment
         self.providers = configure(service_name, set_global=False, encoded_spans=True)
@@ -84,7 +86,7 @@ class SpanProcess:
         self.progress_lock = threading.Lock()
         self.unsettled = threading.Event()  # marks wait: the progress thread polls only then (idle: asleep)
 
-    def handle(self, kind: int, fields: tuple) -> None:
+    def handle(self, kind: int, fields: tuple[Any, ...]) -> None:
         if kind == wire.KIND_FLUSH:
             self.checkpoint(ack=fields[0])
             return
@@ -96,7 +98,7 @@ class SpanProcess:
         if not self.unsettled.is_set():
             self.unsettled.set()
 
-    def build(self, kind: int, fields: tuple) -> None:
+    def build(self, kind: int, fields: tuple[Any, ...]) -> None:
         try:
             record = (
                 wire.decode_request(fields)
@@ -105,7 +107,7 @@ class SpanProcess:
                 if kind == wire.KIND_STEP
                 else None
             )
-        except Exception:  # a malformed record is counted, the rest still get built
+        except Exception:  # noqa: BLE001 — a malformed record is counted, the rest still get built
             record = None
         if record is None:
             self.decode_errors += 1
@@ -129,7 +131,7 @@ class SpanProcess:
             moved, self.safe = safe > self.safe, safe
             return moved
 
-    def checkpoint(self, **extra) -> None:
+    def checkpoint(self, **extra: int) -> None:
         """Export everything queued, then report (see the module doc)."""
         with self.checkpoint_lock:
             if self.stopping:
@@ -148,10 +150,10 @@ class SpanProcess:
                 if not self.marks:
                     self.unsettled.clear()
 
-    def report(self, **extra) -> None:
+    def report(self, **extra: int) -> None:
         self.write({**self.counters(), "child_cpu_ns": time.process_time_ns(), **extra})
 
-    def write(self, report: dict) -> None:
+    def write(self, report: dict[str, int]) -> None:
         with self.report_lock:
             try:
                 self.report_out.write(json.dumps(report) + "\n")
@@ -184,7 +186,7 @@ def main(argv: list[str]) -> int:
     os.nice(NICE)  # as the thread sink's thread: on a busy machine the serving loop gets the CPU first
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C goes to the server; it closes our pipe
-    stream = open(0, "rb", buffering=1 << 20, closefd=False)
+    stream = open(0, "rb", buffering=1 << 20, closefd=False)  # noqa: SIM115 — stdin, read until the process ends
     first = wire.read_frame(stream)
     if first is None or first[0] != wire.KIND_HELLO:
         return 2

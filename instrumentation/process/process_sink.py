@@ -23,6 +23,7 @@ unsampled requests are shipped, without a span, because the GenAI metrics count 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -52,10 +53,11 @@ _NOT_SUMMED = ("ack", "final")  # report fields that are not cumulative counts
 class _Child:
     """One span-builder process: its stdin (proc.stdin), its report pipe, what it last reported."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
+    stdin: IO[bytes]
     reports: IO[bytes]
-    reader: threading.Thread | None = None
-    report: dict = field(default_factory=dict)
+    reader: threading.Thread = field(init=False)  # reads `reports`, set once the child exists
+    report: dict[str, int] = field(default_factory=dict)
     acked: int = 0  # the last FLUSH it acknowledged
     safe: int = 0  # its first `safe` records are built and exported (reported `records_safe`)
     released: int = 0  # its first `released` records left the retention: reported safe, or evicted
@@ -130,13 +132,15 @@ class ProcessSink:
             raise
         finally:
             os.close(report_write)
+        stdin = proc.stdin
+        assert stdin is not None  # stdin=PIPE
         try:
             import fcntl  # POSIX only
 
-            fcntl.fcntl(proc.stdin.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+            fcntl.fcntl(stdin.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
         except (ImportError, OSError):  # not Linux, or over /proc/sys/fs/pipe-max-size: the default size
             pass
-        child = _Child(proc, os.fdopen(report_read, "rb"))
+        child = _Child(proc, stdin, os.fdopen(report_read, "rb"))
         child.reader = threading.Thread(
             target=self._read_reports, args=(child,), name="phaselens-span-reports", daemon=True
         )
@@ -161,7 +165,7 @@ class ProcessSink:
             self._wake.clear()
         self._drain(final=True)
         try:
-            self._child.proc.stdin.close()  # EOF: the child builds what it holds, exports and exits
+            self._child.stdin.close()  # EOF: the child builds what it holds, exports and exits
         except OSError:
             pass
 
@@ -205,7 +209,7 @@ class ProcessSink:
                 self._counts["steps_unsampled"] += 1
                 return None
             return wire.encode_step(record)
-        except Exception:
+        except Exception:  # noqa: BLE001 — a record the pipe cannot carry is counted, never raised
             self._counts["encode_errors"] += 1
             return None
 
@@ -226,7 +230,7 @@ class ProcessSink:
         data = memoryview(b"".join(frames))
         try:
             while data:
-                data = data[os.write(child.proc.stdin.fileno(), data) :]
+                data = data[os.write(child.stdin.fileno(), data) :]
         except (OSError, ValueError):  # the child is gone (EPIPE) or the pipe was closed
             child.dead = True
             return False
@@ -315,6 +319,9 @@ class ProcessSink:
         return counters
 
     # --- flush and stop --------------------------------------------------------------------------------
+    def _acked_or_replaced(self, child: _Child, sequence: int) -> bool:
+        return child.acked >= sequence or self._child is not child
+
     def flush(self, timeout_s: float) -> bool:
         """Wait until every record handed off so far is shipped, then until the child has built and
         exported it (its FLUSH acknowledgement). A child that dies meanwhile: its replacement (with
@@ -330,7 +337,7 @@ class ProcessSink:
                 sequence = self._sequence
                 self._flush_asked.append(sequence)
                 self._wake.set()
-                self._child_changed.wait_for(lambda: child.acked >= sequence or self._child is not child, left_s)
+                self._child_changed.wait_for(functools.partial(self._acked_or_replaced, child, sequence), left_s)
                 if child.acked >= sequence:
                     return True
             return False

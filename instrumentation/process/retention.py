@@ -31,17 +31,17 @@ class Evicted:
 @dataclass(slots=True)
 class Retained:
     limit_bytes: int = RETAIN_BYTES
-    frames: deque = field(default_factory=deque)
-    bytes: int = 0
+    frames: deque[bytes] = field(default_factory=deque)
+    size_bytes: int = 0
     sent: int = 0  # the first `sent` frames were written to the current child
 
     def add(self, frames: list[bytes]) -> Evicted:
         """Keep `frames` (after the others); evict the oldest while over the bound."""
         self.frames.extend(frames)
-        self.bytes += sum(map(len, frames))
+        self.size_bytes += sum(map(len, frames))
         evicted = Evicted()
-        while self.bytes > self.limit_bytes and self.frames:
-            self.bytes -= len(self.frames.popleft())
+        while self.size_bytes > self.limit_bytes and self.frames:
+            self.size_bytes -= len(self.frames.popleft())
             if self.sent:
                 self.sent -= 1
                 evicted.sent += 1
@@ -53,7 +53,7 @@ class Retained:
         """Forget the oldest `count` sent frames (the child reported them safe); how many went."""
         count = max(0, min(count, self.sent))
         for _ in range(count):
-            self.bytes -= len(self.frames.popleft())
+            self.size_bytes -= len(self.frames.popleft())
         self.sent -= count
         return count
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import marshal
 import struct
-from typing import Any
+from typing import Any, BinaryIO
 
 from phaselens.instrumentation.hotpath.records import (
     HttpFacts,
@@ -35,12 +35,12 @@ MARSHAL_VERSION = 2
 KIND_HELLO, KIND_REQUEST, KIND_STEP, KIND_FLUSH = 1, 2, 3, 4
 
 
-def frame(kind: int, fields: tuple) -> bytes:
+def frame(kind: int, fields: tuple[Any, ...]) -> bytes:
     payload = marshal.dumps(fields, MARSHAL_VERSION)
     return HEADER.pack(len(payload), kind) + payload
 
 
-def _plain(record: Any) -> tuple | None:
+def _plain(record: Any) -> tuple[Any, ...] | None:
     """A NamedTuple as a plain tuple (marshal takes exact tuples only)."""
     return None if record is None else tuple(record)
 
@@ -54,27 +54,29 @@ def encode_step(step: StepRecord) -> bytes:
     return frame(KIND_STEP, tuple(step))
 
 
-def decode_request(fields: tuple) -> RequestRecord:
+def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
     root, parent, *stamps, waits, chunks, token_ts, token_n, info, outcome, http = fields
-    return RequestRecord(
-        SpanIds(*root),
-        SpanIds(*parent) if parent is not None else None,
-        *stamps,
-        int64s(waits),
-        int64s(chunks),
-        int64s(token_ts),
-        int64s(token_n),
-        RequestInfo(*info) if info is not None else None,
-        RequestOutcome(*outcome),
-        HttpFacts(*http),
+    return RequestRecord._make(
+        (
+            SpanIds(*root),
+            SpanIds(*parent) if parent is not None else None,
+            *stamps,
+            int64s(waits),
+            int64s(chunks),
+            int64s(token_ts),
+            int64s(token_n),
+            RequestInfo(*info) if info is not None else None,
+            RequestOutcome(*outcome),
+            HttpFacts(*http),
+        )
     )
 
 
-def decode_step(fields: tuple) -> StepRecord:
+def decode_step(fields: tuple[Any, ...]) -> StepRecord:
     return StepRecord(*fields)
 
 
-def read_frame(stream) -> tuple[int, tuple] | None:
+def read_frame(stream: BinaryIO) -> tuple[int, tuple[Any, ...]] | None:
     """(kind, fields), or None at EOF."""
     header = stream.read(HEADER.size)
     if len(header) < HEADER.size:

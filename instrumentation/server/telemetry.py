@@ -167,11 +167,13 @@ class ServerTelemetry:
         """Stamp `received`, decide the request's ids and sampling (child of an incoming
         traceparent) and leave the handle in the scope."""
         received_ts = self.clock_ns() if received_ts is None else received_ts
-        incoming = propagate.extract(_headers(scope))
+        headers = _headers(scope)
+        incoming = propagate.extract(headers)
         method = scope.get("method", "")
         root, parent = self._roots.decide(incoming, method or "request")
         server = scope.get("server") or (None, None)
-        http = HttpFacts(method, scope.get("path", ""), server[0], server[1])
+        x_request_id = headers.get(names.X_REQUEST_ID_HEADER, "")[: names.X_REQUEST_ID_MAX_CHARS] or None
+        http = HttpFacts(method, scope.get("path", ""), server[0], server[1], x_request_id=x_request_id)
         handle = ServerRequest(
             root,
             parent,

@@ -29,7 +29,6 @@ from .tracker import VllmTracker
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 MARK = "__phaselens_wrapped__"
 TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-_tracker: VllmTracker | None = None
 _warned: set[str] = set()  # what was logged already: one line each per process
 
 
@@ -49,20 +48,18 @@ def served_model_name(argv: list[str]) -> str:
     return "vllm"
 
 
+@functools.cache
 def tracker() -> VllmTracker:
     """This process's tracker and its ServerTelemetry, made on first use: only the API server
     processes outputs, so the EngineCore and workers never start a span builder."""
-    global _tracker
-    if _tracker is None:
-        from phaselens.instrumentation.server.telemetry import ServerTelemetry
+    from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
-        # vLLM put --otlp-traces-endpoint into OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and exports to it
-        # over gRPC unless this variable says otherwise; phaselens's own default is http/protobuf.
-        os.environ.setdefault(TRACES_PROTOCOL, "grpc")
-        telemetry = ServerTelemetry.from_env(os.environ.get("OTEL_SERVICE_NAME") or names.VLLM_SERVICE_NAME)
-        atexit.register(telemetry.shutdown)
-        _tracker = VllmTracker(telemetry, served_model_name(sys.argv))
-    return _tracker
+    # vLLM put --otlp-traces-endpoint into OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and exports to it
+    # over gRPC unless this variable says otherwise; phaselens's own default is http/protobuf.
+    os.environ.setdefault(TRACES_PROTOCOL, "grpc")
+    telemetry = ServerTelemetry.from_env(os.environ.get("OTEL_SERVICE_NAME") or names.VLLM_SERVICE_NAME)
+    atexit.register(telemetry.shutdown)
+    return VllmTracker(telemetry, served_model_name(sys.argv))
 
 
 def _warn_once(key: str, message: str) -> None:

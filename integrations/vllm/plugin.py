@@ -19,7 +19,7 @@ def register() -> bool:
     """Install the hooks; True when installed. Never raises: vLLM must start either way."""
     try:
         return _register()
-    except Exception as e:  # an import error inside vLLM, a renamed module: not our server to break
+    except Exception as e:  # noqa: BLE001 — an import error inside vLLM, a renamed module: not our server to break
         _logger.warning(
             "phaselens: vLLM plugin not installed (%s: %s); vLLM serves without phaselens spans", type(e).__name__, e
         )

@@ -129,6 +129,7 @@ def _common(p: argparse.ArgumentParser, default) -> None:
     p.add_argument("--seed", type=int, default=default(0))
     p.add_argument("--timeout", type=_positive(float), default=default(300.0), help="per-request seconds")
     p.add_argument("--api-key", default=default(None), help="sent as Authorization: Bearer KEY")
+    p.add_argument("--ca-cert", metavar="PEM", default=default(None), help="CA bundle that verifies an https:// --url")
     p.add_argument("--json", metavar="OUT", default=default(None), help="write every figure and the config")
     p.add_argument("--quiet", action="store_true", default=default(False), help="no progress bar")
 
@@ -192,6 +193,7 @@ def _options(args, slo: list[str]) -> session.BenchOptions:
         percentiles=args.percentiles,
         seed=args.seed,
         api_key=args.api_key,
+        ca_cert=args.ca_cert,
         timeout_s=args.timeout,
         chunk_tokens=args.chunk_tokens,
         tokenizer=args.tokenizer,

@@ -1,10 +1,12 @@
-"""`phaselens budget`: the TTFT latency budget, tails, TPOT/ITL, goodput and decode stalls."""
+"""`phaselens budget`: the TTFT latency budget, tails, TPOT/ITL, goodput and decode stalls; for
+disaggregated requests also their budget across the router, prefill and decode instances."""
 
 from __future__ import annotations
 
 import sys
 
 from phaselens.analysis import budget_format
+from phaselens.analysis import pd_budget as pd
 from phaselens.analysis.budget import budget
 from phaselens.commands._analysis_args import add_selection, read
 
@@ -13,29 +15,54 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("budget", help="latency budget of the requests stored in ClickHouse")
     add_selection(parser, "15m", "SLOs for goodput")
     parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="read every request (default: the per-minute rollups, DDSketch quantiles within 1 %%)",
+    )
+    parser.add_argument(
         "--approx",
         action="store_true",
-        help="t-digest percentiles: constant memory on huge selections (default: exact)",
+        help="read every request, with t-digest percentiles: constant memory on huge selections",
     )
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    rc, report = read(
+    rc, both = read(
         args,
-        lambda client, **sel: budget(
-            client, database=args.database, service=args.service, model=args.model, approx=args.approx, **sel
+        lambda client, **sel: (
+            budget(
+                client,
+                database=args.database,
+                service=args.service,
+                model=args.model,
+                approx=args.approx,
+                exact=args.exact,
+                **sel,
+            ),
+            pd.pd_budget(client, database=args.database, model=args.model, since=sel["since"]),
         ),
     )
     if rc:
         return rc
+    report, disagg = both
     if args.format == "json":
-        print(budget_format.to_json(report))
+        print(budget_format.to_json(report) if not disagg.requests else _json_with(report, disagg))
     elif args.format == "csv":
         sys.stdout.write(budget_format.to_csv(report))
     else:
         from rich.console import Console
 
-        Console().print(budget_format.to_rich(report))
+        console = Console()
+        console.print(budget_format.to_rich(report))
+        if disagg.requests:
+            console.print(pd.to_rich(disagg))
     return 0
+
+
+def _json_with(report, disagg) -> str:
+    """The budget's JSON with the disaggregated budget under `disaggregated`."""
+    import json
+
+    return json.dumps({**json.loads(budget_format.to_json(report)), "disaggregated": disagg.to_dict()}, indent=2)

@@ -10,11 +10,18 @@ import threading
 from phaselens.collectors.service import Collector, default_spool_dir
 from phaselens.collectors.shard_sink import CLUSTER_INSERTS
 from phaselens.common.exposure import InsecureBindError
+from phaselens.common.tls import TlsConfigError, server_tls
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("collector", help="receive OTLP traces and write them to ClickHouse")
-    p.add_argument("--clickhouse", required=True, metavar="URL", help="e.g. http://127.0.0.1:8123")
+    p.add_argument("--clickhouse", required=True, metavar="URL", help="e.g. http://127.0.0.1:8123 or https://…:8443")
+    p.add_argument(
+        "--clickhouse-ca",
+        metavar="PEM",
+        default=None,
+        help="CA bundle that verifies an https:// ClickHouse (default: the system's trust store)",
+    )
     p.add_argument("--database", default="otel")
     p.add_argument(
         "--cluster",
@@ -28,7 +35,11 @@ def register(subparsers) -> None:
         default="direct",
         help="with --cluster: straight to each shard (default), or through the Distributed table",
     )
-    p.add_argument("--host", default="127.0.0.1", help="listen address (non-loopback needs --auth-token or --insecure)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="listen address (non-loopback needs --auth-token or --tls-client-ca, or --insecure)",
+    )
     p.add_argument("--grpc-port", type=int, default=4317)
     p.add_argument("--http-port", type=int, default=4318)
     p.add_argument(
@@ -38,7 +49,19 @@ def register(subparsers) -> None:
         help="spool directory, replayed on restart (default: ~/.local/state/phaselens/collector-spool-<grpc port>)",
     )
     p.add_argument("--auth-token", default=None, help="require 'Authorization: Bearer TOKEN' on both protocols")
-    p.add_argument("--insecure", action="store_true", help="allow a non-loopback listen address without a token")
+    p.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback listen address without a token or mutual TLS"
+    )
+    p.add_argument(
+        "--tls-cert", metavar="PEM", default=None, help="serve OTLP/gRPC and OTLP/HTTP over TLS: certificate chain"
+    )
+    p.add_argument("--tls-key", metavar="PEM", default=None, help="the certificate's private key")
+    p.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        default=None,
+        help="mutual TLS: clients must present a certificate signed by this CA",
+    )
     p.add_argument(
         "--max-spool-bytes", type=int, default=1 << 30, help="backlog cap; beyond it exports get retryable errors"
     )
@@ -59,8 +82,14 @@ def run(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    try:
+        tls = server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)
+    except TlsConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     collector = Collector(
         clickhouse_url=args.clickhouse,
+        clickhouse_ca=args.clickhouse_ca,
         database=args.database,
         cluster=args.cluster,
         cluster_insert=args.cluster_insert,
@@ -70,6 +99,7 @@ def run(args) -> int:
         spool_dir=args.spool or default_spool_dir(args.grpc_port),
         auth_token=args.auth_token,
         insecure=args.insecure,
+        tls=tls,
         max_spool_bytes=args.max_spool_bytes,
         max_body_bytes=args.max_body_bytes,
         batch_spans=args.batch_spans,
@@ -77,7 +107,7 @@ def run(args) -> int:
     )
     try:
         collector.start()
-    except (InsecureBindError, OSError) as exc:
+    except (InsecureBindError, TlsConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"READY collector grpc={collector.grpc_endpoint} http={collector.http_endpoint}", flush=True)

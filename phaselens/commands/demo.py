@@ -55,6 +55,12 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     p.add_argument("--keep-running", action="store_true", help="leave everything up afterwards (until Ctrl-C)")
     p.add_argument("--report", default="phaselens-report.html", metavar="FILE.html", help="where to write the report")
+    p.add_argument(
+        "--disagg",
+        action="store_true",
+        help="run the workload colocated and as 1 prefill + 1 decode instance behind a router, and compare "
+        "both budgets (docs/disaggregation.md; reference server, one ClickHouse node)",
+    )
     p.set_defaults(func=run)
 
 
@@ -74,7 +80,13 @@ def run(args) -> int:
     )
     try:
         opts.validate()
+        if args.disagg and (opts.server != "reference" or opts.shards != 1 or opts.keep_running):
+            raise ValueError("--disagg runs the reference server on one node, without --keep-running")
     except ValueError as e:
         print(f"phaselens demo: {e}", file=sys.stderr)
         return 2
+    if args.disagg:
+        from phaselens.demo_disagg import run as run_disagg
+
+        return run_disagg(opts, Console())
     return run_demo(opts, Console())

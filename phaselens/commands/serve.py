@@ -47,12 +47,36 @@ def register(subparsers) -> None:
     )
     p.add_argument("--auth-token", default=None, help="require 'Authorization: Bearer TOKEN' on /v1/*")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without --auth-token")
+    p.add_argument("--tls-cert", metavar="PEM", default=None, help="serve HTTPS: certificate chain (with --tls-key)")
+    p.add_argument("--tls-key", metavar="PEM", default=None, help="the certificate's private key")
     p.add_argument("--no-telemetry", action="store_true", help="serve without the phaselens instrumentation")
+    p.add_argument(
+        "--role",
+        choices=("prefill", "decode", "router"),
+        default=None,
+        help="disaggregated serving (docs/disaggregation.md): a prefill or decode instance, or the router "
+        "in front of them (default: one colocated server)",
+    )
+    p.add_argument("--kv-port", type=int, default=0, help="decode role: the KV-transfer port (0 picks a free one)")
+    p.add_argument("--prefill", nargs="+", default=(), metavar="URL", help="router role: the prefill instances")
+    p.add_argument("--decode", nargs="+", default=(), metavar="URL", help="router role: the decode instances")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.role == "router":
+        return _router(args)
+    if args.prefill or args.decode:
+        print("phaselens serve: --prefill/--decode are options of --role router", file=sys.stderr)
+        return 2
+    from phaselens.common.tls import TlsConfigError, server_tls
     from phaselens.reference_server.process import ServeOptions, serve
+
+    try:
+        tls = server_tls(args.tls_cert, args.tls_key)
+    except TlsConfigError as exc:
+        print(f"phaselens serve: {exc}", file=sys.stderr)
+        return 2
 
     engine = EngineConfig(
         model=args.model,
@@ -74,11 +98,33 @@ def run(args: argparse.Namespace) -> int:
         reasoning_tokens=args.reasoning_tokens,
         auth_token=args.auth_token,
         insecure=args.insecure,
+        tls=tls,
         telemetry=not args.no_telemetry,
         served_model_names=tuple(args.served_model_name or ()),
+        role=args.role or "",
+        kv_port=args.kv_port,
     )
     try:
         return serve(options)
+    except (ValueError, OSError) as exc:
+        print(f"phaselens serve: {exc}", file=sys.stderr)
+        return 2
+
+
+def _router(args: argparse.Namespace) -> int:
+    from phaselens.reference_server.process import RouterOptions, serve_router
+
+    options = RouterOptions(
+        prefill=tuple(args.prefill),
+        decode=tuple(args.decode),
+        host=args.host,
+        port=args.port,
+        auth_token=args.auth_token,
+        insecure=args.insecure,
+        telemetry=not args.no_telemetry,
+    )
+    try:
+        return serve_router(options)
     except (ValueError, OSError) as exc:
         print(f"phaselens serve: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,193 @@
+"""The per-request tables of disaggregated serving (docs/disaggregation.md#the-budget-across-machines).
+
+One request's trace holds three span trees, each emitted on its own host's clock: the router's
+(resource `phaselens.pd.role` = router), the prefill instance's and the decode instance's. The
+generic parts table (analysis.schema) reads the router's tree and the client's only; this module's
+parts table `phaselens_pd_parts` folds the P/D instances' spans (and the router's P/D terms) per
+TraceId, and the view `phaselens_pd_requests` turns them into budget terms. Every term is a
+duration on ONE clock; a hop between hosts is a residual of two durations, never of timestamps:
+
+    prefill_hop_ms  = router's pd.prefill_call (router clock) − the prefill instance's received → answer
+                      built (`phaselens.pd.prefill_answer_ms`, prefill clock)
+    decode_hop_ms   = router's decode_first_chunk (router clock) − the decode instance's server TTFC (decode clock)
+    prefill_respond_ms = prefill_answer − (ingress + queue + prefill + first_token + kv_wait + kv_transfer)
+                         (prefill clock: the acknowledgement → the answer built: the engine loop
+                         taking the release, the event loop taking the final output)
+
+Each callee duration ends where its bytes are handed on (an answer built, a chunk handed to `send`),
+not where `send` returned: the caller may read them before the callee's coroutine resumes, and a
+hop would then come out negative.
+
+and, exactly (each bracket one clock; docs/disaggregation.md):
+
+    client TTFT = residual_ms                                          (client − router TTFC)
+                + router_ingress_ms + router_gap_ms + router_relay_ms  (router)
+                + prefill_hop_ms + decode_hop_ms                       (hops: residuals of durations)
+                + prefill_ingress_ms + prefill_queue_ms + prefill_compute_ms + prefill_first_token_ms
+                + kv_wait_ms + kv_transfer_ms + prefill_respond_ms     (prefill)
+                + decode_ingress_ms + decode_queue_ms + decode_first_token_ms + decode_first_chunk_ms (decode)
+"""
+
+from __future__ import annotations
+
+from phaselens.analysis.parts import Part, num, select_list
+from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, ident
+from phaselens.instrumentation import names as n
+
+PD_PARTS_TABLE = "phaselens_pd_parts"
+PD_PARTS_MV = f"{PD_PARTS_TABLE}_mv"
+PD_REQUESTS_VIEW = "phaselens_pd_requests"
+ROLES = ("router", "prefill", "decode")
+INSTANCE_ROLES = ("prefill", "decode")  # their spans stay out of the generic parts (schema.OUTSIDE_PD_INSTANCES)
+
+ROLE = f"ResourceAttributes['{n.PL_PD_ROLE}']"
+IS_SERVER_SPAN = "SpanKind IN ('Server', 'SPAN_KIND_SERVER')"
+
+
+def _role_attr(column: str, role: str, key: str) -> Part:
+    """A numeric attribute of the role's SERVER span (the phase terms are attributes of it)."""
+    cond = f"{ROLE} = '{role}' AND {IS_SERVER_SPAN}"
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {cond})")
+
+
+def _role_any(column: str, role: str, key: str) -> Part:
+    """A numeric attribute of any of the role's spans (the ITL figures are on `llm.decode`)."""
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {ROLE} = '{role}')")
+
+
+def _span_attr(column: str, span: str, key: str) -> Part:
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, SpanName = '{span}')")
+
+
+def _instance(column: str, role: str) -> Part:
+    cond = f"{ROLE} = '{role}'"
+    value = f"toNullable(ResourceAttributes['{n.PL_PD_INSTANCE}'])"
+    return Part(column, "any", "Nullable(String)", f"any(if({cond}, {value}, NULL))")
+
+
+_PHASES = (
+    ("ingress", n.PL_INGRESS_MS),
+    ("queue", n.PL_QUEUE_MS),
+    ("prefill", n.PL_PREFILL_MS),
+    ("first_token", n.PL_FIRST_TOKEN_MS),
+    ("first_chunk", n.PL_FIRST_CHUNK_MS),
+    ("ttfc", n.PL_SERVER_TTFC_MS),
+)
+_ROUTER_TERMS = {
+    "r_ingress": n.PL_ROUTER_INGRESS_MS,
+    "r_prefill_call": n.PL_ROUTER_PREFILL_CALL_MS,
+    "r_gap": n.PL_ROUTER_GAP_MS,
+    "r_decode_first_chunk": n.PL_ROUTER_DECODE_FIRST_CHUNK_MS,
+    "r_relay": n.PL_ROUTER_RELAY_MS,
+    "r_ttfc": n.PL_SERVER_TTFC_MS,
+}
+
+PD_PARTS: tuple[Part, ...] = (
+    *(_instance(f"{role[0]}_instance", role) for role in ROLES),
+    *(_role_attr(col, "router", key) for col, key in _ROUTER_TERMS.items()),
+    *(_role_attr(f"{role[0]}_{phase}", role, key) for role in INSTANCE_ROLES for phase, key in _PHASES),
+    _span_attr("p_answer", n.SPAN_KV_TRANSFER, n.PL_PD_PREFILL_ANSWER_MS),
+    _role_any("d_itl_p99", "decode", n.PL_ITL_P99_MS),
+    _role_any("d_stall", "decode", n.PL_STALL_MS),
+    _span_attr("kv_wait", n.SPAN_KV_TRANSFER, n.PL_KV_WAIT_MS),
+    _span_attr("kv_transfer", n.SPAN_KV_TRANSFER, n.PL_KV_TRANSFER_MS),
+    _span_attr("kv_sent_bytes", n.SPAN_KV_TRANSFER, n.PL_KV_BYTES),
+    _span_attr("kv_recv_bytes", n.SPAN_KV_RECEIVE, n.PL_KV_BYTES),
+    Part("kv_recv_ns", "max", "Nullable(UInt64)", f"maxIf(toNullable(Duration), SpanName = '{n.SPAN_KV_RECEIVE}')"),
+    Part("pd_error", "max", "UInt8", "max(StatusCode IN ('Error', 'STATUS_CODE_ERROR'))"),
+)
+
+# (column, expression over the merged parts), in the order `phaselens_requests` appends them
+PD_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("prefill_instance", "p_instance"),
+    ("decode_instance", "d_instance"),
+    ("kv_transfer_ms", "kv_transfer"),
+    ("kv_bytes", "CAST(kv_sent_bytes AS Nullable(UInt64))"),
+    ("kv_bytes_received", "CAST(kv_recv_bytes AS Nullable(UInt64))"),
+    ("kv_wait_ms", "kv_wait"),
+    ("kv_receive_ms", "kv_recv_ns / 1e6"),
+    ("router_ingress_ms", "r_ingress"),
+    ("router_gap_ms", "r_gap"),
+    ("router_relay_ms", "r_relay"),
+    ("router_ttfc_ms", "r_ttfc"),
+    ("prefill_hop_ms", "r_prefill_call - p_answer"),
+    ("decode_hop_ms", "r_decode_first_chunk - d_ttfc"),
+    ("prefill_ingress_ms", "p_ingress"),
+    ("prefill_queue_ms", "p_queue"),
+    ("prefill_compute_ms", "p_prefill"),
+    ("prefill_first_token_ms", "p_first_token"),
+    (
+        "prefill_respond_ms",
+        "p_answer - (p_ingress + p_queue + p_prefill + p_first_token + kv_wait + kv_transfer)",
+    ),
+    ("decode_ingress_ms", "d_ingress"),
+    ("decode_queue_ms", "d_queue"),
+    ("decode_first_token_ms", "d_prefill + d_first_token"),  # no prefill on a decode instance: d_prefill = 0
+    ("decode_first_chunk_ms", "d_first_chunk"),
+    ("decode_itl_p99_ms", "d_itl_p99"),
+    ("decode_stall_ms", "d_stall"),
+)
+PD_COLUMN_NAMES = tuple(name for name, _ in PD_COLUMNS)
+# The P/D budget terms that sum (with the generic residual_ms) to client TTFT, in request order.
+PD_TERMS = (
+    "router_ingress_ms",
+    "prefill_hop_ms",
+    "prefill_ingress_ms",
+    "prefill_queue_ms",
+    "prefill_compute_ms",
+    "prefill_first_token_ms",
+    "kv_wait_ms",
+    "kv_transfer_ms",
+    "prefill_respond_ms",
+    "router_gap_ms",
+    "decode_hop_ms",
+    "decode_ingress_ms",
+    "decode_queue_ms",
+    "decode_first_token_ms",
+    "decode_first_chunk_ms",
+    "router_relay_ms",
+)
+
+
+def pd_parts_select(traces: str) -> str:
+    cols = ",\n    ".join(f"{p.insert_expr} AS {p.column}" for p in PD_PARTS)
+    return (
+        f"SELECT TraceId,\n    {cols}\nFROM {traces}\n"
+        f"WHERE {ROLE} != '' AND SpanName != '{n.SPAN_ENGINE_STEP}' AND TraceId != ''\nGROUP BY TraceId"
+    )
+
+
+def statements(database: str = "otel", ttl_clause: str = "") -> list[str]:
+    """CREATE statements (idempotent) of the P/D parts table, its materialized view and the view,
+    after analysis.schema's (single node; `ttl_clause` as the generic parts table's)."""
+    db = ident(database)
+    parts, traces = f"{db}.{ident(PD_PARTS_TABLE)}", f"{db}.{ident(TRACES_TABLE)}"
+    cols = ",\n    ".join(p.ddl() for p in PD_PARTS)
+    add = ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {p.ddl()}" for p in PD_PARTS)
+    return [
+        (
+            f"CREATE TABLE IF NOT EXISTS {parts} (\n    TraceId String CODEC(ZSTD(1)),\n    {cols}\n)"
+            f" ENGINE = AggregatingMergeTree()\nORDER BY TraceId{ttl_clause}"
+            f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
+        ),
+        f"ALTER TABLE {parts}\n    {add}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PD_PARTS_MV)} TO {parts}\nAS {pd_parts_select(traces)}",
+        f"ALTER TABLE {db}.{ident(PD_PARTS_MV)} MODIFY QUERY {pd_parts_select(traces)}",
+        (
+            f"CREATE OR REPLACE VIEW {db}.{ident(PD_REQUESTS_VIEW)} AS\nSELECT\n    TraceId AS trace_id,\n    "
+            f"{select_list(PD_COLUMNS)}\nFROM {parts} FINAL"
+        ),
+    ]
+
+
+def requests_columns(cluster: bool) -> str:
+    """The P/D columns as `phaselens_requests` appends them; NULL on a cluster, where the P/D parts
+    are not built yet (docs/disaggregation.md#not-done)."""
+    if cluster:
+        return ", ".join(f"CAST(NULL AS Nullable(Float64)) AS {name}" for name in PD_COLUMN_NAMES)
+    return ", ".join(f"pd.{name} AS {name}" for name in PD_COLUMN_NAMES)
+
+
+def requests_join(database: str) -> str:
+    """What `phaselens_requests` appends: the P/D columns of its trace, NULL for a colocated request."""
+    return f"LEFT JOIN {ident(database)}.{ident(PD_REQUESTS_VIEW)} AS pd USING (trace_id)"

@@ -1,0 +1,199 @@
+"""Budget rollups: per minute × service × model × span model, -State aggregates of every budget term
+(`queries.ROLLUP_TERMS`), so a budget or a dashboard panel merges one row per minute instead of
+reading every request.
+
+When a request counts. Its spans arrive in several inserts (client, server), so a rollup fed per
+insert would count a request once per insert, each time with a part of its row. Instead the
+per-request parts the view already builds are copied, stamped with their insert time (server
+clock), into a small pending table, and a refreshable materialized view seals them:
+
+    a request is sealed by the first pass at which its FIRST part is older than `wait_s`; the
+    pass puts its row, merged from every part that has arrived by then, exactly as the
+    per-request view merges it, into the minute of its start_time.
+
+Each pass seals the requests whose first part was inserted in (sealed_to of the previous pass,
+now − wait_s]: every request once. A part that arrives after its request was sealed is left out of
+the rollup (the exact path still merges it), unless the request's earlier parts have already left
+the pending table (`PENDING_RETENTION_S`): then it counts as a request of its own.
+
+Reads see the sealed minutes plus the requests not sealed yet (`phaselens_budget_states`): those
+are aggregated from the pending table with the same -State functions every LIVE_EVERY_S by a second
+refreshable view (no FINAL; its cost follows the traffic of the last `wait_s`, not the time range)
+into a small table that each refresh replaces. A read takes them only while they were computed
+against the rollup's current end (`sealed_to`), so a request is never read twice; right after a
+sealing pass, until the next refresh, the requests not sealed yet are missing for a few seconds.
+(Computing them at read time instead cost ~0.2 s of query analysis per read, measured: the
+per-request expressions are large.) On a cluster every node seals its
+own pending table into its own rollup (the spans of a request meet on one shard), and the budget
+reads every node's states through a Distributed table; sketches merge across shards exactly.
+"""
+
+from __future__ import annotations
+
+from phaselens.analysis import queries as q
+from phaselens.analysis import schema as s
+from phaselens.analysis import sketch as sk
+from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, ident, ttl_interval
+
+PENDING_MV = f"{sk.PENDING_TABLE}_mv"
+SEAL_VIEW = "phaselens_budget_seal"
+LIVE_VIEW = "phaselens_budget_live_refresh"
+STATES_DISTRIBUTED = "phaselens_budget_states_distributed"
+DEFAULT_WAIT_S = 60  # a request's spans come from 2 processes within seconds of each other
+DEFAULT_EVERY_S = 15
+LIVE_EVERY_S = 5
+PENDING_RETENTION_S = 900  # a part later than this after its request's first part counts on its own
+# which node sealed a row: the watermark is per node, on that node's clock
+SEALER = "concat(hostName(), ':', toString(getServerPort('tcp_port')))"
+
+
+def _watermark(rollup: str) -> str:
+    """The end of the insert times this node has sealed (1970 before its first pass)."""
+    return f"(SELECT max(sealed_to) FROM {rollup} WHERE sealer = {SEALER})"
+
+
+def requests_between(pending: str, after: str, upto: str | None) -> str:
+    """One merged row per request whose first part was inserted in (`after`, `upto`] (no upper
+    bound: `upto` None), from every part of it in the pending table. A request with a part at or
+    before `after` was sealed already: its later parts are left out, not counted again."""
+    merged = ",\n        ".join(f"{p.merge}({p.column}) AS {p.column}" for p in s.PARTS)
+    having = f"\n    HAVING min(inserted) <= {upto}" if upto else ""
+    return (
+        f"(SELECT TraceId,\n        {merged}\n    FROM {pending}\n    WHERE inserted > {after}\n"
+        f"        AND TraceId NOT IN (SELECT TraceId FROM {pending} WHERE inserted <= {after}\n"
+        f"            AND TraceId IN (SELECT TraceId FROM {pending} WHERE inserted > {after}))\n"
+        f"    GROUP BY TraceId{having})"
+    )
+
+
+def states_select(facts: str, sealed_to: str, live: int = 0) -> str:
+    """The rollup row of each minute × group of the per-request `facts` (a SELECT); `live` 1 for
+    the states of requests not sealed yet."""
+    key = ", ".join(f"{expr} AS {name}" for name, expr in q.rollup_key())
+    cols = ",\n    ".join(f"{expr} AS {name}" for name, _, expr in q.rollup_columns())
+    group = ", ".join(name for name, _ in q.rollup_key())
+    return (
+        f"SELECT {key}, {SEALER} AS sealer, {sealed_to} AS sealed_to, toUInt8({live}) AS is_live,\n    {cols}\n"
+        f"FROM ({facts})\nGROUP BY {group}"
+    )
+
+
+def _rollup_ddl(rollup: str, on: str, engine: str, ttl: str | None) -> str:
+    key = ",\n    ".join(
+        [
+            "bucket DateTime CODEC(Delta, ZSTD(1))",
+            *(f"{name} LowCardinality(String)" for name, _ in q.rollup_key()[1:]),
+            "sealer LowCardinality(String)",
+            "sealed_to SimpleAggregateFunction(max, DateTime64(3))",
+            "is_live UInt8 DEFAULT 0",
+            *(f"{name} {ch_type}" for name, ch_type, _ in q.rollup_columns()),
+        ]
+    )
+    order = ", ".join([*(name for name, _ in q.rollup_key()), "sealer", "is_live"])
+    return (
+        f"CREATE TABLE IF NOT EXISTS {rollup}{on} (\n    {key}\n) ENGINE = {engine}\n"
+        f"PARTITION BY toYYYYMM(bucket)\nORDER BY ({order})" + (f"\nTTL bucket + {ttl_interval(ttl)}" if ttl else "")
+    )
+
+
+def _pending_ddl(pending: str, on: str) -> str:
+    cols = ",\n    ".join(p.ddl() for p in s.PARTS)
+    return (
+        f"CREATE TABLE IF NOT EXISTS {pending}{on} (\n    TraceId String CODEC(ZSTD(1)),\n"
+        f"    inserted SimpleAggregateFunction(min, DateTime64(3)),\n    {cols}\n"
+        ") ENGINE = AggregatingMergeTree()\nPARTITION BY toStartOfFiveMinutes(inserted)\nORDER BY TraceId\n"
+        f"TTL toDateTime(inserted) + toIntervalSecond({PENDING_RETENTION_S})\n"
+        "SETTINGS ttl_only_drop_parts = 1, merge_with_ttl_timeout = 60, "
+        f"non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
+    )
+
+
+def statements(
+    database: str = "otel",
+    cluster: str | None = None,
+    ttl: str | None = None,
+    on_cluster: bool = True,
+    wait_s: int = DEFAULT_WAIT_S,
+    every_s: int = DEFAULT_EVERY_S,
+) -> list[str]:
+    """CREATE statements (idempotent; an upgrade adds new columns and rewrites the queries), to run
+    after `schema.statements`. The pending table is per node even with replicas (each replica
+    seals what was inserted on it); the rollup is replicated with ON CLUSTER DDL."""
+    db = ident(database)
+    replicated = bool(cluster) and on_cluster
+    on = f" ON CLUSTER {ident(cluster)}" if replicated else ""
+    engine = "ReplicatedAggregatingMergeTree()" if replicated else "AggregatingMergeTree()"
+    rollup, pending = f"{db}.{ident(sk.ROLLUP_TABLE)}", f"{db}.{ident(sk.PENDING_TABLE)}"
+    parts = f"{db}.{ident(s.PARTS_TABLE)}"
+    local = f"{db}.{ident(sk.STATES_LOCAL)}"
+    # an imported harness's client view (`phaselens import`, docs/harness-import.md) arrives after its
+    # request was sealed, or, PENDING_RETENTION_S on, would count as a request of its own: the
+    # rollups leave it out, the exact path reads it
+    copy = f"SELECT *, now64(3) AS inserted FROM {parts} WHERE t_client_harness IS NULL"
+    live_table = f"{db}.{ident(sk.LIVE_TABLE)}"
+    live = states_select(
+        s.facts_select(requests_between(pending, _watermark(rollup), None), final=False), _watermark(rollup), live=1
+    )
+    out = [
+        _rollup_ddl(rollup, on, engine, ttl),
+        _rollup_ddl(live_table, on, "AggregatingMergeTree()", None),
+        *(
+            f"ALTER TABLE {table}{on}\n    "
+            + ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {name} {t}" for name, t, _ in q.rollup_columns())
+            for table in (rollup, live_table)
+        ),
+        _pending_ddl(pending, on),
+        f"ALTER TABLE {pending}{on}\n    " + ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {p.ddl()}" for p in s.PARTS),
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PENDING_MV)}{on} TO {pending}\nAS {copy}",
+        f"ALTER TABLE {db}.{ident(PENDING_MV)}{on} MODIFY QUERY {copy}",
+        f"DROP VIEW IF EXISTS {db}.{ident(SEAL_VIEW)}{on}",
+        (
+            f"CREATE MATERIALIZED VIEW {db}.{ident(SEAL_VIEW)}{on}\nREFRESH EVERY {int(every_s)} SECOND "
+            f"APPEND TO {rollup}\nAS {seal_select(database, wait_s)}"
+        ),
+        f"DROP VIEW IF EXISTS {db}.{ident(LIVE_VIEW)}{on}",
+        f"CREATE MATERIALIZED VIEW {db}.{ident(LIVE_VIEW)}{on}\nREFRESH EVERY {LIVE_EVERY_S} SECOND TO {live_table}\nAS {live}",
+        f"DROP TABLE IF EXISTS {local}{on}",  # a Merge table: a new column reaches the reads
+        (
+            f"CREATE TABLE {local}{on} AS {rollup}\n"
+            f"ENGINE = Merge('{database}', '^({sk.ROLLUP_TABLE}|{sk.LIVE_TABLE})$')"
+        ),
+    ]
+    read = local
+    if cluster:
+        dist = f"{db}.{ident(STATES_DISTRIBUTED)}"
+        for name in (cluster, database, sk.STATES_LOCAL):
+            ident(name)
+        out += [
+            f"DROP TABLE IF EXISTS {dist}{on}",
+            f"CREATE TABLE {dist}{on} AS {local}\nENGINE = Distributed('{cluster}', '{database}', '{sk.STATES_LOCAL}')",
+        ]
+        read = dist
+    out.append(f"CREATE OR REPLACE VIEW {db}.{ident(sk.STATES_VIEW)}{on} AS\nSELECT * FROM {read}")
+    return out
+
+
+def seal_select(database: str, wait_s: int) -> str:
+    """The sealing pass: the rows of the requests whose first part is older than `wait_s`, from the
+    previous pass's end on (what the refreshable view appends to the rollup)."""
+    db = ident(database)
+    rollup, pending = f"{db}.{ident(sk.ROLLUP_TABLE)}", f"{db}.{ident(sk.PENDING_TABLE)}"
+    upto = f"now64(3) - toIntervalSecond({int(wait_s)})"
+    return states_select(s.facts_select(requests_between(pending, _watermark(rollup), upto), final=False), upto)
+
+
+def seal_now(client, database: str = "otel", wait_s: int = 0) -> None:
+    """One sealing pass now, of the requests whose first part is older than `wait_s` (tests and
+    benchmarks, with the view's own passes stopped: `SYSTEM STOP VIEW`, or a longer wait)."""
+    rollup = f"{ident(database)}.{ident(sk.ROLLUP_TABLE)}"
+    names = [*(name for name, _ in q.rollup_key()), "sealer", "sealed_to", "is_live"]
+    names += [name for name, _, _ in q.rollup_columns()]
+    client.command(f"INSERT INTO {rollup} ({', '.join(names)})\n{seal_select(database, wait_s)}")
+    refresh_live(client, database)
+
+
+def refresh_live(client, database: str = "otel") -> None:
+    """Refresh the states of the requests not sealed yet now, and wait for it."""
+    view = f"{ident(database)}.{ident(LIVE_VIEW)}"
+    client.command(f"SYSTEM REFRESH VIEW {view}")
+    client.command(f"SYSTEM WAIT VIEW {view}")

@@ -1,0 +1,134 @@
+"""The router's telemetry: per request, monotonic stamps on the event loop (`RouterRecord`), and at
+its end a SERVER span with two CLIENT children, made on the P/D span executor (pd_spans.PdSpans).
+
+Router terms (ms, router clock; docs/disaggregation.md), for a streamed request that went through
+both instances:
+
+    ingress            = prefill_start − received
+    prefill_call       = prefill_end − prefill_start          (the pd.prefill_call span)
+    gap                = decode_start − prefill_end
+    decode_first_chunk = first_chunk − decode_start            (first content chunk back from decode)
+    relay              = relayed − first_chunk                 (that chunk handed to the router's send)
+    router TTFC        = relayed − received = the sum of the five, exactly
+
+The router's SERVER span carries TTFT (received → first content chunk back) and TTFC as the
+phaselens server keys, so the per-request row of a disaggregated request has the server view the
+client talks to; the instances' spans hold the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import propagate
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.ids import RootDecider, span_context
+from phaselens.instrumentation.hotpath.records import SpanIds
+from phaselens.reference_server.pd_spans import PdSpans, ms, traceparent
+
+
+@dataclass(slots=True)
+class RouterRecord:
+    received_ns: int
+    chat: bool = False
+    model: str = ""
+    stream: bool = False
+    transfer_id: str = ""
+    prefill_url: str = ""
+    decode_url: str = ""
+    prefill_start_ns: int = 0
+    prefill_end_ns: int = 0
+    decode_start_ns: int = 0
+    first_chunk_ns: int = 0  # the first content chunk arrived from the decode instance
+    relayed_ns: int = 0  # ... and was handed to the router's send
+    done_ns: int = 0
+    error_type: str = ""
+    status_code: int = 200
+    root: SpanIds | None = None
+    parent: SpanIds | None = None
+    prefill_span_id: int = 0
+    decode_span_id: int = 0
+
+    def fail(self, error_type: str, status_code: int) -> None:
+        if not self.error_type:
+            self.error_type, self.status_code = error_type, status_code
+
+    @property
+    def sampled(self) -> bool:
+        return self.root is not None and bool(self.root.trace_flags & TraceFlags.SAMPLED)
+
+    def terms_ms(self) -> dict[str, float]:
+        """The router terms that this request's stamps define (module docstring)."""
+        pairs = {
+            names.PL_ROUTER_INGRESS_MS: (self.received_ns, self.prefill_start_ns),
+            names.PL_ROUTER_PREFILL_CALL_MS: (self.prefill_start_ns, self.prefill_end_ns),
+            names.PL_ROUTER_GAP_MS: (self.prefill_end_ns, self.decode_start_ns),
+            names.PL_ROUTER_DECODE_FIRST_CHUNK_MS: (self.decode_start_ns, self.first_chunk_ns),
+            names.PL_ROUTER_RELAY_MS: (self.first_chunk_ns, self.relayed_ns),
+            names.PL_SERVER_TTFT_MS: (self.received_ns, self.first_chunk_ns),
+            names.PL_SERVER_TTFC_MS: (self.received_ns, self.relayed_ns),
+            names.PL_INGRESS_MS: (self.received_ns, self.prefill_start_ns),
+        }
+        return {key: ms(a, b) for key, (a, b) in pairs.items() if a and b and b >= a}
+
+
+class RouterSpans:
+    def __init__(self, spans: PdSpans, tracer_provider: Any = None) -> None:
+        self._spans = spans
+        sampler = getattr(tracer_provider, "sampler", None)
+        ids = getattr(tracer_provider, "id_generator", None) or RandomIdGenerator()
+        self._roots = RootDecider(sampler, ids) if tracer_provider is not None else RootDecider(None, ids)
+
+    def open(self, rec: RouterRecord, headers: Mapping[str, str]) -> None:
+        """Decide the request's ids at receipt (child of an incoming traceparent)."""
+        rec.root, rec.parent = self._roots.decide(propagate.extract(dict(headers)), "POST")
+        if rec.sampled:
+            rec.prefill_span_id, rec.decode_span_id = self._spans.new_span_id(), self._spans.new_span_id()
+
+    def prefill_traceparent(self, rec: RouterRecord) -> str:
+        return traceparent(rec.root.trace_id, rec.prefill_span_id, rec.root.trace_flags) if rec.sampled else ""
+
+    def decode_traceparent(self, rec: RouterRecord) -> str:
+        return traceparent(rec.root.trace_id, rec.decode_span_id, rec.root.trace_flags) if rec.sampled else ""
+
+    def close(self, rec: RouterRecord) -> None:
+        """Emit the request's spans (off the event loop)."""
+        if not rec.sampled or rec.root is None:
+            return
+        end_ns = max(rec.done_ns, rec.relayed_ns, rec.prefill_end_ns, rec.received_ns)
+        root = span_context(rec.root)
+        operation = names.OP_CHAT if rec.chat else names.OP_TEXT_COMPLETION
+        attrs: dict[str, Any] = {
+            names.GEN_AI_OPERATION_NAME: operation,
+            names.GEN_AI_PROVIDER_NAME: names.PROVIDER_PHASELENS,
+            names.GEN_AI_REQUEST_MODEL: rec.model,
+            names.GEN_AI_REQUEST_STREAM: rec.stream,
+            names.HTTP_RESPONSE_STATUS_CODE: rec.status_code,
+            names.PL_PD_TRANSFER_ID: rec.transfer_id,
+            names.PL_ROUTER_PREFILL: rec.prefill_url,
+            names.PL_ROUTER_DECODE: rec.decode_url,
+            **rec.terms_ms(),
+        }
+        if rec.error_type:
+            attrs[names.ERROR_TYPE] = rec.error_type
+        parent = span_context(rec.parent, is_remote=True) if rec.parent else None
+        name = names.root_span_name(operation, rec.model)
+        self._spans.submit(name, root, parent, rec.received_ns, end_ns, attrs, rec.error_type, kind=SpanKind.SERVER)
+        for span_id, start, end, span_name, url in (
+            (
+                rec.prefill_span_id,
+                rec.prefill_start_ns,
+                rec.prefill_end_ns,
+                names.SPAN_PD_PREFILL_CALL,
+                rec.prefill_url,
+            ),
+            (rec.decode_span_id, rec.decode_start_ns, rec.done_ns, names.SPAN_PD_DECODE_CALL, rec.decode_url),
+        ):
+            if start and end:
+                child = SpanContext(root.trace_id, span_id, False, root.trace_flags)
+                self._spans.submit(span_name, child, root, start, end, {names.URL_PATH: url}, kind=SpanKind.CLIENT)

@@ -1,0 +1,169 @@
+"""The budget rollups (analysis/rollup.py) against the exact per-request path: spans with known
+durations through the real OTLP exporter and collector into the embedded ClickHouse; the rollup's
+figures agree with the exact ones within the error analysis/sketch.py states, a request counts once
+however its spans are split over inserts, and the refreshable views fill the rollup on their own."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from phaselens.analysis import budget as B
+from phaselens.analysis import queries as Q
+from phaselens.analysis import rollup, sketch
+from phaselens.analysis import schema as S
+from phaselens.collectors import schema as CS
+from phaselens.common.slo import SLO
+from tests import spangen
+from tests.analysis_fixtures import client, new_database
+
+SLOS = SLO(ttft_ms=40, tpot_ms=12)
+__all__ = ["client"]
+
+
+def _stopped_database(client) -> str:
+    """A database with the schema whose views do not seal on their own: the tests seal."""
+    database = new_database(client, "rollup")
+    client.command(f"SYSTEM STOP VIEW {database}.{rollup.SEAL_VIEW}")
+    return database
+
+
+@pytest.fixture(scope="module")
+def sealed(clickhouse, client):
+    """400 requests of every kind through OTLP and the collector, then sealed."""
+    w = spangen.generate(400, seed=21, server_only_every=7, abort_every=9, preempt_every=5)
+    database = _stopped_database(client)
+    spangen.emit(w, clickhouse.url, database)
+    rollup.seal_now(client, database)
+    return w, database
+
+
+def _values(client, database: str, expr: str) -> np.ndarray:
+    """Every request's non-NULL value of `expr` over the facts view, sorted."""
+    sql = f"SELECT groupArray(toFloat64({expr})) FROM {database}.{S.FACTS_VIEW}"
+    return np.sort(np.asarray(client.query(sql).result_rows[0][0], dtype=float))
+
+
+def _within_sketch_error(value: float, sorted_values: np.ndarray, level: float) -> bool:
+    """DDSketch's bound: within ALPHA × |x| of x, an order statistic next to rank level·(n − 1)."""
+    h = level * (len(sorted_values) - 1)
+    lo, hi = sorted_values[math.floor(h)], sorted_values[math.ceil(h)]
+    return lo - sketch.ALPHA * abs(lo) - 1e-9 <= value <= hi + sketch.ALPHA * abs(hi) + 1e-9
+
+
+def _near(values: np.ndarray, edge: float) -> int:
+    """How many values lie within one log bucket (a factor γ) of `edge`."""
+    return int(np.count_nonzero((values > edge / sketch.GAMMA) & (values <= edge * sketch.GAMMA)))
+
+
+def test_rollup_and_exact_budgets_agree_within_the_stated_error(client, sealed):
+    _, database = sealed
+    approx = B.budget(client, database=database, since=None, slo=SLOS, exact=False)
+    exact = B.budget(client, database=database, since=None, slo=SLOS)
+    assert (approx.source, approx.approximation, exact.source) == ("rollup", sketch.NOTE, "exact")
+    counts = ("requests", "with_client", "with_server", "errors", "no_output", "span_models")
+    assert [getattr(approx, c) for c in counts] == [getattr(exact, c) for c in counts]
+    assert exact.requests == 400 and exact.errors > 0 and exact.with_client < exact.with_server
+    assert approx.goodput.window_s == pytest.approx(exact.goodput.window_s, rel=1e-12)
+    checked = 0
+    for name, expr in Q.DISTRIBUTIONS:
+        got, want = approx.distributions[name], exact.distributions[name]
+        assert got.mean == (None if want.mean is None else pytest.approx(want.mean, rel=1e-9, abs=1e-12)), name
+        values = _values(client, database, expr)
+        if not len(values):
+            assert got.values() == (None, None, None, None), name
+            continue
+        for level, value in zip(sketch.LEVELS, (got.p50, got.p90, got.p99), strict=True):
+            h = level * (len(values) - 1)
+            bracket = values[math.floor(h)], values[math.ceil(h)]
+            assert _within_sketch_error(value, values, level), (name, level, value, bracket, len(values))
+            checked += 1
+    assert checked >= 3 * 15
+    # goodput: only requests within 2 % of an SLO may land on the other side
+    ok = "status = 'ok' AND ttft_ms IS NOT NULL"
+    borderline = _near(_values(client, database, f"if({ok}, ttft_ms, NULL)"), SLOS.ttft_ms) + _near(
+        _values(client, database, f"if({ok}, tpot_ms, NULL)"), SLOS.tpot_ms
+    )
+    assert exact.goodput.good_requests > 0
+    assert abs(approx.goodput.good_requests - exact.goodput.good_requests) <= max(1, borderline)
+    # tail: the same threshold within the sketch's error, the same requests but those near it
+    ttft = _values(client, database, "ttft_ms")
+    assert _within_sketch_error(approx.tail.threshold_ms, ttft, 0.99)
+    near = _near(ttft, exact.tail.threshold_ms) + _near(ttft, approx.tail.threshold_ms)
+    assert abs(approx.tail.requests - exact.tail.requests) <= max(1, near)
+    assert approx.tail.grew_most == exact.tail.grew_most
+
+
+def _split(w: spangen.Workload) -> tuple[list, list]:
+    spans = spangen.build_spans(w)
+    server = [s for s in spans if s.resource.attributes["service.name"] == w.server_service]
+    return server, [s for s in spans if s not in server]
+
+
+def test_a_request_counts_once_however_its_spans_are_split(clickhouse, client):
+    """Server spans, a sealing pass, then the client spans: the request was sealed with what had
+    arrived (its client part is left out of the rollup, never counted as a second request); spans
+    that all arrive before the pass count with both views; passes repeated change nothing."""
+    late = _stopped_database(client)
+    server, client_spans = _split(spangen.generate(30, seed=4))
+    spangen.insert_spans(server, clickhouse.url, late)
+    rollup.seal_now(client, late)
+    spangen.insert_spans(client_spans, clickhouse.url, late)
+    for _ in range(2):
+        rollup.seal_now(client, late)
+        report = B.budget(client, database=late, since=None, exact=False)
+        assert (report.requests, report.with_client, report.with_server) == (30, 0, 30)
+    exact = B.budget(client, database=late, since=None)
+    assert (exact.requests, exact.with_client) == (30, 30)
+
+    on_time = _stopped_database(client)
+    server, client_spans = _split(spangen.generate(30, seed=5))
+    spangen.insert_spans(client_spans, clickhouse.url, on_time)
+    spangen.insert_spans(server, clickhouse.url, on_time)
+    rollup.refresh_live(client, on_time)
+    live = B.budget(client, database=on_time, since=None, exact=False)  # not sealed yet: the live states
+    assert client.query(f"SELECT count() FROM {on_time}.{sketch.ROLLUP_TABLE}").result_rows[0][0] == 0
+    for _ in range(2):
+        rollup.seal_now(client, on_time)
+        report = B.budget(client, database=on_time, since=None, exact=False)
+        assert (report.requests, report.with_client, report.with_server) == (30, 30, 30)
+        for name, stat in report.distributions.items():  # sealed or live: the same states
+            want = live.distributions[name]
+            assert (stat.p50, stat.p90, stat.p99) == (want.p50, want.p90, want.p99), name
+            assert stat.mean == (None if want.mean is None else pytest.approx(want.mean, rel=1e-12)), name
+    assert client.query(f"SELECT sum(requests) FROM {on_time}.{sketch.ROLLUP_TABLE}").result_rows[0][0] == 30
+
+
+def test_the_views_seal_and_refresh_on_their_own(clickhouse, client):
+    database = new_database(client, "rollup")
+    CS.apply(client, rollup.statements(database, wait_s=0, every_s=1))  # re-created: a pass a second
+    spangen.emit(spangen.generate(12, seed=6), clickhouse.url, database, transport="insert")
+    deadline, sealed = time.monotonic() + 30, 0
+    while time.monotonic() < deadline and sealed < 12:
+        time.sleep(0.5)
+        sealed = client.query(f"SELECT sum(requests) FROM {database}.{sketch.ROLLUP_TABLE}").result_rows[0][0]
+    assert sealed == 12
+    time.sleep(rollup.LIVE_EVERY_S + 1)  # the live states, recomputed against the new end: none left
+    assert B.budget(client, database=database, since="1h", exact=False).requests == 12
+
+
+def test_a_new_term_is_one_line_and_upgrades_in_place(clickhouse, client, monkeypatch):
+    """A term appended to the list: applying the schema again adds its state columns to a rollup
+    that has rows, and the next pass fills them."""
+    database = _stopped_database(client)
+    w = spangen.generate(20, seed=8)
+    spangen.emit(w, clickhouse.url, database, transport="insert")
+    rollup.seal_now(client, database)
+    monkeypatch.setattr(Q, "ROLLUP_TERMS", (*Q.ROLLUP_TERMS, ("double_ingress_ms", "ingress_ms * 2")))
+    CS.apply(client, rollup.statements(database))
+    client.command(f"SYSTEM STOP VIEW {database}.{rollup.SEAL_VIEW}")
+    spangen.emit(spangen.generate(20, seed=9), clickhouse.url, database, transport="insert", seed=9)
+    rollup.seal_now(client, database)
+    mean, rows = client.query(
+        f"SELECT avgMerge(double_ingress_ms_avg), sum(requests) FROM {database}.{sketch.ROLLUP_TABLE}"
+    ).result_rows[0]
+    newer = spangen.generate(20, seed=9).requests
+    assert rows == 40 and mean == pytest.approx(2 * np.mean([r.ingress_ms for r in newer]), rel=1e-9)
