@@ -298,8 +298,8 @@ def test_an_endpoint_that_is_down_counts_failed_spans_and_raises_nothing(monkeyp
     processor = CountingBatchSpanProcessor(exporter, BatchSettings(max_queue_size=12, max_export_batch_size=512))
     emitter = FastEmitter(tracer_provider, [processor])
     span = SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 10, 20, {"k": 1})
-    emitter.emit([span._replace(span_id=i) for i in range(1, 11)])
-    emitter.emit([span._replace(span_id=i) for i in range(11, 16)])  # 2 fit the queue, 3 are refused
+    emitter.emit_data([span._replace(span_id=i) for i in range(1, 11)])
+    emitter.emit_data([span._replace(span_id=i) for i in range(11, 16)])  # 2 fit the queue, 3 are refused
     processor.force_flush()
     processor.shutdown()
     assert (processor.counts.exported, processor.counts.failed, processor.counts.dropped) == (0, 12, 3)
@@ -414,7 +414,9 @@ def export_one(monkeypatch, receiver: ScriptedReceiver, **env: str) -> CountingB
     exporter = bytes_exporter("http/protobuf", request_encoder(tracer_provider))
     assert isinstance(exporter._client._transport, HttpClientTransport)  # not requests
     processor = CountingBatchSpanProcessor(exporter)
-    FastEmitter(tracer_provider, [processor]).emit([SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 1, 2, {})])
+    FastEmitter(tracer_provider, [processor]).emit_data(
+        [SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 1, 2, {})]
+    )
     processor.shutdown()
     return processor
 

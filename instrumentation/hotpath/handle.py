@@ -26,8 +26,8 @@ from phaselens.instrumentation.hotpath.records import (
     RequestOutcome,
     RequestRecord,
     SpanIds,
-    pack_link,
     int64s,
+    pack_link,
 )
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
 

@@ -63,18 +63,18 @@ class SpanBuilder:
     def _build_request(self, record: RequestRecord) -> None:
         phases = compute_phases(record)
         self._metrics.record(record, phases)
-        if not record.sampled or self._emitter is None:
+        emitter = self._emitter
+        if not record.sampled or emitter is None:
             self._counts["requests_unsampled"] += 1
             return
-        spans = request_spans(self._emitter.ids, self._anchor, record, phases, self._token_events)
-        self._emitter.emit(spans)
+        emitter.emit_data(request_spans(emitter.ids, self._anchor, record, phases, self._token_events))
         self._counts["requests_built"] += 1
 
     def _build_step(self, step: StepRecord) -> None:
         emitter = self._emitter
         span = step_span(emitter.ids, emitter.sampler, self._anchor, step) if emitter is not None else None
-        if span is None:
+        if emitter is None or span is None:
             self._counts["steps_unsampled"] += 1
             return
-        emitter.emit((span,))
+        emitter.emit_data((span,))
         self._counts["steps_built"] += 1

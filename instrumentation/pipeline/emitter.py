@@ -125,9 +125,13 @@ class SpanEmitter:
             status=Status(StatusCode(data.status_code), data.status_message) if data.status_code else UNSET,
         )
 
-    def emit(self, spans: Iterable[SpanData]) -> None:
+    def emit(self, spans: Iterable[ReadableSpan]) -> None:
         """Each span to the processors, in order (children before their parent, as they would end)."""
-        on_end, readable = self.processor.on_end, self.readable
+        on_end = self.processor.on_end
         for span in spans:
-            on_end(readable(span))
+            on_end(span)
             self.emitted += 1
+
+    def emit_data(self, spans: Iterable[SpanData]) -> None:
+        """The described spans as ReadableSpans to the processors, in order (the builder's backend call)."""
+        self.emit(map(self.readable, spans))

@@ -29,6 +29,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import Sampler
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.pipeline._otlp_encode import encode_request, encode_spans
@@ -78,13 +80,13 @@ class FastEmitter:
         processors: list[CountingBatchSpanProcessor],
         limits: SpanLimits | None = None,
     ) -> None:
-        self.ids = tracer_provider.id_generator
-        self.sampler = tracer_provider.sampler
+        self.ids: IdGenerator = tracer_provider.id_generator
+        self.sampler: Sampler = tracer_provider.sampler
         self.limits = limits_tuple(limits or SpanLimits())
         self.processors = processors
         self.emitted = 0
 
-    def emit(self, spans: Sequence[SpanData]) -> None:
+    def emit_data(self, spans: Sequence[SpanData]) -> None:
         self.emitted += len(spans)
         sampled = [span for span in spans if span.trace_flags & 1]  # as the SDK's batch processors
         if sampled:
@@ -150,7 +152,7 @@ def _grpc_exporter(encode: RequestEncoder) -> SpanExporter | None:
 
         def _initialize_channel_and_stub(self) -> None:
             self._stub = _BytesTraceStub
-            super()._initialize_channel_and_stub()
+            super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
 
         def _translate_data(self, data: Sequence[Any]) -> Any:
             return encode(data)

@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import operator
 from dataclasses import dataclass, field
+from typing import cast
 
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation.hotpath.records import RequestRecord
@@ -102,7 +103,7 @@ def stall_ns(itl_sorted_ns: list[int]) -> float:
     order: the stalls are the sorted tail, = Σ tail − p50·len(tail) (exact: ns ints, p50 a half-int)."""
     if not itl_sorted_ns:
         return 0
-    median = quantile(itl_sorted_ns, 0.5) or 0.0
+    median = quantile(cast("list[float]", itl_sorted_ns), 0.5) or 0.0  # ints are floats here
     stalls = itl_sorted_ns[bisect.bisect_right(itl_sorted_ns, STALL_FACTOR * median) :]
     return sum(stalls) - median * len(stalls)
 

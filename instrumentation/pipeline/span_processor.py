@@ -25,6 +25,7 @@ import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context, attach, detach, get_value, set_value
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -102,7 +103,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
         if span.context.trace_flags.sampled:
             self.offer([span])
 
-    def offer(self, spans: list) -> None:
+    def offer(self, spans: list[Any]) -> None:
         """Queue what fits, refuse and count the rest; never blocks. The spans are the exporter's
         items: ReadableSpans from on_end, or encoded spans (bytes) from `otlp_fast.FastEmitter`."""
         if get_value(_SUPPRESS_INSTRUMENTATION_KEY):

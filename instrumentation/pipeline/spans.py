@@ -261,7 +261,7 @@ class SpanBackend(Protocol):
     sampler: Sampler  # decides each engine step's own trace
     emitted: int  # spans given to emit()
 
-    def emit(self, spans: Sequence[SpanData]) -> None: ...
+    def emit_data(self, spans: Sequence[SpanData]) -> None: ...
 
 
 class _Tree:
@@ -435,9 +435,9 @@ def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: Ste
         result = sampler.should_sample(
             Context(), trace_id, names.SPAN_ENGINE_STEP, SpanKind.INTERNAL, attributes, _SamplerLinks(links)
         )
-        if not result.decision.is_recording():
+        if not result.decision.is_recording():  # type: ignore[no-untyped-call]
             return None
-        sampled = result.decision.is_sampled()
+        sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
         trace_state = result.trace_state.to_header() if result.trace_state is not None else ""
         attributes = dict(result.attributes) if result.attributes is not None else {}
     return SpanData(
@@ -456,7 +456,7 @@ def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: Ste
     )
 
 
-_EVERY_ROOT = frozenset({ALWAYS_ON.get_description(), ParentBased(ALWAYS_ON).get_description()})
+_EVERY_ROOT = frozenset({ALWAYS_ON.get_description(), ParentBased(ALWAYS_ON).get_description()})  # type: ignore[no-untyped-call]
 
 
 @functools.lru_cache(maxsize=8)
@@ -464,4 +464,5 @@ def _samples_every_root(sampler: Sampler) -> bool:
     """The SDK's always_on and parentbased_always_on (the default): a step's trace is a root, which
     they record and sample with its attributes as given and no trace state; asking costs ~20k
     instructions a step (two steps a request at B = 64), so it is not asked."""
-    return type(sampler) in (StaticSampler, ParentBased) and sampler.get_description() in _EVERY_ROOT
+    description = sampler.get_description()
+    return type(sampler) in (StaticSampler, ParentBased) and description in _EVERY_ROOT
