@@ -514,6 +514,8 @@ def main() -> int:
         return 0
     if args.quick:
         args.steps, args.rounds, args.naive_steps = 300, 2, 40
+    if args.steps <= args.life:
+        parser.error("--steps must exceed --life: no request would finish")
     paths = [p for p in args.paths.split(",") if p]
     no_model, model = ModelStandIn(0), ModelStandIn(args.model_step_us)
     sink, endpoint = start_otlp_sink()
