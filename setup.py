@@ -1,6 +1,6 @@
-"""The collector's OTLP → RowBinary decoder (collectors/render.py), a C extension: it needs a C
-compiler and the Python headers. Everything else is in pyproject.toml; the extension is declared
-here because pyproject's `[tool.setuptools] ext-modules` is still experimental."""
+"""The C extensions: the collector's OTLP → RowBinary decoder (collectors/render.py) and the span
+builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py); they need a C compiler and the Python
+headers. Everything else is in pyproject.toml; the extensions are declared here because pyproject's `[tool.setuptools] ext-modules` is still experimental."""
 
 from setuptools import Extension, setup
 
@@ -10,6 +10,11 @@ setup(
             "phaselens.collectors._otlp_rows",
             ["collectors/_otlp_rows.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
-        )
+        ),
+        Extension(
+            "phaselens.instrumentation.pipeline._otlp_encode",
+            ["instrumentation/pipeline/_otlp_encode.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        ),
     ]
 )

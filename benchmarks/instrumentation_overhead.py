@@ -10,8 +10,11 @@ step observer once. Four loops in the same run:
 - thread:  phaselens handles, with the span builder thread running concurrently and exporting
            through the counting batch processor into an exporter that OTLP-encodes each batch and
            discards it (real SDK + real protobuf encoding; only the network is left out)
-- process: the same handles, records shipped to the span-builder process, which builds the same
-           spans and exports them with the real OTLP/HTTP exporter to a loopback sink process
+- fast:    the same handles, records shipped to the span-builder process (the default path), which
+           describes the same spans and encodes them to OTLP in C (PHASELENS_SPAN_BACKEND=fast),
+           exported with the real OTLP/HTTP exporter to a loopback sink process
+- sdk:     the same, the child making SDK ReadableSpans and encoding them with the SDK
+           (PHASELENS_SPAN_BACKEND=sdk: a user's own provider and processors take this path)
 - naive:   one SDK span per token (start_span + end on the loop thread), same provider
 
 Figures: loop-thread ns per request per decode step ((on − off) / (S·B), the builder paused so the
@@ -23,19 +26,33 @@ model step (`--model-step-us` of hashing, which releases the GIL as torch kernel
 builder running, so it competes for the GIL and the CPUs as in a real server; and the naive
 version's ns per token. Process builder: the child's CPU µs per request (its share of step spans
 included), from the CPU time it reports, and the shipper thread's CPU µs per request in the serving
-process (encoding and writing, under its GIL). Targets: ≤ 1 µs per request per step, ≤ 1 % loss at B = 64.
+process (encoding and writing, under its GIL).
+
+Deterministic figures beside the wall-clock ones (a shared 2-core machine moves throughput by more
+than the effect): CPU µs per request of the serving process (process CPU time over the timed run
+and its flush, minus the same-run tracing-off run's, divided by the requests closed) and of the
+span-builder child (the CPU time it reports); and instruction counts under valgrind's callgrind
+(`--callgrind`, on by default where valgrind is installed; they count the same on a busy machine):
+the loop's stamps per request-step (phaselens handles − tracing off, the builder paused), the
+builder per request (records → spans → OTLP bytes, fast vs SDK, metrics included, network left out)
+and the shipper's encoding per request. Targets: ≤ 1 µs per request per step; ≤ 1 % throughput loss
+at B = 64 (median of rounds); default path: builder ≤ 100 µs CPU per request (≤ 20 µs per span),
+shipper ≤ 20 µs per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -45,10 +62,19 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.version import __version__ as otel_sdk_version
 
 from phaselens.common.quantile import quantile
+from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.observer import FINISH_LENGTH, NULL_REQUEST, NULL_STEP, NullRequest
-from phaselens.instrumentation.hotpath.records import StepStats
+from phaselens.instrumentation.hotpath.records import RequestRecord, StepStats
+from phaselens.instrumentation.pipeline.builder import SpanBuilder
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.otel_setup import add_counting_processor
+from phaselens.instrumentation.pipeline.otlp_fast import FastEmitter, request_encoder
+from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
+from phaselens.instrumentation.process import wire
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
+
+PATHS = ("fast", "sdk", "thread")  # fast: the default (process builder, C encoder)
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "server": ("127.0.0.1", 8000)}
 
@@ -111,12 +137,18 @@ class NaiveRequest(NullRequest):
         self.context = context
 
 
-def run_engine(
-    open_request, close, per_token, step_observer, batch: int, steps: int, life: int, model: ModelStandIn
-) -> int:
-    """The null engine; returns loop-thread ns for `steps` steps (request opening excluded)."""
+def open_requests(open_request, batch: int, steps: int, life: int) -> tuple[list, list]:
+    """The B requests in flight at the start, and the ones that replace them as they finish."""
     live = [[open_request(), 0] for _ in range(batch)]
-    spare = [open_request() for _ in range(steps * batch // life + batch)]
+    return live, [open_request() for _ in range(steps * batch // life + batch)]
+
+
+def run_engine(
+    open_request, close, per_token, step_observer, batch: int, steps: int, life: int, model: ModelStandIn, opened=None
+) -> int:
+    """The null engine; returns loop-thread ns for `steps` steps (request opening excluded; `opened`:
+    requests opened beforehand by open_requests)."""
+    live, spare = opened or open_requests(open_request, batch, steps, life)
     reqs = [item[0] for item in live]
     elapsed = 0
     for _ in range(steps):
@@ -267,31 +299,199 @@ def timed(run) -> int:
     return time.perf_counter_ns() - started
 
 
-def mode_figures(
-    args,
-    tokens: int,
-    off_ns: int,
-    off_model: list[int],
-    stamps: list[int],
-    model_runs: list[int],
-    quantiles: list,
-    telemetry: ServerTelemetry,
-) -> dict:
-    per_step_ns = (min(stamps) - off_ns) / tokens
+def live_telemetry(path: str, provider: TracerProvider, meter_provider: MeterProvider) -> ServerTelemetry:
+    """The serving side of a path; a process path's child reads PHASELENS_SPAN_BACKEND when spawned."""
+    if path == "thread":
+        return ServerTelemetry(provider, meter_provider)
+    os.environ[names.ENV_SPAN_BACKEND] = names.SPAN_BACKEND_FAST if path == "fast" else names.SPAN_BACKEND_SDK
+    return ServerTelemetry(provider, meter_provider, builder="process")
+
+
+def cpu_run(run) -> tuple[int, int]:
+    """(wall ns, this process's CPU ns, all threads) of `run()`."""
+    wall, cpu = time.perf_counter_ns(), time.process_time_ns()
+    run()
+    return time.perf_counter_ns() - wall, time.process_time_ns() - cpu
+
+
+def mode_figures(args, tokens: int, off_ns: int, off: dict, on: dict, telemetry: ServerTelemetry) -> dict:
+    """One path's figures; `off` and `on` hold the rounds' samples (wall/CPU ns, step quantiles)."""
+    per_step_ns = (min(on["stamps"]) - off_ns) / tokens
+    requests = args.steps * args.batch // args.life
+    extra_cpu = [on_cpu - off_cpu for on_cpu, off_cpu in zip(on["cpu"], off["cpu"], strict=True)]
     return {
-        "loop_ns_per_request_step": min(stamps) / tokens,
+        "loop_ns_per_request_step": min(on["stamps"]) / tokens,
         "overhead_ns_per_request_step": per_step_ns,
         "overhead_ns_per_request_total": per_step_ns * args.life,
         "event_loop_us_per_request_open": measure_open_request_ns(telemetry, 500) / 1000,
-        "steps_per_s_with_model": args.steps / (min(model_runs) / 1e9),
-        "step_ms_p50_p99_with_model": min(quantiles),
-        "throughput_loss_pct": 100 * (1 - min(off_model) / min(model_runs)),
-        "throughput_loss_pct_median": 100 * (1 - statistics.median(off_model) / statistics.median(model_runs)),
+        "serving_cpu_us_per_request": statistics.median(extra_cpu) / requests / 1000,
+        "serving_cpu_us_per_request_rounds": [round(v / requests / 1000, 1) for v in extra_cpu],
+        "steps_per_s_with_model": args.steps / (min(on["wall"]) / 1e9),
+        "step_ms_p50_p99_with_model": min(on["quantiles"]),
+        "throughput_loss_pct": 100 * (1 - min(off["wall"]) / min(on["wall"])),
+        "throughput_loss_pct_median": 100 * (1 - statistics.median(off["wall"]) / statistics.median(on["wall"])),
         "throughput_loss_pct_stamps_only": 100 * per_step_ns * args.batch / (args.model_step_us * 1000),
         "samples_ms": {
-            "stamps_null": [round(v / 1e6, 3) for v in stamps],
-            "with_model": [round(v / 1e6, 3) for v in model_runs],
+            "stamps_null": [round(v / 1e6, 3) for v in on["stamps"]],
+            "with_model": [round(v / 1e6, 3) for v in on["wall"]],
         },
+    }
+
+
+COUNTED = ("requests_offered", "spans_built", "child_cpu_ns", "shipper_cpu_ns", "spans_dropped")
+
+
+def child_figures(windows: list[tuple[dict, dict]]) -> dict:
+    """The span-builder child's CPU (build + export) and the shipper thread's, per request and per
+    span, summed over the path's own timed runs and their flushes (stats before, after)."""
+    total = {key: sum(after[key] - before[key] for before, after in windows) for key in COUNTED}
+    requests, spans = total["requests_offered"], total["spans_built"]
+    return {
+        "child_cpu_us_per_request": total["child_cpu_ns"] / requests / 1000,
+        "child_cpu_us_per_span": total["child_cpu_ns"] / spans / 1000,
+        "shipper_cpu_us_per_request": total["shipper_cpu_ns"] / requests / 1000,
+        "requests": requests,
+        "spans": spans,
+        "spans_dropped": total["spans_dropped"],
+    }
+
+
+def run_rounds(args, live: dict, no_model, model) -> tuple[dict, dict]:
+    """Interleaved rounds: tracing off, then each path (stamps alone, then with the model)."""
+    capacity = 4 * args.steps * args.batch
+    off: dict = {"null": [], "wall": [], "cpu": [], "quantiles": []}
+    on: dict = {path: {"stamps": [], "wall": [], "cpu": [], "quantiles": [], "windows": []} for path in live}
+    for _ in range(args.rounds):
+        off["null"].append(measure_off(args, no_model))
+        wall, cpu = cpu_run(lambda: measure_off(args, model))
+        off["wall"].append(wall)
+        off["cpu"].append(cpu)
+        off["quantiles"].append(model.take_step_quantiles_ms())
+        for path, telemetry in live.items():
+            paused = paused_telemetry(capacity, "thread" if path == "thread" else "process")
+            on[path]["stamps"].append(measure_on(args, no_model, paused))
+            paused.shutdown()
+            telemetry.flush(120)
+            before = telemetry.stats().as_dict()  # the child's report as of this flush
+            started, cpu_started = time.perf_counter_ns(), time.process_time_ns()
+            measure_on(args, model, telemetry)
+            on[path]["wall"].append(time.perf_counter_ns() - started)
+            on[path]["quantiles"].append(model.take_step_quantiles_ms())
+            telemetry.flush(120)  # its backlog is built (and shipped) before the next loop is timed
+            on[path]["cpu"].append(time.process_time_ns() - cpu_started)
+            on[path]["windows"].append((before, telemetry.stats().as_dict()))
+    return off, on
+
+
+# --- instruction counts (callgrind) ------------------------------------------------------------------
+
+
+class DiscardExporter(SpanExporter):
+    """Encodes nothing more: what it is given is already bytes (fast) or encoded by the caller (SDK)."""
+
+    def export(self, spans) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+class EncodingDiscard(DiscardExporter):
+    """The fast path's request encoding (resource, scope, the batch's spans), bytes discarded."""
+
+    def __init__(self, encode) -> None:
+        self.encode = encode
+
+    def export(self, spans) -> SpanExportResult:
+        self.encode(spans)
+        return SpanExportResult.SUCCESS
+
+
+def builder_run(records: list, path: str, anchor) -> None:
+    """Every record built on this thread: phases, metrics, spans, OTLP bytes (exports on this thread)."""
+    provider = TracerProvider()
+    never = BatchSettings(1 << 20, 1 << 20, 3_600_000)  # the worker stays asleep: force_flush exports here
+    if path == "fast":
+        processor = CountingBatchSpanProcessor(EncodingDiscard(request_encoder(provider)), never)
+        emitter = FastEmitter(provider, [processor])
+    else:
+        processor = CountingBatchSpanProcessor(EncodingDiscardExporter(), never)
+        provider.add_span_processor(processor)
+        emitter = SpanEmitter.of_provider(provider)
+    builder = SpanBuilder(emitter, GenAiServerMetrics(MeterProvider(), dict), anchor, provider, False)
+    for record in records:
+        builder.build(record)
+    processor.force_flush()
+
+
+def callgrind_child(args) -> None:
+    """Runs under callgrind, which dumps the counts of each functools.reduce call (--dump-after):
+    1 the loop with tracing off, 2 with phaselens handles (builder paused), 3 the fast builder over
+    the records that loop closed, 4 the SDK builder over them, 5 the shipper's encoding of them."""
+    no_model = ModelStandIn(0)
+    paused = paused_telemetry(4 * args.steps * args.batch, "thread")
+    shape = (args.batch, args.steps, args.life)
+    for open_request, close, observer in (
+        (lambda: NULL_REQUEST, lambda req: None, NULL_STEP),
+        (lambda: paused.request(dict(SCOPE)), lambda req: req.complete(args.life, FINISH_LENGTH), paused.step_observer),
+    ):
+        opened = open_requests(open_request, *shape)  # the event loop's part: not counted
+        run = functools.partial(run_engine, open_request, close, lambda req: req.token(), observer, *shape, no_model)
+        functools.reduce(lambda _, __: run(opened=opened), [0], None)
+    paused._closer.expire(force=True)  # a benchmark's look at the records the loop closed
+    records = paused._sink._handoffs.take()
+    for path in ("fast", "sdk"):
+        functools.reduce(lambda _, __: builder_run(records, path, paused.anchor), [0], None)
+    encode = {RequestRecord: wire.encode_request}
+    functools.reduce(lambda _, __: [encode.get(type(r), wire.encode_step)(r) for r in records], [0], None)
+    requests = sum(isinstance(r, RequestRecord) for r in records)
+    print(json.dumps({"requests": requests, "step_records": len(records) - requests}))
+
+
+def callgrind_counts(args) -> dict:
+    """Instructions per unit of work, from one callgrind run of `callgrind_child` (see there)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return {"skipped": "valgrind is not installed"}
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        command = [valgrind, "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
+                   "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
+                   "--callgrind-child", "--steps", str(args.callgrind_steps), "--batch", str(args.batch),
+                   "--life", str(args.life)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
+        shape = json.loads(done.stdout.strip().splitlines()[-1])
+        dumps = sorted(
+            (p for p in os.listdir(folder) if p.startswith("callgrind.out.")), key=lambda p: int(p.rsplit(".", 1)[1])
+        )
+        counts = [_total_ir(os.path.join(folder, p)) for p in dumps]
+    if len(counts) != 5:
+        return {"skipped": f"expected 5 callgrind dumps, got {len(counts)}"}
+    off, on, fast, sdk, ship = counts
+    request_steps, requests = args.callgrind_steps * args.batch, shape["requests"]
+    return {
+        "loop_stamps_instructions_per_request_step": (on - off) / request_steps,  # request opening excluded
+        "loop_off_instructions_per_request_step": off / request_steps,
+        "builder_instructions_per_request": {"fast": fast / requests, "sdk": sdk / requests},
+        "shipper_encode_instructions_per_request": ship / requests,
+        "workload": {"steps": args.callgrind_steps, "batch": args.batch, "life": args.life, **shape},
+    }
+
+
+def _total_ir(path: str) -> int:
+    with open(path) as dump:
+        for line in dump:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise ValueError(f"{path}: no totals")
+
+
+def targets_met(figures: dict, default: dict) -> dict:
+    return {
+        "loop": all(f["overhead_ns_per_request_step"] <= 1000 for f in figures.values()),
+        "throughput_loss_median": {path: f["throughput_loss_pct_median"] <= 1.0 for path, f in figures.items()},
+        "builder": default["child_cpu_us_per_request"] <= 100 and default["child_cpu_us_per_span"] <= 20,
+        "shipper": default["shipper_cpu_us_per_request"] <= 20,
     }
 
 
@@ -301,59 +501,43 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2000, help="engine steps S")
     parser.add_argument("--life", type=int, default=128, help="decode steps per request L")
     parser.add_argument("--model-step-us", type=float, default=5000.0, help="stand-in model time per step")
-    parser.add_argument("--rounds", type=int, default=3, help="off/thread/process rounds, interleaved; min taken")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of off and each path, interleaved")
     parser.add_argument("--naive-steps", type=int, default=100)
+    parser.add_argument("--paths", default=",".join(PATHS), help="comma list of fast, sdk, thread")
+    parser.add_argument("--callgrind", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--callgrind-steps", type=int, default=256, help="engine steps under callgrind")
+    parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="short run: S=300, 2 rounds")
     args = parser.parse_args()
+    if args.callgrind_child:
+        callgrind_child(args)
+        return 0
     if args.quick:
         args.steps, args.rounds, args.naive_steps = 300, 2, 40
+    if args.steps <= args.life:
+        parser.error("--steps must exceed --life: no request would finish")
+    paths = [p for p in args.paths.split(",") if p]
     no_model, model = ModelStandIn(0), ModelStandIn(args.model_step_us)
     sink, endpoint = start_otlp_sink()
     process_builder_env(endpoint)
     provider, meter_provider, exporter = make_providers()
-    live = {
-        "thread": ServerTelemetry(provider, meter_provider),
-        "process": ServerTelemetry(provider, meter_provider, builder="process"),
-    }
-    capacity = 4 * args.steps * args.batch
-    off_null, off_model, off_quantiles = [], [], []
-    stamps, model_runs, quantiles = ({mode: [] for mode in live} for _ in range(3))
-    time.sleep(1.0)  # the span-builder process is up and idle
-    live["process"].flush(30)
-    child_before = live["process"].stats().as_dict()
-    for _ in range(args.rounds):
-        off_null.append(measure_off(args, no_model))
-        off_model.append(timed(lambda: measure_off(args, model)))
-        off_quantiles.append(model.take_step_quantiles_ms())
-        for mode, telemetry in live.items():
-            paused = paused_telemetry(capacity, mode)
-            stamps[mode].append(measure_on(args, no_model, paused))
-            paused.shutdown()
-            model_runs[mode].append(timed(lambda telemetry=telemetry: measure_on(args, model, telemetry)))
-            quantiles[mode].append(model.take_step_quantiles_ms())
-            telemetry.flush(120)  # its backlog is built before the next loop is timed
+    live = {path: live_telemetry(path, provider, meter_provider) for path in paths}
+    time.sleep(1.0)  # the span-builder processes are up and idle
+    off, on = run_rounds(args, live, no_model, model)
     for telemetry in live.values():
         telemetry.flush(120)
-    child_after = live["process"].stats().as_dict()
     tokens = args.steps * args.batch
-    off_ns = min(off_null)
-    figures = {
-        mode: mode_figures(args, tokens, off_ns, off_model, stamps[mode], model_runs[mode], quantiles[mode], telemetry)
-        for mode, telemetry in live.items()
-    }
-    figures["thread"]["builder_us_per_request"] = measure_builder_us(args, 200 if args.quick else 1000)
-    requests = child_after["requests_offered"] - child_before["requests_offered"]
-    for key in ("child_cpu_ns", "shipper_cpu_ns"):  # the child's build + export; this process's shipping
-        figures["process"][key.replace("_ns", "_us_per_request")] = (
-            (child_after[key] - child_before[key]) / requests / 1000
-        )
+    off_ns = min(off["null"])
+    figures = {path: mode_figures(args, tokens, off_ns, off, on[path], live[path]) for path in paths}
+    for path in paths:
+        if path != "thread":
+            figures[path].update(child_figures(on[path]["windows"]))
+    if "thread" in figures:
+        figures["thread"]["builder_us_per_request"] = measure_builder_us(args, 200 if args.quick else 1000)
     naive_per_token = (measure_naive(args, no_model) - measure_off_short(args, no_model)) / (
         args.naive_steps * args.batch
     )
-    met = {
-        mode: f["overhead_ns_per_request_step"] <= 1000 and f["throughput_loss_pct"] <= 1.0
-        for mode, f in figures.items()
-    }
+    default = figures.get("fast", {})
     result = {
         "benchmark": "instrumentation_overhead",
         "config": {
@@ -366,23 +550,32 @@ def main() -> int:
             "python": platform.python_version(),
             "opentelemetry_sdk": otel_sdk_version,
             "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
         },
+        "default_path": "fast",
+        "child_cpu_us_per_request": default.get("child_cpu_us_per_request"),
+        "shipper_cpu_us_per_request": default.get("shipper_cpu_us_per_request"),
         "baseline_tracing_off": {
             "loop_ns_per_request_step": off_ns / tokens,
-            "steps_per_s_with_model": args.steps / (min(off_model) / 1e9),
-            "step_ms_p50_p99_with_model": min(off_quantiles),
+            "steps_per_s_with_model": args.steps / (min(off["wall"]) / 1e9),
+            "step_ms_p50_p99_with_model": min(off["quantiles"]),
             "samples_ms": {
-                "null": [round(v / 1e6, 3) for v in off_null],
-                "with_model": [round(v / 1e6, 3) for v in off_model],
+                "null": [round(v / 1e6, 3) for v in off["null"]],
+                "with_model": [round(v / 1e6, 3) for v in off["wall"]],
             },
         },
-        "phaselens_thread_builder": figures["thread"],
-        "phaselens_process_builder": figures["process"],
+        "paths": figures,
+        "instructions": callgrind_counts(args) if args.callgrind else {"skipped": "--no-callgrind"},
         "naive_span_per_token": {"overhead_ns_per_token": naive_per_token},
-        "targets": {"overhead_ns_per_request_step_max": 1000, "throughput_loss_pct_max": 1.0, "met": met},
-        "telemetry": {
-            mode: {k: v for k, v in telemetry.stats().as_dict().items() if v} for mode, telemetry in live.items()
+        "targets": {
+            "overhead_ns_per_request_step_max": 1000,
+            "throughput_loss_pct_median_max": 1.0,
+            "builder_cpu_us_per_request_max": 100,
+            "builder_cpu_us_per_span_max": 20,
+            "shipper_cpu_us_per_request_max": 20,
+            "met": targets_met(figures, default) if default else None,
         },
+        "telemetry": {path: {k: v for k, v in t.stats().as_dict().items() if v} for path, t in live.items()},
         "thread_exported_bytes": exporter.bytes,
     }
     for telemetry in live.values():

@@ -229,3 +229,5 @@ BUCKETS_DURATION_S = tuple(0.01 * 2**i for i in range(14))  # 0.01 … 81.92, do
 ENV_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 ENV_TOKEN_EVENTS = "PHASELENS_TOKEN_EVENTS"
 ENV_SPAN_BUILDER = "PHASELENS_SPAN_BUILDER"  # thread | process: where ServerTelemetry.from_env builds spans
+ENV_SPAN_BACKEND = "PHASELENS_SPAN_BACKEND"  # fast | sdk: how the span-builder process makes OTLP (default fast)
+SPAN_BACKEND_FAST, SPAN_BACKEND_SDK = "fast", "sdk"

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.observer import FINISH_LENGTH, NULL_REQUEST
-from phaselens.instrumentation.hotpath.records import StepStats
+from phaselens.instrumentation.hotpath.records import StepStats, unpack_link
 from phaselens.instrumentation.pipeline.sink import wait_until
 from phaselens.instrumentation.process import process_sink as shipper
 from phaselens.instrumentation.process import retention
@@ -356,7 +356,10 @@ def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
     assert request.root.span_id == traced.span.get_span_context().span_id and request.sampled
     assert (request.parent.trace_id, request.parent.span_id) == (int(TRACE_ID, 16), int(PARENT_ID, 16))
     assert request.token_ts.tolist() == [1_730_000, 1_740_000, 1_750_000, 1_960_000, 1_970_000]
-    assert both.links == (traced.link, None) and traced.link[:2] == (request.root.trace_id, request.root.span_id)
+    assert both.links == (traced.link, None) and unpack_link(traced.link)[:2] == (
+        request.root.trace_id,
+        request.root.span_id,
+    )
     with pytest.raises(AttributeError):
         request.responded_ts = 0
     for record, decode in ((request, wire.decode_request), (step, wire.decode_step), (both, wire.decode_step)):

@@ -27,6 +27,7 @@ from phaselens.instrumentation.hotpath.records import (
     RequestRecord,
     SpanIds,
     int64s,
+    pack_link,
 )
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
 
@@ -102,8 +103,8 @@ class ServerRequest(RequestTimeline):
         RequestTimeline.__init__(self, clock_ns, received_ts)
         self.root = root
         self.parent = parent  # the remote parent's ids, or None
-        # what an engine step links: (trace_id, span_id, trace_flags), None when not sampled
-        self.link = (root.trace_id, root.span_id, root.trace_flags) if root.sampled else None
+        # what an engine step links: the SERVER span's ids packed (records.pack_link), None when not sampled
+        self.link = pack_link(root) if root.sampled else None
         self.span = NonRecordingSpan(span_context(root))  # current while the app runs: its spans nest
         self.context = trace.set_span_in_context(self.span, incoming)  # incoming baggage + the root
         self.info: RequestInfo | None = None

@@ -3,7 +3,9 @@
 `SpanBuilder.build(record)` runs on the thread of whichever sink feeds it (`sink.ThreadSink` in the
 serving process, the span-builder process behind `shipper.ProcessSink`): phases from the frozen
 timeline, the GenAI histograms (every request, sampled or not), and for a sampled request its
-spans, made finished and handed to the provider's processors (`emitter`). A failure while
+spans, described once (`spans.SpanData`) and handed to a backend: SDK ReadableSpans for the
+provider's processors (`emitter.SpanEmitter`), or OTLP bytes for phaselens's own export
+(`otlp_fast.FastEmitter`, where phaselens owns the provider). A failure while
 building is counted, never raised. `counters()` also reads the export counts of the provider the
 spans go to, so a sink's counters are the whole story of its records.
 """
@@ -15,11 +17,10 @@ from typing import Any
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import Record, RequestRecord, StepRecord
-from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.otel_setup import export_counters
 from phaselens.instrumentation.pipeline.phases import compute_phases
-from phaselens.instrumentation.pipeline.spans import request_spans, step_span
+from phaselens.instrumentation.pipeline.spans import SpanBackend, request_spans, step_span
 
 _logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ class SpanBuilder:
 
     def __init__(
         self,
-        emitter: SpanEmitter | None,
+        emitter: SpanBackend | None,
         metrics: GenAiServerMetrics,
         anchor: ClockAnchor,
         tracer_provider: Any,
@@ -62,17 +63,18 @@ class SpanBuilder:
     def _build_request(self, record: RequestRecord) -> None:
         phases = compute_phases(record)
         self._metrics.record(record, phases)
-        if not record.sampled or self._emitter is None:
+        emitter = self._emitter
+        if not record.sampled or emitter is None:
             self._counts["requests_unsampled"] += 1
             return
-        spans = request_spans(self._emitter, self._anchor, record, phases, self._token_events)
-        self._emitter.emit(spans)
+        emitter.emit_data(request_spans(emitter.ids, self._anchor, record, phases, self._token_events))
         self._counts["requests_built"] += 1
 
     def _build_step(self, step: StepRecord) -> None:
-        span = step_span(self._emitter, self._anchor, step) if self._emitter is not None else None
-        if span is None:
+        emitter = self._emitter
+        span = step_span(emitter.ids, emitter.sampler, self._anchor, step) if emitter is not None else None
+        if emitter is None or span is None:
             self._counts["steps_unsampled"] += 1
             return
-        self._emitter.emit((span,))
+        emitter.emit_data((span,))
         self._counts["steps_built"] += 1

@@ -1,4 +1,4 @@
-"""Finished spans made from records, through the SDK's public span types.
+"""The SDK span backend: span descriptions (`spans.SpanData`) → the SDK's public span types.
 
 The SDK starts a span only with ids its own generator makes, and phaselens chooses a request's
 SERVER span id at receipt (see `ids`). So spans are not started and ended here: they are made
@@ -10,7 +10,8 @@ OTEL_ATTRIBUTE_* environment, or the limits given): attributes in a `BoundedAttr
 (count and value-length limits), events and links in `BoundedList`s (count limits), each event's
 and link's attributes bounded too; the resource is the provider's current one (re-read per span,
 so a fork's update shows); the scope is `names.SERVER_SCOPE`. Not done: `on_start` (no live span
-exists to hand over) and the deprecated `instrumentation_info`.
+exists to hand over) and the deprecated `instrumentation_info`. The fast backend for a provider
+phaselens owns is `otlp_fast.FastEmitter`; both take the same descriptions.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.records import unpack_link
+from phaselens.instrumentation.pipeline.spans import KIND_SERVER, SpanData
 
 UNSET = Status(StatusCode.UNSET)
 
@@ -93,13 +96,33 @@ class SpanEmitter:
             timestamp_ns,
         )
 
-    def link(self, trace_id: int, span_id: int, trace_flags: int) -> Link:
+    def link(self, trace_id: int, span_id: int, trace_flags: int, attributes: dict[str, Any] | None = None) -> Link:
         limits = self.limits
         return Link(
             SpanContext(trace_id, span_id, False, TraceFlags(trace_flags)),
             BoundedAttributes(
-                limits.max_link_attributes, None, immutable=True, max_value_len=limits.max_attribute_length
+                limits.max_link_attributes, attributes, immutable=True, max_value_len=limits.max_attribute_length
             ),
+        )
+
+    def readable(self, data: SpanData) -> ReadableSpan:
+        """The ReadableSpan of a description (a remote parent keeps its is_remote)."""
+        state = TraceState.from_header([data.trace_state]) if data.trace_state else TraceState()
+        flags = TraceFlags(data.trace_flags)
+        parent = None
+        if data.parent_id is not None:
+            parent = SpanContext(data.trace_id, data.parent_id, data.parent_remote, flags, state)
+        return self.span(
+            data.name,
+            SpanContext(data.trace_id, data.span_id, False, flags, state),
+            parent,
+            data.start_ts,
+            data.end_ts,
+            data.attributes,
+            kind=SpanKind.SERVER if data.kind == KIND_SERVER else SpanKind.INTERNAL,
+            events=[self.event(name, attributes, time_ts) for name, time_ts, attributes in data.events],
+            links=[self.link(*(unpack_link(link) if isinstance(link, bytes) else link)) for link in data.links],
+            status=Status(StatusCode(data.status_code), data.status_message) if data.status_code else UNSET,
         )
 
     def emit(self, spans: Iterable[ReadableSpan]) -> None:
@@ -108,3 +131,7 @@ class SpanEmitter:
         for span in spans:
             on_end(span)
             self.emitted += 1
+
+    def emit_data(self, spans: Iterable[SpanData]) -> None:
+        """The described spans as ReadableSpans to the processors, in order (the builder's backend call)."""
+        self.emit(map(self.readable, spans))

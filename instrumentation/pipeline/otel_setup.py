@@ -7,9 +7,12 @@ otlp), OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)PROTOCOL (grpc | http/protobuf; defa
 as the specification says), OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)ENDPOINT, _HEADERS, _TIMEOUT (read
 by the exporters themselves), OTEL_BSP_* (queue size, batch size, delay) and OTEL_METRIC_EXPORT_INTERVAL.
 
-Spans leave through `export.CountingBatchSpanProcessor` (bounded queue, exporting on its own
-thread, so a slow or dead collector never blocks the caller) which counts spans refused because
+Spans leave through `span_processor.CountingBatchSpanProcessor` (bounded queue, exporting on its
+own thread, so a slow or dead collector never blocks the caller) which counts spans refused because
 its queue was full and spans whose export failed; `export_counters(tracer_provider)` reads them.
+With `configure(encoded_spans=True)` (the span-builder process) and OTEL_TRACES_EXPORTER=otlp alone,
+the spans skip the SDK's span objects: a CountingBatchSpanProcessor of OTLP bytes (the same queue
+and counts) with the OTLP exporter for the protocol, unless PHASELENS_SPAN_BACKEND=sdk.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from opentelemetry import metrics, trace
@@ -34,7 +37,15 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import Sampler
 
+from phaselens.instrumentation import names
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.otlp_fast import (
+    FastEmitter,
+    bytes_exporter,
+    request_encoder,
+)
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor, ExportCounts
+from phaselens.instrumentation.pipeline.spans import SpanBackend
 
 T = TypeVar("T")
 
@@ -74,10 +85,41 @@ def export_counters(tracer_provider: object) -> dict[str, int]:
 class Providers:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
+    encoded: list[CountingBatchSpanProcessor] = field(default_factory=list)  # the fast backend's export, if used
+
+    def force_flush(self) -> None:
+        for processor in self.encoded:
+            processor.force_flush()
+        self.tracer_provider.force_flush()
 
     def shutdown(self) -> None:
+        for processor in self.encoded:
+            processor.shutdown()
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
+
+
+def span_backend(providers: Providers) -> SpanBackend | None:
+    """The fast backend when configure() set up encoded export, else the SDK one (None: no SDK)."""
+    if providers.encoded:
+        return FastEmitter(providers.tracer_provider, providers.encoded)
+    return SpanEmitter.of_provider(providers.tracer_provider)
+
+
+def _encoded_processors(tracer_provider: TracerProvider) -> list[CountingBatchSpanProcessor]:
+    """One processor of encoded spans for OTEL_TRACES_EXPORTER=otlp alone (another exporter takes SDK
+    spans), its counts in export_counters(); [] when the SDK path is to be used."""
+    backend = os.environ.get(names.ENV_SPAN_BACKEND, "").strip().lower() or names.SPAN_BACKEND_FAST
+    if backend not in (names.SPAN_BACKEND_FAST, names.SPAN_BACKEND_SDK):
+        raise ValueError(f"{names.ENV_SPAN_BACKEND}={backend!r}: expected fast or sdk")
+    if backend != names.SPAN_BACKEND_FAST or _choices("OTEL_TRACES_EXPORTER") != ["otlp"]:
+        return []
+    exporter = bytes_exporter(_protocol("TRACES"), request_encoder(tracer_provider))
+    if exporter is None:  # an exporter version without the hooks otlp_fast uses
+        return []
+    processor = CountingBatchSpanProcessor(exporter)
+    _counts_by_provider.setdefault(tracer_provider, []).append(processor.counts)
+    return [processor]
 
 
 def _choices(variable: str) -> list[str]:
@@ -155,18 +197,23 @@ def configure(
     set_global: bool = True,
     sampler: Sampler | None = None,
     id_generator: IdGenerator | None = None,
+    encoded_spans: bool = False,
 ) -> Providers:
     """Tracer and meter providers from the OTEL_* environment (see module docstring).
 
     With `set_global` they also become the process's global providers (only the first call in a
     process can set them; later ones keep the providers local). `sampler` replaces the one
-    OTEL_TRACES_SAMPLER names; `id_generator` the SDK's random one."""
+    OTEL_TRACES_SAMPLER names; `id_generator` the SDK's random one. `encoded_spans`: the caller
+    emits through `span_backend()` alone (nothing else uses the tracer provider, whose processors
+    the fast backend skips), so the fast backend may export."""
     resource = make_resource(service_name)
     tracer_provider = TracerProvider(resource=resource, sampler=sampler, id_generator=id_generator)
-    for exporter in _span_exporters():
-        add_counting_processor(tracer_provider, exporter)
+    encoded = _encoded_processors(tracer_provider) if encoded_spans else []
+    if not encoded:
+        for exporter in _span_exporters():
+            add_counting_processor(tracer_provider, exporter)
     meter_provider = MeterProvider(resource=resource, metric_readers=_metric_readers())
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
-    return Providers(tracer_provider, meter_provider)
+    return Providers(tracer_provider, meter_provider, encoded)

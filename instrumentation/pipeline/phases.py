@@ -51,8 +51,10 @@ Boundaries (monotonic ns of one process):
 
 from __future__ import annotations
 
-import itertools
+import bisect
+import operator
 from dataclasses import dataclass, field
+from typing import cast
 
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation.hotpath.records import RequestRecord
@@ -119,12 +121,14 @@ class Phases:
         return self.end_ts - self.received_ts
 
 
-def stall_ns(itl_ns: list[int]) -> float:
-    """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring)."""
-    if not itl_ns:
+def stall_ns(itl_sorted_ns: list[int]) -> float:
+    """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring), from the gaps in ascending
+    order: the stalls are the sorted tail, = Σ tail − p50·len(tail) (exact: ns ints, p50 a half-int)."""
+    if not itl_sorted_ns:
         return 0
-    median = quantile(sorted(map(float, itl_ns)), 0.5) or 0.0
-    return sum(g - median for g in itl_ns if g > STALL_FACTOR * median)
+    median = quantile(cast("list[float]", itl_sorted_ns), 0.5) or 0.0  # ints are floats here
+    stalls = itl_sorted_ns[bisect.bisect_right(itl_sorted_ns, STALL_FACTOR * median) :]
+    return sum(stalls) - median * len(stalls)
 
 
 def overlap_ns(waits: list[tuple[int, int]], start_ns: int, end_ns: int) -> int:
@@ -174,10 +178,10 @@ def compute_phases(timeline: Timeline) -> Phases:
     p.last_token_ts = timeline.token_ts[-1] if timeline.token_ts else ft
     p.decode_ns = p.last_token_ts - ft
     p.delivery_ns = max(0, end_ns - p.last_token_ts)
-    p.decode_tokens = sum(timeline.token_n)
+    p.decode_tokens = sum(timeline.token_n.tolist())  # tolist: one C loop, not an int per iteration step
     p.decode_steps = len(timeline.token_ts)
-    stamps = [ft, *timeline.token_ts]
-    p.itl_ns = [b - a for a, b in itertools.pairwise(stamps)]
+    stamps = timeline.token_ts.tolist()
+    p.itl_ns = list(map(operator.sub, stamps, [ft, *stamps[:-1]]))  # gaps b − a of consecutive stamps
     _first_chunk(p, timeline)
     return p
 

@@ -25,6 +25,7 @@ import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context, attach, detach, get_value, set_value
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -99,18 +100,22 @@ class CountingBatchSpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
-        if not span.context.trace_flags.sampled:
-            return
+        if span.context.trace_flags.sampled:
+            self.offer([span])
+
+    def offer(self, spans: list[Any]) -> None:
+        """Queue what fits, refuse and count the rest; never blocks. The spans are the exporter's
+        items: ReadableSpans from on_end, or encoded spans (bytes) from `otlp_fast.FastEmitter`."""
         if get_value(_SUPPRESS_INSTRUMENTATION_KEY):
             with self._lock:
-                self.counts.suppressed += 1
+                self.counts.suppressed += len(spans)
             return
         with self._lock:
-            if self._stopped or len(self._queue) >= self.settings.max_queue_size:
-                self.counts.dropped += 1
-                return
-            self._queue.append(span)
-            self.counts.queued += 1
+            room = 0 if self._stopped else max(0, self.settings.max_queue_size - len(self._queue))
+            taken = spans[:room]
+            self._queue.extend(taken)
+            self.counts.queued += len(taken)
+            self.counts.dropped += len(spans) - len(taken)
             full = len(self._queue) >= self.settings.max_export_batch_size
         if full:
             self._wake.set()

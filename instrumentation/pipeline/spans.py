@@ -1,4 +1,5 @@
-"""Records → finished OpenTelemetry spans (`emitter.SpanEmitter`), on the builder's thread only.
+"""Records → span descriptions (`SpanData`), on the builder's thread only: what every span of a
+record is, as plain values, made once for both backends.
 
 Per request (one trace, child of the client's span when a traceparent arrived):
 
@@ -25,25 +26,34 @@ sampler, that share of steps). The SDK keeps 128 links per span by default
 Every span of a request shares the trace id, flags and trace state of its SERVER span: the one
 sampling decision, taken at receipt, holds for the whole tree. Child span ids come from the
 provider's id generator.
+
+Two backends turn the descriptions into exported spans: `emitter.SpanEmitter` makes SDK
+ReadableSpans for a tracer provider's span processors (a provider the user brought, with their
+sampling and exporters), and `otlp_fast.FastEmitter` encodes OTLP protobuf bytes in C
+(`_otlp_encode`) where phaselens owns the provider. An attribute added here reaches both with no
+other code. Times in a `SpanData` are wall-clock ns (the process anchor's), ids ints, `kind` and
+`status_code` OTLP's numbers.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, Protocol, overload
 
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, StaticSampler
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
-from phaselens.instrumentation.hotpath.ids import child_flags, span_context
+from phaselens.instrumentation.hotpath.ids import child_flags
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
-from phaselens.instrumentation.hotpath.records import RequestRecord, StepRecord
+from phaselens.instrumentation.hotpath.records import RequestRecord, StepRecord, unpack_link
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
-from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.phases import Phases, stall_ns
 
 NS_PER_MS = 1e6
@@ -222,55 +232,98 @@ def decode_attributes(phases: Phases) -> dict[str, Any]:
         names.PL_ITL_P50_MS: _ms(quantile(itl, 0.5) if itl else 0),
         names.PL_ITL_P99_MS: _ms(quantile(itl, 0.99) if itl else 0),
         names.PL_ITL_MAX_MS: _ms(itl[-1] if itl else 0),
-        names.PL_STALL_MS: _ms(stall_ns(phases.itl_ns)),
+        names.PL_STALL_MS: _ms(stall_ns(itl)),
     }
+
+
+def prefill_attributes(record: RequestRecord, phases: Phases) -> dict[str, Any]:
+    initial = record.chunks[: phases.initial_chunks * CHUNK_FIELDS]
+    return {
+        names.PL_PREFILL_CHUNKS: phases.initial_chunks,
+        names.PL_CHUNK_TOKENS: sum(initial[2::CHUNK_FIELDS]),
+        names.PL_CACHED_TOKENS: sum(initial[3::CHUNK_FIELDS]),
+    }
+
+
+KIND_INTERNAL, KIND_SERVER = 1, 2  # OTLP Span.SpanKind
+STATUS_UNSET, STATUS_ERROR = 0, 2  # OTLP Status.StatusCode (= the API's StatusCode values)
+
+Event = tuple[str, int, dict[str, Any]]  # (name, time_ts, attributes)
+# a link: packed SERVER span ids (records.pack_link), or (trace_id, span_id, trace_flags[, attributes])
+LinkIds = bytes | tuple[int, int, int] | tuple[int, int, int, dict[str, Any]]
+
+
+class SpanData(NamedTuple):
+    """One finished span. Field order is the C encoder's (`_otlp_encode.c`, enum F_*)."""
+
+    name: str
+    kind: int
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    parent_remote: bool
+    trace_flags: int
+    trace_state: str  # W3C tracestate header form
+    start_ts: int
+    end_ts: int
+    attributes: dict[str, Any]
+    events: tuple[Event, ...] = ()
+    links: tuple[LinkIds, ...] = ()
+    status_code: int = STATUS_UNSET
+    status_message: str | None = None
+
+
+class SpanBackend(Protocol):
+    """Where described spans go: `emitter.SpanEmitter` (SDK) or `otlp_fast.FastEmitter` (C → OTLP)."""
+
+    ids: IdGenerator  # child span ids and step trace ids
+    sampler: Sampler  # decides each engine step's own trace
+    emitted: int  # spans given to emit()
+
+    def emit_data(self, spans: Sequence[SpanData]) -> None: ...
 
 
 class _Tree:
     """The spans of one request's trace, collected in the order they would have ended."""
 
-    __slots__ = ("anchor", "emitter", "root", "spans")
+    __slots__ = ("ids", "root", "spans", "wall_offset_ns")
 
-    def __init__(self, emitter: SpanEmitter, anchor: ClockAnchor, root: SpanContext) -> None:
-        self.emitter, self.anchor, self.root = emitter, anchor, root
-        self.spans: list[ReadableSpan] = []
-
-    def new_context(self) -> SpanContext:
-        """A child's context: the root's trace, flags and state, a fresh span id."""
-        root = self.root
-        return SpanContext(
-            root.trace_id, self.emitter.ids.generate_span_id(), False, root.trace_flags, root.trace_state
-        )
-
-    def add(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
-        attributes: dict[str, Any] | None = None,
-        **options: Any,
-    ) -> None:
-        to_wall = self.anchor.to_wall_ns
-        self.spans.append(
-            self.emitter.span(name, context, parent, to_wall(start_ns), to_wall(end_ns), attributes, **options)
-        )
+    def __init__(self, ids: IdGenerator, anchor: ClockAnchor, root: RequestRecord) -> None:
+        self.ids, self.root = ids, root.root
+        self.wall_offset_ns = anchor.to_wall_ns(0)  # wall = mono + offset (the anchor's formula)
+        self.spans: list[SpanData] = []
 
     def leaf(
         self,
         name: str,
-        start_ns: int,
-        end_ns: int,
+        start_ts: int,
+        end_ts: int,
         attributes: dict[str, Any] | None = None,
-        parent: SpanContext | None = None,
+        parent_id: int | None = None,
+        span_id: int | None = None,
+        events: tuple[Event, ...] = (),
     ) -> None:
-        self.add(name, self.new_context(), parent or self.root, start_ns, end_ns, attributes)
+        """A child span (of the root unless `parent_id`), with the root's trace, flags and state."""
+        root, offset = self.root, self.wall_offset_ns
+        self.spans.append(
+            SpanData(
+                name,
+                KIND_INTERNAL,
+                root.trace_id,
+                span_id or self.ids.generate_span_id(),
+                parent_id or root.span_id,
+                False,
+                root.trace_flags,
+                root.trace_state,
+                start_ts + offset,
+                end_ts + offset,
+                attributes or {},
+                events,
+            )
+        )
 
 
-def _chunk_spans(
-    tree: _Tree, record: RequestRecord, phases: Phases, prefill: SpanContext | None, decode: SpanContext | None
-) -> None:
+def _chunk_spans(tree: _Tree, record: RequestRecord, phases: Phases, prefill: int | None, decode: int | None) -> None:
     """llm.prefill.chunk spans: initial chunks under llm.prefill (when more than one), recompute
     chunks after the first token under llm.decode."""
     chunks = record.chunks
@@ -280,103 +333,110 @@ def _chunk_spans(
         parent = decode if recompute else prefill
         if parent is None or (not recompute and phases.initial_chunks < 2):
             continue
-        tree.leaf(
-            names.SPAN_PREFILL_CHUNK,
-            start,
-            end,
-            {
-                names.PL_CHUNK_INDEX: index,
-                names.PL_CHUNK_TOKENS: tokens,
-                names.PL_CACHED_TOKENS: cached,
-                names.PL_PREFILL_RECOMPUTE: recompute,
-            },
-            parent,
-        )
+        attributes = {
+            names.PL_CHUNK_INDEX: index,
+            names.PL_CHUNK_TOKENS: tokens,
+            names.PL_CACHED_TOKENS: cached,
+            names.PL_PREFILL_RECOMPUTE: recompute,
+        }
+        tree.leaf(names.SPAN_PREFILL_CHUNK, start, end, attributes, parent)
 
 
-def _prefill_attributes(record: RequestRecord, phases: Phases) -> dict[str, Any]:
-    initial = record.chunks[: phases.initial_chunks * CHUNK_FIELDS]
-    return {
-        names.PL_PREFILL_CHUNKS: phases.initial_chunks,
-        names.PL_CHUNK_TOKENS: sum(initial[2::CHUNK_FIELDS]),
-        names.PL_CACHED_TOKENS: sum(initial[3::CHUNK_FIELDS]),
-    }
-
-
-def _token_events(tree: _Tree, record: RequestRecord) -> list:
-    to_wall, event = tree.anchor.to_wall_ns, tree.emitter.event
-    return [
-        event(names.EVENT_TOKEN, {names.PL_TOKEN_COUNT: n}, to_wall(t_ns))
-        for t_ns, n in zip(record.token_ts, record.token_n, strict=False)
-    ]
+def _token_events(anchor: ClockAnchor, record: RequestRecord) -> tuple[Event, ...]:
+    to_wall = anchor.to_wall_ns
+    return tuple(
+        (names.EVENT_TOKEN, to_wall(t_ts), {names.PL_TOKEN_COUNT: n})
+        for t_ts, n in zip(record.token_ts, record.token_n, strict=False)
+    )
 
 
 def request_spans(
-    emitter: SpanEmitter, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool
-) -> list[ReadableSpan]:
-    """The spans of one sampled request: phase spans, then the SERVER span."""
-    tree = _Tree(emitter, anchor, span_context(record.root))
+    ids: IdGenerator, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool
+) -> list[SpanData]:
+    """The spans of one sampled request: phase spans, then the SERVER span (docs/span-model.md)."""
+    tree = _Tree(ids, anchor, record)
     # rejected before reaching the engine: the whole request was ingress
     tree.leaf(names.SPAN_INGRESS, phases.received_ts, phases.enqueued_ts or phases.end_ts)
     for index, (start, end) in enumerate(phases.waits):
         tree.leaf(names.SPAN_QUEUE, start, end, {names.PL_QUEUE_WAIT_INDEX: index})
-    prefill = tree.new_context() if phases.scheduled_ts else None
+    prefill = ids.generate_span_id() if phases.scheduled_ts else None
     decode = None
     if phases.first_token_ts:
         tree.leaf(names.SPAN_FIRST_TOKEN, phases.prefill_end_ts, phases.first_token_ts)
         if phases.first_chunk_ts:
             tree.leaf(names.SPAN_FIRST_CHUNK, phases.visible_ts, phases.first_chunk_ts, first_chunk_split(phases))
-        decode = tree.new_context()
+        decode = ids.generate_span_id()
         tree.leaf(names.SPAN_DELIVERY, phases.last_token_ts, phases.end_ts)
     _chunk_spans(tree, record, phases, prefill, decode)
     if prefill is not None:
-        tree.add(
-            names.SPAN_PREFILL,
-            prefill,
-            tree.root,
-            phases.scheduled_ts,
-            phases.prefill_end_ts,
-            _prefill_attributes(record, phases),
-        )
+        attributes = prefill_attributes(record, phases)
+        tree.leaf(names.SPAN_PREFILL, phases.scheduled_ts, phases.prefill_end_ts, attributes, span_id=prefill)
     if decode is not None:
-        tree.add(
-            names.SPAN_DECODE,
-            decode,
-            tree.root,
-            phases.first_token_ts,
-            phases.last_token_ts,
-            decode_attributes(phases),
-            events=_token_events(tree, record) if token_events else (),
-        )
-    _add_root(tree, record, phases)
+        events = _token_events(anchor, record) if token_events else ()
+        attributes = decode_attributes(phases)
+        tree.leaf(names.SPAN_DECODE, phases.first_token_ts, phases.last_token_ts, attributes, None, decode, events)
+    tree.spans.append(_root_span(anchor, record, phases))
     return tree.spans
 
 
-def _add_root(tree: _Tree, record: RequestRecord, phases: Phases) -> None:
-    attributes = request_attributes(record, phases, tree.anchor)
-    info = record.info
+def _root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> SpanData:
+    attributes = request_attributes(record, phases, anchor)
+    info, root, parent = record.info, record.root, record.parent
     name = names.root_span_name(info.operation, info.model) if info is not None else record.http.method or "request"
     failure = attributes.get(names.ERROR_TYPE)
-    parent = span_context(record.parent, is_remote=True) if record.parent is not None else None
-    tree.add(
+    return SpanData(
         name,
-        tree.root,
-        parent,
-        phases.received_ts,
-        phases.end_ts,
+        KIND_SERVER,
+        root.trace_id,
+        root.span_id,
+        parent.span_id if parent is not None else None,
+        parent is not None,
+        root.trace_flags,
+        root.trace_state,
+        anchor.to_wall_ns(phases.received_ts),
+        anchor.to_wall_ns(phases.end_ts),
         attributes,
-        kind=SpanKind.SERVER,
-        status=Status(StatusCode.ERROR, failure) if failure else Status(StatusCode.UNSET),
+        status_code=STATUS_ERROR if failure else STATUS_UNSET,
+        status_message=failure or None,
     )
 
 
-def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> ReadableSpan | None:
+class _SamplerLinks(Sequence[Link]):
+    """A step's links as the sampler's `links` argument: SDK Links made only if it reads them (the
+    SDK's own samplers do not; 64 Links would cost ~0.5 ms a step)."""
+
+    __slots__ = ("_links",)
+
+    def __init__(self, links: Sequence[bytes]) -> None:
+        self._links = links
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    @overload
+    def __getitem__(self, index: int) -> Link: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Link]: ...
+    def __getitem__(self, index: int | slice) -> Link | Sequence[Link]:
+        if isinstance(index, slice):
+            return [_link(ids) for ids in self._links[index]]
+        return _link(self._links[index])
+
+    def __iter__(self) -> Iterator[Link]:
+        return (_link(ids) for ids in self._links)
+
+
+def _link(packed: bytes) -> Link:
+    trace_id, span_id, flags = unpack_link(packed)
+    return Link(SpanContext(trace_id, span_id, False, TraceFlags(flags)))
+
+
+def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: StepRecord) -> SpanData | None:
     """One llm.engine_step span in a trace of its own, linked to the batch's sampled SERVER spans;
-    None when no member is sampled or the provider's sampler does not record the step's trace."""
-    sampled = step.sampled_links()
-    if not sampled:
+    None when no member is sampled or the sampler does not record the step's trace."""
+    links = step.sampled_links()
+    if not links:
         return None
-    links = [emitter.link(*link) for link in sampled]
     attributes = {
         names.PL_STEP_INDEX: step.step_index,
         names.PL_STEP_NUM_SEQS: len(step.links),
@@ -386,27 +446,42 @@ def step_span(emitter: SpanEmitter, anchor: ClockAnchor, step: StepRecord) -> Re
         names.PL_STEP_KV_BLOCKS_TOTAL: step.kv_blocks_total,
         names.PL_STEP_PREEMPTIONS: step.preemptions,
         names.PL_STEP_QUEUE_DEPTH: step.queue_depth,
-        names.PL_STEP_DURATION_MS: _ms(step.end_ts - step.start_ts),
+        names.PL_STEP_DURATION_MS: (step.end_ts - step.start_ts) / 1e6,
     }
-    trace_id = emitter.ids.generate_trace_id()
-    result = emitter.sampler.should_sample(
-        Context(), trace_id, names.SPAN_ENGINE_STEP, SpanKind.INTERNAL, attributes, links
-    )
-    if not result.decision.is_recording():
-        return None
-    context = SpanContext(
-        trace_id,
-        emitter.ids.generate_span_id(),
-        False,
-        TraceFlags(child_flags(result.decision.is_sampled(), emitter.ids.is_trace_id_random())),
-        result.trace_state,
-    )
-    return emitter.span(
+    trace_id = ids.generate_trace_id()
+    sampled, trace_state = True, ""
+    if not _samples_every_root(sampler):
+        result = sampler.should_sample(
+            Context(), trace_id, names.SPAN_ENGINE_STEP, SpanKind.INTERNAL, attributes, _SamplerLinks(links)
+        )
+        if not result.decision.is_recording():  # type: ignore[no-untyped-call]
+            return None
+        sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
+        trace_state = result.trace_state.to_header() if result.trace_state is not None else ""
+        attributes = dict(result.attributes) if result.attributes is not None else {}
+    return SpanData(
         names.SPAN_ENGINE_STEP,
-        context,
+        KIND_INTERNAL,
+        trace_id,
+        ids.generate_span_id(),
         None,
+        False,
+        child_flags(sampled, ids.is_trace_id_random()),
+        trace_state,
         anchor.to_wall_ns(step.start_ts),
         anchor.to_wall_ns(step.end_ts),
-        result.attributes,
-        links=links,
+        attributes,
+        links=tuple(links),
     )
+
+
+_EVERY_ROOT = frozenset({ALWAYS_ON.get_description(), ParentBased(ALWAYS_ON).get_description()})  # type: ignore[no-untyped-call]
+
+
+@functools.lru_cache(maxsize=8)
+def _samples_every_root(sampler: Sampler) -> bool:
+    """The SDK's always_on and parentbased_always_on (the default): a step's trace is a root, which
+    they record and sample with its attributes as given and no trace state; asking costs ~20k
+    instructions a step (two steps a request at B = 64), so it is not asked."""
+    description = sampler.get_description()
+    return type(sampler) in (StaticSampler, ParentBased) and description in _EVERY_ROOT

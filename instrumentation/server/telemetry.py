@@ -133,9 +133,9 @@ class ServerTelemetry:
     @classmethod
     def from_env(cls, service_name: str, **kwargs: Any) -> ServerTelemetry:
         """Providers from the standard OTEL_* variables (otel_setup.configure), owned by this object;
-        the span builder from PHASELENS_SPAN_BUILDER (thread | process; default process: ~1 ms of SDK
-        work per request off this process's GIL, see benchmarks/instrumentation_overhead.py) unless
-        `builder=` is given."""
+        the span builder from PHASELENS_SPAN_BUILDER (thread | process; default process: spans built
+        off this process's GIL, by the child's fast backend unless PHASELENS_SPAN_BACKEND=sdk, see
+        benchmarks/instrumentation_overhead.py) unless `builder=` is given."""
         from phaselens.instrumentation.pipeline.otel_setup import configure
 
         kwargs.setdefault("builder", os.environ.get(names.ENV_SPAN_BUILDER, "").strip().lower() or BUILDER_PROCESS)

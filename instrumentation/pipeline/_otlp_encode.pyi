@@ -1,0 +1,9 @@
+# Types of the C extension _otlp_encode.c (see its header comment).
+
+from collections.abc import Sequence
+from typing import Any
+
+def encode_spans(spans: Sequence[tuple[Any, ...]], limits: tuple[int, ...]) -> list[bytes]: ...
+def encode_request(
+    resource_attributes: dict[str, Any], scope_name: str, scope_version: str, spans: Sequence[bytes]
+) -> bytes: ...

@@ -1,0 +1,477 @@
+"""The fast span backend (otlp_fast, the C encoder _otlp_encode) against the SDK backend: the same
+records give the same OTLP, field by field; into the real collector and ClickHouse the same rows;
+a dead endpoint is counted, never raised; a provider the user brought keeps the SDK path."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import socket
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+from phaselens.collectors import schema
+from phaselens.collectors.service import Collector
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
+from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats
+from phaselens.instrumentation.pipeline import otel_setup
+from phaselens.instrumentation.pipeline._otlp_encode import encode_spans
+from phaselens.instrumentation.pipeline.builder import SpanBuilder
+from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.http_transport import HttpClientTransport
+from phaselens.instrumentation.pipeline.otlp_fast import (
+    FastEmitter,
+    bytes_exporter,
+    limits_tuple,
+    request_encoder,
+)
+from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
+from phaselens.instrumentation.pipeline.spans import KIND_INTERNAL, SpanData
+from phaselens.instrumentation.server.telemetry import ServerTelemetry
+from tests.collector_fixtures import rows, wait_rows
+from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
+
+
+class CountingIds(IdGenerator):
+    """Ids in sequence: two providers given one each produce the same ids for the same records."""
+
+    def __init__(self) -> None:
+        self._next = itertools.count(1)
+
+    def generate_span_id(self) -> int:
+        return next(self._next)
+
+    def generate_trace_id(self) -> int:
+        return (0xABC << 100) + next(self._next)
+
+
+class RequestsKept(SpanExporter):
+    """Keeps each export as ExportTraceServiceRequest bytes: the SDK's encoder, or the fast backend's."""
+
+    def __init__(self, encode=None) -> None:
+        self.encode = encode
+        self.requests: list[bytes] = []
+
+    def export(self, spans) -> SpanExportResult:
+        self.requests.append(self.encode(spans) if self.encode else sdk_encode_spans(spans).SerializeToString())
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def provider(service: str = "phaselens-test") -> TracerProvider:
+    return TracerProvider(resource=Resource({"service.name": service, "deployment": "ci"}), id_generator=CountingIds())
+
+
+def scripted_records() -> list:
+    """A traced request (remote parent with trace state, chunked prefill, a preemption, token
+    events), a failed one, and steps with a sampled and an unsampled member, as the sink gets them."""
+    records: list = []
+    rig = make_rig(capture_content=True, token_events=True, poll_interval_s=3600)
+    rig.telemetry._closer._submit = records.append
+    rig.telemetry.step_observer._submit = records.append
+    traced = script_request(rig)
+    scope = http_scope(traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    scope["headers"].append((b"tracestate", b"vendor=abc,other=1"))
+    failed = rig.telemetry.request(scope)
+    failed.describe(RequestInfo(names.OP_TEXT_COMPLETION, "tiny", prompt=[{"role": "user", "content": "hi"}]))
+    failed.enqueued()
+    failed.fail("ValueError", status_code=400)
+    rig.telemetry.step_observer.step(StepStats(2_000_000, 2_010_000, 0, 2, 5, 16, 0, 1), [traced, NULL_REQUEST, failed])
+    rig.telemetry.shutdown()
+    assert [type(r).__name__ for r in records].count("RequestRecord") == 2
+    return records
+
+
+def build(records: list, backend: str, limits: SpanLimits | None = None) -> tuple[list[bytes], dict]:
+    """The records through SpanBuilder with the SDK or the fast backend; the export requests made."""
+    tracer_provider = provider()
+    if backend == "sdk":
+        kept = RequestsKept()
+        processor: Any = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
+        tracer_provider.add_span_processor(processor)
+        emitter: Any = SpanEmitter(tracer_provider.get_tracer(names.SERVER_SCOPE), limits or SpanLimits())
+    else:
+        kept = RequestsKept(request_encoder(tracer_provider))
+        processor = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
+        emitter = FastEmitter(tracer_provider, [processor], limits)
+    anchor = make_rig().anchor
+    builder = SpanBuilder(emitter, GenAiServerMetrics(MeterProvider(), dict), anchor, tracer_provider, True)
+    for record in records:
+        builder.build(record)
+    processor.force_flush()
+    processor.shutdown()
+    return kept.requests, {**builder.counters(), **vars_of(processor.counts)}
+
+
+def vars_of(counts) -> dict:
+    return {f"processor_{k}": getattr(counts, k) for k in ("exported", "failed", "dropped")}
+
+
+def value_of(any_value) -> tuple:
+    """(oneof name, value): the type is part of the comparison."""
+    kind = any_value.WhichOneof("value")
+    if kind == "array_value":
+        return kind, tuple(value_of(v) for v in any_value.array_value.values)
+    if kind == "kvlist_value":
+        return kind, tuple((kv.key, value_of(kv.value)) for kv in any_value.kvlist_value.values)
+    return kind, getattr(any_value, kind) if kind else None
+
+
+def attributes_of(key_values) -> list:
+    return [(kv.key, value_of(kv.value)) for kv in key_values]
+
+
+def fields_of(request_bytes: bytes) -> list[dict]:
+    """Every field of every span, with resource and scope: the form the two paths are compared in."""
+    request = ExportTraceServiceRequest.FromString(request_bytes)
+    out = []
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                out.append(
+                    {
+                        "resource": attributes_of(rs.resource.attributes),
+                        "scope": (ss.scope.name, ss.scope.version, attributes_of(ss.scope.attributes)),
+                        "ids": (s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.trace_state, s.flags),
+                        "name": (s.name, s.kind),
+                        "times": (s.start_time_unix_nano, s.end_time_unix_nano),
+                        "attributes": attributes_of(s.attributes),
+                        "events": [
+                            (e.name, e.time_unix_nano, attributes_of(e.attributes), e.dropped_attributes_count)
+                            for e in s.events
+                        ],
+                        "links": [
+                            (
+                                lk.trace_id.hex(),
+                                lk.span_id.hex(),
+                                lk.trace_state,
+                                lk.flags,
+                                attributes_of(lk.attributes),
+                            )
+                            for lk in s.links
+                        ],
+                        "status": (s.HasField("status"), s.status.code, s.status.message),
+                        "dropped": (s.dropped_attributes_count, s.dropped_events_count, s.dropped_links_count),
+                    }
+                )
+    return out
+
+
+def test_both_paths_export_the_same_spans_field_by_field():
+    records = scripted_records()
+    (sdk,), sdk_counts = build(records, "sdk")
+    (fast,), fast_counts = build(records, "fast")
+    sdk_spans, fast_spans = fields_of(sdk), fields_of(fast)
+    assert len(sdk_spans) == 17  # 12 of the traced request, 3 of the failed one, 2 steps
+    for sdk_span, fast_span in zip(sdk_spans, fast_spans, strict=True):
+        assert fast_span == sdk_span, sdk_span["name"]
+    by_name = {s["name"][0]: s for s in fast_spans}
+    failed = next(s for s in fast_spans if s["status"][1] == 2)
+    assert failed["status"] == (True, 2, "ValueError") and failed["ids"][3] == "vendor=abc,other=1"
+    assert failed["ids"][4] == 0x300  # a remote parent
+    assert len(by_name[names.SPAN_DECODE]["events"]) == 5 and len(by_name[names.SPAN_ENGINE_STEP]["links"]) == 2
+    assert {"string_value", "int_value", "double_value", "bool_value", "array_value"} <= {
+        kind for s in fast_spans for _, (kind, _) in s["attributes"]
+    }
+    assert fast == sdk  # and byte for byte: the SDK's encoder writes fields in the same order
+    assert fast_counts == sdk_counts and fast_counts["processor_exported"] == 17
+
+
+def test_span_limits_bound_both_paths_alike():
+    limits = SpanLimits(
+        max_span_attributes=5,
+        max_span_attribute_length=3,
+        max_events=2,
+        max_links=1,
+        max_event_attributes=0,
+        max_attribute_length=2,
+    )
+    records = scripted_records()
+    (sdk,), _ = build(records, "sdk", limits)
+    (fast,), _ = build(records, "fast", limits)
+    assert fields_of(fast) == fields_of(sdk)
+    decode = next(s for s in fields_of(fast) if s["name"][0] == names.SPAN_DECODE)
+    assert decode["dropped"] == (1, 3, 0) and len(decode["attributes"]) == 5
+    assert all(len(v) <= 3 for s in fields_of(fast) for _, (k, v) in s["attributes"] if k == "string_value")
+
+
+ATTRIBUTES = {
+    "str": "text",
+    "empty": "",
+    "unicode": "héllo ✓",
+    "true": True,
+    "false": False,
+    "zero": 0,
+    "negative": -7,
+    "int64_max": 2**63 - 1,
+    "too_big": 2**70,  # no int64: left out by both encoders
+    "float": 0.1,
+    "bytes": b"\x00\xff",
+    "none": None,
+    "strings": ["a", "b"],
+    "ints": (1, 2, 3),
+    "mixed": [1, "a", 2.5, True],
+    "nothing": [],
+    "map": {"k": "v", "n": {"deep": 1}},
+    "": "empty key",  # dropped by both, counted
+}
+
+
+def test_every_attribute_type_encodes_as_the_sdk_encodes_it():
+    span = SpanData("typed", KIND_INTERNAL, 1 << 100, 2, None, False, 1, "", 10, 20, dict(ATTRIBUTES))
+    tracer_provider = provider()
+    emitter = SpanEmitter(tracer_provider.get_tracer(names.SERVER_SCOPE), SpanLimits())
+    sdk = sdk_encode_spans([emitter.readable(span)]).SerializeToString()
+    fast = request_encoder(tracer_provider)(encode_spans([span], limits_tuple(SpanLimits())))
+    assert fields_of(fast) == fields_of(sdk)
+    (typed,) = fields_of(fast)
+    assert "too_big" not in dict(typed["attributes"]) and typed["dropped"][0] == 1
+    assert dict(typed["attributes"])["mixed"] == (
+        "array_value",
+        (("int_value", 1), ("string_value", "a"), ("double_value", 2.5), ("bool_value", True)),
+    )
+    assert fast == sdk
+
+
+def test_bad_descriptions_are_clear_errors_not_crashes():
+    limits = limits_tuple(SpanLimits())
+    good = SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 10, 20, {})
+    with pytest.raises(TypeError, match="attribute value of type object"):
+        encode_spans([good._replace(attributes={"x": object()})], limits)
+    with pytest.raises(ValueError, match="trace_id: not an unsigned 128-bit int"):
+        encode_spans([good._replace(trace_id=1 << 128)], limits)
+    with pytest.raises(ValueError, match="span_id: not an unsigned 64-bit int"):
+        encode_spans([good._replace(span_id=-1)], limits)
+    with pytest.raises(TypeError, match="expected a SpanData"):
+        encode_spans([("too", "short")], limits)
+
+
+def test_a_description_that_fails_to_encode_is_counted_in_build_errors():
+    records = scripted_records()
+    tracer_provider = provider()
+    processor = CountingBatchSpanProcessor(RequestsKept(request_encoder(tracer_provider)))
+    builder = SpanBuilder(
+        FastEmitter(tracer_provider, [processor]),
+        GenAiServerMetrics(MeterProvider(), dict),
+        make_rig().anchor,
+        tracer_provider,
+        True,
+    )
+    request = next(r for r in records if isinstance(r, RequestRecord))
+    builder.build(request._replace(info=request.info._replace(seed=object())))  # no attribute type
+    builder.build(request)
+    processor.shutdown()
+    counts = builder.counters()
+    assert counts["build_errors"] == 1 and counts["requests_built"] == 1 and processor.counts.exported == 12
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_an_endpoint_that_is_down_counts_failed_spans_and_raises_nothing(monkeypatch, protocol):
+    port = closed_port()
+    path = "/v1/traces" if protocol == "http/protobuf" else ""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port}{path}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
+    tracer_provider = provider()
+    exporter = bytes_exporter(protocol, request_encoder(tracer_provider))
+    processor = CountingBatchSpanProcessor(exporter, BatchSettings(max_queue_size=12, max_export_batch_size=512))
+    emitter = FastEmitter(tracer_provider, [processor])
+    span = SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 10, 20, {"k": 1})
+    emitter.emit_data([span._replace(span_id=i) for i in range(1, 11)])
+    emitter.emit_data([span._replace(span_id=i) for i in range(11, 16)])  # 2 fit the queue, 3 are refused
+    processor.force_flush()
+    processor.shutdown()
+    assert (processor.counts.exported, processor.counts.failed, processor.counts.dropped) == (0, 12, 3)
+
+
+@pytest.fixture()
+def collector(clickhouse, ch_client, fresh_database, tmp_path):
+    schema.apply(ch_client, schema.statements(fresh_database))
+    with Collector(
+        clickhouse.url, database=fresh_database, spool_dir=str(tmp_path / "spool"), flush_interval_s=0.05
+    ) as running:
+        yield running, fresh_database
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_fast_path_rows_in_clickhouse_equal_the_sdk_paths(collector, ch_client, monkeypatch, protocol):
+    running, database = collector
+    endpoint = f"http://{running.grpc_endpoint}" if protocol == "grpc" else f"{running.http_endpoint}/v1/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    records = scripted_records()
+    for backend in ("sdk", "fast"):
+        tracer_provider = provider(f"phaselens-{backend}")
+        if backend == "sdk":
+            exporter = otel_setup.otlp_span_exporter()
+            processor: Any = CountingBatchSpanProcessor(exporter)
+            tracer_provider.add_span_processor(processor)
+            emitter: Any = SpanEmitter.of_provider(tracer_provider)
+        else:
+            processor = CountingBatchSpanProcessor(bytes_exporter(protocol, request_encoder(tracer_provider)))
+            emitter = FastEmitter(tracer_provider, [processor])
+        builder = SpanBuilder(
+            emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True
+        )
+        for record in records:
+            builder.build(record)
+        processor.shutdown()
+        assert processor.counts.exported == 17 and processor.counts.failed == 0
+    assert wait_rows(ch_client, database, 34) == 34
+    by_service: dict[str, list] = {}
+    for row in rows(ch_client, database, order_by="SpanId, ServiceName"):
+        service = row.pop("ServiceName")
+        row["ResourceAttributes"].pop("service.name")
+        by_service.setdefault(service, []).append(row)
+    assert by_service["phaselens-fast"] == by_service["phaselens-sdk"]
+    assert len(by_service["phaselens-fast"]) == 17
+
+
+def test_a_provider_the_user_brought_keeps_the_sdk_path():
+    rig = make_rig()  # the user's TracerProvider with their own processor and exporter
+    script_request(rig)
+    assert rig.telemetry.builder == "thread" and len(rig.spans()) == 13
+    rig.telemetry.shutdown()
+
+
+def test_configure_picks_the_fast_backend_only_for_otlp_alone(monkeypatch):
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.delenv(names.ENV_SPAN_BACKEND, raising=False)
+    cases = [("otlp", None, True), ("otlp,console", None, False), ("otlp", "sdk", False), ("none", None, False)]
+    for exporters, backend, fast in cases:
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", exporters)
+        if backend:
+            monkeypatch.setenv(names.ENV_SPAN_BACKEND, backend)
+        providers = otel_setup.configure("svc", set_global=False, encoded_spans=True)
+        assert bool(providers.encoded) is fast, (exporters, backend)
+        emitter = otel_setup.span_backend(providers)
+        assert isinstance(emitter, FastEmitter if fast else SpanEmitter | type(None)), (exporters, backend)
+        providers.shutdown()
+        monkeypatch.delenv(names.ENV_SPAN_BACKEND, raising=False)
+
+
+class ScriptedReceiver:
+    """A loopback OTLP/HTTP endpoint answering each POST with the next status of `statuses` (then
+    200), after `delay_s`; it keeps each request's headers and body."""
+
+    def __init__(self, statuses: list[int], delay_s: float = 0.0) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[tuple[dict, bytes]] = []
+        receiver, statuses = self, list(statuses)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the transport expects
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                time.sleep(delay_s)
+                status = statuses.pop(0) if statuses else 200
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def export_one(monkeypatch, receiver: ScriptedReceiver, **env: str) -> CountingBatchSpanProcessor:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    tracer_provider = provider()
+    exporter = bytes_exporter("http/protobuf", request_encoder(tracer_provider))
+    assert isinstance(exporter._client._transport, HttpClientTransport)  # not requests
+    processor = CountingBatchSpanProcessor(exporter)
+    FastEmitter(tracer_provider, [processor]).emit_data(
+        [SpanData("s", KIND_INTERNAL, 1, 2, None, False, 1, "", 1, 2, {})]
+    )
+    processor.shutdown()
+    return processor
+
+
+def test_http_export_keeps_the_exporters_headers_compression_and_retries(monkeypatch):
+    receiver = ScriptedReceiver([503, 429])
+    processor = export_one(
+        monkeypatch,
+        receiver,
+        OTEL_EXPORTER_OTLP_TRACES_HEADERS="authorization=Bearer%20abc,x-tenant=t1",
+        OTEL_EXPORTER_OTLP_TRACES_COMPRESSION="gzip",
+    )
+    receiver.close()
+    assert (processor.counts.exported, processor.counts.failed) == (1, 0)
+    assert len(receiver.requests) == 3  # 503 and 429 retried with the exporter's backoff
+    headers, body = receiver.requests[-1]
+    assert headers["authorization"] == "Bearer abc" and headers["x-tenant"] == "t1"
+    assert headers["content-encoding"] == "gzip" and headers["content-type"] == "application/x-protobuf"
+    (span,) = fields_of(gzip.decompress(body))
+    assert span["name"] == ("s", KIND_INTERNAL) and span["resource"][0] == (
+        "service.name",
+        ("string_value", "phaselens-test"),
+    )
+
+
+def test_http_export_fails_on_a_4xx_and_within_the_exporters_timeout(monkeypatch):
+    refused = ScriptedReceiver([400])
+    assert export_one(monkeypatch, refused).counts.failed == 1 and len(refused.requests) == 1  # not retried
+    refused.close()
+    slow = ScriptedReceiver([], delay_s=3.0)
+    started = time.monotonic()
+    processor = export_one(monkeypatch, slow, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="0.5")
+    assert processor.counts.failed == 1 and time.monotonic() - started < 2.5
+    slow.close()
+
+
+def test_the_span_builder_process_counts_a_dead_endpoint_and_serving_goes_on(monkeypatch):
+    for name, value in {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(names.ENV_SPAN_BACKEND, raising=False)
+    clock = ScriptedClock()
+    telemetry = ServerTelemetry.from_env(
+        "phaselens-dead-end", builder="process", clock_ns=clock, anchor=ClockAnchor.capture(clock, lambda: WALL_BASE_NS)
+    )
+    script_request(SimpleNamespace(telemetry=telemetry, clock=clock))
+    assert telemetry.flush(20)
+    stats = telemetry.stats()
+    assert (stats.export_failed, stats.export_exported, stats.child_alive) == (13, 0, 1)
+    assert stats.spans_dropped == 13 and stats.build_errors == 0
+    script_request(SimpleNamespace(telemetry=telemetry, clock=clock))  # still serving, still counting
+    telemetry.shutdown()
+    assert telemetry.stats().export_failed == 26
