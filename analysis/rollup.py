@@ -207,6 +207,14 @@ def seal_now(client: Any, database: str = "otel", wait_s: int = 0) -> None:
     refresh_live(client, database)
 
 
+def refresh_now(client: Any, database: str = "otel") -> None:
+    """Bring the live table up to now and wait for it: the view refreshes by itself every
+    LIVE_EVERY_S, so a reader that must see the last seconds' requests (right after a load run) asks."""
+    view = f"{ident(database)}.{ident(LIVE_VIEW)}"
+    client.command(f"SYSTEM REFRESH VIEW {view}")
+    client.command(f"SYSTEM WAIT VIEW {view}")
+
+
 def stop_refreshes(client: Any, database: str = "otel") -> None:
     """Stop both views' own passes (tests and benchmarks seal and refresh when they choose)."""
     for view in (SEAL_VIEW, LIVE_VIEW):

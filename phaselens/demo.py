@@ -26,12 +26,13 @@ from urllib.parse import urlsplit
 import numpy as np
 from rich.console import Console
 
-from phaselens.analysis import budget_format, report_page
+from phaselens.analysis import budget_format, report_page, rollup
 from phaselens.analysis.budget import GOODPUT_SLO_KEYS, AnalysisError, budget
 from phaselens.analysis.report import build as build_report
 from phaselens.common.slo import SLO, parse_slo
 from phaselens.loadgen.workloads import words
 from phaselens.stack import CLIENT_SERVICE, SERVER_SERVICE, Stack, StackError
+from phaselens.storage.clickhouse_url import connect
 
 DEFAULT_RATE = 5.0  # req/s: near the tiny model's capacity with this workload on 2 CPU cores (measured)
 DEFAULT_SLO = "ttft:1000,tpot:100"
@@ -216,6 +217,7 @@ def _session(stack: Stack, opts: DemoOptions, console: Console) -> bool:
             lambda n: status.update(f"queryable: {n}/{len(load.trace_ids)} requests"),
         )
     console.print(f"[green]✓[/] {present}/{len(load.trace_ids)} requests queryable with client and server views")
+    _refresh_rollups(stack)
     since = _since(time.monotonic() - begin)
     _print_budget(stack, since, opts, console)
     _write_report(stack, since, opts, load, console)
@@ -229,6 +231,18 @@ def _sleep_until_interrupted() -> None:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
+
+
+def _refresh_rollups(stack: Stack) -> None:
+    """The run's last requests into every node's live rollup table now, not at its next refresh:
+    the printed `phaselens budget` (rollups by default) then counts every request of the run."""
+    assert stack.storage is not None  # started with the stack
+    for url in stack.storage.node_urls():
+        client = connect(url)
+        try:
+            rollup.refresh_now(client, stack.database)
+        finally:
+            client.close()
 
 
 def _print_budget(stack: Stack, since: str, opts: DemoOptions, console: Console) -> None:

@@ -40,6 +40,9 @@ class SingleNode:
     def schema_flags(self) -> tuple[str, ...]:
         return ()
 
+    def node_urls(self) -> list[str]:
+        return [self.url]
+
     def describe(self) -> str:
         return f"ClickHouse {self.url}"
 
@@ -79,6 +82,9 @@ class ShardedCluster:
     @property
     def schema_flags(self) -> tuple[str, ...]:
         return ("--cluster", self.name, "--ddl", "per-node")
+
+    def node_urls(self) -> list[str]:
+        return list(self.cluster.urls) if self.cluster else []
 
     def describe(self) -> str:
         return f"ClickHouse cluster {self.name}, {self.shards} shards: {' '.join(self.cluster.urls)}"
