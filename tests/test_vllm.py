@@ -106,8 +106,14 @@ def _serve_and_bench(
     """Start vLLM (tracing to the collector), run one bounded bench against it (then, when given,
     a second one with the arguments `then`, and a third plain one so that vLLM steps on), stop it;
     returns the first bench's per-request lines, vLLM's log and the second bench's lines."""
+    # room for the abandoned requests' long generations (the tiny model has 2,048 positions)
     server = VllmServer(
-        VLLM_PYTHON, model_dir, tmp / "vllm.log", otlp_endpoint=endpoint, env={**_otel_env(endpoint, "vllm"), **env}
+        VLLM_PYTHON,
+        model_dir,
+        tmp / "vllm.log",
+        otlp_endpoint=endpoint,
+        env={**_otel_env(endpoint, "vllm"), **env},
+        max_model_len=2048,
     )
     common = ("--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--timeout", "60")
     second: list[dict] = []
@@ -163,14 +169,15 @@ def unknown_version_run(pipeline, model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def plugin_run(pipeline, model_dir, tmp_path_factory):
     _db, _client, endpoint = pipeline
-    # then: two requests whose client gives up mid-decode (vLLM aborts them, never finishing them)
+    # then: two requests whose client gives up mid-decode (vLLM aborts them, never finishing them):
+    # 2,000 tokens, so vLLM cannot finish them before it sees the closed connection
     return _serve_and_bench(
         tmp_path_factory.mktemp("plugin"),
         model_dir,
         endpoint,
         {"VLLM_PLUGINS": "phaselens"},
         str(PROMPT_TOKENS),
-        then=("--requests", "2", "--input-len", "16", "--output-len", "400", "--ignore-eos", "--timeout", "0.5"),
+        then=("--requests", "2", "--input-len", "16", "--output-len", "2000", "--ignore-eos", "--timeout", "0.5"),
     )
 
 
