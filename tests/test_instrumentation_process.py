@@ -287,8 +287,11 @@ def test_past_the_retention_bound_the_oldest_records_are_dropped_and_counted(rec
     kept = len(delivered)
     assert kept == 3 and delivered == _root_ids(handles[-kept:])
     evicted_pairs = 2 * (len(handles) - kept)  # and, frame sizes varying, maybe the oldest kept one's step
-    assert stats.channel_dropped in (evicted_pairs, evicted_pairs + 1) and stats.channel_lost == 0
-    assert stats.spans_dropped == stats.channel_dropped and _accounted(stats, 2 + 2 * len(handles))
+    # evicted frames never written count as dropped; frames written to the killed child before its
+    # death was seen count as lost: which of the two depends on when the shipper noticed the kill
+    evicted = stats.channel_dropped + stats.channel_lost
+    assert evicted in (evicted_pairs, evicted_pairs + 1), stats
+    assert stats.spans_dropped == evicted and _accounted(stats, 2 + 2 * len(handles))
 
 
 def test_the_retention_evicts_oldest_first_and_tells_sent_from_unsent():
