@@ -230,7 +230,7 @@ def test_every_panel_on_a_real_run(tmp_path):
         assert bench.returncode == 0, bench.stderr[-2000:]
         assert stack.server.stop(30) == 0 and stack.collector.stop(30) == 0  # flush, then drain
         with stack.client() as ch:
-            rollup.refresh_live(ch, stack.database)
+            rollup.refresh_now(ch, stack.database)
             trace_id = ch.query(
                 f"SELECT any(TraceId) FROM {stack.database}.otel_traces WHERE SpanKind = 'Client'"
             ).result_rows[0][0]
