@@ -83,7 +83,7 @@ class PdBudget:
 
 def _stat(row: dict[str, Any], name: str) -> Stat:
     qs = [_clean(v) for v in row.get(f"{name}_q") or []] + [None] * 3
-    return Stat(*qs[:3], _clean(row.get(f"{name}_mean")))
+    return Stat(qs[0], qs[1], qs[2], _clean(row.get(f"{name}_mean")))
 
 
 def pd_budget(client: Any, database: str = "otel", model: str | None = None, since: str | None = "15m") -> PdBudget:

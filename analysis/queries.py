@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from phaselens.analysis import sketch as sk
 from phaselens.analysis import thresholds as th
-from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
+from phaselens.analysis.dialect import CliDialect, Dialect, Filters, GrafanaDialect, QueryError
 from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, SPANS_VIEW, STEPS_VIEW, TRACE_TIMES_VIEW
 from phaselens.instrumentation import names as n
 
@@ -862,7 +862,7 @@ class Query:
     template: Callable[[Dialect], str]
     columns: tuple[str, ...]
     panel: bool = False
-    defaults: dict = field(default_factory=dict)
+    defaults: Filters = field(default_factory=dict)
 
 
 def _dist_columns() -> tuple[str, ...]:
@@ -1047,7 +1047,7 @@ def _query(name: str) -> Query:
         raise QueryError(f"unknown query {name!r}; known: {', '.join(sorted(QUERIES))}") from None
 
 
-def render_cli(name: str, **filters) -> tuple[str, dict]:
+def render_cli(name: str, **filters: str | float | None) -> tuple[str, Filters]:
     """(sql, parameters) for clickhouse-connect's `query(sql, parameters=...)`; user values are
     only ever bound server-side, never formatted into the SQL."""
     query = _query(name)
@@ -1055,7 +1055,7 @@ def render_cli(name: str, **filters) -> tuple[str, dict]:
     if unknown:
         raise QueryError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
     merged = {**query.defaults, **{k: v for k, v in filters.items() if v is not None}}
-    d = CliDialect(merged, database=merged.get("database", "otel"))
+    d = CliDialect(merged, database=str(merged.get("database", "otel")))
     return query.template(d), d.parameters
 
 

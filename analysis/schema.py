@@ -470,7 +470,7 @@ def statements(
     """
     db = ident(database)
     replicated = bool(cluster) and on_cluster
-    on = f" ON CLUSTER {ident(cluster)}" if replicated else ""
+    on = f" ON CLUSTER {ident(cluster)}" if replicated and cluster else ""
     engine = "ReplicatedAggregatingMergeTree()" if replicated else "AggregatingMergeTree()"
     parts, traces = f"{db}.{ident(PARTS_TABLE)}", f"{db}.{ident(TRACES_TABLE)}"
     parts_read = f"{db}.{ident(PARTS_DISTRIBUTED)}" if cluster else parts
