@@ -23,6 +23,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from rich.console import Group
 from rich.table import Table
 
+from phaselens.analysis import span_models
 from phaselens.analysis.budget import AnalysisError, ComponentBudget, Stat, _clean
 from phaselens.analysis.dialect import CliDialect, Dialect, QueryError
 from phaselens.analysis.pd_schema import PD_TERMS
@@ -54,6 +55,7 @@ def pd_summary(d: Dialect) -> str:
         "    uniqExact(prefill_instance) AS prefill_instances, uniqExactIf(decode_instance, decode_instance IS NOT NULL)"
         " AS decode_instances,\n"
         "    countIf(complete AND kv_bytes != kv_bytes_received) AS kv_bytes_mismatch,\n"
+        "    arraySort(groupUniqArray(pd_span_model)) AS span_models,\n"
         f"    {stats}\n"
         f"FROM (SELECT *, {COMPLETE} AS complete FROM {d.table(REQUESTS_VIEW)} WHERE {where})"
     )
@@ -69,6 +71,7 @@ class PdBudget:
     kv_bytes_mismatch: int = 0
     terms: list[ComponentBudget] = field(default_factory=list)
     side: dict[str, Stat] = field(default_factory=dict)
+    span_models: list[str] = field(default_factory=list)  # whose spans the rows came from (pd_span_model)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +110,7 @@ def pd_budget(client: Any, database: str = "otel", model: str | None = None, sin
         kv_bytes_mismatch=int(row.get("kv_bytes_mismatch") or 0),
         terms=[ComponentBudget(t, _stat(row, t), _stat(row, t).ratio(whole)) for t in TTFT_TERMS],
         side={name: _stat(row, name) for name in SIDE},
+        span_models=list(row.get("span_models") or []),
     )
 
 
@@ -132,8 +136,10 @@ def to_rich(report: PdBudget) -> Group:
     for name, stat in report.side.items():
         if name != "client_ttft_ms":
             side.add_row(name, *(_ms(v) for v in stat.values()))
-    note = f"KV bytes received ≠ sent in {report.kv_bytes_mismatch} requests" if report.kv_bytes_mismatch else ""
-    return Group(table, side, *([note] if note else []))
+    notes = span_models.pd_notes(report.span_models)
+    if report.kv_bytes_mismatch:
+        notes.append(f"KV bytes received ≠ sent in {report.kv_bytes_mismatch} requests")
+    return Group(table, side, *notes)
 
 
 def to_json(report: PdBudget) -> str:
