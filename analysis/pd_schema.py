@@ -31,11 +31,12 @@ and, exactly (each bracket one clock; docs/disaggregation.md):
 from __future__ import annotations
 
 from phaselens.analysis.parts import Part, attr, num, select_list
-from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, ident
+from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, distributed_engine, ident
 from phaselens.instrumentation import names as n
 
 PD_PARTS_TABLE = "phaselens_pd_parts"
 PD_PARTS_MV = f"{PD_PARTS_TABLE}_mv"
+PD_PARTS_DISTRIBUTED = f"{PD_PARTS_TABLE}_distributed"  # on a cluster: what the view reads
 PD_REQUESTS_VIEW = "phaselens_pd_requests"
 ROLES = ("router", "prefill", "decode")
 INSTANCE_ROLES = ("prefill", "decode")  # their spans stay out of the generic parts (schema.OUTSIDE_PD_INSTANCES)
@@ -229,34 +230,46 @@ def pd_parts_select(traces: str) -> str:
     )
 
 
-def statements(database: str = "otel", ttl_clause: str = "") -> list[str]:
+def statements(
+    database: str = "otel", ttl_clause: str = "", cluster: str | None = None, on_cluster: bool = True
+) -> list[str]:
     """CREATE statements (idempotent) of the P/D parts table, its materialized view and the view,
-    after analysis.schema's (single node; `ttl_clause` as the generic parts table's)."""
+    after analysis.schema's (`ttl_clause`, `cluster` and `on_cluster` as for the generic parts table:
+    on a cluster the parts are per shard, fed from the local `otel_traces` (a request's spans meet on
+    one shard), and the view reads them through a Distributed table)."""
     db = ident(database)
+    replicated = bool(cluster) and on_cluster
+    on = f" ON CLUSTER {ident(cluster)}" if cluster and replicated else ""
+    engine = "ReplicatedAggregatingMergeTree()" if replicated else "AggregatingMergeTree()"
+    dedup = "" if replicated else f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
     parts, traces = f"{db}.{ident(PD_PARTS_TABLE)}", f"{db}.{ident(TRACES_TABLE)}"
+    parts_read = f"{db}.{ident(PD_PARTS_DISTRIBUTED)}" if cluster else parts
     cols = ",\n    ".join(p.ddl() for p in PD_PARTS)
     add = ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {p.ddl()}" for p in PD_PARTS)
-    return [
+    out = [
         (
-            f"CREATE TABLE IF NOT EXISTS {parts} (\n    TraceId String CODEC(ZSTD(1)),\n    {cols}\n)"
-            f" ENGINE = AggregatingMergeTree()\nORDER BY TraceId{ttl_clause}"
-            f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
+            f"CREATE TABLE IF NOT EXISTS {parts}{on} (\n    TraceId String CODEC(ZSTD(1)),\n    {cols}\n)"
+            f" ENGINE = {engine}\nORDER BY TraceId{ttl_clause}{dedup}"
         ),
-        f"ALTER TABLE {parts}\n    {add}",
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PD_PARTS_MV)} TO {parts}\nAS {pd_parts_select(traces)}",
-        f"ALTER TABLE {db}.{ident(PD_PARTS_MV)} MODIFY QUERY {pd_parts_select(traces)}",
-        (
-            f"CREATE OR REPLACE VIEW {db}.{ident(PD_REQUESTS_VIEW)} AS\nSELECT\n    TraceId AS trace_id,\n    "
-            f"{select_list(PD_COLUMNS)}\nFROM {parts} FINAL"
-        ),
+        f"ALTER TABLE {parts}{on}\n    {add}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PD_PARTS_MV)}{on} TO {parts}\nAS {pd_parts_select(traces)}",
+        f"ALTER TABLE {db}.{ident(PD_PARTS_MV)}{on} MODIFY QUERY {pd_parts_select(traces)}",
     ]
-
-
-def requests_columns(cluster: bool) -> str:
-    """The P/D columns as `phaselens_requests` appends them; NULL on a cluster, where the P/D parts
-    are not built yet (docs/disaggregation.md#not-done)."""
     if cluster:
-        return ", ".join(f"CAST(NULL AS Nullable(Float64)) AS {name}" for name in PD_COLUMN_NAMES)
+        distributed = distributed_engine(cluster, database, PD_PARTS_TABLE)
+        out += [
+            f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\nENGINE = {distributed}",
+            f"ALTER TABLE {parts_read}{on}\n    {add}",
+        ]
+    out.append(
+        f"CREATE OR REPLACE VIEW {db}.{ident(PD_REQUESTS_VIEW)}{on} AS\nSELECT\n    TraceId AS trace_id,\n    "
+        f"{select_list(PD_COLUMNS)}\nFROM {parts_read} FINAL"
+    )
+    return out
+
+
+def requests_columns() -> str:
+    """The P/D columns as `phaselens_requests` appends them (NULL for a colocated request)."""
     return ", ".join(f"pd.{name} AS {name}" for name in PD_COLUMN_NAMES)
 
 

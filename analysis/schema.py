@@ -498,8 +498,8 @@ def statements(
             ),
             f"ALTER TABLE {parts_read}{on}\n    {add_columns}",
         ]  # an upgrade reaches the reads too
-    if not cluster:
-        out += pd_schema.statements(database, f"\nTTL toDateTime(first_seen) + {ttl_interval(ttl)}" if ttl else "")
+    pd_ttl = f"\nTTL toDateTime(first_seen) + {ttl_interval(ttl)}" if ttl else ""
+    out += pd_schema.statements(database, pd_ttl, cluster, on_cluster)
     spans = f"{db}.{ident(DISTRIBUTED_TABLE)}" if cluster else traces
     lookup = f"{db}.{ident(TRACE_ID_TS_DISTRIBUTED if cluster else TRACE_ID_TS_TABLE)}"
     out += [
@@ -508,8 +508,8 @@ def statements(
         f"CREATE OR REPLACE VIEW {db}.{ident(FACTS_VIEW)}{on} AS\n{facts_select(parts_read)}",
         (
             f"CREATE OR REPLACE VIEW {db}.{ident(REQUESTS_VIEW)}{on} AS\n"
-            f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}, {pd_schema.requests_columns(bool(cluster))}\n"
-            f"FROM {db}.{ident(FACTS_VIEW)}" + ("" if cluster else f"\n{pd_schema.requests_join(database)}")
+            f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}, {pd_schema.requests_columns()}\n"
+            f"FROM {db}.{ident(FACTS_VIEW)}\n{pd_schema.requests_join(database)}"
         ),
         (
             f"CREATE OR REPLACE VIEW {db}.{ident(STEPS_VIEW)}{on} AS\nSELECT\n    {_select_list(STEP_COLUMNS)}\n"

@@ -64,7 +64,7 @@ def pipeline(clickhouse, client, tmp_path_factory):
     collector.stop()
 
 
-def _emit(endpoint: str) -> dict[str, SglangPdRequest | None]:
+def emit(endpoint: str) -> dict[str, SglangPdRequest | None]:
     """Each P/D request under a client span whose traceparent both instances get (SGLang's router sends
     the request to both at once), and one colocated SGLang request; trace id → request (None: colocated)."""
     p_tok, p_sched = provider(endpoint, "sglang-prefill", SixtyFourBitIds(1)), provider(endpoint, "sglang-prefill")
@@ -100,9 +100,14 @@ def _emit(endpoint: str) -> dict[str, SglangPdRequest | None]:
 @pytest.fixture(scope="module")
 def rows(pipeline, client):
     db, endpoint = pipeline
-    traces = _emit(endpoint)
+    traces = emit(endpoint)
+    return traces, pd_rows(client, db, traces)
+
+
+def pd_rows(client, database: str, traces: dict[str, SglangPdRequest | None]) -> dict[str, dict]:
+    """`phaselens_requests` rows of these traces, once every P/D row holds both instances' slices."""
     sql = "SELECT * FROM {db:Identifier}.phaselens_requests WHERE trace_id IN {ids:Array(String)}"
-    params = {"db": db, "ids": list(traces)}
+    params = {"db": database, "ids": list(traces)}
     deadline = time.monotonic() + 20
     while True:
         got = {r["trace_id"]: r for r in client.query(sql, parameters=params).named_results()}
@@ -112,55 +117,59 @@ def rows(pipeline, client):
             if traces[tid] is not None
         )
         if complete or time.monotonic() > deadline:
-            return traces, got
+            return got
         time.sleep(0.1)
+
+
+def assert_pd_columns(row: dict, r: SglangPdRequest) -> None:
+    """The P/D columns of one SGLang P/D request give back the durations its spans were built with."""
+    p, d = r.prefill, r.decode
+    assert (row["prefill_instance"], row["decode_instance"], row["pd_span_model"]) == (
+        "sglang-prefill",
+        DECODE_INSTANCE,
+        n.SPAN_MODEL_SGLANG,
+    )
+    want = {
+        "prefill_ingress_ms": p.ingress_ms + p.prepare_ms,
+        "prefill_bootstrap_ms": p.bootstrap_ms,
+        "prefill_queue_ms": p.queue_ms,
+        "prefill_compute_ms": sum(p.work_ms),
+        "kv_transfer_ms": p.kv_ms,
+        "decode_ingress_ms": d.ingress_ms + d.prepare_ms,
+        "decode_bootstrap_ms": d.bootstrap_ms,
+        "decode_kv_wait_ms": d.transferred_ms,
+        "decode_queue_ms": d.queue_ms,
+        "decode_first_token_ms": d.work_ms[0],
+    }
+    assert {k: row[k] for k in want} == {k: pytest.approx(v, abs=1e-6) for k, v in want.items()}
+    # what SGLang's spans do not hold stays NULL: no router spans, no KV bytes, no sender queue
+    # apart from the transfer, no hops, no first-chunk stamp
+    for column in (
+        "kv_bytes",
+        "kv_bytes_received",
+        "kv_wait_ms",
+        "kv_receive_ms",
+        "router_ingress_ms",
+        "router_ttfc_ms",
+        "prefill_hop_ms",
+        "decode_hop_ms",
+        "prefill_first_token_ms",
+        "prefill_respond_ms",
+        "decode_first_chunk_ms",
+    ):
+        assert row[column] is None, column
+    # the instances' roots stay out of the generic row: no server TTFT merged from two clocks; its
+    # queue and prefill are the prefill instance's slices (the names a colocated SGLang shares)
+    assert (row["span_model"], row["server_ttft_ms"], row["residual_ms"]) == (None, None, None)
+    assert (row["queue_ms"], row["prefill_ms"]) == (pytest.approx(p.queue_ms), pytest.approx(sum(p.work_ms)))
 
 
 def test_sglang_pd_spans_fill_the_pd_columns_each_on_its_own_clock(rows):
     traces, got = rows
     assert got.keys() == traces.keys()
     for trace_id, r in traces.items():
-        if r is None:
-            continue
-        row, p, d = got[trace_id], r.prefill, r.decode
-        assert (row["prefill_instance"], row["decode_instance"], row["pd_span_model"]) == (
-            "sglang-prefill",
-            DECODE_INSTANCE,
-            n.SPAN_MODEL_SGLANG,
-        )
-        want = {
-            "prefill_ingress_ms": p.ingress_ms + p.prepare_ms,
-            "prefill_bootstrap_ms": p.bootstrap_ms,
-            "prefill_queue_ms": p.queue_ms,
-            "prefill_compute_ms": sum(p.work_ms),
-            "kv_transfer_ms": p.kv_ms,
-            "decode_ingress_ms": d.ingress_ms + d.prepare_ms,
-            "decode_bootstrap_ms": d.bootstrap_ms,
-            "decode_kv_wait_ms": d.transferred_ms,
-            "decode_queue_ms": d.queue_ms,
-            "decode_first_token_ms": d.work_ms[0],
-        }
-        assert {k: row[k] for k in want} == {k: pytest.approx(v, abs=1e-6) for k, v in want.items()}
-        # what SGLang's spans do not hold stays NULL: no router spans, no KV bytes, no sender queue
-        # apart from the transfer, no hops, no first-chunk stamp
-        for column in (
-            "kv_bytes",
-            "kv_bytes_received",
-            "kv_wait_ms",
-            "kv_receive_ms",
-            "router_ingress_ms",
-            "router_ttfc_ms",
-            "prefill_hop_ms",
-            "decode_hop_ms",
-            "prefill_first_token_ms",
-            "prefill_respond_ms",
-            "decode_first_chunk_ms",
-        ):
-            assert row[column] is None, column
-        # the instances' roots stay out of the generic row: no server TTFT merged from two clocks; its
-        # queue and prefill are the prefill instance's slices (the names a colocated SGLang shares)
-        assert (row["span_model"], row["server_ttft_ms"], row["residual_ms"]) == (None, None, None)
-        assert (row["queue_ms"], row["prefill_ms"]) == (pytest.approx(p.queue_ms), pytest.approx(sum(p.work_ms)))
+        if r is not None:
+            assert_pd_columns(got[trace_id], r)
 
 
 def test_a_colocated_sglang_request_keeps_its_row_and_null_pd_columns(rows):
