@@ -217,7 +217,9 @@ PD_TERMS = (
 
 
 # the instances' roots carry the de-facto latency keys: they stay out of the generic parts (analysis.schema)
-IS_SGLANG_PD_ROOT = f"match(SpanName, '^({'|'.join(n.SGLANG_PD_ROLES)}) Req ') AND {_SG_ROOT}"
+# startsWith, not a regex: the generic parts' view evaluates this for every span it reads
+_SG_PD_ROOT_NAME = " OR ".join(f"startsWith(SpanName, '{role} Req ')" for role in n.SGLANG_PD_ROLES)
+IS_SGLANG_PD_ROOT = f"({_SG_PD_ROOT_NAME}) AND {_SG_ROOT}"
 IS_SGLANG_PD = f"SpanName IN ({', '.join(repr(s) for s in SG_SLICES)}) OR ({IS_SGLANG_PD_ROOT})"
 
 

@@ -309,7 +309,7 @@ AS SELECT TraceId,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['total_time']), NULL)) AS t_tgi_total,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['time_per_token']), NULL)) AS t_tgi_per_token
 FROM "otel"."otel_traces"
-WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode') AND NOT (match(SpanName, '^(prefill|decode) Req ') AND SpanAttributes['module'] = 'sglang::request')
+WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode') AND NOT ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
@@ -395,7 +395,7 @@ ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['total_time']), NULL)) AS t_tgi_total,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['time_per_token']), NULL)) AS t_tgi_per_token
 FROM "otel"."otel_traces"
-WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode') AND NOT (match(SpanName, '^(prefill|decode) Req ') AND SpanAttributes['module'] = 'sglang::request')
+WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode') AND NOT ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')
 GROUP BY TraceId;
 
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
@@ -541,7 +541,7 @@ AS SELECT TraceId,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_waiting') AS sg_d_queue,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token
 FROM "otel"."otel_traces"
-WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR (match(SpanName, '^(prefill|decode) Req ') AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
@@ -590,7 +590,7 @@ ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_waiting') AS sg_d_queue,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token
 FROM "otel"."otel_traces"
-WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR (match(SpanName, '^(prefill|decode) Req ') AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
 GROUP BY TraceId;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_pd_requests" AS
