@@ -105,6 +105,13 @@ def _sg_slice(column: str, span: str) -> Part:
     return Part(column, "max", "Nullable(Float64)", f"maxIf(toNullable(Duration) / 1e6, SpanName = '{span}')")
 
 
+def _vllm(column: str, role: str, key: str) -> Part:
+    """A de-facto key (s) of vLLM's `llm_request` on an instance tagged with its role through
+    OTEL_RESOURCE_ATTRIBUTES (docs/disaggregation.md#vllm), in ms on that instance's clock."""
+    cond = f"{ROLE} = '{role}' AND SpanName = '{n.SPAN_VLLM_REQUEST}'"
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)} * 1000, {cond})")
+
+
 def _sg(role: str, column: str) -> str:
     """An SGLang slice's column, NULL unless the trace holds that role's P/D root (the queue and
     prefill slices of a colocated SGLang request carry the same names)."""
@@ -153,10 +160,15 @@ PD_PARTS: tuple[Part, ...] = (
     _sg_slice("sg_d_transferred", n.SPAN_SGLANG_DECODE_TRANSFERRED),
     _sg_slice("sg_d_queue", n.SPAN_SGLANG_DECODE_QUEUE),
     _sg_slice("sg_d_first_token", n.SPAN_SGLANG_DECODE_FIRST_TOKEN),
+    _vllm("v_p_queue", "prefill", n.LATENCY_TIME_IN_QUEUE),
+    _vllm("v_p_prefill", "prefill", n.LATENCY_TIME_IN_MODEL_PREFILL),
+    _vllm("v_d_first_token", "decode", n.LATENCY_TIME_IN_MODEL_PREFILL),  # scheduled (KV in) → first token
 )
 
 _PD_SPAN_MODEL = (
-    f"multiIf(p_instance IS NOT NULL OR d_instance IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
+    "multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, "
+    f"'{n.SPAN_MODEL_VLLM}', "
+    f"p_instance IS NOT NULL OR d_instance IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
     f"sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, '{n.SPAN_MODEL_SGLANG}', NULL)"
 )
 # (column, expression over the merged parts), in the order `phaselens_requests` appends them
@@ -175,8 +187,8 @@ PD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("prefill_hop_ms", "r_prefill_call - p_answer"),
     ("decode_hop_ms", "r_decode_first_chunk - d_ttfc"),
     ("prefill_ingress_ms", f"coalesce(p_ingress, {_sg('prefill', 'sg_p_ingress + sg_p_prepare')})"),
-    ("prefill_queue_ms", f"coalesce(p_queue, {_sg('prefill', 'sg_p_queue')})"),
-    ("prefill_compute_ms", f"coalesce(p_prefill, {_sg('prefill', 'sg_p_forward')})"),
+    ("prefill_queue_ms", f"coalesce(p_queue, {_sg('prefill', 'sg_p_queue')}, v_p_queue)"),
+    ("prefill_compute_ms", f"coalesce(p_prefill, {_sg('prefill', 'sg_p_forward')}, v_p_prefill)"),
     ("prefill_first_token_ms", "p_first_token"),
     (
         "prefill_respond_ms",
@@ -185,7 +197,10 @@ PD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("decode_ingress_ms", f"coalesce(d_ingress, {_sg('decode', 'sg_d_ingress + sg_d_prepare')})"),
     ("decode_queue_ms", f"coalesce(d_queue, {_sg('decode', 'sg_d_queue')})"),
     # no prefill on a decode instance: d_prefill = 0
-    ("decode_first_token_ms", f"coalesce(d_prefill + d_first_token, {_sg('decode', 'sg_d_first_token')})"),
+    (
+        "decode_first_token_ms",
+        f"coalesce(d_prefill + d_first_token, {_sg('decode', 'sg_d_first_token')}, v_d_first_token)",
+    ),
     ("decode_first_chunk_ms", "d_first_chunk"),
     ("decode_itl_p99_ms", "d_itl_p99"),
     ("decode_stall_ms", "d_stall"),

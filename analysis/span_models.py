@@ -48,6 +48,11 @@ PD_UNSEPARATED: dict[str, str] = {
         "the prefill instance's queue, prefill and transfer; kv_transfer_ms also holds the sender's queue "
         "(no kv_wait_ms); no KV bytes, router terms, hops or first chunk on SGLang's spans"
     ),
+    n.SPAN_MODEL_VLLM: (
+        "vLLM's llm_request on instances tagged with their role: only the prefill instance's queue and "
+        "prefill and the decode instance's first step; the decode side's queue holds the KV pull and the "
+        "wait for a seat (not separable, left NULL); no KV transfer, bytes, router terms or hops"
+    ),
 }
 
 

@@ -19,6 +19,10 @@ Sources read (sglang 0.5.23, PyPI wheel):
 - srt/disaggregation/prefill.py: the transfer queue entry comes after the last KV chunk is handed to
   the sender; the transfer's end is when the prefill scheduler polls KVPoll.Success.
 
+and vLLM 0.32.0's (vllm/v1/engine/output_processor.py do_tracing: one `llm_request` SERVER span per
+request per instance, built when it finished, the de-facto keys in seconds; vllm/tracing/otel.py:
+`Resource.create`, which reads OTEL_RESOURCE_ATTRIBUTES).
+
 SGLang's router sends the request to both instances at once (the bootstrap room pairs them), so the
 two trees run in parallel, each on its own host's clock.
 """
@@ -161,3 +165,47 @@ def decode_instance(tokenizer, scheduler, r: SglangPdRequest, t0: int, headers: 
     e2e_ms = at + d.back_ms
     _finish_root(root, d, t0, True, r, len(d.work_ms), e2e_ms)
     return e2e_ms
+
+
+# --- vLLM ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VllmPdSide:
+    """One instance's request as vLLM 0.32 stamps it (output_processor.do_tracing), in ms after its
+    arrival, on that instance's clock. On the decode instance the request is not SCHEDULED before
+    its KV arrived (WAITING_FOR_REMOTE_KVS): its queue holds the KV pull and the wait for a seat."""
+
+    queue_ms: float  # queued → scheduled (time_in_queue)
+    before_queue_ms: float  # arrival → queued (the API server and the hop to the EngineCore)
+    prefill_ms: float  # scheduled → first token (time_in_model_prefill)
+    decode_ms: float  # first token → last token
+    tokens: int
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.before_queue_ms + self.queue_ms + self.prefill_ms
+
+
+def vllm_instance(tracer, side: VllmPdSide, t0: int, headers: dict[str, str], prompt_tokens: int) -> None:
+    """The instance's one `llm_request` SERVER span, made when the request finished, under the
+    request's `traceparent` (a proxy that forwards it; vLLM's toy proxy does not)."""
+    e2e_ms = side.ttft_ms + side.decode_ms
+    tracer.start_span(
+        "llm_request",
+        kind=trace.SpanKind.SERVER,
+        start_time=t0,
+        context=TraceContextTextMapPropagator().extract(headers),
+        attributes={
+            "gen_ai.latency.time_to_first_token": side.ttft_ms / 1e3,
+            "gen_ai.latency.e2e": e2e_ms / 1e3,
+            "gen_ai.latency.time_in_queue": side.queue_ms / 1e3,
+            "gen_ai.usage.prompt_tokens": prompt_tokens,
+            "gen_ai.usage.completion_tokens": side.tokens,
+            "gen_ai.latency.time_in_model_prefill": side.prefill_ms / 1e3,
+            "gen_ai.latency.time_in_model_decode": side.decode_ms / 1e3,
+            "gen_ai.latency.time_in_model_inference": (side.prefill_ms + side.decode_ms) / 1e3,
+            "gen_ai.request.id": "cmpl-5b0c1d2e-0",
+            "gen_ai.request.max_tokens": side.tokens,
+        },
+    ).end(end_time=_at(t0, e2e_ms))

@@ -6,8 +6,13 @@ to the real embedded ClickHouse; every column must give back the duration put in
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from phaselens.analysis.pd_budget import pd_budget
 from phaselens.analysis.pd_schema import PD_COLUMN_NAMES
@@ -15,7 +20,14 @@ from phaselens.collectors.service import Collector
 from phaselens.common.process import LOOPBACK
 from phaselens.instrumentation import names as n
 from tests.analysis_fixtures import client, new_database
-from tests.native_pd_spans import SglangPdRequest, SglangPdSide, decode_instance, prefill_instance
+from tests.native_pd_spans import (
+    SglangPdRequest,
+    SglangPdSide,
+    VllmPdSide,
+    decode_instance,
+    prefill_instance,
+    vllm_instance,
+)
 from tests.native_spans import MS, SglangRequest, SixtyFourBitIds, client_span, provider, sglang_request
 
 __all__ = ["client"]
@@ -54,14 +66,17 @@ COLOCATED = SglangRequest(
 )
 
 
-@pytest.fixture(scope="module")
-def pipeline(clickhouse, client, tmp_path_factory):
+def _pipeline(clickhouse, client, tmp_path_factory):
     db = new_database(client, "pd_native")
     collector = Collector(
         clickhouse.url, database=db, spool_dir=str(tmp_path_factory.mktemp("spool")), flush_interval_s=0.05
     ).start()
     yield db, f"{LOOPBACK}:{collector.grpc_port}"
     collector.stop()
+
+
+pipeline = pytest.fixture(scope="module")(_pipeline)
+vllm_pipeline = pytest.fixture(scope="module")(_pipeline)  # its own database: the budgets stay apart
 
 
 def emit(endpoint: str) -> dict[str, SglangPdRequest | None]:
@@ -104,8 +119,9 @@ def rows(pipeline, client):
     return traces, pd_rows(client, db, traces)
 
 
-def pd_rows(client, database: str, traces: dict[str, SglangPdRequest | None]) -> dict[str, dict]:
-    """`phaselens_requests` rows of these traces, once every P/D row holds both instances' slices."""
+def pd_rows(client, database: str, traces: Mapping[str, object]) -> dict[str, dict]:
+    """`phaselens_requests` rows of these traces (trace id → its request, None for a colocated one),
+    once every P/D row holds both instances' prefill and first-token terms."""
     sql = "SELECT * FROM {db:Identifier}.phaselens_requests WHERE trace_id IN {ids:Array(String)}"
     params = {"db": database, "ids": list(traces)}
     deadline = time.monotonic() + 20
@@ -188,3 +204,66 @@ def test_the_pd_budget_counts_sglang_requests_but_none_complete(pipeline, client
     report = pd_budget(client, database=db, since=None)
     assert (report.requests, report.complete, report.prefill_instances, report.decode_instances) == (2, 0, 1, 1)
     assert report.span_models == [n.SPAN_MODEL_SGLANG]
+
+
+VLLM = [  # (prefill instance's request, decode instance's request)
+    (VllmPdSide(4.0, 1.5, 22.5, 0.0, 1), VllmPdSide(31.0, 1.25, 6.5, 90.0, 12)),
+    (VllmPdSide(15.0, 2.0, 48.0, 0.0, 1), VllmPdSide(64.5, 1.0, 7.25, 40.0, 6)),
+]
+VLLM_INSTANCES = {"prefill": "http://prefill-0:8100", "decode": "http://decode-0:8200"}
+
+
+def _vllm_provider(endpoint: str, role: str) -> TracerProvider:
+    """A vLLM instance's provider (vllm/tracing/otel.py), its role and URL set by the operator in
+    OTEL_RESOURCE_ATTRIBUTES, which `Resource.create` reads."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OTEL_RESOURCE_ATTRIBUTES", f"{n.PL_PD_ROLE}={role},{n.PL_PD_INSTANCE}={VLLM_INSTANCES[role]}")
+        mp.setenv("OTEL_SERVICE_NAME", "vllm")
+        resource = Resource.create({"vllm.instrumenting_module_name": "vllm.llm_engine", "vllm.process_id": "4242"})
+    tp = TracerProvider(resource=resource)
+    tp.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+    return tp
+
+
+@pytest.fixture(scope="module")
+def vllm_rows(vllm_pipeline, client):
+    db, endpoint = vllm_pipeline
+    prefill, decode = _vllm_provider(endpoint, "prefill"), _vllm_provider(endpoint, "decode")
+    loadgen = provider(endpoint, "phaselens-loadgen")
+    t0 = (time.time_ns() // 10**9 - 30) * 10**9
+    traces = {}
+    for i, (p, d) in enumerate(VLLM):
+        start = t0 + i * 10**9
+        ttft_ms = p.ttft_ms + d.ttft_ms + 5.0
+        span, headers = client_span(loadgen.get_tracer("phaselens.client"), start, ttft_ms, ttft_ms + d.decode_ms)
+        vllm_instance(prefill.get_tracer("vllm.llm_engine"), p, start - HOUR_NS, headers, 64)
+        vllm_instance(decode.get_tracer("vllm.llm_engine"), d, start + HOUR_NS + 30 * MS, headers, 64)
+        span.end(end_time=start + round((ttft_ms + d.decode_ms + 1) * MS))
+        traces[f"{span.get_span_context().trace_id:032x}"] = (p, d)
+    for tp in (prefill, decode, loadgen):
+        tp.shutdown()
+    return traces, pd_rows(client, db, traces)
+
+
+def test_vllm_llm_request_spans_of_role_tagged_instances_fill_what_they_hold(vllm_rows):
+    """vLLM's keys on each instance's clock: the prefill instance's queue and prefill, the decode
+    instance's first step after the KV arrived; its queue (the KV pull and the wait for a seat,
+    not separable) and everything else stay NULL."""
+    traces, got = vllm_rows
+    assert got.keys() == traces.keys()
+    for trace_id, (p, d) in traces.items():
+        row = got[trace_id]
+        assert (row["prefill_instance"], row["decode_instance"], row["pd_span_model"]) == (
+            VLLM_INSTANCES["prefill"],
+            VLLM_INSTANCES["decode"],
+            n.SPAN_MODEL_VLLM,
+        )
+        want = {
+            "prefill_queue_ms": p.queue_ms,
+            "prefill_compute_ms": p.prefill_ms,
+            "decode_first_token_ms": d.prefill_ms,
+        }
+        assert {k: row[k] for k in want} == {k: pytest.approx(v, abs=1e-6) for k, v in want.items()}
+        for column in ("decode_queue_ms", "kv_transfer_ms", "kv_bytes", "prefill_ingress_ms", "decode_kv_wait_ms"):
+            assert row[column] is None, column
+        assert (row["span_model"], row["server_ttft_ms"]) == (None, None)  # both spans stay out of the generic row

@@ -443,7 +443,10 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
     sg_d_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     sg_d_transferred SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     sg_d_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
-    sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE)
+    sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE)
 ) ENGINE = AggregatingMergeTree()
 ORDER BY TraceId
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -492,7 +495,10 @@ ALTER TABLE "otel"."phaselens_pd_parts"
     ADD COLUMN IF NOT EXISTS sg_d_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS sg_d_transferred SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS sg_d_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
-    ADD COLUMN IF NOT EXISTS sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE);
+    ADD COLUMN IF NOT EXISTS sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE);
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_pd_parts_mv" TO "otel"."phaselens_pd_parts"
 AS SELECT TraceId,
@@ -539,7 +545,10 @@ AS SELECT TraceId,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_bootstrap') AS sg_d_bootstrap,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_transferred') AS sg_d_transferred,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_waiting') AS sg_d_queue,
-    maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_queue']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token
 FROM "otel"."otel_traces"
 WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
 GROUP BY TraceId;
@@ -588,7 +597,10 @@ ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_bootstrap') AS sg_d_bootstrap,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_transferred') AS sg_d_transferred,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_waiting') AS sg_d_queue,
-    maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_queue']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token
 FROM "otel"."otel_traces"
 WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
 GROUP BY TraceId;
@@ -610,20 +622,20 @@ SELECT
     r_prefill_call - p_answer AS prefill_hop_ms,
     r_decode_first_chunk - d_ttfc AS decode_hop_ms,
     coalesce(p_ingress, if(sg_p_instance IS NULL, NULL, sg_p_ingress + sg_p_prepare)) AS prefill_ingress_ms,
-    coalesce(p_queue, if(sg_p_instance IS NULL, NULL, sg_p_queue)) AS prefill_queue_ms,
-    coalesce(p_prefill, if(sg_p_instance IS NULL, NULL, sg_p_forward)) AS prefill_compute_ms,
+    coalesce(p_queue, if(sg_p_instance IS NULL, NULL, sg_p_queue), v_p_queue) AS prefill_queue_ms,
+    coalesce(p_prefill, if(sg_p_instance IS NULL, NULL, sg_p_forward), v_p_prefill) AS prefill_compute_ms,
     p_first_token AS prefill_first_token_ms,
     p_answer - (p_ingress + p_queue + p_prefill + p_first_token + kv_wait + kv_transfer) AS prefill_respond_ms,
     coalesce(d_ingress, if(sg_d_instance IS NULL, NULL, sg_d_ingress + sg_d_prepare)) AS decode_ingress_ms,
     coalesce(d_queue, if(sg_d_instance IS NULL, NULL, sg_d_queue)) AS decode_queue_ms,
-    coalesce(d_prefill + d_first_token, if(sg_d_instance IS NULL, NULL, sg_d_first_token)) AS decode_first_token_ms,
+    coalesce(d_prefill + d_first_token, if(sg_d_instance IS NULL, NULL, sg_d_first_token), v_d_first_token) AS decode_first_token_ms,
     d_first_chunk AS decode_first_chunk_ms,
     d_itl_p99 AS decode_itl_p99_ms,
     d_stall AS decode_stall_ms,
     if(sg_p_instance IS NULL, NULL, sg_p_bootstrap) AS prefill_bootstrap_ms,
     if(sg_d_instance IS NULL, NULL, sg_d_bootstrap) AS decode_bootstrap_ms,
     if(sg_d_instance IS NULL, NULL, sg_d_transferred) AS decode_kv_wait_ms,
-    multiIf(p_instance IS NOT NULL OR d_instance IS NOT NULL, 'phaselens', sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, 'sglang-native', NULL) AS pd_span_model
+    multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, 'vllm-native', p_instance IS NOT NULL OR d_instance IS NOT NULL, 'phaselens', sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, 'sglang-native', NULL) AS pd_span_model
 FROM "otel"."phaselens_pd_parts" FINAL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_spans" AS
