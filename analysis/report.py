@@ -58,7 +58,8 @@ def build(
     filters: Filters = {"database": database, "since": since, "service": service, "model": model}
     points, ttft_by_trace = _points(client, filters)
     traces = [
-        TraceView(label, tid, _trace_spans(client, database, tid)) for label, tid in _chosen_traces(ttft_by_trace)
+        TraceView(label, tid, _trace_spans(client, database, tid), _pd_hops(client, database, tid))
+        for label, tid in _chosen_traces(ttft_by_trace)
     ]
     window = "all time" if since is None else f"last {since}"
     subtitle = (
@@ -183,9 +184,16 @@ def _chosen_traces(ttft_by_trace: dict[str, float]) -> list[tuple[str, str]]:
 def _trace_spans(client: Client, database: str, trace_id: str) -> list[TraceSpan]:
     rows = _rows(client, "request_spans", {"database": database, "trace_id": trace_id})
     return [
-        TraceSpan(span, kind, service, round(offset_ms * 1e6), round(duration_ms * 1e6), sid, parent)
-        for service, span, kind, sid, parent, offset_ms, duration_ms, _ in rows
+        TraceSpan(span, kind, service, round(offset_ms * 1e6), round(duration_ms * 1e6), sid, parent, role, instance)
+        for service, span, kind, sid, parent, offset_ms, duration_ms, _, role, instance in rows
     ]
+
+
+def _pd_hops(client: Client, database: str, trace_id: str) -> dict[str, float]:
+    """The request's hops as its P/D budget has them (analysis.pd_schema); empty when colocated."""
+    rows = _rows(client, "pd_hops", {"database": database, "trace_id": trace_id})
+    hops = dict(zip(("prefill", "decode"), rows[0], strict=True)) if rows else {}
+    return {role: ms for role, ms in hops.items() if ms is not None}
 
 
 def _steps(client: Client, filters: Filters) -> list[StepPoint]:
