@@ -266,7 +266,8 @@ def summary_lines(report: ImportReport, run: HarnessRun, list_ids: int = 10) -> 
         minutes = max(b.minutes for b in report.rollups)
         sealed = sum(b.requests for b in report.rollups)
         out.append(
-            f"  rollups: {minutes} minutes recomputed ({sealed} requests sealed already; the rest seal with their view)"
+            f"  rollups: {minutes} minute{'s' if minutes != 1 else ''} recomputed "
+            f"({sealed} requests sealed already; the rest seal with their view)"
         )
     warnings = []
     if report.rollup_error:

@@ -50,7 +50,8 @@ def run_backfill(args) -> int:
         return 1
     for i, node in enumerate(nodes, 1):
         print(
-            f"node {i}: {node.minutes} minutes recomputed, {node.requests} requests sealed already "
+            f"node {i}: {node.minutes} minute{'s' if node.minutes != 1 else ''} recomputed, "
+            f"{node.requests} requests sealed already "
             f"({node.rounds} round{'s' if node.rounds > 1 else ''})"
         )
     return 0
