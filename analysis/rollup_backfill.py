@@ -17,7 +17,8 @@ Every request counts once:
   again, since a pass skips requests with a part at or before its watermark;
 - a pass that commits while the minutes are recomputed moves the watermark: its rows may have been
   deleted, so the recompute runs again (the watermark is read before and after each round; a round
-  ends only when it did not move).
+  ends only when it did not move). A pass whose rows the delete removed whole is undone: the
+  watermark is the newest row's, so it is back at W and the next pass seals those requests again.
 
 A read between the delete and the insert misses those minutes; the recompute reads every request
 of the node (as `phaselens budget --exact` does), once per round.

@@ -26,8 +26,11 @@ from tests.native_spans import provider
 __all__ = ["client"]
 
 
-def _serve(clickhouse_url: str, database: str, ids: list[str], seed: int, tmp_path) -> dict[str, float]:
-    """One SERVER span per id, with the id as its X-Request-ID; returns each one's TTFC (ms)."""
+def _serve(
+    clickhouse_url: str, database: str, ids: list[str], seed: int, tmp_path, earlier: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """One SERVER span per id, with the id as its X-Request-ID (`earlier` ones started 3 minutes
+    before the others: another rollup minute); returns each one's TTFC (ms)."""
     from opentelemetry.trace import SpanKind
 
     rng = random.Random(seed)
@@ -36,7 +39,8 @@ def _serve(clickhouse_url: str, database: str, ids: list[str], seed: int, tmp_pa
         server = provider(c.grpc_endpoint, "phaselens-server")
         t0 = time.time_ns()
         for request_id in ids:
-            span = server.get_tracer("s").start_span("chat tiny", kind=SpanKind.SERVER, start_time=t0)
+            start = t0 - (180 * 10**9 if request_id in earlier else 0)
+            span = server.get_tracer("s").start_span("chat tiny", kind=SpanKind.SERVER, start_time=start)
             span.set_attributes(
                 {
                     n.GEN_AI_OPERATION_NAME: n.OP_CHAT,
@@ -45,7 +49,7 @@ def _serve(clickhouse_url: str, database: str, ids: list[str], seed: int, tmp_pa
                     n.HTTP_REQUEST_HEADER_X_REQUEST_ID: [request_id],
                 }
             )
-            span.end(end_time=t0 + 80_000_000)
+            span.end(end_time=start + 80_000_000)
         server.shutdown()
     return ttfc
 
@@ -174,3 +178,42 @@ def test_a_request_a_recompute_counted_is_never_sealed_again(clickhouse, client,
     )
     rollup.seal_now(client, database)
     _agree(client, database, 12, 0)
+
+
+def test_a_pass_that_commits_during_a_recompute_makes_it_run_again(clickhouse, client, tmp_path, monkeypatch):
+    """A sealing pass commits between the recompute's read of the watermark and its delete (here
+    forced at that point; live, any pass every 30 s may). The delete removes that pass's rows of the
+    recomputed minutes; its row of another minute stays, so the watermark has moved and the
+    recompute runs again, now counting that pass's requests of its minutes."""
+    database = new_database(client, "again")
+    early = [f"early-{i}" for i in range(8)]
+    _serve(clickhouse.url, database, early, 7, tmp_path)
+    _wait_joinable(client, database, early)
+    rollup.seal_now(client, database)
+    fresh = [f"fresh-{i}" for i in range(5)]
+    _serve(clickhouse.url, database, fresh, 8, tmp_path, earlier=("fresh-0",))
+    _wait_joinable(client, database, fresh)  # not sealed yet
+    read = rollup_backfill.sealed_requests
+    passes: list[int] = []
+
+    def a_pass_commits_meanwhile(*args: object) -> list[str]:
+        ids = read(*args)  # type: ignore[arg-type]
+        if not passes:
+            rollup.seal_now(client, database)  # seals the fresh ones: rows the delete will remove
+        passes.append(len(ids))
+        return ids
+
+    monkeypatch.setattr(rollup_backfill, "sealed_requests", a_pass_commits_meanwhile)
+    traces = [m[0].trace_id for m in lookup(client, database, early).values()]
+    minutes = rollup_backfill.minutes_of(client, database, traces)  # fresh-0's minute is not one of them
+    done = rollup_backfill.backfill(client, database, minutes)
+    in_minutes = client.query(  # early and fresh-1…4, unless a minute began between them
+        f"SELECT count() FROM {database}.{S.FACTS_VIEW} WHERE toUInt32(toStartOfMinute(start_time)) "
+        "IN {m:Array(UInt32)}",
+        parameters={"m": minutes},
+    ).result_rows[0][0]
+    assert (done.rounds, passes) == (2, [8, in_minutes]) and in_minutes in (8, 12)
+    rollup.refresh_live(client, database)
+    _agree(client, database, 13, 0)
+    rollup.seal_now(client, database)
+    _agree(client, database, 13, 0)
