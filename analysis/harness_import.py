@@ -35,6 +35,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from phaselens.analysis.harness_records import ClientRecord, HarnessRun
+from phaselens.analysis.id_batches import slices
 from phaselens.analysis.rollup_backfill import Backfilled, BackfillError, backfill_requests
 from phaselens.analysis.schema import FACTS_VIEW, SPANS_VIEW
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
@@ -43,7 +44,6 @@ from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
 
 IMPORT_SCOPE = "phaselens.harness_import"  # ScopeName of an imported client span
-LOOKUP_BATCH = 10_000  # request ids per lookup query
 INSERT_BATCH = 5_000  # spans per insert (one deduplication token each)
 
 
@@ -82,8 +82,8 @@ def lookup(client: Any, database: str, request_ids: Sequence[str]) -> dict[str, 
         "WHERE has_server AND x_request_id IN {ids:Array(String)}"
     )
     found: dict[str, list[ServerMatch]] = {}
-    for i in range(0, len(request_ids), LOOKUP_BATCH):
-        rows = client.query(sql, parameters={"ids": list(request_ids[i : i + LOOKUP_BATCH])}).result_rows
+    for part in slices(request_ids):
+        rows = client.query(sql, parameters={"ids": list(request_ids[part])}).result_rows
         for request_id, trace_id, model in rows:
             found.setdefault(request_id, []).append(ServerMatch(trace_id, model))
     return found
@@ -96,8 +96,8 @@ def stored_span_ids(client: Any, database: str, trace_ids: Sequence[str], span_i
         "WHERE TraceId IN {t:Array(String)} AND SpanId IN {s:Array(String)} AND ScopeName = {scope:String}"
     )
     out: set[str] = set()
-    for i in range(0, len(span_ids), LOOKUP_BATCH):
-        params = {"t": list(trace_ids[i : i + LOOKUP_BATCH]), "s": list(span_ids[i : i + LOOKUP_BATCH])}
+    for part in slices(trace_ids):  # a span id is shorter than its trace id
+        params = {"t": list(trace_ids[part]), "s": list(span_ids[part])}
         out |= {row[0] for row in client.query(sql, parameters={**params, "scope": IMPORT_SCOPE}).result_rows}
     return out
 

@@ -33,12 +33,12 @@ from typing import Any
 from phaselens.analysis import rollup
 from phaselens.analysis import schema as s
 from phaselens.analysis import sketch as sk
+from phaselens.analysis.id_batches import slices
 from phaselens.collectors.schema import ident
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.cluster_nodes import cluster_nodes
 
 MAX_ROUNDS = 5  # a pass every 30 s and a round of a second or so: a second round is rare
-IDS_BATCH = 10_000  # request ids per insert
 _IN_MINUTES = "toUInt32(toStartOfMinute(start_time)) IN {minutes:Array(UInt32)}"
 
 
@@ -74,8 +74,8 @@ def minutes_of(client: Any, database: str, trace_ids: Sequence[str]) -> list[int
         "WHERE trace_id IN {ids:Array(String)}"
     )
     out: set[int] = set()
-    for i in range(0, len(trace_ids), IDS_BATCH):
-        out |= {row[0] for row in client.query(sql, parameters={"ids": list(trace_ids[i : i + IDS_BATCH])}).result_rows}
+    for part in slices(trace_ids):
+        out |= {row[0] for row in client.query(sql, parameters={"ids": list(trace_ids[part])}).result_rows}
     return sorted(out)
 
 
@@ -97,21 +97,21 @@ def _recompute(client: Any, database: str, minutes: Sequence[int], mark_ms: int)
     rollup_table, pending, parts = _tables(database)
     ids = sealed_requests(client, database, minutes, mark_ms)
     mark = "fromUnixTimestamp64Milli({mark:Int64})"
-    for i in range(0, len(ids), IDS_BATCH):  # claimed before the delete: a pass skips them from now on
+    for part in slices(ids):  # claimed before the delete: a pass skips them from now on
         client.command(
             f"INSERT INTO {pending} (TraceId, inserted, harness_only) SELECT arrayJoin({{ids:Array(String)}}), {mark}, 1",
-            parameters={"ids": ids[i : i + IDS_BATCH], "mark": mark_ms},
+            parameters={"ids": ids[part], "mark": mark_ms},
         )
     client.command(
         f"DELETE FROM {rollup_table} WHERE sealer = {rollup.SEALER} AND toUInt32(bucket) IN {{minutes:Array(UInt32)}}",
         parameters={"minutes": list(minutes)},
     )
-    for i in range(0, len(ids), IDS_BATCH):
+    for part in slices(ids):
         requests = f"(SELECT * FROM {parts} FINAL WHERE TraceId IN {{ids:Array(String)}})"
         states = rollup.states_select(s.facts_select(requests, final=False), mark)
         client.command(
             f"INSERT INTO {rollup_table} ({', '.join(rollup._column_names())})\n{states}",
-            parameters={"ids": ids[i : i + IDS_BATCH], "mark": mark_ms},
+            parameters={"ids": ids[part], "mark": mark_ms},
         )
     return len(ids)
 
