@@ -182,10 +182,8 @@ def _mean_of(array: str) -> str:
 
 
 # who measured the client views: `name version` per harness (phaselens's own client has no version)
-CLIENT_HARNESSES = (
-    "arraySort(groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', "
-    "concat(' ', client_harness_version))), has_client))"
-)
+_HARNESS = "concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version)))"
+CLIENT_HARNESSES = f"arraySort(groupUniqArrayIf({_HARNESS}, has_client))"
 
 
 def budget_summary(d: Dialect) -> str:
@@ -491,7 +489,14 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
             f"sumMapState(if(ttft_ms IS NULL, [], [{_TTFT_BUCKET}]), {tail_arrays})",
         ),
     )
-    return counts + sums + window + terms + hists
+    harnesses = (
+        (
+            "client_harnesses",
+            "SimpleAggregateFunction(groupUniqArrayArray, Array(String))",
+            f"groupUniqArrayIf({_HARNESS}, has_client)",
+        ),
+    )
+    return counts + sums + window + terms + hists + harnesses
 
 
 def _states(d: Dialect) -> str:
@@ -565,7 +570,7 @@ def budget_summary_rollup(d: Dialect) -> str:
         "SELECT sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
         f"    sum(with_server) AS with_server, {_good_from_hist(d)} AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,\n"
-        "    sum(no_output) AS no_output,\n"
+        "    arraySort(groupUniqArrayArray(client_harnesses)) AS client_harnesses, sum(no_output) AS no_output,\n"
         f"    {_window_s('min(first_server_start)', 'max(last_server_end)')} AS window_s,\n    {dists},\n"
         f"    {', '.join(_tail_from_hist())}\n{_states(d)}\n)"
     )
@@ -882,7 +887,7 @@ _SUMMARY_HEAD = ("requests", "with_client", "errors", "with_server", "good", "sp
 _SUMMARY_TAIL = ("no_output", "window_s", *_dist_columns(), *_TAIL)
 QUERIES: dict[str, Query] = {
     "budget_summary": Query(budget_summary, (*_SUMMARY_HEAD, "client_harnesses", *_SUMMARY_TAIL)),
-    "budget_summary_rollup": Query(budget_summary_rollup, (*_SUMMARY_HEAD, *_SUMMARY_TAIL)),
+    "budget_summary_rollup": Query(budget_summary_rollup, (*_SUMMARY_HEAD, "client_harnesses", *_SUMMARY_TAIL)),
     "tail_attribution": Query(tail_attribution, (*_TAIL, "ttft_median", *(f"{c}_median" for c in _COMP_NAMES))),
     "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
     "diagnosis_figures": Query(

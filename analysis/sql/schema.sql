@@ -836,7 +836,8 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_rollup" (
     first_chunk_stamped_ms_qs AggregateFunction(quantilesDD(0.01, 0.5, 0.9, 0.99), Nullable(Float64)),
     first_chunk_stamped_ms_avg AggregateFunction(avg, Nullable(Float64)),
     slo_hist AggregateFunction(sumMap, Array(UInt32), Array(UInt64)),
-    tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64))
+    tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String))
 ) ENGINE = AggregatingMergeTree()
 PARTITION BY toYYYYMM(bucket)
 ORDER BY (bucket, service, model, span_model, sealer, is_live);
@@ -942,7 +943,8 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_live" (
     first_chunk_stamped_ms_qs AggregateFunction(quantilesDD(0.01, 0.5, 0.9, 0.99), Nullable(Float64)),
     first_chunk_stamped_ms_avg AggregateFunction(avg, Nullable(Float64)),
     slo_hist AggregateFunction(sumMap, Array(UInt32), Array(UInt64)),
-    tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64))
+    tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String))
 ) ENGINE = AggregatingMergeTree()
 PARTITION BY toYYYYMM(bucket)
 ORDER BY (bucket, service, model, span_model, sealer, is_live);
@@ -1041,7 +1043,8 @@ ALTER TABLE "otel"."phaselens_budget_rollup"
     ADD COLUMN IF NOT EXISTS first_chunk_stamped_ms_qs AggregateFunction(quantilesDD(0.01, 0.5, 0.9, 0.99), Nullable(Float64)),
     ADD COLUMN IF NOT EXISTS first_chunk_stamped_ms_avg AggregateFunction(avg, Nullable(Float64)),
     ADD COLUMN IF NOT EXISTS slo_hist AggregateFunction(sumMap, Array(UInt32), Array(UInt64)),
-    ADD COLUMN IF NOT EXISTS tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64));
+    ADD COLUMN IF NOT EXISTS tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    ADD COLUMN IF NOT EXISTS client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String));
 
 ALTER TABLE "otel"."phaselens_budget_live"
     ADD COLUMN IF NOT EXISTS requests SimpleAggregateFunction(sum, UInt64),
@@ -1137,11 +1140,13 @@ ALTER TABLE "otel"."phaselens_budget_live"
     ADD COLUMN IF NOT EXISTS first_chunk_stamped_ms_qs AggregateFunction(quantilesDD(0.01, 0.5, 0.9, 0.99), Nullable(Float64)),
     ADD COLUMN IF NOT EXISTS first_chunk_stamped_ms_avg AggregateFunction(avg, Nullable(Float64)),
     ADD COLUMN IF NOT EXISTS slo_hist AggregateFunction(sumMap, Array(UInt32), Array(UInt64)),
-    ADD COLUMN IF NOT EXISTS tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64));
+    ADD COLUMN IF NOT EXISTS tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    ADD COLUMN IF NOT EXISTS client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String));
 
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_pending" (
     TraceId String CODEC(ZSTD(1)),
     inserted SimpleAggregateFunction(min, DateTime64(3)),
+    harness_only SimpleAggregateFunction(min, UInt8) DEFAULT 0,
     first_seen SimpleAggregateFunction(min, DateTime64(9)) CODEC(NONE),
     server_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
     client_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
@@ -1230,6 +1235,7 @@ TTL toDateTime(inserted) + toIntervalSecond(900)
 SETTINGS ttl_only_drop_parts = 1, merge_with_ttl_timeout = 60, non_replicated_deduplication_window = 10000;
 
 ALTER TABLE "otel"."phaselens_request_pending"
+    ADD COLUMN IF NOT EXISTS harness_only SimpleAggregateFunction(min, UInt8) DEFAULT 0,
     ADD COLUMN IF NOT EXISTS first_seen SimpleAggregateFunction(min, DateTime64(9)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS server_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS client_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
@@ -1313,9 +1319,9 @@ ALTER TABLE "otel"."phaselens_request_pending"
     ADD COLUMN IF NOT EXISTS t_tgi_per_token SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1));
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_request_pending_mv" TO "otel"."phaselens_request_pending"
-AS SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts" WHERE t_client_harness IS NULL;
+AS SELECT *, now64(3) AS inserted, toUInt8(t_client_harness IS NOT NULL) AS harness_only FROM "otel"."phaselens_request_parts";
 
-ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts" WHERE t_client_harness IS NULL;
+ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3) AS inserted, toUInt8(t_client_harness IS NOT NULL) AS harness_only FROM "otel"."phaselens_request_parts";
 
 DROP VIEW IF EXISTS "otel"."phaselens_budget_seal";
 
@@ -1415,7 +1421,8 @@ AS SELECT toStartOfMinute(start_time) AS bucket, ifNull(service, '') AS service,
     quantilesDDState(0.01, 0.5, 0.9, 0.99)(CAST((first_chunk_ms) * 1000000.0 AS Nullable(Float64))) AS first_chunk_stamped_ms_qs,
     avgState(CAST(first_chunk_ms AS Nullable(Float64))) AS first_chunk_stamped_ms_avg,
     sumMapState(if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt32(toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048) * 4096 + toUInt32(ifNull(if(tpot_ms > 0, least(greatest(ceil(log(tpot_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048))], []), if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt64(1)], [])) AS slo_hist,
-    sumMapState(if(ttft_ms IS NULL, [], [toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048)]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(1))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_ms))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(inbound_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(inbound_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ingress_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ingress_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ttft_queue_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_queue_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(prefill_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(prefill_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_token_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(first_token_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(before_engine_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(before_engine_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(held_back_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(held_back_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(first_chunk_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_chunk_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(client_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(client_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(residual_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(residual_ms IS NOT NULL))])) AS tail_hist
+    sumMapState(if(ttft_ms IS NULL, [], [toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048)]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(1))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_ms))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(inbound_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(inbound_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ingress_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ingress_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ttft_queue_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_queue_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(prefill_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(prefill_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_token_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(first_token_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(before_engine_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(before_engine_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(held_back_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(held_back_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(first_chunk_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_chunk_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(client_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(client_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(residual_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(residual_ms IS NOT NULL))])) AS tail_hist,
+    groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version))), has_client) AS client_harnesses
 FROM (SELECT
     TraceId AS trace_id,
     coalesce(t_request_id, t_response_id, t_rid) AS request_id,
@@ -1566,7 +1573,7 @@ FROM (SELECT TraceId,
         AND TraceId NOT IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted <= (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))
             AND TraceId IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted > (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))))
     GROUP BY TraceId
-    HAVING min(inserted) <= now64(3) - toIntervalSecond(60))
+    HAVING min(harness_only) = 0 AND min(inserted) <= now64(3) - toIntervalSecond(60))
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL)
 GROUP BY bucket, service, model, span_model;
 
@@ -1668,7 +1675,8 @@ AS SELECT toStartOfMinute(start_time) AS bucket, ifNull(service, '') AS service,
     quantilesDDState(0.01, 0.5, 0.9, 0.99)(CAST((first_chunk_ms) * 1000000.0 AS Nullable(Float64))) AS first_chunk_stamped_ms_qs,
     avgState(CAST(first_chunk_ms AS Nullable(Float64))) AS first_chunk_stamped_ms_avg,
     sumMapState(if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt32(toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048) * 4096 + toUInt32(ifNull(if(tpot_ms > 0, least(greatest(ceil(log(tpot_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048))], []), if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt64(1)], [])) AS slo_hist,
-    sumMapState(if(ttft_ms IS NULL, [], [toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048)]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(1))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_ms))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(inbound_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(inbound_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ingress_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ingress_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ttft_queue_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_queue_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(prefill_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(prefill_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_token_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(first_token_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(before_engine_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(before_engine_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(held_back_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(held_back_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(first_chunk_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_chunk_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(client_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(client_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(residual_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(residual_ms IS NOT NULL))])) AS tail_hist
+    sumMapState(if(ttft_ms IS NULL, [], [toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048)]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(1))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_ms))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(inbound_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(inbound_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ingress_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ingress_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ttft_queue_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_queue_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(prefill_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(prefill_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_token_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(first_token_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(before_engine_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(before_engine_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(held_back_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(held_back_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(first_chunk_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_chunk_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(client_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(client_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(residual_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(residual_ms IS NOT NULL))])) AS tail_hist,
+    groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version))), has_client) AS client_harnesses
 FROM (SELECT
     TraceId AS trace_id,
     coalesce(t_request_id, t_response_id, t_rid) AS request_id,
@@ -1818,7 +1826,8 @@ FROM (SELECT TraceId,
     WHERE inserted > (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))
         AND TraceId NOT IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted <= (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))
             AND TraceId IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted > (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))))
-    GROUP BY TraceId)
+    GROUP BY TraceId
+    HAVING min(harness_only) = 0)
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL)
 GROUP BY bucket, service, model, span_model;
 
