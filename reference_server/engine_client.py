@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 DEFAULT_START_TIMEOUT_S = 300.0
 _RECV_BYTES = 1 << 20
 _REAP_POLL_S = 0.05
+_EXIT_WAIT_S = 0.5
 
 
 @dataclass(slots=True)
@@ -283,7 +284,11 @@ class EngineClient:
         """End of file: the engine process is gone. Fail what was in flight, then reap it."""
         if self.error:
             return
-        status = self._proc.poll()
+        try:  # its socket closed as it exited: its status follows within moments (the loop waits once)
+            status: int | None = self._proc.wait(_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:  # closed its socket yet lives: of no use, and not to be orphaned
+            status = None
+            self._proc.kill()
         self.error = f"the engine process exited ({self._describe(status)})"
         log.error("%s: %d requests in flight failed", self.error, len(self._live))
         if self._loop is not None:
@@ -293,7 +298,7 @@ class EngineClient:
         self._reap()
 
     def _reap(self) -> None:
-        """Wait for the dead child without blocking the loop (it closed the socket: it is exiting)."""
+        """Wait for a killed child without blocking the loop."""
         if self._proc.poll() is None and self._loop is not None and not self._loop.is_closed():
             self._loop.call_later(_REAP_POLL_S, self._reap)
 

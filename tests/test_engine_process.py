@@ -28,7 +28,7 @@ from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from phaselens.reference_server import Engine, EngineConfig, SamplingParams, SeqOutput
 from phaselens.reference_server.api import ApiSettings, create_app
 from phaselens.reference_server.engine_client import EngineClient
-from phaselens.reference_server.process import bind
+from phaselens.reference_server.process import ServeOptions, _engine, bind
 
 PROMPTS = [[40 + i + j % 50 for j in range(8 + 37 * i)] for i in range(6)]
 PARAMS = [
@@ -76,6 +76,28 @@ def test_outputs_are_the_thread_engines_greedy_stop_and_seeded():
     want = _thread_outputs()
     assert got == want and all(want)
     assert len(got[0]) == 24  # greedy, EOS ignored: one visible character per token
+
+
+def test_a_model_the_engine_process_cannot_load_is_a_clear_error_and_the_child_is_reaped():
+    """The config is checked here; the load fails there (no CUDA on this machine): its message."""
+    if torch_cuda_available():
+        pytest.skip("a CUDA device is present: --device cuda loads")
+    before = _children(os.getpid())
+    with pytest.raises(ValueError, match="no CUDA device"):
+        EngineClient(EngineConfig(device="cuda"))
+    assert _children(os.getpid()) == before  # no engine child left, not even a zombie
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_a_prefill_or_decode_instance_runs_the_thread_engine():
+    options = ServeOptions(engine=EngineConfig(), role="prefill", engine_mode="process")
+    with pytest.raises(ValueError, match="colocated only"):
+        _engine(options)
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +173,15 @@ def _proc_state(pid: int) -> str | None:
 
 
 def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
+    """Every thread's children (a zombie stays listed until it is reaped)."""
+    return sorted(
+        int(p) for task in os.listdir(f"/proc/{pid}/task") for p in _read(f"/proc/{pid}/task/{task}/children")
+    )
+
+
+def _read(path: str) -> list[str]:
+    with open(path) as f:
+        return f.read().split()
 
 
 def test_engine_process_killed_mid_stream_fails_the_clients_and_is_reaped():
