@@ -41,9 +41,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from phaselens.analysis import pd_queries
 from phaselens.analysis import sketch as sk
 from phaselens.analysis import thresholds as th
-from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
+from phaselens.analysis.dialect import CliDialect, Dialect, Filters, GrafanaDialect, QueryError
 from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, SPANS_VIEW, STEPS_VIEW, TRACE_TIMES_VIEW
 from phaselens.instrumentation import names as n
 
@@ -793,16 +794,19 @@ def queueing_vs_load(d: Dialect) -> str:
 
 
 def request_spans(d: Dialect) -> str:
-    """A request's spans, placed per service: `offset_ms` counts from that service's first span,
-    on that service's own clock (offsets of two services are never subtracted from each other)."""
+    """A request's spans, placed per process: `offset_ms` counts from the first span of its service and
+    P/D instance, on that process's own clock (offsets of two processes are never subtracted from each
+    other); `role` and `instance` name a disaggregated process (docs/disaggregation.md)."""
     ts = "toUnixTimestamp64Nano(Timestamp)"
+    instance = f"ResourceAttributes['{n.PL_PD_INSTANCE}']"
     return _one_trace(
         d,
         (
             "ServiceName AS service, SpanName AS span, SpanKind AS kind, SpanId AS span_id,\n"
             "    ParentSpanId AS parent_span_id,\n"
-            f"    ({ts} - min({ts}) OVER (PARTITION BY ServiceName)) / 1e6 AS offset_ms,\n"
-            "    Duration / 1e6 AS duration_ms, StatusCode AS status"
+            f"    ({ts} - min({ts}) OVER (PARTITION BY ServiceName, {instance})) / 1e6 AS offset_ms,\n"
+            "    Duration / 1e6 AS duration_ms, StatusCode AS status,\n"
+            f"    ResourceAttributes['{n.PL_PD_ROLE}'] AS role, {instance} AS instance"
         ),
         "ORDER BY service, offset_ms, span",
     )
@@ -862,7 +866,7 @@ class Query:
     template: Callable[[Dialect], str]
     columns: tuple[str, ...]
     panel: bool = False
-    defaults: dict = field(default_factory=dict)
+    defaults: Filters = field(default_factory=dict)
 
 
 def _dist_columns() -> tuple[str, ...]:
@@ -918,6 +922,8 @@ QUERIES: dict[str, Query] = {
         panel=True,
     ),
     "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),
+    "pd_budget_stack": Query(pd_queries.pd_budget_stack, ("statistic", *pd_queries.TTFT_TERMS), panel=True),
+    "pd_hops": Query(pd_queries.pd_hops, ("prefill_hop_ms", "decode_hop_ms")),
     "latency_over_time": Query(latency_over_time, ("time", *_LATENCY), panel=True),
     "delivery_over_time": Query(
         delivery_over_time,
@@ -1001,7 +1007,19 @@ QUERIES: dict[str, Query] = {
     ),
     "goodput_per_minute": Query(goodput_per_minute, _GOODPUT, defaults={"bucket_s": 60}),
     "request_spans": Query(
-        request_spans, ("service", "span", "kind", "span_id", "parent_span_id", "offset_ms", "duration_ms", "status")
+        request_spans,
+        (
+            "service",
+            "span",
+            "kind",
+            "span_id",
+            "parent_span_id",
+            "offset_ms",
+            "duration_ms",
+            "status",
+            "role",
+            "instance",
+        ),
     ),
     "naive_ttft": Query(naive_ttft, ("trace_id", "naive_ttft_ms")),
     "report_points": Query(
@@ -1047,7 +1065,7 @@ def _query(name: str) -> Query:
         raise QueryError(f"unknown query {name!r}; known: {', '.join(sorted(QUERIES))}") from None
 
 
-def render_cli(name: str, **filters) -> tuple[str, dict]:
+def render_cli(name: str, **filters: str | float | None) -> tuple[str, Filters]:
     """(sql, parameters) for clickhouse-connect's `query(sql, parameters=...)`; user values are
     only ever bound server-side, never formatted into the SQL."""
     query = _query(name)
@@ -1055,7 +1073,7 @@ def render_cli(name: str, **filters) -> tuple[str, dict]:
     if unknown:
         raise QueryError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
     merged = {**query.defaults, **{k: v for k, v in filters.items() if v is not None}}
-    d = CliDialect(merged, database=merged.get("database", "otel"))
+    d = CliDialect(merged, database=str(merged.get("database", "otel")))
     return query.template(d), d.parameters
 
 

@@ -105,6 +105,17 @@ GEN_AI_USAGE_CACHED_TOKENS = "gen_ai.usage.cached_tokens"  # SGLang's prefix-cac
 SPAN_SGLANG_QUEUE = "prefill_waiting"  # scheduler: waiting queue entry → first forward
 SPAN_SGLANG_PREFILL = "prefill_forward"  # scheduler: first forward → prefill finished (first token sampled)
 SPAN_SGLANG_PREFILL_CHUNK = "chunked_prefill"  # one per chunk of a chunked prefill, under prefill_forward
+# SGLang's P/D slices (sglang 0.5.23 req_time_stats.py, RequestStage): the prefill instance's root is
+# `prefill Req …`, the decode instance's `decode Req …` (SGLANG_PD_ROLES), each on its own host's clock
+SGLANG_PD_ROLES = ("prefill", "decode")
+SPAN_SGLANG_PREFILL_PREPARE = "prefill_prepare"  # prefill scheduler: received → bootstrap queue
+SPAN_SGLANG_PREFILL_BOOTSTRAP = "prefill_bootstrap"  # bootstrap queue → waiting queue (handshake with decode)
+SPAN_SGLANG_KV_TRANSFER = "prefill_transfer_kv_cache"  # last KV chunk handed to the sender → transfer done (polled)
+SPAN_SGLANG_DECODE_PREPARE = "decode_prepare"  # decode scheduler: received → prealloc queue
+SPAN_SGLANG_DECODE_BOOTSTRAP = "decode_bootstrap"  # prealloc queue → transfer queue (handshake, KV allocated)
+SPAN_SGLANG_DECODE_TRANSFERRED = "decode_transferred"  # transfer queue → waiting queue (the KV arrived)
+SPAN_SGLANG_DECODE_QUEUE = "decode_waiting"  # waiting queue → first forward
+SPAN_SGLANG_DECODE_FIRST_TOKEN = "fake_output"  # first forward → the prefill's token handed out (prebuilt batch)
 # TGI's request span (text-generation-inference router/src/server.rs, v3.3.x): named after the handler,
 # INTERNAL (tracing-opentelemetry's default kind), durations recorded as `format!("{:?}", Duration)`
 TGI_REQUEST_SPANS = ("generate", "generate_stream", "completions", "chat_completions")

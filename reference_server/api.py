@@ -131,7 +131,7 @@ def error_response(error: ApiError) -> JSONResponse:
 # FastAPI ≥ 0.165 traces, meters and logs every request by itself once a global provider is set:
 # a second SERVER span per request (a sibling of ours, from the same traceparent) and its operation
 # spans, all built on the event loop. The phaselens middleware is this server's telemetry.
-_NO_FASTAPI_TELEMETRY = (
+_NO_FASTAPI_TELEMETRY: dict[str, Any] = (  # FastAPI keyword arguments: which exist depends on its version
     {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
     if "telemetry" in inspect.signature(FastAPI).parameters
     else {}

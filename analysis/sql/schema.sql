@@ -228,13 +228,13 @@ ALTER TABLE "otel"."phaselens_request_parts"
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_request_parts_mv" TO "otel"."phaselens_request_parts"
 AS SELECT TraceId,
     min(Timestamp) AS first_seen,
-    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
+    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
     minIf(toNullable(Timestamp), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_start,
-    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
-    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
+    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
+    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
     anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_service,
-    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
-    anyIf(toNullable(if(position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
+    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
+    anyIf(toNullable(if(startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
     max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS has_error,
     maxIf(toNullable(Duration), SpanName IN ('llm.ingress')) AS d_ingress,
     maxIf(toNullable(Duration), SpanName IN ('llm.prefill', 'prefill_forward')) AS d_prefill,
@@ -309,18 +309,18 @@ AS SELECT TraceId,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['total_time']), NULL)) AS t_tgi_total,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['time_per_token']), NULL)) AS t_tgi_per_token
 FROM "otel"."otel_traces"
-WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode')
+WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode') AND NOT ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     min(Timestamp) AS first_seen,
-    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
+    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
     minIf(toNullable(Timestamp), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_start,
-    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
-    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
+    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
+    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
     anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_service,
-    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
-    anyIf(toNullable(if(position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
+    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
+    anyIf(toNullable(if(startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
     max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS has_error,
     maxIf(toNullable(Duration), SpanName IN ('llm.ingress')) AS d_ingress,
     maxIf(toNullable(Duration), SpanName IN ('llm.prefill', 'prefill_forward')) AS d_prefill,
@@ -395,7 +395,7 @@ ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['total_time']), NULL)) AS t_tgi_total,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['time_per_token']), NULL)) AS t_tgi_per_token
 FROM "otel"."otel_traces"
-WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode')
+WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode') AND NOT ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')
 GROUP BY TraceId;
 
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
@@ -429,7 +429,24 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
     kv_sent_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     kv_recv_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     kv_recv_ns SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
-    pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE)
+    pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE),
+    sg_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    sg_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    sg_p_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_p_prepare SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_p_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_p_forward SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_kv_transfer SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_prepare SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_transferred SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE)
 ) ENGINE = AggregatingMergeTree()
 ORDER BY TraceId
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -464,7 +481,24 @@ ALTER TABLE "otel"."phaselens_pd_parts"
     ADD COLUMN IF NOT EXISTS kv_sent_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS kv_recv_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS kv_recv_ns SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
-    ADD COLUMN IF NOT EXISTS pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE);
+    ADD COLUMN IF NOT EXISTS pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS sg_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS sg_p_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_prepare SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_forward SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_kv_transfer SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_prepare SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_transferred SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE);
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_pd_parts_mv" TO "otel"."phaselens_pd_parts"
 AS SELECT TraceId,
@@ -497,9 +531,26 @@ AS SELECT TraceId,
     maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_transfer') AS kv_sent_bytes,
     maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_receive') AS kv_recv_bytes,
     maxIf(toNullable(Duration), SpanName = 'llm.kv_receive') AS kv_recv_ns,
-    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error
+    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error,
+    any(if(startsWith(SpanName, 'prefill Req ') AND SpanAttributes['module'] = 'sglang::request', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS sg_p_instance,
+    any(if(startsWith(SpanName, 'decode Req ') AND SpanAttributes['module'] = 'sglang::request', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS sg_d_instance,
+    maxIf((toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token']) - toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) * 1000, startsWith(SpanName, 'prefill Req ') AND SpanAttributes['module'] = 'sglang::request') AS sg_p_ingress,
+    maxIf((toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token']) - toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) * 1000, startsWith(SpanName, 'decode Req ') AND SpanAttributes['module'] = 'sglang::request') AS sg_d_ingress,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_prepare') AS sg_p_prepare,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_bootstrap') AS sg_p_bootstrap,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_waiting') AS sg_p_queue,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_forward') AS sg_p_forward,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_transfer_kv_cache') AS sg_kv_transfer,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_prepare') AS sg_d_prepare,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_bootstrap') AS sg_d_bootstrap,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_transferred') AS sg_d_transferred,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_waiting') AS sg_d_queue,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_queue']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token
 FROM "otel"."otel_traces"
-WHERE ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
@@ -532,17 +583,34 @@ ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
     maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_transfer') AS kv_sent_bytes,
     maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_receive') AS kv_recv_bytes,
     maxIf(toNullable(Duration), SpanName = 'llm.kv_receive') AS kv_recv_ns,
-    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error
+    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error,
+    any(if(startsWith(SpanName, 'prefill Req ') AND SpanAttributes['module'] = 'sglang::request', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS sg_p_instance,
+    any(if(startsWith(SpanName, 'decode Req ') AND SpanAttributes['module'] = 'sglang::request', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS sg_d_instance,
+    maxIf((toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token']) - toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) * 1000, startsWith(SpanName, 'prefill Req ') AND SpanAttributes['module'] = 'sglang::request') AS sg_p_ingress,
+    maxIf((toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token']) - toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) * 1000, startsWith(SpanName, 'decode Req ') AND SpanAttributes['module'] = 'sglang::request') AS sg_d_ingress,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_prepare') AS sg_p_prepare,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_bootstrap') AS sg_p_bootstrap,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_waiting') AS sg_p_queue,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_forward') AS sg_p_forward,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_transfer_kv_cache') AS sg_kv_transfer,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_prepare') AS sg_d_prepare,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_bootstrap') AS sg_d_bootstrap,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_transferred') AS sg_d_transferred,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_waiting') AS sg_d_queue,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_queue']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token
 FROM "otel"."otel_traces"
-WHERE ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
 GROUP BY TraceId;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_pd_requests" AS
 SELECT
     TraceId AS trace_id,
-    p_instance AS prefill_instance,
-    d_instance AS decode_instance,
-    kv_transfer AS kv_transfer_ms,
+    coalesce(p_instance, sg_p_instance) AS prefill_instance,
+    coalesce(d_instance, sg_d_instance) AS decode_instance,
+    coalesce(kv_transfer, if(sg_p_instance IS NULL, NULL, sg_kv_transfer)) AS kv_transfer_ms,
     CAST(kv_sent_bytes AS Nullable(UInt64)) AS kv_bytes,
     CAST(kv_recv_bytes AS Nullable(UInt64)) AS kv_bytes_received,
     kv_wait AS kv_wait_ms,
@@ -553,17 +621,21 @@ SELECT
     r_ttfc AS router_ttfc_ms,
     r_prefill_call - p_answer AS prefill_hop_ms,
     r_decode_first_chunk - d_ttfc AS decode_hop_ms,
-    p_ingress AS prefill_ingress_ms,
-    p_queue AS prefill_queue_ms,
-    p_prefill AS prefill_compute_ms,
+    coalesce(p_ingress, if(sg_p_instance IS NULL, NULL, sg_p_ingress + sg_p_prepare)) AS prefill_ingress_ms,
+    coalesce(p_queue, if(sg_p_instance IS NULL, NULL, sg_p_queue), v_p_queue) AS prefill_queue_ms,
+    coalesce(p_prefill, if(sg_p_instance IS NULL, NULL, sg_p_forward), v_p_prefill) AS prefill_compute_ms,
     p_first_token AS prefill_first_token_ms,
     p_answer - (p_ingress + p_queue + p_prefill + p_first_token + kv_wait + kv_transfer) AS prefill_respond_ms,
-    d_ingress AS decode_ingress_ms,
-    d_queue AS decode_queue_ms,
-    d_prefill + d_first_token AS decode_first_token_ms,
+    coalesce(d_ingress, if(sg_d_instance IS NULL, NULL, sg_d_ingress + sg_d_prepare)) AS decode_ingress_ms,
+    coalesce(d_queue, if(sg_d_instance IS NULL, NULL, sg_d_queue)) AS decode_queue_ms,
+    coalesce(d_prefill + d_first_token, if(sg_d_instance IS NULL, NULL, sg_d_first_token), v_d_first_token) AS decode_first_token_ms,
     d_first_chunk AS decode_first_chunk_ms,
     d_itl_p99 AS decode_itl_p99_ms,
-    d_stall AS decode_stall_ms
+    d_stall AS decode_stall_ms,
+    if(sg_p_instance IS NULL, NULL, sg_p_bootstrap) AS prefill_bootstrap_ms,
+    if(sg_d_instance IS NULL, NULL, sg_d_bootstrap) AS decode_bootstrap_ms,
+    if(sg_d_instance IS NULL, NULL, sg_d_transferred) AS decode_kv_wait_ms,
+    multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, 'vllm-native', p_instance IS NOT NULL OR d_instance IS NOT NULL, 'phaselens', sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, 'sglang-native', NULL) AS pd_span_model
 FROM "otel"."phaselens_pd_parts" FINAL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_spans" AS
@@ -640,7 +712,7 @@ FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms, pd.prefill_bootstrap_ms AS prefill_bootstrap_ms, pd.decode_bootstrap_ms AS decode_bootstrap_ms, pd.decode_kv_wait_ms AS decode_kv_wait_ms, pd.pd_span_model AS pd_span_model
 FROM "otel"."phaselens_request_facts"
 LEFT JOIN "otel"."phaselens_pd_requests" AS pd USING (trace_id);
 
