@@ -118,6 +118,27 @@ def _sg(role: str, column: str) -> str:
     return f"if(sg_{role[0]}_instance IS NULL, NULL, {column})"
 
 
+# Dynamo's P/D workers (docs/disaggregation.md#dynamo): one `engine.generate` per request per worker,
+# its role in `disagg_role`, its figures ms strings on that worker's clock. Its instance:
+# `phaselens.pd.instance` when set, else the service name (OTEL_SERVICE_NAME).
+def _dy_span(role: str) -> str:
+    return f"SpanName = '{n.SPAN_DYNAMO_ENGINE_GENERATE}' AND {attr(n.DYNAMO_DISAGG_ROLE)} = '{role}'"
+
+
+def _dy_instance(role: str) -> Part:
+    return Part(f"dy_{role[0]}_instance", "any", "Nullable(String)", f"any(if({_dy_span(role)}, {_SG_INSTANCE}, NULL))")
+
+
+def _dy(column: str, role: str, key: str) -> Part:
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {_dy_span(role)})")
+
+
+IS_DYNAMO_PD = (
+    f"SpanName = '{n.SPAN_DYNAMO_ENGINE_GENERATE}' AND {attr(n.DYNAMO_DISAGG_ROLE)} IN "
+    f"({', '.join(repr(r) for r in n.DYNAMO_PD_ROLES)})"
+)
+
+
 _PHASES = (
     ("ingress", n.PL_INGRESS_MS),
     ("queue", n.PL_QUEUE_MS),
@@ -163,18 +184,23 @@ PD_PARTS: tuple[Part, ...] = (
     _vllm("v_p_queue", "prefill", n.LATENCY_TIME_IN_QUEUE),
     _vllm("v_p_prefill", "prefill", n.LATENCY_TIME_IN_MODEL_PREFILL),
     _vllm("v_d_first_token", "decode", n.LATENCY_TIME_IN_MODEL_PREFILL),  # scheduled (KV in) → first token
+    *(_dy_instance(role) for role in n.DYNAMO_PD_ROLES),
+    _dy("dy_p_engine_ttft", "prefill", n.DYNAMO_TTFT_MS),
+    _dy("dy_d_engine_ttft", "decode", n.DYNAMO_TTFT_MS),
+    _dy("dy_d_itl_p99", "decode", n.DYNAMO_ITL_P99_MS),
 )
 
 _PD_SPAN_MODEL = (
     "multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, "
     f"'{n.SPAN_MODEL_VLLM}', "
     f"p_instance IS NOT NULL OR d_instance IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
-    f"sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, '{n.SPAN_MODEL_SGLANG}', NULL)"
+    f"sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, '{n.SPAN_MODEL_SGLANG}', "
+    f"dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL, '{n.SPAN_MODEL_DYNAMO}', NULL)"
 )
 # (column, expression over the merged parts), in the order `phaselens_requests` appends them
 PD_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("prefill_instance", "coalesce(p_instance, sg_p_instance)"),
-    ("decode_instance", "coalesce(d_instance, sg_d_instance)"),
+    ("prefill_instance", "coalesce(p_instance, sg_p_instance, dy_p_instance)"),
+    ("decode_instance", "coalesce(d_instance, sg_d_instance, dy_d_instance)"),
     ("kv_transfer_ms", f"coalesce(kv_transfer, {_sg('prefill', 'sg_kv_transfer')})"),
     ("kv_bytes", "CAST(kv_sent_bytes AS Nullable(UInt64))"),
     ("kv_bytes_received", "CAST(kv_recv_bytes AS Nullable(UInt64))"),
@@ -202,11 +228,13 @@ PD_COLUMNS: tuple[tuple[str, str], ...] = (
         f"coalesce(d_prefill + d_first_token, {_sg('decode', 'sg_d_first_token')}, v_d_first_token)",
     ),
     ("decode_first_chunk_ms", "d_first_chunk"),
-    ("decode_itl_p99_ms", "d_itl_p99"),
+    ("decode_itl_p99_ms", "coalesce(d_itl_p99, dy_d_itl_p99)"),
     ("decode_stall_ms", "d_stall"),
     ("prefill_bootstrap_ms", _sg("prefill", "sg_p_bootstrap")),
     ("decode_bootstrap_ms", _sg("decode", "sg_d_bootstrap")),
     ("decode_kv_wait_ms", _sg("decode", "sg_d_transferred")),
+    ("prefill_engine_ttft_ms", "dy_p_engine_ttft"),
+    ("decode_engine_ttft_ms", "dy_d_engine_ttft"),
     ("pd_span_model", _PD_SPAN_MODEL),
 )
 PD_COLUMN_NAMES = tuple(name for name, _ in PD_COLUMNS)
@@ -242,7 +270,8 @@ def pd_parts_select(traces: str) -> str:
     cols = ",\n    ".join(f"{p.insert_expr} AS {p.column}" for p in PD_PARTS)
     return (
         f"SELECT TraceId,\n    {cols}\nFROM {traces}\n"
-        f"WHERE ({ROLE} != '' AND SpanName != '{n.SPAN_ENGINE_STEP}' OR ({IS_SGLANG_PD})) AND TraceId != ''\n"
+        f"WHERE ({ROLE} != '' AND SpanName != '{n.SPAN_ENGINE_STEP}' OR ({IS_SGLANG_PD}) OR ({IS_DYNAMO_PD}))"
+        " AND TraceId != ''\n"
         "GROUP BY TraceId"
     )
 

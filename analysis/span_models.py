@@ -53,6 +53,11 @@ PD_UNSEPARATED: dict[str, str] = {
         "prefill and the decode instance's first step; the decode side's queue holds the KV pull and the "
         "wait for a seat (not separable, left NULL); no KV transfer, bytes, router terms or hops"
     ),
+    n.SPAN_MODEL_DYNAMO: (
+        "Dynamo's engine.generate per worker: only each worker's engine TTFT (prefill_engine_ttft_ms: "
+        "queue, prefill and first token; decode_engine_ttft_ms: KV pull, queue and first step; neither "
+        "separable) and the decode worker's ITL p99; no KV transfer, bytes, router terms or hops"
+    ),
 }
 
 

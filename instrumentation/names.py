@@ -96,6 +96,7 @@ SPAN_MODEL_VLLM = "vllm-native"  # vLLM's own `llm_request` span
 SPAN_MODEL_ENGINE_KEYS = "engine-keys"  # another SERVER span with only the de-facto keys
 SPAN_MODEL_SGLANG = "sglang-native"  # SGLang's own request trace (`Req …` root, scheduler slices)
 SPAN_MODEL_TGI = "tgi-native"  # TGI's own request span (durations as Rust `Duration` Debug strings)
+SPAN_MODEL_DYNAMO = "dynamo-native"  # Dynamo's worker spans (`engine.generate` with `disagg_role`)
 # SGLang's native spans (sglang 0.5.23, sglang/srt/observability): an INTERNAL root `{role} Req {rid[:8]}`
 # with the keys above at its end, thread spans under it, and one span per stage ("slice")
 SGLANG_RID = "rid"  # root attribute: the request id
@@ -242,3 +243,11 @@ ENV_TOKEN_EVENTS = "PHASELENS_TOKEN_EVENTS"
 ENV_SPAN_BUILDER = "PHASELENS_SPAN_BUILDER"  # thread | process: where ServerTelemetry.from_env builds spans
 ENV_SPAN_BACKEND = "PHASELENS_SPAN_BACKEND"  # fast | sdk: how the span-builder process makes OTLP (default fast)
 SPAN_BACKEND_FAST, SPAN_BACKEND_SDK = "fast", "sdk"
+# Dynamo's worker span (ai-dynamo/dynamo lib/backend-common/src/adapter.rs at 052692a7, EngineAdapter):
+# one `engine.generate` per request per worker, child of the runtime's `handle_payload`; its fields
+# become string attributes, the durations in ms on that worker's clock (Instant)
+SPAN_DYNAMO_ENGINE_GENERATE = "engine.generate"
+DYNAMO_DISAGG_ROLE = "disagg_role"  # agg | prefill | decode | encode (DisaggregationMode::as_str)
+DYNAMO_PD_ROLES = ("prefill", "decode")
+DYNAMO_TTFT_MS = "ttft_ms"  # the engine's stream set up → first non-empty chunk
+DYNAMO_ITL_P99_MS = "itl_p99_ms"  # nearest-rank p99 of the gaps between non-empty chunks

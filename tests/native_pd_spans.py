@@ -209,3 +209,75 @@ def vllm_instance(tracer, side: VllmPdSide, t0: int, headers: dict[str, str], pr
             "gen_ai.request.max_tokens": side.tokens,
         },
     ).end(end_time=_at(t0, e2e_ms))
+
+
+# --- Dynamo --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DynamoPdWorker:
+    """One worker's request as Dynamo's EngineAdapter stamps it (ai-dynamo/dynamo
+    lib/backend-common/src/adapter.rs at 052692a7), in ms after its `handle_payload` began, on that
+    worker's clock (`Instant`)."""
+
+    setup_ms: float  # handle_payload → the engine's stream set up (in no attribute)
+    ttft_ms: float  # stream set up → first non-empty chunk (`ttft_ms`)
+    itl_ms: tuple[float, ...]  # gaps between non-empty chunks (the `itl_*_ms` samples)
+    input_tokens: int
+
+    @property
+    def e2e_ms(self) -> float:
+        return self.setup_ms + self.ttft_ms + sum(self.itl_ms)
+
+    def itl_p99_ms(self) -> float:
+        """Nearest rank, as adapter.rs record_itl_distribution: sorted[round((n − 1) · 0.99)]."""
+        ordered = sorted(self.itl_ms)
+        return ordered[round((len(ordered) - 1) * 0.99)]
+
+
+def _ms2(value: float) -> str:
+    return f"{value:.2f}"  # adapter.rs records each figure as `format!("{:.2}", …)`: a string attribute
+
+
+def dynamo_worker(tracer, role: str, w: DynamoPdWorker, t0: int, headers: dict[str, str], link=None):
+    """The worker's `handle_payload` (lib/runtime/src/logging.rs make_handle_payload_span, parent from
+    the request's headers) and its child `engine.generate` (adapter.rs: fields at entry, `ttft_ms` at
+    the first non-empty chunk, the rest at the terminal chunk); `link`: the prefill worker's span
+    context, which a decode worker records as `migration_*` and an OTel link. Returns `engine.generate`."""
+    payload = tracer.start_span(
+        "handle_payload",
+        start_time=t0,
+        context=TraceContextTextMapPropagator().extract(headers),
+        attributes={
+            "component": "backend" if role == "decode" else role,
+            "endpoint": "generate",
+            "namespace": "dynamo",
+            "instance_id": 7587890000000000000 + len(role),
+        },
+    )
+    attrs = {"model": "Qwen/Qwen3-0.6B", "input_tokens": w.input_tokens, "disagg_role": role}
+    if link is not None:
+        attrs |= {"migration_trace_id": f"{link.trace_id:032x}", "migration_span_id": f"{link.span_id:016x}"}
+    gen = tracer.start_span(
+        "engine.generate",
+        start_time=_at(t0, w.setup_ms),
+        context=trace.set_span_in_context(payload),
+        attributes=attrs,
+        links=[trace.Link(link)] if link is not None else None,
+    )
+    gen.set_attribute("ttft_ms", _ms2(w.ttft_ms))
+    gen.set_attributes({"output_tokens": 1 + len(w.itl_ms), "finish_reason": "Length", "cancelled": False})
+    if w.itl_ms:
+        ordered = sorted(w.itl_ms)
+        nearest = ordered[round((len(ordered) - 1) * 0.5)]
+        gen.set_attributes(
+            {
+                "avg_itl_ms": _ms2(sum(w.itl_ms) / len(w.itl_ms)),
+                "itl_p50_ms": _ms2(nearest),
+                "itl_p99_ms": _ms2(w.itl_p99_ms()),
+                "itl_max_ms": _ms2(ordered[-1]),
+            }
+        )
+    gen.end(end_time=_at(t0, w.e2e_ms))
+    payload.end(end_time=_at(t0, w.e2e_ms + 0.25))
+    return gen

@@ -446,7 +446,12 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
     sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     v_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     v_p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
-    v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE)
+    v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dy_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    dy_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    dy_p_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dy_d_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dy_d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE)
 ) ENGINE = AggregatingMergeTree()
 ORDER BY TraceId
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -498,7 +503,12 @@ ALTER TABLE "otel"."phaselens_pd_parts"
     ADD COLUMN IF NOT EXISTS sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS v_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS v_p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
-    ADD COLUMN IF NOT EXISTS v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE);
+    ADD COLUMN IF NOT EXISTS v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dy_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS dy_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS dy_p_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dy_d_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dy_d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE);
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_pd_parts_mv" TO "otel"."phaselens_pd_parts"
 AS SELECT TraceId,
@@ -548,9 +558,14 @@ AS SELECT TraceId,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token,
     maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_queue']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_queue,
     maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_prefill,
-    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token,
+    any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_p_instance,
+    any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_d_instance,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill') AS dy_p_engine_ttft,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_engine_ttft,
+    maxIf(toFloat64OrNull(SpanAttributes['itl_p99_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_itl_p99
 FROM "otel"."otel_traces"
-WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')) OR (SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] IN ('prefill', 'decode'))) AND TraceId != ''
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
@@ -600,16 +615,21 @@ ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
     maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token,
     maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_queue']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_queue,
     maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_prefill,
-    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token,
+    any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_p_instance,
+    any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_d_instance,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill') AS dy_p_engine_ttft,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_engine_ttft,
+    maxIf(toFloat64OrNull(SpanAttributes['itl_p99_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_itl_p99
 FROM "otel"."otel_traces"
-WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request'))) AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')) OR (SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] IN ('prefill', 'decode'))) AND TraceId != ''
 GROUP BY TraceId;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_pd_requests" AS
 SELECT
     TraceId AS trace_id,
-    coalesce(p_instance, sg_p_instance) AS prefill_instance,
-    coalesce(d_instance, sg_d_instance) AS decode_instance,
+    coalesce(p_instance, sg_p_instance, dy_p_instance) AS prefill_instance,
+    coalesce(d_instance, sg_d_instance, dy_d_instance) AS decode_instance,
     coalesce(kv_transfer, if(sg_p_instance IS NULL, NULL, sg_kv_transfer)) AS kv_transfer_ms,
     CAST(kv_sent_bytes AS Nullable(UInt64)) AS kv_bytes,
     CAST(kv_recv_bytes AS Nullable(UInt64)) AS kv_bytes_received,
@@ -630,12 +650,14 @@ SELECT
     coalesce(d_queue, if(sg_d_instance IS NULL, NULL, sg_d_queue)) AS decode_queue_ms,
     coalesce(d_prefill + d_first_token, if(sg_d_instance IS NULL, NULL, sg_d_first_token), v_d_first_token) AS decode_first_token_ms,
     d_first_chunk AS decode_first_chunk_ms,
-    d_itl_p99 AS decode_itl_p99_ms,
+    coalesce(d_itl_p99, dy_d_itl_p99) AS decode_itl_p99_ms,
     d_stall AS decode_stall_ms,
     if(sg_p_instance IS NULL, NULL, sg_p_bootstrap) AS prefill_bootstrap_ms,
     if(sg_d_instance IS NULL, NULL, sg_d_bootstrap) AS decode_bootstrap_ms,
     if(sg_d_instance IS NULL, NULL, sg_d_transferred) AS decode_kv_wait_ms,
-    multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, 'vllm-native', p_instance IS NOT NULL OR d_instance IS NOT NULL, 'phaselens', sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, 'sglang-native', NULL) AS pd_span_model
+    dy_p_engine_ttft AS prefill_engine_ttft_ms,
+    dy_d_engine_ttft AS decode_engine_ttft_ms,
+    multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, 'vllm-native', p_instance IS NOT NULL OR d_instance IS NOT NULL, 'phaselens', sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, 'sglang-native', dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL, 'dynamo-native', NULL) AS pd_span_model
 FROM "otel"."phaselens_pd_parts" FINAL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_spans" AS
@@ -712,7 +734,7 @@ FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms, pd.prefill_bootstrap_ms AS prefill_bootstrap_ms, pd.decode_bootstrap_ms AS decode_bootstrap_ms, pd.decode_kv_wait_ms AS decode_kv_wait_ms, pd.pd_span_model AS pd_span_model
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms, pd.prefill_bootstrap_ms AS prefill_bootstrap_ms, pd.decode_bootstrap_ms AS decode_bootstrap_ms, pd.decode_kv_wait_ms AS decode_kv_wait_ms, pd.prefill_engine_ttft_ms AS prefill_engine_ttft_ms, pd.decode_engine_ttft_ms AS decode_engine_ttft_ms, pd.pd_span_model AS pd_span_model
 FROM "otel"."phaselens_request_facts"
 LEFT JOIN "otel"."phaselens_pd_requests" AS pd USING (trace_id);
 
