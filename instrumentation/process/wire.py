@@ -6,7 +6,8 @@ declaration order, nested records as tuples of theirs, timelines as their int64 
 
     HELLO    (service_name, anchor_mono_ns, anchor_wall_ns, token_events)    first frame, once
     REQUEST  record.RequestRecord
-    STEP     record.StepRecord   (links: 25 packed bytes, records.pack_link, or None per member)
+    STEP     spans.PackedStep    (a StepRecord's stats, its batch size, its sampled members' links
+                                  packed end to end: records.pack_link, 25 bytes each)
     FLUSH    (sequence,)   the child exports what it has built and acks `sequence`
 
 The child answers on its own pipe with one JSON line of counters per report (see builder_child).
@@ -27,10 +28,10 @@ from phaselens.instrumentation.hotpath.records import (
     StepRecord,
     int64s,
 )
+from phaselens.instrumentation.pipeline.spans import PackedStep, packed_step
 
 HEADER = struct.Struct("<IB")
-# version 2: no back-references; 3+ look each shared object (a step's 64 links) up in a table:
-# a step frame takes ~15k instructions to write instead of ~35k, and ~18k to read instead of ~25k
+# version 2: no back-references (3+ look every object written up in a table: more instructions per frame)
 MARSHAL_VERSION = 2
 KIND_HELLO, KIND_REQUEST, KIND_STEP, KIND_FLUSH = 1, 2, 3, 4
 
@@ -51,7 +52,7 @@ def encode_request(record: RequestRecord) -> bytes:
 
 
 def encode_step(step: StepRecord) -> bytes:
-    return frame(KIND_STEP, tuple(step))
+    return frame(KIND_STEP, tuple(packed_step(step)))
 
 
 def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
@@ -72,8 +73,8 @@ def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
     )
 
 
-def decode_step(fields: tuple[Any, ...]) -> StepRecord:
-    return StepRecord(*fields)
+def decode_step(fields: tuple[Any, ...]) -> PackedStep:
+    return PackedStep._make(fields)
 
 
 def read_frame(stream: BinaryIO) -> tuple[int, tuple[Any, ...]] | None:
