@@ -225,7 +225,7 @@ def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
 
 
 def decode_attributes(phases: Phases) -> dict[str, Any]:
-    itl = sorted(phases.itl_ns)
+    itl = phases.itl_sorted_ns
     return {
         names.PL_DECODE_TOKENS: phases.decode_tokens,
         names.PL_DECODE_STEPS: phases.decode_steps,
