@@ -422,8 +422,14 @@ class PackedStep(NamedTuple):
     links: bytes
 
 
+def packed_fields(step: StepRecord) -> tuple[Any, ...]:
+    """A `PackedStep`'s fields as a plain tuple (what the pipe carries: marshal takes exact tuples)."""
+    links = step.links
+    return (*step[:-1], len(links), b"".join(filter(None, links)))
+
+
 def packed_step(step: StepRecord) -> PackedStep:
-    return PackedStep(*step[:-1], len(step.links), b"".join(filter(None, step.links)))
+    return PackedStep._make(packed_fields(step))
 
 
 def packed_links(links: bytes) -> list[bytes]:

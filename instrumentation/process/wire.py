@@ -28,7 +28,7 @@ from phaselens.instrumentation.hotpath.records import (
     StepRecord,
     int64s,
 )
-from phaselens.instrumentation.pipeline.spans import PackedStep, packed_step
+from phaselens.instrumentation.pipeline.spans import PackedStep, packed_fields
 
 HEADER = struct.Struct("<IB")
 # version 2: no back-references (3+ look every object written up in a table: more instructions per frame)
@@ -52,7 +52,7 @@ def encode_request(record: RequestRecord) -> bytes:
 
 
 def encode_step(step: StepRecord) -> bytes:
-    return frame(KIND_STEP, tuple(packed_step(step)))
+    return frame(KIND_STEP, packed_fields(step))
 
 
 def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
