@@ -266,6 +266,7 @@ SINK = """
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keeps the connection, as a collector does
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length", 0)))
         self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
