@@ -466,7 +466,8 @@ def callgrind_counts(args) -> dict:
                    "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
                    "--callgrind-child", "--steps", str(args.callgrind_steps), "--batch", str(args.batch),
                    "--life", str(args.life)]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
+        env = {**os.environ, "PYTHONHASHSEED": "0"}  # dict layouts, hence the counts, the same every run
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=env)
         shape = json.loads(done.stdout.strip().splitlines()[-1])
         dumps = sorted(
             (p for p in os.listdir(folder) if p.startswith("callgrind.out.")), key=lambda p: int(p.rsplit(".", 1)[1])

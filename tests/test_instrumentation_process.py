@@ -367,7 +367,7 @@ def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
         request.responded_ts = 0
     frame = wire.encode_request(request)
     assert wire.decode_request(marshal.loads(frame[wire.HEADER.size :])) == request
-    for record in (step, both):  # a step crosses with its sampled members' links packed end to end
+    for record in (step, both):  # a step is read with its sampled members' links packed end to end
         decoded = wire.decode_step(marshal.loads(wire.encode_step(record)[wire.HEADER.size :]))
         assert decoded == (*record[:-1], len(record.links), b"".join(link for link in record.links if link))
     assert decoded.num_seqs == 2 and decoded.links == traced.link
