@@ -34,7 +34,8 @@ and its flush, minus the same-run tracing-off run's, divided by the requests clo
 span-builder child (the CPU time it reports); and instruction counts under valgrind's callgrind
 (`--callgrind`, on by default where valgrind is installed; they count the same on a busy machine):
 the loop's stamps per request-step (phaselens handles − tracing off, the builder paused), the
-builder per request (records → spans → OTLP bytes, fast vs SDK, metrics included, network left out)
+builder per request (the child's work: frames → records → spans → OTLP bytes, fast vs SDK, metrics
+included, network left out)
 and the shipper's encoding per request. Targets: ≤ 1 µs per request per step; ≤ 1 % throughput loss
 at B = 64 (median of rounds); default path: builder ≤ 100 µs CPU per request (≤ 20 µs per span),
 shipper ≤ 20 µs per request.
@@ -45,6 +46,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import io
 import json
 import os
 import platform
@@ -264,6 +266,7 @@ SINK = """
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keeps the connection, as a collector does
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length", 0)))
         self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
@@ -407,8 +410,9 @@ class EncodingDiscard(DiscardExporter):
         return SpanExportResult.SUCCESS
 
 
-def builder_run(records: list, path: str, anchor) -> None:
-    """Every record built on this thread: phases, metrics, spans, OTLP bytes (exports on this thread)."""
+def builder_run(frames: list[bytes], path: str, anchor) -> None:
+    """The span-builder child's work on this thread: every frame decoded and built (phases, metrics,
+    spans, OTLP bytes), then exported (the request encoding; network left out)."""
     provider = TracerProvider()
     never = BatchSettings(1 << 20, 1 << 20, 3_600_000)  # the worker stays asleep: force_flush exports here
     if path == "fast":
@@ -419,8 +423,10 @@ def builder_run(records: list, path: str, anchor) -> None:
         provider.add_span_processor(processor)
         emitter = SpanEmitter.of_provider(provider)
     builder = SpanBuilder(emitter, GenAiServerMetrics(MeterProvider(), dict), anchor, provider, False)
-    for record in records:
-        builder.build(record)
+    decode = {wire.KIND_REQUEST: wire.decode_request, wire.KIND_STEP: wire.decode_step}
+    stream = io.BytesIO(b"".join(frames))
+    while (item := wire.read_frame(stream)) is not None:
+        builder.build(decode[item[0]](item[1]))
     processor.force_flush()
 
 
@@ -440,9 +446,10 @@ def callgrind_child(args) -> None:
         functools.reduce(lambda _, __: run(opened=opened), [0], None)
     paused._closer.expire(force=True)  # a benchmark's look at the records the loop closed
     records = paused._sink._handoffs.take()
-    for path in ("fast", "sdk"):
-        functools.reduce(lambda _, __: builder_run(records, path, paused.anchor), [0], None)
     encode = {RequestRecord: wire.encode_request}
+    frames = [encode.get(type(r), wire.encode_step)(r) for r in records]
+    for path in ("fast", "sdk"):
+        functools.reduce(lambda _, __: builder_run(frames, path, paused.anchor), [0], None)
     functools.reduce(lambda _, __: [encode.get(type(r), wire.encode_step)(r) for r in records], [0], None)
     requests = sum(isinstance(r, RequestRecord) for r in records)
     print(json.dumps({"requests": requests, "step_records": len(records) - requests}))
@@ -459,7 +466,8 @@ def callgrind_counts(args) -> dict:
                    "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
                    "--callgrind-child", "--steps", str(args.callgrind_steps), "--batch", str(args.batch),
                    "--life", str(args.life)]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True)
+        env = {**os.environ, "PYTHONHASHSEED": "0"}  # dict layouts, hence the counts, the same every run
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=env)
         shape = json.loads(done.stdout.strip().splitlines()[-1])
         dumps = sorted(
             (p for p in os.listdir(folder) if p.startswith("callgrind.out.")), key=lambda p: int(p.rsplit(".", 1)[1])

@@ -57,7 +57,7 @@ def test_killed_span_builders_lose_no_span_and_no_request(outcomes):
     assert outcome.acknowledged == outcome.sent  # serving went on: every request answered 200
     assert outcome.detail["child_restarts"] == suite.SHORT.builder_kills
     assert (outcome.lost, outcome.detail["telemetry_spans_dropped"]) == (0, 0), outcome  # replayed, not lost
-    # at-least-once: a replay repeats what a dead child exported after its last checkpoint (0.25 s),
+    # at-least-once: a replay repeats what a dead child exported after its last progress line,
     # rare as the child exports only at its checkpoints: at most a tenth of the requests here
     assert outcome.duplicated <= outcome.sent // 10, outcome
     assert outcome.detail["duplicated_spans"] <= outcome.detail["request_spans_stored"] // 10, outcome

@@ -62,7 +62,7 @@ def test_ttft_and_e2e_identities_hold_exactly(timeline):
     assert all(term >= 0 for term in terms)
     assert p.ingress_ns + p.queue_ns + p.prefill_ns + p.first_token_phase_ns == p.ttft_ns
     assert p.ttft_ns + p.decode_ns + p.delivery_ns == p.e2e_ns
-    assert sum(p.itl_ns) == p.decode_ns and p.decode_steps == len(p.itl_ns)
+    assert sum(p.itl_sorted_ns) == p.decode_ns and p.decode_steps == len(p.itl_sorted_ns)
     if timeline.first_chunk_ts:
         assert p.loop_wait_ns + p.encode_ns == p.first_chunk_phase_ns
         assert min(p.loop_wait_ns, p.encode_ns, p.write_ns, p.held_back_ns) >= 0

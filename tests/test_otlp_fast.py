@@ -260,6 +260,8 @@ def test_bad_descriptions_are_clear_errors_not_crashes():
         encode_spans([good._replace(span_id=-1)], limits)
     with pytest.raises(TypeError, match="expected a SpanData"):
         encode_spans([("too", "short")], limits)
+    with pytest.raises(ValueError, match="26 bytes, not a whole number of 25-byte packed links"):
+        encode_spans([good._replace(links=b"x" * 26)], limits)
 
 
 def test_a_description_that_fails_to_encode_is_counted_in_build_errors():

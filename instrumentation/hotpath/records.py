@@ -163,8 +163,5 @@ class StepRecord(NamedTuple):
     queue_depth: int
     links: tuple[bytes | None, ...]
 
-    def sampled_links(self) -> list[bytes]:
-        return list(filter(None, self.links))  # packed links are never empty
-
 
 Record = RequestRecord | StepRecord

@@ -29,6 +29,7 @@
 enum { VARINT = 0, I64 = 1, LEN = 2, I32 = 5 };
 #define FLAGS_HAS_IS_REMOTE 0x100u
 #define FLAGS_IS_REMOTE 0x200u
+#define PACKED_LINK 25 /* records.LINK.size */
 #define SKIP 2 /* a value the SDK's encoder leaves out: its key-value pair is rolled back (errors: -1 or 1) */
 
 typedef struct {
@@ -352,24 +353,27 @@ static int put_event(Buf *b, PyObject *event, const Limits *limits) {
     return dropped < 0 || put_dropped(b, 4, dropped) || close_message(b, mark);
 }
 
-/* Link: 25 bytes (records.LINK: trace id, span id, flags, big-endian) or (trace_id, span_id,
- * trace_flags[, attributes]); a local context (flags: has-is-remote). */
+/* A link packed as records.LINK (trace id, span id, flags; big-endian), written at once; a local
+ * context (flags: has-is-remote). */
+static int put_packed_link(Buf *b, const char *p) {
+    static const uint8_t flags[5] = {6 << 3 | I32, FLAGS_HAS_IS_REMOTE & 0xFF, FLAGS_HAS_IS_REMOTE >> 8, 0, 0};
+    if (reserve(b, 35))
+        return -1;
+    uint8_t *out = b->data + b->len;
+    out[0] = 13 << 3 | LEN, out[1] = 33, out[2] = 1 << 3 | LEN, out[3] = 16;
+    memcpy(out + 4, p, 16);
+    out[20] = 2 << 3 | LEN, out[21] = 8;
+    memcpy(out + 22, p + 16, 8);
+    memcpy(out + 30, flags, 5);
+    b->len += 35;
+    return 0;
+}
+
+/* Link: PACKED_LINK bytes (records.LINK) or (trace_id, span_id, trace_flags[, attributes]). */
 static int put_link(Buf *b, PyObject *link, const Limits *limits) {
     size_t mark;
-    if (PyBytes_Check(link) && PyBytes_GET_SIZE(link) == 25) { /* one layout, written at once (~16k a second) */
-        static const uint8_t flags[5] = {6 << 3 | I32, FLAGS_HAS_IS_REMOTE & 0xFF, FLAGS_HAS_IS_REMOTE >> 8, 0, 0};
-        const char *p = PyBytes_AS_STRING(link);
-        if (reserve(b, 35))
-            return -1;
-        uint8_t *out = b->data + b->len;
-        out[0] = 13 << 3 | LEN, out[1] = 33, out[2] = 1 << 3 | LEN, out[3] = 16;
-        memcpy(out + 4, p, 16);
-        out[20] = 2 << 3 | LEN, out[21] = 8;
-        memcpy(out + 22, p + 16, 8);
-        memcpy(out + 30, flags, 5);
-        b->len += 35;
-        return 0;
-    }
+    if (PyBytes_Check(link) && PyBytes_GET_SIZE(link) == PACKED_LINK)
+        return put_packed_link(b, PyBytes_AS_STRING(link));
     Py_ssize_t n = PyTuple_Check(link) ? PyTuple_GET_SIZE(link) : 0;
     if (n != 3 && n != 4) {
         PyErr_SetString(PyExc_TypeError, "link: expected 25 packed bytes or (trace_id, span_id, trace_flags[, attributes])");
@@ -382,6 +386,31 @@ static int put_link(Buf *b, PyObject *link, const Limits *limits) {
         n == 4 ? put_attributes(b, 4, PyTuple_GET_ITEM(link, 3), limits->link_attributes, limits->other_length) : 0;
     return dropped < 0 || put_dropped(b, 5, dropped) || put_fixed(b, 6, FLAGS_HAS_IS_REMOTE, 4) ||
            close_message(b, mark);
+}
+
+/* A span's links: a sequence of links, or bytes of packed links end to end (the last `links` limit
+ * of them kept); `*dropped`: how many were left out. */
+static int put_links(Buf *b, PyObject *links, const Limits *limits, Py_ssize_t *dropped) {
+    if (PyBytes_Check(links)) {
+        Py_ssize_t size = PyBytes_GET_SIZE(links), n = size / PACKED_LINK;
+        if (size % PACKED_LINK) {
+            PyErr_Format(PyExc_ValueError, "links: %zd bytes, not a whole number of %d-byte packed links", size,
+                         PACKED_LINK);
+            return -1;
+        }
+        *dropped = (limits->links >= 0 && n > limits->links) ? n - limits->links : 0;
+        const char *packed = PyBytes_AS_STRING(links);
+        for (Py_ssize_t i = *dropped; i < n; i++)
+            if (put_packed_link(b, packed + i * PACKED_LINK))
+                return -1;
+        return 0;
+    }
+    if (bounded(links, limits->links, "links", dropped))
+        return -1;
+    for (Py_ssize_t i = *dropped; i < PySequence_Fast_GET_SIZE(links); i++)
+        if (put_link(b, PySequence_Fast_GET_ITEM(links, i), limits))
+            return -1;
+    return 0;
 }
 
 static int put_span(Buf *b, PyObject *span, const Limits *limits) {
@@ -413,11 +442,8 @@ static int put_span(Buf *b, PyObject *span, const Limits *limits) {
     for (Py_ssize_t i = first; i < PySequence_Fast_GET_SIZE(events); i++)
         if (put_event(b, PySequence_Fast_GET_ITEM(events, i), limits))
             return -1;
-    if (put_dropped(b, 12, first) || bounded(links, limits->links, "links", &first))
+    if (put_dropped(b, 12, first) || put_links(b, links, limits, &first))
         return -1;
-    for (Py_ssize_t i = first; i < PySequence_Fast_GET_SIZE(links); i++)
-        if (put_link(b, PySequence_Fast_GET_ITEM(links, i), limits))
-            return -1;
     size_t status_mark;
     if (put_dropped(b, 14, first) || open_message(b, 15, &status_mark) ||
         put_str_field(b, 2, f[F_STATUS_MESSAGE], "status_message") ||
@@ -470,31 +496,50 @@ static PyObject *encode_spans(PyObject *Py_UNUSED(self), PyObject *args) {
     return out;
 }
 
+/* Written once into the result: the resource and scope messages first, so every length is known
+ * before the spans are copied (no buffer growth, no body moved for a longer length prefix). */
 static PyObject *encode_request(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *resource, *scope_name, *scope_version, *spans;
+    PyObject *resource, *scope_name, *scope_version, *spans, *out = NULL;
     if (!PyArg_ParseTuple(args, "OUUO:encode_request", &resource, &scope_name, &scope_version, &spans))
         return NULL;
     PyObject *seq = PySequence_Fast(spans, "spans: expected a sequence of bytes");
     if (!seq)
         return NULL;
-    Buf b = {0};
-    size_t rs, res, ss, scope;
-    int r = open_message(&b, 1, &rs) || open_message(&b, 1, &res) || put_attributes(&b, 1, resource, -1, -1) < 0 ||
-            close_message(&b, res) || open_message(&b, 2, &ss) || open_message(&b, 1, &scope) ||
-            put_str_field(&b, 1, scope_name, "scope name") || put_str_field(&b, 2, scope_version, "scope version") ||
-            close_message(&b, scope);
-    for (Py_ssize_t i = 0; !r && i < PySequence_Fast_GET_SIZE(seq); i++) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    size_t spans_len = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyBytes_Check(item)) {
             PyErr_SetString(PyExc_TypeError, "spans: expected bytes from encode_spans");
-            r = -1;
-        } else {
-            r = put(&b, PyBytes_AS_STRING(item), (size_t)PyBytes_GET_SIZE(item));
+            Py_DECREF(seq);
+            return NULL;
+        }
+        spans_len += (size_t)PyBytes_GET_SIZE(item);
+    }
+    Buf parts = {0}, head = {0}; /* parts: Resource (field 1 of ResourceSpans), then InstrumentationScope */
+    size_t res, scope;
+    int r = open_message(&parts, 1, &res) || put_attributes(&parts, 1, resource, -1, -1) < 0 ||
+            close_message(&parts, res);
+    size_t resource_len = parts.len;
+    r = r || open_message(&parts, 1, &scope) || put_str_field(&parts, 1, scope_name, "scope name") ||
+        put_str_field(&parts, 2, scope_version, "scope version") || close_message(&parts, scope);
+    size_t scope_spans = parts.len - resource_len + spans_len;
+    size_t resource_spans = resource_len + 1 + varint_len(scope_spans) + scope_spans;
+    r = r || put_tag(&head, 1, LEN) || put_varint(&head, resource_spans) || put(&head, parts.data, resource_len) ||
+        put_tag(&head, 2, LEN) || put_varint(&head, scope_spans) ||
+        put(&head, parts.data + resource_len, parts.len - resource_len);
+    if (!r && (out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(head.len + spans_len)))) {
+        char *p = PyBytes_AS_STRING(out);
+        memcpy(p, head.data, head.len);
+        p += head.len;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+            memcpy(p, PyBytes_AS_STRING(item), (size_t)PyBytes_GET_SIZE(item));
+            p += PyBytes_GET_SIZE(item);
         }
     }
-    r = r || close_message(&b, ss) || close_message(&b, rs);
-    PyObject *out = r ? NULL : PyBytes_FromStringAndSize((const char *)b.data, (Py_ssize_t)b.len);
-    PyMem_Free(b.data);
+    PyMem_Free(parts.data);
+    PyMem_Free(head.data);
     Py_DECREF(seq);
     return out;
 }

@@ -20,7 +20,7 @@ from phaselens.instrumentation.hotpath.records import Record, RequestRecord, Ste
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.otel_setup import export_counters
 from phaselens.instrumentation.pipeline.phases import compute_phases
-from phaselens.instrumentation.pipeline.spans import SpanBackend, request_spans, step_span
+from phaselens.instrumentation.pipeline.spans import PackedStep, SpanBackend, packed_step, request_spans, step_span
 
 _logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class SpanBuilder:
         self._token_events = token_events
         self._counts = dict.fromkeys(COUNTERS, 0)
 
-    def build(self, record: Record) -> None:
+    def build(self, record: Record | PackedStep) -> None:
         try:
             if isinstance(record, RequestRecord):
                 self._build_request(record)
@@ -70,10 +70,15 @@ class SpanBuilder:
         emitter.emit_data(request_spans(emitter.ids, self._anchor, record, phases, self._token_events))
         self._counts["requests_built"] += 1
 
-    def _build_step(self, step: StepRecord) -> None:
+    def _build_step(self, step: StepRecord | PackedStep) -> None:
+        """A `StepRecord` from the thread sink, or a `PackedStep` from the span-builder process's pipe."""
         emitter = self._emitter
-        span = step_span(emitter.ids, emitter.sampler, self._anchor, step) if emitter is not None else None
-        if emitter is None or span is None:
+        if emitter is None:
+            self._counts["steps_unsampled"] += 1
+            return
+        packed = step if isinstance(step, PackedStep) else packed_step(step)
+        span = step_span(emitter.ids, emitter.sampler, self._anchor, packed)
+        if span is None:
             self._counts["steps_unsampled"] += 1
             return
         emitter.emit_data((span,))

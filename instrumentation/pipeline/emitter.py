@@ -27,7 +27,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.records import unpack_link
-from phaselens.instrumentation.pipeline.spans import KIND_SERVER, SpanData
+from phaselens.instrumentation.pipeline.spans import KIND_SERVER, LinkIds, SpanData, packed_links
 
 UNSET = Status(StatusCode.UNSET)
 
@@ -121,9 +121,14 @@ class SpanEmitter:
             data.attributes,
             kind=SpanKind.SERVER if data.kind == KIND_SERVER else SpanKind.INTERNAL,
             events=[self.event(name, attributes, time_ts) for name, time_ts, attributes in data.events],
-            links=[self.link(*(unpack_link(link) if isinstance(link, bytes) else link)) for link in data.links],
+            links=[self.link(*(unpack_link(link) if isinstance(link, bytes) else link)) for link in self._links(data)],
             status=Status(StatusCode(data.status_code), data.status_message) if data.status_code else UNSET,
         )
+
+    @staticmethod
+    def _links(data: SpanData) -> Sequence[LinkIds]:
+        links = data.links
+        return packed_links(links) if isinstance(links, bytes) else links
 
     def emit(self, spans: Iterable[ReadableSpan]) -> None:
         """Each span to the processors, in order (children before their parent, as they would end)."""

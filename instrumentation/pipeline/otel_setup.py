@@ -54,25 +54,33 @@ PROTOCOL_HTTP = "http/protobuf"
 _DEFAULT_PROTOCOL = PROTOCOL_HTTP
 
 
-_counts_by_provider: weakref.WeakKeyDictionary[object, list[ExportCounts]] = weakref.WeakKeyDictionary()
+_processors_by_provider: weakref.WeakKeyDictionary[object, list[CountingBatchSpanProcessor]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def add_counting_processor(tracer_provider: TracerProvider, exporter: SpanExporter) -> ExportCounts:
     """Attach a CountingBatchSpanProcessor for `exporter`; its counts show in export_counters()."""
     processor = CountingBatchSpanProcessor(exporter)
     tracer_provider.add_span_processor(processor)
-    _counts_by_provider.setdefault(tracer_provider, []).append(processor.counts)
+    _processors_by_provider.setdefault(tracer_provider, []).append(processor)
     return processor.counts
 
 
 def export_positions(tracer_provider: object) -> list[ExportCounts]:
     """The counts of each counting processor on this provider, live (their `queued` / `settled`)."""
-    return list(_counts_by_provider.get(tracer_provider, []))
+    return [processor.counts for processor in _processors_by_provider.get(tracer_provider, [])]
+
+
+def notify_settled(tracer_provider: object, callback: Callable[[], None]) -> None:
+    """`callback()` after each export of any counting processor on this provider (its `settled` moved)."""
+    for processor in _processors_by_provider.get(tracer_provider, []):
+        processor.on_settled = callback
 
 
 def export_counters(tracer_provider: object) -> dict[str, int]:
     """Sum of the counts of every counting processor on this provider (zeros when none)."""
-    counts = _counts_by_provider.get(tracer_provider, []) if tracer_provider is not None else []
+    counts = export_positions(tracer_provider) if tracer_provider is not None else []
     return {
         "export_exported": sum(c.exported for c in counts),
         "export_failed": sum(c.failed for c in counts),
@@ -118,7 +126,7 @@ def _encoded_processors(tracer_provider: TracerProvider) -> list[CountingBatchSp
     if exporter is None:  # an exporter version without the hooks otlp_fast uses
         return []
     processor = CountingBatchSpanProcessor(exporter)
-    _counts_by_provider.setdefault(tracer_provider, []).append(processor.counts)
+    _processors_by_provider.setdefault(tracer_provider, []).append(processor)
     return [processor]
 
 

@@ -52,12 +52,14 @@ Boundaries (monotonic ns of one process):
 from __future__ import annotations
 
 import bisect
-import operator
+from array import array
 from dataclasses import dataclass, field
 from typing import cast
 
+import numpy
+
 from phaselens.common.quantile import quantile
-from phaselens.instrumentation.hotpath.records import RequestRecord
+from phaselens.instrumentation.hotpath.records import Int64s, RequestRecord
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS, RequestTimeline
 
 Timeline = RequestRecord | RequestTimeline  # the same stamps, frozen or still being written
@@ -100,7 +102,7 @@ class Phases:
     initial_chunks: int = 0  # chunks before the first token
     decode_tokens: int = 0
     decode_steps: int = 0
-    itl_ns: list[int] = field(default_factory=list)
+    itl_sorted_ns: list[int] = field(default_factory=list)  # ITL gaps, ascending
 
     @property
     def ttft_ns(self) -> int:
@@ -178,12 +180,25 @@ def compute_phases(timeline: Timeline) -> Phases:
     p.last_token_ts = timeline.token_ts[-1] if timeline.token_ts else ft
     p.decode_ns = p.last_token_ts - ft
     p.delivery_ns = max(0, end_ns - p.last_token_ts)
-    p.decode_tokens = sum(timeline.token_n.tolist())  # tolist: one C loop, not an int per iteration step
+    p.decode_tokens = int(numpy.frombuffer(timeline.token_n, numpy.int64).sum())
     p.decode_steps = len(timeline.token_ts)
-    stamps = timeline.token_ts.tolist()
-    p.itl_ns = list(map(operator.sub, stamps, [ft, *stamps[:-1]]))  # gaps b − a of consecutive stamps
+    p.itl_sorted_ns = itl_sorted_ns(ft, timeline.token_ts)
     _first_chunk(p, timeline)
     return p
+
+
+def itl_sorted_ns(first_token_ts: int, token_ts: Int64s | array[int]) -> list[int]:
+    """The gaps b − a of consecutive token stamps, from the first token on, in ascending order
+    (int64 arithmetic in numpy's ufuncs: ~3x fewer instructions than Python's ints, ns stamps being
+    two-digit ints, and than numpy.diff's Python)."""
+    stamps = numpy.frombuffer(token_ts, numpy.int64)
+    if not len(stamps):
+        return []
+    gaps = numpy.empty(len(stamps), numpy.int64)
+    gaps[0] = stamps[0] - first_token_ts
+    numpy.subtract(stamps[1:], stamps[:-1], out=gaps[1:])
+    gaps.sort()
+    return gaps.tolist()
 
 
 def _inbound(p: Phases, timeline: Timeline) -> None:

@@ -24,6 +24,7 @@ import os
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
         self.exporter = exporter
         self.settings = settings or BatchSettings.from_env()
         self.counts = ExportCounts()
+        self.on_settled: Callable[[], None] | None = None  # called after each export (`settled` moved)
         self._stopped = False
         self._start_worker()
         if hasattr(os, "register_at_fork"):  # weakly: the registration outlives the processor
@@ -151,6 +153,8 @@ class CountingBatchSpanProcessor(SpanProcessor):
             else:
                 self.counts.failed += len(batch)
             self.counts.settled += len(batch)  # batches leave the queue's front one export at a time
+        if self.on_settled is not None:
+            self.on_settled()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         self._export_all()

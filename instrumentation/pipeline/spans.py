@@ -52,7 +52,7 @@ from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.ids import child_flags
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
-from phaselens.instrumentation.hotpath.records import RequestRecord, StepRecord, unpack_link
+from phaselens.instrumentation.hotpath.records import LINK, RequestRecord, StepRecord, unpack_link
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
 from phaselens.instrumentation.pipeline.phases import Phases, stall_ns
 
@@ -225,7 +225,7 @@ def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
 
 
 def decode_attributes(phases: Phases) -> dict[str, Any]:
-    itl = sorted(phases.itl_ns)
+    itl = phases.itl_sorted_ns
     return {
         names.PL_DECODE_TOKENS: phases.decode_tokens,
         names.PL_DECODE_STEPS: phases.decode_steps,
@@ -251,6 +251,8 @@ STATUS_UNSET, STATUS_ERROR = 0, 2  # OTLP Status.StatusCode (= the API's StatusC
 Event = tuple[str, int, dict[str, Any]]  # (name, time_ts, attributes)
 # a link: packed SERVER span ids (records.pack_link), or (trace_id, span_id, trace_flags[, attributes])
 LinkIds = bytes | tuple[int, int, int] | tuple[int, int, int, dict[str, Any]]
+# a span's links: one entry per link, or packed links end to end in one bytes (LINK.size bytes each)
+Links = tuple[LinkIds, ...] | bytes
 
 
 class SpanData(NamedTuple):
@@ -268,7 +270,7 @@ class SpanData(NamedTuple):
     end_ts: int
     attributes: dict[str, Any]
     events: tuple[Event, ...] = ()
-    links: tuple[LinkIds, ...] = ()
+    links: Links = ()
     status_code: int = STATUS_UNSET
     status_message: str | None = None
 
@@ -401,14 +403,43 @@ def _root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> Sp
     )
 
 
+class PackedStep(NamedTuple):
+    """An engine step as the builder takes it: the `StepRecord`'s stats, its batch size and its
+    sampled members' links packed end to end (`records.pack_link`, `LINK.size` bytes each), which
+    the encoder copies as they are (no tuple of 64 links to walk, copy and filter per step)."""
+
+    step_index: int
+    start_ts: int
+    end_ts: int
+    prefill_tokens: int
+    decode_tokens: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    preemptions: int
+    queue_depth: int
+    num_seqs: int
+    links: bytes
+
+
+def packed_step(step: StepRecord | tuple[Any, ...]) -> PackedStep:
+    """A `StepRecord`, or its fields as a plain tuple (as the pipe carries them), packed."""
+    links = step[-1]
+    return PackedStep._make((*step[:-1], len(links), b"".join(filter(None, links))))
+
+
+def packed_links(links: bytes) -> list[bytes]:
+    """Packed links, one bytes each."""
+    return [links[i : i + LINK.size] for i in range(0, len(links), LINK.size)]
+
+
 class _SamplerLinks(Sequence[Link]):
     """A step's links as the sampler's `links` argument: SDK Links made only if it reads them (the
     SDK's own samplers do not; 64 Links would cost ~0.5 ms a step)."""
 
     __slots__ = ("_links",)
 
-    def __init__(self, links: Sequence[bytes]) -> None:
-        self._links = links
+    def __init__(self, links: bytes) -> None:
+        self._links = packed_links(links)
 
     def __len__(self) -> int:
         return len(self._links)
@@ -431,15 +462,15 @@ def _link(packed: bytes) -> Link:
     return Link(SpanContext(trace_id, span_id, False, TraceFlags(flags)))
 
 
-def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: StepRecord) -> SpanData | None:
+def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: PackedStep) -> SpanData | None:
     """One llm.engine_step span in a trace of its own, linked to the batch's sampled SERVER spans;
     None when no member is sampled or the sampler does not record the step's trace."""
-    links = step.sampled_links()
+    links = step.links
     if not links:
         return None
     attributes = {
         names.PL_STEP_INDEX: step.step_index,
-        names.PL_STEP_NUM_SEQS: len(step.links),
+        names.PL_STEP_NUM_SEQS: step.num_seqs,
         names.PL_STEP_PREFILL_TOKENS: step.prefill_tokens,
         names.PL_STEP_DECODE_TOKENS: step.decode_tokens,
         names.PL_STEP_KV_BLOCKS_USED: step.kv_blocks_used,
@@ -471,7 +502,7 @@ def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: Ste
         anchor.to_wall_ns(step.start_ts),
         anchor.to_wall_ns(step.end_ts),
         attributes,
-        links=tuple(links),
+        links=links,
     )
 
 
