@@ -420,6 +420,20 @@ ROLLUP_TERMS: tuple[tuple[str, str], ...] = (
     *((f"diag_{name}", expr) for name, expr in DIAGNOSIS_FIGURES if expr not in _DIST_EXPRS),
     ("first_chunk_stamped_ms", "first_chunk_ms"),
 )
+# Where each term's sketch and mean are stored in the rollup's arrays (1-based, in this order):
+# append-only, since rows already sealed keep their positions. A term added above gets its name
+# appended here (tests/test_rollup.py checks every term has a position); a term removed keeps its
+# position, stored as NULL.
+ROLLUP_POSITIONS: tuple[str, ...] = (
+    *("ttft_ms", "client_ttft_ms", "server_ttft_ms", "client_ttfo_ms", "server_ttfc_ms", "inbound_ms"),
+    *("ingress_ms", "queue_ms", "prefill_ms", "first_token_ms", "before_engine_ms", "held_back_ms"),
+    *("first_chunk_ms", "client_ms", "residual_ms", "loop_wait_ms", "encode_ms", "write_ms"),
+    *("kernel_wait_ms", "dispatch_ms", "client_send_ms", "client_read_ms", "client_observed_ms"),
+    *("held_back_observed_ms", "e2e_residual_ms", "client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms"),
+    *("server_itl_p99_ms", "client_e2e_ms", "server_e2e_ms", "stall_ms", "queue_all_waits_ms"),
+    *("diag_tpot_ms", "diag_e2e_ms", "diag_input_tokens", "diag_output_tokens", "diag_prefill_ms"),
+    *("diag_ingress_ms", "first_chunk_stamped_ms"),
+)
 # Counters: (column, condition on a request)
 ROLLUP_COUNTS = (
     ("requests", "1"),
@@ -465,17 +479,11 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
         ("first_server_start", "SimpleAggregateFunction(min, Nullable(DateTime64(9)))", "min(server_start_time)"),
         ("last_server_end", "SimpleAggregateFunction(max, Nullable(DateTime64(9)))", "max(server_end_time)"),
     )
-    terms = tuple(
-        col
-        for name, expr in ROLLUP_TERMS
-        for col in (
-            (sk.quantile_column(name), sk.SKETCH_TYPE, sk.quantile_state(expr)),
-            (
-                sk.mean_column(name),
-                "AggregateFunction(avg, Nullable(Float64))",
-                f"avgState(CAST({expr} AS Nullable(Float64)))",
-            ),
-        )
+    exprs = dict(ROLLUP_TERMS)
+    stored = [exprs.get(name, "NULL") for name in ROLLUP_POSITIONS]
+    terms = (
+        (sk.QUANTILES_COLUMN, sk.SKETCH_TYPE, sk.quantiles_state(stored)),
+        (sk.MEANS_COLUMN, sk.MEANS_TYPE, sk.means_state(stored)),
     )
     tail_arrays = ", ".join(f"if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull({v}))])" for v in _TAIL_VALUES)
     hists = (
@@ -511,13 +519,21 @@ def _states(d: Dialect) -> str:
 
 
 def _sketch(term: str, level: float | None = None) -> str:
-    """A rolled-up term's [p50, p90, p99], or the one `level` of them."""
-    column = sk.quantile_column(term)
-    return sk.merge_quantiles(column) if level is None else sk.merge_quantile(column, level)
+    """A rolled-up term's [p50, p90, p99], or the one `level` of them (in a SELECT with _merged())."""
+    position = ROLLUP_POSITIONS.index(term) + 1
+    return sk.quantiles_at(position) if level is None else sk.quantile_at(position, level)
 
 
 def _mean(term: str) -> str:
-    return f"avgMerge({sk.mean_column(term)})"
+    return sk.mean_at(ROLLUP_POSITIONS.index(term) + 1)
+
+
+_MERGED = (sk.MERGED_QUANTILES, sk.MERGED_MEANS)
+
+
+def _merged(selects: list[str]) -> list[str]:
+    """`selects` after the merged term states they read (none when they read no term)."""
+    return [sk.merged_states(), *selects] if any(m in s for s in selects for m in _MERGED) else selects
 
 
 def _good_from_hist(d: Dialect) -> str:
@@ -560,8 +576,8 @@ def budget_summary_rollup(d: Dialect) -> str:
     means and counts exact, goodput and tail from the log-bucket histograms (analysis/sketch.py)."""
     dists = ",\n    ".join(f"{_sketch(name)} AS {name}_q, {_mean(name)} AS {name}_mean" for name, _ in DISTRIBUTIONS)
     return (
-        "SELECT * EXCEPT (tail_hist_merged, threshold_bucket, tail_weights) FROM (\n"
-        "SELECT sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
+        f"SELECT * EXCEPT ({', '.join(_MERGED)}, tail_hist_merged, threshold_bucket, tail_weights) FROM (\n"
+        f"SELECT {sk.merged_states()},\n    sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
         f"    sum(with_server) AS with_server, {_good_from_hist(d)} AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,\n"
         "    sum(no_output) AS no_output,\n"
@@ -572,8 +588,11 @@ def budget_summary_rollup(d: Dialect) -> str:
 
 def _series_rollup(d: Dialect, selects: list[str]) -> str:
     """One row per time bucket of the rollup's minutes (buckets of at least a minute)."""
-    body = ",\n    ".join(selects)
-    return f"SELECT {d.time_bucket('bucket')} AS time,\n    {body}\n{_states(d)}\nGROUP BY time\nORDER BY time"
+    body = ",\n    ".join(_merged(selects))
+    sql = f"SELECT {d.time_bucket('bucket')} AS time,\n    {body}\n{_states(d)}\nGROUP BY time"
+    if body.startswith(sk.merged_states()):
+        sql = f"SELECT * EXCEPT ({', '.join(_MERGED)}) FROM (\n{sql}\n)"
+    return f"{sql}\nORDER BY time"
 
 
 def _bucket_s(d: Dialect) -> str:
@@ -592,7 +611,7 @@ def budget_stack(d: Dialect) -> str:
     labels = ", ".join(f"'{label}'" for label in (*LEVEL_LABELS, "mean"))
     return (
         f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
-        f"FROM (SELECT arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)})"
+        f"FROM (SELECT {sk.merged_states()}, arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)})"
     )
 
 

@@ -159,12 +159,21 @@ def test_a_new_term_is_one_line_and_upgrades_in_place(clickhouse, client, monkey
     spangen.emit(w, clickhouse.url, database, transport="insert")
     rollup.seal_now(client, database)
     monkeypatch.setattr(Q, "ROLLUP_TERMS", (*Q.ROLLUP_TERMS, ("double_ingress_ms", "ingress_ms * 2")))
+    monkeypatch.setattr(Q, "ROLLUP_POSITIONS", (*Q.ROLLUP_POSITIONS, "double_ingress_ms"))
     CS.apply(client, rollup.statements(database))
     rollup.stop_refreshes(client, database)
     spangen.emit(spangen.generate(20, seed=9), clickhouse.url, database, transport="insert", seed=9)
     rollup.seal_now(client, database)
     mean, rows = client.query(
-        f"SELECT avgMerge(double_ingress_ms_avg), sum(requests) FROM {database}.{sketch.ROLLUP_TABLE}"
+        f"SELECT avgForEachMerge({sketch.MEANS_COLUMN})[{len(Q.ROLLUP_POSITIONS)}], sum(requests) "
+        f"FROM {database}.{sketch.ROLLUP_TABLE}"
     ).result_rows[0]
     newer = spangen.generate(20, seed=9).requests
     assert rows == 40 and mean == pytest.approx(2 * np.mean([r.ingress_ms for r in newer]), rel=1e-9)
+
+
+def test_every_term_has_a_stored_position():
+    """Sealed rows keep the positions of their arrays: a term needs one, appended (not inserted)."""
+    names = [name for name, _ in Q.ROLLUP_TERMS]
+    assert len(set(Q.ROLLUP_POSITIONS)) == len(Q.ROLLUP_POSITIONS)
+    assert not set(names) - set(Q.ROLLUP_POSITIONS), "append the new term's name to queries.ROLLUP_POSITIONS"
