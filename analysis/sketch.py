@@ -47,6 +47,8 @@ PENDING_TABLE = "phaselens_request_pending"  # recent partial request rows, stam
 LIVE_TABLE = "phaselens_budget_live"  # the states of the requests not sealed yet, as of its last refresh
 STATES_LOCAL = "phaselens_budget_states_local"  # this node's rollup + its live states
 STATES_VIEW = "phaselens_budget_states"  # what the budget reads: the local view, or every shard's
+STEPS_ROLLUP_TABLE = "phaselens_steps_rollup"  # engine steps: -State aggregates per minute × service
+STEPS_STATES_VIEW = "phaselens_steps_states"  # what the rollup reads of the steps: this node's, or every shard's
 QUANTILES_COLUMN = "terms_qs"  # DDSketch states of every term, by position (queries.ROLLUP_POSITIONS)
 MEANS_COLUMN = "terms_avg"  # avg states of every term, by position
 MERGED_QUANTILES, MERGED_MEANS = "terms_q", "terms_mean"  # their merges in a read
@@ -73,9 +75,13 @@ def merged_states() -> str:
     a read, under the names quantiles_at / mean_at use. Rows of an older, shorter term list merge
     with newer ones (-ForEach pads): a term they lack has an empty sketch and a NULL mean there."""
     return (
-        f"quantilesDDForEachMerge{_PARAMS}({QUANTILES_COLUMN}) AS {MERGED_QUANTILES}, "
-        f"avgForEachMerge({MEANS_COLUMN}) AS {MERGED_MEANS}"
+        f"{merged_quantiles(QUANTILES_COLUMN)} AS {MERGED_QUANTILES}, avgForEachMerge({MEANS_COLUMN}) AS {MERGED_MEANS}"
     )
+
+
+def merged_quantiles(column: str) -> str:
+    """The merged sketches of a -ForEach quantile state column (Array(Array(Float64)), in ns)."""
+    return f"quantilesDDForEachMerge{_PARAMS}({column})"
 
 
 def quantiles_at(position: int) -> str:
@@ -83,9 +89,9 @@ def quantiles_at(position: int) -> str:
     return f"arrayMap(v -> v / {SCALE}, {MERGED_QUANTILES}[{position}])"
 
 
-def quantile_at(position: int, level: float) -> str:
-    """One of LEVELS of the term at `position` (NULL where the term has no sketch)."""
-    return f"arrayElementOrNull({MERGED_QUANTILES}[{position}], {LEVELS.index(level) + 1}) / {SCALE}"
+def quantile_at(position: int, level: float, merged: str = MERGED_QUANTILES) -> str:
+    """One of LEVELS of the term at `position` of `merged` (NULL where the term has no sketch)."""
+    return f"arrayElementOrNull({merged}[{position}], {LEVELS.index(level) + 1}) / {SCALE}"
 
 
 def mean_at(position: int) -> str:

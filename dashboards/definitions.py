@@ -165,7 +165,7 @@ def _diagnosis_panel(src: Source) -> dict:
         "server's share of TPOT (decode) and the client's (client), the decode-token time lost to "
         f"prefill in mixed steps (prefill_stalls), KV use p90 / {th.KV_USED:g} or preempted share / "
         f"{th.PREEMPTED_SHARE:g} (kv_pressure). role none: every SLO holds with margin.",
-        [src.target("diagnosis_causes", FORMAT_TABLE)],
+        [src.target("diagnosis_causes_rollup", FORMAT_TABLE)],
         width=24,
         height=8,
         unit="none",
@@ -270,7 +270,7 @@ def budget_panels(src: Source) -> list[dict]:
             "Slowest requests",
             "Which requests had the longest TTFT, and which phase dominated each? Click a trace id to "
             "open that request's client and server spans in the Request trace dashboard.",
-            [src.target("slowest_requests", FORMAT_TABLE)],
+            [src.target("slowest_requests_rollup", FORMAT_TABLE)],
             width=24,
             height=10,
             unit="ms",
