@@ -33,7 +33,9 @@ SCALE = 1e6
 NOTE = (
     f"approximate: quantiles from DDSketch rollups (relative error ≤ {ALPHA:.0%} of the value); goodput and "
     f"tail from {GAMMA - 1:.0%}-wide log buckets (a request within {GAMMA - 1:.0%} of an SLO or of the p99 "
-    "may be counted on the wrong side); counts, sums and means exact; --exact reads every request"
+    "may be counted on the wrong side); decode stalls against a baseline within "
+    f"{ALPHA:.0%} (each mixed step's extra off by at most that); counts, sums and means exact; --exact reads "
+    "every request"
 )
 
 PANEL_NOTE = (
