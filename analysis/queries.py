@@ -539,19 +539,11 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
 
 
 def _states(d: Dialect) -> str:
-    """FROM + WHERE of the rollup states (sealed minutes and the requests not sealed yet) under the
-    time, service and model filters; the window is widened to whole minutes. A node's live rows
-    count only while computed against its current end of the rollup (`sealed_to`; the epoch before
-    its first pass): a request just sealed is never read twice. The ends are gathered from every
-    node (GLOBAL IN: a plain IN is evaluated once, on the node that received the query)."""
-    states = d.table(sk.STATES_VIEW)
-    ends = (
-        f"SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) "
-        f"AS sealed_to FROM {states}) GROUP BY sealer"
-    )
-    current = f"(is_live = 0 OR (sealer, sealed_to) GLOBAL IN ({ends}))"
-    return f"FROM {states}\n" + _where(
-        current, d.bucket_filter("bucket"), d.match("service", "service"), d.match("model", "model")
+    """FROM + WHERE of the rollup states (sealed minutes and the requests not sealed yet, each once:
+    rollup.current_select) under the time, service and model filters; the window is widened to
+    whole minutes."""
+    return f"FROM {d.table(sk.STATES_VIEW)}\n" + _where(
+        d.bucket_filter("bucket"), d.match("service", "service"), d.match("model", "model")
     )
 
 

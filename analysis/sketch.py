@@ -48,6 +48,7 @@ ROLLUP_TABLE = "phaselens_budget_rollup"  # sealed minutes: -State aggregates pe
 PENDING_TABLE = "phaselens_request_pending"  # recent partial request rows, stamped with their insert time
 LIVE_TABLE = "phaselens_budget_live"  # the states of the requests not sealed yet, as of its last refresh
 STATES_LOCAL = "phaselens_budget_states_local"  # this node's rollup + its live states
+STATES_CURRENT = "phaselens_budget_states_current"  # of those, what a read may merge (never a request twice)
 STATES_VIEW = "phaselens_budget_states"  # what the budget reads: the local view, or every shard's
 STEPS_ROLLUP_TABLE = "phaselens_steps_rollup"  # engine steps: -State aggregates per minute × service
 STEPS_STATES_VIEW = "phaselens_steps_states"  # what the rollup reads of the steps: this node's, or every shard's

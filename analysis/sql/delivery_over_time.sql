@@ -16,7 +16,7 @@ SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
     arrayElementOrNull(terms_q[40], 2) / 1000000.0 AS first_chunk_p90_ms,
     arrayElementOrNull(terms_q[15], 2) / 1000000.0 AS residual_p90_ms
 FROM {database:Identifier}.phaselens_budget_states
-WHERE (is_live = 0 OR (sealer, sealed_to) GLOBAL IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) AS sealed_to FROM {database:Identifier}.phaselens_budget_states) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
+WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
 )
 ORDER BY time

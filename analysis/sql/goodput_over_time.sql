@@ -11,6 +11,6 @@ SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
     sum(ok_requests) / greatest({bucket_s:UInt32}, 60) AS completed_rps,
     goodput_rps * greatest({bucket_s:UInt32}, 60) / sum(requests) AS slo_attainment
 FROM {database:Identifier}.phaselens_budget_states
-WHERE (is_live = 0 OR (sealer, sealed_to) GLOBAL IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) AS sealed_to FROM {database:Identifier}.phaselens_budget_states) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
+WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
 ORDER BY time

@@ -1293,8 +1293,12 @@ DROP TABLE IF EXISTS "otel"."phaselens_budget_states_local";
 CREATE TABLE "otel"."phaselens_budget_states_local" AS "otel"."phaselens_budget_rollup"
 ENGINE = Merge('otel', '^(phaselens_budget_rollup|phaselens_budget_live)$');
 
+CREATE OR REPLACE VIEW "otel"."phaselens_budget_states_current" AS
+SELECT * FROM "otel"."phaselens_budget_states_local"
+WHERE is_live = 0 OR (sealer, sealed_to) IN (SELECT sealer, max(if(is_live = 1, toDateTime64(0, 3), sealed_to)) FROM "otel"."phaselens_budget_states_local" GROUP BY sealer);
+
 CREATE OR REPLACE VIEW "otel"."phaselens_budget_states" AS
-SELECT * FROM "otel"."phaselens_budget_states_local";
+SELECT * FROM "otel"."phaselens_budget_states_current";
 
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_steps_rollup" (
     bucket DateTime CODEC(Delta, ZSTD(1)),
