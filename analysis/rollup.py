@@ -20,7 +20,7 @@ Reads see the sealed minutes plus the requests not sealed yet (`phaselens_budget
 are aggregated from the pending table with the same -State functions every LIVE_EVERY_S by a second
 refreshable view (no FINAL; its cost follows the traffic of the last `wait_s`, not the time range)
 into a small table that each refresh replaces. Reads take a node's live rows only while they were
-computed against that node's current end of the rollup (`sealed_to`; queries._states), so a
+computed against that node's current end of the rollup (`sealed_to`; current_select, a view on each node), so a
 request is never read twice; right after a sealing pass, until the next refresh, the requests not
 sealed yet are missing for a few seconds. (Computing them at read time instead cost ~0.2 s of query analysis per read,
 measured: the per-request expressions are large.) On a cluster every node seals its own pending
