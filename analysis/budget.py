@@ -20,15 +20,20 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
 
 from phaselens.analysis import queries as q
 from phaselens.analysis import sketch, span_models
-from phaselens.analysis.dialect import QueryError
+from phaselens.analysis.dialect import Filters, QueryError
 from phaselens.common.slo import SLO
 
 TDIGEST_NOTE = "approximate: t-digest quantiles over every request (error not bounded); counts and means exact"
 # The SLOs the goodput query takes (`--slo` of budget, report and demo): parse_slo(text, GOODPUT_SLO_KEYS).
 GOODPUT_SLO_KEYS = ("ttft", "tpot")
+# One result row of a named query, {column: value}; values as clickhouse-connect decodes them.
+Row = dict[str, Any]
 
 
 class AnalysisError(RuntimeError):
@@ -45,7 +50,7 @@ class Stat:
     def ratio(self, whole: Stat) -> Stat:
         return Stat(*(_div(a, b) for a, b in zip(self.values(), whole.values(), strict=False)))
 
-    def values(self) -> tuple:
+    def values(self) -> tuple[float | None, float | None, float | None, float | None]:
         return self.p50, self.p90, self.p99, self.mean
 
 
@@ -109,7 +114,7 @@ class BudgetReport:
     tail: TailAttribution | None
     goodput: Goodput
     stalls: DecodeStalls
-    filters: dict = field(default_factory=dict)
+    filters: Filters = field(default_factory=dict)
     span_models: list[str] = field(default_factory=list)  # whose spans the rows came from
     unseparated: list[str] = field(default_factory=list)  # what those span models cannot separate
     # which path the figures came from: "exact" (every request) or "rollup", and what that approximates
@@ -117,11 +122,11 @@ class BudgetReport:
     approximation: str | None = None
     client_harnesses: list[str] = field(default_factory=list)  # who measured the client views (`aiperf 0.13.0`)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def open_client(url: str):
+def open_client(url: str) -> Client:
     """A clickhouse-connect client for `url`, or AnalysisError saying ClickHouse is unreachable."""
     from phaselens.storage.clickhouse_url import connect
 
@@ -138,19 +143,19 @@ def open_client(url: str):
         raise AnalysisError(f"cannot reach ClickHouse at {url} ({reason})") from None
 
 
-def _div(a, b):
+def _div(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b not in (None, 0) and not _nan(a) and not _nan(b) else None
 
 
-def _nan(x) -> bool:
+def _nan(x: object) -> bool:
     return isinstance(x, float) and math.isnan(x)
 
 
-def _clean(x):
+def _clean(x: float | None) -> float | None:
     return None if x is None or _nan(x) else x
 
 
-def query_rows(client, name: str, filters: dict) -> list[dict]:
+def query_rows(client: Client, name: str, filters: Filters) -> list[Row]:
     """The rows of a named query as {column: value}; ClickHouse errors become AnalysisError."""
     try:
         sql, params = q.render_cli(name, **filters)
@@ -158,11 +163,11 @@ def query_rows(client, name: str, filters: dict) -> list[dict]:
     except QueryError as e:
         raise AnalysisError(str(e)) from None
     except Exception as e:  # noqa: BLE001 — clickhouse-connect raises DatabaseError/OperationalError subclasses
-        raise AnalysisError(_explain(e, filters.get("database", "otel"))) from None
+        raise AnalysisError(_explain(e, str(filters.get("database", "otel")))) from None
     return [dict(zip(result.column_names, row, strict=False)) for row in result.result_rows]
 
 
-def _run(client, name: str, filters: dict) -> dict:
+def _run(client: Client, name: str, filters: Filters) -> Row:
     """The first row of a named query as {column: value} ({} when there is none)."""
     rows = query_rows(client, name, filters)
     return rows[0] if rows else {}
@@ -178,10 +183,10 @@ def _explain(error: Exception, database: str) -> str:
     return f"ClickHouse query failed: {text.splitlines()[0][:300]}"
 
 
-def _stat(row: dict, name: str) -> Stat:
+def _stat(row: Row, name: str) -> Stat:
     qs = row.get(f"{name}_q") or []
     values = [_clean(v) for v in qs] + [None] * (3 - len(qs))
-    return Stat(*values[:3], _clean(row.get(f"{name}_mean")))
+    return Stat(values[0], values[1], values[2], _clean(row.get(f"{name}_mean")))
 
 
 def _unobserved(dists: dict[str, Stat]) -> None:
@@ -193,7 +198,7 @@ def _unobserved(dists: dict[str, Stat]) -> None:
 
 
 def budget(
-    client,
+    client: Client,
     database: str = "otel",
     service: str | None = None,
     model: str | None = None,
@@ -207,7 +212,7 @@ def budget(
     goodput and tail from log buckets: `sketch.NOTE`; a window widened to whole minutes), whose cost
     follows the window's minutes, not its requests; `approx`: t-digest over every request."""
     slos = {"ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms} if slo else {}
-    filters = {
+    filters: Filters = {
         "database": database,
         "service": service,
         "model": model,
@@ -244,18 +249,20 @@ def budget(
     )
 
 
-def _stalls(row: dict) -> DecodeStalls:
-    counts = (int(row.get(k) or 0) for k in ("steps", "decode_steps", "mixed_steps"))
+def _stalls(row: Row) -> DecodeStalls:
+    steps, decode_steps, mixed_steps = (int(row.get(k) or 0) for k in ("steps", "decode_steps", "mixed_steps"))
     return DecodeStalls(
         _clean(row.get("baseline_ms")),
-        *counts,
+        steps,
+        decode_steps,
+        mixed_steps,
         float(row.get("stall_ms") or 0.0),
         float(row.get("request_stall_ms") or 0.0),
         int(row.get("delayed_decodes") or 0),
     )
 
 
-def _goodput(row: dict, slos: dict, requests: int) -> Goodput:
+def _goodput(row: Row, slos: dict[str, float | None], requests: int) -> Goodput:
     good = int(row.get("good") or 0)
     window = _clean(row.get("window_s")) if row.get("with_server") else None
     return Goodput(
@@ -263,18 +270,18 @@ def _goodput(row: dict, slos: dict, requests: int) -> Goodput:
     )
 
 
-def _tail(row: dict, dists: dict[str, Stat]) -> TailAttribution:
+def _tail(row: Row, dists: dict[str, Stat]) -> TailAttribution:
     tail_ttft, median_ttft = _clean(row.get("ttft_tail_mean")), dists["ttft_ms"].p50
     growth = None if tail_ttft is None or median_ttft is None else tail_ttft - median_ttft
-    comps = []
+    comps: list[TailComponent] = []
     for name, _ in q.COMPONENTS:
         tail_mean, median = _clean(row.get(f"{name}_tail_mean")), dists[name].p50
         if name in q.OBSERVED_BY and dists[name].mean is None:  # counted 0 in the rows: unobserved
             tail_mean = None
         delta = None if tail_mean is None or median is None else tail_mean - median
         comps.append(TailComponent(name, tail_mean, median, delta, _div(delta, growth)))
-    ranked = [c for c in comps if c.delta_ms is not None]
-    grew_most = max(ranked, key=lambda c: c.delta_ms).name if ranked else None
+    deltas = {c.name: c.delta_ms for c in comps if c.delta_ms is not None}
+    grew_most = max(deltas, key=deltas.__getitem__) if deltas else None
     return TailAttribution(
         _clean(row.get("threshold_ms")), int(row.get("tail_requests") or 0), tail_ttft, median_ttft, comps, grew_most
     )

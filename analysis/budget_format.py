@@ -29,11 +29,11 @@ CLIENT_SPLIT = tuple(name for name, _ in q.CLIENT_SPLIT)
 UNOBSERVED = "unobserved"  # a term no request in the selection was stamped with (not 0 ms)
 
 
-def _ms(x) -> str:
+def _ms(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
-def _pct(x) -> str:
+def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
@@ -94,8 +94,8 @@ def to_rich(report: BudgetReport) -> Group:
             f"grew most: {t.grew_most}",
             ["term", "tail mean", "median", "delta", "share of growth"],
         )
-        for c in t.components:
-            tail.add_row(c.name, _ms(c.tail_mean_ms), _ms(c.median_ms), _ms(c.delta_ms), _pct(c.share_of_growth))
+        for tc in t.components:
+            tail.add_row(tc.name, _ms(tc.tail_mean_ms), _ms(tc.median_ms), _ms(tc.delta_ms), _pct(tc.share_of_growth))
         parts.append(tail)
     g, s = report.goodput, report.stalls
     slo = f"SLO ttft ≤ {_ms(g.ttft_slo_ms)} ms, tpot ≤ {_ms(g.tpot_slo_ms)} ms"
@@ -116,7 +116,7 @@ def to_json(report: BudgetReport) -> str:
     return json.dumps(report.to_dict(), indent=2, default=str)
 
 
-def _flatten(prefix: str, value, out: list) -> None:
+def _flatten(prefix: str, value: object, out: list[tuple[str, object]]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
@@ -129,7 +129,7 @@ def _flatten(prefix: str, value, out: list) -> None:
 
 
 def to_csv(report: BudgetReport) -> str:
-    rows: list = []
+    rows: list[tuple[str, object]] = []
     _flatten("", report.to_dict(), rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

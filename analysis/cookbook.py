@@ -9,7 +9,7 @@ runs it (`--param_<name>=<value>` binds `{name:Type}` server-side).
 from __future__ import annotations
 
 from phaselens.analysis import queries as q
-from phaselens.analysis.dialect import client_params
+from phaselens.analysis.dialect import Filters, client_params
 
 ENTRIES = (
     (
@@ -37,7 +37,7 @@ ENTRIES = (
 )
 
 
-def _client_line(parameters: dict) -> str:
+def _client_line(parameters: Filters) -> str:
     return f"clickhouse-client {client_params(parameters)} --queries-file query.sql"
 
 

@@ -17,12 +17,16 @@ findings out.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
 
 from phaselens.analysis import levers as lv
 from phaselens.analysis import pd_budget, pd_diagnose
 from phaselens.analysis import thresholds as th
-from phaselens.analysis.budget import AnalysisError, query_rows
+from phaselens.analysis.budget import AnalysisError, Row, query_rows
 from phaselens.analysis.diagnose_figures import Figures, LoadDependence, bucket_seconds, load_dependence, num, pct
+from phaselens.analysis.dialect import Filters
 from phaselens.common.slo import SLO
 
 CAUSES = (
@@ -85,15 +89,15 @@ class Diagnosis:
     load: LoadDependence
     requests: int
     slo: dict[str, float]
-    filters: dict = field(default_factory=dict)
+    filters: Filters = field(default_factory=dict)
     client_harnesses: list[str] = field(default_factory=list)  # who measured the client views
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def diagnose(
-    client,
+    client: Client,
     database: str = "otel",
     service: str | None = None,
     model: str | None = None,
@@ -104,7 +108,7 @@ def diagnose(
     slo = SLO(
         ttft_ms=(slo and slo.ttft_ms) or th.DEFAULT_TTFT_SLO_MS, tpot_ms=(slo and slo.tpot_ms) or th.DEFAULT_TPOT_SLO_MS
     )
-    filters = {
+    filters: Filters = {
         "database": database,
         "service": service,
         "model": model,
@@ -129,19 +133,19 @@ def diagnose(
     return result
 
 
-def _describe(filters: dict) -> str:
+def _describe(filters: Filters) -> str:
     since = filters.get("since")
     parts = [f"database {filters['database']}", "all time" if since is None else f"last {since}"]
     return ", ".join(parts + [f"{k} {filters[k]}" for k in ("service", "model") if filters.get(k)])
 
 
-def _server_url(rows: list[dict]) -> str | None:
+def _server_url(rows: list[Row]) -> str | None:
     row = rows[0] if rows else {}
     host, port = row.get("server_address"), row.get("server_port")
     return f"http://{'[' + host + ']' if ':' in (host or '') else host}:{port}" if host and port else None
 
 
-def _signal(row: dict) -> Signal:
+def _signal(row: Row) -> Signal:
     return Signal(
         row["cause"],
         row["role"],
@@ -153,7 +157,7 @@ def _signal(row: dict) -> Signal:
     )
 
 
-def assemble(figures: Figures, signals: list[Signal], load: LoadDependence, slo: SLO, filters: dict) -> Diagnosis:
+def assemble(figures: Figures, signals: list[Signal], load: LoadDependence, slo: SLO, filters: Filters) -> Diagnosis:
     """The diagnosis from fetched figures (pure)."""
     primary = next((s.cause for s in signals if s.role == "primary"), "none")
     causes = [s.cause for s in signals if s.role in ("primary", "contributing")] or ["none"]
@@ -186,7 +190,7 @@ def _level(level: str, i: int, f: Figures, signals: list[Signal], slo: SLO) -> L
     risk = [
         name
         for name, value, target in (("ttft", ttft, slo.ttft_ms), ("tpot", tpot, slo.tpot_ms))
-        if value is not None and value > th.MARGIN * target
+        if value is not None and target is not None and value > th.MARGIN * target
     ]
     flagged = [s.cause for s in signals if (s.flagged_p50, s.flagged_p99)[i]]
     if not risk:
@@ -272,9 +276,9 @@ def _step_percentiles(f: Figures, levels: dict[str, LevelVerdict]) -> Step:
         else f"the tail has its own cause: p50 → {p50.primary_cause}, p99 → {p99.primary_cause}"
     )
     ratios = [
-        f"{name} p99 / p50 = {f.at(col, 1) / f.at(col, 0):.1f}"
+        f"{name} p99 / p50 = {high / low:.1f}"
         for name, col in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
-        if f.at(col, 0) and f.at(col, 1) is not None
+        if (low := f.at(col, 0)) and (high := f.at(col, 1)) is not None
     ]
     return Step(
         4,

@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from phaselens.analysis import thresholds as th
+from phaselens.analysis.budget import Row
 from phaselens.loadgen.workloads import BYTES_PER_WORD
 
 BYTE_LEVEL_MODELS = ("tiny",)  # the reference server's built-in model: ByT5, one token per UTF-8 byte
@@ -35,16 +36,21 @@ class Figures:
     models: list[str] = field(default_factory=list)
     client_harnesses: list[str] = field(default_factory=list)  # who measured the client views
     server_url: str | None = None  # what the clients called (their CLIENT spans' server.address:port)
-    quantiles: dict[str, list] = field(default_factory=dict)  # name → [p50, p99]
-    engine: dict = field(default_factory=dict)  # the diagnosis_engine row
+    quantiles: dict[str, list[float | None]] = field(default_factory=dict)  # name → [p50, p99]
+    engine: dict[str, float | None] = field(default_factory=dict)  # the diagnosis_engine row
 
     @classmethod
-    def from_rows(cls, figures: list[dict], engine: list[dict]) -> Figures:
+    def from_rows(cls, figures: list[Row], engine: list[Row]) -> Figures:
         row = figures[0] if figures else {}
-        counts = [int(row.get(k) or 0) for k in ("requests", "errors", "with_client", "good")]
+        requests, errors, with_client, good = (
+            int(row.get(k) or 0) for k in ("requests", "errors", "with_client", "good")
+        )
         return cls(
-            *counts,
-            _clean(row.get("window_s")) if counts[0] else None,
+            requests,
+            errors,
+            with_client,
+            good,
+            _clean(row.get("window_s")) if requests else None,
             _clean(row.get("prefix_hit_rate")),
             _clean(row.get("preempted_share")),
             list(row.get("models") or []),
@@ -74,7 +80,7 @@ def num(x: float | None, unit: str = " ms") -> str:
     return "–" if x is None else f"{x:.1f}{unit}"
 
 
-def _clean(x):
+def _clean(x: float | None) -> float | None:
     """NaN (ClickHouse's quantile of nothing, 0/0) → None."""
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
@@ -98,7 +104,7 @@ def bucket_seconds(window_s: float | None) -> int:
     return max(1, round((window_s or 0) / th.LOAD_BUCKETS))
 
 
-def load_dependence(rows: list[dict], bucket_s: int, f: Figures) -> LoadDependence:
+def load_dependence(rows: list[Row], bucket_s: int, f: Figures) -> LoadDependence:
     """`rows`: the `queueing_vs_load` buckets in time order."""
     usable = sorted(
         (

@@ -35,15 +35,15 @@ def to_rich(d: Diagnosis) -> Group:
         ("cause", "role", "p50 signal", "p99 signal", "threshold", "flagged p50", "flagged p99")
     ):
         signals.add_column(header, justify="left" if i < 2 else "right")
-    for s in d.signals:
+    for sig in d.signals:
         signals.add_row(
-            s.cause,
-            s.role,
-            _signal(s.p50_signal),
-            _signal(s.p99_signal),
-            f"{s.threshold:g}",
-            "yes" if s.flagged_p50 else "",
-            "yes" if s.flagged_p99 else "",
+            sig.cause,
+            sig.role,
+            _signal(sig.p50_signal),
+            _signal(sig.p99_signal),
+            f"{sig.threshold:g}",
+            "yes" if sig.flagged_p50 else "",
+            "yes" if sig.flagged_p99 else "",
         )
     levers = Table(title="Levers", title_justify="left", show_lines=True)
     for header in ("cause", "lever", "evidence"):

@@ -17,6 +17,9 @@ from phaselens.collectors.schema import ident
 
 _DURATION = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# The user's filter values (database, service, since, limit, approx, SLOs, …) by name; None = not set.
+# A dialect's bound parameters have the same shape.
+Filters = dict[str, str | float | None]
 
 
 class QueryError(ValueError):
@@ -54,7 +57,7 @@ class Dialect(Protocol):
     def match(self, var: str, column: str) -> str:
         """A condition `column` = the user's `var` filter (`1` when the user set none)."""
 
-    def value(self, var: str, ch_type: str, default=None) -> str:
+    def value(self, var: str, ch_type: str, default: str | float | None = None) -> str:
         """The user's value of `var`, of ClickHouse type `ch_type`."""
 
     def limit(self, default: int) -> str:
@@ -64,7 +67,7 @@ class Dialect(Protocol):
         """True: t-digest percentiles instead of exact ones."""
 
 
-def client_params(parameters: dict) -> str:
+def client_params(parameters: Filters) -> str:
     """`clickhouse-client` flags that bind `{name:Type}` server-side: `--param_<name>='<value>'`."""
     return " ".join(f"--param_{k}='{v}'" for k, v in parameters.items() if v is not None)
 
@@ -73,9 +76,9 @@ def client_params(parameters: dict) -> str:
 class CliDialect:
     """Bound parameters only. `filters` holds the user's values; `parameters` what the SQL binds."""
 
-    filters: dict
+    filters: Filters
     database: str = "otel"
-    parameters: dict = field(default_factory=dict)
+    parameters: Filters = field(default_factory=dict)
 
     def table(self, name: str) -> str:
         ident(self.database)  # validates; the name still travels as a bound Identifier
@@ -110,7 +113,7 @@ class CliDialect:
         self.parameters[var] = str(value)
         return f"{column} = {{{var}:String}}"
 
-    def value(self, var: str, ch_type: str, default=None) -> str:
+    def value(self, var: str, ch_type: str, default: str | float | None = None) -> str:
         self.parameters[var] = self.filters.get(var, default)
         return f"{{{var}:{ch_type}}}"
 
@@ -146,7 +149,7 @@ class GrafanaDialect:
     def match(self, var: str, column: str) -> str:
         return f"$__conditionalAll({column} IN (${{{var}:singlequote}}), ${var})"
 
-    def value(self, var: str, ch_type: str, default=None) -> str:
+    def value(self, var: str, ch_type: str, default: str | float | None = None) -> str:
         return f"'${{{var}}}'" if ch_type == "String" else f"${{{var}}}"
 
     def limit(self, default: int) -> str:

@@ -15,6 +15,8 @@ inserts (`collectors/clickhouse_sink.py`). So the imported view is a client span
   even after a crash mid-way.
 - Nothing silently: a record whose id reached no server request (`unmatched`), or several
   (`ambiguous`), is counted and listed; bad lines of the export are reported by the parser.
+- The default budget sees them: the sealed rollup minutes of the joined requests are recomputed
+  (`rollup_backfill`; a request not sealed yet is sealed later with its view).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from clickhouse_connect.driver.exceptions import ClickHouseError
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -32,6 +35,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from phaselens.analysis.harness_records import ClientRecord, HarnessRun
+from phaselens.analysis.id_batches import slices
+from phaselens.analysis.rollup_backfill import Backfilled, BackfillError, backfill_requests
 from phaselens.analysis.schema import FACTS_VIEW, SPANS_VIEW
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.collectors.schema import DISTRIBUTED_TABLE, ident
@@ -39,10 +44,7 @@ from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
 
 IMPORT_SCOPE = "phaselens.harness_import"  # ScopeName of an imported client span
-LOOKUP_BATCH = 10_000  # request ids per lookup query
 INSERT_BATCH = 5_000  # spans per insert (one deduplication token each)
-# the per-minute rollups (analysis/rollup.py, `phaselens budget`'s default) leave imported views out
-READ_HINT = "  read them with `phaselens budget --exact`, report or diagnose (the per-minute rollups leave them out)"
 
 
 @dataclass(slots=True)
@@ -60,6 +62,8 @@ class ImportReport:
     bad_lines: int
     without_id: int
     repeated_ids: int  # records whose request id an earlier record of the export had (the last one is kept)
+    rollups: list[Backfilled]  # per node: the sealed minutes recomputed with the imported views
+    rollup_error: str | None = None  # why they were not: the spans are stored, the exact path reads them
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +82,8 @@ def lookup(client: Any, database: str, request_ids: Sequence[str]) -> dict[str, 
         "WHERE has_server AND x_request_id IN {ids:Array(String)}"
     )
     found: dict[str, list[ServerMatch]] = {}
-    for i in range(0, len(request_ids), LOOKUP_BATCH):
-        rows = client.query(sql, parameters={"ids": list(request_ids[i : i + LOOKUP_BATCH])}).result_rows
+    for part in slices(request_ids):
+        rows = client.query(sql, parameters={"ids": list(request_ids[part])}).result_rows
         for request_id, trace_id, model in rows:
             found.setdefault(request_id, []).append(ServerMatch(trace_id, model))
     return found
@@ -92,8 +96,8 @@ def stored_span_ids(client: Any, database: str, trace_ids: Sequence[str], span_i
         "WHERE TraceId IN {t:Array(String)} AND SpanId IN {s:Array(String)} AND ScopeName = {scope:String}"
     )
     out: set[str] = set()
-    for i in range(0, len(span_ids), LOOKUP_BATCH):
-        params = {"t": list(trace_ids[i : i + LOOKUP_BATCH]), "s": list(span_ids[i : i + LOOKUP_BATCH])}
+    for part in slices(trace_ids):  # a span id is shorter than its trace id
+        params = {"t": list(trace_ids[part]), "s": list(span_ids[part])}
         out |= {row[0] for row in client.query(sql, parameters={**params, "scope": IMPORT_SCOPE}).result_rows}
     return out
 
@@ -220,11 +224,19 @@ def import_run(client: Any, url: str, run: HarnessRun, database: str = "otel") -
         client, database, [m.trace_id for _, m in joined], [f"{s.context.span_id:016x}" for s in spans]
     )
     new = [s for s in spans if f"{s.context.span_id:016x}" not in stored]
-    sink = ClickHouseSink(url, database, cluster=distributed_cluster(client, database))
+    cluster = distributed_cluster(client, database)
+    sink = ClickHouseSink(url, database, cluster=cluster)
     try:
         _insert(sink, new)
     finally:
         sink.close()
+    # every joined request, stored before or not: an import run again also repairs the rollups
+    rollups: list[Backfilled] = []
+    rollup_error = None
+    try:
+        rollups = backfill_requests(client, url, database, cluster, [m.trace_id for _, m in joined]) if joined else []
+    except (BackfillError, ClickHouseError, OSError) as e:
+        rollup_error = str(e).strip().splitlines()[0]
     return ImportReport(
         run.harness,
         run.version,
@@ -236,6 +248,8 @@ def import_run(client: Any, url: str, run: HarnessRun, database: str = "otel") -
         len(run.bad_lines),
         run.without_id,
         len(run.records) - len(records),
+        rollups,
+        rollup_error,
     )
 
 
@@ -247,9 +261,20 @@ def summary_lines(report: ImportReport, run: HarnessRun, list_ids: int = 10) -> 
     out = [
         f"{who}: {report.records} records",
         f"  imported {report.imported} client spans, {report.already} already stored",
-        READ_HINT,
     ]
+    if report.rollups:
+        minutes = max(b.minutes for b in report.rollups)
+        sealed = sum(b.requests for b in report.rollups)
+        out.append(
+            f"  rollups: {minutes} minute{'s' if minutes != 1 else ''} recomputed "
+            f"({sealed} requests sealed already; the rest seal with their view)"
+        )
     warnings = []
+    if report.rollup_error:
+        warnings.append(
+            f"error: the rollups were not recomputed ({report.rollup_error}): `phaselens budget --exact` reads the "
+            "imported views; `phaselens rollup backfill --since …` puts them in the rollups"
+        )
     for label, ids in (("no server request", report.unmatched), ("several server requests", report.ambiguous)):
         if ids:
             shown = ", ".join(ids[:list_ids]) + (" …" if len(ids) > list_ids else "")

@@ -81,10 +81,11 @@ def _prefill(f: Figures, load: LoadDependence) -> list[Lever]:
 
 def _stalls(f: Figures, load: LoadDependence) -> list[Lever]:
     e = f.engine
-    if not e.get("mixed_steps"):
+    mixed = e.get("mixed_steps")
+    if not mixed:
         return []
     steps = (
-        f"{int(e['mixed_steps'])} of {int(e.get('decode_steps') or 0)} decode steps carried prefill; mixed step "
+        f"{int(mixed)} of {int(e.get('decode_steps') or 0)} decode steps carried prefill; mixed step "
         f"p50 {num(e.get('mixed_step_p50_ms'))} vs decode-only {num(e.get('decode_step_p50_ms'))}; "
         f"{pct(e.get('stall_share'))} of decode-token time lost"
     )
@@ -195,4 +196,4 @@ LEVERS: dict[str, Callable[[Figures, LoadDependence], list[Lever]]] = {
 
 def levers(causes: list[str], f: Figures, load: LoadDependence) -> list[Lever]:
     """Every lever of every cause, in the causes' order."""
-    return [lever for cause in causes for lever in LEVERS.get(cause, lambda *_: [])(f, load)]
+    return [lever for cause in causes if cause in LEVERS for lever in LEVERS[cause](f, load)]

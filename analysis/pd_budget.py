@@ -1,5 +1,5 @@
 """The TTFT budget of disaggregated requests, across the router, the prefill and the decode instance
-(docs/disaggregation.md#the-budget-across-machines): one query over `phaselens_requests`, rendered
+(docs/disaggregation.md#the-budget-across-machines): the query of analysis.pd_queries, rendered
 with the analysis dialect (bound parameters), and its text form.
 
 A request counts when it went through both instances and every term is known (`complete`):
@@ -23,40 +23,12 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from rich.console import Group
 from rich.table import Table
 
+from phaselens.analysis import span_models
 from phaselens.analysis.budget import AnalysisError, ComponentBudget, Stat, _clean
-from phaselens.analysis.dialect import CliDialect, Dialect, QueryError
-from phaselens.analysis.pd_schema import PD_TERMS
-from phaselens.analysis.schema import REQUESTS_VIEW
+from phaselens.analysis.dialect import CliDialect, QueryError
+from phaselens.analysis.pd_queries import ADDED_BY_DISAGG, SIDE, TTFT_TERMS, pd_summary
 
-EDGE_TERMS = ("inbound_ms", "client_ms")  # the router's kernel/dispatch wait, the client's own time
-TTFT_TERMS = (*EDGE_TERMS, "residual_ms", *PD_TERMS)
-SIDE = ("client_ttft_ms", "kv_bytes", "kv_bytes_received", "decode_itl_p99_ms", "decode_stall_ms", "kv_receive_ms")
-COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in ("residual_ms", *PD_TERMS, "client_ttft_ms"))
-# What disaggregation adds to a request's TTFT: the transfer, the prefill answer, the hops, the router.
-ADDED_BY_DISAGG: tuple[str, ...] = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms")
-ADDED_BY_DISAGG += ("decode_hop_ms", "router_ingress_ms", "router_gap_ms", "router_relay_ms")
-
-
-def _value(column: str) -> str:
-    """An edge term nobody stamped counts 0, so the mean row still adds up to client TTFT."""
-    return f"ifNull({column}, 0)" if column in EDGE_TERMS else column
-
-
-def pd_summary(d: Dialect) -> str:
-    """One row: counts, then each term's p50/p90/p99 and mean over the complete requests."""
-    stats = ",\n    ".join(
-        f"quantilesExactInclusiveIf(0.5, 0.9, 0.99)({_value(c)}, complete) AS {c}_q, avgIf({_value(c)}, complete) AS {c}_mean"
-        for c in (*TTFT_TERMS, *SIDE)
-    )
-    where = f"prefill_instance IS NOT NULL AND {d.time_filter('server_start_time')} AND {d.match('model', 'model')}"
-    return (
-        f"SELECT count() AS requests, countIf(complete) AS complete_requests, countIf(status = 'error') AS errors,\n"
-        "    uniqExact(prefill_instance) AS prefill_instances, uniqExactIf(decode_instance, decode_instance IS NOT NULL)"
-        " AS decode_instances,\n"
-        "    countIf(complete AND kv_bytes != kv_bytes_received) AS kv_bytes_mismatch,\n"
-        f"    {stats}\n"
-        f"FROM (SELECT *, {COMPLETE} AS complete FROM {d.table(REQUESTS_VIEW)} WHERE {where})"
-    )
+__all__ = ["ADDED_BY_DISAGG", "SIDE", "TTFT_TERMS", "PdBudget", "pd_budget", "to_json", "to_rich"]
 
 
 @dataclass(slots=True)
@@ -69,6 +41,7 @@ class PdBudget:
     kv_bytes_mismatch: int = 0
     terms: list[ComponentBudget] = field(default_factory=list)
     side: dict[str, Stat] = field(default_factory=dict)
+    span_models: list[str] = field(default_factory=list)  # whose spans the rows came from (pd_span_model)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +56,7 @@ class PdBudget:
 
 def _stat(row: dict[str, Any], name: str) -> Stat:
     qs = [_clean(v) for v in row.get(f"{name}_q") or []] + [None] * 3
-    return Stat(*qs[:3], _clean(row.get(f"{name}_mean")))
+    return Stat(qs[0], qs[1], qs[2], _clean(row.get(f"{name}_mean")))
 
 
 def pd_budget(client: Any, database: str = "otel", model: str | None = None, since: str | None = "15m") -> PdBudget:
@@ -107,6 +80,7 @@ def pd_budget(client: Any, database: str = "otel", model: str | None = None, sin
         kv_bytes_mismatch=int(row.get("kv_bytes_mismatch") or 0),
         terms=[ComponentBudget(t, _stat(row, t), _stat(row, t).ratio(whole)) for t in TTFT_TERMS],
         side={name: _stat(row, name) for name in SIDE},
+        span_models=list(row.get("span_models") or []),
     )
 
 
@@ -132,8 +106,10 @@ def to_rich(report: PdBudget) -> Group:
     for name, stat in report.side.items():
         if name != "client_ttft_ms":
             side.add_row(name, *(_ms(v) for v in stat.values()))
-    note = f"KV bytes received ≠ sent in {report.kv_bytes_mismatch} requests" if report.kv_bytes_mismatch else ""
-    return Group(table, side, *([note] if note else []))
+    notes = span_models.pd_notes(report.span_models)
+    if report.kv_bytes_mismatch:
+        notes.append(f"KV bytes received ≠ sent in {report.kv_bytes_mismatch} requests")
+    return Group(table, side, *notes)
 
 
 def to_json(report: PdBudget) -> str:

@@ -30,12 +30,13 @@ and, exactly (each bracket one clock; docs/disaggregation.md):
 
 from __future__ import annotations
 
-from phaselens.analysis.parts import Part, num, select_list
-from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, ident
+from phaselens.analysis.parts import Part, attr, num, select_list
+from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, distributed_engine, ident
 from phaselens.instrumentation import names as n
 
 PD_PARTS_TABLE = "phaselens_pd_parts"
 PD_PARTS_MV = f"{PD_PARTS_TABLE}_mv"
+PD_PARTS_DISTRIBUTED = f"{PD_PARTS_TABLE}_distributed"  # on a cluster: what the view reads
 PD_REQUESTS_VIEW = "phaselens_pd_requests"
 ROLES = ("router", "prefill", "decode")
 INSTANCE_ROLES = ("prefill", "decode")  # their spans stay out of the generic parts (schema.OUTSIDE_PD_INSTANCES)
@@ -63,6 +64,79 @@ def _instance(column: str, role: str) -> Part:
     cond = f"{ROLE} = '{role}'"
     value = f"toNullable(ResourceAttributes['{n.PL_PD_INSTANCE}'])"
     return Part(column, "any", "Nullable(String)", f"any(if({cond}, {value}, NULL))")
+
+
+# SGLang's P/D request traces (docs/disaggregation.md#sglang): no phaselens resource attributes; each
+# instance's TokenizerManager opens a root `{role} Req {rid[:8]}` and its scheduler the slices, every
+# duration on that instance's clock. Its instance: `phaselens.pd.instance` when OTEL_RESOURCE_ATTRIBUTES
+# sets it, else the service name (`--otlp-service-name`).
+_SG_ROOT = f"{attr(n.SGLANG_MODULE)} = '{n.SGLANG_REQUEST_MODULE}'"
+_SG_INSTANCE = f"toNullable(coalesce(nullIf(ResourceAttributes['{n.PL_PD_INSTANCE}'], ''), toString(ServiceName)))"
+SG_SLICES = (
+    n.SPAN_SGLANG_PREFILL_PREPARE,
+    n.SPAN_SGLANG_PREFILL_BOOTSTRAP,
+    n.SPAN_SGLANG_QUEUE,
+    n.SPAN_SGLANG_PREFILL,
+    n.SPAN_SGLANG_KV_TRANSFER,
+    n.SPAN_SGLANG_DECODE_PREPARE,
+    n.SPAN_SGLANG_DECODE_BOOTSTRAP,
+    n.SPAN_SGLANG_DECODE_TRANSFERRED,
+    n.SPAN_SGLANG_DECODE_QUEUE,
+    n.SPAN_SGLANG_DECODE_FIRST_TOKEN,
+)
+
+
+def _sg_root(role: str) -> str:
+    return f"startsWith(SpanName, '{role} Req ') AND {_SG_ROOT}"
+
+
+def _sg_instance(role: str) -> Part:
+    return Part(f"sg_{role[0]}_instance", "any", "Nullable(String)", f"any(if({_sg_root(role)}, {_SG_INSTANCE}, NULL))")
+
+
+def _sg_ingress(role: str) -> Part:
+    """The TokenizerManager's created → dispatched: TTFT − time_in_model_prefill (s, one process's clock)."""
+    ms = f"({num(n.LATENCY_TIME_TO_FIRST_TOKEN)} - {num(n.LATENCY_TIME_IN_MODEL_PREFILL)}) * 1000"
+    return Part(f"sg_{role[0]}_ingress", "max", "Nullable(Float64)", f"maxIf({ms}, {_sg_root(role)})")
+
+
+def _sg_slice(column: str, span: str) -> Part:
+    """A slice's duration in ms (a recompute after a retraction repeats prefill_forward: the longest)."""
+    return Part(column, "max", "Nullable(Float64)", f"maxIf(toNullable(Duration) / 1e6, SpanName = '{span}')")
+
+
+def _vllm(column: str, role: str, key: str) -> Part:
+    """A de-facto key (s) of vLLM's `llm_request` on an instance tagged with its role through
+    OTEL_RESOURCE_ATTRIBUTES (docs/disaggregation.md#vllm), in ms on that instance's clock."""
+    cond = f"{ROLE} = '{role}' AND SpanName = '{n.SPAN_VLLM_REQUEST}'"
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)} * 1000, {cond})")
+
+
+def _sg(role: str, column: str) -> str:
+    """An SGLang slice's column, NULL unless the trace holds that role's P/D root (the queue and
+    prefill slices of a colocated SGLang request carry the same names)."""
+    return f"if(sg_{role[0]}_instance IS NULL, NULL, {column})"
+
+
+# Dynamo's P/D workers (docs/disaggregation.md#dynamo): one `engine.generate` per request per worker,
+# its role in `disagg_role`, its figures ms strings on that worker's clock. Its instance:
+# `phaselens.pd.instance` when set, else the service name (OTEL_SERVICE_NAME).
+def _dy_span(role: str) -> str:
+    return f"SpanName = '{n.SPAN_DYNAMO_ENGINE_GENERATE}' AND {attr(n.DYNAMO_DISAGG_ROLE)} = '{role}'"
+
+
+def _dy_instance(role: str) -> Part:
+    return Part(f"dy_{role[0]}_instance", "any", "Nullable(String)", f"any(if({_dy_span(role)}, {_SG_INSTANCE}, NULL))")
+
+
+def _dy(column: str, role: str, key: str) -> Part:
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {_dy_span(role)})")
+
+
+IS_DYNAMO_PD = (
+    f"SpanName = '{n.SPAN_DYNAMO_ENGINE_GENERATE}' AND {attr(n.DYNAMO_DISAGG_ROLE)} IN "
+    f"({', '.join(repr(r) for r in n.DYNAMO_PD_ROLES)})"
+)
 
 
 _PHASES = (
@@ -95,13 +169,39 @@ PD_PARTS: tuple[Part, ...] = (
     _span_attr("kv_recv_bytes", n.SPAN_KV_RECEIVE, n.PL_KV_BYTES),
     Part("kv_recv_ns", "max", "Nullable(UInt64)", f"maxIf(toNullable(Duration), SpanName = '{n.SPAN_KV_RECEIVE}')"),
     Part("pd_error", "max", "UInt8", "max(StatusCode IN ('Error', 'STATUS_CODE_ERROR'))"),
+    *(_sg_instance(role) for role in n.SGLANG_PD_ROLES),
+    *(_sg_ingress(role) for role in n.SGLANG_PD_ROLES),
+    _sg_slice("sg_p_prepare", n.SPAN_SGLANG_PREFILL_PREPARE),
+    _sg_slice("sg_p_bootstrap", n.SPAN_SGLANG_PREFILL_BOOTSTRAP),
+    _sg_slice("sg_p_queue", n.SPAN_SGLANG_QUEUE),
+    _sg_slice("sg_p_forward", n.SPAN_SGLANG_PREFILL),
+    _sg_slice("sg_kv_transfer", n.SPAN_SGLANG_KV_TRANSFER),
+    _sg_slice("sg_d_prepare", n.SPAN_SGLANG_DECODE_PREPARE),
+    _sg_slice("sg_d_bootstrap", n.SPAN_SGLANG_DECODE_BOOTSTRAP),
+    _sg_slice("sg_d_transferred", n.SPAN_SGLANG_DECODE_TRANSFERRED),
+    _sg_slice("sg_d_queue", n.SPAN_SGLANG_DECODE_QUEUE),
+    _sg_slice("sg_d_first_token", n.SPAN_SGLANG_DECODE_FIRST_TOKEN),
+    _vllm("v_p_queue", "prefill", n.LATENCY_TIME_IN_QUEUE),
+    _vllm("v_p_prefill", "prefill", n.LATENCY_TIME_IN_MODEL_PREFILL),
+    _vllm("v_d_first_token", "decode", n.LATENCY_TIME_IN_MODEL_PREFILL),  # scheduled (KV in) → first token
+    *(_dy_instance(role) for role in n.DYNAMO_PD_ROLES),
+    _dy("dy_p_engine_ttft", "prefill", n.DYNAMO_TTFT_MS),
+    _dy("dy_d_engine_ttft", "decode", n.DYNAMO_TTFT_MS),
+    _dy("dy_d_itl_p99", "decode", n.DYNAMO_ITL_P99_MS),
 )
 
+_PD_SPAN_MODEL = (
+    "multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, "
+    f"'{n.SPAN_MODEL_VLLM}', "
+    f"p_instance IS NOT NULL OR d_instance IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
+    f"sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, '{n.SPAN_MODEL_SGLANG}', "
+    f"dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL, '{n.SPAN_MODEL_DYNAMO}', NULL)"
+)
 # (column, expression over the merged parts), in the order `phaselens_requests` appends them
 PD_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("prefill_instance", "p_instance"),
-    ("decode_instance", "d_instance"),
-    ("kv_transfer_ms", "kv_transfer"),
+    ("prefill_instance", "coalesce(p_instance, sg_p_instance, dy_p_instance)"),
+    ("decode_instance", "coalesce(d_instance, sg_d_instance, dy_d_instance)"),
+    ("kv_transfer_ms", f"coalesce(kv_transfer, {_sg('prefill', 'sg_kv_transfer')})"),
     ("kv_bytes", "CAST(kv_sent_bytes AS Nullable(UInt64))"),
     ("kv_bytes_received", "CAST(kv_recv_bytes AS Nullable(UInt64))"),
     ("kv_wait_ms", "kv_wait"),
@@ -112,20 +212,30 @@ PD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("router_ttfc_ms", "r_ttfc"),
     ("prefill_hop_ms", "r_prefill_call - p_answer"),
     ("decode_hop_ms", "r_decode_first_chunk - d_ttfc"),
-    ("prefill_ingress_ms", "p_ingress"),
-    ("prefill_queue_ms", "p_queue"),
-    ("prefill_compute_ms", "p_prefill"),
+    ("prefill_ingress_ms", f"coalesce(p_ingress, {_sg('prefill', 'sg_p_ingress + sg_p_prepare')})"),
+    ("prefill_queue_ms", f"coalesce(p_queue, {_sg('prefill', 'sg_p_queue')}, v_p_queue)"),
+    ("prefill_compute_ms", f"coalesce(p_prefill, {_sg('prefill', 'sg_p_forward')}, v_p_prefill)"),
     ("prefill_first_token_ms", "p_first_token"),
     (
         "prefill_respond_ms",
         "p_answer - (p_ingress + p_queue + p_prefill + p_first_token + kv_wait + kv_transfer)",
     ),
-    ("decode_ingress_ms", "d_ingress"),
-    ("decode_queue_ms", "d_queue"),
-    ("decode_first_token_ms", "d_prefill + d_first_token"),  # no prefill on a decode instance: d_prefill = 0
+    ("decode_ingress_ms", f"coalesce(d_ingress, {_sg('decode', 'sg_d_ingress + sg_d_prepare')})"),
+    ("decode_queue_ms", f"coalesce(d_queue, {_sg('decode', 'sg_d_queue')})"),
+    # no prefill on a decode instance: d_prefill = 0
+    (
+        "decode_first_token_ms",
+        f"coalesce(d_prefill + d_first_token, {_sg('decode', 'sg_d_first_token')}, v_d_first_token)",
+    ),
     ("decode_first_chunk_ms", "d_first_chunk"),
-    ("decode_itl_p99_ms", "d_itl_p99"),
+    ("decode_itl_p99_ms", "coalesce(d_itl_p99, dy_d_itl_p99)"),
     ("decode_stall_ms", "d_stall"),
+    ("prefill_bootstrap_ms", _sg("prefill", "sg_p_bootstrap")),
+    ("decode_bootstrap_ms", _sg("decode", "sg_d_bootstrap")),
+    ("decode_kv_wait_ms", _sg("decode", "sg_d_transferred")),
+    ("prefill_engine_ttft_ms", "dy_p_engine_ttft"),
+    ("decode_engine_ttft_ms", "dy_d_engine_ttft"),
+    ("pd_span_model", _PD_SPAN_MODEL),
 )
 PD_COLUMN_NAMES = tuple(name for name, _ in PD_COLUMNS)
 # The P/D budget terms that sum (with the generic residual_ms) to client TTFT, in request order.
@@ -149,42 +259,63 @@ PD_TERMS = (
 )
 
 
+# the instances' roots carry the de-facto latency keys: they stay out of the generic parts (analysis.schema)
+# startsWith, not a regex: the generic parts' view evaluates this for every span it reads
+_SG_PD_ROOT_NAME = " OR ".join(f"startsWith(SpanName, '{role} Req ')" for role in n.SGLANG_PD_ROLES)
+IS_SGLANG_PD_ROOT = f"({_SG_PD_ROOT_NAME}) AND {_SG_ROOT}"
+IS_SGLANG_PD = f"SpanName IN ({', '.join(repr(s) for s in SG_SLICES)}) OR ({IS_SGLANG_PD_ROOT})"
+
+
 def pd_parts_select(traces: str) -> str:
     cols = ",\n    ".join(f"{p.insert_expr} AS {p.column}" for p in PD_PARTS)
     return (
         f"SELECT TraceId,\n    {cols}\nFROM {traces}\n"
-        f"WHERE {ROLE} != '' AND SpanName != '{n.SPAN_ENGINE_STEP}' AND TraceId != ''\nGROUP BY TraceId"
+        f"WHERE ({ROLE} != '' AND SpanName != '{n.SPAN_ENGINE_STEP}' OR ({IS_SGLANG_PD}) OR ({IS_DYNAMO_PD}))"
+        " AND TraceId != ''\n"
+        "GROUP BY TraceId"
     )
 
 
-def statements(database: str = "otel", ttl_clause: str = "") -> list[str]:
+def statements(
+    database: str = "otel", ttl_clause: str = "", cluster: str | None = None, on_cluster: bool = True
+) -> list[str]:
     """CREATE statements (idempotent) of the P/D parts table, its materialized view and the view,
-    after analysis.schema's (single node; `ttl_clause` as the generic parts table's)."""
+    after analysis.schema's (`ttl_clause`, `cluster` and `on_cluster` as for the generic parts table:
+    on a cluster the parts are per shard, fed from the local `otel_traces` (a request's spans meet on
+    one shard), and the view reads them through a Distributed table)."""
     db = ident(database)
+    replicated = bool(cluster) and on_cluster
+    on = f" ON CLUSTER {ident(cluster)}" if cluster and replicated else ""
+    engine = "ReplicatedAggregatingMergeTree()" if replicated else "AggregatingMergeTree()"
+    dedup = "" if replicated else f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
     parts, traces = f"{db}.{ident(PD_PARTS_TABLE)}", f"{db}.{ident(TRACES_TABLE)}"
+    parts_read = f"{db}.{ident(PD_PARTS_DISTRIBUTED)}" if cluster else parts
     cols = ",\n    ".join(p.ddl() for p in PD_PARTS)
     add = ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {p.ddl()}" for p in PD_PARTS)
-    return [
+    out = [
         (
-            f"CREATE TABLE IF NOT EXISTS {parts} (\n    TraceId String CODEC(ZSTD(1)),\n    {cols}\n)"
-            f" ENGINE = AggregatingMergeTree()\nORDER BY TraceId{ttl_clause}"
-            f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW_BLOCKS}"
+            f"CREATE TABLE IF NOT EXISTS {parts}{on} (\n    TraceId String CODEC(ZSTD(1)),\n    {cols}\n)"
+            f" ENGINE = {engine}\nORDER BY TraceId{ttl_clause}{dedup}"
         ),
-        f"ALTER TABLE {parts}\n    {add}",
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PD_PARTS_MV)} TO {parts}\nAS {pd_parts_select(traces)}",
-        f"ALTER TABLE {db}.{ident(PD_PARTS_MV)} MODIFY QUERY {pd_parts_select(traces)}",
-        (
-            f"CREATE OR REPLACE VIEW {db}.{ident(PD_REQUESTS_VIEW)} AS\nSELECT\n    TraceId AS trace_id,\n    "
-            f"{select_list(PD_COLUMNS)}\nFROM {parts} FINAL"
-        ),
+        f"ALTER TABLE {parts}{on}\n    {add}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PD_PARTS_MV)}{on} TO {parts}\nAS {pd_parts_select(traces)}",
+        f"ALTER TABLE {db}.{ident(PD_PARTS_MV)}{on} MODIFY QUERY {pd_parts_select(traces)}",
     ]
-
-
-def requests_columns(cluster: bool) -> str:
-    """The P/D columns as `phaselens_requests` appends them; NULL on a cluster, where the P/D parts
-    are not built yet (docs/disaggregation.md#not-done)."""
     if cluster:
-        return ", ".join(f"CAST(NULL AS Nullable(Float64)) AS {name}" for name in PD_COLUMN_NAMES)
+        distributed = distributed_engine(cluster, database, PD_PARTS_TABLE)
+        out += [
+            f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\nENGINE = {distributed}",
+            f"ALTER TABLE {parts_read}{on}\n    {add}",
+        ]
+    out.append(
+        f"CREATE OR REPLACE VIEW {db}.{ident(PD_REQUESTS_VIEW)}{on} AS\nSELECT\n    TraceId AS trace_id,\n    "
+        f"{select_list(PD_COLUMNS)}\nFROM {parts_read} FINAL"
+    )
+    return out
+
+
+def requests_columns() -> str:
+    """The P/D columns as `phaselens_requests` appends them (NULL for a colocated request)."""
     return ", ".join(f"pd.{name} AS {name}" for name in PD_COLUMN_NAMES)
 
 

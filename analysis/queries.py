@@ -41,9 +41,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from phaselens.analysis import pd_queries
 from phaselens.analysis import sketch as sk
 from phaselens.analysis import thresholds as th
-from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
+from phaselens.analysis.dialect import CliDialect, Dialect, Filters, GrafanaDialect, QueryError
 from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, SPANS_VIEW, STEPS_VIEW, TRACE_TIMES_VIEW
 from phaselens.instrumentation import names as n
 
@@ -181,10 +182,8 @@ def _mean_of(array: str) -> str:
 
 
 # who measured the client views: `name version` per harness (phaselens's own client has no version)
-CLIENT_HARNESSES = (
-    "arraySort(groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', "
-    "concat(' ', client_harness_version))), has_client))"
-)
+_HARNESS = "concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version)))"
+CLIENT_HARNESSES = f"arraySort(groupUniqArrayIf({_HARNESS}, has_client))"
 
 
 def budget_summary(d: Dialect) -> str:
@@ -538,7 +537,14 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
             f"sumMapState(if(ttft_ms IS NULL, [], [{_TTFT_BUCKET}]), {tail_arrays})",
         ),
     )
-    return counts + sums + window + terms + hists + (slowest,)
+    harnesses = (
+        (
+            "client_harnesses",
+            "SimpleAggregateFunction(groupUniqArrayArray, Array(String))",
+            f"groupUniqArrayIf({_HARNESS}, has_client)",
+        ),
+    )
+    return counts + sums + window + terms + hists + harnesses + (slowest,)
 
 
 def _states(d: Dialect) -> str:
@@ -638,7 +644,7 @@ def budget_summary_rollup(d: Dialect) -> str:
         f"SELECT {sk.merged_states()},\n    sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
         f"    sum(with_server) AS with_server, {_good_from_hist(d)} AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,\n"
-        "    sum(no_output) AS no_output,\n"
+        "    arraySort(groupUniqArrayArray(client_harnesses)) AS client_harnesses, sum(no_output) AS no_output,\n"
         f"    {_window_s('min(first_server_start)', 'max(last_server_end)')} AS window_s,\n    {dists},\n"
         f"    {', '.join(_tail_from_hist())}\n{_states(d)}\n)"
     )
@@ -977,16 +983,19 @@ def queueing_vs_load(d: Dialect) -> str:
 
 
 def request_spans(d: Dialect) -> str:
-    """A request's spans, placed per service: `offset_ms` counts from that service's first span,
-    on that service's own clock (offsets of two services are never subtracted from each other)."""
+    """A request's spans, placed per process: `offset_ms` counts from the first span of its service and
+    P/D instance, on that process's own clock (offsets of two processes are never subtracted from each
+    other); `role` and `instance` name a disaggregated process (docs/disaggregation.md)."""
     ts = "toUnixTimestamp64Nano(Timestamp)"
+    instance = f"ResourceAttributes['{n.PL_PD_INSTANCE}']"
     return _one_trace(
         d,
         (
             "ServiceName AS service, SpanName AS span, SpanKind AS kind, SpanId AS span_id,\n"
             "    ParentSpanId AS parent_span_id,\n"
-            f"    ({ts} - min({ts}) OVER (PARTITION BY ServiceName)) / 1e6 AS offset_ms,\n"
-            "    Duration / 1e6 AS duration_ms, StatusCode AS status"
+            f"    ({ts} - min({ts}) OVER (PARTITION BY ServiceName, {instance})) / 1e6 AS offset_ms,\n"
+            "    Duration / 1e6 AS duration_ms, StatusCode AS status,\n"
+            f"    ResourceAttributes['{n.PL_PD_ROLE}'] AS role, {instance} AS instance"
         ),
         "ORDER BY service, offset_ms, span",
     )
@@ -1046,7 +1055,7 @@ class Query:
     template: Callable[[Dialect], str]
     columns: tuple[str, ...]
     panel: bool = False
-    defaults: dict = field(default_factory=dict)
+    defaults: Filters = field(default_factory=dict)
 
 
 def _dist_columns() -> tuple[str, ...]:
@@ -1076,7 +1085,7 @@ _ENGINE = (
 )
 QUERIES: dict[str, Query] = {
     "budget_summary": Query(budget_summary, (*_SUMMARY_HEAD, "client_harnesses", *_SUMMARY_TAIL)),
-    "budget_summary_rollup": Query(budget_summary_rollup, (*_SUMMARY_HEAD, *_SUMMARY_TAIL)),
+    "budget_summary_rollup": Query(budget_summary_rollup, (*_SUMMARY_HEAD, "client_harnesses", *_SUMMARY_TAIL)),
     "tail_attribution": Query(tail_attribution, (*_TAIL, "ttft_median", *(f"{c}_median" for c in _COMP_NAMES))),
     "decode_stalls": Query(decode_stalls, ("baseline_ms", "steps", *_STALL)),
     "diagnosis_figures": Query(
@@ -1101,6 +1110,8 @@ QUERIES: dict[str, Query] = {
     "diagnosis_engine_rollup": Query(diagnosis_engine_rollup, _ENGINE),
     "decode_stalls_rollup": Query(decode_stalls_rollup, ("baseline_ms", "steps", *_STALL)),
     "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),
+    "pd_budget_stack": Query(pd_queries.pd_budget_stack, ("statistic", *pd_queries.TTFT_TERMS), panel=True),
+    "pd_hops": Query(pd_queries.pd_hops, ("prefill_hop_ms", "decode_hop_ms")),
     "latency_over_time": Query(latency_over_time, ("time", *_LATENCY), panel=True),
     "delivery_over_time": Query(
         delivery_over_time,
@@ -1163,7 +1174,19 @@ QUERIES: dict[str, Query] = {
     ),
     "goodput_per_minute": Query(goodput_per_minute, _GOODPUT, defaults={"bucket_s": 60}),
     "request_spans": Query(
-        request_spans, ("service", "span", "kind", "span_id", "parent_span_id", "offset_ms", "duration_ms", "status")
+        request_spans,
+        (
+            "service",
+            "span",
+            "kind",
+            "span_id",
+            "parent_span_id",
+            "offset_ms",
+            "duration_ms",
+            "status",
+            "role",
+            "instance",
+        ),
     ),
     "naive_ttft": Query(naive_ttft, ("trace_id", "naive_ttft_ms")),
     "report_points": Query(
@@ -1209,7 +1232,7 @@ def _query(name: str) -> Query:
         raise QueryError(f"unknown query {name!r}; known: {', '.join(sorted(QUERIES))}") from None
 
 
-def render_cli(name: str, **filters) -> tuple[str, dict]:
+def render_cli(name: str, **filters: str | float | None) -> tuple[str, Filters]:
     """(sql, parameters) for clickhouse-connect's `query(sql, parameters=...)`; user values are
     only ever bound server-side, never formatted into the SQL."""
     query = _query(name)
@@ -1217,7 +1240,7 @@ def render_cli(name: str, **filters) -> tuple[str, dict]:
     if unknown:
         raise QueryError(f"unknown filter(s) {sorted(unknown)}; known: {sorted(FILTERS)}")
     merged = {**query.defaults, **{k: v for k, v in filters.items() if v is not None}}
-    d = CliDialect(merged, database=merged.get("database", "otel"))
+    d = CliDialect(merged, database=str(merged.get("database", "otel")))
     return query.template(d), d.parameters
 
 

@@ -9,11 +9,16 @@ The data types live in `phaselens.analysis.report_data`, which both modules impo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
 from phaselens.analysis import queries, report_page
 from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
 from phaselens.analysis.diagnose import Diagnosis, diagnose
 from phaselens.analysis.diagnose_format import headline
-from phaselens.analysis.dialect import QueryError
+from phaselens.analysis.dialect import Filters, QueryError
 from phaselens.analysis.report_data import (
     BudgetRow,
     DiagnosisView,
@@ -39,21 +44,22 @@ def _measured_by(summary: BudgetReport) -> str:
 
 
 def build(
-    client,
+    client: Client,
     database: str = "otel",
     since: str | None = "1h",
     service: str | None = None,
     model: str | None = None,
     slo: SLO | None = None,
-    config: dict | None = None,
+    config: dict[str, str] | None = None,
     title: str = "phaselens latency report",
 ) -> ReportData:
     """Everything the page shows, for the requests selected by the filters (as `phaselens budget`)."""
     summary = budget(client, database=database, service=service, model=model, since=since, slo=slo)
-    filters = {"database": database, "since": since, "service": service, "model": model}
+    filters: Filters = {"database": database, "since": since, "service": service, "model": model}
     points, ttft_by_trace = _points(client, filters)
     traces = [
-        TraceView(label, tid, _trace_spans(client, database, tid)) for label, tid in _chosen_traces(ttft_by_trace)
+        TraceView(label, tid, _trace_spans(client, database, tid), _pd_hops(client, database, tid))
+        for label, tid in _chosen_traces(ttft_by_trace)
     ]
     window = "all time" if since is None else f"last {since}"
     subtitle = (
@@ -95,7 +101,7 @@ def _diagnosis_view(d: Diagnosis) -> DiagnosisView:
     )
 
 
-def write_report(client, path: str, **build_args) -> ReportData:
+def write_report(client: Client, path: str, **build_args: Any) -> ReportData:
     """Build the report and write it to `path` (one self-contained HTML file)."""
     data = build(client, **build_args)
     report_page.write(path, data)
@@ -139,7 +145,7 @@ def _fmt_ms(v: float | None) -> str:
     return "–" if v is None else f"{v:.1f} ms"
 
 
-def _rows(client, name: str, filters: dict) -> list[tuple]:
+def _rows(client: Client, name: str, filters: Filters) -> Sequence[Sequence[Any]]:
     """The rows of a named query; bad filters and ClickHouse errors become one-line AnalysisErrors."""
     try:
         sql, params = queries.render_cli(name, **filters)
@@ -151,7 +157,7 @@ def _rows(client, name: str, filters: dict) -> list[tuple]:
         raise AnalysisError(f"ClickHouse query failed: {str(e).splitlines()[0][:300]}") from None
 
 
-def _points(client, filters: dict) -> tuple[list[RequestPoint], dict[str, float]]:
+def _points(client: Client, filters: Filters) -> tuple[list[RequestPoint], dict[str, float]]:
     """The points, and TTFT by trace id of the requests with a server view (timeline candidates)."""
     points, ttft = [], {}
     for tid, inp, c_ttft, s_ttft, c_tpot, s_tpot, prefill, any_ttft, has_server in _rows(
@@ -167,7 +173,7 @@ def _chosen_traces(ttft_by_trace: dict[str, float]) -> list[tuple[str, str]]:
     """The typical request (median TTFT, lower middle) and the slowest one."""
     if not ttft_by_trace:
         return []
-    ranked = sorted(ttft_by_trace, key=ttft_by_trace.get)
+    ranked = sorted(ttft_by_trace, key=ttft_by_trace.__getitem__)
     median, slowest = ranked[(len(ranked) - 1) // 2], ranked[-1]
     chosen = [(f"Typical request (median TTFT, {ttft_by_trace[median]:.1f} ms)", median)]
     if slowest != median:
@@ -175,15 +181,22 @@ def _chosen_traces(ttft_by_trace: dict[str, float]) -> list[tuple[str, str]]:
     return chosen
 
 
-def _trace_spans(client, database: str, trace_id: str) -> list[TraceSpan]:
+def _trace_spans(client: Client, database: str, trace_id: str) -> list[TraceSpan]:
     rows = _rows(client, "request_spans", {"database": database, "trace_id": trace_id})
     return [
-        TraceSpan(span, kind, service, round(offset_ms * 1e6), round(duration_ms * 1e6), sid, parent)
-        for service, span, kind, sid, parent, offset_ms, duration_ms, _ in rows
+        TraceSpan(span, kind, service, round(offset_ms * 1e6), round(duration_ms * 1e6), sid, parent, role, instance)
+        for service, span, kind, sid, parent, offset_ms, duration_ms, _, role, instance in rows
     ]
 
 
-def _steps(client, filters: dict) -> list[StepPoint]:
+def _pd_hops(client: Client, database: str, trace_id: str) -> dict[str, float]:
+    """The request's hops as its P/D budget has them (analysis.pd_schema); empty when colocated."""
+    rows = _rows(client, "pd_hops", {"database": database, "trace_id": trace_id})
+    hops = dict(zip(("prefill", "decode"), rows[0], strict=True)) if rows else {}
+    return {role: ms for role, ms in hops.items() if ms is not None}
+
+
+def _steps(client: Client, filters: Filters) -> list[StepPoint]:
     rows = _rows(client, "report_steps", filters)
     if not rows:
         return []

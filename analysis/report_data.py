@@ -29,8 +29,8 @@ class RequestPoint:
 
 @dataclass(slots=True)
 class TraceSpan:
-    """One stored span; `start_ns` counts from the first span of the same service (that process's
-    own clock: never compared across services), `duration_ns` is the span's own duration."""
+    """One stored span; `start_ns` counts from the first span of the same service and P/D instance (that
+    process's own clock: never compared across processes), `duration_ns` is the span's own duration."""
 
     name: str
     kind: str
@@ -39,6 +39,8 @@ class TraceSpan:
     duration_ns: int
     span_id: str
     parent_span_id: str
+    role: str = ""  # resource `phaselens.pd.role` of a disaggregated process (router, prefill, decode)
+    instance: str = ""  # resource `phaselens.pd.instance`: with the service, one process and one clock
 
 
 @dataclass(slots=True)
@@ -46,6 +48,7 @@ class TraceView:
     title: str
     trace_id: str
     spans: list[TraceSpan]
+    hops_ms: dict[str, float] = field(default_factory=dict)  # P/D role → its hop in the P/D budget
 
 
 @dataclass(slots=True)

@@ -17,6 +17,14 @@ from phaselens.analysis.report_data import (
     TraceSpan,
     TraceView,
 )
+from phaselens.analysis.report_waterfall import (
+    HOP_COLOR,
+    KV_COLOR,
+    ROLE_COLORS,
+    is_disaggregated,
+    layout_disaggregated,
+    tree_order,
+)
 from phaselens.instrumentation import names
 
 ASSETS = Path(__file__).resolve().parent / "report_assets"
@@ -166,12 +174,15 @@ WATERFALL_NOTE = (
 )
 
 
-def layout_trace(spans: list[TraceSpan]) -> tuple[list[charts.Lane], float]:
-    """Lanes for one trace: client root at 0, server tree centred in it (see WATERFALL_NOTE).
+def layout_trace(spans: list[TraceSpan], hops_ms: dict[str, float] | None = None) -> tuple[list[charts.Lane], float]:
+    """Lanes for one trace: client root at 0, server tree centred in it (see WATERFALL_NOTE); a
+    disaggregated trace: router, prefill and decode instances, each on its own clock (report_waterfall).
 
     offset(server) = (client_duration − server_root_duration) / 2;
     start(span) = offset(process) + (span.start − root_of_its_process.start).
     """
+    if is_disaggregated(spans):
+        return layout_disaggregated(spans, lambda name: SPAN_COLORS.get(name, "#999"), CLIENT_COLOR, hops_ms or {})
     client = next((s for s in spans if s.kind.lower().endswith("client")), None)
     server = next((s for s in spans if s.kind.lower().endswith("server")), None)
     lanes: list[charts.Lane] = []
@@ -181,7 +192,7 @@ def layout_trace(spans: list[TraceSpan]) -> tuple[list[charts.Lane], float]:
         lanes.append(charts.Lane(f"client · {client.name}", 0.0, total, CLIENT_COLOR, 0, client.service))
     if server:
         offset = max((client.duration_ns - server.duration_ns) / 2e6, 0.0) if client else 0.0
-        for s, depth in _tree_order(spans, server):
+        for s, depth in tree_order(spans, server):
             color = SERVER_COLOR if s is server else SPAN_COLORS.get(s.name, "#999")
             label = f"server · {s.name}" if s is server else s.name
             lanes.append(
@@ -198,31 +209,19 @@ def layout_trace(spans: list[TraceSpan]) -> tuple[list[charts.Lane], float]:
     return lanes, total
 
 
-def _tree_order(spans: list[TraceSpan], root: TraceSpan) -> list[tuple[TraceSpan, int]]:
-    """Depth-first (span, depth) below `root`, siblings by start (spans arrive in no order)."""
-    children: dict[str, list[TraceSpan]] = {}
-    for s in spans:
-        children.setdefault(s.parent_span_id, []).append(s)
-    out, stack, seen = [], [(root, 0)], set()
-    while stack:
-        span, depth = stack.pop()
-        if span.span_id in seen:  # malformed parent links must not loop
-            continue
-        seen.add(span.span_id)
-        out.append((span, depth))
-        kids = sorted(children.get(span.span_id, []), key=lambda s: s.start_ns, reverse=True)
-        stack.extend((k, depth + 1) for k in kids)
-    return out
-
-
 def _waterfall(trace: TraceView) -> str:
-    lanes, total = layout_trace(trace.spans)
+    lanes, total = layout_trace(trace.spans, trace.hops_ms)
     title = (
         f"<h3 style='margin:14px 0 4px;font-size:14px'>{escape(trace.title)} <code>{escape(trace.trace_id)}</code></h3>"
     )
-    keys = [("client span", CLIENT_COLOR), ("server root", SERVER_COLOR)] + [
-        (n, c) for n, c in SPAN_COLORS.items() if any(s.name == n for s in trace.spans)
-    ]
+    roots = [(f"{role} instance root", c) for role, c in ROLE_COLORS.items()] + [("hop (residual)", HOP_COLOR)]
+    if is_disaggregated(trace.spans):
+        roots += [("KV transfer", KV_COLOR)]
+    keys = (
+        [("client span", CLIENT_COLOR)]
+        + (roots if is_disaggregated(trace.spans) else [("server root", SERVER_COLOR)])
+        + [(n, c) for n, c in SPAN_COLORS.items() if any(s.name == n for s in trace.spans)]
+    )
     return title + charts.waterfall(lanes, total) + charts.legend(keys)
 
 

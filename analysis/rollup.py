@@ -14,7 +14,9 @@ clock), into a small pending table, and a refreshable materialized view seals th
 Each pass seals the requests whose first part was inserted in (sealed_to of the previous pass,
 now − wait_s]: every request once. A part that arrives after its request was sealed is left out of
 the rollup (the exact path still merges it), unless the request's earlier parts have already left
-the pending table (`PENDING_RETENTION_S`): then it counts as a request of its own.
+the pending table (`PENDING_RETENTION_S`): then it counts as a request of its own. An imported
+harness's client view (`phaselens import`) is never a request of its own (`harness_only`): it is
+sealed with its request when it arrives first, else `rollup_backfill` recomputes its minute.
 
 Reads see the sealed minutes plus the requests not sealed yet (`phaselens_budget_states`): those
 are aggregated from the pending table with the same -State functions every LIVE_EVERY_S by a second
@@ -48,6 +50,8 @@ DEFAULT_WAIT_S = 60  # a request's spans come from 2 processes within seconds of
 DEFAULT_EVERY_S = 30
 LIVE_EVERY_S = 10
 PENDING_RETENTION_S = 900  # a part later than this after its request's first part counts on its own
+# 1 for a pending row of an imported client view alone (min: 0 once merged with its request's own parts)
+HARNESS_ONLY_DDL = "harness_only SimpleAggregateFunction(min, UInt8) DEFAULT 0"
 # which node sealed a row: the watermark is per node, on that node's clock
 SEALER = "concat(hostName(), ':', toString(getServerPort('tcp_port')))"
 
@@ -67,9 +71,10 @@ def _column_names() -> list[str]:
 def requests_between(pending: str, after: str, upto: str | None) -> str:
     """One merged row per request whose first part was inserted in (`after`, `upto`] (no upper
     bound: `upto` None), from every part of it in the pending table. A request with a part at or
-    before `after` was sealed already: its later parts are left out, not counted again."""
+    before `after` was sealed already: its later parts are left out, not counted again. Parts that
+    are all an imported client view's (`harness_only`) are no request of their own."""
     merged = ",\n        ".join(f"{p.merge}({p.column}) AS {p.column}" for p in s.PARTS)
-    having = f"\n    HAVING min(inserted) <= {upto}" if upto else ""
+    having = "\n    HAVING min(harness_only) = 0" + (f" AND min(inserted) <= {upto}" if upto else "")
     return (
         f"(SELECT TraceId,\n        {merged}\n    FROM {pending}\n    WHERE inserted > {after}\n"
         f"        AND TraceId NOT IN (SELECT TraceId FROM {pending} WHERE inserted <= {after}\n"
@@ -112,7 +117,7 @@ def _pending_ddl(pending: str, on: str) -> str:
     cols = ",\n    ".join(p.ddl() for p in s.PARTS)
     return (
         f"CREATE TABLE IF NOT EXISTS {pending}{on} (\n    TraceId String CODEC(ZSTD(1)),\n"
-        f"    inserted SimpleAggregateFunction(min, DateTime64(3)),\n    {cols}\n"
+        f"    inserted SimpleAggregateFunction(min, DateTime64(3)),\n    {HARNESS_ONLY_DDL},\n    {cols}\n"
         ") ENGINE = AggregatingMergeTree()\nPARTITION BY toStartOfFiveMinutes(inserted)\nORDER BY TraceId\n"
         f"TTL toDateTime(inserted) + toIntervalSecond({PENDING_RETENTION_S})\n"
         "SETTINGS ttl_only_drop_parts = 1, merge_with_ttl_timeout = 60, "
@@ -138,10 +143,9 @@ def statements(
     rollup, pending = f"{db}.{ident(sk.ROLLUP_TABLE)}", f"{db}.{ident(sk.PENDING_TABLE)}"
     parts = f"{db}.{ident(s.PARTS_TABLE)}"
     local = f"{db}.{ident(sk.STATES_LOCAL)}"
-    # an imported harness's client view (`phaselens import`, docs/harness-import.md) arrives after its
-    # request was sealed, or, PENDING_RETENTION_S on, would count as a request of its own: the
-    # rollups leave it out, the exact path reads it
-    copy = f"SELECT *, now64(3) AS inserted FROM {parts} WHERE t_client_harness IS NULL"
+    # an imported harness's client view (`phaselens import`, docs/harness-import.md) is marked, so
+    # that it is sealed with its request but never counted as a request of its own
+    copy = f"SELECT *, now64(3) AS inserted, toUInt8(t_client_harness IS NOT NULL) AS harness_only FROM {parts}"
     live_table = f"{db}.{ident(sk.LIVE_TABLE)}"
     out = [
         _rollup_ddl(rollup, on, engine, ttl),
@@ -152,7 +156,8 @@ def statements(
             for table in (rollup, live_table)
         ),
         _pending_ddl(pending, on),
-        f"ALTER TABLE {pending}{on}\n    " + ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {p.ddl()}" for p in s.PARTS),
+        f"ALTER TABLE {pending}{on}\n    "
+        + ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {d}" for d in (HARNESS_ONLY_DDL, *(p.ddl() for p in s.PARTS))),
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{ident(PENDING_MV)}{on} TO {pending}\nAS {copy}",
         f"ALTER TABLE {db}.{ident(PENDING_MV)}{on} MODIFY QUERY {copy}",
         f"DROP VIEW IF EXISTS {db}.{ident(SEAL_VIEW)}{on}",

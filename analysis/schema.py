@@ -44,7 +44,9 @@ TRACE_TIMES_VIEW = "phaselens_trace_times"  # the trace-id lookup table, likewis
 
 SERVER_KINDS = "('Server', 'SPAN_KIND_SERVER')"
 # The spans of a disaggregated prefill or decode instance go to their own parts (analysis.pd_schema)
-OUTSIDE_PD_INSTANCES = f"ResourceAttributes['{n.PL_PD_ROLE}'] NOT IN ('prefill', 'decode')"
+OUTSIDE_PD_INSTANCES = (
+    f"ResourceAttributes['{n.PL_PD_ROLE}'] NOT IN ('prefill', 'decode') AND NOT ({pd_schema.IS_SGLANG_PD_ROOT})"
+)
 CLIENT_KINDS = "('Client', 'SPAN_KIND_CLIENT')"
 ERROR_CODES = "('Error', 'STATUS_CODE_ERROR')"
 
@@ -53,12 +55,13 @@ def _names(span_names: tuple[str, ...]) -> str:
     return "(" + ", ".join(f"'{name}'" for name in span_names) + ")"
 
 
-# Native request spans that are not SERVER spans: SGLang's `Req …` root and TGI's handler span (INTERNAL
+# Native request spans that are not SERVER spans: SGLang's ` Req …` root (a colocated server's: a P/D
+# instance's `prefill Req …`/`decode Req …` goes to analysis.pd_schema) and TGI's handler span (INTERNAL
 # both). TGI's Infer layer opens a second `generate_stream`/`generate` span below the handler's: only the
 # handler's carries the timings.
 # Cheapest test first: ClickHouse evaluates AND lazily, so most spans never reach the map lookups.
 IS_SGLANG = (
-    f"position(SpanName, ' Req ') > 0 AND {attr(n.SGLANG_MODULE)} = '{n.SGLANG_REQUEST_MODULE}' "
+    f"startsWith(SpanName, ' Req ') AND {attr(n.SGLANG_MODULE)} = '{n.SGLANG_REQUEST_MODULE}' "
     f"AND mapContains(SpanAttributes, '{n.SGLANG_RID}')"
 )
 IS_TGI = f"SpanName IN {_names(n.TGI_REQUEST_SPANS)} AND mapContains(SpanAttributes, '{n.TGI_TOTAL_TIME}')"
@@ -470,7 +473,7 @@ def statements(
     """
     db = ident(database)
     replicated = bool(cluster) and on_cluster
-    on = f" ON CLUSTER {ident(cluster)}" if replicated else ""
+    on = f" ON CLUSTER {ident(cluster)}" if replicated and cluster else ""
     engine = "ReplicatedAggregatingMergeTree()" if replicated else "AggregatingMergeTree()"
     parts, traces = f"{db}.{ident(PARTS_TABLE)}", f"{db}.{ident(TRACES_TABLE)}"
     parts_read = f"{db}.{ident(PARTS_DISTRIBUTED)}" if cluster else parts
@@ -495,8 +498,8 @@ def statements(
             ),
             f"ALTER TABLE {parts_read}{on}\n    {add_columns}",
         ]  # an upgrade reaches the reads too
-    if not cluster:
-        out += pd_schema.statements(database, f"\nTTL toDateTime(first_seen) + {ttl_interval(ttl)}" if ttl else "")
+    pd_ttl = f"\nTTL toDateTime(first_seen) + {ttl_interval(ttl)}" if ttl else ""
+    out += pd_schema.statements(database, pd_ttl, cluster, on_cluster)
     spans = f"{db}.{ident(DISTRIBUTED_TABLE)}" if cluster else traces
     lookup = f"{db}.{ident(TRACE_ID_TS_DISTRIBUTED if cluster else TRACE_ID_TS_TABLE)}"
     out += [
@@ -505,8 +508,8 @@ def statements(
         f"CREATE OR REPLACE VIEW {db}.{ident(FACTS_VIEW)}{on} AS\n{facts_select(parts_read)}",
         (
             f"CREATE OR REPLACE VIEW {db}.{ident(REQUESTS_VIEW)}{on} AS\n"
-            f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}, {pd_schema.requests_columns(bool(cluster))}\n"
-            f"FROM {db}.{ident(FACTS_VIEW)}" + ("" if cluster else f"\n{pd_schema.requests_join(database)}")
+            f"SELECT {', '.join(REQUESTS_VIEW_COLUMNS)}, {pd_schema.requests_columns()}\n"
+            f"FROM {db}.{ident(FACTS_VIEW)}\n{pd_schema.requests_join(database)}"
         ),
         (
             f"CREATE OR REPLACE VIEW {db}.{ident(STEPS_VIEW)}{on} AS\nSELECT\n    {_select_list(STEP_COLUMNS)}\n"

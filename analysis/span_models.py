@@ -38,3 +38,29 @@ UNSEPARATED: dict[str, str] = {
 def notes(span_models: list[str]) -> list[str]:
     """One line per span model in the selection that cannot separate every term."""
     return [f"{model}: {UNSEPARATED[model]}" for model in sorted(span_models) if model in UNSEPARATED]
+
+
+# What a P/D span model's rows cannot show in the P/D columns (docs/disaggregation.md#servers-we-do-not-own)
+PD_UNSEPARATED: dict[str, str] = {
+    n.SPAN_MODEL_SGLANG: (
+        "SGLang's router sends each request to both instances at once, so the P/D terms run in parallel "
+        "and do not add up to client TTFT (no request is complete); decode_kv_wait_ms (decode clock) holds "
+        "the prefill instance's queue, prefill and transfer; kv_transfer_ms also holds the sender's queue "
+        "(no kv_wait_ms); no KV bytes, router terms, hops or first chunk on SGLang's spans"
+    ),
+    n.SPAN_MODEL_VLLM: (
+        "vLLM's llm_request on instances tagged with their role: only the prefill instance's queue and "
+        "prefill and the decode instance's first step; the decode side's queue holds the KV pull and the "
+        "wait for a seat (not separable, left NULL); no KV transfer, bytes, router terms or hops"
+    ),
+    n.SPAN_MODEL_DYNAMO: (
+        "Dynamo's engine.generate per worker: only each worker's engine TTFT (prefill_engine_ttft_ms: "
+        "queue, prefill and first token; decode_engine_ttft_ms: KV pull, queue and first step; neither "
+        "separable) and the decode worker's ITL p99; no KV transfer, bytes, router terms or hops"
+    ),
+}
+
+
+def pd_notes(span_models: list[str]) -> list[str]:
+    """One line per P/D span model in the selection that cannot fill every P/D term."""
+    return [f"{model}: {PD_UNSEPARATED[model]}" for model in sorted(span_models) if model in PD_UNSEPARATED]

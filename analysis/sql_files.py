@@ -16,7 +16,7 @@ from pathlib import Path
 
 from phaselens.analysis import ddl, queries
 from phaselens.analysis import schema as analysis_schema
-from phaselens.analysis.dialect import client_params
+from phaselens.analysis.dialect import Filters, client_params
 from phaselens.common import generated_files
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -24,7 +24,7 @@ SQL_DIR = "sql"
 SCHEMA_FILE = "schema.sql"
 # Every filter a query can take, set: an unset service/model/since filter drops its condition;
 # bucket_s, limit and bucket_tokens keep the query's defaults.
-EXAMPLE_FILTERS = {
+EXAMPLE_FILTERS: Filters = {
     "database": "otel",
     "service": "phaselens-server",
     "model": "tiny",

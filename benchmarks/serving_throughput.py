@@ -14,6 +14,9 @@ seeded RNG; greedy; EOS ignored so both sides produce exactly the requested toke
 
 The two sides alternate `--repeats` times and each reports its fastest run, so a burst of load
 from other processes does not land on one side only; tokens per CPU-second are given as well.
+`--engine process` (or `both`) runs the engine side in its own process (`phaselens serve --engine
+process`): the jobs go over its socket from an asyncio loop, a token is stamped as that loop reads
+it, and CPU time is this process's plus the engine process's over the run.
 
 CUDA mode (`--device cuda`, needs a GPU; not run where none is present): a ~1.1B-parameter
 random-initialised Llama (TinyLlama shape: hidden 2048, 22 layers, 32 heads, 4 KV heads) in
@@ -29,7 +32,9 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import random
 import statistics
 import time
@@ -97,6 +102,48 @@ def run_engine(jobs, batch: int, budget: int) -> dict:
     return {**summary(jobs, stamps, clock.wall, clock.cpu), "steps": engine.stats.steps}
 
 
+def run_engine_process(jobs, batch: int, budget: int) -> dict:
+    from phaselens.reference_server import EngineConfig
+    from phaselens.reference_server.engine_client import EngineClient
+
+    client = EngineClient(EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget, kv_cache_tokens=1 << 16))
+    try:
+        return asyncio.run(_drive(client, jobs))
+    finally:
+        client.stop()
+
+
+async def _drive(client, jobs) -> dict:
+    from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
+    from phaselens.reference_server import SamplingParams
+
+    client.attach()
+    stamps: list[list[int]] = [[] for _ in jobs]
+    finished = asyncio.Semaphore(0)
+
+    def sink(out, times: list[int]) -> None:
+        times.append(time.monotonic_ns())
+        if out.finish_reason:
+            finished.release()
+
+    engine_cpu = _process_cpu_s(client.pid)
+    with Clock() as clock:
+        for i, (prompt, n) in enumerate(jobs):
+            params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            client.submit(prompt, params, NULL_REQUEST, lambda out, s=stamps[i]: sink(out, s))
+        for _ in jobs:
+            await finished.acquire()
+    engine_cpu = _process_cpu_s(client.pid) - engine_cpu
+    return {**summary(jobs, stamps, clock.wall, clock.cpu + engine_cpu), "engine_process_cpu_s": round(engine_cpu, 3)}
+
+
+def _process_cpu_s(pid: int) -> float:
+    """utime + stime of a live process (fields 14 and 15 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_static(jobs, batch: int) -> dict:
     from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -137,12 +184,18 @@ def run_static(jobs, batch: int) -> dict:
 
 def cpu_benchmark(args) -> dict:
     jobs = workload(args.requests, args.seed, args.max_prompt, args.max_output, args.lengths)
+    modes = ("thread", "process") if args.engine == "both" else (args.engine,)
+    engines = {"thread": run_engine, "process": run_engine_process}
     runs = [
-        (run_engine(jobs, args.batch, args.max_num_batched_tokens), run_static(jobs, args.batch))
+        (
+            *(engines[mode](jobs, args.batch, args.max_num_batched_tokens) for mode in modes),
+            run_static(jobs, args.batch),
+        )
         for _ in range(args.repeats)
     ]
-    engine = min((e for e, _ in runs), key=lambda r: r["wall_s"])
-    static = min((s for _, s in runs), key=lambda r: r["wall_s"])
+    fastest = [min((run[i] for run in runs), key=lambda r: r["wall_s"]) for i in range(len(modes) + 1)]
+    engine, static = fastest[0], fastest[-1]
+    figures = {f"engine_{mode}" if mode == "process" else "engine": fastest[i] for i, mode in enumerate(modes)}
     return {
         "benchmark": "serving_throughput",
         "device": "cpu",
@@ -157,12 +210,22 @@ def cpu_benchmark(args) -> dict:
             "batch": args.batch,
             "seed": args.seed,
         },
-        "engine": engine,
+        "engine_mode": args.engine,
+        **figures,
         "baseline_hf_generate_static": static,
         "repeats": args.repeats,
         "speedup_tokens_per_s": round(engine["output_tokens_per_s"] / static["output_tokens_per_s"], 2),
         "speedup_tokens_per_cpu_s": round(engine["output_tokens_per_cpu_s"] / static["output_tokens_per_cpu_s"], 2),
         "target_speedup": 2.0,
+        **(
+            {
+                "process_vs_thread_tokens_per_s": round(
+                    fastest[1]["output_tokens_per_s"] / engine["output_tokens_per_s"], 2
+                )
+            }
+            if args.engine == "both"
+            else {}
+        ),
     }
 
 
@@ -271,6 +334,12 @@ def main() -> None:
     parser.add_argument("--max-output", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the fastest counts")
+    parser.add_argument(
+        "--engine",
+        choices=("thread", "process", "both"),
+        default="thread",
+        help="the engine in this process (thread), in its own (process), or both in the same run",
+    )
     parser.add_argument("--cuda-context", type=int, default=1024)
     parser.add_argument("--cuda-steps", type=int, default=32)
     args = parser.parse_args()

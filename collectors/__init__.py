@@ -4,8 +4,15 @@
 or the row rendering (`phaselens schema`, `phaselens demo`) do not load gRPC.
 """
 
+from __future__ import annotations
 
-def __getattr__(name: str):
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from phaselens.collectors.service import Collector
+
+
+def __getattr__(name: str) -> type[Collector]:
     if name == "Collector":
         from phaselens.collectors.service import Collector
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Iterable
 from decimal import Decimal
+
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 _GO_HTML_ESCAPES = str.maketrans(
     {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -42,7 +45,7 @@ def _json_str(s: str) -> str:
     return json.dumps(s, ensure_ascii=False).translate(_GO_HTML_ESCAPES)
 
 
-def _json(value) -> str:
+def _json(value: AnyValue) -> str:
     kind = value.WhichOneof("value")
     if kind == "string_value":
         return _json_str(value.string_value)
@@ -64,12 +67,12 @@ def _json(value) -> str:
     return "null"
 
 
-def _json_kvlist(kvs) -> str:
+def _json_kvlist(kvs: Iterable[KeyValue]) -> str:
     latest = {kv.key: kv.value for kv in kvs}  # a repeated key: the last one wins, as in a Go map
     return "{" + ",".join(f"{_json_str(k)}:{_json(latest[k])}" for k in sorted(latest)) + "}"
 
 
-def as_string(value) -> str:
+def as_string(value: AnyValue) -> str:
     kind = value.WhichOneof("value")
     if kind == "string_value":
         return value.string_value
@@ -89,7 +92,7 @@ def as_string(value) -> str:
         return ""
 
 
-def attributes(kvs) -> dict[str, str]:
+def attributes(kvs: Iterable[KeyValue]) -> dict[str, str]:
     """Repeated KeyValue → {key: string}. Hot path: a non-empty string_value is the common case
     and, the value being a oneof, proves the type without a WhichOneof call."""
     out = {}

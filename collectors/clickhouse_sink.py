@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from clickhouse_connect.driver.client import Client
+
 from phaselens.collectors import render
 from phaselens.collectors.schema import DISTRIBUTED_TABLE, INSERT_COLUMNS, TRACES_TABLE, ident
 from phaselens.storage.clickhouse_url import connect
@@ -34,9 +36,9 @@ class ClickHouseSink:
     database: str = "otel"
     cluster: str | None = None
     ca_cert: str | None = None  # verifies an https:// server (None: the system's trust store)
-    _client: object = field(default=None, init=False)
+    _client: Client | None = field(default=None, init=False)
 
-    def _target(self) -> tuple[str, dict]:
+    def _target(self) -> tuple[str, dict[str, int]]:
         settings = {"insert_deduplicate": 1, "deduplicate_blocks_in_dependent_materialized_views": 1}
         if self.cluster is None:
             return f"{ident(self.database)}.{ident(TRACES_TABLE)}", settings
@@ -55,7 +57,7 @@ class ClickHouseSink:
             self._client.raw_insert(
                 table,
                 INSERT_COLUMNS,
-                iter(blocks),
+                iter(blocks),  # type: ignore[arg-type]  # streams any iterator of bytes; annotated Generator
                 fmt="RowBinary",
                 settings={**settings, "insert_deduplication_token": token},
             )

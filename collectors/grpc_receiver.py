@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -34,7 +35,7 @@ class GrpcBindError(OSError):
     pass
 
 
-def _export_handler(ingest: Ingest, accept, response: bytes):
+def _export_handler(ingest: Ingest, accept: Callable[[bytes], object], response: bytes) -> grpc.RpcMethodHandler:
     def export(payload: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             ingest.check_auth(dict(context.invocation_metadata()).get("authorization"))
@@ -48,7 +49,7 @@ def _export_handler(ingest: Ingest, accept, response: bytes):
     return grpc.unary_unary_rpc_method_handler(export, request_deserializer=None, response_serializer=None)
 
 
-def _accept_metrics(ingest: Ingest):
+def _accept_metrics(ingest: Ingest) -> Callable[[bytes], None]:
     def accept(payload: bytes) -> None:
         try:
             accept_metrics(payload, ingest.metrics)

@@ -12,13 +12,18 @@ import socket
 import ssl
 import threading
 import zlib
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from phaselens.collectors import otlp_json
 from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
@@ -55,9 +60,9 @@ class _Handler(BaseHTTPRequestHandler):
     # headers and body go out in two writes: without TCP_NODELAY the body waits for the exporter's
     # delayed ACK of the headers (~40 ms on Linux) on every keep-alive request
     disable_nagle_algorithm = True
-    collector = None  # set on a subclass per server: the HttpReceiver
+    collector: HttpReceiver  # set on a subclass per server
 
-    def log_message(self, fmt, *args) -> None:  # quiet: counters tell the story
+    def log_message(self, fmt: str, *args: object) -> None:  # quiet: counters tell the story
         pass
 
     def do_GET(self) -> None:
@@ -134,7 +139,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             ingest.refuse("invalid", str(exc))
 
-    def _parse_json(self, body: bytes):
+    def _parse_json(self, body: bytes) -> ExportTraceServiceRequest:
         try:
             return otlp_json.parse_traces(body)
         except otlp_json.InvalidJson as exc:
@@ -159,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(_HTTP_STATUS[exc.kind], status.SerializeToString(), PROTOBUF, headers)
 
-    def _send(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
+    def _send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(code, HTTPStatus(code).phrase)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -176,7 +181,7 @@ class _Server(ThreadingHTTPServer):
     tls: ssl.SSLContext | None = None
     metrics: CollectorMetrics | None = None
 
-    def get_request(self) -> tuple[socket.socket, tuple]:
+    def get_request(self) -> tuple[socket.socket, Any]:  # Any: socketserver's address type
         sock, address = self.socket.accept()
         if self.tls is None:
             return sock, address
@@ -184,7 +189,7 @@ class _Server(ThreadingHTTPServer):
         # in it must not hold up accept()
         return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
 
-    def finish_request(self, request, client_address) -> None:
+    def finish_request(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
         if isinstance(request, ssl.SSLSocket):
             request.settimeout(_Handler.timeout)
             try:
@@ -197,15 +202,20 @@ class _Server(ThreadingHTTPServer):
 
     def server_bind(self) -> None:
         # rebinds at once after a crash (connections left in TIME_WAIT); a live owner still fails
-        bind_reusable(self.socket, *self.server_address[:2], "OTLP/HTTP")
-        self.server_address = self.socket.getsockname()
-        self.server_name, self.server_port = self.server_address[:2]
+        host, port = self.server_address[:2]
+        assert isinstance(host, str)  # HttpReceiver passes (host: str, port); socketserver also allows bytes
+        bind_reusable(self.socket, host, port, "OTLP/HTTP")
+        address = self.socket.getsockname()
+        self.server_address = address
+        self.server_name, self.server_port = address[:2]
 
 
 class HttpReceiver:
     """Owns the HTTP server thread (HTTPS with `tls`); `metrics_text` is supplied by the service."""
 
-    def __init__(self, ingest: Ingest, metrics_text, host: str, port: int, tls: ServerTls | None = None):
+    def __init__(
+        self, ingest: Ingest, metrics_text: Callable[[], str], host: str, port: int, tls: ServerTls | None = None
+    ):
         self.ingest, self.metrics_text = ingest, metrics_text
         handler = type("Handler", (_Handler,), {"collector": self})
         context = tls.ssl_context() if tls is not None else None  # bad files fail before the bind

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 from phaselens.collectors import render
 from phaselens.collectors.metrics import CollectorMetrics
@@ -31,7 +32,7 @@ class Ingest:
         if not authorized(authorization, self.auth_token):
             self.refuse("unauthenticated", "missing or wrong bearer token")
 
-    def refuse(self, kind: str, message: str) -> None:
+    def refuse(self, kind: str, message: str) -> NoReturn:
         self.metrics.add("requests_retryable" if kind == "full" else "requests_rejected")
         raise Refused(kind, message)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
+from typing import Any
 
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -20,7 +22,7 @@ class InvalidJson(ValueError):
     pass
 
 
-def _hex_ids_to_base64(obj: dict, where: str) -> None:
+def _hex_ids_to_base64(obj: dict[str, Any], where: str) -> None:
     for key, size in _ID_KEYS.items():
         value = obj.get(key)
         if value is None or value == "":
@@ -34,7 +36,7 @@ def _hex_ids_to_base64(obj: dict, where: str) -> None:
         obj[key] = base64.b64encode(raw).decode()
 
 
-def _spans(doc: dict):
+def _spans(doc: object) -> Iterator[dict[str, Any]]:
     for rs in _list(doc, "resourceSpans", "resource_spans"):
         for ss in _list(rs, "scopeSpans", "scope_spans"):
             for span in _list(ss, "spans"):
@@ -43,7 +45,7 @@ def _spans(doc: dict):
                 yield span
 
 
-def _list(obj, *keys) -> list:
+def _list(obj: object, *keys: str) -> list[Any]:
     if not isinstance(obj, dict):
         raise InvalidJson("expected a JSON object")
     for key in keys:
@@ -66,7 +68,9 @@ def parse_traces(body: bytes) -> ExportTraceServiceRequest:
             if not isinstance(link, dict):
                 raise InvalidJson(f"span[{i}].links[{j}]: expected a JSON object")
             _hex_ids_to_base64(link, f"span[{i}].links[{j}]")
+    request = ExportTraceServiceRequest()
     try:
-        return json_format.ParseDict(doc, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+        json_format.ParseDict(doc, request, ignore_unknown_fields=True)  # fills `request`
     except (json_format.ParseError, TypeError, ValueError, RecursionError) as exc:
         raise InvalidJson(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+    return request

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from phaselens.collectors import _otlp_rows
+import phaselens.collectors._otlp_rows as _otlp_rows
 from phaselens.collectors.attr_string import as_string
 
 InvalidSpans = _otlp_rows.InvalidSpans

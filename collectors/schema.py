@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from clickhouse_connect.driver.client import Client
+
 from phaselens.storage.clickhouse_url import connect
 
 TRACES_TABLE = "otel_traces"
@@ -155,7 +157,7 @@ def statements(
     or statements to run on every node in turn, with plain engines unless `table_engine` says."""
     db = ident(database)
     replicated_cluster = cluster if on_cluster else None
-    on_clause = f" ON CLUSTER {ident(cluster)}" if replicated_cluster else ""
+    on_clause = f" ON CLUSTER {ident(replicated_cluster)}" if replicated_cluster else ""
     interval = ttl_interval(ttl) if ttl else None
     traces_engine = _engine(table_engine, replicated_cluster, "MergeTree", keep_params=True)
     lookup_engine = _engine(table_engine, replicated_cluster, "AggregatingMergeTree", keep_params=False)
@@ -190,7 +192,7 @@ def statements(
     return out
 
 
-def apply(client, statements: list[str]) -> None:
+def apply(client: Client, statements: list[str]) -> None:
     """Run each statement through a clickhouse-connect client, in order."""
     for sql in statements:
         client.command(sql)

@@ -11,6 +11,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Self
 
+import grpc
+
 from phaselens.collectors.grpc_receiver import start_grpc
 from phaselens.collectors.http_receiver import HttpReceiver
 from phaselens.collectors.ingest import Ingest
@@ -49,10 +51,10 @@ class Collector:
     metrics: CollectorMetrics = field(default_factory=CollectorMetrics)
     _spool: Spool | None = field(default=None, init=False)
     _writer: SpoolWriter | None = field(default=None, init=False)
-    _grpc: object = field(default=None, init=False)
+    _grpc: grpc.Server | None = field(default=None, init=False)
     _http: HttpReceiver | None = field(default=None, init=False)
 
-    def start(self) -> Collector:
+    def start(self) -> Self:
         check_exposure(self.host, self.auth_token, self.insecure, self.tls is not None and self.tls.mutual)
         self.spool_dir = self.spool_dir or tempfile.mkdtemp(prefix="phaselens-spool-")
         self._spool = Spool(self.spool_dir, max_bytes=self.max_spool_bytes)
@@ -106,5 +108,5 @@ class Collector:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

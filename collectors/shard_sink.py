@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from phaselens.collectors import render
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.storage.clickhouse_url import connect
-from phaselens.storage.cluster_nodes import ClusterError, cluster_nodes
+from phaselens.storage.cluster_nodes import ClusterError, Node, cluster_nodes
 
 CLUSTER_INSERTS = ("direct", "distributed")
 
@@ -66,7 +66,7 @@ class ShardedSink:
             nodes = cluster_nodes(client, self.url, self.cluster)
         finally:
             client.close()
-        by_shard: dict[int, list] = {}
+        by_shard: dict[int, list[Node]] = {}
         for node in nodes:
             by_shard.setdefault(node.shard_num, []).append(node)
         self._slot_shard = [
@@ -92,6 +92,7 @@ class ShardedSink:
     def insert(self, blocks: Iterable[list[bytes]], token: str) -> None:
         """Blocks from `render`, one insert per shard that has rows, the shards in parallel."""
         self._discover()  # before `blocks` renders: the shard count sizes the parts
+        assert self._pool is not None  # made by _discover
         parts = [bytearray() for _ in self._shards]
         for block in blocks:
             for part, rows in zip(parts, block, strict=False):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from phaselens.collectors import render
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
@@ -115,7 +117,7 @@ class SpoolWriter:
         spans = sum(record.span_count for record in records)
         unrenderable: dict[int, str] = {}  # record start → why
 
-        def blocks():
+        def blocks() -> Iterator[Any]:  # Any: what this sink's `render` makes, as its `insert` takes it
             """Rendered as the insert streams: the server parses a block while the next renders."""
             for record in records:
                 try:

@@ -11,10 +11,12 @@ client's, from `phaselens bench` and from the SQL of `phaselens budget` agree on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 INF = float("inf")
 
 
-def quantile(sorted_values: list[float], q: float) -> float | None:
+def quantile(sorted_values: Sequence[float], q: float) -> float | None:
     """Quantile `q` of an ascending list (formula above); None for an empty list. An infinite
     neighbour makes the result infinite (no inf − inf = nan): failures counted as +∞ stay +∞."""
     if not sorted_values:

@@ -282,7 +282,37 @@ def budget_panels(src: Source) -> list[dict]:
             ],
             options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
         ),
+        _pd_budget_panel(src),
     ]
+
+
+def _pd_budget_panel(src: Source) -> dict:
+    """The disaggregated TTFT budget of `phaselens budget` (analysis/pd_queries.py), same SQL."""
+    return panel(
+        "barchart",
+        "Disaggregated TTFT budget: router, prefill, KV transfer, decode",
+        "Where does time to first token go when prefill and decode run on separate instances? Each bar "
+        "is one statistic over the requests that went router -> prefill -> decode with every term known "
+        "(p50, p90, p99 of each term, and the mean, whose terms add up to the mean client TTFT). Every "
+        "term is a duration on one host's clock: the router's terms, the prefill instance's (ingress, "
+        "queue, compute, first token, KV wait, kv_transfer = send start -> the decode side's "
+        "acknowledgement, answer), the decode instance's (ingress, queue, first token, first chunk); "
+        "the hops between hosts are residuals of durations (the caller's span minus the callee's), "
+        "never differences of two hosts' clocks. Filtered by model, not service. Empty without "
+        "disaggregated requests; SGLang's P/D spans never complete it (its instances run in parallel).",
+        [src.target("pd_budget_stack", FORMAT_TABLE)],
+        width=24,
+        height=9,
+        unit="ms",
+        custom={"fillOpacity": 80, "lineWidth": 1},
+        options={
+            "orientation": "horizontal",
+            "stacking": "normal",
+            "showValue": "auto",
+            "xField": columns("pd_budget_stack")[0],
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+        },
+    )
 
 
 def latency_budget(src: Source) -> dict:

@@ -102,6 +102,7 @@ class CollectorProcess:
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
     def kill(self) -> None:
+        assert self._proc is not None  # started
         self._proc.send_signal(signal.SIGKILL)
         self._proc.wait()
 
@@ -132,6 +133,7 @@ class SlowLink:
         return self
 
     def _accept(self) -> None:
+        assert self._listener is not None  # start() made it before this thread
         while not self._closed.is_set():
             try:
                 client, _ = self._listener.accept()

@@ -10,12 +10,17 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 import uvicorn
 
 from phaselens.common.process import LOOPBACK
 from phaselens.instrumentation.pipeline.counters import Counters
+
+if TYPE_CHECKING:  # imported by start(): the model and the server load only when a scenario runs
+    from phaselens.instrumentation.server.telemetry import ServerTelemetry
+    from phaselens.reference_server.engine import Engine
 
 _OTEL_ENV = {
     "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
@@ -58,11 +63,11 @@ class ServingRig:
     service: str
     max_num_seqs: int = 8
     max_waiting: int = 1024
-    engine: object = field(default=None, init=False)
-    telemetry: object = field(default=None, init=False)
+    engine: Engine = field(init=False)  # these four: set by start()
+    telemetry: ServerTelemetry = field(init=False)
     url: str = field(default="", init=False)
-    _server: uvicorn.Server | None = field(default=None, init=False)
-    _thread: threading.Thread | None = field(default=None, init=False)
+    _server: uvicorn.Server = field(init=False)
+    _thread: threading.Thread = field(init=False)
     _saved_env: dict = field(default_factory=dict, init=False)
 
     def start(self) -> ServingRig:

@@ -38,6 +38,7 @@ from phaselens.faults.params import Params
 from phaselens.faults.parts import CollectorProcess, wait_until
 from phaselens.faults.serving import ClosedLoop, Reply, ServingRig, complete, leave_after_first_chunk, request
 from phaselens.instrumentation import names
+from phaselens.instrumentation.pipeline.counters import Counters
 from phaselens.storage.clickhouse_url import connect
 
 OVERLOAD_FACTOR = 10
@@ -100,7 +101,7 @@ def _settle(pipeline: Pipeline, service: str, trace_ids: list[str]) -> dict[str,
 
 
 def _outcome(
-    name: str, pipeline: Pipeline, rig: ServingRig, before: dict[str, int], replies: list[Reply], recover_s, **detail
+    name: str, pipeline: Pipeline, rig: ServingRig, before: Counters, replies: list[Reply], recover_s, **detail
 ) -> Outcome:
     """`before`: the telemetry's counters when the scenario began (the server is shared)."""
     rig.telemetry.flush(15)
@@ -156,11 +157,13 @@ def _span_copies(pipeline: Pipeline, service: str, trace_ids: list[str]) -> tupl
 def span_builder_killed(pipeline: Pipeline, served: Served, params: Params) -> Outcome:
     rig, before = served.rig, served.rig.telemetry.stats()
     load = ClosedLoop(rig.url).start()
-    recover = []
+    recover: list[float | None] = []
     try:
         time.sleep(params.warm_s)
         for _ in range(params.builder_kills):
             old = rig.telemetry.span_builder_pid
+            if old is None:  # the last kill's replacement never came (its recovery is None): none to kill
+                break
             os.kill(old, signal.SIGKILL)
             recover.append(wait_until(lambda old=old: rig.telemetry.span_builder_pid not in (None, old), 60))
         time.sleep(params.after_s)
@@ -172,7 +175,7 @@ def span_builder_killed(pipeline: Pipeline, served: Served, params: Params) -> O
         rig,
         before,
         replies,
-        None if None in recover else max(recover),
+        None if None in recover else max(r for r in recover if r is not None),
         kills=params.builder_kills,
     )
     rows, extra = _span_copies(pipeline, rig.service, [r.trace_id for r in replies])
@@ -188,7 +191,8 @@ def _open_loop(url: str, rate_per_s: float, duration_s: float) -> list[Reply]:
         limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
             # a running count, not a scan of every task per start: the client shares the server's CPUs
-            tasks, in_flight, started = [], 0, time.monotonic()
+            tasks: list[asyncio.Future[Reply]] = []
+            in_flight, started = 0, time.monotonic()
 
             def finished(_task) -> None:
                 nonlocal in_flight
@@ -247,9 +251,9 @@ def _watch_waiting(rig: ServingRig, stop: threading.Event, seen: list[int]) -> t
 
 def server_overload(pipeline: Pipeline, served: Served, params: Params) -> Outcome:
     rig, before = served.rig, served.rig.telemetry.stats()
-    baseline = ClosedLoop(rig.url, clients=4).start()
+    closed_loop = ClosedLoop(rig.url, clients=4).start()
     time.sleep(params.capacity_s)
-    baseline = baseline.stop()
+    baseline = closed_loop.stop()
     capacity = len(baseline) / params.capacity_s
     median_s = statistics.median(r.latency_s for r in baseline)
     rss_before, waiting, stop = _peak_rss_mb(), [0], threading.Event()

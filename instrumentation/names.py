@@ -96,6 +96,7 @@ SPAN_MODEL_VLLM = "vllm-native"  # vLLM's own `llm_request` span
 SPAN_MODEL_ENGINE_KEYS = "engine-keys"  # another SERVER span with only the de-facto keys
 SPAN_MODEL_SGLANG = "sglang-native"  # SGLang's own request trace (`Req …` root, scheduler slices)
 SPAN_MODEL_TGI = "tgi-native"  # TGI's own request span (durations as Rust `Duration` Debug strings)
+SPAN_MODEL_DYNAMO = "dynamo-native"  # Dynamo's worker spans (`engine.generate` with `disagg_role`)
 # SGLang's native spans (sglang 0.5.23, sglang/srt/observability): an INTERNAL root `{role} Req {rid[:8]}`
 # with the keys above at its end, thread spans under it, and one span per stage ("slice")
 SGLANG_RID = "rid"  # root attribute: the request id
@@ -105,6 +106,17 @@ GEN_AI_USAGE_CACHED_TOKENS = "gen_ai.usage.cached_tokens"  # SGLang's prefix-cac
 SPAN_SGLANG_QUEUE = "prefill_waiting"  # scheduler: waiting queue entry → first forward
 SPAN_SGLANG_PREFILL = "prefill_forward"  # scheduler: first forward → prefill finished (first token sampled)
 SPAN_SGLANG_PREFILL_CHUNK = "chunked_prefill"  # one per chunk of a chunked prefill, under prefill_forward
+# SGLang's P/D slices (sglang 0.5.23 req_time_stats.py, RequestStage): the prefill instance's root is
+# `prefill Req …`, the decode instance's `decode Req …` (SGLANG_PD_ROLES), each on its own host's clock
+SGLANG_PD_ROLES = ("prefill", "decode")
+SPAN_SGLANG_PREFILL_PREPARE = "prefill_prepare"  # prefill scheduler: received → bootstrap queue
+SPAN_SGLANG_PREFILL_BOOTSTRAP = "prefill_bootstrap"  # bootstrap queue → waiting queue (handshake with decode)
+SPAN_SGLANG_KV_TRANSFER = "prefill_transfer_kv_cache"  # last KV chunk handed to the sender → transfer done (polled)
+SPAN_SGLANG_DECODE_PREPARE = "decode_prepare"  # decode scheduler: received → prealloc queue
+SPAN_SGLANG_DECODE_BOOTSTRAP = "decode_bootstrap"  # prealloc queue → transfer queue (handshake, KV allocated)
+SPAN_SGLANG_DECODE_TRANSFERRED = "decode_transferred"  # transfer queue → waiting queue (the KV arrived)
+SPAN_SGLANG_DECODE_QUEUE = "decode_waiting"  # waiting queue → first forward
+SPAN_SGLANG_DECODE_FIRST_TOKEN = "fake_output"  # first forward → the prefill's token handed out (prebuilt batch)
 # TGI's request span (text-generation-inference router/src/server.rs, v3.3.x): named after the handler,
 # INTERNAL (tracing-opentelemetry's default kind), durations recorded as `format!("{:?}", Duration)`
 TGI_REQUEST_SPANS = ("generate", "generate_stream", "completions", "chat_completions")
@@ -231,3 +243,11 @@ ENV_TOKEN_EVENTS = "PHASELENS_TOKEN_EVENTS"
 ENV_SPAN_BUILDER = "PHASELENS_SPAN_BUILDER"  # thread | process: where ServerTelemetry.from_env builds spans
 ENV_SPAN_BACKEND = "PHASELENS_SPAN_BACKEND"  # fast | sdk: how the span-builder process makes OTLP (default fast)
 SPAN_BACKEND_FAST, SPAN_BACKEND_SDK = "fast", "sdk"
+# Dynamo's worker span (ai-dynamo/dynamo lib/backend-common/src/adapter.rs at 052692a7, EngineAdapter):
+# one `engine.generate` per request per worker, child of the runtime's `handle_payload`; its fields
+# become string attributes, the durations in ms on that worker's clock (Instant)
+SPAN_DYNAMO_ENGINE_GENERATE = "engine.generate"
+DYNAMO_DISAGG_ROLE = "disagg_role"  # agg | prefill | decode | encode (DisaggregationMode::as_str)
+DYNAMO_PD_ROLES = ("prefill", "decode")
+DYNAMO_TTFT_MS = "ttft_ms"  # the engine's stream set up → first non-empty chunk
+DYNAMO_ITL_P99_MS = "itl_p99_ms"  # nearest-rank p99 of the gaps between non-empty chunks

@@ -40,7 +40,7 @@ class Stat:
     std: float
     min: float
     max: float
-    percentiles: dict[str, float]
+    percentiles: dict[str, float | None]  # quantile() of ≥ 1 value: never None
 
 
 def pct_label(p: float) -> str:
@@ -81,7 +81,7 @@ def attainment(results: list[StreamResult], slo: SLO) -> float:
     return sum(meets(slo, r) for r in results) / len(results) if results else 0.0
 
 
-def _tail(results: list[StreamResult], value, percentiles) -> dict[str, float] | None:
+def _tail(results: list[StreamResult], value, percentiles) -> dict[str, float | None] | None:
     """Percentiles with each failed request (or one without the value) counted as +∞."""
     values = sorted(INF if not r.ok or value(r) is None else value(r) for r in results)
     return {pct_label(p): quantile(values, p / 100) for p in percentiles} if values else None

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from phaselens.instrumentation.client.traced_client import StreamResult, TracedClient
+from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals
 from phaselens.loadgen.workloads import RequestSpec
 
 _START_LEAD_NS = 2_000_000  # the schedule starts 2 ms after setup, so request 0 is not born late
@@ -29,7 +30,7 @@ _START_LEAD_NS = 2_000_000  # the schedule starts 2 ms after setup, so request 0
 class RunPlan:
     endpoint: str
     model: str
-    arrivals: object | None = None  # GammaArrivals | TraceArrivals; None = closed loop
+    arrivals: GammaArrivals | TraceArrivals | None = None  # None = closed loop
     concurrency: int | None = None  # closed-loop workers, or the in-flight cap of an open loop
     requests: int | None = None
     duration_s: float | None = None
@@ -123,6 +124,7 @@ async def _open_loop(
         async with limit:  # a wait here counts as schedule lag: intended_ns stays the schedule's
             return await _send(plan, client, spec, intended_ns, on_done)
 
+    assert plan.arrivals is not None  # run() sends a closed loop to _closed_loop
     tasks = []
     try:
         for i, (offset_s, spec) in enumerate(zip(plan.arrivals.offsets_s(), specs, strict=False)):
@@ -163,5 +165,6 @@ async def _closed_loop(
                 return
             results.append(await _send(plan, client, spec, now, on_done))
 
+    assert plan.concurrency is not None  # RunPlan requires it of a closed loop
     await asyncio.gather(*(worker() for _ in range(plan.concurrency)))
     return results

@@ -27,7 +27,7 @@ from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 
 def completion_chunk(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:
-    obj = {
+    obj: dict[str, object] = {
         "id": "cmpl-scripted",
         "object": "text_completion",
         "model": "scripted",
@@ -53,7 +53,7 @@ def chat_chunk(
 
 
 def usage_chunk(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> bytes:
-    usage = {
+    usage: dict[str, object] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,

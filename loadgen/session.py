@@ -47,7 +47,9 @@ class BenchOptions:
     tokenizer: str | None = None  # --input-len in this tokenizer's tokens (local files only), else words
 
 
-def build_plan(opts: BenchOptions, rate: float | None = None) -> tuple[runner.RunPlan, object]:
+def build_plan(
+    opts: BenchOptions, rate: float | None = None
+) -> tuple[runner.RunPlan, SyntheticWorkload | DatasetWorkload | TraceWorkload]:
     """(plan, workload) for the options; `rate` overrides `opts.rate` (sweep probes)."""
     rate = rate if rate is not None else opts.rate
     output = LengthDist.parse(opts.output_len) if opts.output_len else None
@@ -55,6 +57,8 @@ def build_plan(opts: BenchOptions, rate: float | None = None) -> tuple[runner.Ru
     synthetic = SyntheticWorkload(
         LengthDist.parse(opts.input_len), output or LengthDist("fixed", 128), opts.shared_prefix, opts.seed, tokens
     )
+    arrivals: GammaArrivals | TraceArrivals | None
+    workload: SyntheticWorkload | DatasetWorkload | TraceWorkload
     if opts.trace:
         arrivals = TraceArrivals(opts.trace)
         workload = TraceWorkload(arrivals.entries, synthetic)
@@ -82,6 +86,7 @@ def build_plan(opts: BenchOptions, rate: float | None = None) -> tuple[runner.Ru
 def config_of(opts: BenchOptions, plan: runner.RunPlan, workload) -> dict:
     """The full configuration recorded beside the figures (the API key left out)."""
     arrival = plan.arrivals.describe() if plan.arrivals else {"process": "closed_loop"}
+    slo = slo_of(opts)
     return {
         "url": opts.url,
         "model": opts.model,
@@ -94,7 +99,7 @@ def config_of(opts: BenchOptions, plan: runner.RunPlan, workload) -> dict:
         "ignore_eos": opts.ignore_eos,
         "seed": opts.seed,
         "percentiles": list(opts.percentiles),
-        "slo_ms": slo_of(opts).describe() if opts.slo else None,
+        "slo_ms": slo.describe() if slo else None,
         "timeout_s": opts.timeout_s,
         "versions": report.versions(),
         "options": {k: v for k, v in asdict(opts).items() if k != "api_key"},

@@ -187,7 +187,7 @@ class LengthDist:
         if self.kind == "fixed":
             value = self.a
         elif self.kind == "uniform":
-            value = rng.integers(int(self.a), int(self.b) + 1)
+            value = int(rng.integers(int(self.a), int(self.b) + 1))
         elif self.kind == "normal":
             value = rng.normal(self.a, self.b)
         else:

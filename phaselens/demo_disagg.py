@@ -67,6 +67,7 @@ def _session(stack: Stack, pd: PdStack, opts: DemoOptions, console: Console) -> 
     with console.status("starting ClickHouse, collector and the colocated server…"):
         stack.start()
     colocated = _measure(stack, opts, console, "colocated", None)
+    assert stack.server is not None  # started with the stack
     stack.server.stop(stack.stop_timeout_s)  # flushes its spans; the instances start after its window
     stack.server = None
     with console.status("starting the prefill and decode instances and the router…") as status:
@@ -116,6 +117,7 @@ def _mean(report: BudgetReport, *names: str) -> float:
 def compare(colocated: RunBudget, disagg: RunBudget) -> Table:
     """Means of the TTFT terms (they add up to the mean client TTFT) and the decode figures."""
     c, d, pd = colocated.budget, disagg.budget, disagg.pd
+    assert pd is not None  # a disaggregated run has its P/D budget
     table = Table(title="colocated vs disaggregated (ms; means add up to TTFT)", title_justify="left")
     for i, h in enumerate(("", "colocated", "disaggregated")):
         table.add_column(h, justify="left" if i == 0 else "right")
@@ -164,10 +166,18 @@ def compare(colocated: RunBudget, disagg: RunBudget) -> Table:
 def verdict(colocated: RunBudget, disagg: RunBudget) -> str:
     """The module docstring's rule, with the figures it used."""
     c, d, pd = colocated.budget, disagg.budget, disagg.pd
+    assert pd is not None  # a disaggregated run has its P/D budget
     att_c, att_d = c.goodput.attainment or 0.0, d.goodput.attainment or 0.0
     tpot_c, tpot_d = c.distributions["client_tpot_ms"].p99, d.distributions["client_tpot_ms"].p99
     ttft_c, ttft_d = c.distributions["client_ttft_ms"].p99, d.distributions["client_ttft_ms"].p99
-    better_tail = None not in (tpot_c, tpot_d, ttft_c, ttft_d) and tpot_d < tpot_c and ttft_d <= ttft_c
+    better_tail = (
+        tpot_c is not None
+        and tpot_d is not None
+        and ttft_c is not None
+        and ttft_d is not None
+        and tpot_d < tpot_c
+        and ttft_d <= ttft_c
+    )
     paid = att_d > att_c or (att_d == att_c and better_tail)
     removed = (
         f"removed {c.stalls.mixed_steps - d.stalls.mixed_steps} decode steps carrying prefill "

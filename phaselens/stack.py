@@ -135,7 +135,7 @@ class Stack:
     def log_dir(self) -> Path:
         return Path(self.data_dir) / "logs"
 
-    def start(self, on_phase=lambda phase: None) -> Stack:
+    def start(self, on_phase=lambda phase: None) -> Self:
         """Bring every part up; `on_phase(name)` is called before each step (for progress display)."""
         try:
             self._start_storage(on_phase)
@@ -144,6 +144,7 @@ class Stack:
             on_phase("collector and server")
             self._spawn_collector()
             self._spawn_server()
+            assert self.collector is not None and self.server is not None  # spawned just above
             self.collector.wait_ready(self.ready_timeout_s)
             self.server.wait_ready(self.ready_timeout_s)
         except BaseException:
@@ -151,12 +152,13 @@ class Stack:
             raise
         return self
 
-    def start_pipeline(self, on_phase=lambda phase: None) -> Stack:
+    def start_pipeline(self, on_phase=lambda phase: None) -> Self:
         """ClickHouse, schema and collector only: for a server started elsewhere (a real vLLM)."""
         try:
             self._start_storage(on_phase)
             on_phase("collector")
             self._spawn_collector()
+            assert self.collector is not None  # spawned just above
             self.collector.wait_ready(self.ready_timeout_s)
         except BaseException:
             self.stop()
@@ -173,6 +175,7 @@ class Stack:
 
     def apply_schema(self) -> None:
         """The collector's tables first, then the analysis views (docs/contracts.md), on every node."""
+        assert self.storage is not None, "start the storage first"
         self.storage.apply_schema(self.database)
 
     def client(self):
@@ -182,6 +185,7 @@ class Stack:
     def _spawn_collector(self) -> None:
         self.grpc_port, self.http_port = free_port(), free_port()
         spool = Path(self.data_dir) / "spool"
+        assert self.storage is not None  # started before the collector
         argv = [
             "collector",
             "--clickhouse",
@@ -201,8 +205,8 @@ class Stack:
 
     def _spawn_server(self) -> None:
         if self.server_kind != "reference":
-            self.server = self._vllm_server()
-            self.server.spawn()
+            self.server = server = self._vllm_server()  # set first: stop() ends it if spawn fails
+            server.spawn()
             return
         argv = ["serve", "--model", self.model, "--device", self.device, "--port", "0", *self.server_args]
         self.server = spawn("server", argv, self.log_dir, self.otel_env(SERVER_SERVICE))

@@ -87,7 +87,7 @@ class ShardedCluster:
         return list(self.cluster.urls) if self.cluster else []
 
     def describe(self) -> str:
-        return f"ClickHouse cluster {self.name}, {self.shards} shards: {' '.join(self.cluster.urls)}"
+        return f"ClickHouse cluster {self.name}, {self.shards} shards: {' '.join(self.node_urls())}"
 
     def start(self) -> None:
         self.cluster = EmbeddedCluster(

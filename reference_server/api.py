@@ -15,10 +15,11 @@ import asyncio
 import contextlib
 import inspect
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from fastapi import FastAPI, Request
@@ -28,13 +29,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phaselens.common.exposure import authorized
 from phaselens.instrumentation import names
-from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, NULL_REQUEST, RequestHandle
+from phaselens.instrumentation.hotpath.observer import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    NULL_REQUEST,
+    RequestHandle,
+    RequestObserver,
+)
 from phaselens.instrumentation.hotpath.records import RequestInfo
 from phaselens.reference_server import chat_template
-from phaselens.reference_server.engine import Engine, QueueFullError
+from phaselens.reference_server.engine import EngineDeadError, QueueFullError
 from phaselens.reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
 from phaselens.reference_server.responses import Envelope
-from phaselens.reference_server.sequence import SamplingParams, SeqOutput
+from phaselens.reference_server.sequence import SamplingParams, SeqOutput, Sink
 from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -53,18 +60,40 @@ class ApiSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
-class OutputStream:
-    """Engine thread → this event loop, for one request."""
+class ServingEngine(Protocol):
+    """What the routes need of an engine: the thread engine (reference_server.engine) or the
+    client of an engine process (reference_server.engine_client)."""
 
-    __slots__ = ("loop", "queue")
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def add_special_tokens(self) -> bool: ...
+    def health(self) -> dict[str, object]: ...
+    def abort(self, seq_id: int) -> None: ...
+    def submit(self, prompt_ids: list[int], params: SamplingParams, observer: RequestObserver, sink: Sink) -> int: ...
+
+
+class OutputStream:
+    """Engine → this event loop, for one request: from the engine thread, or on the loop itself
+    (the engine process's outputs are read there)."""
+
+    __slots__ = ("loop", "queue", "thread")
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[SeqOutput] = asyncio.Queue()
+        self.thread = threading.get_ident()
 
     def sink(self, out: SeqOutput) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+            if threading.get_ident() == self.thread:
+                self.queue.put_nowait(out)
+            else:
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
         except RuntimeError:  # the event loop is closed: the server is gone, nobody listens
             pass
 
@@ -102,7 +131,7 @@ def error_response(error: ApiError) -> JSONResponse:
 # FastAPI ≥ 0.165 traces, meters and logs every request by itself once a global provider is set:
 # a second SERVER span per request (a sibling of ours, from the same traceparent) and its operation
 # spans, all built on the event loop. The phaselens middleware is this server's telemetry.
-_NO_FASTAPI_TELEMETRY = (
+_NO_FASTAPI_TELEMETRY: dict[str, Any] = (  # FastAPI keyword arguments: which exist depends on its version
     {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
     if "telemetry" in inspect.signature(FastAPI).parameters
     else {}
@@ -110,7 +139,7 @@ _NO_FASTAPI_TELEMETRY = (
 
 
 def create_app(
-    engine: Engine, settings: ApiSettings, telemetry: Any = None, routes_class: Callable[..., Any] | None = None
+    engine: ServingEngine, settings: ApiSettings, telemetry: Any = None, routes_class: Callable[..., Any] | None = None
 ):
     """The ASGI app; wrapped in the telemetry ingress middleware when `telemetry` is given.
     `routes_class`: a `_Routes` subclass (a disaggregated instance's, reference_server.pd_api)."""
@@ -139,7 +168,7 @@ def create_app(
 
 
 class _Routes:
-    def __init__(self, engine: Engine, settings: ApiSettings, telemetry: Any) -> None:
+    def __init__(self, engine: ServingEngine, settings: ApiSettings, telemetry: Any) -> None:
         self.engine, self.settings, self.telemetry = engine, settings, telemetry
 
     async def completions(self, request: Request) -> Response:
@@ -166,16 +195,9 @@ class _Routes:
         return JSONResponse({"object": "list", "data": cards})
 
     async def health(self) -> Response:
-        blocks = self.engine.scheduler.blocks
-        return JSONResponse(
-            {
-                "status": "ok",
-                "running": self.engine.num_running,
-                "waiting": self.engine.num_waiting,
-                "kv_blocks_used": blocks.num_used,
-                "kv_blocks_total": blocks.num_blocks,
-            }
-        )
+        """200 with the engine's load; 503 when the engine cannot serve (its process is gone)."""
+        body = self.engine.health()
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     async def _serve(self, request: Request, chat: bool) -> Response:
         handle = self.telemetry.request(request.scope) if self.telemetry is not None else NULL_REQUEST
@@ -252,16 +274,16 @@ class _Routes:
         return Job(prompt_ids, params, Envelope(request_id, parsed.model, chat, len(prompt_ids)), parsed)
 
     def _tokenize(self, parsed: ParsedRequest, chat: bool) -> list[int]:
-        loaded = self.engine.runner.loaded
+        engine = self.engine
         if isinstance(parsed.prompt, list):
-            vocab = loaded.model.config.vocab_size
+            vocab = engine.vocab_size
             if not all(0 <= t < vocab for t in parsed.prompt):
                 raise bad(f"token ids must be in [0, {vocab})", "prompt")
             return list(parsed.prompt)
         if chat:
-            text = chat_template.render(parsed.messages, loaded.tokenizer)
-            return loaded.tokenizer.encode(text, add_special_tokens=False)
-        return loaded.tokenizer.encode(parsed.prompt, add_special_tokens=loaded.add_special_tokens)
+            text = chat_template.render(parsed.messages, engine.tokenizer)
+            return engine.tokenizer.encode(text, add_special_tokens=False)
+        return engine.tokenizer.encode(parsed.prompt, add_special_tokens=engine.add_special_tokens)
 
     def _describe(self, handle: RequestHandle, job: Job, chat: bool) -> None:
         parsed, params = job.parsed, job.params
@@ -286,6 +308,8 @@ class _Routes:
             return self._start(job, handle, stream)
         except QueueFullError as exc:
             raise ApiError(503, str(exc), type_="server_overloaded", code="queue_full") from None
+        except EngineDeadError as exc:
+            raise ApiError(503, str(exc), type_="server_error", code="engine_dead") from None
         except ValueError as exc:
             raise bad(str(exc), "max_tokens", code="context_length_exceeded") from None
 
@@ -341,8 +365,9 @@ class _Routes:
 
     def _engine_failure(self, out: SeqOutput, handle: RequestHandle) -> ApiError:
         if out.finish_reason == FINISH_ERROR:
+            why = f": {out.error}" if out.error else ""
             error = ApiError(
-                500, "the engine failed while running this request", type_="server_error", code="engine_error"
+                500, f"the engine failed while running this request{why}", type_="server_error", code="engine_error"
             )
         else:
             error = ApiError(503, "the server is shutting down", type_="server_overloaded", code="shutting_down")

@@ -66,8 +66,8 @@ class TextTracker:
     decode: Decode
     reasoning_tokens: int = 0
     stop: tuple[str, ...] = ()
-    reasoning_decoder: IncrementalDecoder | None = None
-    content_decoder: IncrementalDecoder | None = None
+    reasoning_decoder: IncrementalDecoder = field(init=False)  # both made by __post_init__
+    content_decoder: IncrementalDecoder = field(init=False)
     content: str = ""
     emitted: int = 0
     pushed: int = 0

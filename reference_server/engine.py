@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from phaselens.instrumentation.hotpath.observer import (
     FINISH_ABORT,
@@ -71,6 +72,19 @@ class EngineStats:
     kv_expired: int = 0  # staged, never claimed within the stage timeout: freed
 
 
+class EngineDeadError(RuntimeError):
+    """The engine process is gone: the caller should answer 503 (reference_server.engine_client)."""
+
+
+def check_length(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """ValueError unless 1 <= prompt + max_tokens <= the context, with a prompt."""
+    if prompt_tokens + max_tokens > max_model_len or not prompt_tokens:
+        raise ValueError(
+            f"prompt ({prompt_tokens}) + max_tokens ({max_tokens}) must be "
+            f"between 1 and the context length {max_model_len}"
+        )
+
+
 class Engine:
     def __init__(
         self, config: EngineConfig, runner: ModelRunner | None = None, step_observer: StepObserver = NULL_STEP
@@ -105,6 +119,30 @@ class Engine:
         return self.runner.max_model_len
 
     @property
+    def vocab_size(self) -> int:
+        config: Any = self.runner.loaded.model.config  # a transformers PretrainedConfig
+        return int(config.vocab_size)
+
+    @property
+    def add_special_tokens(self) -> bool:
+        return self.runner.loaded.add_special_tokens
+
+    @property
+    def model_name(self) -> str:
+        return self.runner.loaded.name
+
+    def health(self) -> dict[str, object]:
+        """What /health reports: the load and the KV pool (this thread engine is always "ok")."""
+        blocks = self.scheduler.blocks
+        return {
+            "status": "ok",
+            "running": self.num_running,
+            "waiting": self.num_waiting,
+            "kv_blocks_used": blocks.num_used,
+            "kv_blocks_total": blocks.num_blocks,
+        }
+
+    @property
     def num_waiting(self) -> int:
         return len(self._inbox) + len(self.scheduler.waiting)
 
@@ -122,11 +160,7 @@ class Engine:
     ) -> int:
         """Queue a request; returns its id. Raises QueueFullError or ValueError (too long). With
         `handoff` (a prefill instance), its KV goes to a decode instance after its first token."""
-        if len(prompt_ids) + params.max_tokens > self.max_model_len or not prompt_ids:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) must be "
-                f"between 1 and the context length {self.max_model_len}"
-            )
+        check_length(len(prompt_ids), params.max_tokens, self.max_model_len)
         seq = Sequence(
             seq_id=next(self._ids),
             token_ids=list(prompt_ids),
@@ -209,19 +243,26 @@ class Engine:
     def _loop(self) -> None:
         while not self._stopping:
             self._wake.clear()
+            if not self.iterate():
+                self._wake.wait(0.5)
+
+    def iterate(self) -> bool:
+        """One turn of the loop: drain the inboxes, then one step when there is work; False when
+        idle. A failed step must not kill the loop: its batch fails, the loop goes on. The engine
+        process (reference_server.engine_core) drives the engine with this, without the thread."""
+        try:
+            self._drain()
+            if not self.scheduler.has_work():
+                return False
+            self.step()
+        except Exception:
+            log.exception("engine step failed")
+            self.stats.failed_steps += 1
             try:
-                self._drain()
-                if not self.scheduler.has_work():
-                    self._wake.wait(0.5)
-                    continue
-                self.step()
-            except Exception:  # a failed step must not kill the loop: fail its batch, go on
-                log.exception("engine step failed")
-                self.stats.failed_steps += 1
-                try:
-                    self._fail_running()
-                except Exception:
-                    log.exception("failing the running batch failed")
+                self._fail_running()
+            except Exception:
+                log.exception("failing the running batch failed")
+        return True
 
     def step(self) -> Batch:
         """One iteration: schedule → run → postprocess, observer stamps at the seams (module

@@ -166,7 +166,7 @@ class KvReceiver:
                 return
             try:
                 self._handler(transfer)
-                ack = {"ok": True, "bytes": transfer.nbytes}
+                ack: dict[str, Any] = {"ok": True, "bytes": transfer.nbytes}
             except (ValueError, RuntimeError) as exc:  # a refusal goes back to the sender, named
                 ack = {"ok": False, "error": str(exc), "bytes": transfer.nbytes}
             self._ack(conn, ack)

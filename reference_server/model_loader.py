@@ -100,9 +100,29 @@ def load_local(path: str, dtype: str = "bfloat16", device: str = "cpu") -> Loade
         decode=tokenizer_decoder(tokenizer),
         eos_ids=frozenset(eos_ids),
         max_context=getattr(model.config, "max_position_embeddings", 4096),
-        name=os.path.basename(os.path.normpath(path)),
+        name=model_name(path),
         add_special_tokens=True,
     )
+
+
+def model_name(name: str) -> str:
+    """The model's own name: `tiny`, or a local folder's base name."""
+    return TINY if name == TINY else os.path.basename(os.path.normpath(name))
+
+
+def load_tokenizer(name: str) -> tuple[object, bool, str]:
+    """(tokenizer, add_special_tokens, model name) without the weights: the API process of an
+    engine process (reference_server.engine_client) only tokenizes."""
+    if name == TINY:
+        from transformers import ByT5Tokenizer
+
+        return ByT5Tokenizer(), False, TINY
+    from transformers import AutoTokenizer
+
+    if not os.path.isdir(name):
+        raise ValueError(f"--model must be 'tiny' or a local model folder; {name!r} is not a folder")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return AutoTokenizer.from_pretrained(name, local_files_only=True), True, model_name(name)
 
 
 def load(name: str, dtype: str, device: str, seed: int = 0) -> LoadedModel:

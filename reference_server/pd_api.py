@@ -41,6 +41,8 @@ def parse_address(value: str, param: str) -> tuple[str, int]:
 
 
 class PrefillRoutes(_Routes):
+    engine: Engine  # P/D instances run the thread engine
+
     def __init__(self, engine: Engine, settings: Any, telemetry: Any, spans: PdSpans) -> None:
         super().__init__(engine, settings, telemetry)
         self.spans = spans
@@ -80,6 +82,8 @@ class PrefillRoutes(_Routes):
 
 
 class DecodeRoutes(_Routes):
+    engine: Engine
+
     def __init__(self, engine: Engine, settings: Any, telemetry: Any, kv_address: tuple[str, int]) -> None:
         super().__init__(engine, settings, telemetry)
         self.kv_address = kv_address

@@ -20,6 +20,7 @@ import signal
 import socket
 import ssl
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -36,6 +37,7 @@ from phaselens.instrumentation.server.inbound import inbound_protocol
 from phaselens.reference_server.api import ApiSettings, create_app
 from phaselens.reference_server.config import EngineConfig
 from phaselens.reference_server.engine import Engine
+from phaselens.reference_server.engine_client import EngineClient
 from phaselens.reference_server.kv_transfer import KvReceiver
 from phaselens.reference_server.pd_api import (
     ROLE_DECODE,
@@ -46,6 +48,9 @@ from phaselens.reference_server.pd_api import (
     kv_handler,
 )
 from phaselens.reference_server.pd_spans import PdSpans
+
+ENGINE_THREAD, ENGINE_PROCESS = "thread", "process"
+ENGINE_MODES = (ENGINE_THREAD, ENGINE_PROCESS)
 
 
 @dataclass(slots=True)
@@ -61,6 +66,7 @@ class ServeOptions:
     served_model_names: tuple[str, ...] = ()  # empty: the --model argument as given
     role: str = ""  # "" colocated, or prefill | decode (disaggregated)
     kv_port: int = 0  # decode: the KV-transfer port (0 picks a free one)
+    engine_mode: str = ENGINE_THREAD  # thread: beside the event loop; process: its own (docs/engine-process.md)
 
 
 @dataclass(slots=True)
@@ -106,7 +112,7 @@ def serve(options: ServeOptions) -> int:
     if options.role == ROLE_DECODE and not is_loopback(options.host) and not options.insecure:
         raise ValueError("the KV port of a decode instance has no authentication: --insecure to listen off loopback")
     tls_context = options.tls.ssl_context() if options.tls else None  # bad files fail before the model loads
-    engine = Engine(options.engine)  # loads the model: bad flags fail here, before anything starts
+    engine = _engine(options)  # loads the model: bad flags fail here, before anything starts
     sock = bind(options.host, options.port)
     if options.role:
         _pd_resource(options.role, _url(sock))
@@ -116,18 +122,18 @@ def serve(options: ServeOptions) -> int:
     spans = (
         PdSpans(telemetry.tracer_provider, telemetry.anchor) if telemetry is not None and options.role else PdSpans()
     )
-    served, aliases = model_names(options, engine.runner.loaded.name)
+    served, aliases = model_names(options, engine.model_name)
     settings = ApiSettings(
         served_model_names=served,
         model_aliases=aliases,
         reasoning_tokens=options.reasoning_tokens,
         auth_token=options.auth_token,
     )
-    receiver, routes = _pd_routes(options, engine, spans)
+    receiver, routes = _pd_routes(options, engine, spans) if isinstance(engine, Engine) else (None, None)
     app = create_app(engine, settings, telemetry, routes)
-    engine.start()
+    on_loop = engine.attach if isinstance(engine, EngineClient) else engine.start
     try:
-        asyncio.run(_run(app, sock, tls_context, telemetry))
+        asyncio.run(_run(app, sock, tls_context, telemetry, on_loop))
     finally:
         if receiver is not None:
             receiver.stop()
@@ -137,6 +143,18 @@ def serve(options: ServeOptions) -> int:
         if telemetry is not None:
             telemetry.shutdown()
     return 0
+
+
+def _engine(options: ServeOptions) -> Engine | EngineClient:
+    """The thread engine, or the client of an engine process (colocated only: a P/D instance's KV
+    send and receive live beside its engine's thread)."""
+    if options.engine_mode not in ENGINE_MODES:
+        raise ValueError(f"engine mode must be one of {ENGINE_MODES}, got {options.engine_mode!r}")
+    if options.engine_mode == ENGINE_THREAD:
+        return Engine(options.engine)
+    if options.role:
+        raise ValueError(f"--role {options.role} runs the engine thread: --engine process serves colocated only")
+    return EngineClient(options.engine, observe_steps=options.telemetry)
 
 
 def _pd_routes(options: ServeOptions, engine: Engine, spans: PdSpans):
@@ -185,13 +203,21 @@ def serve_router(options: RouterOptions) -> int:
     return 0
 
 
+def _nothing() -> None:
+    """No start-up step (the router)."""
+
+
 def _telemetry():
     from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
     return ServerTelemetry.from_env(names.SERVER_SERVICE_NAME)
 
 
-async def _run(app, sock: socket.socket, tls_context: ssl.SSLContext | None, telemetry=None) -> None:
+async def _run(
+    app, sock: socket.socket, tls_context: ssl.SSLContext | None, telemetry=None, on_loop: Callable[[], None] = _nothing
+) -> None:
+    """Serve until a signal; `on_loop` first, on the loop (the engine's start, or its attachment)."""
+    on_loop()
     # Each connection's HTTP protocol wrapped to stamp its reads (the inbound edge) when traced.
     http: type[asyncio.BaseProtocol] = AutoHTTPProtocol
     if telemetry is not None:

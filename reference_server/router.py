@@ -99,7 +99,7 @@ def _has_content(buf: bytes) -> bool:
 def _whole_as_stream(data: dict[str, Any], chat: bool) -> list[bytes]:
     """A complete (not streamed) answer as the events of a stream: its text, its finish, [DONE]."""
     choice = data["choices"][0]
-    head = {k: data[k] for k in ("id", "created", "model") if k in data}
+    head: dict[str, Any] = {k: data[k] for k in ("id", "created", "model") if k in data}
     obj = "chat.completion.chunk" if chat else "text_completion"
     if chat:
         text = {"delta": {"role": "assistant", "content": choice.get("message", {}).get("content", "")}}

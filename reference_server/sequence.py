@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST, RequestObserver
 from phaselens.reference_server.detokenizer import TextTracker
+
+if TYPE_CHECKING:  # torch loads with the model runner, not with the request bookkeeping
+    import torch
 
 
 class SeqStatus(Enum):
@@ -80,7 +84,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0
     finish_reason: str | None = None
-    generator: object | None = None  # torch.Generator when the request carries a seed
+    generator: torch.Generator | None = None  # when the request carries a seed
     handoff: object | None = None  # prefill instance: a disagg.KvHandoff, where its KV goes after the first token
     received_output: SeqOutput | None = None  # decode instance: the received first token's output, not yet handed out
 

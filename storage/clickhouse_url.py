@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import clickhouse_connect
+from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.httputil import get_pool_manager
 
 
-def connect(url: str, database: str | None = None, ca_cert: str | None = None, **kwargs):
+def connect(url: str, database: str | None = None, ca_cert: str | None = None, **kwargs: Any) -> Client:
     """`http[s]://[user[:password]@]host:port` → a clickhouse-connect HTTP client. An https:// server's
     certificate is verified against `ca_cert` (a PEM CA bundle), else the system's trust store
     (which honours SSL_CERT_FILE); there is no switch that turns verification off."""

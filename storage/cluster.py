@@ -52,7 +52,7 @@ class EmbeddedCluster:
     def urls(self) -> list[str]:
         return [node.url for node in self.nodes]
 
-    def start(self, timeout_s: float = 30.0) -> EmbeddedCluster:
+    def start(self, timeout_s: float = 30.0) -> Self:
         if self.shards < 1:
             raise ValueError(f"a cluster needs at least one shard, not {self.shards}")
         tcp_ports = [free_port(self.host) for _ in range(self.shards)]

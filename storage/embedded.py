@@ -69,7 +69,10 @@ def serve_forever(data_dir: str, http_port: int, tcp_port: int, host: str = LOOP
     # The statement blocks in C; it runs on a worker so that the main thread stays in Python and
     # can act on SIGTERM/SIGINT (Python signal handlers run only on the main thread).
     worker = threading.Thread(
-        target=chdb_native.query, args=(_SERVE_SQL, "TabSeparated"), kwargs={"path": db_path}, daemon=True
+        target=chdb_native.query,  # type: ignore[attr-defined]  # chdb's _chdb stub omits query()
+        args=(_SERVE_SQL, "TabSeparated"),
+        kwargs={"path": db_path},
+        daemon=True,
     )
     worker.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -95,7 +98,7 @@ class EmbeddedClickHouse:
     def url(self) -> str:
         return f"http://{self.host}:{self.http_port}"
 
-    def start(self, timeout_s: float = 30.0) -> EmbeddedClickHouse:
+    def start(self, timeout_s: float = 30.0) -> Self:
         if not is_loopback(self.host):  # the `default` user has no password
             raise EmbeddedClickHouseError(f"embedded ClickHouse listens on loopback only, not {self.host}")
         self.http_port = self.http_port or free_port(self.host)
@@ -128,6 +131,7 @@ class EmbeddedClickHouse:
 
     def _wait_ready(self, timeout_s: float, log_path: str) -> None:
         deadline = time.monotonic() + timeout_s
+        assert self._proc is not None  # start() spawned it
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 break

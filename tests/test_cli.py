@@ -13,6 +13,7 @@ EXPECTED = {
     "diagnose",
     "import",
     "report",
+    "rollup",
     "schema",
     "serve",
     "sql",

@@ -28,6 +28,7 @@ from phaselens.storage.cluster import EmbeddedCluster
 from phaselens.storage.cluster_nodes import ClusterError, cluster_nodes
 from phaselens.storage.embedded import EmbeddedClickHouse
 from tests import spangen
+from tests import test_pd_native_spans as pd_spans
 from tests.cli_fixtures import run_command
 from tests.collector_payloads import export_request
 
@@ -191,6 +192,25 @@ def test_spans_shard_by_request_and_the_budget_equals_one_nodes(
     assert got.keys() == want.keys() and len(got) > 100
     # means summed in another order differ in the last bits; everything else is exact
     assert got == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()}
+
+
+def test_pd_columns_on_a_cluster_from_either_node(cluster, clients, tmp_path):
+    """SGLang's P/D spans (tests/native_pd_spans.py) through the collector's sharded insert: every
+    node's `phaselens_requests` reads the P/D columns of every request, whichever shard holds it."""
+    db = "shard_pd"
+    assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
+    for client in clients:
+        assert _tables(client, db)["phaselens_pd_parts_distributed"] == "Distributed"
+    with Collector(cluster.urls[0], database=db, cluster=CLUSTER, spool_dir=str(tmp_path / "spool")) as c:
+        traces = {**pd_spans.emit(c.grpc_endpoint), **pd_spans.emit(c.grpc_endpoint)}
+    for client in clients:
+        got = pd_spans.pd_rows(client, db, traces)
+        assert got.keys() == traces.keys()
+        for trace_id, r in traces.items():
+            if r is None:
+                assert got[trace_id]["prefill_instance"] is None
+            else:
+                pd_spans.assert_pd_columns(got[trace_id], r)
 
 
 def _trace_level_queries_see_every_shard(clients, db: str) -> None:

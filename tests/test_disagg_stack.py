@@ -17,11 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from phaselens.analysis import queries, report, report_page
 from phaselens.analysis.diagnose import diagnose
 from phaselens.analysis.pd_budget import pd_budget
 from phaselens.analysis.pd_schema import PD_TERMS
 from phaselens.pd_stack import PdStack, faketime_library
 from phaselens.stack import Stack, StackError
+from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql
 from tests.server_fixtures import Collected, greedy, make_engine
 
 REQUESTS = 12
@@ -132,6 +134,52 @@ def test_budget_and_diagnose_read_the_disaggregated_terms(pd, rows):
         check=True,
     )
     assert json.loads(shown.stdout)["disaggregated"]["complete"] == REQUESTS
+
+
+def test_the_grafana_pd_panel_shows_the_budget_of_phaselens_budget(pd, rows):
+    """The P/D panel's SQL (Grafana macros expanded by the stand-in) gives the same p50/p90/p99/mean of
+    every term as `phaselens budget`, and its mean row adds up to the mean client TTFT."""
+    now = int(time.time())
+    ctx = GrafanaQueryContext(now - 3600, now + 60, 10, {"service": ALL, "model": ALL}, {"model": ["tiny"]})
+    with pd.stack.client() as ch:
+        report = pd_budget(ch, database=pd.stack.database, since=None)
+        sql = expand_grafana_sql(queries.render_grafana("pd_budget_stack", pd.stack.database), ctx)
+        panel = {r["statistic"]: r for r in ch.query(sql).named_results()}
+    assert list(panel) == ["p50", "p90", "p99", "mean"]
+    for term in report.terms:
+        want = (term.ms.p50, term.ms.p90, term.ms.p99, term.ms.mean)
+        got = tuple(panel[stat][term.name] for stat in ("p50", "p90", "p99", "mean"))
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9), term.name
+    total = sum(v for k, v in panel["mean"].items() if k != "statistic")
+    assert total == pytest.approx(report.side["client_ttft_ms"].mean, rel=1e-9)
+
+
+def test_the_report_draws_each_request_across_its_instances_on_their_own_clocks(pd, rows):
+    """The report's waterfalls (typical and slowest request): router, prefill instance with its KV
+    transfer, decode instance, each at offsets on its own clock (an hour apart on the wall), the hops
+    drawn as residuals of durations; nothing an hour off the axis."""
+    with pd.stack.client() as ch:
+        data = report.build(ch, database=pd.stack.database, since=None)
+    assert data.traces
+    by_trace = {r["trace_id"]: r for r in rows}
+    for view in data.traces:
+        lanes, total = report_page.layout_trace(view.spans, view.hops_ms)
+        labels = [ln.label for ln in lanes]
+        roots = [ln for ln in lanes if ln.label.endswith(" clock)")]
+        assert [ln.label.split(" · ")[0] for ln in roots] == ["router", "prefill", "decode"], labels
+        hops = [ln for ln in lanes if ln.label.startswith("hop → ")]
+        assert [h.label for h in hops] == ["hop → prefill (residual)", "hop → decode (residual)"]
+        assert "llm.kv_transfer" in labels and "llm.kv_receive" in labels
+        client_ms = lanes[0].duration_ms
+        assert total == pytest.approx(client_ms, rel=0.05)  # every lane on the client's axis: no hour offset
+        assert all(0.0 <= ln.start_ms <= total for ln in lanes), [(ln.label, ln.start_ms) for ln in lanes]
+        row = by_trace[view.trace_id]  # the hops are the P/D budget's residuals, the KV lane its span
+        assert [h.duration_ms for h in hops] == [
+            pytest.approx(row["prefill_hop_ms"]),
+            pytest.approx(row["decode_hop_ms"]),
+        ]
+        kv = next(ln for ln in lanes if ln.label == "llm.kv_transfer")
+        assert kv.duration_ms >= row["kv_transfer_ms"] - 1e-6
 
 
 def test_greedy_output_through_the_router_equals_a_colocated_engine(pd):

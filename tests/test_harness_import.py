@@ -20,12 +20,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from phaselens.analysis import rollup
 from phaselens.analysis.budget import budget
 from phaselens.analysis.harness_formats import read_aiperf
 from phaselens.analysis.harness_import import IMPORT_SCOPE, _insert, client_span, lookup
 from phaselens.analysis.harness_records import ClientRecord
 from phaselens.analysis.schema import PARTS_TABLE
 from phaselens.analysis.sketch import PENDING_TABLE
+from phaselens.commands import budget as budget_command
 from phaselens.commands import harness_import
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
@@ -159,15 +161,15 @@ def test_import_joins_each_record_once_and_reports_the_unmatched(stack, tmp_path
         assert row["client_ttfo_ms"] == record.ttfo_ms and row["client_tpot_ms"] == record.tpot_ms
         assert row["client_itl_p99_ms"] == pytest.approx(quantile(sorted(record.itl_ms), 0.99), rel=1e-12)
     assert imported_rows(stack, sent) == 15
-    with stack.client() as ch:  # the rollups leave imported client views out; the exact path reads them
+    with stack.client() as ch:  # the rollups' pending copy holds the imported views too
         traces = [m[0].trace_id for m in lookup(ch, stack.database, sent).values()]
         sql = (
             "SELECT countIf(t_client_harness IS NOT NULL) FROM {db:Identifier}.{t:Identifier} "
             "WHERE TraceId IN {ids:Array(String)}"
         )
-        for table, want in ((PARTS_TABLE, 15), (PENDING_TABLE, 0)):
+        for table in (PARTS_TABLE, PENDING_TABLE):
             params = {"db": stack.database, "t": table, "ids": traces}
-            assert ch.query(sql, parameters=params).result_rows == [(want,)]
+            assert ch.query(sql, parameters=params).result_rows == [(15,)]
     with stack.client() as ch:  # the server AIPerf called: what diagnose suggests a second run against
         assert queries_rows(ch, "diagnosis_target", stack.database) == [
             {"server_address": "127.0.0.1", "server_port": "32789"}
@@ -356,6 +358,16 @@ def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
             report = budget(ch, database=s.database, since=None)
         assert report.client_harnesses == ["aiperf 0.13.0"] and report.with_client == requests
         assert report.distributions["residual_ms"].p50 == pytest.approx(statistics.median(residuals))
+        # plain `phaselens budget` (the rollups) counts the imported views too, each request once
+        want = f"({requests + 1} requests, {requests} with a client view,"
+        for _ in range(3):  # a sealing pass between the import's live refresh and the read: up to 10 s late
+            assert run_command(budget_command.register, "budget", "--clickhouse", s.clickhouse_url) == 0
+            out = capsys.readouterr().out
+            if want in out:
+                break
+            with s.client() as ch:
+                rollup.refresh_now(ch, s.database)
+        assert want in out and "client views measured by: aiperf 0.13.0\n" in out, out
 
 
 def _vllm_python() -> Path | None:
@@ -430,8 +442,21 @@ def test_on_a_cluster_each_client_span_lands_on_its_server_requests_shard(tmp_pa
             while len(lookup(ch, db, ids)) < len(ids):
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
+            nodes = [connect(u) for u in cluster.urls]
+            for node in nodes:  # every request sealed before the import, on its own shard
+                rollup.stop_refreshes(node, db)
+                rollup.seal_now(node, db)
             report = import_run(ch, url, run, db)
             assert (report.imported, report.unmatched) == (8, [])
+            # each shard recomputed its own sealed minutes: the default budget counts each request once
+            assert len(report.rollups) == 2 and sum(r.requests for r in report.rollups) == 8
+            for node in nodes:
+                rollup.refresh_live(node, db)
+                node.close()
+            approx = budget(ch, database=db, since=None, exact=False)
+            assert (approx.source, approx.requests, approx.with_client) == ("rollup", 8, 8)
+            assert approx.client_harnesses == ["aiperf 0.13.0"]
+            assert approx.distributions["residual_ms"].mean == pytest.approx(4.0)
             rows = ch.query(f"SELECT has_client, has_server, residual_ms FROM {db}.phaselens_request_facts").result_rows
             assert sorted(rows) == [(True, True, 4.0)] * 8  # joined on the shard: no client-only row
             placed = ch.query(

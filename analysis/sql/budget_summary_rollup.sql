@@ -10,7 +10,7 @@ SELECT quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(terms_qs) AS terms_q, avgFo
     sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,
     sum(with_server) AS with_server, toUInt64(round(arraySum((k, c) -> c * ifNull(least(greatest(log({ttft_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(intDiv(k, 4096)) - 2049), 0), 1), 1) * ifNull(least(greatest(log({tpot_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(k % 4096) - 2049), 0), 1), 1), arrayMap(p -> p.1, groupArrayArray(slo_pairs)), arrayMap(p -> p.2, groupArrayArray(slo_pairs))))) AS good,
     arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,
-    sum(no_output) AS no_output,
+    arraySort(groupUniqArrayArray(client_harnesses)) AS client_harnesses, sum(no_output) AS no_output,
     greatest((toUnixTimestamp64Nano(max(last_server_end)) - toUnixTimestamp64Nano(min(first_server_start))) / 1e9, 1e-9) AS window_s,
     arrayMap(v -> v / 1000000.0, terms_q[1]) AS ttft_ms_q, terms_mean[1] AS ttft_ms_mean,
     arrayMap(v -> v / 1000000.0, terms_q[2]) AS client_ttft_ms_q, terms_mean[2] AS client_ttft_ms_mean,

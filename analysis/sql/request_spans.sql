@@ -3,15 +3,17 @@
 -- Python API send), every filter set; an unset service, model or since drops its condition.
 -- Run: clickhouse-client --param_database='otel' --param_trace_id='<32-hex trace id>' --queries-file request_spans.sql
 --
--- A request's spans, placed per service: `offset_ms` counts from that service's first span,
--- on that service's own clock (offsets of two services are never subtracted from each other).
+-- A request's spans, placed per process: `offset_ms` counts from the first span of its service and
+-- P/D instance, on that process's own clock (offsets of two processes are never subtracted from each
+-- other); `role` and `instance` name a disaggregated process (docs/disaggregation.md).
 WITH {trace_id:String} AS trace_id,
     (SELECT min(Start) FROM {database:Identifier}.phaselens_trace_times WHERE TraceId = trace_id) AS trace_start,
     (SELECT max(End) + 1 FROM {database:Identifier}.phaselens_trace_times WHERE TraceId = trace_id) AS trace_end
 SELECT ServiceName AS service, SpanName AS span, SpanKind AS kind, SpanId AS span_id,
     ParentSpanId AS parent_span_id,
-    (toUnixTimestamp64Nano(Timestamp) - min(toUnixTimestamp64Nano(Timestamp)) OVER (PARTITION BY ServiceName)) / 1e6 AS offset_ms,
-    Duration / 1e6 AS duration_ms, StatusCode AS status
+    (toUnixTimestamp64Nano(Timestamp) - min(toUnixTimestamp64Nano(Timestamp)) OVER (PARTITION BY ServiceName, ResourceAttributes['phaselens.pd.instance'])) / 1e6 AS offset_ms,
+    Duration / 1e6 AS duration_ms, StatusCode AS status,
+    ResourceAttributes['phaselens.pd.role'] AS role, ResourceAttributes['phaselens.pd.instance'] AS instance
 FROM {database:Identifier}.phaselens_spans
 WHERE TraceId = trace_id AND Timestamp >= trace_start AND Timestamp <= trace_end
 ORDER BY service, offset_ms, span

@@ -228,13 +228,13 @@ ALTER TABLE "otel"."phaselens_request_parts"
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_request_parts_mv" TO "otel"."phaselens_request_parts"
 AS SELECT TraceId,
     min(Timestamp) AS first_seen,
-    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
+    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
     minIf(toNullable(Timestamp), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_start,
-    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
-    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
+    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
+    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
     anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_service,
-    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
-    anyIf(toNullable(if(position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
+    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
+    anyIf(toNullable(if(startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
     max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS has_error,
     maxIf(toNullable(Duration), SpanName IN ('llm.ingress')) AS d_ingress,
     maxIf(toNullable(Duration), SpanName IN ('llm.prefill', 'prefill_forward')) AS d_prefill,
@@ -309,18 +309,18 @@ AS SELECT TraceId,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['total_time']), NULL)) AS t_tgi_total,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['time_per_token']), NULL)) AS t_tgi_per_token
 FROM "otel"."otel_traces"
-WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode')
+WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode') AND NOT ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     min(Timestamp) AS first_seen,
-    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
+    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
     minIf(toNullable(Timestamp), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_start,
-    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
-    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
+    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
+    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
     anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_service,
-    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
-    anyIf(toNullable(if(position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (position(SpanName, ' Req ') > 0 AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
+    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
+    anyIf(toNullable(if(startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
     max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS has_error,
     maxIf(toNullable(Duration), SpanName IN ('llm.ingress')) AS d_ingress,
     maxIf(toNullable(Duration), SpanName IN ('llm.prefill', 'prefill_forward')) AS d_prefill,
@@ -395,7 +395,7 @@ ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['total_time']), NULL)) AS t_tgi_total,
     any(if(SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'), toNullable(SpanAttributes['time_per_token']), NULL)) AS t_tgi_per_token
 FROM "otel"."otel_traces"
-WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode')
+WHERE SpanName != 'llm.engine_step' AND TraceId != '' AND ResourceAttributes['phaselens.pd.role'] NOT IN ('prefill', 'decode') AND NOT ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')
 GROUP BY TraceId;
 
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
@@ -429,7 +429,29 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
     kv_sent_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     kv_recv_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     kv_recv_ns SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
-    pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE)
+    pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE),
+    sg_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    sg_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    sg_p_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_p_prepare SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_p_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_p_forward SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_kv_transfer SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_prepare SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_transferred SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dy_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    dy_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    dy_p_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dy_d_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dy_d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE)
 ) ENGINE = AggregatingMergeTree()
 ORDER BY TraceId
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -464,7 +486,29 @@ ALTER TABLE "otel"."phaselens_pd_parts"
     ADD COLUMN IF NOT EXISTS kv_sent_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS kv_recv_bytes SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS kv_recv_ns SimpleAggregateFunction(max, Nullable(UInt64)) CODEC(NONE),
-    ADD COLUMN IF NOT EXISTS pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE);
+    ADD COLUMN IF NOT EXISTS pd_error SimpleAggregateFunction(max, UInt8) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS sg_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS sg_p_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_ingress SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_prepare SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_p_forward SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_kv_transfer SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_prepare SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_bootstrap SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_transferred SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS sg_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_p_queue SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_p_prefill SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS v_d_first_token SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dy_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS dy_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS dy_p_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dy_d_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dy_d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE);
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_pd_parts_mv" TO "otel"."phaselens_pd_parts"
 AS SELECT TraceId,
@@ -497,9 +541,31 @@ AS SELECT TraceId,
     maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_transfer') AS kv_sent_bytes,
     maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_receive') AS kv_recv_bytes,
     maxIf(toNullable(Duration), SpanName = 'llm.kv_receive') AS kv_recv_ns,
-    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error
+    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error,
+    any(if(startsWith(SpanName, 'prefill Req ') AND SpanAttributes['module'] = 'sglang::request', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS sg_p_instance,
+    any(if(startsWith(SpanName, 'decode Req ') AND SpanAttributes['module'] = 'sglang::request', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS sg_d_instance,
+    maxIf((toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token']) - toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) * 1000, startsWith(SpanName, 'prefill Req ') AND SpanAttributes['module'] = 'sglang::request') AS sg_p_ingress,
+    maxIf((toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token']) - toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) * 1000, startsWith(SpanName, 'decode Req ') AND SpanAttributes['module'] = 'sglang::request') AS sg_d_ingress,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_prepare') AS sg_p_prepare,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_bootstrap') AS sg_p_bootstrap,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_waiting') AS sg_p_queue,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_forward') AS sg_p_forward,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_transfer_kv_cache') AS sg_kv_transfer,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_prepare') AS sg_d_prepare,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_bootstrap') AS sg_d_bootstrap,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_transferred') AS sg_d_transferred,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_waiting') AS sg_d_queue,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_queue']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token,
+    any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_p_instance,
+    any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_d_instance,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill') AS dy_p_engine_ttft,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_engine_ttft,
+    maxIf(toFloat64OrNull(SpanAttributes['itl_p99_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_itl_p99
 FROM "otel"."otel_traces"
-WHERE ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')) OR (SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] IN ('prefill', 'decode'))) AND TraceId != ''
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
@@ -532,17 +598,39 @@ ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
     maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_transfer') AS kv_sent_bytes,
     maxIf(toFloat64OrNull(SpanAttributes['phaselens.kv.bytes']), SpanName = 'llm.kv_receive') AS kv_recv_bytes,
     maxIf(toNullable(Duration), SpanName = 'llm.kv_receive') AS kv_recv_ns,
-    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error
+    max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS pd_error,
+    any(if(startsWith(SpanName, 'prefill Req ') AND SpanAttributes['module'] = 'sglang::request', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS sg_p_instance,
+    any(if(startsWith(SpanName, 'decode Req ') AND SpanAttributes['module'] = 'sglang::request', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS sg_d_instance,
+    maxIf((toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token']) - toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) * 1000, startsWith(SpanName, 'prefill Req ') AND SpanAttributes['module'] = 'sglang::request') AS sg_p_ingress,
+    maxIf((toFloat64OrNull(SpanAttributes['gen_ai.latency.time_to_first_token']) - toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill'])) * 1000, startsWith(SpanName, 'decode Req ') AND SpanAttributes['module'] = 'sglang::request') AS sg_d_ingress,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_prepare') AS sg_p_prepare,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_bootstrap') AS sg_p_bootstrap,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_waiting') AS sg_p_queue,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_forward') AS sg_p_forward,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'prefill_transfer_kv_cache') AS sg_kv_transfer,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_prepare') AS sg_d_prepare,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_bootstrap') AS sg_d_bootstrap,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_transferred') AS sg_d_transferred,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'decode_waiting') AS sg_d_queue,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'fake_output') AS sg_d_first_token,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_queue']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_queue,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'prefill' AND SpanName = 'llm_request') AS v_p_prefill,
+    maxIf(toFloat64OrNull(SpanAttributes['gen_ai.latency.time_in_model_prefill']) * 1000, ResourceAttributes['phaselens.pd.role'] = 'decode' AND SpanName = 'llm_request') AS v_d_first_token,
+    any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_p_instance,
+    any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_d_instance,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill') AS dy_p_engine_ttft,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_engine_ttft,
+    maxIf(toFloat64OrNull(SpanAttributes['itl_p99_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_itl_p99
 FROM "otel"."otel_traces"
-WHERE ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')) OR (SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] IN ('prefill', 'decode'))) AND TraceId != ''
 GROUP BY TraceId;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_pd_requests" AS
 SELECT
     TraceId AS trace_id,
-    p_instance AS prefill_instance,
-    d_instance AS decode_instance,
-    kv_transfer AS kv_transfer_ms,
+    coalesce(p_instance, sg_p_instance, dy_p_instance) AS prefill_instance,
+    coalesce(d_instance, sg_d_instance, dy_d_instance) AS decode_instance,
+    coalesce(kv_transfer, if(sg_p_instance IS NULL, NULL, sg_kv_transfer)) AS kv_transfer_ms,
     CAST(kv_sent_bytes AS Nullable(UInt64)) AS kv_bytes,
     CAST(kv_recv_bytes AS Nullable(UInt64)) AS kv_bytes_received,
     kv_wait AS kv_wait_ms,
@@ -553,17 +641,23 @@ SELECT
     r_ttfc AS router_ttfc_ms,
     r_prefill_call - p_answer AS prefill_hop_ms,
     r_decode_first_chunk - d_ttfc AS decode_hop_ms,
-    p_ingress AS prefill_ingress_ms,
-    p_queue AS prefill_queue_ms,
-    p_prefill AS prefill_compute_ms,
+    coalesce(p_ingress, if(sg_p_instance IS NULL, NULL, sg_p_ingress + sg_p_prepare)) AS prefill_ingress_ms,
+    coalesce(p_queue, if(sg_p_instance IS NULL, NULL, sg_p_queue), v_p_queue) AS prefill_queue_ms,
+    coalesce(p_prefill, if(sg_p_instance IS NULL, NULL, sg_p_forward), v_p_prefill) AS prefill_compute_ms,
     p_first_token AS prefill_first_token_ms,
     p_answer - (p_ingress + p_queue + p_prefill + p_first_token + kv_wait + kv_transfer) AS prefill_respond_ms,
-    d_ingress AS decode_ingress_ms,
-    d_queue AS decode_queue_ms,
-    d_prefill + d_first_token AS decode_first_token_ms,
+    coalesce(d_ingress, if(sg_d_instance IS NULL, NULL, sg_d_ingress + sg_d_prepare)) AS decode_ingress_ms,
+    coalesce(d_queue, if(sg_d_instance IS NULL, NULL, sg_d_queue)) AS decode_queue_ms,
+    coalesce(d_prefill + d_first_token, if(sg_d_instance IS NULL, NULL, sg_d_first_token), v_d_first_token) AS decode_first_token_ms,
     d_first_chunk AS decode_first_chunk_ms,
-    d_itl_p99 AS decode_itl_p99_ms,
-    d_stall AS decode_stall_ms
+    coalesce(d_itl_p99, dy_d_itl_p99) AS decode_itl_p99_ms,
+    d_stall AS decode_stall_ms,
+    if(sg_p_instance IS NULL, NULL, sg_p_bootstrap) AS prefill_bootstrap_ms,
+    if(sg_d_instance IS NULL, NULL, sg_d_bootstrap) AS decode_bootstrap_ms,
+    if(sg_d_instance IS NULL, NULL, sg_d_transferred) AS decode_kv_wait_ms,
+    dy_p_engine_ttft AS prefill_engine_ttft_ms,
+    dy_d_engine_ttft AS decode_engine_ttft_ms,
+    multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, 'vllm-native', p_instance IS NOT NULL OR d_instance IS NOT NULL, 'phaselens', sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, 'sglang-native', dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL, 'dynamo-native', NULL) AS pd_span_model
 FROM "otel"."phaselens_pd_parts" FINAL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_spans" AS
@@ -640,7 +734,7 @@ FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms, pd.prefill_bootstrap_ms AS prefill_bootstrap_ms, pd.decode_bootstrap_ms AS decode_bootstrap_ms, pd.decode_kv_wait_ms AS decode_kv_wait_ms, pd.prefill_engine_ttft_ms AS prefill_engine_ttft_ms, pd.decode_engine_ttft_ms AS decode_engine_ttft_ms, pd.pd_span_model AS pd_span_model
 FROM "otel"."phaselens_request_facts"
 LEFT JOIN "otel"."phaselens_pd_requests" AS pd USING (trace_id);
 
@@ -687,6 +781,7 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_rollup" (
     terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64))),
     slo_pairs SimpleAggregateFunction(groupArrayArray, Array(Tuple(UInt32, UInt64))),
     tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String)),
     slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String)))
 ) ENGINE = AggregatingMergeTree()
 PARTITION BY toYYYYMM(bucket)
@@ -716,6 +811,7 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_live" (
     terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64))),
     slo_pairs SimpleAggregateFunction(groupArrayArray, Array(Tuple(UInt32, UInt64))),
     tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String)),
     slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String)))
 ) ENGINE = AggregatingMergeTree()
 PARTITION BY toYYYYMM(bucket)
@@ -738,6 +834,7 @@ ALTER TABLE "otel"."phaselens_budget_rollup"
     ADD COLUMN IF NOT EXISTS terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64))),
     ADD COLUMN IF NOT EXISTS slo_pairs SimpleAggregateFunction(groupArrayArray, Array(Tuple(UInt32, UInt64))),
     ADD COLUMN IF NOT EXISTS tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    ADD COLUMN IF NOT EXISTS client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String)),
     ADD COLUMN IF NOT EXISTS slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String)));
 
 ALTER TABLE "otel"."phaselens_budget_live"
@@ -757,11 +854,13 @@ ALTER TABLE "otel"."phaselens_budget_live"
     ADD COLUMN IF NOT EXISTS terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64))),
     ADD COLUMN IF NOT EXISTS slo_pairs SimpleAggregateFunction(groupArrayArray, Array(Tuple(UInt32, UInt64))),
     ADD COLUMN IF NOT EXISTS tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    ADD COLUMN IF NOT EXISTS client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String)),
     ADD COLUMN IF NOT EXISTS slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String)));
 
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_pending" (
     TraceId String CODEC(ZSTD(1)),
     inserted SimpleAggregateFunction(min, DateTime64(3)),
+    harness_only SimpleAggregateFunction(min, UInt8) DEFAULT 0,
     first_seen SimpleAggregateFunction(min, DateTime64(9)) CODEC(NONE),
     server_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
     client_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
@@ -850,6 +949,7 @@ TTL toDateTime(inserted) + toIntervalSecond(900)
 SETTINGS ttl_only_drop_parts = 1, merge_with_ttl_timeout = 60, non_replicated_deduplication_window = 10000;
 
 ALTER TABLE "otel"."phaselens_request_pending"
+    ADD COLUMN IF NOT EXISTS harness_only SimpleAggregateFunction(min, UInt8) DEFAULT 0,
     ADD COLUMN IF NOT EXISTS first_seen SimpleAggregateFunction(min, DateTime64(9)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS server_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS client_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
@@ -933,9 +1033,9 @@ ALTER TABLE "otel"."phaselens_request_pending"
     ADD COLUMN IF NOT EXISTS t_tgi_per_token SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1));
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_request_pending_mv" TO "otel"."phaselens_request_pending"
-AS SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts" WHERE t_client_harness IS NULL;
+AS SELECT *, now64(3) AS inserted, toUInt8(t_client_harness IS NOT NULL) AS harness_only FROM "otel"."phaselens_request_parts";
 
-ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3) AS inserted FROM "otel"."phaselens_request_parts" WHERE t_client_harness IS NULL;
+ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3) AS inserted, toUInt8(t_client_harness IS NOT NULL) AS harness_only FROM "otel"."phaselens_request_parts";
 
 DROP VIEW IF EXISTS "otel"."phaselens_budget_seal";
 
@@ -958,6 +1058,7 @@ AS SELECT toStartOfMinute(start_time) AS bucket, ifNull(service, '') AS service,
     avgForEachState([CAST((ttft_ms) AS Nullable(Float64)), CAST((client_ttft_ms) AS Nullable(Float64)), CAST((server_ttft_ms) AS Nullable(Float64)), CAST((client_ttfo_ms) AS Nullable(Float64)), CAST((server_ttfc_ms) AS Nullable(Float64)), CAST((ifNull(inbound_ms, 0)) AS Nullable(Float64)), CAST((ingress_ms) AS Nullable(Float64)), CAST((ttft_queue_ms) AS Nullable(Float64)), CAST((prefill_ms) AS Nullable(Float64)), CAST((first_token_ms) AS Nullable(Float64)), CAST((before_engine_ms) AS Nullable(Float64)), CAST((ifNull(held_back_ms, 0)) AS Nullable(Float64)), CAST((ifNull(first_chunk_ms, 0)) AS Nullable(Float64)), CAST((ifNull(client_ms, 0)) AS Nullable(Float64)), CAST((residual_ms) AS Nullable(Float64)), CAST((loop_wait_ms) AS Nullable(Float64)), CAST((encode_ms) AS Nullable(Float64)), CAST((write_ms) AS Nullable(Float64)), CAST((kernel_wait_ms) AS Nullable(Float64)), CAST((dispatch_ms) AS Nullable(Float64)), CAST((client_send_ms) AS Nullable(Float64)), CAST((client_read_ms) AS Nullable(Float64)), CAST((client_ms) AS Nullable(Float64)), CAST((held_back_ms) AS Nullable(Float64)), CAST((e2e_residual_ms) AS Nullable(Float64)), CAST((client_tpot_ms) AS Nullable(Float64)), CAST((server_tpot_ms) AS Nullable(Float64)), CAST((client_itl_p99_ms) AS Nullable(Float64)), CAST((itl_p99_ms) AS Nullable(Float64)), CAST((client_e2e_ms) AS Nullable(Float64)), CAST((server_e2e_ms) AS Nullable(Float64)), CAST((stall_ms) AS Nullable(Float64)), CAST((queue_ms) AS Nullable(Float64)), CAST((tpot_ms) AS Nullable(Float64)), CAST((coalesce(client_e2e_ms, server_e2e_ms)) AS Nullable(Float64)), CAST((input_tokens) AS Nullable(Float64)), CAST((output_tokens) AS Nullable(Float64)), CAST((prefill_ms + coalesce(first_token_ms, 0)) AS Nullable(Float64)), CAST((coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)) AS Nullable(Float64)), CAST((first_chunk_ms) AS Nullable(Float64))]) AS terms_avg,
     arrayZip(sumMap(if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt32(toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048) * 4096 + toUInt32(ifNull(if(tpot_ms > 0, least(greatest(ceil(log(tpot_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048))], []), if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt64(1)], [])).1, sumMap(if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt32(toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048) * 4096 + toUInt32(ifNull(if(tpot_ms > 0, least(greatest(ceil(log(tpot_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048))], []), if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt64(1)], [])).2) AS slo_pairs,
     sumMapState(if(ttft_ms IS NULL, [], [toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048)]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(1))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_ms))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(inbound_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(inbound_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ingress_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ingress_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ttft_queue_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_queue_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(prefill_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(prefill_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_token_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(first_token_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(before_engine_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(before_engine_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(held_back_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(held_back_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(first_chunk_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_chunk_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(client_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(client_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(residual_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(residual_ms IS NOT NULL))])) AS tail_hist,
+    groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version))), has_client) AS client_harnesses,
     groupArraySortedState(50)(tuple(-ifNull(ttft_ms, -inf), CAST(trace_id AS String), CAST(request_id AS Nullable(String)), CAST(start_time AS Nullable(DateTime64(9))), CAST(service AS Nullable(String)), CAST(model AS Nullable(String)), CAST(status AS String), CAST(ttft_ms AS Nullable(Float64)), CAST(client_ttft_ms AS Nullable(Float64)), CAST(server_ttft_ms AS Nullable(Float64)), CAST(ifNull(inbound_ms, 0) AS Nullable(Float64)), CAST(ingress_ms AS Nullable(Float64)), CAST(ttft_queue_ms AS Nullable(Float64)), CAST(prefill_ms AS Nullable(Float64)), CAST(first_token_ms AS Nullable(Float64)), CAST(before_engine_ms AS Nullable(Float64)), CAST(ifNull(held_back_ms, 0) AS Nullable(Float64)), CAST(ifNull(first_chunk_ms, 0) AS Nullable(Float64)), CAST(ifNull(client_ms, 0) AS Nullable(Float64)), CAST(residual_ms AS Nullable(Float64)), CAST(tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [('inbound', coalesce(ifNull(inbound_ms, 0), 0)), ('ingress', coalesce(ingress_ms, 0)), ('queue', coalesce(ttft_queue_ms, 0)), ('prefill', coalesce(prefill_ms, 0)), ('first_token', coalesce(first_token_ms, 0)), ('before_engine', coalesce(before_engine_ms, 0)), ('held_back', coalesce(ifNull(held_back_ms, 0), 0)), ('first_chunk', coalesce(ifNull(first_chunk_ms, 0), 0)), ('client', coalesce(ifNull(client_ms, 0), 0)), ('residual', coalesce(residual_ms, 0))])[1], 1) AS String), CAST(input_tokens AS Nullable(UInt32)), CAST(output_tokens AS Nullable(UInt32)), CAST(preemptions AS Nullable(UInt32)), CAST(client_e2e_ms AS Nullable(Float64)), CAST(client_harness AS Nullable(String)), CAST(x_request_id AS Nullable(String)))) AS slowest
 FROM (SELECT
     TraceId AS trace_id,
@@ -1109,7 +1210,7 @@ FROM (SELECT TraceId,
         AND TraceId NOT IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted <= (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))
             AND TraceId IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted > (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))))
     GROUP BY TraceId
-    HAVING min(inserted) <= now64(3) - toIntervalSecond(60))
+    HAVING min(harness_only) = 0 AND min(inserted) <= now64(3) - toIntervalSecond(60))
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL)
 GROUP BY bucket, service, model, span_model;
 
@@ -1134,6 +1235,7 @@ AS SELECT toStartOfMinute(start_time) AS bucket, ifNull(service, '') AS service,
     avgForEachState([CAST((ttft_ms) AS Nullable(Float64)), CAST((client_ttft_ms) AS Nullable(Float64)), CAST((server_ttft_ms) AS Nullable(Float64)), CAST((client_ttfo_ms) AS Nullable(Float64)), CAST((server_ttfc_ms) AS Nullable(Float64)), CAST((ifNull(inbound_ms, 0)) AS Nullable(Float64)), CAST((ingress_ms) AS Nullable(Float64)), CAST((ttft_queue_ms) AS Nullable(Float64)), CAST((prefill_ms) AS Nullable(Float64)), CAST((first_token_ms) AS Nullable(Float64)), CAST((before_engine_ms) AS Nullable(Float64)), CAST((ifNull(held_back_ms, 0)) AS Nullable(Float64)), CAST((ifNull(first_chunk_ms, 0)) AS Nullable(Float64)), CAST((ifNull(client_ms, 0)) AS Nullable(Float64)), CAST((residual_ms) AS Nullable(Float64)), CAST((loop_wait_ms) AS Nullable(Float64)), CAST((encode_ms) AS Nullable(Float64)), CAST((write_ms) AS Nullable(Float64)), CAST((kernel_wait_ms) AS Nullable(Float64)), CAST((dispatch_ms) AS Nullable(Float64)), CAST((client_send_ms) AS Nullable(Float64)), CAST((client_read_ms) AS Nullable(Float64)), CAST((client_ms) AS Nullable(Float64)), CAST((held_back_ms) AS Nullable(Float64)), CAST((e2e_residual_ms) AS Nullable(Float64)), CAST((client_tpot_ms) AS Nullable(Float64)), CAST((server_tpot_ms) AS Nullable(Float64)), CAST((client_itl_p99_ms) AS Nullable(Float64)), CAST((itl_p99_ms) AS Nullable(Float64)), CAST((client_e2e_ms) AS Nullable(Float64)), CAST((server_e2e_ms) AS Nullable(Float64)), CAST((stall_ms) AS Nullable(Float64)), CAST((queue_ms) AS Nullable(Float64)), CAST((tpot_ms) AS Nullable(Float64)), CAST((coalesce(client_e2e_ms, server_e2e_ms)) AS Nullable(Float64)), CAST((input_tokens) AS Nullable(Float64)), CAST((output_tokens) AS Nullable(Float64)), CAST((prefill_ms + coalesce(first_token_ms, 0)) AS Nullable(Float64)), CAST((coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)) AS Nullable(Float64)), CAST((first_chunk_ms) AS Nullable(Float64))]) AS terms_avg,
     arrayZip(sumMap(if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt32(toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048) * 4096 + toUInt32(ifNull(if(tpot_ms > 0, least(greatest(ceil(log(tpot_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048))], []), if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt64(1)], [])).1, sumMap(if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt32(toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048) * 4096 + toUInt32(ifNull(if(tpot_ms > 0, least(greatest(ceil(log(tpot_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048))], []), if(status = 'ok' AND ttft_ms IS NOT NULL, [toUInt64(1)], [])).2) AS slo_pairs,
     sumMapState(if(ttft_ms IS NULL, [], [toUInt32(ifNull(if(ttft_ms > 0, least(greatest(ceil(log(ttft_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048)]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(1))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_ms))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(inbound_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(inbound_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ingress_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ingress_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ttft_queue_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ttft_queue_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(prefill_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(prefill_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_token_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(first_token_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(before_engine_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(before_engine_ms IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(held_back_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(held_back_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(first_chunk_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(first_chunk_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(ifNull(client_ms, 0), 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(client_ms, 0) IS NOT NULL))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(ifNull(residual_ms, 0)))]), if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull(residual_ms IS NOT NULL))])) AS tail_hist,
+    groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version))), has_client) AS client_harnesses,
     groupArraySortedState(50)(tuple(-ifNull(ttft_ms, -inf), CAST(trace_id AS String), CAST(request_id AS Nullable(String)), CAST(start_time AS Nullable(DateTime64(9))), CAST(service AS Nullable(String)), CAST(model AS Nullable(String)), CAST(status AS String), CAST(ttft_ms AS Nullable(Float64)), CAST(client_ttft_ms AS Nullable(Float64)), CAST(server_ttft_ms AS Nullable(Float64)), CAST(ifNull(inbound_ms, 0) AS Nullable(Float64)), CAST(ingress_ms AS Nullable(Float64)), CAST(ttft_queue_ms AS Nullable(Float64)), CAST(prefill_ms AS Nullable(Float64)), CAST(first_token_ms AS Nullable(Float64)), CAST(before_engine_ms AS Nullable(Float64)), CAST(ifNull(held_back_ms, 0) AS Nullable(Float64)), CAST(ifNull(first_chunk_ms, 0) AS Nullable(Float64)), CAST(ifNull(client_ms, 0) AS Nullable(Float64)), CAST(residual_ms AS Nullable(Float64)), CAST(tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [('inbound', coalesce(ifNull(inbound_ms, 0), 0)), ('ingress', coalesce(ingress_ms, 0)), ('queue', coalesce(ttft_queue_ms, 0)), ('prefill', coalesce(prefill_ms, 0)), ('first_token', coalesce(first_token_ms, 0)), ('before_engine', coalesce(before_engine_ms, 0)), ('held_back', coalesce(ifNull(held_back_ms, 0), 0)), ('first_chunk', coalesce(ifNull(first_chunk_ms, 0), 0)), ('client', coalesce(ifNull(client_ms, 0), 0)), ('residual', coalesce(residual_ms, 0))])[1], 1) AS String), CAST(input_tokens AS Nullable(UInt32)), CAST(output_tokens AS Nullable(UInt32)), CAST(preemptions AS Nullable(UInt32)), CAST(client_e2e_ms AS Nullable(Float64)), CAST(client_harness AS Nullable(String)), CAST(x_request_id AS Nullable(String)))) AS slowest
 FROM (SELECT
     TraceId AS trace_id,
@@ -1284,7 +1386,8 @@ FROM (SELECT TraceId,
     WHERE inserted > (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))
         AND TraceId NOT IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted <= (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))
             AND TraceId IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted > (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port'))))))
-    GROUP BY TraceId)
+    GROUP BY TraceId
+    HAVING min(harness_only) = 0)
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL)
 GROUP BY bucket, service, model, span_model;
 

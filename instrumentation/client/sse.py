@@ -37,7 +37,7 @@ class SSEParser:
     _tail: bytes = b""  # an unterminated line from the previous chunk
     _skip_lf: bool = False  # the previous chunk ended in CR: a leading LF belongs to it
     _started: bool = False
-    _data: list | None = None
+    _data: list[str] | None = None
     _event: str = ""
     _id: str | None = None
 

@@ -31,15 +31,16 @@ import itertools
 import json
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import httpx
 import orjson
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from phaselens.common.env import env_flag
 from phaselens.common.quantile import quantile
@@ -149,7 +150,7 @@ def compute_metrics(result: StreamResult) -> None:
     sent = result.sent_ns
     if result.intended_ns is not None:
         result.schedule_lag_ms = (sent - result.intended_ns) / 1e6
-    if result.first_chunk_ns is not None:
+    if result.first_chunk_ns is not None and result.last_chunk_ns is not None:  # set together
         result.ttft_ms = (result.first_chunk_ns - sent) / 1e6
         if sent <= result.first_chunk_arrived_ns <= result.first_chunk_ns:
             result.read_ms = (result.first_chunk_ns - result.first_chunk_arrived_ns) / 1e6
@@ -165,11 +166,11 @@ def compute_metrics(result: StreamResult) -> None:
     if result.output_tokens is not None:
         result.usage_mismatch = result.output_tokens - result.counted_tokens
     n = result.output_tokens_used
-    if result.ttft_ms is not None and n > 1:
+    if result.ttft_ms is not None and result.e2e_ms is not None and n > 1:  # set together
         result.tpot_ms = (result.e2e_ms - result.ttft_ms) / (n - 1)
 
 
-def _delta_texts(choice: dict) -> tuple[str, str]:
+def _delta_texts(choice: dict[str, Any]) -> tuple[str, str]:
     """(output text, reasoning text) of one choice of a completions or chat chunk."""
     if "text" in choice:
         return choice.get("text") or "", ""
@@ -209,7 +210,7 @@ class _ChunkReader:
         res.response_model = res.response_model or obj.get("model")
         self._on_choices(obj.get("choices") or (), obj.get("usage"), now_ns)
 
-    def _on_choices(self, choices, usage: dict | None, now_ns: int) -> None:
+    def _on_choices(self, choices: Iterable[dict[str, Any]], usage: dict[str, Any] | None, now_ns: int) -> None:
         res = self.result
         output, reasoning = "", ""
         for choice in choices:
@@ -222,7 +223,7 @@ class _ChunkReader:
         if usage:  # the last one seen wins: cumulative (vLLM continuous usage) or final
             self._on_usage(usage)
 
-    def _on_content(self, output: str, reasoning: str, usage: dict | None, now_ns: int) -> None:
+    def _on_content(self, output: str, reasoning: str, usage: dict[str, Any] | None, now_ns: int) -> None:
         res = self.result
         if usage and usage.get("completion_tokens") is not None:  # the server counts: take its delta
             k = max(usage["completion_tokens"] - self.counted, 1)
@@ -241,7 +242,7 @@ class _ChunkReader:
         if self.keep_text:
             res.chunk_text.append(reasoning + output)
 
-    def _on_usage(self, usage: dict) -> None:
+    def _on_usage(self, usage: dict[str, Any]) -> None:
         res = self.result
         res.input_tokens = usage.get("prompt_tokens", res.input_tokens)
         res.output_tokens = usage.get("completion_tokens", res.output_tokens)
@@ -251,7 +252,7 @@ class _ChunkReader:
         res.cached_tokens = cached if cached is not None else res.cached_tokens
 
 
-def _error_of(obj, default_type: str) -> tuple[str, str]:
+def _error_of(obj: object, default_type: str) -> tuple[str, str]:
     """(error.type, message) from an OpenAI (`{"error": {...}}`) or vLLM (`{"object": "error"}`) body."""
     err = obj.get("error", obj) if isinstance(obj, dict) else obj
     if isinstance(err, dict):
@@ -265,10 +266,10 @@ class TracedClient:
     def __init__(
         self,
         base_url: str,
-        tracer_provider=None,
+        tracer_provider: trace.TracerProvider | None = None,
         timeout_s: float = 300.0,
-        meter_provider=None,
-        headers: dict | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        headers: dict[str, str] | None = None,
         token_counter: Callable[[str], int] | None = None,
         provider_name: str = "openai",
         max_connections: int = 4096,
@@ -306,13 +307,13 @@ class TracedClient:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def stream(self, endpoint: str, payload: dict, intended_ns: int | None = None) -> StreamResult:
+    async def stream(self, endpoint: str, payload: dict[str, Any], intended_ns: int | None = None) -> StreamResult:
         """Send one streaming request; return its `StreamResult` (errors inside, not raised; a
         cancellation is recorded, then re-raised).
 
@@ -355,7 +356,7 @@ class TracedClient:
         return result
 
     def _record_duration(self, result: StreamResult) -> None:
-        attrs = {
+        attrs: dict[str, AttributeValue] = {
             N.GEN_AI_OPERATION_NAME: OPERATIONS[result.endpoint],
             N.GEN_AI_PROVIDER_NAME: self.provider_name,
             N.GEN_AI_REQUEST_MODEL: result.model,
@@ -366,7 +367,9 @@ class TracedClient:
             attrs[N.ERROR_TYPE] = result.error_type
         self._duration.record(result.elapsed_ms / 1e3, attrs)
 
-    async def _request(self, url: httpx.URL, body: dict, headers: dict, reader: _ChunkReader) -> None:
+    async def _request(
+        self, url: httpx.URL, body: dict[str, Any], headers: dict[str, str], reader: _ChunkReader
+    ) -> None:
         result = reader.result
         # an absolute URL object and pre-encoded JSON spare httpx ~80 µs of URL merging per request
         async with self._http.stream("POST", url, content=orjson.dumps(body), headers=headers) as response:
@@ -396,8 +399,8 @@ class TracedClient:
         if not result.saw_done and not result.finish_reasons:
             raise StreamFailure(ERROR_TRUNCATED, "stream closed without [DONE] or a finish_reason")
 
-    def _request_attributes(self, endpoint: str, body: dict) -> dict:
-        attrs = {
+    def _request_attributes(self, endpoint: str, body: dict[str, Any]) -> dict[str, AttributeValue]:
+        attrs: dict[str, AttributeValue] = {
             N.GEN_AI_OPERATION_NAME: OPERATIONS[endpoint],
             N.GEN_AI_PROVIDER_NAME: self.provider_name,
             N.GEN_AI_REQUEST_MODEL: str(body.get("model", "")),
@@ -412,7 +415,7 @@ class TracedClient:
             attrs[N.GEN_AI_INPUT_MESSAGES] = json.dumps(body.get("messages", body.get("prompt")))
         return attrs
 
-    def _end_span(self, span, result: StreamResult, capture: bool) -> None:
+    def _end_span(self, span: trace.Span, result: StreamResult, capture: bool) -> None:
         result.sent_wall_ns = self._anchor.to_wall_ns(result.sent_ns)
         result.done_wall_ns = self._anchor.to_wall_ns(result.done_ns)
         for name, stamp in (
@@ -431,10 +434,10 @@ class TracedClient:
         span.end(end_time=result.done_wall_ns)
 
 
-def _result_attributes(result: StreamResult) -> dict:
+def _result_attributes(result: StreamResult) -> dict[str, AttributeValue]:
     """Span attributes of the response (None values are left out, as OTel requires)."""
     itl, per_token = sorted(result.itl_ms), sorted(result.itl_per_token_ms)
-    attrs = {
+    attrs: dict[str, AttributeValue | None] = {
         N.GEN_AI_RESPONSE_ID: result.response_id,
         N.GEN_AI_RESPONSE_MODEL: result.response_model,
         N.GEN_AI_RESPONSE_FINISH_REASONS: tuple(result.finish_reasons) or None,
@@ -465,7 +468,7 @@ def _result_attributes(result: StreamResult) -> dict:
     return {k: v for k, v in attrs.items() if v is not None}
 
 
-async def _clock_stamped(chunks, clock_ns: Callable[[], int]):
+async def _clock_stamped(chunks: AsyncIterator[bytes], clock_ns: Callable[[], int]) -> AsyncIterator[tuple[int, bytes]]:
     async for chunk in chunks:
         yield clock_ns(), chunk
 

@@ -27,8 +27,9 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import httpx
 
@@ -41,12 +42,15 @@ _PAUSE_BYTES = 1 << 20  # stop reading a connection whose unread bytes pass this
 _RECV_BYTES = 256 * 1024
 _HEX_DIGITS = b"0123456789abcdefABCDEF"
 _NO_BODY_STATUS = frozenset({204, 304})
+_Origin = tuple[str, str, int]  # (scheme, host, port): the connections one idle list pools
 
 
 class _Connection(asyncio.BufferedProtocol):
     """One TCP (or TLS) connection; received bytes wait here, each read with its receive stamp."""
 
-    def __init__(self, origin: tuple, clock_ns: Callable[[], int], recv_buffer: memoryview, kernel_stamps: bool = True):
+    def __init__(
+        self, origin: _Origin, clock_ns: Callable[[], int], recv_buffer: memoryview, kernel_stamps: bool = True
+    ):
         self.origin = origin
         self._clock_ns = clock_ns
         self._recv = recv_buffer  # shared by the connections of one transport: copied out at once
@@ -58,16 +62,16 @@ class _Connection(asyncio.BufferedProtocol):
         self.write_ns = 0  # the request's first write handed to the transport (stamped just before it)
         self._pieces: collections.deque[tuple[int, bytes, int]] = collections.deque()  # (stamp, bytes, kernel stamp)
         self._unread = 0
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._paused = False
-        self._drained: asyncio.Future | None = None  # set while the transport's write buffer is full
+        self._drained: asyncio.Future[None] | None = None  # set while the transport's write buffer is full
         self._deadline = 0.0  # loop time by which the awaited read must arrive
         self._timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.error: Exception | None = None
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's (create_connection)
         sock = transport.get_extra_info("socket")
         if self._kernel_stamps and sock is not None and transport.get_extra_info("sslcontext") is None:
             self._stamper = KernelStamper(sock.fileno(), self._clock_ns, latest=True)
@@ -83,6 +87,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._unread += nbytes
         if self._unread > _PAUSE_BYTES and not self._paused:
             self._paused = True
+            assert self.transport is not None  # bytes came through it
             self.transport.pause_reading()
         self._wake()
 
@@ -90,7 +95,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.closed = True
         self._wake()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed, self.error = True, exc
         if self._stamper is not None:
             self._stamper.close()
@@ -138,6 +143,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._unread -= len(piece[1])
         if self._paused and self._unread <= _PAUSE_BYTES and not self.closed:
             self._paused = False
+            assert self.transport is not None  # bytes came through it
             self.transport.resume_reading()
         return piece
 
@@ -177,6 +183,7 @@ class _Connection(asyncio.BufferedProtocol):
         # take the bytes before we resume (its inbound term starts at its first bytes' arrival)
         if not self.write_ns:
             self.write_ns = self._clock_ns()
+        assert self.transport is not None  # a connection is pooled only once made
         self.transport.write(data)
         if self._drained is not None:
             try:
@@ -295,11 +302,11 @@ class _Body(httpx.AsyncByteStream):
     released: bool = False
     decoder: ChunkedDecoder = field(default_factory=ChunkedDecoder)
 
-    async def __aiter__(self):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         async for _, payload in self.stamped():
             yield payload
 
-    async def stamped(self):
+    async def stamped(self) -> AsyncIterator[tuple[int, bytes]]:
         """(receive stamp ns, payload bytes) per network read that carried body bytes."""
         conn, request = self.conn, self.request
         while not self.complete:
@@ -359,7 +366,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         self._ssl = ssl_context
         self._clock_ns = clock_ns
         self._recv = memoryview(bytearray(_RECV_BYTES))
-        self._idle: dict[tuple, list[_Connection]] = {}
+        self._idle: dict[_Origin, list[_Connection]] = {}
         self._slots: asyncio.Semaphore | None = None  # made on first use, inside the running loop
         self._closed = False
 
@@ -400,9 +407,10 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             self._idle.setdefault(conn.origin, []).append(conn)
         else:
             conn.close()
+        assert self._slots is not None  # the connection took a slot in _acquire
         self._slots.release()
 
-    async def _acquire(self, request: httpx.Request, timeouts: dict) -> _Connection:
+    async def _acquire(self, request: httpx.Request, timeouts: dict[str, float | None]) -> _Connection:
         if self._closed:
             raise RuntimeError("the transport is closed")
         if self._slots is None:
@@ -428,7 +436,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             self._slots.release()
             raise
 
-    async def _connect(self, origin: tuple, request: httpx.Request, timeout_s: float | None) -> _Connection:
+    async def _connect(self, origin: _Origin, request: httpx.Request, timeout_s: float | None) -> _Connection:
         scheme, host, port = origin
         tls = None
         if scheme == "https":
@@ -460,6 +468,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         if isinstance(request.stream, httpx.ByteStream):  # a body in memory goes out with the head
             await conn.write(b"".join(lines) + await request.aread(), timeout_s, request)
             return
+        assert isinstance(request.stream, httpx.AsyncByteStream)  # as httpx's own async transport asserts
         chunked = b"chunked" in request.headers.get("transfer-encoding", "").encode().lower()
         await conn.write(b"".join(lines), timeout_s, request)
         async for part in request.stream:

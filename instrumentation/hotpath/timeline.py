@@ -80,7 +80,11 @@ class RequestTimeline:
         self.waits.append(t)
 
     def scheduled(self) -> None:
-        t = self.clock_ns()
+        self.scheduled_at(self.clock_ns())
+
+    def scheduled_at(self, t: int) -> None:
+        """`scheduled` stamped at `t` on this clock by another process (an engine process on this
+        host: CLOCK_MONOTONIC is one clock for every process of the host)."""
         waits = self.waits
         if not len(waits) & 1:  # scheduled without an open wait: record a zero-length one
             waits.append(t)
@@ -98,6 +102,10 @@ class RequestTimeline:
 
     def preempted(self) -> None:
         self.waits.append(self.clock_ns())
+
+    def preempted_at(self, t: int) -> None:
+        """`preempted` stamped at `t` by another process (as `scheduled_at`)."""
+        self.waits.append(t)
 
     def finished(self, reason: str) -> None:
         self.finish_reason = reason  # before finished_ts: a reader that sees `engine_done` sees both

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TypeVar
 
 from phaselens.analysis.budget import GOODPUT_SLO_KEYS, AnalysisError, open_client
 from phaselens.common.slo import SLO, parse_slo
+
+T = TypeVar("T")
 
 
 def add_selection(parser, since: str, slo_help: str) -> None:
@@ -25,7 +28,7 @@ def add_selection(parser, since: str, slo_help: str) -> None:
     parser.add_argument("--slo", default=None, metavar="ttft:MS,tpot:MS", help=slo_help)
 
 
-def read(args, fn: Callable[..., object]) -> tuple[int, object]:
+def read(args, fn: Callable[..., T]) -> tuple[int, T | None]:
     """(0, fn(client, since=…, slo=…)) over a client of `--clickhouse`, or (1, None) after a one-line
     error on stderr (bad --slo, ClickHouse unreachable or failing, a file that cannot be written)."""
     try:

@@ -44,7 +44,7 @@ def run(args) -> int:
             pd.pd_budget(client, database=args.database, model=args.model, since=sel["since"]),
         ),
     )
-    if rc:
+    if both is None:  # (1, None): the error was printed
         return rc
     report, disagg = both
     if args.format == "json":

@@ -31,6 +31,7 @@ def run(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    server: EmbeddedCluster | EmbeddedClickHouse
     if args.shards is not None:
         server = EmbeddedCluster(args.data, shards=args.shards, name=args.cluster_name)
     else:
@@ -41,7 +42,7 @@ def run(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        urls = server.urls if args.shards is not None else [server.url]
+        urls = server.urls if isinstance(server, EmbeddedCluster) else [server.url]
         print(f"READY clickhouse {' '.join(urls)}", flush=True)
         while not stop.is_set() and server.running():
             stop.wait(0.5)

@@ -21,7 +21,7 @@ def run(args) -> int:
         args,
         lambda client, **sel: diagnose(client, database=args.database, service=args.service, model=args.model, **sel),
     )
-    if rc:
+    if result is None:  # (1, None): the error was printed
         return rc
     if args.format == "json":
         print(diagnose_format.to_json(result))

@@ -49,4 +49,4 @@ def run(args) -> int:
     print("\n".join(out))
     for line in warnings:
         print(line, file=sys.stderr)
-    return 1 if exported.bad_lines else 0
+    return 1 if exported.bad_lines or report.rollup_error else 0

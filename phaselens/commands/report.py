@@ -29,7 +29,7 @@ def run(args) -> int:
             client, args.out, database=args.database, service=args.service, model=args.model, config=config, **sel
         ),
     )
-    if rc:
+    if data is None:  # (1, None): the error was printed
         return rc
     print(f"report: {Path(args.out).resolve()} ({data.subtitle})")
     return 0

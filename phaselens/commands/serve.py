@@ -57,6 +57,13 @@ def register(subparsers) -> None:
         help="disaggregated serving (docs/disaggregation.md): a prefill or decode instance, or the router "
         "in front of them (default: one colocated server)",
     )
+    p.add_argument(
+        "--engine",
+        choices=("thread", "process"),
+        default="thread",
+        help="where the serving loop runs: a thread beside the HTTP event loop, or its own process "
+        "(vLLM V1's EngineCore shape; colocated only; docs/engine-process.md)",
+    )
     p.add_argument("--kv-port", type=int, default=0, help="decode role: the KV-transfer port (0 picks a free one)")
     p.add_argument("--prefill", nargs="+", default=(), metavar="URL", help="router role: the prefill instances")
     p.add_argument("--decode", nargs="+", default=(), metavar="URL", help="router role: the decode instances")
@@ -103,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         served_model_names=tuple(args.served_model_name or ()),
         role=args.role or "",
         kv_port=args.kv_port,
+        engine_mode=args.engine,
     )
     try:
         return serve(options)

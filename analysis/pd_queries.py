@@ -1,0 +1,75 @@
+"""The queries of the disaggregated TTFT budget (docs/disaggregation.md#the-budget-across-machines), over
+`phaselens_requests`: `pd_summary` for `phaselens budget` (analysis.pd_budget), `pd_budget_stack` for
+the Grafana panel, `pd_hops` for the report's waterfall (registered in analysis.queries).
+
+A request counts when it went through both instances and every term is known (`complete`):
+
+    client TTFT = inbound_ms + client_ms + residual_ms + Σ PD_TERMS
+(each term a duration on one clock; analysis.pd_schema; the edges, docs/budget-method.md, count 0
+where nobody stamped them), so the mean row adds up to the mean client TTFT.
+"""
+
+from __future__ import annotations
+
+from phaselens.analysis.dialect import Dialect
+from phaselens.analysis.pd_schema import PD_TERMS
+from phaselens.analysis.schema import REQUESTS_VIEW
+
+EDGE_TERMS = ("inbound_ms", "client_ms")  # the router's kernel/dispatch wait, the client's own time
+TTFT_TERMS = (*EDGE_TERMS, "residual_ms", *PD_TERMS)
+SIDE = ("client_ttft_ms", "kv_bytes", "kv_bytes_received", "decode_itl_p99_ms", "decode_stall_ms", "kv_receive_ms")
+COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in ("residual_ms", *PD_TERMS, "client_ttft_ms"))
+# What disaggregation adds to a request's TTFT: the transfer, the prefill answer, the hops, the router.
+ADDED_BY_DISAGG: tuple[str, ...] = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms")
+ADDED_BY_DISAGG += ("decode_hop_ms", "router_ingress_ms", "router_gap_ms", "router_relay_ms")
+
+
+def _value(column: str) -> str:
+    """An edge term nobody stamped counts 0, so the mean row still adds up to client TTFT."""
+    return f"ifNull({column}, 0)" if column in EDGE_TERMS else column
+
+
+def _selection(d: Dialect) -> str:
+    """The disaggregated requests of the time range and model, with their `complete` flag."""
+    where = f"prefill_instance IS NOT NULL AND {d.time_filter('server_start_time')} AND {d.match('model', 'model')}"
+    return f"SELECT *, {COMPLETE} AS complete FROM {d.table(REQUESTS_VIEW)} WHERE {where}"
+
+
+def pd_summary(d: Dialect) -> str:
+    """One row: counts, then each term's p50/p90/p99 and mean over the complete requests."""
+    stats = ",\n    ".join(
+        f"quantilesExactInclusiveIf(0.5, 0.9, 0.99)({_value(c)}, complete) AS {c}_q, avgIf({_value(c)}, complete) AS {c}_mean"
+        for c in (*TTFT_TERMS, *SIDE)
+    )
+    return (
+        f"SELECT count() AS requests, countIf(complete) AS complete_requests, countIf(status = 'error') AS errors,\n"
+        "    uniqExact(prefill_instance) AS prefill_instances, uniqExactIf(decode_instance, decode_instance IS NOT NULL)"
+        " AS decode_instances,\n"
+        "    countIf(complete AND kv_bytes != kv_bytes_received) AS kv_bytes_mismatch,\n"
+        "    arraySort(groupUniqArray(pd_span_model)) AS span_models,\n"
+        f"    {stats}\n"
+        f"FROM ({_selection(d)})"
+    )
+
+
+def pd_budget_stack(d: Dialect) -> str:
+    """The TTFT terms of the complete disaggregated requests at p50/p90/p99 (each its own percentile)
+    and the mean (whose terms add up to the mean client TTFT): one row per statistic."""
+    arrays = ", ".join(
+        f"arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)({_value(t)}), avg({_value(t)}))" for t in TTFT_TERMS
+    )
+    cols = ", ".join(f"tupleElement(row, {i + 2}) AS {t}" for i, t in enumerate(TTFT_TERMS))
+    return (
+        f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
+        f"FROM (SELECT arrayJoin(arrayZip(['p50', 'p90', 'p99', 'mean'], {arrays})) AS row\n"
+        f"    FROM ({_selection(d)}) WHERE complete)"
+    )
+
+
+def pd_hops(d: Dialect) -> str:
+    """The hops of one request (`trace_id`) as the P/D budget has them, for the report's waterfall:
+    NULL for a colocated request."""
+    return (
+        f"SELECT prefill_hop_ms, decode_hop_ms FROM {d.table(REQUESTS_VIEW)}\n"
+        f"WHERE trace_id = {d.value('trace_id', 'String')}\nLIMIT 1"
+    )

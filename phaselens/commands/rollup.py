@@ -1,0 +1,57 @@
+"""`phaselens rollup backfill`: recompute the sealed per-minute rollup rows of a window from every
+request (analysis/rollup_backfill.py): after client views were imported late, or to repair."""
+
+from __future__ import annotations
+
+import sys
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("rollup", help="maintain the per-minute budget rollups")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    backfill = actions.add_parser(
+        "backfill", help="recompute the sealed minutes of a window from every request (each request once)"
+    )
+    backfill.add_argument(
+        "--clickhouse",
+        default="http://127.0.0.1:8123",
+        metavar="URL",
+        help="ClickHouse HTTP URL, http://[user[:password]@]host:port (on a cluster: any node)",
+    )
+    backfill.add_argument("--database", default="otel", help="database holding otel_traces and the views")
+    backfill.add_argument("--since", default="1h", help="window start back from now: 30s, 15m, 2h, 7d")
+    backfill.add_argument("--until", default="0s", help="window end back from now (default: now)")
+    backfill.set_defaults(func=run_backfill)
+
+
+def run_backfill(args) -> int:
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from phaselens.analysis.budget import AnalysisError, open_client
+    from phaselens.analysis.dialect import QueryError, duration_ms
+    from phaselens.analysis.harness_import import distributed_cluster
+    from phaselens.analysis.rollup_backfill import BackfillError, backfill_minutes, minutes_between
+
+    try:
+        since_ms, until_ms = duration_ms(args.since), duration_ms(args.until)
+    except QueryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        client = open_client(args.clickhouse)
+        try:
+            minutes = minutes_between(client, args.database, since_ms, until_ms)
+            cluster = distributed_cluster(client, args.database)
+            nodes = backfill_minutes(client, args.clickhouse, args.database, cluster, minutes)
+        finally:
+            client.close()
+    except (AnalysisError, BackfillError, ClickHouseError, OSError) as e:
+        print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    for i, node in enumerate(nodes, 1):
+        print(
+            f"node {i}: {node.minutes} minute{'s' if node.minutes != 1 else ''} recomputed, "
+            f"{node.requests} requests sealed already "
+            f"({node.rounds} round{'s' if node.rounds > 1 else ''})"
+        )
+    return 0
