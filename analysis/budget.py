@@ -239,7 +239,7 @@ def budget(
         distributions=dists,
         tail=_tail(row, dists) if requests else None,
         goodput=_goodput(row, slos, requests),
-        stalls=_stalls(_run(client, "decode_stalls", filters)),
+        stalls=_stalls(_run(client, "decode_stalls_rollup" if rollup else "decode_stalls", filters)),
         filters={k: v for k, v in filters.items() if v is not None},
         span_models=list(row.get("span_models") or []),
         unseparated=span_models.notes(row.get("span_models") or []),

@@ -4,7 +4,7 @@ Composed here, above both, because the rollups are generated from the queries th
 
 from __future__ import annotations
 
-from phaselens.analysis import rollup
+from phaselens.analysis import rollup, step_rollup
 from phaselens.analysis import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 
@@ -27,4 +27,5 @@ def all_statements(
         )
         + analysis_schema.statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster)
         + rollup.statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster, **wait)
+        + step_rollup.statements(database, cluster=cluster, ttl=ttl, on_cluster=on_cluster)
     )

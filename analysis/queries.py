@@ -383,6 +383,11 @@ def diagnosis_causes(d: Dialect) -> str:
     SLO it acts on is at risk (TTFT terms: TTFT; decode, client, prefill_stalls: TPOT; kv_pressure:
     either). Rank: flagged first, then root causes, then signal / threshold. role: `primary` (rank 1
     while any SLO is at risk), `contributing` (the other flagged ones), `none` (every SLO holds)."""
+    return _causes(d, diagnosis_figures(d), diagnosis_engine(d))
+
+
+def _causes(d: Dialect, figures: str, engine: str) -> str:
+    """diagnosis_causes over a figures row `figures` and an engine row `engine` (SELECTs)."""
     ttft, tpot = _slo(d, "ttft", th.DEFAULT_TTFT_SLO_MS), _slo(d, "tpot", th.DEFAULT_TPOT_SLO_MS)
     risk = [
         (f"{_at('ttft_ms', i)} > {th.MARGIN} * {ttft}", f"{_at('tpot_ms', i)} > {th.MARGIN} * {tpot}") for i in (1, 2)
@@ -396,7 +401,7 @@ def diagnosis_causes(d: Dialect) -> str:
         f"    ({at_risk}) AS at_risk"
     )
     ranked = (
-        f"SELECT {cols}\nFROM ({diagnosis_figures(d)}) AS f\nCROSS JOIN ({diagnosis_engine(d)}) AS e\n"
+        f"SELECT {cols}\nFROM ({figures}) AS f\nCROSS JOIN ({engine}) AS e\n"
         f"ARRAY JOIN [{', '.join(_cause_rows())}] AS c"
     )
     return (
@@ -418,6 +423,20 @@ ROLLUP_TERMS: tuple[tuple[str, str], ...] = (
     *DISTRIBUTIONS,
     *((f"diag_{name}", expr) for name, expr in DIAGNOSIS_FIGURES if expr not in _DIST_EXPRS),
     ("first_chunk_stamped_ms", "first_chunk_ms"),
+)
+# Where each term's sketch and mean are stored in the rollup's arrays (1-based, in this order):
+# append-only, since rows already sealed keep their positions. A term added above gets its name
+# appended here (tests/test_rollup.py checks every term has a position); a term removed keeps its
+# position, stored as NULL.
+ROLLUP_POSITIONS: tuple[str, ...] = (
+    *("ttft_ms", "client_ttft_ms", "server_ttft_ms", "client_ttfo_ms", "server_ttfc_ms", "inbound_ms"),
+    *("ingress_ms", "queue_ms", "prefill_ms", "first_token_ms", "before_engine_ms", "held_back_ms"),
+    *("first_chunk_ms", "client_ms", "residual_ms", "loop_wait_ms", "encode_ms", "write_ms"),
+    *("kernel_wait_ms", "dispatch_ms", "client_send_ms", "client_read_ms", "client_observed_ms"),
+    *("held_back_observed_ms", "e2e_residual_ms", "client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms"),
+    *("server_itl_p99_ms", "client_e2e_ms", "server_e2e_ms", "stall_ms", "queue_all_waits_ms"),
+    *("diag_tpot_ms", "diag_e2e_ms", "diag_input_tokens", "diag_output_tokens", "diag_prefill_ms"),
+    *("diag_ingress_ms", "first_chunk_stamped_ms"),
 )
 # Counters: (column, condition on a request)
 ROLLUP_COUNTS = (
@@ -443,6 +462,33 @@ _CAN_MEET_SLO = "status = 'ok' AND ttft_ms IS NOT NULL"
 _TAIL_VALUES = ("1", "ttft_ms", *(v for _, expr in COMPONENTS for v in (f"ifNull({expr}, 0)", f"{expr} IS NOT NULL")))
 
 
+# slowest requests: each rollup row keeps the SLOWEST_KEPT slowest of its requests by TTFT (NULLs last),
+# so the merge over a window's rows is that window's slowest, exactly (whole minutes)
+SLOWEST_KEPT = 50
+_DOMINANT = ", ".join(f"('{name.removesuffix('_ms')}', coalesce({expr}, 0))" for name, expr in COMPONENTS)
+SLOWEST_FIELDS: tuple[tuple[str, str, str], ...] = (  # (column, type, expression over the facts)
+    ("trace_id", "String", "trace_id"),
+    ("request_id", "Nullable(String)", "request_id"),
+    ("start_time", "Nullable(DateTime64(9))", "start_time"),
+    ("service", "Nullable(String)", "service"),
+    ("model", "Nullable(String)", "model"),
+    ("status", "String", "status"),
+    ("ttft_ms", "Nullable(Float64)", "ttft_ms"),
+    ("client_ttft_ms", "Nullable(Float64)", "client_ttft_ms"),
+    ("server_ttft_ms", "Nullable(Float64)", "server_ttft_ms"),
+    *((name, "Nullable(Float64)", expr) for name, expr in COMPONENTS),
+    ("dominant_phase", "String", f"tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{_DOMINANT}])[1], 1)"),
+    ("input_tokens", "Nullable(UInt32)", "input_tokens"),
+    ("output_tokens", "Nullable(UInt32)", "output_tokens"),
+    ("preemptions", "Nullable(UInt32)", "preemptions"),
+    ("client_e2e_ms", "Nullable(Float64)", "client_e2e_ms"),
+    ("client_harness", "Nullable(String)", "client_harness"),
+    ("x_request_id", "Nullable(String)", "x_request_id"),
+)
+_SLOWEST_TYPE = f"Tuple(Float64, {', '.join(t for _, t, _ in SLOWEST_FIELDS)})"
+_SLOWEST_TUPLE = "tuple(-ifNull(ttft_ms, -inf), " + ", ".join(f"CAST({e} AS {t})" for _, t, e in SLOWEST_FIELDS) + ")"
+
+
 def rollup_key() -> tuple[tuple[str, str], ...]:
     """The rollup's key columns: (name, expression over the per-request facts)."""
     return (
@@ -464,24 +510,26 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
         ("first_server_start", "SimpleAggregateFunction(min, Nullable(DateTime64(9)))", "min(server_start_time)"),
         ("last_server_end", "SimpleAggregateFunction(max, Nullable(DateTime64(9)))", "max(server_end_time)"),
     )
-    terms = tuple(
-        col
-        for name, expr in ROLLUP_TERMS
-        for col in (
-            (sk.quantile_column(name), sk.SKETCH_TYPE, sk.quantile_state(expr)),
-            (
-                sk.mean_column(name),
-                "AggregateFunction(avg, Nullable(Float64))",
-                f"avgState(CAST({expr} AS Nullable(Float64)))",
-            ),
-        )
+    exprs = dict(ROLLUP_TERMS)
+    stored = [exprs.get(name, "NULL") for name in ROLLUP_POSITIONS]
+    terms = (
+        (sk.QUANTILES_COLUMN, sk.SKETCH_TYPE, sk.quantiles_state(stored)),
+        (sk.MEANS_COLUMN, sk.MEANS_TYPE, sk.means_state(stored)),
     )
+    slowest = (
+        "slowest",
+        f"AggregateFunction(groupArraySorted({SLOWEST_KEPT}), {_SLOWEST_TYPE})",
+        f"groupArraySortedState({SLOWEST_KEPT})({_SLOWEST_TUPLE})",
+    )
+    # goodput: (key, count) pairs, a row's summed at sealing; rows' pairs are concatenated, not merged
+    # into a map (sumMap's merge was most of a 10M-request budget's CPU)
+    slo = f"sumMap(if({_CAN_MEET_SLO}, [{_SLO_KEY}], []), if({_CAN_MEET_SLO}, [toUInt64(1)], []))"
     tail_arrays = ", ".join(f"if(ttft_ms IS NULL, [], [toFloat64(assumeNotNull({v}))])" for v in _TAIL_VALUES)
     hists = (
         (
-            "slo_hist",
-            "AggregateFunction(sumMap, Array(UInt32), Array(UInt64))",
-            f"sumMapState(if({_CAN_MEET_SLO}, [{_SLO_KEY}], []), if({_CAN_MEET_SLO}, [toUInt64(1)], []))",
+            "slo_pairs",
+            "SimpleAggregateFunction(groupArrayArray, Array(Tuple(UInt32, UInt64)))",
+            f"arrayZip({slo}.1, {slo}.2)",
         ),
         (
             "tail_hist",
@@ -496,45 +544,47 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
             f"groupUniqArrayIf({_HARNESS}, has_client)",
         ),
     )
-    return counts + sums + window + terms + hists + harnesses
+    return counts + sums + window + terms + hists + harnesses + (slowest,)
 
 
 def _states(d: Dialect) -> str:
-    """FROM + WHERE of the rollup states (sealed minutes and the requests not sealed yet) under the
-    time, service and model filters; the window is widened to whole minutes. A node's live rows
-    count only while computed against its current end of the rollup (`sealed_to`; the epoch before
-    its first pass): a request just sealed is never read twice. The ends are gathered from every
-    node (GLOBAL IN: a plain IN is evaluated once, on the node that received the query)."""
-    states = d.table(sk.STATES_VIEW)
-    ends = (
-        f"SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) "
-        f"AS sealed_to FROM {states}) GROUP BY sealer"
-    )
-    current = f"(is_live = 0 OR (sealer, sealed_to) GLOBAL IN ({ends}))"
-    return f"FROM {states}\n" + _where(
-        current, d.bucket_filter("bucket"), d.match("service", "service"), d.match("model", "model")
+    """FROM + WHERE of the rollup states (sealed minutes and the requests not sealed yet, each once:
+    rollup.current_select) under the time, service and model filters; the window is widened to
+    whole minutes."""
+    return f"FROM {d.table(sk.STATES_VIEW)}\n" + _where(
+        d.bucket_filter("bucket"), d.match("service", "service"), d.match("model", "model")
     )
 
 
 def _sketch(term: str, level: float | None = None) -> str:
-    """A rolled-up term's [p50, p90, p99], or the one `level` of them."""
-    column = sk.quantile_column(term)
-    return sk.merge_quantiles(column) if level is None else sk.merge_quantile(column, level)
+    """A rolled-up term's [p50, p90, p99], or the one `level` of them (in a SELECT with _merged())."""
+    position = ROLLUP_POSITIONS.index(term) + 1
+    return sk.quantiles_at(position) if level is None else sk.quantile_at(position, level)
 
 
 def _mean(term: str) -> str:
-    return f"avgMerge({sk.mean_column(term)})"
+    return sk.mean_at(ROLLUP_POSITIONS.index(term) + 1)
 
 
-def _good_from_hist(d: Dialect) -> str:
-    """Requests meeting the SLOs, from the goodput histogram: each (TTFT, TPOT) bucket counts with
-    the share of it under both SLOs (sketch.share_below; 1 for an SLO not set)."""
-    ttft = d.value("ttft_slo_ms", "Nullable(Float64)")
-    tpot = d.value("tpot_slo_ms", "Nullable(Float64)")
+_MERGED = (sk.MERGED_QUANTILES, sk.MERGED_MEANS)
+
+
+def _merged(selects: list[str]) -> list[str]:
+    """`selects` after the merged term states they read (none when they read no term)."""
+    return [sk.merged_states(), *selects] if any(m in s for s in selects for m in _MERGED) else selects
+
+
+def _good_from_hist(d: Dialect, ttft: str | None = None, tpot: str | None = None) -> str:
+    """Requests meeting the SLOs (SQL values; the user's by default), from the goodput histogram:
+    each (TTFT, TPOT) bucket counts with the share of it under both SLOs (sketch.share_below; 1 for
+    an SLO not set)."""
+    ttft = ttft or d.value("ttft_slo_ms", "Nullable(Float64)")
+    tpot = tpot or d.value("tpot_slo_ms", "Nullable(Float64)")
     ttft_share = f"ifNull({sk.share_below(ttft, f'intDiv(k, {sk.SLO_STRIDE})')}, 1)"
     tpot_share = f"ifNull({sk.share_below(tpot, f'k % {sk.SLO_STRIDE}')}, 1)"
-    hist = "sumMapMerge(slo_hist)"
-    return f"toUInt64(round(arraySum((k, c) -> c * {ttft_share} * {tpot_share}, {hist}.1, {hist}.2)))"
+    pairs = "groupArrayArray(slo_pairs)"
+    keys, counts = f"arrayMap(p -> p.1, {pairs})", f"arrayMap(p -> p.2, {pairs})"
+    return f"toUInt64(round(arraySum((k, c) -> c * {ttft_share} * {tpot_share}, {keys}, {counts})))"
 
 
 def _tail_from_hist() -> list[str]:
@@ -561,13 +611,37 @@ def _tail_from_hist() -> list[str]:
     ]
 
 
+def _diagnosis_term(name: str, expr: str) -> str:
+    """The rolled-up term that holds diagnosis figure `name` (ROLLUP_TERMS)."""
+    return next((dist for dist, e in DISTRIBUTIONS if e == expr), f"diag_{name}")
+
+
+def _diagnosis_figures_rollup(d: Dialect) -> str:
+    """What the verdict reads of diagnosis_figures, from the rollups: the p50 and p99 of every
+    figure from its sketch (within 1 %), the preempted share exact."""
+    qs = ", ".join(
+        f"[{', '.join(_sketch(_diagnosis_term(name, expr), level) for level in DIAGNOSIS_LEVELS)}] AS {name}_q"
+        for name, expr in DIAGNOSIS_FIGURES
+    )
+    return (
+        f"SELECT * EXCEPT ({', '.join(_MERGED)}) FROM (\nSELECT {sk.merged_states()},\n"
+        f"    sum(preempted) / nullIf(sum(requests), 0) AS preempted_share,\n    {qs}\n{_states(d)}\n)"
+    )
+
+
+def diagnosis_causes_rollup(d: Dialect) -> str:
+    """The verdict (diagnosis_causes) from the rollups: the figures' p50 and p99 from their sketches
+    and the engine's from the steps' rollups (within 1 %; stalls: _stall_columns_rollup)."""
+    return _causes(d, _diagnosis_figures_rollup(d), diagnosis_engine_rollup(d))
+
+
 def budget_summary_rollup(d: Dialect) -> str:
     """budget_summary's row from the rollups: the same columns, quantiles from merged DDSketches,
     means and counts exact, goodput and tail from the log-bucket histograms (analysis/sketch.py)."""
     dists = ",\n    ".join(f"{_sketch(name)} AS {name}_q, {_mean(name)} AS {name}_mean" for name, _ in DISTRIBUTIONS)
     return (
-        "SELECT * EXCEPT (tail_hist_merged, threshold_bucket, tail_weights) FROM (\n"
-        "SELECT sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
+        f"SELECT * EXCEPT ({', '.join(_MERGED)}, tail_hist_merged, threshold_bucket, tail_weights) FROM (\n"
+        f"SELECT {sk.merged_states()},\n    sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,\n"
         f"    sum(with_server) AS with_server, {_good_from_hist(d)} AS good,\n"
         "    arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,\n"
         "    arraySort(groupUniqArrayArray(client_harnesses)) AS client_harnesses, sum(no_output) AS no_output,\n"
@@ -578,8 +652,11 @@ def budget_summary_rollup(d: Dialect) -> str:
 
 def _series_rollup(d: Dialect, selects: list[str]) -> str:
     """One row per time bucket of the rollup's minutes (buckets of at least a minute)."""
-    body = ",\n    ".join(selects)
-    return f"SELECT {d.time_bucket('bucket')} AS time,\n    {body}\n{_states(d)}\nGROUP BY time\nORDER BY time"
+    body = ",\n    ".join(_merged(selects))
+    sql = f"SELECT {d.time_bucket('bucket')} AS time,\n    {body}\n{_states(d)}\nGROUP BY time"
+    if body.startswith(sk.merged_states()):
+        sql = f"SELECT * EXCEPT ({', '.join(_MERGED)}) FROM (\n{sql}\n)"
+    return f"{sql}\nORDER BY time"
 
 
 def _bucket_s(d: Dialect) -> str:
@@ -598,7 +675,7 @@ def budget_stack(d: Dialect) -> str:
     labels = ", ".join(f"'{label}'" for label in (*LEVEL_LABELS, "mean"))
     return (
         f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
-        f"FROM (SELECT arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)})"
+        f"FROM (SELECT {sk.merged_states()}, arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)})"
     )
 
 
@@ -673,7 +750,7 @@ def throughput_over_time(d: Dialect) -> str:
 
 def slowest_requests(d: Dialect) -> str:
     """The slowest requests by TTFT, each with its budget and the phase that dominated it."""
-    parts = ", ".join(f"('{name.removesuffix('_ms')}', coalesce({expr}, 0))" for name, expr in COMPONENTS)
+    parts = _DOMINANT
     comps = ", ".join(expr if expr == name else f"{expr} AS {name}" for name, expr in COMPONENTS)
     return (
         f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
@@ -681,6 +758,113 @@ def slowest_requests(d: Dialect) -> str:
         f"    tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{parts}])[1], 1) AS dominant_phase,\n"
         f"    input_tokens, output_tokens, preemptions, client_e2e_ms, client_harness, x_request_id\n"
         f"{_requests(d)}\nORDER BY ttft_ms DESC NULLS LAST\nLIMIT {d.limit(50)}"
+    )
+
+
+def slowest_requests_rollup(d: Dialect) -> str:
+    """slowest_requests from the rollups: the merge of the rows' kept slowest (at most SLOWEST_KEPT),
+    over whole minutes; the same rows as over every request of those minutes."""
+    cols = ", ".join(f"r.{i + 2} AS {name}" for i, (name, _, _) in enumerate(SLOWEST_FIELDS))
+    return (
+        f"SELECT {cols}\nFROM (SELECT arrayJoin(groupArraySortedMerge({SLOWEST_KEPT})(slowest)) AS r\n    {_states(d)})\n"
+        f"ORDER BY r.1, r.2\nLIMIT {d.limit(SLOWEST_KEPT)}"
+    )
+
+
+# --- engine-step rollups (analysis/step_rollup.py makes the table) ----------------------------
+
+_MIXED = "prefill_tokens > 0 AND decode_tokens > 0"
+_KV_USED = "kv_blocks_used / nullIf(kv_blocks_total, 0)"
+# the step durations and the KV use the steps' rollups sketch, by position (1-based)
+STEP_TERMS = (
+    ("decode_step_ms", "if(prefill_tokens = 0 AND decode_tokens > 0, duration_ms, NULL)"),
+    ("mixed_step_ms", f"if({_MIXED}, duration_ms, NULL)"),
+    ("kv_used", _KV_USED),
+)
+# per log bucket of a mixed step's duration: count, Σ duration, Σ decode tokens, Σ tokens × duration
+_MIXED_HIST_VALUES = ("1", "duration_ms", "decode_tokens", "decode_tokens * duration_ms")
+
+
+def step_rollup_columns() -> tuple[tuple[str, str, str], ...]:
+    """Every column of the steps' rollup: (name, ClickHouse type, aggregate over the steps view's columns)."""
+    total = "SimpleAggregateFunction(sum, UInt64)"
+    hist = ", ".join(f"if({_MIXED}, [toFloat64({v})], [])" for v in _MIXED_HIST_VALUES)
+    return (
+        ("steps", total, "count()"),
+        ("mixed_steps", total, f"countIf({_MIXED})"),
+        ("decode_steps", total, "countIf(decode_tokens > 0)"),
+        ("delayed_decodes", total, f"sumIf(toUInt64(decode_tokens), {_MIXED})"),
+        (
+            "decode_token_ms",
+            "SimpleAggregateFunction(sum, Float64)",
+            "sumIf(decode_tokens * duration_ms, decode_tokens > 0)",
+        ),
+        ("preemptions", total, "sum(toUInt64(preemptions))"),
+        (
+            "batch_size_avg",
+            "AggregateFunction(avg, Nullable(Float64))",
+            "avgState(CAST(batch_size AS Nullable(Float64)))",
+        ),
+        ("queue_depth_max", "SimpleAggregateFunction(max, Nullable(UInt32))", "max(queue_depth)"),
+        ("kv_used_max", "SimpleAggregateFunction(max, Nullable(Float64))", f"max({_KV_USED})"),
+        ("step_qs", sk.SKETCH_TYPE, sk.quantiles_state([e for _, e in STEP_TERMS])),
+        (
+            "mixed_hist",
+            f"AggregateFunction(sumMap, Array(UInt32){', Array(Float64)' * len(_MIXED_HIST_VALUES)})",
+            f"sumMapState(if({_MIXED}, [{sk.bucket_index('duration_ms')}], []), {hist})",
+        ),
+    )
+
+
+def _step_states(d: Dialect) -> str:
+    return f"FROM {d.table(sk.STEPS_STATES_VIEW)}\n" + _where(d.bucket_filter("bucket"), d.match("service", "service"))
+
+
+def _step_quantile(term: str, level: float) -> str:
+    position = [name for name, _ in STEP_TERMS].index(term) + 1
+    return sk.quantile_at(position, level, "step_q")
+
+
+def _stall_columns_rollup() -> list[str]:
+    """_stall_columns from the steps' rollups: the baseline is the decode-only steps' p50 sketch
+    (within 1 %); per log bucket of mixed-step durations, extra = Σ duration − baseline × count (and
+    Σ tokens × duration − baseline × Σ tokens), 0 for a bucket below the baseline: exact but for the
+    mixed steps of the bucket the baseline falls in (within 2 % of it), counted by their sum."""
+    h = "mixed_hist_merged"
+
+    def extra(weights: int, sums: int) -> str:  # 0 without a baseline (no decode-only step)
+        over = f"(w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), {h}.{weights}, {h}.{sums}"
+        return f"if(baseline_ms IS NULL, 0, arraySum({over}))"
+
+    return [
+        f"{sk.merged_quantiles('step_qs')} AS step_q",
+        f"sumMapMerge(mixed_hist) AS {h}",
+        f"{_step_quantile('decode_step_ms', 0.5)} AS baseline_ms",
+        "sum(steps) AS steps",
+        "sum(mixed_steps) AS mixed_steps",
+        "sum(decode_steps) AS decode_steps",
+        f"{extra(2, 3)} AS stall_ms",
+        f"{extra(4, 5)} AS request_stall_ms",
+        "sum(delayed_decodes) AS delayed_decodes",
+    ]
+
+
+def decode_stalls_rollup(d: Dialect) -> str:
+    """decode_stalls from the steps' rollups (the approximation: _stall_columns_rollup)."""
+    return f"SELECT * EXCEPT (step_q, mixed_hist_merged) FROM (\nSELECT {', '.join(_stall_columns_rollup())}\n{_step_states(d)}\n)"
+
+
+def diagnosis_engine_rollup(d: Dialect) -> str:
+    """diagnosis_engine from the steps' rollups: p50s and the KV p90 from sketches (within 1 %),
+    stalls as decode_stalls_rollup, the rest exact."""
+    return (
+        "SELECT steps, mixed_steps, decode_steps, stall_ms, request_stall_ms, delayed_decodes,\n"
+        "    request_stall_ms / nullIf(decode_token_ms, 0) AS stall_share, baseline_ms AS decode_step_p50_ms,\n"
+        f"    {_step_quantile('mixed_step_ms', 0.5)} AS mixed_step_p50_ms, {_step_quantile('kv_used', 0.9)} AS kv_used_p90,\n"
+        "    kv_used_max, preemptions, batch_size_mean, queue_depth_max\n"
+        f"FROM (SELECT {', '.join(_stall_columns_rollup())}, sum(decode_token_ms) AS decode_token_ms,\n"
+        "    max(kv_used_max) AS kv_used_max, sum(preemptions) AS preemptions, avgMerge(batch_size_avg) AS batch_size_mean,\n"
+        f"    max(queue_depth_max) AS queue_depth_max\n{_step_states(d)})"
     )
 
 
@@ -818,11 +1002,11 @@ def request_spans(d: Dialect) -> str:
 
 
 def services(d: Dialect) -> str:
-    """Values of the dashboards' service drop-down: every service.name that sent spans."""
-    return (
-        f"SELECT DISTINCT ServiceName AS service FROM {d.table(SPANS_VIEW)}\n"
-        f"WHERE {d.time_filter('Timestamp')}\nORDER BY service"
-    )
+    """Values of the dashboards' service drop-down: the services of the requests and engine steps in
+    range, from the rollups (a minute's rows name them)."""
+    requests = f"SELECT service FROM {d.table(sk.STATES_VIEW)} WHERE {d.bucket_filter('bucket')}"
+    steps = f"SELECT service FROM {d.table(sk.STEPS_STATES_VIEW)} WHERE {d.bucket_filter('bucket')}"
+    return f"SELECT DISTINCT service FROM ({requests}\n    UNION ALL {steps})\nWHERE service != ''\nORDER BY service"
 
 
 def models(d: Dialect) -> str:
@@ -885,6 +1069,20 @@ _GOODPUT = ("time", "goodput_rps", "completed_rps", "slo_attainment")
 _TAIL = ("threshold_ms", "tail_requests", "ttft_tail_mean", *(f"{c}_tail_mean" for c in _COMP_NAMES))
 _SUMMARY_HEAD = ("requests", "with_client", "errors", "with_server", "good", "span_models")
 _SUMMARY_TAIL = ("no_output", "window_s", *_dist_columns(), *_TAIL)
+_SLOWEST = tuple(name for name, _, _ in SLOWEST_FIELDS)
+_CAUSES = ("cause", "role", "p50_signal", "p99_signal", "threshold", "flagged_p50", "flagged_p99")
+_ENGINE = (
+    "steps",
+    *_STALL,
+    "stall_share",
+    "decode_step_p50_ms",
+    "mixed_step_p50_ms",
+    "kv_used_p90",
+    "kv_used_max",
+    "preemptions",
+    "batch_size_mean",
+    "queue_depth_max",
+)
 QUERIES: dict[str, Query] = {
     "budget_summary": Query(budget_summary, (*_SUMMARY_HEAD, "client_harnesses", *_SUMMARY_TAIL)),
     "budget_summary_rollup": Query(budget_summary_rollup, (*_SUMMARY_HEAD, "client_harnesses", *_SUMMARY_TAIL)),
@@ -906,26 +1104,11 @@ QUERIES: dict[str, Query] = {
         ),
     ),
     "diagnosis_target": Query(diagnosis_target, ("server_address", "server_port")),
-    "diagnosis_engine": Query(
-        diagnosis_engine,
-        (
-            "steps",
-            *_STALL,
-            "stall_share",
-            "decode_step_p50_ms",
-            "mixed_step_p50_ms",
-            "kv_used_p90",
-            "kv_used_max",
-            "preemptions",
-            "batch_size_mean",
-            "queue_depth_max",
-        ),
-    ),
-    "diagnosis_causes": Query(
-        diagnosis_causes,
-        ("cause", "role", "p50_signal", "p99_signal", "threshold", "flagged_p50", "flagged_p99"),
-        panel=True,
-    ),
+    "diagnosis_engine": Query(diagnosis_engine, _ENGINE),
+    "diagnosis_causes": Query(diagnosis_causes, _CAUSES),
+    "diagnosis_causes_rollup": Query(diagnosis_causes_rollup, _CAUSES, panel=True),
+    "diagnosis_engine_rollup": Query(diagnosis_engine_rollup, _ENGINE),
+    "decode_stalls_rollup": Query(decode_stalls_rollup, ("baseline_ms", "steps", *_STALL)),
     "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),
     "pd_budget_stack": Query(pd_queries.pd_budget_stack, ("statistic", *pd_queries.TTFT_TERMS), panel=True),
     "pd_hops": Query(pd_queries.pd_hops, ("prefill_hop_ms", "decode_hop_ms")),
@@ -941,29 +1124,8 @@ QUERIES: dict[str, Query] = {
         ("time", "requests_per_s", "errors_per_s", "input_tokens_per_s", "output_tokens_per_s"),
         panel=True,
     ),
-    "slowest_requests": Query(
-        slowest_requests,
-        (
-            "trace_id",
-            "request_id",
-            "start_time",
-            "service",
-            "model",
-            "status",
-            "ttft_ms",
-            "client_ttft_ms",
-            "server_ttft_ms",
-            *_COMP_NAMES,
-            "dominant_phase",
-            "input_tokens",
-            "output_tokens",
-            "preemptions",
-            "client_e2e_ms",
-            "client_harness",
-            "x_request_id",
-        ),
-        panel=True,
-    ),
+    "slowest_requests": Query(slowest_requests, _SLOWEST),
+    "slowest_requests_rollup": Query(slowest_requests_rollup, _SLOWEST, panel=True),
     "engine_batch_over_time": Query(
         engine_batch_over_time,
         (

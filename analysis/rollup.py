@@ -22,7 +22,7 @@ Reads see the sealed minutes plus the requests not sealed yet (`phaselens_budget
 are aggregated from the pending table with the same -State functions every LIVE_EVERY_S by a second
 refreshable view (no FINAL; its cost follows the traffic of the last `wait_s`, not the time range)
 into a small table that each refresh replaces. Reads take a node's live rows only while they were
-computed against that node's current end of the rollup (`sealed_to`; queries._states), so a
+computed against that node's current end of the rollup (`sealed_to`; current_select, a view on each node), so a
 request is never read twice; right after a sealing pass, until the next refresh, the requests not
 sealed yet are missing for a few seconds. (Computing them at read time instead cost ~0.2 s of query analysis per read,
 measured: the per-request expressions are large.) On a cluster every node seals its own pending
@@ -173,18 +173,29 @@ def statements(
             f"ENGINE = Merge('{database}', '^({sk.ROLLUP_TABLE}|{sk.LIVE_TABLE})$')"
         ),
     ]
-    read = local
+    current = f"{db}.{ident(sk.STATES_CURRENT)}"
+    out.append(f"CREATE OR REPLACE VIEW {current}{on} AS\n{current_select(local)}")
+    read = current
     if cluster:
         dist = f"{db}.{ident(STATES_DISTRIBUTED)}"
-        for name in (cluster, database, sk.STATES_LOCAL):
+        for name in (cluster, database, sk.STATES_CURRENT):
             ident(name)
         out += [
             f"DROP TABLE IF EXISTS {dist}{on}",
-            f"CREATE TABLE {dist}{on} AS {local}\nENGINE = Distributed('{cluster}', '{database}', '{sk.STATES_LOCAL}')",
+            f"CREATE TABLE {dist}{on} AS {local}\nENGINE = Distributed('{cluster}', '{database}', '{sk.STATES_CURRENT}')",
         ]
         read = dist
     out.append(f"CREATE OR REPLACE VIEW {db}.{ident(sk.STATES_VIEW)}{on} AS\nSELECT * FROM {read}")
     return out
+
+
+def current_select(local: str) -> str:
+    """This node's rows a read may merge: every sealed row, and the live rows computed against their
+    sealer's current end of the rollup (its latest `sealed_to`; the epoch before its first pass), so
+    a request just sealed is never read twice. A view on each node: a Distributed read judges each
+    shard's live rows there, against that shard's rollup, with no round trip for the ends."""
+    ends = f"SELECT sealer, max(if(is_live = 1, toDateTime64(0, 3), sealed_to)) FROM {local} GROUP BY sealer"
+    return f"SELECT * FROM {local}\nWHERE is_live = 0 OR (sealer, sealed_to) IN ({ends})"
 
 
 def live_select(database: str) -> str:

@@ -26,7 +26,6 @@ GAMMA = (1 + ALPHA) / (1 - ALPHA)
 OFFSET = 2048  # bucket indexes −OFFSET … OFFSET − 1 cover e^±41: every duration in ms there is
 SLO_STRIDE = 2 * OFFSET  # a goodput key is ttft_bucket × SLO_STRIDE + tpot_bucket
 _PARAMS = f"({ALPHA}, {', '.join(map(str, LEVELS))})"
-SKETCH_TYPE = f"AggregateFunction(quantilesDD{_PARAMS}, Nullable(Float64))"
 # ClickHouse's quantilesDD keeps its bound only for |x| ≥ 1 (measured on 26.9: 2.6 % off at x ≈ 0.79
 # with ALPHA = 1 %; within 1 % once scaled): the terms are sketched in ns, so every duration of a
 # nanosecond or more is.
@@ -34,7 +33,9 @@ SCALE = 1e6
 NOTE = (
     f"approximate: quantiles from DDSketch rollups (relative error ≤ {ALPHA:.0%} of the value); goodput and "
     f"tail from {GAMMA - 1:.0%}-wide log buckets (a request within {GAMMA - 1:.0%} of an SLO or of the p99 "
-    "may be counted on the wrong side); counts, sums and means exact; --exact reads every request"
+    "may be counted on the wrong side); decode stalls against a baseline within "
+    f"{ALPHA:.0%} (each mixed step's extra off by at most that); counts, sums and means exact; --exact reads "
+    "every request"
 )
 
 PANEL_NOTE = (
@@ -47,23 +48,58 @@ ROLLUP_TABLE = "phaselens_budget_rollup"  # sealed minutes: -State aggregates pe
 PENDING_TABLE = "phaselens_request_pending"  # recent partial request rows, stamped with their insert time
 LIVE_TABLE = "phaselens_budget_live"  # the states of the requests not sealed yet, as of its last refresh
 STATES_LOCAL = "phaselens_budget_states_local"  # this node's rollup + its live states
+STATES_CURRENT = "phaselens_budget_states_current"  # of those, what a read may merge (never a request twice)
 STATES_VIEW = "phaselens_budget_states"  # what the budget reads: the local view, or every shard's
+STEPS_ROLLUP_TABLE = "phaselens_steps_rollup"  # engine steps: -State aggregates per minute × service
+STEPS_STATES_VIEW = "phaselens_steps_states"  # what the rollup reads of the steps: this node's, or every shard's
+QUANTILES_COLUMN = "terms_qs"  # DDSketch states of every term, by position (queries.ROLLUP_POSITIONS)
+MEANS_COLUMN = "terms_avg"  # avg states of every term, by position
+MERGED_QUANTILES, MERGED_MEANS = "terms_q", "terms_mean"  # their merges in a read
+SKETCH_TYPE = f"AggregateFunction(quantilesDDForEach{_PARAMS}, Array(Nullable(Float64)))"
+MEANS_TYPE = "AggregateFunction(avgForEach, Array(Nullable(Float64)))"
 
 
-def quantile_state(expr: str) -> str:
-    """The -State of a term in ms (NULLs skipped), sketched in ns (SCALE)."""
-    return f"quantilesDDState{_PARAMS}(CAST(({expr}) * {SCALE} AS Nullable(Float64)))"
+def quantiles_state(exprs: list[str]) -> str:
+    """The -State of every term in ms (NULLs skipped), one sketch per array position (-ForEach),
+    sketched in ns (SCALE). One aggregate over all terms, not one per term: ClickHouse plans each
+    aggregate of a query separately, and per-term states made the planning of every read (~0.1 s
+    of CPU for the summary) its whole cost."""
+    values = ", ".join(f"CAST(({e}) * {SCALE} AS Nullable(Float64))" for e in exprs)
+    return f"quantilesDDForEachState{_PARAMS}([{values}])"
 
 
-def merge_quantiles(column: str) -> str:
-    """The p50, p90, p99 array (ms) of a quantile state column (the -Merge must name the state's own
-    levels: a Nullable state does not merge under other ones)."""
-    return f"arrayMap(v -> v / {SCALE}, quantilesDDMerge{_PARAMS}({column}))"
+def means_state(exprs: list[str]) -> str:
+    """The avg -State of every term in ms, one per array position (NULLs skipped)."""
+    return f"avgForEachState([{', '.join(f'CAST(({e}) AS Nullable(Float64))' for e in exprs)}])"
 
 
-def merge_quantile(column: str, level: float) -> str:
-    """One of LEVELS of a quantile state column."""
-    return f"{merge_quantiles(column)}[{LEVELS.index(level) + 1}]"
+def merged_states() -> str:
+    """The merged sketches (Array(Array(Float64)) in ns) and means (Array(Nullable(Float64)), ms) of
+    a read, under the names quantiles_at / mean_at use. Rows of an older, shorter term list merge
+    with newer ones (-ForEach pads): a term they lack has an empty sketch and a NULL mean there."""
+    return (
+        f"{merged_quantiles(QUANTILES_COLUMN)} AS {MERGED_QUANTILES}, avgForEachMerge({MEANS_COLUMN}) AS {MERGED_MEANS}"
+    )
+
+
+def merged_quantiles(column: str) -> str:
+    """The merged sketches of a -ForEach quantile state column (Array(Array(Float64)), in ns)."""
+    return f"quantilesDDForEachMerge{_PARAMS}({column})"
+
+
+def quantiles_at(position: int) -> str:
+    """The [p50, p90, p99] (ms) of the term stored at `position` (1-based) of a read's merged states."""
+    return f"arrayMap(v -> v / {SCALE}, {MERGED_QUANTILES}[{position}])"
+
+
+def quantile_at(position: int, level: float, merged: str = MERGED_QUANTILES) -> str:
+    """One of LEVELS of the term at `position` of `merged` (NULL where the term has no sketch)."""
+    return f"arrayElementOrNull({merged}[{position}], {LEVELS.index(level) + 1}) / {SCALE}"
+
+
+def mean_at(position: int) -> str:
+    """The exact mean (ms) of the term at `position` (NULL where no request had it)."""
+    return f"{MERGED_MEANS}[{position}]"
 
 
 def bucket_index(x: str) -> str:
@@ -79,11 +115,3 @@ def share_below(value: str, index: str) -> str:
     in are split in this proportion, as if spread evenly over log x inside it."""
     lower = f"(toInt32({index}) - {OFFSET + 1})"
     return f"least(greatest(log({value}) / {math.log(GAMMA)!r} - {lower}, 0), 1)"
-
-
-def quantile_column(term: str) -> str:
-    return f"{term}_qs"
-
-
-def mean_column(term: str) -> str:
-    return f"{term}_avg"

@@ -33,12 +33,14 @@ from phaselens.common.slo import parse_slo
 from phaselens.dashboards import definitions
 from phaselens.instrumentation import names as n
 from phaselens.storage.clickhouse_url import connect
+from phaselens.storage.cluster import EmbeddedCluster
 from phaselens.storage.embedded import EmbeddedClickHouse
 
 DATABASE = "bench_budget"
 MODEL = "tiny"
 ROOT_SPAN = n.root_span_name(n.OP_TEXT_COMPLETION, MODEL)
 SPREAD_S = 600  # arrivals over the last 10 minutes
+CLUSTER = "bench_budget_cluster"
 
 
 def _ms(ns_expr: str) -> str:
@@ -153,15 +155,17 @@ def server_pid(data_dir: str) -> int | None:
     return None
 
 
-def cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of a process so far (0 when unknown)."""
+def cpu_s(pid: int | list[int] | None) -> float:
+    """User + system CPU seconds of a process (or of several: a cluster's nodes) so far (0 when unknown)."""
     if pid is None:
         return 0.0
+    if isinstance(pid, list):
+        return sum(cpu_s(p) for p in pid)
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _timed(fn, repeat: int, pid: int | None = None) -> tuple[float, float, float]:
+def _timed(fn, repeat: int, pid: int | list[int] | None = None) -> tuple[float, float, float]:
     """(best wall, median wall, best server CPU) seconds of `repeat` runs. CPU time is the figure
     to compare on a shared machine: wall time there includes waiting for other processes."""
     walls, cpus = [], []
@@ -222,6 +226,15 @@ def dashboard_refresh(client, filters: dict, panels: list[str]) -> dict[str, flo
     return out
 
 
+def _refresh_cpu(client, filters: dict, pid: int | None) -> float | None:
+    """Server CPU seconds of one refresh of every panel."""
+    if pid is None:
+        return None
+    cpu0 = cpu_s(pid)
+    dashboard_refresh(client, filters, budget_panels())
+    return round(cpu_s(pid) - cpu0, 3)
+
+
 def _best_refresh(client, filters: dict, repeat: int) -> tuple[float, dict]:
     panels = budget_panels()
     runs = [dashboard_refresh(client, filters, panels) for _ in range(repeat)]
@@ -229,44 +242,94 @@ def _best_refresh(client, filters: dict, repeat: int) -> tuple[float, dict]:
     return round(sum(best.values()), 3), best
 
 
-def scale_rollup(client, copies: int) -> None:
-    """Synthetic rows straight into the rollup: `copies` more copies of every sealed row, each moved
-    before the ones already there (another window of the same traffic), as if (copies + 1) × the
-    requests had been sealed at the same rate."""
-    names = rollup._column_names()
-    moved = {
-        "bucket": "bucket - toIntervalSecond({shift})",
-        "first_server_start": "first_server_start - toIntervalSecond({shift})",
-        "last_server_end": "last_server_end - toIntervalSecond({shift})",
-    }
-    table = f"{DATABASE}.{sketch.ROLLUP_TABLE}"
+def _shift_copies(client, table: str, names: list[str], moved: tuple[str, ...], copies: int) -> None:
+    """`copies` more copies of every row of `table`, the `moved` time columns shifted back by the
+    span of its minutes each time (another window of the same traffic)."""
     first, last = client.query(f"SELECT min(bucket), max(bucket) FROM {table}").result_rows[0]
-    span_s = int((last - first).total_seconds()) + 60  # the sealed minutes; each copy goes before them
+    span_s = int((last - first).total_seconds()) + 60
     for k in range(1, copies + 1):
-        cols = ", ".join(moved.get(name, name).format(shift=k * span_s) for name in names)
+        shift = f"toIntervalSecond({k * span_s})"
+        cols = ", ".join(f"{name} - {shift}" if name in moved else name for name in names)
         client.command(
             f"INSERT INTO {table} ({', '.join(names)}) SELECT {cols} FROM {table} "
             f"WHERE bucket >= toDateTime('{first:%Y-%m-%d %H:%M:%S}')"
         )
-    client.command(f"OPTIMIZE TABLE {table} FINAL")
 
 
-def _scaled(client, n_requests: int, copies: int, repeat: int, pid: int | None, default) -> dict:
-    """The default budget and the rollup panels after scale_rollup: what (copies + 1) × n_requests cost."""
+def scale_rollup(client, copies: int) -> None:
+    """Synthetic rows straight into the rollups: `copies` more copies of every sealed request row and
+    engine-step row, each moved before the ones already there, as if (copies + 1) × the requests had
+    been sealed at the same rate. Left as inserted (unmerged parts)."""
+    moved = ("bucket", "first_server_start", "last_server_end")
+    _shift_copies(client, f"{DATABASE}.{sketch.ROLLUP_TABLE}", rollup._column_names(), moved, copies)
+    steps = ["bucket", "service", *(name for name, _, _ in Q.step_rollup_columns())]
+    _shift_copies(client, f"{DATABASE}.{sketch.STEPS_ROLLUP_TABLE}", steps, ("bucket",), copies)
+
+
+def _optimize_rollups(client) -> None:
+    for table in (sketch.ROLLUP_TABLE, sketch.STEPS_ROLLUP_TABLE):
+        client.command(f"OPTIMIZE TABLE {DATABASE}.{table} FINAL")
+
+
+def _default_figures(client, default, filters: dict, repeat: int, pid: int | list[int] | None) -> dict:
+    """The default budget and the dashboard refresh: best wall, median wall, best server CPU."""
+    timed = _timed(default, repeat, pid)
+    refresh, _ = _best_refresh(client, filters, repeat)
+    return {
+        "budget_s_best": round(timed[0], 3),
+        "budget_s_median": round(timed[1], 3),
+        "budget_server_cpu_s": round(timed[2], 3) if pid else None,
+        "dashboard_refresh_s": refresh,
+    }
+
+
+def _scaled(client, n_requests: int, copies: int, repeat: int, pid: int | None, default, filters: dict) -> dict:
+    """The default budget and every dashboard panel after scale_rollup: what (copies + 1) × n_requests
+    cost, as inserted and merged."""
     scale_rollup(client, copies)
     report = default()
-    timed = _timed(default, repeat, pid)
-    panels = [p for p in budget_panels() if p not in ("diagnosis_causes", "slowest_requests", "services", "models")]
-    filters = {"database": DATABASE, "since": "7d", "ttft_slo_ms": 60, "tpot_slo_ms": 12, "bucket_s": 60}
-    runs = [dashboard_refresh(client, filters, panels) for _ in range(repeat)]
+    as_ingested = _default_figures(client, default, filters, repeat, pid)
+    _optimize_rollups(client)
+    merged = _default_figures(client, default, filters, repeat, pid)
     return {
         "requests": report.requests,
-        "synthetic": f"{copies} shifted copies of the sealed rollup rows of {n_requests} requests",
+        "synthetic": f"{copies} shifted copies of the rollup rows (requests and engine steps) of {n_requests} requests",
         "rollup_rows": client.query(f"SELECT count() FROM {DATABASE}.{sketch.ROLLUP_TABLE}").result_rows[0][0],
-        "budget_s_best": round(timed[0], 3),
-        "budget_server_cpu_s": round(timed[2], 3) if pid else None,
-        "rollup_panels_refresh_s": round(min(sum(r.values()) for r in runs), 3),
+        **merged,
+        "budget_s_as_ingested_best": as_ingested["budget_s_best"],
+        "budget_as_ingested_server_cpu_s": as_ingested["budget_server_cpu_s"],
+        "dashboard_refresh_s_as_ingested": as_ingested["dashboard_refresh_s"],
     }
+
+
+def _copy_table(source, target, table: str, where: str) -> None:
+    """The rows of `table` matching `where` from one server into another (Native format: states kept)."""
+    data = source.raw_query(f"SELECT * FROM {DATABASE}.{table} WHERE {where}", fmt="Native")
+    target.raw_insert(f"{DATABASE}.{table}", insert_block=data, fmt="Native")
+
+
+def sharded(client, shards: int, repeat: int, filters: dict, slo, pid: int | None) -> dict:
+    """The same rollup rows on `shards` nodes of an embedded cluster (synthetic: the minutes dealt out
+    between the shards) read through the Distributed tables, against one node holding them all."""
+    default = lambda c: lambda: budget(c, database=DATABASE, since="7d", slo=slo, exact=False)  # noqa: E731
+    one_node = _default_figures(client, default(client), filters, repeat, pid)
+    with (
+        tempfile.TemporaryDirectory(prefix="phaselens-bench-") as tmp,
+        EmbeddedCluster(tmp, shards, CLUSTER) as cluster,
+    ):
+        nodes = [connect(url) for url in cluster.urls]
+        for i, node in enumerate(nodes):
+            CS.apply(node, ddl.all_statements(DATABASE, cluster=CLUSTER, on_cluster=False))
+            rollup.stop_refreshes(node, DATABASE)
+            for table in (sketch.ROLLUP_TABLE, sketch.STEPS_ROLLUP_TABLE):
+                _copy_table(client, node, table, f"toRelativeMinuteNum(bucket) % {shards} = {i}")
+                node.command(f"OPTIMIZE TABLE {DATABASE}.{table} FINAL")
+        assert default(nodes[0])().requests == default(client)().requests
+        pids = [node.pid for node in cluster.nodes if node.pid is not None]
+        spread = _default_figures(nodes[0], default(nodes[0]), filters, repeat, pids if pid else None)
+        for node in nodes:
+            node.close()
+    return {"shards": shards, "one_node": one_node, "sharded": spread}
 
 
 def run(
@@ -276,6 +339,7 @@ def run(
     pid: int | None = None,
     round_requests: int = 1_000_000,
     scale: int = 1,
+    shards: int = 2,
 ) -> dict:
     client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
     CS.apply(client, ddl.all_statements(DATABASE))
@@ -295,13 +359,15 @@ def run(
     exact_as_ingested = _timed(exact, 1, pid)
     refresh_as_ingested, _ = _best_refresh(client, filters, repeat)
     start = time.perf_counter()
-    for table in (S.PARTS_TABLE, sketch.ROLLUP_TABLE):
+    for table in (S.PARTS_TABLE, sketch.ROLLUP_TABLE, sketch.STEPS_ROLLUP_TABLE):
         client.command(f"OPTIMIZE TABLE {DATABASE}.{table} FINAL", settings={"max_memory_usage": 8 << 30})
     optimize_s = time.perf_counter() - start
     merged = _timed(default, repeat, pid)
     exact_merged = _timed(exact, repeat, pid)
     refresh, panels = _best_refresh(client, filters, repeat)
     baseline = _timed(lambda: _raw_spans_summary(client), 1, pid) if n_requests <= 1_000_000 else None
+    cluster = sharded(client, shards, repeat, filters, slo, pid) if shards > 1 else None
+    scaled = _scaled(client, n_requests, scale - 1, repeat, pid, default, filters) if scale > 1 else None
     return {
         "benchmark": "budget_query",
         "requests": n_requests,
@@ -322,6 +388,7 @@ def run(
         "budget_exact_s_as_ingested": round(exact_as_ingested[0], 3),
         "dashboard_refresh_s": refresh,
         "dashboard_refresh_s_as_ingested": refresh_as_ingested,
+        "dashboard_refresh_server_cpu_s": _refresh_cpu(client, filters, pid),
         "dashboard_panels_s": panels,
         "optimize_final_s": round(optimize_s, 3),
         "baseline_raw_spans_summary_s": round(baseline[0], 3) if baseline else None,
@@ -331,7 +398,10 @@ def run(
         "meets_targets": merged[0] <= 0.2 and as_ingested[0] <= 0.5 and refresh <= 1.0,
         "load_avg_1m": os.getloadavg()[0],
         "repeat": repeat,
-        "scaled": _scaled(client, n_requests, scale - 1, repeat, pid, default) if scale > 1 else None,
+        "scaled": scaled,
+        "scaled_budget_ratio": round(scaled["budget_s_best"] / merged[0], 2) if scaled else None,
+        "scaled_budget_cpu_ratio": round(scaled["budget_server_cpu_s"] / merged[2], 2) if scaled and pid else None,
+        "cluster": cluster,
         "sample": {
             "client_ttft_p99_ms": report.distributions["client_ttft_ms"].p99,
             "client_ttft_p99_ms_exact": exact_report.distributions["client_ttft_ms"].p99,
@@ -354,17 +424,20 @@ def main() -> int:
         default=1,
         help="then the default budget over this many times the requests (synthetic rollup rows)",
     )
+    parser.add_argument(
+        "--shards", type=int, default=2, help="then the same rollup rows over this many shards (0: skip)"
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clickhouse", default=None, help="use this server instead of an embedded one")
     args = parser.parse_args()
     n_requests = 100_000 if args.quick else args.requests
     if args.clickhouse:
         client = connect(args.clickhouse)
-        result = run(client, n_requests, args.repeat, round_requests=args.round, scale=args.scale)
+        result = run(client, n_requests, args.repeat, round_requests=args.round, scale=args.scale, shards=args.shards)
     else:
         with tempfile.TemporaryDirectory(prefix="phaselens-bench-") as tmp, EmbeddedClickHouse(tmp) as server:
             client = connect(server.url)
-            result = run(client, n_requests, args.repeat, server_pid(tmp), args.round, args.scale)
+            result = run(client, n_requests, args.repeat, server_pid(tmp), args.round, args.scale, args.shards)
             client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
             client.close()
     print(json.dumps(result))

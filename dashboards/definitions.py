@@ -158,14 +158,15 @@ def _diagnosis_panel(src: Source) -> dict:
     return panel(
         "table",
         "Diagnosis: why is it slow?",
-        "Why is it slow? The verdict of `phaselens diagnose`, from the same SQL: one row per cause, "
+        "Why is it slow? The verdict of `phaselens diagnose`, from the same SQL over the rollups "
+        f"(figures' p50 and p99 and the engine's from DDSketch states within {sketch.ALPHA:.0%}): one row per cause, "
         "primary first. A cause is flagged at p50 or p99 when its signal reaches its threshold while "
         f"the SLO it acts on is at risk there (above {th.MARGIN:g} x $ttft_slo_ms ms TTFT or $tpot_slo_ms ms "
         "TPOT). Signals: a TTFT term's share of TTFT (queue, prefill, ingress, delivery, network), the "
         "server's share of TPOT (decode) and the client's (client), the decode-token time lost to "
         f"prefill in mixed steps (prefill_stalls), KV use p90 / {th.KV_USED:g} or preempted share / "
         f"{th.PREEMPTED_SHARE:g} (kv_pressure). role none: every SLO holds with margin.",
-        [src.target("diagnosis_causes", FORMAT_TABLE)],
+        [src.target("diagnosis_causes_rollup", FORMAT_TABLE)],
         width=24,
         height=8,
         unit="none",
@@ -269,8 +270,9 @@ def budget_panels(src: Source) -> list[dict]:
             "table",
             "Slowest requests",
             "Which requests had the longest TTFT, and which phase dominated each? Click a trace id to "
-            "open that request's client and server spans in the Request trace dashboard.",
-            [src.target("slowest_requests", FORMAT_TABLE)],
+            "open that request's client and server spans in the Request trace dashboard. Exact: each "
+            "minute of the rollups keeps its 50 slowest requests, whose merge is the range's (whole minutes).",
+            [src.target("slowest_requests_rollup", FORMAT_TABLE)],
             width=24,
             height=10,
             unit="ms",

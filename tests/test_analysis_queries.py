@@ -74,13 +74,13 @@ def test_every_panel_query_runs_as_grafana_renders_it(client, data):
         "delivery_over_time",
         "goodput_over_time",
         "throughput_over_time",
-        "slowest_requests",
+        "slowest_requests_rollup",
         "engine_batch_over_time",
         "engine_kv_over_time",
         "decode_stalls_over_time",
         "queue_depth_over_time",
         "request_trace",
-        "diagnosis_causes",
+        "diagnosis_causes_rollup",
         "pd_budget_stack",
     }
     for name, columns in Q.PANEL_COLUMNS.items():

@@ -16,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from phaselens.analysis import queries, rollup
+from phaselens.analysis import queries, rollup, sketch
 from phaselens.collectors.service import Collector
 from phaselens.collectors.shard_sink import make_sink
 from phaselens.commands import budget as budget_command
@@ -214,7 +214,8 @@ def test_pd_columns_on_a_cluster_from_either_node(cluster, clients, tmp_path):
 
 
 def _trace_level_queries_see_every_shard(clients, db: str) -> None:
-    """A trace stored on shard 2, asked of shard 1; the services of both shards."""
+    """A trace stored on shard 2, asked of shard 1; the services of both shards' engine-step rollups
+    (the drop-down lists the services the panels can select: the requests' and the steps')."""
     trace_id, spans = (
         clients[1]
         .query(
@@ -228,7 +229,9 @@ def _trace_level_queries_see_every_shard(clients, db: str) -> None:
     assert len(clients[0].query(sql, parameters=params).result_rows) == spans > 1
     sql, params = queries.render_cli("services", database=db)
     served = {r[0] for r in clients[0].query(sql, parameters=params).result_rows}
-    assert served == {WORKLOAD.client_service, WORKLOAD.server_service}
+    assert served == {WORKLOAD.server_service}
+    steps = f"SELECT DISTINCT _shard_num FROM {db}.{sketch.STEPS_ROLLUP_TABLE}_distributed"
+    assert {r[0] for r in clients[0].query(steps).result_rows} == {1, 2}
 
 
 def _flat(value, prefix: str = "") -> dict:

@@ -31,8 +31,8 @@ def _stopped_database(client) -> str:
 
 @pytest.fixture(scope="module")
 def sealed(clickhouse, client):
-    """400 requests of every kind through OTLP and the collector, then sealed."""
-    w = spangen.generate(400, seed=21, server_only_every=7, abort_every=9, preempt_every=5)
+    """400 requests of every kind and 400 engine steps through OTLP and the collector, then sealed."""
+    w = spangen.generate(400, seed=21, server_only_every=7, abort_every=9, preempt_every=5, n_steps=400)
     database = _stopped_database(client)
     spangen.emit(w, clickhouse.url, database)
     rollup.seal_now(client, database)
@@ -93,6 +93,58 @@ def test_rollup_and_exact_budgets_agree_within_the_stated_error(client, sealed):
     near = _near(ttft, exact.tail.threshold_ms) + _near(ttft, approx.tail.threshold_ms)
     assert abs(approx.tail.requests - exact.tail.requests) <= max(1, near)
     assert approx.tail.grew_most == exact.tail.grew_most
+
+
+def _row(client, name: str, database: str, **filters) -> list[dict]:
+    sql, params = Q.render_cli(name, database=database, **filters)
+    result = client.query(sql, parameters=params)
+    return [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+
+
+def _step_values(client, sql: str) -> np.ndarray:
+    return np.sort(np.asarray(client.query(sql).result_columns[0], dtype=float))
+
+
+def test_the_steps_rollup_agrees_with_every_step_within_the_stated_error(client, sealed):
+    """Counts and sums exact; the baseline (decode-only p50), the mixed p50 and the KV p90 within
+    the sketch's error; each mixed step's extra off by at most the baseline's error (plus, for the
+    steps within 2 % of the baseline, the bucket's width)."""
+    _, database = sealed
+    (exact,) = _row(client, "diagnosis_engine", database)
+    (approx,) = _row(client, "diagnosis_engine_rollup", database)
+    (stalls,) = _row(client, "decode_stalls_rollup", database)
+    assert exact["steps"] == 400 and exact["mixed_steps"] > 50
+    same = ("steps", "mixed_steps", "decode_steps", "delayed_decodes", "preemptions", "kv_used_max", "queue_depth_max")
+    assert [approx[k] for k in same] == [exact[k] for k in same]
+    assert approx["batch_size_mean"] == pytest.approx(exact["batch_size_mean"], rel=1e-12)
+    steps = f"FROM {database}.{S.STEPS_VIEW} WHERE"
+    decode = _step_values(client, f"SELECT duration_ms {steps} prefill_tokens = 0 AND decode_tokens > 0")
+    mixed = _step_values(client, f"SELECT duration_ms {steps} prefill_tokens > 0 AND decode_tokens > 0")
+    kv = _step_values(client, f"SELECT kv_blocks_used / kv_blocks_total {steps} 1")
+    assert _within_sketch_error(approx["decode_step_p50_ms"], decode, 0.5)
+    assert _within_sketch_error(approx["mixed_step_p50_ms"], mixed, 0.5)
+    assert _within_sketch_error(approx["kv_used_p90"], kv, 0.9)
+    base, base_approx = exact["decode_step_p50_ms"], approx["decode_step_p50_ms"]
+    error = abs(base_approx - base) + _near(mixed, base) * (sketch.GAMMA - 1) * base
+    assert abs(approx["stall_ms"] - exact["stall_ms"]) <= exact["mixed_steps"] * error + 1e-9
+    assert approx["stall_share"] == pytest.approx(exact["stall_share"], rel=0.05)
+    assert (stalls["baseline_ms"], stalls["request_stall_ms"]) == (base_approx, approx["request_stall_ms"])
+    report = B.budget(client, database=database, since=None, exact=False)
+    assert report.stalls.mixed_steps == exact["mixed_steps"] and report.stalls.stall_ms == stalls["stall_ms"]
+
+
+def test_the_verdict_and_the_slowest_requests_from_the_rollups(client, sealed):
+    """The dashboard's verdict ranks the same causes with the same roles as the exact one, and its
+    slowest requests are the exact ones, in order, with the same figures."""
+    _, database = sealed
+    slo = {"ttft_slo_ms": 40, "tpot_slo_ms": 12}
+    exact = _row(client, "diagnosis_causes", database, **slo)
+    approx = _row(client, "diagnosis_causes_rollup", database, **slo)
+    assert [(r["cause"], r["role"]) for r in approx] == [(r["cause"], r["role"]) for r in exact]
+    assert any(r["role"] == "primary" for r in exact)
+    slowest = _row(client, "slowest_requests", database, limit=Q.SLOWEST_KEPT)
+    assert _row(client, "slowest_requests_rollup", database) == slowest and len(slowest) == Q.SLOWEST_KEPT
+    assert len(_row(client, "slowest_requests_rollup", database, limit=5)) == 5
 
 
 def _split(w: spangen.Workload) -> tuple[list, list]:
@@ -159,12 +211,21 @@ def test_a_new_term_is_one_line_and_upgrades_in_place(clickhouse, client, monkey
     spangen.emit(w, clickhouse.url, database, transport="insert")
     rollup.seal_now(client, database)
     monkeypatch.setattr(Q, "ROLLUP_TERMS", (*Q.ROLLUP_TERMS, ("double_ingress_ms", "ingress_ms * 2")))
+    monkeypatch.setattr(Q, "ROLLUP_POSITIONS", (*Q.ROLLUP_POSITIONS, "double_ingress_ms"))
     CS.apply(client, rollup.statements(database))
     rollup.stop_refreshes(client, database)
     spangen.emit(spangen.generate(20, seed=9), clickhouse.url, database, transport="insert", seed=9)
     rollup.seal_now(client, database)
     mean, rows = client.query(
-        f"SELECT avgMerge(double_ingress_ms_avg), sum(requests) FROM {database}.{sketch.ROLLUP_TABLE}"
+        f"SELECT avgForEachMerge({sketch.MEANS_COLUMN})[{len(Q.ROLLUP_POSITIONS)}], sum(requests) "
+        f"FROM {database}.{sketch.ROLLUP_TABLE}"
     ).result_rows[0]
     newer = spangen.generate(20, seed=9).requests
     assert rows == 40 and mean == pytest.approx(2 * np.mean([r.ingress_ms for r in newer]), rel=1e-9)
+
+
+def test_every_term_has_a_stored_position():
+    """Sealed rows keep the positions of their arrays: a term needs one, appended (not inserted)."""
+    names = [name for name, _ in Q.ROLLUP_TERMS]
+    assert len(set(Q.ROLLUP_POSITIONS)) == len(Q.ROLLUP_POSITIONS)
+    assert not set(names) - set(Q.ROLLUP_POSITIONS), "append the new term's name to queries.ROLLUP_POSITIONS"

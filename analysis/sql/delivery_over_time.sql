@@ -7,13 +7,16 @@
 -- Where the server's first-chunk time goes (first_chunk = loop_wait + encode; write beside it), against
 -- the residual (network + client): a starved event loop shows in loop_wait, a slow network or
 -- client in the residual. p90s from the rollups' sketches.
+SELECT * EXCEPT (terms_q, terms_mean) FROM (
 SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(loop_wait_ms_qs))[2] AS loop_wait_p90_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(encode_ms_qs))[2] AS encode_p90_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(write_ms_qs))[2] AS write_p90_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(first_chunk_stamped_ms_qs))[2] AS first_chunk_p90_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(residual_ms_qs))[2] AS residual_p90_ms
+    quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(terms_qs) AS terms_q, avgForEachMerge(terms_avg) AS terms_mean,
+    arrayElementOrNull(terms_q[16], 2) / 1000000.0 AS loop_wait_p90_ms,
+    arrayElementOrNull(terms_q[17], 2) / 1000000.0 AS encode_p90_ms,
+    arrayElementOrNull(terms_q[18], 2) / 1000000.0 AS write_p90_ms,
+    arrayElementOrNull(terms_q[40], 2) / 1000000.0 AS first_chunk_p90_ms,
+    arrayElementOrNull(terms_q[15], 2) / 1000000.0 AS residual_p90_ms
 FROM {database:Identifier}.phaselens_budget_states
-WHERE (is_live = 0 OR (sealer, sealed_to) GLOBAL IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) AS sealed_to FROM {database:Identifier}.phaselens_budget_states) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
+WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
+)
 ORDER BY time

@@ -2,7 +2,6 @@
 -- Rendering: render_cli, ClickHouse server-side parameters {name:Type} (what the CLI and the
 -- Python API send), every filter set; an unset service, model or since drops its condition.
 -- Run: clickhouse-client --param_ttft_slo_ms='200' --param_tpot_slo_ms='50' --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --param_model='tiny' --queries-file diagnosis_causes.sql
--- Grafana panels render the same template with macros: dashboards/generated/*.json.
 --
 -- The verdict, one row per cause in rank order. At a percentile an SLO is at risk when TTFT or
 -- TPOT exceeds MARGIN × its SLO; a cause is flagged there when its signal ≥ its threshold and the

@@ -3,19 +3,22 @@
 -- Python API send), every filter set; an unset service, model or since drops its condition.
 -- Run: clickhouse-client --param_bucket_s='10' --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --param_model='tiny' --queries-file latency_over_time.sql
 -- Grafana panels render the same template with macros: dashboards/generated/*.json.
+SELECT * EXCEPT (terms_q, terms_mean) FROM (
 SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttft_ms_qs))[1] AS client_ttft_p50_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttft_ms_qs))[3] AS client_ttft_p99_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_ttft_ms_qs))[3] AS server_ttft_p99_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_ttfo_ms_qs))[3] AS client_ttfo_p99_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_tpot_ms_qs))[1] AS client_tpot_p50_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_tpot_ms_qs))[3] AS client_tpot_p99_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_tpot_ms_qs))[3] AS server_tpot_p99_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_itl_p99_ms_qs))[3] AS client_itl_p99_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(server_itl_p99_ms_qs))[3] AS server_itl_p99_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_e2e_ms_qs))[1] AS client_e2e_p50_ms,
-    arrayMap(v -> v / 1000000.0, quantilesDDMerge(0.01, 0.5, 0.9, 0.99)(client_e2e_ms_qs))[3] AS client_e2e_p99_ms
+    quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(terms_qs) AS terms_q, avgForEachMerge(terms_avg) AS terms_mean,
+    arrayElementOrNull(terms_q[2], 1) / 1000000.0 AS client_ttft_p50_ms,
+    arrayElementOrNull(terms_q[2], 3) / 1000000.0 AS client_ttft_p99_ms,
+    arrayElementOrNull(terms_q[3], 3) / 1000000.0 AS server_ttft_p99_ms,
+    arrayElementOrNull(terms_q[4], 3) / 1000000.0 AS client_ttfo_p99_ms,
+    arrayElementOrNull(terms_q[26], 1) / 1000000.0 AS client_tpot_p50_ms,
+    arrayElementOrNull(terms_q[26], 3) / 1000000.0 AS client_tpot_p99_ms,
+    arrayElementOrNull(terms_q[27], 3) / 1000000.0 AS server_tpot_p99_ms,
+    arrayElementOrNull(terms_q[28], 3) / 1000000.0 AS client_itl_p99_ms,
+    arrayElementOrNull(terms_q[29], 3) / 1000000.0 AS server_itl_p99_ms,
+    arrayElementOrNull(terms_q[30], 1) / 1000000.0 AS client_e2e_p50_ms,
+    arrayElementOrNull(terms_q[30], 3) / 1000000.0 AS client_e2e_p99_ms
 FROM {database:Identifier}.phaselens_budget_states
-WHERE (is_live = 0 OR (sealer, sealed_to) GLOBAL IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) AS sealed_to FROM {database:Identifier}.phaselens_budget_states) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
+WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
+)
 ORDER BY time

@@ -6,5 +6,5 @@
 -- Values of the dashboards' model drop-down (gen_ai.response.model, else request.model), from
 -- the rollups: a minute's rows name its models.
 SELECT DISTINCT model FROM {database:Identifier}.phaselens_budget_states
-WHERE (is_live = 0 OR (sealer, sealed_to) GLOBAL IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) AS sealed_to FROM {database:Identifier}.phaselens_budget_states) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String} AND model != ''
+WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String} AND model != ''
 ORDER BY model

@@ -3,7 +3,9 @@
 -- Python API send), every filter set; an unset service, model or since drops its condition.
 -- Run: clickhouse-client --param_database='otel' --param_since_ms='900000' --queries-file services.sql
 --
--- Values of the dashboards' service drop-down: every service.name that sent spans.
-SELECT DISTINCT ServiceName AS service FROM {database:Identifier}.phaselens_spans
-WHERE Timestamp >= now64(9) - toIntervalMillisecond({since_ms:UInt64})
+-- Values of the dashboards' service drop-down: the services of the requests and engine steps in
+-- range, from the rollups (a minute's rows name them).
+SELECT DISTINCT service FROM (SELECT service FROM {database:Identifier}.phaselens_budget_states WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64}))
+    UNION ALL SELECT service FROM {database:Identifier}.phaselens_steps_states WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})))
+WHERE service != ''
 ORDER BY service

@@ -2,7 +2,6 @@
 -- Rendering: render_cli, ClickHouse server-side parameters {name:Type} (what the CLI and the
 -- Python API send), every filter set; an unset service, model or since drops its condition.
 -- Run: clickhouse-client --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --param_model='tiny' --param_limit='50' --queries-file slowest_requests.sql
--- Grafana panels render the same template with macros: dashboards/generated/*.json.
 --
 -- The slowest requests by TTFT, each with its budget and the phase that dominated it.
 SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,

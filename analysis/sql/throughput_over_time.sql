@@ -9,6 +9,6 @@ SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
     sum(input_tokens_sum) / greatest({bucket_s:UInt32}, 60) AS input_tokens_per_s,
     sum(output_tokens_sum) / greatest({bucket_s:UInt32}, 60) AS output_tokens_per_s
 FROM {database:Identifier}.phaselens_budget_states
-WHERE (is_live = 0 OR (sealer, sealed_to) GLOBAL IN (SELECT sealer, max(sealed_to) FROM (SELECT sealer, if(is_live = 1, toDateTime64(0, 3), sealed_to) AS sealed_to FROM {database:Identifier}.phaselens_budget_states) GROUP BY sealer)) AND bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
+WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time
 ORDER BY time
