@@ -4,7 +4,8 @@ One embedded ClickHouse and one collector; then, alternately, a vLLM with the ph
 (the first chunk's delivery unobserved: in the residual) and one that also has the delivery
 middleware (`--middleware phaselens.integrations.vllm.middleware.FirstChunkMiddleware`), each
 serving the same bounded `phaselens bench` (client spans to the collector). Prints ONE JSON object:
-per run, the residual's p50/p90/max and the bound max(5 ms, 5 % of client TTFT p90), the first
+per run, the residual's p50/p90/max (and its p90 over the requests whose first-chunk read the
+client did not find coalesced with later packets) and the bound max(5 ms, 5 % of client TTFT p90), the first
 chunk's and held-back's p50/p90 (None where unobserved), and the API server's CPU µs per request
 (/proc/<pid>/task/*/schedstat), so the middleware's cost is with − without.
 
@@ -47,8 +48,9 @@ COLUMNS = (
 )
 
 
-def _bench(stack: Stack, url: str, model_dir: Path, out: Path, args: argparse.Namespace) -> list[str]:
-    """One bounded bench; the trace ids of its requests."""
+def _bench(stack: Stack, url: str, model_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, bool]:
+    """One bounded bench; its requests' trace ids → whether the client's first-chunk read was
+    coalesced (TCP stamped it with a later packet: `client_read` understated)."""
     argv = [
         sys.executable,
         "-m",
@@ -76,12 +78,13 @@ def _bench(stack: Stack, url: str, model_dir: Path, out: Path, args: argparse.Na
         str(out),
     ]
     subprocess.run(argv, env=stack.otel_env("bench"), check=True, capture_output=True, timeout=600)
-    return [json.loads(line)["trace_id"] for line in out.read_text().splitlines()]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    return {line["trace_id"]: bool(line.get("client_read_coalesced")) for line in lines}
 
 
 def _rows(stack: Stack, trace_ids: list[str], timeout_s: float = 60.0) -> list[dict]:
     sql = (
-        f"SELECT {', '.join(COLUMNS)} FROM {stack.database}.phaselens_request_facts "
+        f"SELECT trace_id, {', '.join(COLUMNS)} FROM {stack.database}.phaselens_request_facts "
         "WHERE trace_id IN {ids:Array(String)} AND has_client AND has_server"
     )
     deadline = time.monotonic() + timeout_s
@@ -97,8 +100,13 @@ def _cpu_ns(pid: int) -> int:
     return sum(int((task / "schedstat").read_text().split()[0]) for task in Path(f"/proc/{pid}/task").iterdir())
 
 
-def _figures(rows: list[dict]) -> dict:
-    out: dict = {"rows": len(rows)}
+def _figures(rows: list[dict], coalesced: dict[str, bool]) -> dict:
+    exact = sorted(r["residual_ms"] for r in rows if not coalesced.get(r["trace_id"]))
+    out: dict = {
+        "rows": len(rows),
+        "coalesced_reads": sum(coalesced.get(r["trace_id"], False) for r in rows),
+        "residual_ms_p90_exact_reads": quantile(exact, 0.9),
+    }
     for column in COLUMNS:
         values = sorted(r[column] for r in rows if r[column] is not None)
         out[column] = {
@@ -148,9 +156,9 @@ def main() -> None:
                         before = _cpu_ns(server.proc.pid)
                         ids = _bench(stack, server.url, model_dir, tmp_path / f"{name}-{round_index}.jsonl", args)
                         cpu_us = (_cpu_ns(server.proc.pid) - before) / len(ids) / 1000
-                    rows = _rows(stack, ids)
+                    rows = _rows(stack, list(ids))
                     run = {"config": name, "round": round_index, "api_server_cpu_us_per_request": cpu_us}
-                    runs.append({**run, **_figures(rows), **({"each": rows} if args.rows else {})})
+                    runs.append({**run, **_figures(rows, ids), **({"each": rows} if args.rows else {})})
         finally:
             stack.stop()
     print(json.dumps({"benchmark": "vllm_residual", **vars(args), "runs": runs}, indent=2))

@@ -30,25 +30,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from contextvars import ContextVar
 from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from phaselens.instrumentation.hotpath.handle import ServerRequest
 from phaselens.instrumentation.server.asgi import IngressMiddleware, Message, Receive, Scope, Send
 from phaselens.instrumentation.server.inbound import InboundProtocol
 from phaselens.instrumentation.server.telemetry import SCOPE_KEY, ServerTelemetry
 
-# the import path for vLLM's --middleware: importing that module also wraps uvicorn's HTTP protocol
-MIDDLEWARE_PATH = "phaselens.integrations.vllm.middleware.FirstChunkMiddleware"
+from .http_request import HTTP_REQUEST, MIDDLEWARE_PATH
+
+__all__ = ["MIDDLEWARE_PATH", "FirstChunkMiddleware", "sse_carries_content", "use_inbound_protocol"]
 UVICORN_AUTO_HTTP = "uvicorn.protocols.http.auto:AutoHTTPProtocol"
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"  # vLLM sets it from --otlp-traces-endpoint
 CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")  # a chat delta's output
 SSE_DATA, SSE_DONE = b"data: ", b"data: [DONE]"
-# the HTTP request vLLM is running in this task (and the tasks it starts), while it runs
-HTTP_REQUEST: ContextVar[ServerRequest | None] = ContextVar("phaselens_vllm_http_request", default=None)
 
 
 def sse_carries_content(message: Message) -> bool:

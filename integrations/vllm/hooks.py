@@ -29,7 +29,7 @@ from typing import Any
 
 from phaselens.instrumentation import names
 
-from .delivery import HTTP_REQUEST, MIDDLEWARE_PATH
+from .http_request import HTTP_REQUEST, MIDDLEWARE_PATH
 from .tracker import VllmTracker, output_taken
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
