@@ -346,6 +346,11 @@ def test_plugin_rows_name_the_first_chunk_and_leave_a_loopback_sized_residual(pi
         assert row["first_chunk_ms"] == pytest.approx(row["loop_wait_ms"] + row["encode_ms"], abs=1e-6)
         assert row["loop_wait_ms"] >= 0 and row["encode_ms"] > 0
         assert row["server_ttfc_ms"] < row["client_ttft_ms"] and row["inbound_ms"] >= 0
+        assert row["server_ttfc_ms"] <= row["server_last_chunk_ms"] <= row["server_e2e_ms"] + 1e-6
+        assert row["e2e_residual_ms"] >= -0.1
+    # every content chunk's send is stamped: the last one ends the server's stream (equal to the first
+    # only where vLLM's request task was late enough to take the whole output in one piece)
+    assert sum(r["server_last_chunk_ms"] > r["server_ttfc_ms"] for r in rows) >= REQUESTS // 2, rows
     bound = max(5.0, 0.05 * quantile(sorted(r["client_ttft_ms"] for r in rows), 0.9))
     residual = sorted(r["residual_ms"] for r in rows)
     assert residual[0] >= -0.1, residual  # nothing counted twice

@@ -71,8 +71,13 @@ def test_the_first_chunk_is_the_one_carrying_text_not_the_role_chunk_sent_before
         await send(sse(ROLE_ONLY))
         rig.clock.advance(400_000)
         await send(sse(CHAT_CONTENT))
+        rig.clock.advance(1_000_000)
+        handle.token()
+        handle.output_ready()  # later text: its chunk ends server_last_chunk
+        rig.clock.advance(200_000)
+        await send(sse(CHAT_CONTENT))
         handle.finished("stop")
-        handle.complete(output_tokens=2, finish_reason="stop")
+        handle.complete(output_tokens=3, finish_reason="stop")
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
     async def receive():
@@ -89,6 +94,7 @@ def test_the_first_chunk_is_the_one_carrying_text_not_the_role_chunk_sent_before
     assert attributes[names.PL_FIRST_CHUNK_LOOP_WAIT_MS] == pytest.approx(0.3)
     assert attributes[names.PL_FIRST_CHUNK_ENCODE_MS] == pytest.approx(0.5)  # to the content chunk
     assert attributes[names.PL_FIRST_CHUNK_MS] == pytest.approx(0.8)
+    assert attributes[names.PL_SERVER_LAST_CHUNK_MS] == pytest.approx(attributes[names.PL_SERVER_TTFC_MS] + 1.2)
 
 
 def test_the_middleware_passes_other_requests_through_untouched():

@@ -48,7 +48,8 @@ class IngressMiddleware:
     """ASGI middleware; `telemetry` is the ServerTelemetry that owns the handles. `carries_content`,
     when given, tells whether a body chunk sent after `output_ready()` carries the output (a server
     whose API layer also sends chunks without it after that call, such as vLLM's role-only chat
-    chunk or its empty-text completion chunks); by default each such chunk does."""
+    chunk or its empty-text completion chunks); by default each such chunk does. It is asked only until
+    the first chunk that carries output: vLLM sends those chunks before its first text."""
 
     def __init__(
         self, app: Any, telemetry: RequestOpener, carries_content: Callable[[Message], bool] | None = None
@@ -81,7 +82,7 @@ class IngressMiddleware:
             carries_output = (
                 handle.output_pending
                 and kind == "http.response.body"
-                and (carries_content is None or carries_content(message))
+                and (carries_content is None or bool(handle.first_chunk_ts) or carries_content(message))
             )
             if carries_output:
                 handle.chunk_sending()

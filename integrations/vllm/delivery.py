@@ -9,9 +9,9 @@ vLLM 0.32's API server adds ASGI middleware named by import path:
 For a generation request (POST /v1/completions, /v1/chat/completions) the middleware is phaselens's
 ingress middleware (`instrumentation/server/asgi.py`) on the plugin's `ServerTelemetry`: it stamps
 `received` when the API server's ASGI stack starts the request, opens the request's handle there
-(the W3C trace context from the HTTP headers, the `X-Request-Id` header), stamps the first body
-chunk that carries output where it is handed to uvicorn's `send` (`first_chunk`), and closes the
-handle when the response ends. The handle is current in `HTTP_REQUEST` while vLLM runs the request,
+(the W3C trace context from the HTTP headers, the `X-Request-Id` header), stamps each body chunk
+that carries output where it is handed to uvicorn's `send` (the first: `first_chunk`; the last:
+`server_last_chunk`), and closes the handle when the response ends. The handle is current in `HTTP_REQUEST` while vLLM runs the request,
 so the hooks join it to the engine-side request by vLLM's request id (`OutputProcessor.add_request`
 runs in the request's task) and stamp `output_ready` when the request's task takes output that
 renders text off vLLM's per-request stream (`RequestOutputCollector.get`). All stamps are the API

@@ -13,7 +13,7 @@ adds integer stamps; a failure in phaselens's part is logged once and never reac
     add_request(request, ...)                              in the HTTP request's task: the delivery
                                                            middleware's handle (`delivery.py`) becomes
                                                            the request's
-    RequestOutputCollector.get / get_nowait                the request's task took output: the first
+    RequestOutputCollector.get / get_nowait                the request's task took output: output
                                                            that renders text stamps `output_ready`
 """
 

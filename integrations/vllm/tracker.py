@@ -265,10 +265,10 @@ class VllmTracker:
 
 
 def output_taken(handle: Any, output: Any) -> None:
-    """The HTTP request's task took `output` (a RequestOutput) off vLLM's per-request stream: the
-    first time it renders text, that is `output_ready`, with the tokens handed to the stream so far
-    (so the decode steps of tokens that rendered none are `held_back`)."""
-    if handle.output_ready_ts or not handle.first_token_ts:
+    """The HTTP request's task took `output` (a RequestOutput) off vLLM's per-request stream. Output
+    that renders text is `output_ready`: the first time with the tokens handed to the stream so far
+    (so the decode steps of tokens that rendered none are `held_back`); every time, so that the
+    middleware stamps each content chunk's `send` (the last one ends `server_last_chunk`)."""
+    if not handle.first_token_ts or not any(completion.text for completion in getattr(output, "outputs", ())):
         return
-    if any(completion.text for completion in getattr(output, "outputs", ())):
-        handle.output_ready(1 + sum(handle.token_n))
+    handle.output_ready(0 if handle.output_ready_ts else 1 + sum(handle.token_n))
