@@ -14,7 +14,8 @@ UNSEPARATED: dict[str, str] = {
         "vLLM's native llm_request span: ingress and first_token are not separated; before_engine_ms = "
         "server TTFT − queue − prefill holds tokenisation, the hop into the EngineCore and the first "
         "token's hop back to the API server; the first chunk's delivery (vLLM's output handler → "
-        "bytes written) is inside residual_ms; no delivery_ms, no engine steps"
+        "bytes written), its held-back decode steps and the inbound edge are inside residual_ms (the "
+        "phaselens plugin with its --middleware names them); no delivery_ms, no engine steps"
     ),
     n.SPAN_MODEL_SGLANG: (
         "SGLang's native request trace: first_token is not separated; before_engine_ms = server TTFT − "

@@ -158,6 +158,7 @@ def request_row(index: int, r: StreamResult, start_ns: int) -> dict:
         "ttft_ms": r.ttft_ms,
         "client_send_ms": r.send_ms,
         "client_read_ms": r.read_ms,
+        "client_read_coalesced": r.read_coalesced,
         "ttfo_ms": r.ttfo_ms,
         "tpot_ms": r.tpot_ms,
         "e2e_ms": r.e2e_ms,

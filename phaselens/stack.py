@@ -214,6 +214,7 @@ class Stack:
     def _vllm_server(self):
         """A real vLLM on the tiny model (saved into the data directory), tracing to this collector:
         with the phaselens plugin ("vllm") or with its native spans only ("vllm-native")."""
+        from phaselens.integrations.vllm.delivery import MIDDLEWARE_PATH
         from phaselens.integrations.vllm.launcher import VllmServer, default_python
         from phaselens.integrations.vllm.tiny_model import save_tiny_llama
 
@@ -231,6 +232,7 @@ class Stack:
             env=env,
             served_name=self.model,
             max_model_len=VLLM_MAX_MODEL_LEN,
+            middleware=(MIDDLEWARE_PATH,) if self.server_kind == "vllm" else (),
         )
 
     def served_model(self) -> str:

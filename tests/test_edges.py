@@ -222,3 +222,35 @@ def test_the_clients_own_lateness_is_client_read_not_network():
     assert "the client was a bottleneck" in client_bottleneck_note({"client_bottleneck": blocked_run})
     quiet = {**blocked_run, "share": 0.05, "bottleneck": False}  # a client far below the line says nothing
     assert client_bottleneck_note({"client_bottleneck": quiet}) is None
+
+
+def test_a_late_client_says_when_its_first_chunk_read_was_coalesced():
+    """TCP merges packets that wait in the receive queue and stamps the merged bytes with the newest
+    packet's arrival, so a client late enough to find the next chunk behind the first content chunk
+    reads both with the later stamp: its `read_ms` understates its wait (the rest stays in the
+    residual). The client knows it happened (later events in the same read) and says so."""
+    first_chunk_ms, next_chunk_ms = 60, 80
+    url, stop, thread = _stream_in_a_thread(
+        [
+            Step(first_chunk_ms, completion_chunk("Hi")),
+            Step(next_chunk_ms, completion_chunk("!", finish="stop") + usage_chunk(3, 2) + DONE_EVENT),
+        ]
+    )
+
+    async def run(block_s: float):
+        async with TracedClient(url, tracer_provider=TracerProvider()) as client:
+            task = asyncio.create_task(client.stream("completions", {"model": "m", "prompt": "p", "max_tokens": 2}))
+            await asyncio.sleep(0.02)
+            time.sleep(block_s)  # 0.3 s: both chunks arrive meanwhile (at ~60 and ~140 ms)
+            return await task
+
+    try:
+        late, prompt = asyncio.run(run(BLOCK_S)), asyncio.run(run(0.0))
+    finally:
+        stop.set()
+        thread.join(10)
+    assert late.ok and prompt.ok
+    assert late.read_coalesced and not prompt.read_coalesced
+    # the late read carries the second chunk's stamp: what it hides is the 80 ms between them
+    assert late.ttft_ms - late.read_ms >= first_chunk_ms + next_chunk_ms - 1
+    assert first_chunk_ms - 1 <= prompt.ttft_ms - prompt.read_ms < first_chunk_ms + 20

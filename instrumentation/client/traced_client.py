@@ -88,6 +88,9 @@ class StreamResult:
     first_event_ns: int | None = None  # first SSE event of any kind (role-only included)
     first_chunk_ns: int | None = None  # first content chunk (TTFT)
     first_chunk_arrived_ns: int = 0  # the kernel's receive stamp of its bytes (0: not observed)
+    # later events came in the same read as the first content chunk: TCP merged their packets while
+    # the client was late and stamped the read with the newest one, so `read_ms` understates the wait
+    read_coalesced: bool = False
     written_ns: int = 0  # the request's first bytes handed to the transport (0: not observed)
     connect_ns: int = 0  # the new connection's connect it waited for (network time, not the client's)
     first_output_ns: int | None = None  # first non-reasoning content chunk (TTFO)
@@ -393,8 +396,12 @@ class TracedClient:
             async for now_ns, chunk in pieces:
                 if receipts is not None:
                     reader.arrived_ns = receipts.arrived_ns
-                for event in parser.feed(chunk):
+                events = parser.feed(chunk)
+                for i, event in enumerate(events):
+                    first = result.first_chunk_ns
                     reader.on_event(event.data, event.event, now_ns)
+                    if first is None and result.first_chunk_ns is not None and i + 1 < len(events):
+                        result.read_coalesced = True
             parser.close()
         if not result.saw_done and not result.finish_reasons:
             raise StreamFailure(ERROR_TRUNCATED, "stream closed without [DONE] or a finish_reason")

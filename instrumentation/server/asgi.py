@@ -45,11 +45,18 @@ class RequestOpener(Protocol):
 
 
 class IngressMiddleware:
-    """ASGI middleware; `telemetry` is the ServerTelemetry that owns the handles."""
+    """ASGI middleware; `telemetry` is the ServerTelemetry that owns the handles. `carries_content`,
+    when given, tells whether a body chunk sent after `output_ready()` carries the output (a server
+    whose API layer also sends chunks without it after that call, such as vLLM's role-only chat
+    chunk or its empty-text completion chunks); by default each such chunk does. It is asked only until
+    the first chunk that carries output: vLLM sends those chunks before its first text."""
 
-    def __init__(self, app: Any, telemetry: RequestOpener) -> None:
+    def __init__(
+        self, app: Any, telemetry: RequestOpener, carries_content: Callable[[Message], bool] | None = None
+    ) -> None:
         self.app = app
         self.telemetry = telemetry
+        self.carries_content = carries_content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
@@ -58,6 +65,7 @@ class IngressMiddleware:
         handle = self.telemetry.open_request(scope, managed=True)
         scope.setdefault(FASTAPI_TELEMETRY_KEY, None)
         clock_ns = handle.clock_ns
+        carries_content = self.carries_content
         responded_ts = 0
 
         async def receive_stamped() -> Message:
@@ -71,7 +79,11 @@ class IngressMiddleware:
             kind = message.get("type")
             if kind == "http.response.start":
                 handle.note_http(status_code=message.get("status"))
-            carries_output = handle.output_pending and kind == "http.response.body"
+            carries_output = (
+                handle.output_pending
+                and kind == "http.response.body"
+                and (carries_content is None or bool(handle.first_chunk_ts) or carries_content(message))
+            )
             if carries_output:
                 handle.chunk_sending()
             try:

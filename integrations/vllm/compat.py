@@ -1,6 +1,6 @@
 """Which vLLM the plugin knows, checked once at load (docs/vllm.md#supported-versions).
 
-The plugin wraps three methods of vLLM's `OutputProcessor` and reads `RequestStateStats`,
+The plugin wraps four methods of vLLM's `OutputProcessor` and two of its `RequestOutputCollector` and reads `RequestStateStats`,
 `IterationStats` and `SchedulerStats`, which vLLM states are not a stable interface. So it wraps
 only a vLLM whose version lies in `SUPPORTED` (or in $PHASELENS_VLLM_SUPPORTED, for an operator who
 accepts the risk of a newer release) and whose methods still take the parameters it was written
@@ -22,7 +22,9 @@ HOOKED_METHODS: dict[str, tuple[str, ...]] = {
     "process_outputs": ("engine_core_outputs", "engine_core_timestamp", "iteration_stats"),
     "do_tracing": ("engine_core_output", "req_state", "iteration_stats"),
     "update_scheduler_stats": ("scheduler_stats",),
+    "add_request": ("request", "prompt", "parent_req", "request_index", "queue"),
 }
+COLLECTOR_METHODS = ("get", "get_nowait")  # RequestOutputCollector: the request's task takes output
 STATS_FIELDS = ("arrival_time", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts", "num_generation_tokens")
 
 
@@ -41,8 +43,11 @@ def version_problem(version: str, spec: str) -> str | None:
     return None
 
 
-def interface_problem(output_processor_cls: type, stats_cls: type) -> str | None:
+def interface_problem(output_processor_cls: type, stats_cls: type, collector_cls: type) -> str | None:
     """Why vLLM's classes do not look as the plugin expects, or None."""
+    missing_methods = [m for m in COLLECTOR_METHODS if not callable(getattr(collector_cls, m, None))]
+    if missing_methods:
+        return f"RequestOutputCollector lacks {missing_methods}"
     for name, params in HOOKED_METHODS.items():
         method = getattr(output_processor_cls, name, None)
         if method is None:

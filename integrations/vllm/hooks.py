@@ -1,5 +1,5 @@
-"""The three wrappers around vLLM's `OutputProcessor` (API-server process) and the one tracker
-they feed. Each wrapper calls vLLM's own method unchanged (except `do_tracing`, below) and only
+"""The wrappers around vLLM's `OutputProcessor` and `RequestOutputCollector` (API-server process)
+and the one tracker they feed. Each wrapper calls vLLM's own method unchanged (except `do_tracing`, below) and only
 adds integer stamps; a failure in phaselens's part is logged once and never reaches vLLM.
 
     process_outputs(outputs, timestamp, iteration_stats)  before: which requests are in the batch;
@@ -10,6 +10,11 @@ adds integer stamps; a failure in phaselens's part is logged once and never reac
                                                            the phaselens SERVER span replaces it and
                                                            carries the same gen_ai.latency.* keys
     update_scheduler_stats(scheduler_stats)                once per EngineCore output batch: one step
+    add_request(request, ...)                              in the HTTP request's task: the delivery
+                                                           middleware's handle (`delivery.py`) becomes
+                                                           the request's
+    RequestOutputCollector.get / get_nowait                the request's task took output: output
+                                                           that renders text stamps `output_ready`
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import Any
 
 from phaselens.instrumentation import names
 
-from .tracker import VllmTracker
+from .http_request import HTTP_REQUEST, MIDDLEWARE_PATH
+from .tracker import VllmTracker, output_taken
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 MARK = "__phaselens_wrapped__"
@@ -59,6 +65,12 @@ def tracker() -> VllmTracker:
     os.environ.setdefault(TRACES_PROTOCOL, "grpc")
     telemetry = ServerTelemetry.from_env(os.environ.get("OTEL_SERVICE_NAME") or names.VLLM_SERVICE_NAME)
     atexit.register(telemetry.shutdown)
+    if MIDDLEWARE_PATH not in " ".join(sys.argv):
+        _logger.warning(
+            "phaselens: the first chunk's delivery is not observed (first_chunk_ms unobserved, in the residual): "
+            "start vLLM with --middleware %s",
+            MIDDLEWARE_PATH,
+        )
     return VllmTracker(telemetry, served_model_name(sys.argv))
 
 
@@ -122,17 +134,68 @@ def _update_scheduler_stats(original: Callable) -> Callable:
     return update_scheduler_stats
 
 
+def http_done(handle: Any) -> None:
+    """The delivery middleware's request ended: see VllmTracker.http_done (never raises)."""
+    _guard("http_done", tracker().http_done, handle)
+
+
+def _add_request(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def add_request(self, request, *args, **kwargs):
+        result = original(self, request, *args, **kwargs)
+        handle = HTTP_REQUEST.get()
+        if handle is not None and self.tracing_enabled:
+            _guard("add_request", tracker().claim, request.request_id, handle)
+        return result
+
+    return add_request
+
+
+def _collector_get(original: Callable) -> Callable:
+    @functools.wraps(original)
+    async def get(self):
+        output = await original(self)
+        handle = HTTP_REQUEST.get()
+        if handle is not None:
+            _guard("output_ready", output_taken, handle, output)
+        return output
+
+    return get
+
+
+def _collector_get_nowait(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def get_nowait(self):
+        output = original(self)
+        handle = HTTP_REQUEST.get()
+        if handle is not None and output is not None:
+            _guard("output_ready", output_taken, handle, output)
+        return output
+
+    return get_nowait
+
+
 WRAPPERS = {
     "process_outputs": _process_outputs,
     "do_tracing": _do_tracing,
     "update_scheduler_stats": _update_scheduler_stats,
+    "add_request": _add_request,
 }
+COLLECTOR_WRAPPERS = {"get": _collector_get, "get_nowait": _collector_get_nowait}
+_installed: list[type] = []  # the classes wrapped in this process
 
 
-def install(output_processor_cls: type) -> None:
+def installed() -> bool:
+    """Whether this process's OutputProcessor is wrapped (the plugin loaded and vLLM is supported)."""
+    return bool(_installed)
+
+
+def install(output_processor_cls: type, collector_cls: type) -> None:
     """Wrap the methods once (a second call, e.g. a second plugin load, changes nothing)."""
-    if getattr(output_processor_cls, MARK, False):
-        return
-    for name, wrap in WRAPPERS.items():
-        setattr(output_processor_cls, name, wrap(getattr(output_processor_cls, name)))
-    setattr(output_processor_cls, MARK, True)
+    for cls, wrappers in ((output_processor_cls, WRAPPERS), (collector_cls, COLLECTOR_WRAPPERS)):
+        if getattr(cls, MARK, False):
+            continue
+        for name, wrap in wrappers.items():
+            setattr(cls, name, wrap(getattr(cls, name)))
+        setattr(cls, MARK, True)
+        _installed.append(cls)

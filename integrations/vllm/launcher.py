@@ -64,6 +64,7 @@ class VllmServer:
     served_name: str = DEFAULT_MODEL_NAME
     max_model_len: int = 512
     bsp_delay_ms: int = 100
+    middleware: tuple[str, ...] = ()  # vLLM's --middleware, each an ASGI middleware's import path
     port: int = 0
     proc: subprocess.Popen | None = None
 
@@ -91,6 +92,8 @@ class VllmServer:
         ]
         if self.otlp_endpoint:
             args += ["--otlp-traces-endpoint", self.otlp_endpoint]
+        for path in self.middleware:
+            args += ["--middleware", path]
         return args
 
     def start(self, timeout_s: float = 240.0) -> VllmServer:

@@ -2,8 +2,9 @@
 
 vLLM calls `register()` in each of its processes (API server, EngineCore, workers) when the plugin
 is installed and allowed (`VLLM_PLUGINS` unset, or naming `phaselens`). It checks the vLLM version
-and the shape of the classes it hooks (`compat.py`); on a match it wraps three methods of the output
-processor (`hooks.py`), otherwise it logs one line and leaves vLLM exactly as it was.
+and the shape of the classes it hooks (`compat.py`); on a match it wraps methods of the output
+processor and of its per-request stream (`hooks.py`), otherwise it logs one line and leaves vLLM
+exactly as it was.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ def _register() -> bool:
     spec = compat.supported_range()
     problem = compat.version_problem(vllm.__version__, spec)
     if problem is None:
-        from vllm.v1.engine.output_processor import OutputProcessor
+        from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
         from vllm.v1.metrics.stats import RequestStateStats
 
-        problem = compat.interface_problem(OutputProcessor, RequestStateStats)
+        problem = compat.interface_problem(OutputProcessor, RequestStateStats, RequestOutputCollector)
     if problem is not None:
         _logger.warning(
             "phaselens: %s; the vLLM plugin stays off and vLLM serves unchanged "
@@ -46,7 +47,7 @@ def _register() -> bool:
         return False
     from . import hooks
 
-    hooks.install(OutputProcessor)
+    hooks.install(OutputProcessor, RequestOutputCollector)
     _logger.info(
         "phaselens: vLLM %s plugin installed (phaselens span tree per request, llm.engine_step per output batch)",
         vllm.__version__,

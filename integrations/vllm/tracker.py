@@ -48,6 +48,7 @@ class VllmTracker:
     """Open handles by vLLM request id, the current step's members, and the step recorder."""
 
     __slots__ = (
+        "_claimed",
         "_idle_reason",
         "_open",
         "_prev_step_end_ns",
@@ -69,6 +70,7 @@ class VllmTracker:
         self.model = model
         self.clock_ns = telemetry.clock_ns
         self._open: dict[str, Any] = {}  # vLLM request id → its handle (its vLLM state in `_states_of`)
+        self._claimed: dict[str, Any] = {}  # vLLM request id → the HTTP request's handle, before its first output
         self._states_of: dict[str, Any] = {}  # vLLM request id → vLLM's RequestState, kept for aborts
         self._states: dict | None = None  # the output processor's live requests (its own dict)
         self._step_handles: list = []
@@ -79,6 +81,10 @@ class VllmTracker:
         self._prev_step_end_ns = 0
         self._steps_seen = 0
         self._idle_reason: str | None = None
+
+    @property
+    def idle_reason(self) -> str | None:
+        return self._idle_reason
 
     def idle(self, reason: str) -> None:
         """Stop tracking (one log line): vLLM runs without what the plugin needs."""
@@ -128,7 +134,20 @@ class VllmTracker:
                 handle.token_n.append(tokens)
             self._step_handles.append(handle)
 
+    def claim(self, req_id: str, handle: Any) -> None:
+        """vLLM added request `req_id` while running the HTTP request of `handle` (opened by the
+        delivery middleware): that handle becomes the request's. With n > 1 the first child takes it."""
+        if all(h is not handle for h in self._claimed.values()) and all(h is not handle for h in self._open.values()):
+            self._claimed[req_id] = handle
+
     def _open_handle(self, req_id: str, state: Any, trace_headers: Any) -> Any:
+        """The delivery middleware's handle for this request, else one opened now (received =
+        vLLM's arrival time, the trace context from vLLM's trace headers), closed at `finished`."""
+        handle = self._claimed.pop(req_id, None)
+        if handle is not None:
+            self._open[req_id] = handle
+            self._states_of[req_id] = state
+            return handle
         anchor = self.telemetry.anchor
         received_ts = anchor.mono_ns + (_ns(state.stats.arrival_time) - anchor.wall_ns)
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (trace_headers or {}).items()]
@@ -224,7 +243,32 @@ class VllmTracker:
         live = self._states
         if live is None:
             return
+        for req_id in [r for r in self._claimed if r not in live]:
+            del self._claimed[req_id]  # ended before its first output: the middleware closes its handle
         for req_id in [r for r in self._open if r not in live]:
-            handle, state = self._open.pop(req_id), self._states_of.pop(req_id)
-            self._settle(handle, state, FINISH_ABORT)
-            handle.fail(n.ERROR_CLIENT_DISCONNECTED)  # closes the handle
+            self._abort(req_id)
+
+    def http_done(self, handle: Any) -> None:
+        """The delivery middleware's request ended (vLLM's app returned). A vLLM request that
+        finished reached `do_tracing` before its last output could reach the app, so one still open
+        was left unfinished (its client went away; vLLM aborts it): closed as aborted now, before
+        the middleware hands the handle on, instead of at the next sweep."""
+        for req_id in [r for r, h in self._open.items() if h is handle]:
+            self._abort(req_id)
+        for req_id in [r for r, h in self._claimed.items() if h is handle]:
+            del self._claimed[req_id]
+
+    def _abort(self, req_id: str) -> None:
+        handle, state = self._open.pop(req_id), self._states_of.pop(req_id)
+        self._settle(handle, state, FINISH_ABORT)
+        handle.fail(n.ERROR_CLIENT_DISCONNECTED)  # closes the handle (the middleware's: at the response's end)
+
+
+def output_taken(handle: Any, output: Any) -> None:
+    """The HTTP request's task took `output` (a RequestOutput) off vLLM's per-request stream. Output
+    that renders text is `output_ready`: the first time with the tokens handed to the stream so far
+    (so the decode steps of tokens that rendered none are `held_back`); every time, so that the
+    middleware stamps each content chunk's `send` (the last one ends `server_last_chunk`)."""
+    if not handle.first_token_ts or not any(completion.text for completion in getattr(output, "outputs", ())):
+        return
+    handle.output_ready(0 if handle.output_ready_ts else 1 + sum(handle.token_n))

@@ -1,0 +1,144 @@
+"""The server's edges in vLLM's API server: the first chunk's delivery and the inbound wait
+(docs/vllm.md#the-first-chunk).
+
+vLLM 0.32's API server adds ASGI middleware named by import path:
+
+    vllm serve MODEL --otlp-traces-endpoint URL \\
+        --middleware phaselens.integrations.vllm.middleware.FirstChunkMiddleware
+
+For a generation request (POST /v1/completions, /v1/chat/completions) the middleware is phaselens's
+ingress middleware (`instrumentation/server/asgi.py`) on the plugin's `ServerTelemetry`: it stamps
+`received` when the API server's ASGI stack starts the request, opens the request's handle there
+(the W3C trace context from the HTTP headers, the `X-Request-Id` header), stamps each body chunk
+that carries output where it is handed to uvicorn's `send` (the first: `first_chunk`; the last:
+`server_last_chunk`), and closes the handle when the response ends. The handle is current in `HTTP_REQUEST` while vLLM runs the request,
+so the hooks join it to the engine-side request by vLLM's request id (`OutputProcessor.add_request`
+runs in the request's task) and stamp `output_ready` when the request's task takes output that
+renders text off vLLM's per-request stream (`RequestOutputCollector.get`). All stamps are the API
+server's `time.monotonic_ns()`, the clock of the plugin's other stamps.
+
+Other paths, and a vLLM where the plugin is off (unknown version, or no `--otlp-traces-endpoint`),
+pass through untouched.
+
+The inbound edge (kernel receive → the ASGI call) is read below the ASGI stack: `VllmInboundProtocol`
+wraps uvicorn's own HTTP protocol (`instrumentation/server/inbound.py`), installed by the module the
+`--middleware` path names (`middleware.py`, `use_inbound_protocol`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from phaselens.instrumentation.server.asgi import IngressMiddleware, Message, Receive, Scope, Send
+from phaselens.instrumentation.server.inbound import InboundProtocol
+from phaselens.instrumentation.server.telemetry import SCOPE_KEY, ServerTelemetry
+
+from .http_request import HTTP_REQUEST, MIDDLEWARE_PATH
+
+__all__ = ["MIDDLEWARE_PATH", "FirstChunkMiddleware", "sse_carries_content", "use_inbound_protocol"]
+UVICORN_AUTO_HTTP = "uvicorn.protocols.http.auto:AutoHTTPProtocol"
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"  # vLLM sets it from --otlp-traces-endpoint
+CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")  # a chat delta's output
+SSE_DATA, SSE_DONE = b"data: ", b"data: [DONE]"
+
+
+def sse_carries_content(message: Message) -> bool:
+    """Whether an SSE body chunk of vLLM's completions or chat stream carries output: a choice with
+    non-empty `text`, or a delta with content, reasoning or tool calls (not a role-only chunk, not
+    the empty-text chunk of a token that renders no text yet). Called only between `output_ready`
+    and the first such chunk: once or twice per request."""
+    for line in (message.get("body") or b"").split(b"\n"):
+        if not line.startswith(SSE_DATA) or line.startswith(SSE_DONE):
+            continue
+        try:
+            event = json.loads(line[len(SSE_DATA) :])
+        except ValueError:
+            continue
+        for choice in event.get("choices") or () if isinstance(event, dict) else ():
+            delta = choice.get("delta") or {}
+            if choice.get("text") or any(delta.get(key) for key in CONTENT_KEYS):
+                return True
+    return False
+
+
+def traced_telemetry() -> ServerTelemetry | None:
+    """The plugin's telemetry in this process while the plugin traces (installed, vLLM started with
+    `--otlp-traces-endpoint`, not idle), else None."""
+    from . import hooks
+
+    if not hooks.installed() or not os.environ.get(TRACES_ENDPOINT) or hooks.tracker().idle_reason:
+        return None
+    return hooks.tracker().telemetry
+
+
+class FirstChunkMiddleware:
+    """The ASGI middleware vLLM's `--middleware` instantiates with the app (module docstring)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._ingress: IngressMiddleware | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        telemetry = traced_telemetry() if scope.get("type") == "http" else None
+        if telemetry is None:
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
+            telemetry.inbound.discard(scope.get("client"))  # its read is not a generation request's
+            await self.app(scope, receive, send)
+            return
+        if self._ingress is None:
+            self._ingress = IngressMiddleware(self._run_app, telemetry, sse_carries_content)
+        await self._ingress(scope, receive, send)
+
+    async def _run_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from . import hooks
+
+        handle = scope[SCOPE_KEY]
+        token = HTTP_REQUEST.set(handle)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            HTTP_REQUEST.reset(token)
+            hooks.http_done(handle)
+
+
+class VllmInboundProtocol(InboundProtocol):
+    """uvicorn's own HTTP protocol for vLLM's API server, each read stamped into the plugin's
+    telemetry (`instrumentation/server/inbound.py`: the kernel's receive stamp, the loop's read) while
+    the plugin traces; otherwise it only hands the bytes on."""
+
+    inner_class = AutoHTTPProtocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        telemetry = traced_telemetry()
+        if telemetry is None:  # no stamps: `_peer` stays empty and no stamper is made
+            self.inner.connection_made(transport)
+            return
+        self.stamps = telemetry.inbound
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._peer:
+            super().connection_lost(exc)
+        else:
+            self.inner.connection_lost(exc)
+
+
+def use_inbound_protocol() -> bool:
+    """Make uvicorn's `http="auto"` (what vLLM's API server asks for) `VllmInboundProtocol` in this
+    process; True when done. vLLM offers no setting for uvicorn's protocol, so this changes
+    uvicorn's table of protocol names (`uvicorn.config.HTTP_PROTOCOLS`), and only while it holds
+    uvicorn's own default."""
+    from uvicorn import config
+
+    if config.HTTP_PROTOCOLS.get("auto") != UVICORN_AUTO_HTTP:
+        return False
+    config.HTTP_PROTOCOLS["auto"] = f"{__name__}:{VllmInboundProtocol.__qualname__}"
+    return True

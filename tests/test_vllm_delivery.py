@@ -1,0 +1,121 @@
+"""vLLM's first-chunk delivery without vLLM: which of vLLM's SSE chunks carry output, and the ingress
+middleware stamping the first of them (not vLLM's role-only chat chunk or its empty-text completion
+chunk sent after the output was taken). The live run is in tests/test_vllm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from opentelemetry.trace import SpanKind
+
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.records import RequestInfo
+from phaselens.instrumentation.server.asgi import IngressMiddleware
+from phaselens.integrations.vllm.delivery import FirstChunkMiddleware, sse_carries_content
+from tests.instrumentation_fixtures import http_scope, make_rig
+
+
+def sse(*events: dict | str) -> dict:
+    """One ASGI body message as vLLM's StreamingResponse sends it: `data: JSON` events."""
+    body = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+    return {"type": "http.response.body", "body": body.encode(), "more_body": True}
+
+
+ROLE_ONLY = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+CHAT_CONTENT = {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+CHAT_REASONING = {"choices": [{"index": 0, "delta": {"reasoning_content": "so"}}]}
+EMPTY_TEXT = {"choices": [{"index": 0, "text": "", "logprobs": None}]}  # a token that renders no text yet
+TEXT = {"choices": [{"index": 0, "text": "é"}]}
+
+
+@pytest.mark.parametrize(
+    ("message", "carries"),
+    [
+        (sse(ROLE_ONLY), False),
+        (sse(EMPTY_TEXT), False),
+        (sse("[DONE]"), False),
+        (sse({"choices": [], "usage": {"completion_tokens": 3}}), False),
+        ({"type": "http.response.body", "body": b"data: {not json\n\n"}, False),
+        ({"type": "http.response.body", "body": b"data: [1, 2]\n\n"}, False),
+        ({"type": "http.response.body"}, False),
+        (sse(CHAT_CONTENT), True),
+        (sse(CHAT_REASONING), True),
+        (sse(TEXT), True),
+        (sse(ROLE_ONLY, CHAT_CONTENT), True),
+    ],
+)
+def test_which_sse_chunks_carry_output(message, carries):
+    assert sse_carries_content(message) is carries
+
+
+def test_the_first_chunk_is_the_one_carrying_text_not_the_role_chunk_sent_before_it():
+    """vLLM's chat stream sends the role-only chunk once it took the first output: with the check,
+    `first_chunk` ends at the chunk with the text (held_back: the token before it rendered none)."""
+    rig = make_rig()
+
+    async def app(scope, receive, send):
+        handle = rig.telemetry.request(scope)
+        handle.describe(RequestInfo(names.OP_CHAT, "tiny", stream=True))
+        handle.enqueued()
+        handle.scheduled()
+        rig.clock.advance(1_000_000)
+        handle.first_token()  # a byte-level token: no text yet
+        rig.clock.advance(2_000_000)
+        handle.token()  # the token that completes the character
+        rig.clock.advance(300_000)
+        handle.output_ready(2)  # the request's task took the output with text
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        rig.clock.advance(100_000)
+        await send(sse(ROLE_ONLY))
+        rig.clock.advance(400_000)
+        await send(sse(CHAT_CONTENT))
+        rig.clock.advance(1_000_000)
+        handle.token()
+        handle.output_ready()  # later text: its chunk ends server_last_chunk
+        rig.clock.advance(200_000)
+        await send(sse(CHAT_CONTENT))
+        handle.finished("stop")
+        handle.complete(output_tokens=3, finish_reason="stop")
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        pass
+
+    asyncio.run(IngressMiddleware(app, rig.telemetry, sse_carries_content)(http_scope(), receive, send))
+    rig.telemetry.flush()
+    (root,) = [s for s in rig.spans() if s.kind == SpanKind.SERVER]
+    attributes = root.attributes
+    assert attributes[names.PL_HELD_BACK_MS] == pytest.approx(2.0)
+    assert attributes[names.PL_FIRST_CHUNK_LOOP_WAIT_MS] == pytest.approx(0.3)
+    assert attributes[names.PL_FIRST_CHUNK_ENCODE_MS] == pytest.approx(0.5)  # to the content chunk
+    assert attributes[names.PL_FIRST_CHUNK_MS] == pytest.approx(0.8)
+    assert attributes[names.PL_SERVER_LAST_CHUNK_MS] == pytest.approx(attributes[names.PL_SERVER_TTFC_MS] + 1.2)
+
+
+def test_the_middleware_passes_other_requests_through_untouched():
+    """Without the plugin installed and tracing (this process has no vLLM), and for paths other than
+    generation, vLLM's app gets the very scope, receive and send it would get without it."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append((scope, receive, send))
+
+    async def receive():
+        return {"type": "http.request"}
+
+    async def send(message):
+        pass
+
+    middleware = FirstChunkMiddleware(app)
+    scopes = (http_scope("/health"), http_scope(), {"type": "lifespan"})
+    for scope in scopes:
+        asyncio.run(middleware(scope, receive, send))
+    assert len(seen) == len(scopes)
+    for scope, (got_scope, got_receive, got_send) in zip(scopes, seen, strict=True):
+        assert got_scope is scope and got_receive is receive and got_send is send
+        assert "phaselens.request" not in scope
