@@ -342,6 +342,9 @@ class SpanBackend(Protocol):
     def emit_data(self, spans: Sequence[SpanData]) -> None: ...
 
 
+_new_tuple = tuple.__new__
+
+
 class _Tree:
     """The spans of one request's trace, collected in the order they would have ended."""
 
@@ -362,22 +365,29 @@ class _Tree:
         span_id: int | None = None,
         events: tuple[Event, ...] = (),
     ) -> None:
-        """A child span (of the root unless `parent_id`), with the root's trace, flags and state."""
+        """A child span (of the root unless `parent_id`), with the root's trace, flags and state
+        (made with tuple.__new__: the NamedTuple's own __new__ is a Python frame more, six a request)."""
         root, offset = self.root, self.wall_offset_ns
         self.spans.append(
-            SpanData(
-                name,
-                KIND_INTERNAL,
-                root.trace_id,
-                span_id or self.ids.generate_span_id(),
-                parent_id or root.span_id,
-                False,
-                root.trace_flags,
-                root.trace_state,
-                start_ts + offset,
-                end_ts + offset,
-                attributes or {},
-                events,
+            _new_tuple(
+                SpanData,
+                (
+                    name,
+                    KIND_INTERNAL,
+                    root.trace_id,
+                    span_id or self.ids.generate_span_id(),
+                    parent_id or root.span_id,
+                    False,
+                    root.trace_flags,
+                    root.trace_state,
+                    start_ts + offset,
+                    end_ts + offset,
+                    attributes or {},
+                    events,
+                    (),
+                    STATUS_UNSET,
+                    None,
+                ),
             )
         )
 
