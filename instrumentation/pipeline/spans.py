@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, Protocol, overload
+from typing import Any, NamedTuple, Protocol, cast, overload
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import IdGenerator
@@ -491,7 +491,12 @@ class PackedStep(NamedTuple):
 def packed_step(step: StepRecord | tuple[Any, ...]) -> PackedStep:
     """A `StepRecord`, or its fields as a plain tuple (as the pipe carries them), packed."""
     links = step[-1]
-    return PackedStep._make((*step[:-1], len(links), b"".join(filter(None, links))))
+    try:
+        # every member sampled (the default): no filtering pass, ~9k instructions less a step
+        joined = b"".join(cast("tuple[bytes, ...]", links))
+    except TypeError:  # an unsampled member's None
+        joined = b"".join(filter(None, links))
+    return PackedStep._make((*step[:-1], len(links), joined))
 
 
 def packed_links(links: bytes) -> list[bytes]:
