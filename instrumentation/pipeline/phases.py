@@ -202,15 +202,16 @@ def compute_phases(timeline: Timeline) -> Phases:
 def itl_sorted_ns(first_token_ts: int, token_ts: Int64s | array[int]) -> list[int]:
     """The gaps b − a of consecutive token stamps, from the first token on, in ascending order
     (int64 arithmetic in numpy's ufuncs: ~3x fewer instructions than Python's ints, ns stamps being
-    two-digit ints, and than numpy.diff's Python)."""
-    stamps = numpy.frombuffer(token_ts, numpy.int64)
-    if not len(stamps):
+    two-digit ints, and than numpy.diff's Python; the first gap, from the first token, inserted
+    into the sorted list rather than copied into the array: fewer numpy calls)."""
+    if not len(token_ts):
         return []
-    gaps = numpy.empty(len(stamps), numpy.int64)
-    gaps[0] = stamps[0] - first_token_ts
-    numpy.subtract(stamps[1:], stamps[:-1], out=gaps[1:])
-    gaps.sort()
-    return gaps.tolist()
+    stamps = numpy.frombuffer(token_ts, numpy.int64)
+    between = stamps[1:] - stamps[:-1]
+    between.sort()
+    gaps: list[int] = between.tolist()
+    bisect.insort(gaps, token_ts[0] - first_token_ts)
+    return gaps
 
 
 def _inbound(p: Phases, timeline: Timeline) -> None:
