@@ -55,21 +55,27 @@ def encode_step(step: StepRecord) -> bytes:
     return frame(KIND_STEP, tuple(step))
 
 
+_new_tuple = tuple.__new__
+
+
 def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
+    """Each record type made with tuple.__new__ from the full field tuple `encode_request` wrote
+    (no NamedTuple __new__ frame: five a request)."""
     root, parent, *stamps, waits, chunks, token_ts, token_n, info, outcome, http = fields
-    return RequestRecord._make(
+    return _new_tuple(
+        RequestRecord,
         (
-            SpanIds(*root),
-            SpanIds(*parent) if parent is not None else None,
+            _new_tuple(SpanIds, root),
+            _new_tuple(SpanIds, parent) if parent is not None else None,
             *stamps,
             int64s(waits),
             int64s(chunks),
             int64s(token_ts),
             int64s(token_n),
-            RequestInfo(*info) if info is not None else None,
-            RequestOutcome(*outcome),
-            HttpFacts(*http),
-        )
+            _new_tuple(RequestInfo, info) if info is not None else None,
+            _new_tuple(RequestOutcome, outcome),
+            _new_tuple(HttpFacts, http),
+        ),
     )
 
 
