@@ -109,7 +109,9 @@ def test_the_residual_is_loopback_sized_and_every_edge_is_named(report):
     assert residual[1] <= max(5.0, 0.05 * ttft_p90), (residual, ttft_p90)
     assert all(r["inbound_ms"] is not None and r["client_ms"] is not None for r in rows)
     e2e_residual = quantiles([r["e2e_residual_ms"] for r in rows[16:]])
-    assert 0 <= e2e_residual[0] < 10 and e2e_residual[1] < 35, e2e_residual
+    # ~1.2–1.5 ms at p50 on a quiet machine; a clean CI run once saw 10.5 / 48.4 ms (p50 / p90). The bound is
+    # there for the delayed ACK (~40 ms in most requests): p50 under 20 still catches it
+    assert 0 <= e2e_residual[0] < 20 and e2e_residual[1] < 60, e2e_residual
     # the server's first-chunk time is its event loop getting round to the output, not the transport
     assert report.distributions["loop_wait_ms"].mean > report.distributions["write_ms"].mean
     assert {c.name: c.ms for c in report.components}["first_chunk_ms"].p50 > 0
