@@ -13,15 +13,20 @@ from phaselens.common.slo import SLO, parse_slo
 T = TypeVar("T")
 
 
-def add_selection(parser, since: str, slo_help: str) -> None:
-    """--clickhouse, --database, --service, --model, --since, --slo."""
+def add_store(parser, url_note: str = "") -> None:
+    """--clickhouse, --database: where the spans and the views are (`url_note` follows the URL's help)."""
     parser.add_argument(
         "--clickhouse",
         default="http://127.0.0.1:8123",
         metavar="URL",
-        help="ClickHouse HTTP URL, http://[user[:password]@]host:port",
+        help=f"ClickHouse HTTP URL, http://[user[:password]@]host:port{url_note}",
     )
     parser.add_argument("--database", default="otel", help="database holding otel_traces and the views")
+
+
+def add_selection(parser, since: str, slo_help: str) -> None:
+    """--clickhouse, --database, --service, --model, --since, --slo."""
+    add_store(parser)
     parser.add_argument("--service", default=None, help="only this service.name")
     parser.add_argument("--model", default=None, help="only this model")
     parser.add_argument("--since", default=since, help="window back from now: 30s, 15m, 2h, 7d, or 'all'")

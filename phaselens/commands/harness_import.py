@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from phaselens.commands._analysis_args import add_store
+
 HARNESSES = ("aiperf",)
 
 
@@ -14,13 +16,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("harness", choices=HARNESSES, help="who wrote the export")
     parser.add_argument("path", help="aiperf: its artifact directory (or its profile_export.jsonl)")
-    parser.add_argument(
-        "--clickhouse",
-        default="http://127.0.0.1:8123",
-        metavar="URL",
-        help="ClickHouse HTTP URL, http://[user[:password]@]host:port",
-    )
-    parser.add_argument("--database", default="otel", help="database holding otel_traces and the views")
+    add_store(parser)
     parser.add_argument("--list", type=int, default=10, metavar="N", help="unmatched ids to print (default 10)")
     parser.set_defaults(func=run)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from phaselens.commands._analysis_args import add_store
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("rollup", help="maintain the per-minute budget rollups")
@@ -12,13 +14,7 @@ def register(subparsers) -> None:
     backfill = actions.add_parser(
         "backfill", help="recompute the sealed minutes of a window from every request (each request once)"
     )
-    backfill.add_argument(
-        "--clickhouse",
-        default="http://127.0.0.1:8123",
-        metavar="URL",
-        help="ClickHouse HTTP URL, http://[user[:password]@]host:port (on a cluster: any node)",
-    )
-    backfill.add_argument("--database", default="otel", help="database holding otel_traces and the views")
+    add_store(backfill, " (on a cluster: any node)")
     backfill.add_argument("--since", default="1h", help="window start back from now: 30s, 15m, 2h, 7d")
     backfill.add_argument("--until", default="0s", help="window end back from now (default: now)")
     backfill.set_defaults(func=run_backfill)
