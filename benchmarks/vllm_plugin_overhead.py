@@ -39,35 +39,19 @@ CONFIGS = {
 WARMUP_REQUESTS = 4
 
 
-def _bench(url: str, model_dir: Path, out: Path, args) -> dict:
-    argv = [
-        sys.executable,
-        "-m",
-        "phaselens",
-        "bench",
-        "--url",
-        url,
-        "--model",
-        "tiny",
-        "--tokenizer",
-        str(model_dir),
-        "--concurrency",
-        str(args.concurrency),
-        "--requests",
-        str(args.requests),
-        "--warmup",
-        str(WARMUP_REQUESTS),
-        "--input-len",
-        str(args.input_len),
-        "--output-len",
-        str(args.output_len),
-        "--ignore-eos",
-        "--quiet",
-        "--timeout",
-        "120",
-        "--json",
-        str(out),
+def bench_argv(url: str, model_dir: Path, args: argparse.Namespace) -> list[str]:
+    """A bounded `phaselens bench` against `url` with the tiny model's tokenizer, sized by `args`
+    (concurrency, requests, input and output lengths); the caller adds what it records."""
+    return [
+        *(sys.executable, "-m", "phaselens", "bench", "--url", url, "--model", "tiny"),
+        *("--tokenizer", str(model_dir), "--concurrency", str(args.concurrency), "--requests", str(args.requests)),
+        *("--input-len", str(args.input_len), "--output-len", str(args.output_len)),
+        *("--ignore-eos", "--quiet", "--timeout", "120"),
     ]
+
+
+def _bench(url: str, model_dir: Path, out: Path, args) -> dict:
+    argv = [*bench_argv(url, model_dir, args), "--warmup", str(WARMUP_REQUESTS), "--json", str(out)]
     env = {
         "OTEL_TRACES_EXPORTER": "none",
         "OTEL_METRICS_EXPORTER": "none",

@@ -22,6 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.vllm_plugin_overhead import _cpu_ns, bench_argv
 from phaselens.common.quantile import quantile
 from phaselens.integrations.vllm.delivery import MIDDLEWARE_PATH
 from phaselens.integrations.vllm.launcher import VllmServer, default_python
@@ -51,32 +54,7 @@ COLUMNS = (
 def _bench(stack: Stack, url: str, model_dir: Path, out: Path, args: argparse.Namespace) -> dict[str, bool]:
     """One bounded bench; its requests' trace ids → whether the client's first-chunk read was
     coalesced (TCP stamped it with a later packet: `client_read` understated)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "phaselens",
-        "bench",
-        "--url",
-        url,
-        "--model",
-        "tiny",
-        "--tokenizer",
-        str(model_dir),
-        "--concurrency",
-        str(args.concurrency),
-        "--requests",
-        str(args.requests),
-        "--input-len",
-        str(args.input_len),
-        "--output-len",
-        str(args.output_len),
-        "--ignore-eos",
-        "--quiet",
-        "--timeout",
-        "120",
-        "--per-request",
-        str(out),
-    ]
+    argv = [*bench_argv(url, model_dir, args), "--per-request", str(out)]
     subprocess.run(argv, env=stack.otel_env("bench"), check=True, capture_output=True, timeout=600)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     return {line["trace_id"]: bool(line.get("client_read_coalesced")) for line in lines}
@@ -94,10 +72,6 @@ def _rows(stack: Stack, trace_ids: list[str], timeout_s: float = 60.0) -> list[d
             if len(rows) == len(trace_ids) or time.monotonic() > deadline:
                 return rows
             time.sleep(0.5)
-
-
-def _cpu_ns(pid: int) -> int:
-    return sum(int((task / "schedstat").read_text().split()[0]) for task in Path(f"/proc/{pid}/task").iterdir())
 
 
 def _figures(rows: list[dict], coalesced: dict[str, bool]) -> dict:
