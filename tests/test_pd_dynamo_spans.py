@@ -21,7 +21,7 @@ from phaselens.instrumentation import names as n
 from tests.analysis_fixtures import client
 from tests.native_pd_spans import DynamoPdWorker, dynamo_worker
 from tests.native_spans import MS, client_span, provider
-from tests.test_pd_native_spans import HOUR_NS, _pipeline
+from tests.test_pd_native_spans import HOUR_NS, _pipeline, pd_rows
 
 __all__ = ["client"]
 
@@ -76,25 +76,8 @@ def dynamo_rows(dynamo_pipeline, client):
     traces[f"{span.get_span_context().trace_id:032x}"] = None
     for tp in (*tps.values(), worker, loadgen):
         tp.shutdown()
-    return traces, _rows(client, db, traces)
-
-
-def _rows(client, database: str, traces: dict) -> dict[str, dict]:
-    """`phaselens_requests` rows of these traces, once each P/D row holds both workers' figures
-    (pd_rows waits for terms Dynamo's spans do not hold)."""
-    sql = "SELECT * FROM {db:Identifier}.phaselens_requests WHERE trace_id IN {ids:Array(String)}"
-    params = {"db": database, "ids": list(traces)}
-    deadline = time.monotonic() + 20
-    while True:
-        got = {r["trace_id"]: r for r in client.query(sql, parameters=params).named_results()}
-        complete = len(got) == len(traces) and all(
-            r["decode_engine_ttft_ms"] is not None and r["prefill_engine_ttft_ms"] is not None
-            for tid, r in got.items()
-            if traces[tid] is not None
-        )
-        if complete or time.monotonic() > deadline:
-            return got
-        time.sleep(0.1)
+    # the workers' figures Dynamo's spans do hold (pd_rows' defaults are terms they do not)
+    return traces, pd_rows(client, db, traces, ("decode_engine_ttft_ms", "prefill_engine_ttft_ms"))
 
 
 def test_dynamo_engine_generate_spans_fill_what_they_hold_each_on_its_own_clock(dynamo_rows):

@@ -119,18 +119,21 @@ def rows(pipeline, client):
     return traces, pd_rows(client, db, traces)
 
 
-def pd_rows(client, database: str, traces: Mapping[str, object]) -> dict[str, dict]:
+def pd_rows(
+    client,
+    database: str,
+    traces: Mapping[str, object],
+    ready: tuple[str, str] = ("decode_first_token_ms", "prefill_compute_ms"),
+) -> dict[str, dict]:
     """`phaselens_requests` rows of these traces (trace id → its request, None for a colocated one),
-    once every P/D row holds both instances' prefill and first-token terms."""
+    once every P/D row holds both instances' `ready` terms (by default prefill and first token)."""
     sql = "SELECT * FROM {db:Identifier}.phaselens_requests WHERE trace_id IN {ids:Array(String)}"
     params = {"db": database, "ids": list(traces)}
     deadline = time.monotonic() + 20
     while True:
         got = {r["trace_id"]: r for r in client.query(sql, parameters=params).named_results()}
         complete = len(got) == len(traces) and all(
-            r["decode_first_token_ms"] is not None and r["prefill_compute_ms"] is not None
-            for tid, r in got.items()
-            if traces[tid] is not None
+            all(r[column] is not None for column in ready) for tid, r in got.items() if traces[tid] is not None
         )
         if complete or time.monotonic() > deadline:
             return got
