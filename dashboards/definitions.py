@@ -153,6 +153,27 @@ def _per_token() -> tuple[str, ...]:
     return tuple(c for c in columns("latency_over_time") if "_tpot_" in c or "_itl_" in c)
 
 
+def budget_bars(src: Source, query: str, title: str, description: str, *, width: int) -> dict:
+    """A budget as horizontal stacked bars, one bar per statistic (`query`'s first column), a segment per term."""
+    return panel(
+        "barchart",
+        title,
+        description,
+        [src.target(query, FORMAT_TABLE)],
+        width=width,
+        height=9,
+        unit="ms",
+        custom={"fillOpacity": 80, "lineWidth": 1},
+        options={
+            "orientation": "horizontal",
+            "stacking": "normal",
+            "showValue": "auto",
+            "xField": columns(query)[0],
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+        },
+    )
+
+
 def _diagnosis_panel(src: Source) -> dict:
     """The verdict table; its description quotes the thresholds the SQL uses (analysis/thresholds.py)."""
     return panel(
@@ -180,8 +201,9 @@ def budget_panels(src: Source) -> list[dict]:
     )
     return [
         _diagnosis_panel(src),
-        panel(
-            "barchart",
+        budget_bars(
+            src,
+            "budget_stack",
             "TTFT budget: p50 / p90 / p99 / mean",
             from_rollups(
                 "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
@@ -193,18 +215,7 @@ def budget_panels(src: Source) -> list[dict]:
                 "fills before_engine = server TTFT - ingress - queue - prefill instead, and its first chunk's "
                 "delivery stays in residual; TGI's spans (tgi-native) give no TTFT: only ingress and queue."
             ),
-            [src.target("budget_stack", FORMAT_TABLE)],
             width=10,
-            height=9,
-            unit="ms",
-            custom={"fillOpacity": 80, "lineWidth": 1},
-            options={
-                "orientation": "horizontal",
-                "stacking": "normal",
-                "showValue": "auto",
-                "xField": columns("budget_stack")[0],
-                "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-            },
         ),
         time_series(
             src,
@@ -288,8 +299,9 @@ def budget_panels(src: Source) -> list[dict]:
 
 def _pd_budget_panel(src: Source) -> dict:
     """The disaggregated TTFT budget of `phaselens budget` (analysis/pd_queries.py), same SQL."""
-    return panel(
-        "barchart",
+    return budget_bars(
+        src,
+        "pd_budget_stack",
         "Disaggregated TTFT budget: router, prefill, KV transfer, decode",
         "Where does time to first token go when prefill and decode run on separate instances? Each bar "
         "is one statistic over the requests that went router -> prefill -> decode with every term known "
@@ -300,18 +312,7 @@ def _pd_budget_panel(src: Source) -> dict:
         "the hops between hosts are residuals of durations (the caller's span minus the callee's), "
         "never differences of two hosts' clocks. Filtered by model, not service. Empty without "
         "disaggregated requests; SGLang's P/D spans never complete it (its instances run in parallel).",
-        [src.target("pd_budget_stack", FORMAT_TABLE)],
         width=24,
-        height=9,
-        unit="ms",
-        custom={"fillOpacity": 80, "lineWidth": 1},
-        options={
-            "orientation": "horizontal",
-            "stacking": "normal",
-            "showValue": "auto",
-            "xField": columns("pd_budget_stack")[0],
-            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-        },
     )
 
 
