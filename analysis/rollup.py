@@ -61,7 +61,7 @@ def _watermark(rollup: str) -> str:
     return f"(SELECT max(sealed_to) FROM {rollup} WHERE sealer = {SEALER})"
 
 
-def _column_names() -> list[str]:
+def column_names() -> list[str]:
     """The rollup's columns, in the order states_select gives them."""
     return [*(name for name, _ in q.rollup_key()), "sealer", "sealed_to", "is_live"] + [
         name for name, _, _ in q.rollup_columns()
@@ -219,7 +219,7 @@ def seal_now(client: Any, database: str = "otel", wait_s: int = 0) -> None:
     """One sealing pass now, of the requests whose first part is older than `wait_s` (tests and
     benchmarks, with the view's own passes stopped: `SYSTEM STOP VIEW`, or a longer wait)."""
     rollup = f"{ident(database)}.{ident(sk.ROLLUP_TABLE)}"
-    client.command(f"INSERT INTO {rollup} ({', '.join(_column_names())})\n{seal_select(database, wait_s)}")
+    client.command(f"INSERT INTO {rollup} ({', '.join(column_names())})\n{seal_select(database, wait_s)}")
     refresh_live(client, database)
 
 
@@ -242,4 +242,4 @@ def refresh_live(client: Any, database: str = "otel") -> None:
     not atomic, the live states are missing between the two statements)."""
     live = f"{ident(database)}.{ident(sk.LIVE_TABLE)}"
     client.command(f"TRUNCATE TABLE {live}")
-    client.command(f"INSERT INTO {live} ({', '.join(_column_names())})\n{live_select(database)}")
+    client.command(f"INSERT INTO {live} ({', '.join(column_names())})\n{live_select(database)}")

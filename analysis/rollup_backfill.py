@@ -110,7 +110,7 @@ def _recompute(client: Any, database: str, minutes: Sequence[int], mark_ms: int)
         requests = f"(SELECT * FROM {parts} FINAL WHERE TraceId IN {{ids:Array(String)}})"
         states = rollup.states_select(s.facts_select(requests, final=False), mark)
         client.command(
-            f"INSERT INTO {rollup_table} ({', '.join(rollup._column_names())})\n{states}",
+            f"INSERT INTO {rollup_table} ({', '.join(rollup.column_names())})\n{states}",
             parameters={"ids": ids[part], "mark": mark_ms},
         )
     return len(ids)

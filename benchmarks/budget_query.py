@@ -261,7 +261,7 @@ def scale_rollup(client, copies: int) -> None:
     engine-step row, each moved before the ones already there, as if (copies + 1) × the requests had
     been sealed at the same rate. Left as inserted (unmerged parts)."""
     moved = ("bucket", "first_server_start", "last_server_end")
-    _shift_copies(client, f"{DATABASE}.{sketch.ROLLUP_TABLE}", rollup._column_names(), moved, copies)
+    _shift_copies(client, f"{DATABASE}.{sketch.ROLLUP_TABLE}", rollup.column_names(), moved, copies)
     steps = ["bucket", "service", *(name for name, _, _ in Q.step_rollup_columns())]
     _shift_copies(client, f"{DATABASE}.{sketch.STEPS_ROLLUP_TABLE}", steps, ("bucket",), copies)
 

@@ -189,7 +189,7 @@ def main() -> None:
     end_cpu = os.times()
     result["wall_s"] = round(time.monotonic() - start, 1)
     result["orchestrator_cpu_s"] = round(end_cpu.user + end_cpu.system - cpu.user - cpu.system, 1)
-    result["note"] = "wall-clock figures taken on a shared 2-core machine (7 helpers): disturbed by other load"
+    result["note"] = "wall-clock figures; on a shared 2-core machine they are disturbed by other load"
     print(json.dumps(result))
 
 
