@@ -5,7 +5,8 @@ merge one row per minute instead of reading every step.
 A step is one span, inserted once, so a plain materialized view on the spans table fills the rollup
 as the spans arrive (no sealing, unlike the per-request rollups of analysis/rollup.py). On a cluster
 each node rolls up the steps of its own shard and reads go through a Distributed table. Steps
-inserted before this table existed are not in it (the exact path still reads them).
+inserted before this table existed are not in it until `analysis/step_backfill.py` recomputes their
+minutes (`phaselens rollup backfill`).
 """
 
 from __future__ import annotations

@@ -11,15 +11,18 @@ import time
 
 import pytest
 
-from phaselens.analysis import rollup, rollup_backfill, sketch
+from phaselens.analysis import queries as Q
+from phaselens.analysis import rollup, rollup_backfill, sketch, step_rollup
 from phaselens.analysis import schema as S
 from phaselens.analysis.budget import BudgetReport, budget
 from phaselens.analysis.harness_import import import_run, lookup
 from phaselens.analysis.harness_records import ClientRecord, HarnessRun
 from phaselens.analysis.id_batches import slices
+from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.service import Collector
 from phaselens.commands import rollup as rollup_command
 from phaselens.instrumentation import names as n
+from tests import spangen
 from tests.analysis_fixtures import client, new_database
 from tests.cli_fixtures import run_command
 from tests.native_spans import provider
@@ -144,6 +147,37 @@ def test_an_import_after_or_before_sealing_counts_once_in_the_rollup_budget(clic
     assert capsys.readouterr().out.startswith("node 1: ")
     rollup.refresh_live(client, database)
     _agree(client, database, 36, 28)  # means summed in another order: equal to the last bits only
+
+
+def _engine(ch, database: str, name: str) -> dict:
+    sql, params = Q.render_cli(name, database=database)
+    result = ch.query(sql, parameters=params)
+    (row,) = result.result_rows
+    return dict(zip(result.column_names, row, strict=True))
+
+
+def test_steps_stored_before_the_step_rollup_existed_are_recomputed_by_the_command(clickhouse, client, capsys):
+    """Engine steps stored while the step rollup had no view (an upgrade from before it), then steps
+    the view counts: `phaselens rollup backfill` recomputes the minutes that miss steps, after which
+    the rollup's counts are the exact ones; a second run finds every minute complete."""
+    database = new_database(client, "steps")
+    client.command(f"DROP VIEW {database}.{step_rollup.ROLLUP_MV}")
+    spangen.emit(spangen.generate(30, seed=41, n_steps=120), clickhouse.url, database, seed=41)
+    collector_schema.apply(client, step_rollup.statements(database))  # the upgrade creates the view
+    spangen.emit(spangen.generate(30, seed=42, n_steps=80), clickhouse.url, database, seed=42)
+    exact = _engine(client, database, "diagnosis_engine")
+    assert exact["steps"] == 200 and _engine(client, database, "diagnosis_engine_rollup")["steps"] == 80
+
+    argv = ["rollup", "backfill", "--clickhouse", clickhouse.url, "--database", database, "--since", "1h"]
+    assert run_command(rollup_command.register, *argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("node 1: ") and "engine steps: 0 minutes" not in out, out
+    approx = _engine(client, database, "diagnosis_engine_rollup")
+    same = ("steps", "mixed_steps", "decode_steps", "delayed_decodes", "preemptions", "kv_used_max", "queue_depth_max")
+    assert [approx[k] for k in same] == [exact[k] for k in same]
+    assert approx["batch_size_mean"] == pytest.approx(exact["batch_size_mean"], rel=1e-12)
+    assert run_command(rollup_command.register, *argv) == 0
+    assert capsys.readouterr().out.endswith("engine steps: 0 minutes recomputed\n")
 
 
 def test_rollup_backfill_refuses_a_bad_window(capsys):

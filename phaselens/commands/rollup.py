@@ -1,5 +1,6 @@
 """`phaselens rollup backfill`: recompute the sealed per-minute rollup rows of a window from every
-request (analysis/rollup_backfill.py): after client views were imported late, or to repair."""
+request (analysis/rollup_backfill.py): after client views were imported late, or to repair; and the
+engine-step rollup's minutes that miss steps (analysis/step_backfill.py): steps stored before it existed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("rollup", help="maintain the per-minute budget rollups")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     backfill = actions.add_parser(
-        "backfill", help="recompute the sealed minutes of a window from every request (each request once)"
+        "backfill",
+        help="recompute the sealed minutes of a window from every request (each request once), and the "
+        "engine-step minutes that miss steps",
     )
     add_store(backfill, " (on a cluster: any node)")
     backfill.add_argument("--since", default="1h", help="window start back from now: 30s, 15m, 2h, 7d")
@@ -26,7 +29,7 @@ def run_backfill(args) -> int:
     from phaselens.analysis.budget import AnalysisError, open_client
     from phaselens.analysis.dialect import QueryError, duration_ms
     from phaselens.analysis.harness_import import distributed_cluster
-    from phaselens.analysis.rollup_backfill import BackfillError, backfill_minutes, minutes_between
+    from phaselens.analysis.rollup_backfill import BackfillError, backfill_minutes, minutes_between, node_urls
 
     try:
         since_ms, until_ms = duration_ms(args.since), duration_ms(args.until)
@@ -39,15 +42,34 @@ def run_backfill(args) -> int:
             minutes = minutes_between(client, args.database, since_ms, until_ms)
             cluster = distributed_cluster(client, args.database)
             nodes = backfill_minutes(client, args.clickhouse, args.database, cluster, minutes)
+            steps = [
+                _node_steps(url, args.database, since_ms, until_ms)
+                for url in node_urls(client, args.clickhouse, cluster)
+            ]
         finally:
             client.close()
     except (AnalysisError, BackfillError, ClickHouseError, OSError) as e:
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 1
-    for i, node in enumerate(nodes, 1):
+    for i, (node, step_minutes) in enumerate(zip(nodes, steps, strict=True), 1):
         print(
-            f"node {i}: {node.minutes} minute{'s' if node.minutes != 1 else ''} recomputed, "
-            f"{node.requests} requests sealed already "
-            f"({node.rounds} round{'s' if node.rounds > 1 else ''})"
+            f"node {i}: {_minutes(node.minutes)} recomputed, {node.requests} requests sealed already "
+            f"({node.rounds} round{'s' if node.rounds > 1 else ''}); engine steps: {_minutes(step_minutes)} recomputed"
         )
     return 0
+
+
+def _minutes(count: int) -> str:
+    return f"{count} minute{'s' if count != 1 else ''}"
+
+
+def _node_steps(url: str, database: str, since_ms: int, until_ms: int) -> int:
+    """The engine-step minutes recomputed on the node at `url` (each node rolls up its shard's steps)."""
+    from phaselens.analysis.step_backfill import backfill_steps
+    from phaselens.storage.clickhouse_url import connect
+
+    node = connect(url)
+    try:
+        return backfill_steps(node, database, since_ms, until_ms)
+    finally:
+        node.close()
