@@ -1,6 +1,7 @@
 """The queries of the disaggregated TTFT budget (docs/disaggregation.md#the-budget-across-machines), over
-`phaselens_requests`: `pd_summary` for `phaselens budget` (analysis.pd_budget), `pd_budget_stack` for
-the Grafana panel, `pd_hops` for the report's waterfall (registered in analysis.queries).
+`phaselens_requests`: `pd_summary` for `phaselens budget` (analysis.pd_budget), `pd_budget_stack` (exact)
+and `pd_budget_stack_rollup` (the Grafana panel: the rollups' states, `pd_rollup_terms`), `pd_hops` for
+the report's waterfall (registered in analysis.queries).
 
 A request counts when it went through both instances and every term is known (`complete`):
 
@@ -11,6 +12,7 @@ where nobody stamped them), so the mean row adds up to the mean client TTFT.
 
 from __future__ import annotations
 
+from phaselens.analysis import sketch as sk
 from phaselens.analysis.dialect import Dialect
 from phaselens.analysis.pd_schema import PD_TERMS
 from phaselens.analysis.schema import REQUESTS_VIEW
@@ -22,6 +24,7 @@ COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in ("residual_ms", *PD_TERMS, "
 # What disaggregation adds to a request's TTFT: the transfer, the prefill answer, the hops, the router.
 ADDED_BY_DISAGG: tuple[str, ...] = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms")
 ADDED_BY_DISAGG += ("decode_hop_ms", "router_ingress_ms", "router_gap_ms", "router_relay_ms")
+_LABELS = "['p50', 'p90', 'p99', 'mean']"  # the statistics of a budget stack, one row each
 
 
 def _value(column: str) -> str:
@@ -61,8 +64,39 @@ def pd_budget_stack(d: Dialect) -> str:
     cols = ", ".join(f"tupleElement(row, {i + 2}) AS {t}" for i, t in enumerate(TTFT_TERMS))
     return (
         f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
-        f"FROM (SELECT arrayJoin(arrayZip(['p50', 'p90', 'p99', 'mean'], {arrays})) AS row\n"
+        f"FROM (SELECT arrayJoin(arrayZip({_LABELS}, {arrays})) AS row\n"
         f"    FROM ({_selection(d)}) WHERE complete)"
+    )
+
+
+# The rollup's P/D state columns (analysis.rollup): DDSketch and mean states of each of TTFT_TERMS
+# (positions in that order: append-only, as the rollup's own terms) over the complete requests.
+PD_QUANTILES_COLUMN, PD_MEANS_COLUMN = "pd_terms_qs", "pd_terms_avg"
+# a request that went router -> prefill -> decode with every term known (one column: its condition
+# written once per term cost the rollup's passes more analysis than the rest of their query)
+PD_COMPLETE = f"prefill_instance IS NOT NULL AND {COMPLETE}"
+
+
+def pd_rollup_terms() -> list[str]:
+    """Each TTFT term of a request whose `pd_complete` column (PD_COMPLETE) is true, NULL for any
+    other (the rollup's states skip it)."""
+    return [f"if(pd_complete, {_value(t)}, NULL)" for t in TTFT_TERMS]
+
+
+def pd_budget_stack_rollup(d: Dialect) -> str:
+    """pd_budget_stack from the rollups: each term's p50/p90/p99 from its DDSketch states (within
+    sketch.ALPHA of the value), the mean exact; the range widened to whole minutes of the requests'
+    start, filtered by model (not service, as the exact query)."""
+    merged = f"{sk.merged_quantiles(PD_QUANTILES_COLUMN)} AS pd_q, avgForEachMerge({PD_MEANS_COLUMN}) AS pd_mean"
+    arrays = ", ".join(
+        f"[{', '.join(sk.quantile_at(i, level, 'pd_q') for level in sk.LEVELS)}, pd_mean[{i}]]"
+        for i in range(1, len(TTFT_TERMS) + 1)
+    )
+    cols = ", ".join(f"tupleElement(row, {i + 2}) AS {t}" for i, t in enumerate(TTFT_TERMS))
+    return (
+        f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
+        f"FROM (SELECT {merged}, arrayJoin(arrayZip({_LABELS}, {arrays})) AS row\n"
+        f"    FROM {d.table(sk.STATES_VIEW)}\n    WHERE {d.bucket_filter('bucket')} AND {d.match('model', 'model')})"
     )
 
 

@@ -307,11 +307,16 @@ def statements(
             f"CREATE TABLE IF NOT EXISTS {parts_read}{on} AS {parts}\nENGINE = {distributed}",
             f"ALTER TABLE {parts_read}{on}\n    {add}",
         ]
-    out.append(
-        f"CREATE OR REPLACE VIEW {db}.{ident(PD_REQUESTS_VIEW)}{on} AS\nSELECT\n    TraceId AS trace_id,\n    "
-        f"{select_list(PD_COLUMNS)}\nFROM {parts_read} FINAL"
-    )
+    out.append(f"CREATE OR REPLACE VIEW {db}.{ident(PD_REQUESTS_VIEW)}{on} AS\n{pd_requests_select(parts_read)}")
     return out
+
+
+def pd_requests_select(parts: str, where: str = "1", names: tuple[str, ...] = PD_COLUMN_NAMES) -> str:
+    """The P/D columns `names` per trace (`trace_id`) from the P/D parts `parts` (rows matching
+    `where`), merged with FINAL: the view's query, and the rollup's (analysis.rollup) over a node's
+    own parts, with the columns it needs only (ClickHouse analyses every expression of a query)."""
+    columns = tuple(c for c in PD_COLUMNS if c[0] in names)
+    return f"SELECT\n    TraceId AS trace_id,\n    {select_list(columns)}\nFROM {parts} FINAL\nWHERE {where}"
 
 
 def requests_columns() -> str:

@@ -544,7 +544,12 @@ def rollup_columns() -> tuple[tuple[str, str, str], ...]:
             f"groupUniqArrayIf({_HARNESS}, has_client)",
         ),
     )
-    return counts + sums + window + terms + hists + harnesses + (slowest,)
+    pd_terms = pd_queries.pd_rollup_terms()
+    disaggregated = (
+        (pd_queries.PD_QUANTILES_COLUMN, sk.SKETCH_TYPE, sk.quantiles_state(pd_terms)),
+        (pd_queries.PD_MEANS_COLUMN, sk.MEANS_TYPE, sk.means_state(pd_terms)),
+    )
+    return counts + sums + window + terms + hists + harnesses + (slowest,) + disaggregated
 
 
 def _states(d: Dialect) -> str:
@@ -1110,7 +1115,10 @@ QUERIES: dict[str, Query] = {
     "diagnosis_engine_rollup": Query(diagnosis_engine_rollup, _ENGINE),
     "decode_stalls_rollup": Query(decode_stalls_rollup, ("baseline_ms", "steps", *_STALL)),
     "budget_stack": Query(budget_stack, ("statistic", *_COMP_NAMES), panel=True),
-    "pd_budget_stack": Query(pd_queries.pd_budget_stack, ("statistic", *pd_queries.TTFT_TERMS), panel=True),
+    "pd_budget_stack": Query(pd_queries.pd_budget_stack, ("statistic", *pd_queries.TTFT_TERMS)),
+    "pd_budget_stack_rollup": Query(
+        pd_queries.pd_budget_stack_rollup, ("statistic", *pd_queries.TTFT_TERMS), panel=True
+    ),
     "pd_hops": Query(pd_queries.pd_hops, ("prefill_hop_ms", "decode_hop_ms")),
     "latency_over_time": Query(latency_over_time, ("time", *_LATENCY), panel=True),
     "delivery_over_time": Query(

@@ -9,7 +9,8 @@ clock), into a small pending table, and a refreshable materialized view seals th
 
     a request is sealed by the first pass at which its FIRST part is older than `wait_s`; the
     pass puts its row, merged from every part that has arrived by then, exactly as the
-    per-request view merges it, into the minute of its start_time.
+    per-request view merges it, into the minute of its start_time; a disaggregated request's
+    P/D columns are joined from this node's P/D parts as `phaselens_requests` joins them (with_pd).
 
 Each pass seals the requests whose first part was inserted in (sealed_to of the previous pass,
 now − wait_s]: every request once. A part that arrives after its request was sealed is left out of
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from phaselens.analysis import pd_queries, pd_schema
 from phaselens.analysis import queries as q
 from phaselens.analysis import schema as s
 from phaselens.analysis import sketch as sk
@@ -80,6 +82,19 @@ def requests_between(pending: str, after: str, upto: str | None) -> str:
         f"        AND TraceId NOT IN (SELECT TraceId FROM {pending} WHERE inserted <= {after}\n"
         f"            AND TraceId IN (SELECT TraceId FROM {pending} WHERE inserted > {after}))\n"
         f"    GROUP BY TraceId{having})"
+    )
+
+
+def with_pd(facts: str, database: str, traces: str) -> str:
+    """The per-request `facts` (a SELECT) with the P/D columns of their traces, NULL for a colocated
+    request, as `phaselens_requests` joins them: from this node's P/D parts of the traces matching
+    `traces` (a condition on TraceId; a request's spans meet on one shard). P/D parts that arrive
+    after their request was sealed are left out of the rollup, as the request's own late parts are."""
+    parts = f"{ident(database)}.{ident(pd_schema.PD_PARTS_TABLE)}"
+    pd = pd_schema.pd_requests_select(parts, traces, ("prefill_instance", *pd_schema.PD_TERMS))
+    return (
+        f"SELECT *, {pd_queries.PD_COMPLETE} AS pd_complete\n"
+        f"FROM ({facts}) AS facts\nLEFT ANY JOIN ({pd}) AS pd USING (trace_id)"
     )
 
 
@@ -198,21 +213,26 @@ def current_select(local: str) -> str:
     return f"SELECT * FROM {local}\nWHERE is_live = 0 OR (sealer, sealed_to) IN ({ends})"
 
 
-def live_select(database: str) -> str:
-    """The states of the requests not sealed yet (what the live view refreshes its table with)."""
+def _unsealed_facts(database: str, upto: str | None) -> str:
+    """The facts, P/D columns joined, of the requests requests_between gives after the watermark."""
     db = ident(database)
     rollup, pending = f"{db}.{ident(sk.ROLLUP_TABLE)}", f"{db}.{ident(sk.PENDING_TABLE)}"
-    facts = s.facts_select(requests_between(pending, _watermark(rollup), None), final=False)
-    return states_select(facts, _watermark(rollup), live=1)
+    after = _watermark(rollup)
+    facts = s.facts_select(requests_between(pending, after, upto), final=False)
+    return with_pd(facts, database, f"TraceId IN (SELECT TraceId FROM {pending} WHERE inserted > {after})")
+
+
+def live_select(database: str) -> str:
+    """The states of the requests not sealed yet (what the live view refreshes its table with)."""
+    rollup = f"{ident(database)}.{ident(sk.ROLLUP_TABLE)}"
+    return states_select(_unsealed_facts(database, None), _watermark(rollup), live=1)
 
 
 def seal_select(database: str, wait_s: int) -> str:
     """The sealing pass: the rows of the requests whose first part is older than `wait_s`, from the
     previous pass's end on (what the refreshable view appends to the rollup)."""
-    db = ident(database)
-    rollup, pending = f"{db}.{ident(sk.ROLLUP_TABLE)}", f"{db}.{ident(sk.PENDING_TABLE)}"
     upto = f"now64(3) - toIntervalSecond({int(wait_s)})"
-    return states_select(s.facts_select(requests_between(pending, _watermark(rollup), upto), final=False), upto)
+    return states_select(_unsealed_facts(database, upto), upto)
 
 
 def seal_now(client: Any, database: str = "otel", wait_s: int = 0) -> None:

@@ -108,7 +108,8 @@ def _recompute(client: Any, database: str, minutes: Sequence[int], mark_ms: int)
     )
     for part in slices(ids):
         requests = f"(SELECT * FROM {parts} FINAL WHERE TraceId IN {{ids:Array(String)}})"
-        states = rollup.states_select(s.facts_select(requests, final=False), mark)
+        facts = rollup.with_pd(s.facts_select(requests, final=False), database, "TraceId IN {ids:Array(String)}")
+        states = rollup.states_select(facts, mark)
         client.command(
             f"INSERT INTO {rollup_table} ({', '.join(rollup.column_names())})\n{states}",
             parameters={"ids": ids[part], "mark": mark_ms},

@@ -4,7 +4,8 @@ Spans are generated server-side (INSERT … SELECT FROM numbers()) as the export
 client spans in one insert, the server's SERVER + six phase spans in another (two processes), then
 engine steps (one per ten requests, linked to a request), in rounds of `--round` requests (one rate:
 1M requests in 10 minutes), each round sealed into the rollups once its inserts are done. Prints ONE
-JSON object: ingest and sealing time; the default budget (`phaselens budget`: the rollups) and the
+JSON object: ingest and sealing time (and the server CPU of a sealing pass and a live refresh with
+nothing to seal: the background cost of every database); the default budget (`phaselens budget`: the rollups) and the
 exact one (every request), as ingested (parts unmerged) and after OPTIMIZE … FINAL, with the server's
 CPU seconds beside wall seconds (the figure to compare on a shared machine); the refresh of every
 panel of the latency-budget dashboard (`dashboard_refresh_s`, queries run one after another), and the
@@ -346,6 +347,7 @@ def run(
     rollup.stop_refreshes(client, DATABASE)  # sealed after each round instead, then refreshed
     spread_s = max(60, SPREAD_S * n_requests // 1_000_000)  # one rate: 1M requests in 10 minutes
     ingest_s, seal_s = ingest(client, n_requests, round_requests, spread_s)
+    idle_pass = _timed(lambda: rollup.seal_now(client, DATABASE), repeat, pid)  # nothing left to seal
     spans = client.query(f"SELECT count() FROM {DATABASE}.otel_traces").result_rows[0][0]
     slo = parse_slo("ttft:60,tpot:12", GOODPUT_SLO_KEYS)
     since = "7d"  # every request, through the time filter (ingest may take longer than the spread)
@@ -377,6 +379,7 @@ def run(
         "ingest_s": round(ingest_s, 3),
         "spans_per_s_ingest": round(spans / ingest_s),
         "seal_s": round(seal_s, 3),
+        "seal_idle_pass_server_cpu_s": round(idle_pass[2], 3) if pid else None,
         "budget_s_best": round(merged[0], 3),
         "budget_s_median": round(merged[1], 3),
         "budget_server_cpu_s": round(merged[2], 3) if pid else None,

@@ -298,20 +298,23 @@ def budget_panels(src: Source) -> list[dict]:
 
 
 def _pd_budget_panel(src: Source) -> dict:
-    """The disaggregated TTFT budget of `phaselens budget` (analysis/pd_queries.py), same SQL."""
+    """The disaggregated TTFT budget of `phaselens budget` (analysis/pd_queries.py), from the rollups
+    (`pd_budget_stack_rollup`; `phaselens budget` reads every request: `pd_summary`)."""
     return budget_bars(
         src,
-        "pd_budget_stack",
+        "pd_budget_stack_rollup",
         "Disaggregated TTFT budget: router, prefill, KV transfer, decode",
-        "Where does time to first token go when prefill and decode run on separate instances? Each bar "
-        "is one statistic over the requests that went router -> prefill -> decode with every term known "
-        "(p50, p90, p99 of each term, and the mean, whose terms add up to the mean client TTFT). Every "
-        "term is a duration on one host's clock: the router's terms, the prefill instance's (ingress, "
-        "queue, compute, first token, KV wait, kv_transfer = send start -> the decode side's "
-        "acknowledgement, answer), the decode instance's (ingress, queue, first token, first chunk); "
-        "the hops between hosts are residuals of durations (the caller's span minus the callee's), "
-        "never differences of two hosts' clocks. Filtered by model, not service. Empty without "
-        "disaggregated requests; SGLang's P/D spans never complete it (its instances run in parallel).",
+        from_rollups(
+            "Where does time to first token go when prefill and decode run on separate instances? Each bar "
+            "is one statistic over the requests that went router -> prefill -> decode with every term known "
+            "(p50, p90, p99 of each term, and the mean, whose terms add up to the mean client TTFT). Every "
+            "term is a duration on one host's clock: the router's terms, the prefill instance's (ingress, "
+            "queue, compute, first token, KV wait, kv_transfer = send start -> the decode side's "
+            "acknowledgement, answer), the decode instance's (ingress, queue, first token, first chunk); "
+            "the hops between hosts are residuals of durations (the caller's span minus the callee's), "
+            "never differences of two hosts' clocks. Filtered by model, not service. Empty without "
+            "disaggregated requests; SGLang's P/D spans never complete it (its instances run in parallel)."
+        ),
         width=24,
     )
 

@@ -81,7 +81,7 @@ def test_every_panel_query_runs_as_grafana_renders_it(client, data):
         "queue_depth_over_time",
         "request_trace",
         "diagnosis_causes_rollup",
-        "pd_budget_stack",
+        "pd_budget_stack_rollup",
     }
     for name, columns in Q.PANEL_COLUMNS.items():
         sql = Q.render_grafana(name, database=db)

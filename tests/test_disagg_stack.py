@@ -7,6 +7,7 @@ of every request must hold on its own clocks: every term ≥ 0 and the parts sum
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from phaselens.analysis import queries, report, report_page
+from phaselens.analysis import pd_queries, queries, report, report_page, rollup, sketch
 from phaselens.analysis.diagnose import diagnose
 from phaselens.analysis.pd_budget import pd_budget
 from phaselens.analysis.pd_schema import PD_TERMS
@@ -136,20 +137,30 @@ def test_budget_and_diagnose_read_the_disaggregated_terms(pd, rows):
     assert json.loads(shown.stdout)["disaggregated"]["complete"] == REQUESTS
 
 
-def test_the_grafana_pd_panel_shows_the_budget_of_phaselens_budget(pd, rows):
-    """The P/D panel's SQL (Grafana macros expanded by the stand-in) gives the same p50/p90/p99/mean of
-    every term as `phaselens budget`, and its mean row adds up to the mean client TTFT."""
+def test_the_grafana_pd_panel_shows_the_budget_of_phaselens_budget_within_the_sketch_error(pd, rows):
+    """The P/D panel's SQL (the rollups' states; Grafana macros expanded by the stand-in) gives the
+    means of `phaselens budget` (exact) and each term's p50/p90/p99 within the sketch's stated error:
+    within ALPHA of an order statistic next to rank q·(n − 1), where the exact path interpolates."""
     now = int(time.time())
     ctx = GrafanaQueryContext(now - 3600, now + 60, 10, {"service": ALL, "model": ALL}, {"model": ["tiny"]})
     with pd.stack.client() as ch:
+        rollup.refresh_now(ch, pd.stack.database)  # the views run: the live states as of now
         report = pd_budget(ch, database=pd.stack.database, since=None)
-        sql = expand_grafana_sql(queries.render_grafana("pd_budget_stack", pd.stack.database), ctx)
+        sql = expand_grafana_sql(queries.render_grafana("pd_budget_stack_rollup", pd.stack.database), ctx)
         panel = {r["statistic"]: r for r in ch.query(sql).named_results()}
-    assert list(panel) == ["p50", "p90", "p99", "mean"]
-    for term in report.terms:
-        want = (term.ms.p50, term.ms.p90, term.ms.p99, term.ms.mean)
-        got = tuple(panel[stat][term.name] for stat in ("p50", "p90", "p99", "mean"))
-        assert got == pytest.approx(want, rel=1e-9, abs=1e-9), term.name
+        terms = ", ".join(pd_queries.pd_rollup_terms())
+        every = f"SELECT *, {pd_queries.PD_COMPLETE} AS pd_complete FROM {pd.stack.database}.phaselens_requests"
+        (values,) = ch.query(f"SELECT groupArray([{terms}]) FROM ({every})").result_rows[0]
+    assert list(panel) == ["p50", "p90", "p99", "mean"] and report.complete == REQUESTS
+    for i, term in enumerate(report.terms):
+        assert panel["mean"][term.name] == pytest.approx(term.ms.mean, rel=1e-9, abs=1e-9), term.name
+        ordered = sorted(v[i] for v in values if v[i] is not None)
+        assert len(ordered) == REQUESTS
+        for stat, level in zip(("p50", "p90", "p99"), sketch.LEVELS, strict=True):
+            h = level * (len(ordered) - 1)
+            lo, hi = ordered[math.floor(h)], ordered[math.ceil(h)]
+            got = panel[stat][term.name]
+            assert lo - sketch.ALPHA * abs(lo) - 1e-9 <= got <= hi + sketch.ALPHA * abs(hi) + 1e-9, (term.name, stat)
     total = sum(v for k, v in panel["mean"].items() if k != "statistic")
     assert total == pytest.approx(report.side["client_ttft_ms"].mean, rel=1e-9)
 

@@ -2,7 +2,6 @@
 -- Rendering: render_cli, ClickHouse server-side parameters {name:Type} (what the CLI and the
 -- Python API send), every filter set; an unset service, model or since drops its condition.
 -- Run: clickhouse-client --param_since_ms='900000' --param_model='tiny' --param_database='otel' --queries-file pd_budget_stack.sql
--- Grafana panels render the same template with macros: dashboards/generated/*.json.
 --
 -- The TTFT terms of the complete disaggregated requests at p50/p90/p99 (each its own percentile)
 -- and the mean (whose terms add up to the mean client TTFT): one row per statistic.
