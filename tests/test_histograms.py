@@ -25,6 +25,7 @@ from phaselens.instrumentation.pipeline import otel_setup
 from phaselens.instrumentation.pipeline.genai_metrics import HISTOGRAMS, GenAiServerMetrics, SdkHistograms
 from phaselens.instrumentation.pipeline.histograms import HistogramReader, OwnedHistograms
 from phaselens.instrumentation.pipeline.phases import compute_phases
+from tests.instrumentation_fixtures import OtlpReceiver
 from tests.test_otlp_fast import scripted_records
 
 RESOURCE = Resource({"service.name": "histograms-test"})
@@ -186,3 +187,34 @@ def test_span_builder_configuration_owns_the_histograms(monkeypatch) -> None:
     assert otel_setup.configure("svc", set_global=False, encoded_spans=True).histogram_readers is None
     for providers in (owned,):
         providers.shutdown()
+
+
+def test_span_builder_histograms_reach_an_otlp_receiver(monkeypatch) -> None:
+    """The owned histograms through the real OTLP/HTTP metric exporter: one request, the counter's
+    scope, each histogram's count, sum and buckets as recorded."""
+    receiver = OtlpReceiver()
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    providers = otel_setup.configure("svc", set_global=False, encoded_spans=True)
+    metrics = GenAiServerMetrics(providers.meter_provider, lambda: {"queue_full": 2}, providers.histogram_readers)
+    records = [r for r in scripted_records() if hasattr(r, "http")]
+    for record in records:
+        metrics.record(record, compute_phases(record))
+    providers.meter_provider.force_flush()
+    providers.shutdown()
+    receiver.close()
+    exported = {
+        m.name: m
+        for request in receiver.metrics[:1]
+        for rm in request.resource_metrics
+        for sm in rm.scope_metrics
+        if sm.scope.name == names.SERVER_SCOPE
+        for m in sm.metrics
+    }
+    assert set(exported) >= {names.METRIC_SERVER_REQUEST_DURATION, names.METRIC_TELEMETRY_DROPPED}
+    durations = exported[names.METRIC_SERVER_REQUEST_DURATION].histogram.data_points
+    expected = sorted(compute_phases(r).e2e_ns / 1e9 for r in records)
+    assert sorted(p.sum for p in durations) == expected  # one request per attribute set
+    assert all(sum(p.bucket_counts) == p.count == 1 for p in durations)
+    assert all(list(p.explicit_bounds) == list(names.BUCKETS_DURATION_S) for p in durations)
