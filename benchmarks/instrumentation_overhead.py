@@ -35,7 +35,7 @@ span-builder child (the CPU time it reports); and instruction counts under valgr
 (`--callgrind`, on by default where valgrind is installed; they count the same on a busy machine):
 the loop's stamps per request-step (phaselens handles − tracing off, the builder paused), the
 builder per request (the child's work: frames → records → spans → OTLP bytes, fast vs SDK, metrics
-included, network left out)
+into a metric reader as with the default OTEL_METRICS_EXPORTER=otlp, network left out)
 and the shipper's encoding per request. Targets: ≤ 1 µs per request per step; ≤ 1 % throughput loss
 at B = 64 (median of rounds); default path: builder ≤ 100 µs CPU per request (≤ 20 µs per span),
 shipper ≤ 20 µs per request.
