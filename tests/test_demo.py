@@ -12,7 +12,6 @@ import time
 
 import clickhouse_connect
 
-from phaselens.common.process import free_port
 from phaselens.storage.embedded import EmbeddedClickHouse
 from tests.process_fixtures import ROOT, alive, cmdlines_with, run_watched, track
 from tests.report_fixtures import colour_stats, console_messages, decode_png, run_chromium
@@ -77,7 +76,7 @@ def test_children_die_with_a_sigkilled_orchestrator(tmp_path):
     """PR_SET_PDEATHSIG: the child (and through it the ClickHouse server process) stops."""
     data = tmp_path / "ch"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _ORCHESTRATOR, str(data), str(free_port()), str(free_port())],
+        [sys.executable, "-c", _ORCHESTRATOR, str(data), "0", "0"],  # ports picked as the server starts
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
