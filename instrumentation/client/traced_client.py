@@ -95,7 +95,7 @@ class StreamResult:
     # the server's stamped sends it estimates the client's wait that TCP hid (`client_late_est_ms`)
     read_body_bytes: int = 0
     written_ns: int = 0  # the request's first bytes handed to the transport (0: not observed)
-    connect_ns: int = 0  # the new connection's connect it waited for (network time, not the client's)
+    connect_ns: int = 0  # the network's part of the new connection's connect it waited for (its handshake)
     first_output_ns: int | None = None  # first non-reasoning content chunk (TTFO)
     last_chunk_ns: int | None = None  # last content chunk (e2e)
     done_ns: int = 0  # response closed (or failure seen)
@@ -110,7 +110,7 @@ class StreamResult:
     error: str | None = None
     ttft_ms: float | None = None
     read_ms: float | None = None  # first content bytes in this host's kernel → this client read them
-    send_ms: float | None = None  # sent → the request's bytes handed to the kernel, less the connect
+    send_ms: float | None = None  # sent → the request's bytes handed to the kernel, less the handshake
     ttfo_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
