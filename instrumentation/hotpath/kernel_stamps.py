@@ -120,4 +120,5 @@ def handshake_rtt_ns(sock: socket.socket) -> int | None:
         return None
     if len(info) < _TCP_INFO_BYTES or _TCPI_RTT.unpack_from(info, _TCPI_TOTAL_RETRANS_AT)[0]:
         return None
-    return _TCPI_RTT.unpack_from(info, _TCPI_RTT_AT)[0] * 1000
+    rtt_us: int = _TCPI_RTT.unpack_from(info, _TCPI_RTT_AT)[0]
+    return rtt_us * 1000
