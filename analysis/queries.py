@@ -16,7 +16,8 @@ Budget terms (docs/budget-method.md), each a duration on one clock, from `phasel
     inbound = the request's bytes in the server's kernel → ingress (server clock, kernel stamp),
     first_chunk = that token handed to the stream → its chunk handed to the server's `send`,
     client = client_send + client_read (client clock): sent → the request's bytes handed to the
-    kernel, less a new connection's connect; the first content bytes in the client's kernel → read,
+    kernel, less a new connection's handshake round trip; the first content bytes in the client's
+    kernel → read,
     client_late_est = an ESTIMATE of the client's wait TCP's coalescing hid from client_read (the
     server's send gap from the first content chunk to the chunk whose bytes the client's read
     ended in; analysis/schema.py),
