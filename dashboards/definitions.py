@@ -164,6 +164,14 @@ def budget_bars(src: Source, query: str, title: str, description: str, *, width:
         height=9,
         unit="ms",
         custom={"fillOpacity": 80, "lineWidth": 1},
+        overrides=[  # an estimated term says so in the legend and the tooltip
+            {
+                "matcher": {"id": "byName", "options": name},
+                "properties": [{"id": "displayName", "value": f"{name} (estimate)"}],
+            }
+            for name in sorted(queries.ESTIMATED)
+            if name in columns(query)
+        ],
         options={
             "orientation": "horizontal",
             "stacking": "normal",
