@@ -333,8 +333,9 @@ def test_plugin_rows_name_the_first_chunk_and_leave_a_loopback_sized_residual(pi
     (the tiny model's byte-level BPE) are `held_back`; the request's wait in the API server's kernel
     and event loop before the ASGI call is `inbound` (uvicorn's protocol wrapped by the module
     `--middleware` imports). Before them, the residual held both: p50 24, p90 98 ms at 2 streams
-    (docs/vllm.md); then, with most first-chunk reads coalesced at 2 streams, p90 of the others only.
-    """
+    (docs/vllm.md); with them, the late load generator's wait that TCP hid when it coalesced the
+    first-chunk read (most reads here) stayed in it until `client_late_est` named it (5.0 / 38 ms
+    p50 / p90 in benchmarks/vllm_residual.py)."""
     db, client, _ = pipeline
     results, log, _ = plugin_run
     assert "first chunk's delivery is not observed" not in log
