@@ -63,7 +63,7 @@ _new_tuple = tuple.__new__
 def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
     """Each record type made with tuple.__new__ from the full field tuple `encode_request` wrote
     (no NamedTuple __new__ frame: five a request)."""
-    root, parent, *stamps, waits, chunks, token_ts, token_n, info, outcome, http = fields
+    root, parent, *stamps, waits, chunks, token_ts, token_n, sends, info, outcome, http = fields
     return _new_tuple(
         RequestRecord,
         (
@@ -74,6 +74,7 @@ def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
             int64s(chunks),
             int64s(token_ts),
             int64s(token_n),
+            int64s(sends),
             _new_tuple(RequestInfo, info) if info is not None else None,
             _new_tuple(RequestOutcome, outcome),
             _new_tuple(HttpFacts, http),
