@@ -363,6 +363,10 @@ def test_bad_steps_are_clear_errors_not_crashes():
         encode_step(step, *args[:5], (*STEP_KEYS[:-1], ""), limits)
     with pytest.raises(TypeError, match="limits: expected a 7-tuple"):
         encode_step(step, *args[:6], limits[:-1])
+    with pytest.raises(TypeError, match="expected 8 arguments, got 7"):
+        encode_step(step, *args[:-1])  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="name must be a str and keys a tuple"):
+        encode_step(step, *args[:4], b"name", *args[5:])  # type: ignore[arg-type]
 
 
 def test_a_ratio_sampler_keeps_the_described_step_path():

@@ -501,14 +501,23 @@ static int put_step_attributes(Buf *b, PyObject **step, PyObject *keys, const Li
     return r || put_dropped(b, 10, first);
 }
 
-static PyObject *encode_step(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *step, *trace_id, *span_id, *start_ns, *end_ns, *name, *keys, *limits_tuple;
+/* METH_FASTCALL: PyArg_ParseTuple was ~1k of its ~8k instructions a step. */
+static PyObject *encode_step(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     Limits limits;
-    if (!PyArg_ParseTuple(args, "O!OOOOUO!O:encode_step", &PyTuple_Type, &step, &trace_id, &span_id, &start_ns,
-                          &end_ns, &name, &PyTuple_Type, &keys, &limits_tuple) ||
-        limits_of(limits_tuple, &limits))
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "encode_step: expected 8 arguments, got %zd", nargs);
         return NULL;
-    if (PyTuple_GET_SIZE(step) != STEP_FIELDS || !PyBytes_Check(PyTuple_GET_ITEM(step, STEP_FIELDS - 1))) {
+    }
+    PyObject *step = args[0], *trace_id = args[1], *span_id = args[2], *start_ns = args[3], *end_ns = args[4],
+             *name = args[5], *keys = args[6];
+    if (limits_of(args[7], &limits))
+        return NULL;
+    if (!PyUnicode_Check(name) || !PyTuple_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "encode_step: name must be a str and keys a tuple");
+        return NULL;
+    }
+    if (!PyTuple_Check(step) || PyTuple_GET_SIZE(step) != STEP_FIELDS ||
+        !PyBytes_Check(PyTuple_GET_ITEM(step, STEP_FIELDS - 1))) {
         PyErr_Format(PyExc_TypeError, "step: expected a PackedStep (%d items, the last bytes)", STEP_FIELDS);
         return NULL;
     }
@@ -615,7 +624,7 @@ static PyObject *encode_request(PyObject *Py_UNUSED(self), PyObject *args) {
 static PyMethodDef methods[] = {
     {"encode_spans", encode_spans, METH_VARARGS,
      "encode_spans(spans, limits) -> list[bytes]: one ScopeSpans.spans entry per SpanData."},
-    {"encode_step", encode_step, METH_VARARGS,
+    {"encode_step", (PyCFunction)(void (*)(void))encode_step, METH_FASTCALL,
      "encode_step(step, trace_id, span_id, start_ns, end_ns, name, keys, limits) -> bytes: an engine step's span."},
     {"encode_request", encode_request, METH_VARARGS,
      "encode_request(resource_attributes, scope_name, scope_version, spans) -> ExportTraceServiceRequest bytes."},

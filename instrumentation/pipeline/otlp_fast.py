@@ -90,6 +90,7 @@ class FastEmitter:
         self.ids: IdGenerator = tracer_provider.id_generator
         self.sampler: Sampler = tracer_provider.sampler
         self.limits = limits_tuple(limits or SpanLimits())
+        self._every_root = samples_every_root(self.sampler)  # a provider's sampler is fixed at its making
         self.processors = processors
         self.emitted = 0
 
@@ -105,7 +106,7 @@ class FastEmitter:
         """An engine step's span encoded straight from the PackedStep (`encode_step`: the bytes of
         `step_span`'s description, ~2/3 fewer instructions) where the sampler records and samples
         every root as given; else described and emitted. False when it is not built."""
-        if not samples_every_root(self.sampler):
+        if not self._every_root:
             return emit_step_span(self, anchor, step)
         if not step.links:
             return False
