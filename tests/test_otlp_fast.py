@@ -47,6 +47,7 @@ from phaselens.instrumentation.pipeline.span_processor import BatchSettings, Cou
 from phaselens.instrumentation.pipeline.spans import KIND_INTERNAL, STEP_KEYS, PackedStep, SpanData, step_span
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.collector_fixtures import rows, wait_rows
+from tests.fuzz_encode import FixedIds
 from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
 
 
@@ -283,17 +284,6 @@ class SeededIds(IdGenerator):
 
     def generate_trace_id(self) -> int:
         return self._random.getrandbits(128)
-
-
-class FixedIds(IdGenerator):
-    def __init__(self, trace_id: int, span_id: int) -> None:
-        self.trace_id, self.span_id = trace_id, span_id
-
-    def generate_span_id(self) -> int:
-        return self.span_id
-
-    def generate_trace_id(self) -> int:
-        return self.trace_id
 
 
 @settings(max_examples=300, deadline=None)
