@@ -29,12 +29,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 MODULE = "phaselens.collectors._otlp_rows"
 
 
-def _load(path: str) -> None:
-    """Puts the decoder built at `path` in place of the installed one."""
-    loader = importlib.machinery.ExtensionFileLoader(MODULE, path)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(MODULE, path, loader=loader))
+def load(name: str, path: str) -> None:
+    """Puts the extension module `name` built at `path` in place of the installed one."""
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path, loader=loader))
     loader.exec_module(module)
-    sys.modules[MODULE] = module
+    sys.modules[name] = module
+
+
+def arguments(doc: str, name: str, iterations: int) -> argparse.Namespace:
+    """A fuzzer's command line (--module, --iterations, --seed), with the module given loaded as `name`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--module", help=f"a build of {name} to use (e.g. with sanitizers)")
+    parser.add_argument("--iterations", type=int, default=iterations)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if args.module:
+        load(name, args.module)
+    return args
 
 
 def _seeds() -> list[bytes]:
@@ -70,13 +82,7 @@ def _mutate(rng: random.Random, data: bytearray) -> bytes:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--module", help="a build of collectors/_otlp_rows.c to use (e.g. with sanitizers)")
-    parser.add_argument("--iterations", type=int, default=100_000)
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
-    if args.module:
-        _load(args.module)
+    args = arguments(__doc__, MODULE, 100_000)
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from phaselens.collectors import render

@@ -1,5 +1,6 @@
-"""The C decoder under AddressSanitizer and UBSan: built here with gcc, fed mutated requests by
-tests/fuzz_render.py. Any out-of-bounds read, use after free or undefined behaviour aborts the run."""
+"""The C modules under AddressSanitizer and UBSan: built here with gcc, the collector's decoder fed
+mutated requests by tests/fuzz_render.py, the span encoder random and broken inputs by
+tests/fuzz_encode.py. Any out-of-bounds access, use after free or undefined behaviour aborts the run."""
 
 from __future__ import annotations
 
@@ -25,10 +26,18 @@ def _runtime(name: str) -> str:
     return path
 
 
-def test_decoder_is_clean_under_sanitizers(tmp_path):
-    assert shutil.which("gcc"), "gcc builds the collector's decoder; it is needed here too"
+@pytest.mark.parametrize(
+    ("source", "fuzzer", "iterations"),
+    [
+        ("collectors/_otlp_rows.c", "tests/fuzz_render.py", 30000),
+        ("instrumentation/pipeline/_otlp_encode.c", "tests/fuzz_encode.py", 20000),
+    ],
+)
+def test_c_module_is_clean_under_sanitizers(tmp_path, source, fuzzer, iterations):
+    """The collector's decoder, and the span encoder (fed random and broken steps and descriptions)."""
+    assert shutil.which("gcc"), "gcc builds the C modules; it is needed here too"
     runtimes = [_runtime("libasan.so"), _runtime("libubsan.so")]
-    module = tmp_path / "_otlp_rows_asan.so"
+    module = tmp_path / f"{Path(source).stem}_asan.so"
     subprocess.run(
         [
             "gcc",
@@ -39,7 +48,7 @@ def test_decoder_is_clean_under_sanitizers(tmp_path):
             "-fPIC",
             "-shared",
             f"-I{sysconfig.get_paths()['include']}",
-            str(ROOT / "collectors/_otlp_rows.c"),
+            str(ROOT / source),
             "-o",
             str(module),
         ],
@@ -53,7 +62,7 @@ def test_decoder_is_clean_under_sanitizers(tmp_path):
         LD_PRELOAD=" ".join(runtimes),
     )
     run = subprocess.run(
-        [sys.executable, str(ROOT / "tests/fuzz_render.py"), "--module", str(module), "--iterations", "30000"],
+        [sys.executable, str(ROOT / fuzzer), "--module", str(module), "--iterations", str(iterations)],
         capture_output=True,
         text=True,
         env=env,

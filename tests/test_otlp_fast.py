@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import random
 import socket
 import threading
 import time
@@ -13,6 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -20,6 +23,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from phaselens.collectors import schema
 from phaselens.collectors.service import Collector
@@ -28,7 +32,7 @@ from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
 from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats
 from phaselens.instrumentation.pipeline import otel_setup
-from phaselens.instrumentation.pipeline._otlp_encode import encode_spans
+from phaselens.instrumentation.pipeline._otlp_encode import encode_spans, encode_step
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
@@ -40,9 +44,10 @@ from phaselens.instrumentation.pipeline.otlp_fast import (
     request_encoder,
 )
 from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
-from phaselens.instrumentation.pipeline.spans import KIND_INTERNAL, SpanData
+from phaselens.instrumentation.pipeline.spans import KIND_INTERNAL, STEP_KEYS, PackedStep, SpanData, step_span
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.collector_fixtures import rows, wait_rows
+from tests.fuzz_encode import FixedIds
 from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
 
 
@@ -262,6 +267,124 @@ def test_bad_descriptions_are_clear_errors_not_crashes():
         encode_spans([("too", "short")], limits)
     with pytest.raises(ValueError, match="26 bytes, not a whole number of 25-byte packed links"):
         encode_spans([good._replace(links=b"x" * 26)], limits)
+
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+LIMIT = st.one_of(st.just(-1), st.integers(0, 12))
+
+
+class SeededIds(IdGenerator):
+    """Random ids from a fixed seed: two providers make the same ones, and a ratio sampler splits them."""
+
+    def __init__(self) -> None:
+        self._random = random.Random(23)
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64)
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stats=st.lists(st.one_of(INT64, st.integers(2**63, 2**70)), min_size=8, max_size=8),
+    start_ts=st.integers(-(2**62), 2**62),
+    duration_ns=st.integers(-(2**62), 2**62),
+    links=st.lists(st.binary(min_size=25, max_size=25), max_size=70),
+    ids=st.tuples(st.integers(0, 2**128 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+    attribute_limit=LIMIT,
+    link_limit=LIMIT,
+)
+def test_encode_step_writes_the_bytes_of_the_step_spans_description(
+    stats, start_ts, duration_ns, links, ids, attribute_limit, link_limit
+):
+    """Any step (ints past int64 left out, negative and zero times, any links) and any limits:
+    `encode_step` equals `encode_spans` of `step_span`'s description, byte for byte."""
+    step = PackedStep(stats[0], start_ts, start_ts + duration_ns, *stats[1:], b"".join(links))
+    trace_id, span_id, wall_offset_ns = ids
+    anchor = ClockAnchor(mono_ns=0, wall_ns=wall_offset_ns)
+    limits = limits_tuple(SpanLimits(max_span_attributes=attribute_limit, max_links=link_limit))
+    span = step_span(FixedIds(trace_id, span_id), TracerProvider().sampler, anchor, step)
+    if not links:
+        assert span is None
+        return
+    assert span is not None
+    encoded = outcome(
+        encode_step, step, trace_id, span_id, span.start_ts, span.end_ts, names.SPAN_ENGINE_STEP, STEP_KEYS, limits
+    )
+    assert encoded == outcome(lambda: encode_spans([span], limits)[0])  # wall times outside uint64: one error
+
+
+def outcome(call, *args) -> tuple:
+    """A call's result, or its error's type and message."""
+    try:
+        return ("ok", call(*args))
+    except (TypeError, ValueError) as error:
+        return (type(error), str(error))
+
+
+def test_bad_steps_are_clear_errors_not_crashes():
+    limits = limits_tuple(SpanLimits())
+    step = PackedStep(1, 10, 20, 0, 1, 2, 3, 0, 0, 1, b"l" * 25)
+    args = (1, 2, 10, 20, names.SPAN_ENGINE_STEP, STEP_KEYS, limits)
+    assert encode_step(step, *args)
+    with pytest.raises(TypeError, match="expected a PackedStep"):
+        encode_step(step[:-1], *args)
+    with pytest.raises(TypeError, match="expected a PackedStep"):
+        encode_step(step._replace(links=[b"l" * 25]), *args)
+    with pytest.raises(ValueError, match="26 bytes, not a whole number of 25-byte packed links"):
+        encode_step(step._replace(links=b"x" * 26), *args)
+    with pytest.raises(ValueError, match="start_ts and end_ts must be int64"):
+        encode_step(step._replace(end_ts=2**63), *args)
+    with pytest.raises(ValueError, match="start_ts and end_ts must be int64"):
+        encode_step(step._replace(start_ts=-(2**62), end_ts=2**62), *args)
+    with pytest.raises(ValueError, match="start_ts and end_ts must be int64"):
+        encode_step(step._replace(start_ts=1.5), *args)
+    with pytest.raises(TypeError, match="attribute value of type object"):
+        encode_step(step._replace(queue_depth=object()), *args)
+    with pytest.raises(ValueError, match="trace_id: not an unsigned 128-bit int"):
+        encode_step(step, 1 << 128, *args[1:])
+    with pytest.raises(ValueError, match="start_ns: expected an int in"):
+        encode_step(step, 1, 2, -1, *args[3:])
+    with pytest.raises(TypeError, match="expected 9 attribute keys"):
+        encode_step(step, *args[:5], STEP_KEYS[:-1], limits)
+    with pytest.raises(TypeError, match="keys: expected non-empty str"):
+        encode_step(step, *args[:5], (*STEP_KEYS[:-1], ""), limits)
+    with pytest.raises(TypeError, match="limits: expected a 7-tuple"):
+        encode_step(step, *args[:6], limits[:-1])
+    with pytest.raises(TypeError, match="expected 8 arguments, got 7"):
+        encode_step(step, *args[:-1])  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="name must be a str and keys a tuple"):
+        encode_step(step, *args[:4], b"name", *args[5:])  # type: ignore[arg-type]
+
+
+def test_a_ratio_sampler_keeps_the_described_step_path():
+    """Past the default sampler the fast backend asks the sampler (its trace state and attributes
+    reach the span), as the SDK backend does: both export the same steps."""
+    records = [r for r in scripted_records() if not isinstance(r, RequestRecord)]
+    exported = {}
+    for backend in ("sdk", "fast"):
+        tracer_provider = TracerProvider(sampler=TraceIdRatioBased(0.5), id_generator=SeededIds())
+        kept = RequestsKept(None if backend == "sdk" else request_encoder(tracer_provider))
+        processor = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
+        if backend == "sdk":
+            tracer_provider.add_span_processor(processor)
+            emitter: Any = SpanEmitter(tracer_provider.get_tracer(names.SERVER_SCOPE), SpanLimits())
+        else:
+            emitter = FastEmitter(tracer_provider, [processor])
+        builder = SpanBuilder(
+            emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True
+        )
+        for _ in range(8):
+            for record in records:
+                builder.build(record)
+        processor.shutdown()
+        exported[backend] = ([s for r in kept.requests for s in fields_of(r)], builder.counters())
+    (sdk, sdk_counts), (fast, fast_counts) = exported["sdk"], exported["fast"]
+    assert fast == sdk and fast_counts == sdk_counts
+    steps = 8 * len(records)
+    assert 0 < len(fast) == fast_counts["steps_built"] < steps and fast_counts["steps_unsampled"] == steps - len(fast)
 
 
 def test_a_description_that_fails_to_encode_is_counted_in_build_errors():

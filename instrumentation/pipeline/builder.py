@@ -20,7 +20,7 @@ from phaselens.instrumentation.hotpath.records import Record, RequestRecord, Ste
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.otel_setup import export_counters
 from phaselens.instrumentation.pipeline.phases import compute_phases
-from phaselens.instrumentation.pipeline.spans import PackedStep, SpanBackend, packed_step, request_spans, step_span
+from phaselens.instrumentation.pipeline.spans import PackedStep, SpanBackend, packed_step, request_spans
 
 _logger = logging.getLogger(__name__)
 
@@ -77,9 +77,4 @@ class SpanBuilder:
             self._counts["steps_unsampled"] += 1
             return
         packed = step if isinstance(step, PackedStep) else packed_step(step)
-        span = step_span(emitter.ids, emitter.sampler, self._anchor, packed)
-        if span is None:
-            self._counts["steps_unsampled"] += 1
-            return
-        emitter.emit_data((span,))
-        self._counts["steps_built"] += 1
+        self._counts["steps_built" if emitter.emit_step(self._anchor, packed) else "steps_unsampled"] += 1

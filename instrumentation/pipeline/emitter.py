@@ -26,8 +26,16 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import unpack_link
-from phaselens.instrumentation.pipeline.spans import KIND_SERVER, LinkIds, SpanData, packed_links
+from phaselens.instrumentation.pipeline.spans import (
+    KIND_SERVER,
+    LinkIds,
+    PackedStep,
+    SpanData,
+    emit_step_span,
+    packed_links,
+)
 
 UNSET = Status(StatusCode.UNSET)
 
@@ -140,3 +148,7 @@ class SpanEmitter:
     def emit_data(self, spans: Iterable[SpanData]) -> None:
         """The described spans as ReadableSpans to the processors, in order (the builder's backend call)."""
         self.emit(map(self.readable, spans))
+
+    def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool:
+        """An engine step's span, described and emitted; False when it is not built."""
+        return emit_step_span(self, anchor, step)

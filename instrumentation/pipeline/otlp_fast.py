@@ -33,9 +33,16 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import Sampler
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.pipeline._otlp_encode import encode_request, encode_spans
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.pipeline._otlp_encode import encode_request, encode_spans, encode_step
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor
-from phaselens.instrumentation.pipeline.spans import SpanData
+from phaselens.instrumentation.pipeline.spans import (
+    STEP_KEYS,
+    PackedStep,
+    SpanData,
+    emit_step_span,
+    samples_every_root,
+)
 
 PROTOCOL_GRPC = "grpc"
 PROTOCOL_HTTP = "http/protobuf"
@@ -83,6 +90,7 @@ class FastEmitter:
         self.ids: IdGenerator = tracer_provider.id_generator
         self.sampler: Sampler = tracer_provider.sampler
         self.limits = limits_tuple(limits or SpanLimits())
+        self._every_root = samples_every_root(self.sampler)  # a provider's sampler is fixed at its making
         self.processors = processors
         self.emitted = 0
 
@@ -93,6 +101,27 @@ class FastEmitter:
             encoded = encode_spans(sampled, self.limits)
             for processor in self.processors:
                 processor.offer(encoded)
+
+    def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool:
+        """An engine step's span encoded straight from the PackedStep (`encode_step`: the bytes of
+        `step_span`'s description, ~2/3 fewer instructions) where the sampler records and samples
+        every root as given; else described and emitted. False when it is not built."""
+        if not self._every_root:
+            return emit_step_span(self, anchor, step)
+        if not step.links:
+            return False
+        ids = self.ids
+        trace_id = ids.generate_trace_id()  # then the span id, as step_span draws them
+        start_ns, end_ns = anchor.to_wall_ns(step.start_ts), anchor.to_wall_ns(step.end_ts)
+        encoded = [
+            encode_step(
+                step, trace_id, ids.generate_span_id(), start_ns, end_ns, names.SPAN_ENGINE_STEP, STEP_KEYS, self.limits
+            )
+        ]
+        self.emitted += 1
+        for processor in self.processors:
+            processor.offer(encoded)
+        return True
 
 
 def _http_transport() -> Any:

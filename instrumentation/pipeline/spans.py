@@ -353,6 +353,7 @@ class SpanBackend(Protocol):
     emitted: int  # spans given to emit()
 
     def emit_data(self, spans: Sequence[SpanData]) -> None: ...
+    def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool: ...  # False: not built (unsampled)
 
 
 _new_tuple = tuple.__new__  # SpanData from all its fields: no NamedTuple __new__ frame (~2k instructions a span)
@@ -555,26 +556,52 @@ def _link(packed: bytes) -> Link:
     return Link(SpanContext(trace_id, span_id, False, TraceFlags(flags)))
 
 
+# an engine step span's attributes, in export order (`_otlp_encode.encode_step` takes the values in
+# this order from a PackedStep: step_index, num_seqs, prefill, decode, kv used, kv total, preemptions,
+# queue depth, then the duration)
+STEP_KEYS = (
+    names.PL_STEP_INDEX,
+    names.PL_STEP_NUM_SEQS,
+    names.PL_STEP_PREFILL_TOKENS,
+    names.PL_STEP_DECODE_TOKENS,
+    names.PL_STEP_KV_BLOCKS_USED,
+    names.PL_STEP_KV_BLOCKS_TOTAL,
+    names.PL_STEP_PREEMPTIONS,
+    names.PL_STEP_QUEUE_DEPTH,
+    names.PL_STEP_DURATION_MS,
+)
+
+
+def emit_step_span(backend: SpanBackend, anchor: ClockAnchor, step: PackedStep) -> bool:
+    """A step's span described (`step_span`) and emitted; False when it is not built."""
+    span = step_span(backend.ids, backend.sampler, anchor, step)
+    if span is None:
+        return False
+    backend.emit_data((span,))
+    return True
+
+
 def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: PackedStep) -> SpanData | None:
     """One llm.engine_step span in a trace of its own, linked to the batch's sampled SERVER spans;
     None when no member is sampled or the sampler does not record the step's trace."""
     links = step.links
     if not links:
         return None
-    attributes = {
-        names.PL_STEP_INDEX: step.step_index,
-        names.PL_STEP_NUM_SEQS: step.num_seqs,
-        names.PL_STEP_PREFILL_TOKENS: step.prefill_tokens,
-        names.PL_STEP_DECODE_TOKENS: step.decode_tokens,
-        names.PL_STEP_KV_BLOCKS_USED: step.kv_blocks_used,
-        names.PL_STEP_KV_BLOCKS_TOTAL: step.kv_blocks_total,
-        names.PL_STEP_PREEMPTIONS: step.preemptions,
-        names.PL_STEP_QUEUE_DEPTH: step.queue_depth,
-        names.PL_STEP_DURATION_MS: (step.end_ts - step.start_ts) / 1e6,
-    }
+    values = (
+        step.step_index,
+        step.num_seqs,
+        step.prefill_tokens,
+        step.decode_tokens,
+        step.kv_blocks_used,
+        step.kv_blocks_total,
+        step.preemptions,
+        step.queue_depth,
+        (step.end_ts - step.start_ts) / 1e6,
+    )
+    attributes = dict(zip(STEP_KEYS, values, strict=True))
     trace_id = ids.generate_trace_id()
     sampled, trace_state = True, ""
-    if not _samples_every_root(sampler):
+    if not samples_every_root(sampler):
         result = sampler.should_sample(
             Context(), trace_id, names.SPAN_ENGINE_STEP, SpanKind.INTERNAL, attributes, _SamplerLinks(links)
         )
@@ -609,7 +636,7 @@ _EVERY_ROOT = frozenset({ALWAYS_ON.get_description(), ParentBased(ALWAYS_ON).get
 
 
 @functools.lru_cache(maxsize=8)
-def _samples_every_root(sampler: Sampler) -> bool:
+def samples_every_root(sampler: Sampler) -> bool:
     """The SDK's always_on and parentbased_always_on (the default): a step's trace is a root, which
     they record and sample with its attributes as given and no trace state; asking costs ~20k
     instructions a step (two steps a request at B = 64), so it is not asked."""
