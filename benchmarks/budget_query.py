@@ -10,8 +10,11 @@ exact one (every request), as ingested (parts unmerged) and after OPTIMIZE … F
 CPU seconds beside wall seconds (the figure to compare on a shared machine); the refresh of every
 panel of the latency-budget dashboard (`dashboard_refresh_s`, queries run one after another), and the
 same-run baseline: the exact summary computed from the raw spans (no materialized view; ≤ 1M only).
+`cluster` (`--shards N`): the same rollup rows over N embedded shards against one node, each node's
+server CPU apart (the node asked first) and the critical path max(node asked, other shards): the
+wall time with each shard on its own machine.
 
-    python benchmarks/budget_query.py [--requests N] [--quick] [--round N] [--clickhouse URL]
+    python benchmarks/budget_query.py [--requests N] [--quick] [--round N] [--scale K] [--shards N] [--clickhouse URL]
 """
 
 from __future__ import annotations
