@@ -1,6 +1,6 @@
-"""The C extensions: the collector's OTLP → RowBinary decoder (collectors/render.py) and the span
-builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py); they need a C compiler and the Python
-headers. Everything else is in pyproject.toml; the extensions are declared here because pyproject's `[tool.setuptools] ext-modules` is still experimental."""
+"""The C extensions: the collector's OTLP → RowBinary decoder (collectors/render.py), the span
+builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py) and its token gaps (phases.py); they
+need a C compiler and the Python headers. Everything else is in pyproject.toml; the extensions are declared here because pyproject's `[tool.setuptools] ext-modules` is still experimental."""
 
 from setuptools import Extension, setup
 
@@ -14,6 +14,11 @@ setup(
         Extension(
             "phaselens.instrumentation.pipeline._otlp_encode",
             ["instrumentation/pipeline/_otlp_encode.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        ),
+        Extension(
+            "phaselens.instrumentation.pipeline._token_gaps",
+            ["instrumentation/pipeline/_token_gaps.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
     ]

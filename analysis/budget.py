@@ -59,6 +59,7 @@ class ComponentBudget:
     name: str
     ms: Stat
     share: Stat
+    estimated: bool = False  # an estimate, not a difference of stamps (`queries.ESTIMATED`)
 
 
 @dataclass(slots=True)
@@ -226,7 +227,9 @@ def budget(
     reference = "client" if row.get("with_client") else "server"
     whole = dists[f"{reference}_ttft_ms"]
     _unobserved(dists)
-    components = [ComponentBudget(name, dists[name], dists[name].ratio(whole)) for name, _ in q.COMPONENTS]
+    components = [
+        ComponentBudget(name, dists[name], dists[name].ratio(whole), name in q.ESTIMATED) for name, _ in q.COMPONENTS
+    ]
     requests = int(row.get("requests") or 0)
     return BudgetReport(
         requests=requests,

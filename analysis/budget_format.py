@@ -27,6 +27,7 @@ FIRST_CHUNK_SPLIT = tuple(name for name, _ in q.FIRST_CHUNK_SPLIT)
 INBOUND_SPLIT = tuple(name for name, _ in q.INBOUND_SPLIT)
 CLIENT_SPLIT = tuple(name for name, _ in q.CLIENT_SPLIT)
 UNOBSERVED = "unobserved"  # a term no request in the selection was stamped with (not 0 ms)
+ESTIMATE = "(estimate)"  # a term estimated, not measured (`queries.ESTIMATED`)
 
 
 def _ms(x: float | None) -> str:
@@ -56,7 +57,9 @@ def to_rich(report: BudgetReport) -> Group:
         ["term (ms)", "p50", "p90", "p99", "mean", "share p50", "share p99", "share mean"],
     )
     for c in report.components:
-        name = c.name if c.ms.mean is not None else f"{c.name} {UNOBSERVED}"
+        name = (
+            (f"{c.name} {ESTIMATE}" if c.estimated else c.name) if c.ms.mean is not None else f"{c.name} {UNOBSERVED}"
+        )
         budget.add_row(name, *_stat_cells(c.ms), _pct(c.share.p50), _pct(c.share.p99), _pct(c.share.mean))
     for name in ("client_ttft_ms", "server_ttfc_ms", "server_ttft_ms", "client_ttfo_ms"):
         style = "bold" if name == ref else None
@@ -75,7 +78,9 @@ def to_rich(report: BudgetReport) -> Group:
         "edges (ms, kernel receive stamps): inbound = kernel_wait (the request's bytes in the server's "
         "kernel until its event loop read them) + dispatch (HTTP parsing, task start), server clock; "
         "client = client_send (until the request's bytes left) + client_read (the first content bytes "
-        "in the client's kernel until it read them), client clock",
+        "in the client's kernel until it read them), client clock; client_late_est (an estimate, in the "
+        "budget) = the wait TCP hid when the client's read also held later chunks: the server's send gap "
+        "from the first content chunk to the newest chunk of that read",
         ["part", "p50", "p90", "p99", "mean"],
     )
     for name in INBOUND_SPLIT + CLIENT_SPLIT:

@@ -4,7 +4,7 @@ with the analysis dialect (bound parameters), and its text form.
 
 A request counts when it went through both instances and every term is known (`complete`):
 
-    client TTFT = inbound_ms + client_ms + residual_ms + Σ PD_TERMS
+    client TTFT = inbound_ms + client_ms + client_late_est_ms + residual_ms + Σ PD_TERMS
 (each term a duration on one clock; analysis.pd_schema; the edges, docs/budget-method.md, count 0
 where nobody stamped them)
 
@@ -27,6 +27,7 @@ from phaselens.analysis import span_models
 from phaselens.analysis.budget import AnalysisError, ComponentBudget, Stat, _clean
 from phaselens.analysis.dialect import CliDialect, QueryError
 from phaselens.analysis.pd_queries import ADDED_BY_DISAGG, SIDE, TTFT_TERMS, pd_summary
+from phaselens.analysis.queries import ESTIMATED
 
 __all__ = ["ADDED_BY_DISAGG", "SIDE", "TTFT_TERMS", "PdBudget", "pd_budget", "to_json", "to_rich"]
 
@@ -78,7 +79,7 @@ def pd_budget(client: Any, database: str = "otel", model: str | None = None, sin
         prefill_instances=int(row.get("prefill_instances") or 0),
         decode_instances=int(row.get("decode_instances") or 0),
         kv_bytes_mismatch=int(row.get("kv_bytes_mismatch") or 0),
-        terms=[ComponentBudget(t, _stat(row, t), _stat(row, t).ratio(whole)) for t in TTFT_TERMS],
+        terms=[ComponentBudget(t, _stat(row, t), _stat(row, t).ratio(whole), t in ESTIMATED) for t in TTFT_TERMS],
         side={name: _stat(row, name) for name in SIDE},
         span_models=list(row.get("span_models") or []),
     )
@@ -98,7 +99,7 @@ def to_rich(report: PdBudget) -> Group:
         table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for c in report.terms:
         share = "–" if c.share.mean is None else f"{100 * c.share.mean:.1f}%"
-        table.add_row(c.name, *(_ms(v) for v in c.ms.values()), share)
+        table.add_row(f"{c.name} (estimate)" if c.estimated else c.name, *(_ms(v) for v in c.ms.values()), share)
     table.add_row("client_ttft_ms", *(_ms(v) for v in report.side["client_ttft_ms"].values()), "100.0%")
     side = Table(title="Beside the budget", title_justify="left")
     for i, h in enumerate(("figure", "p50", "p90", "p99", "mean")):

@@ -5,7 +5,7 @@ the report's waterfall (registered in analysis.queries).
 
 A request counts when it went through both instances and every term is known (`complete`):
 
-    client TTFT = inbound_ms + client_ms + residual_ms + Σ PD_TERMS
+    client TTFT = inbound_ms + client_ms + client_late_est_ms + residual_ms + Σ PD_TERMS
 (each term a duration on one clock; analysis.pd_schema; the edges, docs/budget-method.md, count 0
 where nobody stamped them), so the mean row adds up to the mean client TTFT.
 """
@@ -17,7 +17,8 @@ from phaselens.analysis.dialect import Dialect
 from phaselens.analysis.pd_schema import PD_TERMS
 from phaselens.analysis.schema import REQUESTS_VIEW
 
-EDGE_TERMS = ("inbound_ms", "client_ms")  # the router's kernel/dispatch wait, the client's own time
+# the router's kernel/dispatch wait, the client's own time (and its estimated wait TCP's coalescing hid)
+EDGE_TERMS = ("inbound_ms", "client_ms", "client_late_est_ms")
 TTFT_TERMS = (*EDGE_TERMS, "residual_ms", *PD_TERMS)
 SIDE = ("client_ttft_ms", "kv_bytes", "kv_bytes_received", "decode_itl_p99_ms", "decode_stall_ms", "kv_receive_ms")
 COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in ("residual_ms", *PD_TERMS, "client_ttft_ms"))

@@ -11,14 +11,18 @@ ttft_slo_ms, tpot_slo_ms, trace_id, bucket_tokens, approx (t-digest quantiles).
 
 Budget terms (docs/budget-method.md), each a duration on one clock, from `phaselens_request_facts`:
     TTFT_client = inbound + ingress + queue + prefill + first_token + held_back + first_chunk + client
-                  + residual,
+                  + client_late_est + residual,
     held_back = first token → the decode step whose token made the first content visible,
     inbound = the request's bytes in the server's kernel → ingress (server clock, kernel stamp),
     first_chunk = that token handed to the stream → its chunk handed to the server's `send`,
     client = client_send + client_read (client clock): sent → the request's bytes handed to the
-    kernel, less a new connection's connect; the first content bytes in the client's kernel → read,
-    residual = client_ttft − server_ttfc − inbound − client (network both ways: what no stamp
-    explains), server_ttfc = server_ttft + held_back + first_chunk. A request without one of the stamped terms
+    kernel, less a new connection's handshake round trip; the first content bytes in the client's
+    kernel → read,
+    client_late_est = an ESTIMATE of the client's wait TCP's coalescing hid from client_read (the
+    server's send gap from the first content chunk to the chunk whose bytes the client's read
+    ended in; analysis/schema.py),
+    residual = client_ttft − server_ttfc − inbound − client − client_late_est (network both ways:
+    what no stamp explains), server_ttfc = server_ttft + held_back + first_chunk. A request without one of the stamped terms
     (not streamed, a server without the inbound protocol, another client, a span model that does not
     separate it) counts it 0 in the budget: that time stays in the residual, so the mean row still
     adds up exactly; a term no request in the selection has prints as unobserved (`OBSERVED_BY`).
@@ -63,8 +67,11 @@ COMPONENTS = (
     ("held_back_ms", "ifNull(held_back_ms, 0)"),
     ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"),
     ("client_ms", "ifNull(client_ms, 0)"),
+    ("client_late_est_ms", "ifNull(client_late_est_ms, 0)"),  # an estimate (analysis/schema.py)
     ("residual_ms", "residual_ms"),
 )
+# Components that are estimates, not differences of stamps: labelled so wherever they are shown.
+ESTIMATED = frozenset({"client_late_est_ms"})
 # Where the inbound edge went (inbound = kernel_wait + dispatch): the bytes waiting in the kernel for
 # a busy event loop, against HTTP parsing and the task start.
 INBOUND_SPLIT = (("kernel_wait_ms", "kernel_wait_ms"), ("dispatch_ms", "dispatch_ms"))
@@ -85,6 +92,7 @@ DISTRIBUTIONS = (
     *INBOUND_SPLIT,
     *CLIENT_SPLIT,
     ("client_observed_ms", "client_ms"),
+    ("client_late_est_observed_ms", "client_late_est_ms"),
     ("held_back_observed_ms", "held_back_ms"),
     ("e2e_residual_ms", "e2e_residual_ms"),
     ("client_tpot_ms", "client_tpot_ms"),
@@ -103,6 +111,7 @@ OBSERVED_BY = {
     "held_back_ms": "held_back_observed_ms",
     "first_chunk_ms": "loop_wait_ms",
     "client_ms": "client_observed_ms",
+    "client_late_est_ms": "client_late_est_observed_ms",
 }
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
@@ -261,7 +270,8 @@ DIAGNOSIS_FIGURES = (
     ("ingress_ms", "coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)"),
     ("delivery_ms", "ifNull(first_chunk_ms, 0)"),
     ("network_ms", "residual_ms"),
-    ("client_ms", "ifNull(client_ms, 0)"),
+    # the client's own wait: send + read of the first chunk + the estimated wait TCP's coalescing hid
+    ("client_ms", "ifNull(client_ms, 0) + ifNull(client_late_est_ms, 0)"),
 )
 # TTFT terms and the cause each one names
 TTFT_CAUSES = (
@@ -363,7 +373,8 @@ def _cause_rows() -> list[str]:
 
 def _client_signal(i: int) -> str:
     """The client's share at level `i`: the larger of its TPOT share (1 − server TPOT / client TPOT)
-    and its own time's share of TTFT (client = send + read, kernel receive stamps); NULL with neither."""
+    and its own time's share of TTFT (client = send + read, kernel receive stamps, + the estimated
+    wait TCP's coalescing hid from the read); NULL with neither."""
     tpot = f"toFloat64(1 - {_at('server_tpot_ms', i)} / nullIf({_at('client_tpot_ms', i)}, 0))"
     ttft = _share("client_ms", "ttft_ms", i)
     return f"if({tpot} IS NULL AND {ttft} IS NULL, NULL, greatest(ifNull({tpot}, 0), ifNull({ttft}, 0)))"
@@ -436,7 +447,8 @@ ROLLUP_POSITIONS: tuple[str, ...] = (
     *("held_back_observed_ms", "e2e_residual_ms", "client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms"),
     *("server_itl_p99_ms", "client_e2e_ms", "server_e2e_ms", "stall_ms", "queue_all_waits_ms"),
     *("diag_tpot_ms", "diag_e2e_ms", "diag_input_tokens", "diag_output_tokens", "diag_prefill_ms"),
-    *("diag_ingress_ms", "first_chunk_stamped_ms"),
+    *("diag_ingress_ms", "first_chunk_stamped_ms", "client_late_est_ms", "client_late_est_observed_ms"),
+    "diag_client_ms",
 )
 # Counters: (column, condition on a request)
 ROLLUP_COUNTS = (

@@ -39,6 +39,7 @@ COMPONENTS = (
     ("held_back_ms", "held back (decode steps until the first visible text)", "#c9a0dc"),
     ("first_chunk_ms", "first chunk (server delivery)", "#e07b9a"),
     ("client_ms", "client (its own send and read of the first bytes)", "#8c7a5b"),
+    ("client_late_est_ms", "client late, estimate (its wait TCP's coalescing hid from the read)", "#c2b280"),
     ("residual_ms", "residual (network: what no stamp explains)", "#a9b0bc"),
 )
 SPAN_COLORS = {

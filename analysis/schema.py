@@ -166,6 +166,7 @@ NUMERIC_ATTRS = {
     "a_dispatch_ms": n.PL_INBOUND_DISPATCH_MS,
     "a_client_read_ms": n.PL_CLIENT_READ_MS,
     "a_client_send_ms": n.PL_CLIENT_SEND_MS,
+    "a_client_read_body_bytes": n.PL_CLIENT_READ_BODY_BYTES,
     "a_server_ttfc_ms": n.PL_SERVER_TTFC_MS,
     "a_server_last_chunk_ms": n.PL_SERVER_LAST_CHUNK_MS,
     "a_delivery_ms": n.PL_DELIVERY_MS,
@@ -198,6 +199,8 @@ TEXT_ATTRS = {
     "t_x_request_id": n.HTTP_REQUEST_HEADER_X_REQUEST_ID,
     "t_client_harness": n.PL_CLIENT_HARNESS,
     "t_client_harness_version": n.PL_CLIENT_HARNESS_VERSION,
+    "t_sends_ns": n.PL_FIRST_SENDS_NS,
+    "t_sends_body_bytes": n.PL_FIRST_SENDS_BODY_BYTES,
 }
 # TGI's timings as recorded, from its request span only; the views parse them, once per request
 # (parsing them in the materialized view cost ~20 % more of its server CPU, measured over 800k spans)
@@ -298,6 +301,27 @@ def _before_engine_ms() -> str:
     )
 
 
+def _client_late_est_ms() -> str:
+    """An ESTIMATE of the client's wait that TCP hid: when the read holding the first content chunk
+    also held later chunks, the kernel stamped it with their packet's arrival, and `client_read`
+    starts there. With the server's sends from the first content chunk on (`sends_ns`: stamp − the
+    first's; `sends_body_bytes`: body bytes through each) and the body bytes the client had through
+    that read's newest byte (`read_body_bytes`):
+        k = the first send with sends_body_bytes[k] ≥ read_body_bytes (the last stamped one when
+            none: then a lower bound)
+        client_late_est = sends_ns[k]       (server clock: the gap between the two chunks' sends,
+                                             taken as their arrival gap at the client, i.e. equal
+                                             network delay for both)
+    0 when the read ended within the first content chunk; NULL without both views."""
+    sends = "JSONExtract(ifNull(t_sends_ns, '[]'), 'Array(Int64)')"
+    upto = "JSONExtract(ifNull(t_sends_body_bytes, '[]'), 'Array(Int64)')"
+    k = f"arrayFirstIndex(b -> b >= ifNull(a_client_read_body_bytes, 0), {upto})"
+    return (
+        "if(a_client_read_ms IS NULL OR a_client_read_body_bytes IS NULL OR t_sends_ns IS NULL, NULL, "
+        f"{sends}[if({k} = 0, length({sends}), {k})] / 1e6)"
+    )
+
+
 def _x_request_id() -> str:
     """The harness's request id: the X-Request-ID header as the server recorded it (semconv
     `http.request.header.x-request-id`, a string array: its first value); else, on vLLM's spans
@@ -372,11 +396,15 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
             "ifNull(a_client_send_ms, 0) + ifNull(a_client_read_ms, 0))"
         ),
     ),
+    ("client_late_est_ms", _client_late_est_ms()),  # an estimate: the late client's wait TCP's coalescing hid
     # what no stamp explains (network both ways): against the server's first content bytes where it
     # stamped them, less the edges observed on either side (an unobserved edge stays in it)
     (
         "residual_ms",
-        "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_ms, 0)",
+        (
+            "client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_ms, 0) "
+            "- ifNull(client_late_est_ms, 0)"
+        ),
     ),
     # TGI: total_time ends as its last token reaches the router, before that event's SSE encoding
     ("e2e_residual_ms", f"client_e2e_ms - coalesce(a_server_last_chunk_ms, {_tgi_ms('total')})"),

@@ -5,7 +5,9 @@ For each concurrency: a fresh stack (embedded ClickHouse, collector, `phaselens 
 model), `phaselens bench --concurrency C --input-len uniform:32:256 --output-len 24 --ignore-eos`
 (the issue's load), then p50/p90/max of each term over every request (the first burst included).
 The same-run baseline is the residual as it was computed before the edge terms, from the same rows:
-`residual_without_edges_ms = client_ttft − server_ttfc = residual + inbound + client`. Goal: residual
+`residual_without_edges_ms = client_ttft − server_ttfc = residual + inbound + client + client_late_est`,
+and the residual as it was before the estimate of a late client's hidden wait,
+`residual_without_late_est_ms = residual + client_late_est`. Goal: residual
 p90 ≤ max(5 ms, 5 % of client TTFT p90) at every concurrency.
 
     .venv/bin/python benchmarks/residual_under_load.py [--concurrency 1,4,8,16] [--requests 48]
@@ -33,6 +35,7 @@ TERMS = (
     "client_ms",
     "client_send_ms",
     "client_read_ms",
+    "client_late_est_ms",
     "residual_ms",
 )
 
@@ -66,8 +69,12 @@ def run(concurrency: int, requests: int) -> dict:
             )
     figures = {term: _stats([r[term] for r in rows]) for term in TERMS}
     figures["residual_without_edges_ms"] = _stats(
-        [r["residual_ms"] + (r["inbound_ms"] or 0) + (r["client_ms"] or 0) for r in rows]
+        [
+            r["residual_ms"] + (r["inbound_ms"] or 0) + (r["client_ms"] or 0) + (r["client_late_est_ms"] or 0)
+            for r in rows
+        ]
     )
+    figures["residual_without_late_est_ms"] = _stats([r["residual_ms"] + (r["client_late_est_ms"] or 0) for r in rows])
     bound = max(5.0, 0.05 * figures["client_ttft_ms"]["p90"])
     figures["goal_residual_p90_ms"] = round(bound, 2)
     figures["goal_met"] = figures["residual_ms"]["p90"] <= bound

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.common.process import LOOPBACK, free_port, terminate
+from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, free_port, terminate
 
 
 class RotelError(RuntimeError):
@@ -86,15 +86,27 @@ class RotelAgent:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def start_serving(self, timeout_s: float = 20.0) -> Self:
-        """start(), then wait until both receivers accept connections (RotelError with its log otherwise)."""
+        """start(), then wait until both receivers accept connections (RotelError with its log
+        otherwise). Ports picked here were free when picked; another process may bind one before the
+        agent does, which then exits: fresh ports are picked and it starts again (BIND_ATTEMPTS in all)."""
+        picked = not (self.grpc_port or self.http_port)
+        attempt = 1
+        while (code := self._start_and_wait(timeout_s)) is not None:
+            if not picked or attempt == BIND_ATTEMPTS:
+                raise RotelError(f"rotel-agent exited with {code}:\n{self.log_tail()}")
+            self.grpc_port = self.http_port = 0
+            attempt += 1
+        return self
+
+    def _start_and_wait(self, timeout_s: float) -> int | None:
+        """start(); None once it serves, its exit code if it exited first (RotelError if neither)."""
         self.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._proc is None or self._proc.poll() is not None:
-                code = None if self._proc is None else self._proc.returncode
-                raise RotelError(f"rotel-agent exited with {code}:\n{self.log_tail()}")
+            if self.exit_code() is not None:
+                return self.stop()
             if self.healthy():
-                return self
+                return None
             time.sleep(0.05)
         self.stop()
         raise RotelError(f"rotel-agent did not listen on {self.grpc_endpoint} within {timeout_s:.0f} s")

@@ -9,10 +9,14 @@ import socket
 import subprocess
 
 LOOPBACK = "127.0.0.1"
+# Starts on a port from free_port(): another process may bind it before the child does, so a child
+# that then exits is started again on fresh ports, this many times in all.
+BIND_ATTEMPTS = 3
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A port the OS just found free on `host` (another process may still take it before we bind)."""
+    """A port the OS just found free on `host` (another process may still take it before we bind:
+    a child that can bind port 0 and name its port, like the collector, is better off without it)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

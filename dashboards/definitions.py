@@ -164,6 +164,14 @@ def budget_bars(src: Source, query: str, title: str, description: str, *, width:
         height=9,
         unit="ms",
         custom={"fillOpacity": 80, "lineWidth": 1},
+        overrides=[  # an estimated term says so in the legend and the tooltip
+            {
+                "matcher": {"id": "byName", "options": name},
+                "properties": [{"id": "displayName", "value": f"{name} (estimate)"}],
+            }
+            for name in sorted(queries.ESTIMATED)
+            if name in columns(query)
+        ],
         options={
             "orientation": "horizontal",
             "stacking": "normal",
@@ -207,10 +215,14 @@ def budget_panels(src: Source) -> list[dict]:
             "TTFT budget: p50 / p90 / p99 / mean",
             from_rollups(
                 "Where does time to first token go? Each bar is one statistic (p50, p90, p99 of each term, "
-                "and the mean, whose terms add up exactly): TTFT = ingress + queue + prefill + first token "
-                "+ first chunk + residual. Every term is a duration on one clock; first chunk = the server's "
-                "delivery of the first output (token handed to the stream -> chunk handed to the server's send); "
-                "residual = client TTFT - server time to first chunk (network both ways and client overhead). "
+                "and the mean, whose terms add up exactly): TTFT = inbound + ingress + queue + prefill + first "
+                "token + held back + first chunk + client + client_late_est + residual. Every term but one is a "
+                "duration on one clock; first chunk = the server's delivery of the first output (token handed to "
+                "the stream -> chunk handed to the server's send); inbound and client = the waits of the request's "
+                "and the first chunk's bytes in the server's and the client's kernel (kernel receive stamps); "
+                "client_late_est is an ESTIMATE: the wait a late client's read hid because TCP stamped it with "
+                "a later chunk's packet (the server's send gap to that chunk); residual = what no stamp explains "
+                "(network both ways). "
                 "A server whose own spans give no first-token term (span_model vllm-native, sglang-native) "
                 "fills before_engine = server TTFT - ingress - queue - prefill instead, and its first chunk's "
                 "delivery stays in residual; TGI's spans (tgi-native) give no TTFT: only ingress and queue."

@@ -4,19 +4,16 @@ the same ports and spool), and a loopback link that delays what goes through it.
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phaselens.common.process import LOOPBACK, die_with_parent, free_port, terminate
+from phaselens.common.process import LOOPBACK
+from phaselens.stack import Child, StackError, collector_flags, collector_ports, spawn_collector
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> float | None:
@@ -39,76 +36,56 @@ def http_ok(url: str) -> bool:
 
 @dataclass(slots=True)
 class CollectorProcess:
-    """`python -m phaselens.commands.collector` on fixed ports and a fixed spool."""
+    """`python -m phaselens.commands.collector` on a fixed spool, on ports the OS picks as it binds at
+    the first start (named on its READY line) and keeps for every restart."""
 
     clickhouse_url: str
     spool_dir: str
     log_path: str
     database: str = "otel"
     max_spool_bytes: int = 1 << 30
-    grpc_port: int = field(default_factory=free_port)
-    http_port: int = field(default_factory=free_port)
-    _proc: subprocess.Popen | None = field(default=None, init=False)
+    grpc_port: int = 0
+    http_port: int = 0
+    _child: Child | None = field(default=None, init=False)
 
     @property
     def grpc_endpoint(self) -> str:
         return f"{LOOPBACK}:{self.grpc_port}"
 
     def healthy(self) -> bool:
-        return http_ok(f"http://{LOOPBACK}:{self.http_port}/health")
+        return bool(self.http_port) and http_ok(f"http://{LOOPBACK}:{self.http_port}/health")
 
     def start(self) -> None:
-        """Spawns at once (no waiting); `healthy()` says when it serves."""
-        argv = [
-            sys.executable,
-            "-m",
-            "phaselens.commands.collector",
-            "--clickhouse",
-            self.clickhouse_url,
-            "--database",
-            self.database,
-            "--grpc-port",
-            str(self.grpc_port),
-            "--http-port",
-            str(self.http_port),
-            "--spool",
-            self.spool_dir,
-            "--max-spool-bytes",
-            str(self.max_spool_bytes),
-            "--flush-interval",
-            "0.1",
-        ]
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=functools.partial(die_with_parent, os.getpid()),
-            )
+        """Spawns at once (no waiting); `healthy()` says when it serves (once its ports are known)."""
+        flags = collector_flags(self.clickhouse_url, self.database, self.spool_dir, self.grpc_port, self.http_port)
+        flags += ["--max-spool-bytes", str(self.max_spool_bytes), "--flush-interval", "0.1"]
+        self._child = spawn_collector(flags, Path(self.log_path))
 
     def start_serving(self, timeout_s: float = 30.0) -> None:
-        """start(), then wait until it answers /health (RuntimeError with its log otherwise)."""
+        """start(), then wait until it is READY and take its ports (RuntimeError with its log otherwise)."""
         self.start()
-        if wait_until(self.healthy, timeout_s) is None:
+        assert self._child is not None  # spawned just above
+        try:
+            self._child.wait_ready(timeout_s)
+        except StackError as exc:
             self.stop(5.0)  # not left holding its ports and spool
-            raise RuntimeError(f"collector did not start:\n{self.log_tail()}")
+            raise RuntimeError(f"collector did not start: {exc}") from None
+        self.grpc_port, self.http_port = collector_ports(self._child.ready_line)
 
     def exit_code(self) -> int | None:
-        return self._proc.poll() if self._proc is not None else None
+        return self._child.proc.poll() if self._child is not None else None
 
     def log_tail(self, chars: int = 2000) -> str:
-        path = Path(self.log_path)
-        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+        return self._child.log_tail(chars) if self._child is not None else ""
 
     def kill(self) -> None:
-        assert self._proc is not None  # started
-        self._proc.send_signal(signal.SIGKILL)
-        self._proc.wait()
+        assert self._child is not None  # started
+        self._child.proc.send_signal(signal.SIGKILL)
+        self._child.proc.wait()
 
     def stop(self, timeout_s: float = 60.0) -> None:
-        if self._proc is not None:
-            terminate(self._proc, timeout_s)
+        if self._child is not None:
+            self._child.stop(timeout_s)
 
 
 @dataclass(slots=True)

@@ -138,6 +138,12 @@ PL_HELD_BACK_TOKENS = "phaselens.held_back.tokens"  # the tokens before it (byte
 PL_FIRST_CHUNK_LOOP_WAIT_MS = "phaselens.first_chunk.loop_wait_ms"  # handed to the stream → the event loop took it
 PL_FIRST_CHUNK_ENCODE_MS = "phaselens.first_chunk.encode_ms"  # taken → its body chunk handed to send (SSE encoding)
 PL_FIRST_CHUNK_WRITE_MS = "phaselens.first_chunk.write_ms"  # send called → returned: outside the term, beside it
+# the first body chunks handed to `send` from the first content chunk on (at most FIRST_SENDS_MAX):
+# each one's stamp − the first's (ns), and the body bytes sent through it; what the view needs to
+# estimate a late client's wait that TCP hid by coalescing (docs/budget-method.md#the-terms)
+PL_FIRST_SENDS_NS = "phaselens.first_chunk.sends_ns"
+PL_FIRST_SENDS_BODY_BYTES = "phaselens.first_chunk.sends_body_bytes"
+FIRST_SENDS_MAX = 32
 PL_INBOUND_MS = "phaselens.inbound_ms"  # request bytes in the server's kernel → ingress (= kernel_wait + dispatch)
 PL_INBOUND_KERNEL_WAIT_MS = "phaselens.inbound.kernel_wait_ms"  # kernel receive stamp → the event loop read them
 PL_INBOUND_DISPATCH_MS = "phaselens.inbound.dispatch_ms"  # read → the ASGI app called (HTTP parsing, task start)
@@ -203,6 +209,10 @@ PL_CLIENT_TTFT_MS = "phaselens.client.ttft_ms"
 PL_CLIENT_TTFO_MS = "phaselens.client.ttfo_ms"
 PL_CLIENT_TPOT_MS = "phaselens.client.tpot_ms"
 PL_CLIENT_READ_MS = "phaselens.client.read_ms"  # first content bytes in the client's kernel → the client read them
+# the read holding the first content chunk: later events came with it (TCP stamped it with their
+# packet), and the response body bytes received through that read's newest byte
+PL_CLIENT_READ_COALESCED = "phaselens.client.read_coalesced"
+PL_CLIENT_READ_BODY_BYTES = "phaselens.client.read_body_bytes"
 PL_CLIENT_SEND_MS = "phaselens.client.send_ms"  # request started → its bytes handed to the kernel, less the connect
 PL_CLIENT_E2E_MS = "phaselens.client.e2e_ms"
 PL_CLIENT_ITL_P50_MS = "phaselens.client.itl_p50_ms"

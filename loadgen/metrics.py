@@ -16,7 +16,10 @@
 - The client's own time per request, client = send + read (the request started → its bytes handed
   over, less a new connection's connect; the first content bytes in this host's kernel → read; kernel
   receive stamps). The client is the bottleneck when client p90 ≥ CLIENT_BOTTLENECK_SHARE × TTFT p90:
-  its own lateness then inflates the TTFT it reports (`client_bottleneck`).
+  its own lateness then inflates the TTFT it reports (`client_bottleneck`). A first-chunk read that
+  also held later chunks (`read_coalesced`) carries the newest packet's stamp, so its read time is
+  understated: the count is reported beside the figure (the server's spans estimate the rest:
+  `client_late_est_ms`, docs/budget-method.md).
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ def client_bottleneck(results: list[StreamResult]) -> dict | None:
         "ttft_p90_ms": ttft_p90,
         "share": share,
         "bottleneck": share >= CLIENT_BOTTLENECK_SHARE,
+        "coalesced_reads": sum(r.read_coalesced for r in results if r.ok and r.ttft_ms is not None),
+        "first_reads": len(ttft),
     }
 
 

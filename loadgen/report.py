@@ -139,11 +139,18 @@ def client_bottleneck_note(summary: dict) -> str | None:
     figure = summary.get("client_bottleneck")
     if not figure or not figure["bottleneck"]:
         return None
+    coalesced = figure.get("coalesced_reads") or 0
+    hidden = (
+        f" {coalesced} of {figure['first_reads']} first-chunk reads also held later chunks, so TCP stamped them "
+        "late and the figure understates the wait (`phaselens budget`: client_late_est_ms estimates the rest)."
+        if coalesced
+        else ""
+    )
     return (
         f"the client was a bottleneck: its own time (before each request's bytes left, and reading the "
         f"first chunk after it arrived) was {figure['client_p90_ms']:.1f} ms at p90, "
         f"{100 * figure['share']:.0f} % of TTFT p90 ({figure['ttft_p90_ms']:.1f} ms): the TTFT figures "
-        "include it. Run fewer streams per client process, or more client processes."
+        f"include it.{hidden} Run fewer streams per client process, or more client processes."
     )
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Self
 
 from phaselens.analysis.schema import FACTS_VIEW, SPANS_VIEW
-from phaselens.common.process import LOOPBACK, die_with_parent, free_port, terminate
+from phaselens.common.process import LOOPBACK, die_with_parent, terminate
 from phaselens.instrumentation import names
 from phaselens.stack_storage import ShardedCluster, SingleNode, make_storage
 from phaselens.storage.clickhouse_url import connect
@@ -53,7 +53,9 @@ class Child:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    log_offset: int = 0  # where this run's output starts in the log (a restart appends to it)
     url: str = ""
+    ready_line: str = ""
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
@@ -62,14 +64,20 @@ class Child:
         """Block until the child printed `READY <what> <url>`; returns the url."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for line in self.log_path.read_text(errors="replace").splitlines():
+            for line in self._output().splitlines():
                 if line.startswith("READY "):
+                    self.ready_line = line
                     self.url = line.split()[-1].rpartition("=")[2]  # `READY x URL` or `READY x k=URL`
                     return self.url
             if self.proc.poll() is not None:
                 raise StackError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             time.sleep(0.05)
         raise StackError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def _output(self) -> str:
+        with open(self.log_path, "rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode(errors="replace")
 
     def stop(self, timeout_s: float) -> int:
         """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
@@ -78,12 +86,17 @@ class Child:
 
 def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str], stderr=subprocess.STDOUT) -> Child:
     """Start `python -m phaselens <argv>` in its own session, dying with us; stdout to the log
-    (`stderr` too unless another target is given, e.g. None for the terminal)."""
-    log_path = log_dir / f"{name}.log"
+    `<log_dir>/<name>.log` (`stderr` too unless another target is given, e.g. None for the terminal)."""
+    return spawn_logged(name, [sys.executable, "-m", "phaselens", *argv], log_dir / f"{name}.log", env, stderr)
+
+
+def spawn_logged(name: str, argv: list[str], log_path: Path, env: dict[str, str], stderr=subprocess.STDOUT) -> Child:
+    """Start `argv` in its own session, dying with us, its output appended to `log_path`."""
     parent = os.getpid()
     with open(log_path, "ab") as log:
+        offset = log.tell()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "phaselens", *argv],
+            argv,
             stdout=log,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
@@ -91,7 +104,39 @@ def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str], stderr
             start_new_session=True,
             preexec_fn=lambda: die_with_parent(parent),
         )
-    return Child(name, proc, log_path)
+    return Child(name, proc, log_path, offset)
+
+
+def collector_flags(
+    clickhouse_url: str, database: str, spool: str, grpc_port: int = 0, http_port: int = 0
+) -> list[str]:
+    """`phaselens collector` flags; port 0 lets the OS pick a free port as the collector binds it
+    (picking one first and binding it later races other processes), named on its READY line."""
+    return [
+        "--clickhouse",
+        clickhouse_url,
+        "--database",
+        database,
+        "--grpc-port",
+        str(grpc_port),
+        "--http-port",
+        str(http_port),
+        "--spool",
+        spool,
+    ]
+
+
+def spawn_collector(flags: list[str], log_path: Path) -> Child:
+    """`phaselens collector <flags>` as `python -m phaselens.commands.collector`: that command alone,
+    without importing every other command module, so it is READY in well under a second."""
+    argv = [sys.executable, "-m", "phaselens.commands.collector", *flags]
+    return spawn_logged("collector", argv, log_path, project_env())
+
+
+def collector_ports(ready_line: str) -> tuple[int, int]:
+    """(gRPC port, HTTP port) from `READY collector grpc=HOST:PORT http=URL`."""
+    fields = dict(f.split("=", 1) for f in ready_line.split()[2:])
+    return int(fields["grpc"].rpartition(":")[2]), int(fields["http"].rpartition(":")[2])
 
 
 @dataclass(slots=True)
@@ -139,13 +184,11 @@ class Stack:
         """Bring every part up; `on_phase(name)` is called before each step (for progress display)."""
         try:
             self._start_storage(on_phase)
-            # Both import heavy libraries (seconds each): start them together. The server's exporter
-            # retries until the collector listens, and no request is sent before both are READY.
+            # The server exports to the port the collector names when READY, so it starts after.
             on_phase("collector and server")
-            self._spawn_collector()
+            self._start_collector()
             self._spawn_server()
-            assert self.collector is not None and self.server is not None  # spawned just above
-            self.collector.wait_ready(self.ready_timeout_s)
+            assert self.server is not None  # spawned just above
             self.server.wait_ready(self.ready_timeout_s)
         except BaseException:
             self.stop()
@@ -157,9 +200,7 @@ class Stack:
         try:
             self._start_storage(on_phase)
             on_phase("collector")
-            self._spawn_collector()
-            assert self.collector is not None  # spawned just above
-            self.collector.wait_ready(self.ready_timeout_s)
+            self._start_collector()
         except BaseException:
             self.stop()
             raise
@@ -182,26 +223,17 @@ class Stack:
         """A clickhouse-connect client of this stack's ClickHouse (close it, or use `with`)."""
         return connect(self.clickhouse_url)
 
-    def _spawn_collector(self) -> None:
-        self.grpc_port, self.http_port = free_port(), free_port()
-        spool = Path(self.data_dir) / "spool"
+    def _start_collector(self) -> None:
+        """Spawn the collector on ports the OS picks and wait until it names them."""
         assert self.storage is not None  # started before the collector
-        argv = [
-            "collector",
-            "--clickhouse",
-            self.clickhouse_url,
-            "--database",
-            self.database,
-            *self.storage.collector_flags,
-            "--grpc-port",
-            str(self.grpc_port),
-            "--http-port",
-            str(self.http_port),
-            "--spool",
-            str(spool),
-        ]
-        self.collector = spawn("collector", argv, self.log_dir, project_env())
-        self.collector_argv = argv
+        spool, storage_flags = str(Path(self.data_dir) / "spool"), self.storage.collector_flags
+        flags = collector_flags(self.clickhouse_url, self.database, spool)
+        self.collector = spawn_collector([*flags, *storage_flags], self.log_dir / "collector.log")
+        self.collector.wait_ready(self.ready_timeout_s)
+        self.grpc_port, self.http_port = collector_ports(self.collector.ready_line)
+        ports = (self.grpc_port, self.http_port)
+        self.collector_argv = ["collector", *collector_flags(self.clickhouse_url, self.database, spool, *ports)]
+        self.collector_argv += storage_flags
 
     def _spawn_server(self) -> None:
         if self.server_kind != "reference":

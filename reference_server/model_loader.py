@@ -8,7 +8,9 @@ TTFT and ITL then behave like a real model's. Give the same ids to `generate(sup
 to reproduce its greedy output.
 
 A local folder loads with `local_files_only=True` (no hub access) through `AutoModelForCausalLM`;
-the attention must follow transformers' AttentionInterface (Llama, Mistral, Qwen2/3, … do).
+the attention must follow transformers' AttentionInterface (Llama, Mistral, Qwen2/3, … do). The
+process environment is left as it was: an `HF_HUB_OFFLINE=1` set here would reach every later child
+(AIPerf 0.13 fails with it, docs/harness-import.md), and huggingface_hub reads it only at import.
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ def load_local(path: str, dtype: str = "bfloat16", device: str = "cpu") -> Loade
 
     if not os.path.isdir(path):
         raise ValueError(f"--model must be 'tiny' or a local model folder; {path!r} is not a folder")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True)
     model = model.to(device).eval()
@@ -121,7 +122,6 @@ def load_tokenizer(name: str) -> tuple[object, bool, str]:
 
     if not os.path.isdir(name):
         raise ValueError(f"--model must be 'tiny' or a local model folder; {name!r} is not a folder")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return AutoTokenizer.from_pretrained(name, local_files_only=True), True, model_name(name)
 
 

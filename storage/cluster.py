@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.common.process import LOOPBACK, free_port
-from phaselens.storage.embedded import EmbeddedClickHouse
+from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, free_port
+from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError
 
 DEFAULT_CLUSTER = "phaselens"
 DISTRIBUTED_POOL_THREADS = 16
@@ -53,8 +53,22 @@ class EmbeddedCluster:
         return [node.url for node in self.nodes]
 
     def start(self, timeout_s: float = 30.0) -> Self:
+        """Every node's TCP port is picked first (each node's config names them all); another process
+        may bind one before its node does: the whole cluster then starts again on fresh ports."""
         if self.shards < 1:
             raise ValueError(f"a cluster needs at least one shard, not {self.shards}")
+        attempt = 1
+        while True:
+            try:
+                self._start_nodes(timeout_s)
+                return self
+            except BaseException as exc:  # Ctrl-C while starting, too: no node left running
+                self.stop()
+                if attempt == BIND_ATTEMPTS or not isinstance(exc, EmbeddedClickHouseError):
+                    raise
+            attempt += 1
+
+    def _start_nodes(self, timeout_s: float) -> None:
         tcp_ports = [free_port(self.host) for _ in range(self.shards)]
         endpoints = [(self.host, port) for port in tcp_ports]
         self.nodes = [
@@ -67,13 +81,8 @@ class EmbeddedCluster:
             )
             for i, port in enumerate(tcp_ports)
         ]
-        try:
-            for node in self.nodes:
-                node.start(timeout_s)
-        except BaseException:  # Ctrl-C while starting, too: no node left running
-            self.stop()
-            raise
-        return self
+        for node in self.nodes:
+            node.start(timeout_s)
 
     def _log_path(self, shard: int) -> str | None:
         return str(Path(self.log_dir) / f"clickhouse-node{shard}.log") if self.log_dir else None

@@ -23,7 +23,7 @@ from typing import Self
 
 from phaselens.common.exposure import is_loopback
 from phaselens.common.ports import port_in_use_error
-from phaselens.common.process import LOOPBACK, die_with_parent, free_port, port_in_use, terminate
+from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, die_with_parent, free_port, port_in_use, terminate
 
 _CONFIG = """<clickhouse>
   <listen_host>{host}</listen_host>
@@ -99,15 +99,30 @@ class EmbeddedClickHouse:
         return f"http://{self.host}:{self.http_port}"
 
     def start(self, timeout_s: float = 30.0) -> Self:
+        """Ports left at 0 are picked here, free when picked; another process may bind one before the
+        server does, which then exits: such a start is retried on fresh ports (`BIND_ATTEMPTS` in all)."""
         if not is_loopback(self.host):  # the `default` user has no password
             raise EmbeddedClickHouseError(f"embedded ClickHouse listens on loopback only, not {self.host}")
-        self.http_port = self.http_port or free_port(self.host)
-        self.tcp_port = self.tcp_port or free_port(self.host)
-        for port in (self.http_port, self.tcp_port):
-            if port_in_use(port, self.host):
-                raise EmbeddedClickHouseError(str(port_in_use_error(self.host, port, "embedded ClickHouse")))
+        fixed = (self.http_port, self.tcp_port)
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log_path = self.log_path or str(Path(self.data_dir) / "clickhouse.log")
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            self.http_port = fixed[0] or free_port(self.host)
+            self.tcp_port = fixed[1] or free_port(self.host)
+            taken = [port for port in (self.http_port, self.tcp_port) if port_in_use(port, self.host)]
+            if any(port in fixed for port in taken):
+                raise EmbeddedClickHouseError(str(port_in_use_error(self.host, taken[0], "embedded ClickHouse")))
+            if not taken and self._spawn_and_wait(timeout_s, log_path):
+                return self
+            if attempt == BIND_ATTEMPTS or all(fixed) or self._proc is not None:
+                break
+        tail = Path(log_path).read_text(errors="replace")[-2000:] if Path(log_path).exists() else ""
+        self.stop()
+        raise EmbeddedClickHouseError(f"embedded ClickHouse did not answer /ping on {self.url}:\n{tail}")
+
+    def _spawn_and_wait(self, timeout_s: float, log_path: str) -> bool:
+        """True once it answers /ping; False (and nothing left running) when it exited first. A
+        server that neither answers nor exits within `timeout_s` is kept in `_proc` for the caller."""
         cmd = [
             sys.executable,
             "-m",
@@ -126,21 +141,15 @@ class EmbeddedClickHouse:
                 start_new_session=True,
                 preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
-        self._wait_ready(timeout_s, log_path)
-        return self
-
-    def _wait_ready(self, timeout_s: float, log_path: str) -> None:
         deadline = time.monotonic() + timeout_s
-        assert self._proc is not None  # start() spawned it
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                break
+                self._proc = None
+                return False
             if ping(self.url):
-                return
+                return True
             time.sleep(0.05)
-        self.stop()
-        tail = Path(log_path).read_text(errors="replace")[-2000:] if Path(log_path).exists() else ""
-        raise EmbeddedClickHouseError(f"embedded ClickHouse did not answer /ping on {self.url}:\n{tail}")
+        return False
 
     @property
     def pid(self) -> int | None:

@@ -7,17 +7,34 @@ import itertools
 import clickhouse_connect
 import pytest
 
+from phaselens.collectors.schema import ident
 from phaselens.storage.embedded import EmbeddedClickHouse
 
 _db_counter = itertools.count()
+_session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
 
 
 @pytest.fixture(scope="session")
 def clickhouse(tmp_path_factory) -> EmbeddedClickHouse:
     """A running embedded ClickHouse 26.9 server; `.url`, `.http_port`, `.tcp_port`."""
     server = EmbeddedClickHouse(str(tmp_path_factory.mktemp("clickhouse"))).start()
+    _session_servers.append(server)
     yield server
+    _session_servers.remove(server)
     server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _refreshes_stopped_after_the_module():
+    """After each module, every refreshable view still refreshing in the session's server is stopped:
+    a database made with `schema apply` refreshes its live rollup every 10 s and seals every 30 s (about
+    a second of ClickHouse CPU each) for the rest of the session, though no later module reads it."""
+    yield
+    for server in _session_servers:
+        with clickhouse_connect.get_client(host=server.host, port=server.http_port) as client:
+            running = client.query("SELECT database, view FROM system.view_refreshes WHERE status != 'Disabled'")
+            for database, view in running.result_rows:
+                client.command(f"SYSTEM STOP VIEW {ident(database)}.{ident(view)}")
 
 
 @pytest.fixture()

@@ -289,18 +289,20 @@ if __name__ == "__main__":
 
 
 class OtlpReceiver:
-    """Accepts OTLP/HTTP protobuf trace exports on 127.0.0.1 (real exporter on the other side) and
-    keeps the decoded protobuf spans."""
+    """Accepts OTLP/HTTP protobuf trace and metric exports on 127.0.0.1 (real exporter on the other
+    side) and keeps the decoded protobuf spans and metric requests."""
 
     def __init__(self) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
             ExportTraceServiceResponse,
         )
 
         self.spans: list = []
+        self.metrics: list = []  # ExportMetricsServiceRequest, one per export
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -311,6 +313,8 @@ class OtlpReceiver:
                     receiver.spans.extend(
                         span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
                     )
+                elif self.path == "/v1/metrics":
+                    receiver.metrics.append(ExportMetricsServiceRequest.FromString(body))
                 reply = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")

@@ -189,6 +189,7 @@ def test_requests_view_has_exactly_the_documented_columns(client, data):
         "preemptions",
         "inbound_ms",
         "client_ms",
+        "client_late_est_ms",
         "residual_ms",
         "e2e_residual_ms",
         "clock_offset_estimate_ms",

@@ -77,6 +77,7 @@ def test_the_mean_budget_adds_up_to_client_ttft_with_the_first_chunk_term(report
         "held_back_ms",
         "first_chunk_ms",
         "client_ms",
+        "client_late_est_ms",
         "residual_ms",
     ]
     assert terms["before_engine_ms"].mean is None  # a term of vLLM's span model only: none here

@@ -18,7 +18,7 @@ from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.service import Collector
 from phaselens.collectors.spool import Spool, SpoolLocked
 from phaselens.collectors.writer import ClickHouseSink, SpoolWriter
-from phaselens.common.process import free_port
+from phaselens.faults.parts import wait_until
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse
 from tests.collector_fixtures import traces_db, wait_rows
@@ -45,8 +45,9 @@ def _counts(client, database: str) -> tuple[int, int]:
 
 
 def test_clickhouse_down_mid_stream_loses_and_duplicates_nothing(tmp_path):
-    data, http_port, tcp_port = str(tmp_path / "ch"), free_port(), free_port()
-    server = EmbeddedClickHouse(data, http_port=http_port, tcp_port=tcp_port).start()
+    data = str(tmp_path / "ch")
+    server = EmbeddedClickHouse(data).start()  # ports picked as it starts, kept for its restart
+    http_port, tcp_port = server.http_port, server.tcp_port
     client = connect(server.url)
     schema.apply(client, schema.statements("durable"))
     bodies = _payloads(12, 50)
@@ -57,8 +58,7 @@ def test_clickhouse_down_mid_stream_loses_and_duplicates_nothing(tmp_path):
         assert wait_rows(client, "durable", 300) == 300
         server.stop()
         _export_all(collector.grpc_endpoint, bodies[6:])  # acknowledged from the spool
-        time.sleep(0.5)
-        assert collector.metrics.snapshot()["insert_retries"] >= 1
+        assert wait_until(lambda: collector.metrics.snapshot()["insert_retries"] >= 1, 30) is not None
         server = EmbeddedClickHouse(data, http_port=http_port, tcp_port=tcp_port).start()
         client = connect(server.url)
         assert wait_rows(client, "durable", 600, timeout_s=30) == 600

@@ -78,7 +78,8 @@ def test_budget_across_three_clocks_sums_to_client_ttft_with_no_negative_term(ro
         terms = {name: row[name] for name in PD_TERMS}
         assert all(v is not None for v in terms.values()), terms
         assert min(terms.values()) >= -1e-6 and row["residual_ms"] >= -1e-6, terms
-        edges = (row["inbound_ms"] or 0) + (row["client_ms"] or 0)  # the router's and the client's own time
+        # the router's and the client's own time (and its estimated wait TCP's coalescing hid)
+        edges = (row["inbound_ms"] or 0) + (row["client_ms"] or 0) + (row["client_late_est_ms"] or 0)
         total = sum(terms.values()) + row["residual_ms"] + edges
         assert total == pytest.approx(row["client_ttft_ms"], abs=1e-3)
         # the hops are residuals of durations: an hour of clock skew cannot show in them

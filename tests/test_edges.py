@@ -224,6 +224,30 @@ def test_the_clients_own_lateness_is_client_read_not_network():
     assert client_bottleneck_note({"client_bottleneck": quiet}) is None
 
 
+def test_a_client_late_to_see_its_connect_done_counts_that_as_its_own_time():
+    """The kernel completes a TCP handshake without the client; a client whose event loop is busy
+    notices it late. Only the handshake's round trip (the kernel's TCP_INFO sample, µs on loopback)
+    is the network's: the rest of the connect is `client_send`, not the residual's."""
+    url, stop, thread = _stream_in_a_thread([Step(5, completion_chunk("Hi", finish="stop") + DONE_EVENT)])
+
+    async def run():
+        async with TracedClient(url, tracer_provider=TracerProvider()) as client:
+            task = asyncio.create_task(client.stream("completions", {"model": "m", "prompt": "p", "max_tokens": 1}))
+            for _ in range(3):  # until the connect is in flight (create_connection awaits the handshake)
+                await asyncio.sleep(0)
+            time.sleep(BLOCK_S)  # meanwhile the kernel completes the handshake
+            return await task
+
+    try:
+        result = asyncio.run(run())
+    finally:
+        stop.set()
+        thread.join(10)
+    assert result.ok
+    assert result.connect_ns < 0.05 * BLOCK_S * 1e9, result.connect_ns  # the round trip, not the hold
+    assert result.send_ms >= 0.9 * BLOCK_S * 1e3, result.send_ms
+
+
 def test_a_late_client_says_when_its_first_chunk_read_was_coalesced():
     """TCP merges packets that wait in the receive queue and stamps the merged bytes with the newest
     packet's arrival, so a client late enough to find the next chunk behind the first content chunk

@@ -1,8 +1,13 @@
 """The embedded ClickHouse server: real HTTP interface, persistence, clean stop, port conflicts."""
 
+import socket
+from pathlib import Path
+
 import clickhouse_connect
 import pytest
 
+from phaselens.common.process import free_port
+from phaselens.storage import embedded
 from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError, ping
 
 
@@ -34,3 +39,20 @@ def test_port_taken_fails_loudly(clickhouse, tmp_path):
 def test_refuses_a_non_loopback_address(tmp_path):
     with pytest.raises(EmbeddedClickHouseError, match="loopback only"):
         EmbeddedClickHouse(str(tmp_path), host="0.0.0.0").start()
+
+
+def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(tmp_path, monkeypatch):
+    """The race between picking a free port and the server binding it, made certain: the first HTTP
+    port picked is already bound by another socket (not listening, so no check before the spawn sees
+    it). The server fails to bind it and exits; the start picks fresh ports and serves."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        taken = holder.getsockname()[1]
+        picks = iter([taken])
+        monkeypatch.setattr(embedded, "free_port", lambda host: next(picks, 0) or free_port(host))
+        server = EmbeddedClickHouse(str(tmp_path)).start()
+        try:
+            assert server.http_port != taken and ping(server.url)
+            assert "Address already in use" in (Path(tmp_path) / "clickhouse.log").read_text()
+        finally:
+            server.stop()

@@ -323,10 +323,7 @@ def _profile(stack: Stack, tokenizer: Path, artifacts: Path, requests: int) -> l
     argv += ["--streaming", "--tokenizer", str(tokenizer), "--request-count", str(requests)]
     argv += ["--concurrency", "2", "--synthetic-input-tokens-mean", "24", "--output-tokens-mean", "12"]
     argv += ["--artifact-dir", str(artifacts), "--ui-type", "none"]
-    # AIPerf 0.13 with HF_HUB_OFFLINE=1 (set in this process by any test that loaded a model) takes a
-    # local tokenizer directory for a hub id and fails: the run gets the environment without it
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=300)
     log = artifacts / "logs" / "aiperf.log"
     assert done.returncode == 0, (done.stderr or done.stdout)[-2000:] + (
         log.read_text()[-2000:] if log.exists() else ""

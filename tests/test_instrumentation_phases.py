@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
+from phaselens.instrumentation.pipeline._token_gaps import token_gaps
 from phaselens.instrumentation.pipeline.phases import compute_phases, stall_ns
 from tests.instrumentation_fixtures import ScriptedClock
 
@@ -103,3 +107,26 @@ def test_stall_definition():
     assert stall_ns(gaps) == (210 - 10) + (40 - 10)  # both gaps exceed 2 × p50
     assert stall_ns([10, 20]) == 0  # p50 = 15: no gap above 30
     assert stall_ns([]) == 0
+
+
+@given(
+    st.integers(min_value=0, max_value=10**15),
+    st.lists(st.tuples(gap, st.integers(min_value=1, max_value=64)), max_size=300),
+)
+@settings(max_examples=200, deadline=None)
+def test_token_gaps_are_the_sorted_stamp_differences_and_the_token_sum(first_ns, steps) -> None:
+    """The C helper against the definition: gaps from the first token on, ascending; Σ token_n."""
+    stamps, counts, now = array("q"), array("q"), first_ns
+    for step_gap, tokens in steps:
+        now += step_gap
+        stamps.append(now)
+        counts.append(tokens)
+    tokens, gaps = token_gaps(first_ns, stamps, counts)
+    expected = sorted(b - a for a, b in zip([first_ns, *stamps], stamps, strict=False))
+    assert gaps == expected and tokens == sum(counts)
+    assert all(type(g) is int for g in gaps)
+
+
+def test_token_gaps_refuse_a_buffer_that_is_not_int64s() -> None:
+    with pytest.raises(ValueError, match="int64"):
+        token_gaps(0, b"\0" * 12, b"")

@@ -123,7 +123,18 @@ def serial_server(service_ms: float):
     return handler
 
 
+def stalled(probe, slo_ms: float) -> bool:
+    """This process stood still for half the TTFT SLO or more during the probe (the machine's load,
+    not the server): a request went out that late, and the ones queued behind it missed the SLO.
+    Loaded (load 10 on 2 cores) a passing probe's latest send was 12–50 ms late."""
+    return probe.summary["latency_ms"]["schedule_lag"]["max"] >= slo_ms / 2
+
+
 def test_sweep_finds_the_capacity_of_a_queueing_server():
+    """Capacity 50 req/s. A sweep only ever finds less than it by failing a probe, which a stall of the
+    shared machine can do at any rate (client and server run in this process): the lower bound 32
+    stands unless a probe that failed at ≤ 40 req/s (0.8 of the capacity) shows such a stall."""
+
     async def main():
         async with ScriptedServer(serial_server(20.0)) as server:  # capacity 50 req/s
             opts = session.BenchOptions(
@@ -139,7 +150,11 @@ def test_sweep_finds_the_capacity_of_a_queueing_server():
             return await session.capacity(opts, 0.9, 200.0, tracer_provider=TracerProvider(), rel_tol=0.1)
 
     found = asyncio.run(main())
-    assert found.bounded and 32 <= found.capacity <= 55, [(p.rate, p.attainment) for p in found.probes]
+    probes = [(p.rate, p.attainment, p.summary["latency_ms"]["schedule_lag"]["max"]) for p in found.probes]
+    assert found.bounded and found.capacity <= 55, probes
+    assert found.capacity >= 32 or any(not p.passed and p.rate <= 40 and stalled(p, 100.0) for p in found.probes), (
+        probes
+    )
     assert all(p.passed == (p.attainment >= 0.9) for p in found.probes)
     assert any(p.rate > 60 and not p.passed for p in found.probes)
 

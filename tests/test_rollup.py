@@ -17,6 +17,7 @@ from phaselens.analysis import rollup, sketch
 from phaselens.analysis import schema as S
 from phaselens.collectors import schema as CS
 from phaselens.common.slo import SLO
+from phaselens.faults.parts import wait_until
 from tests import spangen
 from tests.analysis_fixtures import client, new_database
 
@@ -197,7 +198,19 @@ def test_the_views_seal_and_refresh_on_their_own(clickhouse, client):
             time.sleep(0.5)
             sealed = client.query(f"SELECT sum(requests) FROM {database}.{sketch.ROLLUP_TABLE}").result_rows[0][0]
         assert sealed == 12
-        time.sleep(rollup.LIVE_EVERY_S + 1)  # the live states, recomputed against the new end: none left
+        # the live states, recomputed against the new end by a live pass that began after the seal
+        # (both times on ClickHouse's clock, whole seconds): none left
+        sealed_at = client.query("SELECT now()").result_rows[0][0]
+
+        def live_pass() -> bool:
+            sql = (
+                "SELECT count() FROM system.view_refreshes WHERE database = {db:String} "
+                "AND view = {view:String} AND last_success_time > {t:DateTime}"
+            )
+            args = {"db": database, "view": rollup.LIVE_VIEW, "t": sealed_at}
+            return client.query(sql, parameters=args).result_rows[0][0] > 0
+
+        assert wait_until(live_pass, 3 * rollup.LIVE_EVERY_S, 0.2) is not None
         assert B.budget(client, database=database, since="1h", exact=False).requests == 12
     finally:
         rollup.stop_refreshes(client, database)

@@ -135,7 +135,7 @@ def test_rotel_batching_drops_the_resource_of_a_split_request(batching, mislabel
 def test_fault_scenarios_against_rotel(tmp_path):
     """The fault suite's collector scenarios with Rotel in the collector's place (short form, the
     wait for missing spans bounded at 5 s): a SIGKILLed Rotel serves again at once, and whatever an
-    outage of ClickHouse costs is what Rotel's log says it dropped (inserts cut off mid-flight)."""
+    outage of ClickHouse costs, Rotel's log says it dropped (inserts cut off mid-flight)."""
     params = dataclasses.replace(suite.SHORT, store_timeout_s=5.0)
     outcomes = {o.scenario: o for o in suite.run(params, ("rotel_sigkill", "rotel_clickhouse_outage"), str(tmp_path))}
     assert all(outcome.acknowledged > 0 for outcome in outcomes.values()), outcomes
@@ -143,4 +143,7 @@ def test_fault_scenarios_against_rotel(tmp_path):
     outage = outcomes["rotel_clickhouse_outage"]
     assert outage.stored > 0.9 * outage.acknowledged, outage  # it resumed after ClickHouse came back
     dropped = "Exporting failed, dropping data" in (tmp_path / "rotel-rotel_clickhouse_outage.log").read_text()
-    assert dropped == (outage.lost > 0), outage
+    # Lost spans are ones Rotel's log says it dropped. Not the converse: a dropped insert may have
+    # been applied before ClickHouse died (the answer was lost), or the SDK sent its spans again: a
+    # loaded run saw the drop logged with all 21,398 spans stored.
+    assert dropped or outage.lost == 0, outage

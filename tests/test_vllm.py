@@ -333,7 +333,9 @@ def test_plugin_rows_name_the_first_chunk_and_leave_a_loopback_sized_residual(pi
     (the tiny model's byte-level BPE) are `held_back`; the request's wait in the API server's kernel
     and event loop before the ASGI call is `inbound` (uvicorn's protocol wrapped by the module
     `--middleware` imports). Before them, the residual held both: p50 24, p90 98 ms at 2 streams
-    (docs/vllm.md)."""
+    (docs/vllm.md); with them, the late load generator's wait that TCP hid when it coalesced the
+    first-chunk read (most reads here) stayed in it until `client_late_est` named it (5.0 / 38 ms
+    p50 / p90 in benchmarks/vllm_residual.py)."""
     db, client, _ = pipeline
     results, log, _ = plugin_run
     assert "first chunk's delivery is not observed" not in log
@@ -354,15 +356,9 @@ def test_plugin_rows_name_the_first_chunk_and_leave_a_loopback_sized_residual(pi
     bound = max(5.0, 0.05 * quantile(sorted(r["client_ttft_ms"] for r in rows), 0.9))
     residual = sorted(r["residual_ms"] for r in rows)
     assert residual[0] >= -0.1, residual  # nothing counted twice
-    # Left in the residual: a client late enough to find the next chunk behind the first content
-    # chunk, whose read TCP stamped with the later packet (it merges queued packets): the bench
-    # marks those reads. Over the others every stamp is exact, and there the bound holds at p90.
+    # A client late enough to find later chunks behind the first content chunk gets its read stamped
+    # with the newest packet (TCP merges queued packets): most reads here, vLLM's engine busy on both
+    # cores. That wait is named by the estimate from vLLM's send gaps, so the bound holds over all.
     coalesced = {r["trace_id"] for r in results if r["client_read_coalesced"]}
-    exact = sorted(r["residual_ms"] for r in rows if r["trace_id"] not in coalesced)
-    if len(exact) < REQUESTS // 2:
-        late = sorted(r["client_read_ms"] or 0.0 for r in results)
-        pytest.skip(
-            f"the load generator was the bottleneck ({len(coalesced)} of {REQUESTS} first-chunk reads coalesced, "
-            f"client_read p90 {quantile(late, 0.9):.1f} ms): the machine is too busy to test the residual bound"
-        )
-    assert quantile(exact, 0.9) <= bound, (exact, bound, residual)
+    assert all(r["client_late_est_ms"] is not None and r["client_late_est_ms"] >= 0 for r in rows), rows
+    assert quantile(residual, 0.9) <= bound, (residual, bound, len(coalesced))

@@ -4,7 +4,7 @@
 -- Run: clickhouse-client --param_database='otel' --param_since_ms='900000' --param_service='phaselens-server' --param_model='tiny' --queries-file budget_by_model.sql
 SELECT model, count() AS requests, countIf(status = 'error') AS errors,
     quantileExactInclusive(0.5)(ttft_ms) AS ttft_p50_ms, quantileExactInclusive(0.99)(ttft_ms) AS ttft_p99_ms,
-    avg(ifNull(inbound_ms, 0)) AS inbound_ms_mean, avg(ingress_ms) AS ingress_ms_mean, avg(ttft_queue_ms) AS queue_ms_mean, avg(prefill_ms) AS prefill_ms_mean, avg(first_token_ms) AS first_token_ms_mean, avg(before_engine_ms) AS before_engine_ms_mean, avg(ifNull(held_back_ms, 0)) AS held_back_ms_mean, avg(ifNull(first_chunk_ms, 0)) AS first_chunk_ms_mean, avg(ifNull(client_ms, 0)) AS client_ms_mean, avg(residual_ms) AS residual_ms_mean
+    avg(ifNull(inbound_ms, 0)) AS inbound_ms_mean, avg(ingress_ms) AS ingress_ms_mean, avg(ttft_queue_ms) AS queue_ms_mean, avg(prefill_ms) AS prefill_ms_mean, avg(first_token_ms) AS first_token_ms_mean, avg(before_engine_ms) AS before_engine_ms_mean, avg(ifNull(held_back_ms, 0)) AS held_back_ms_mean, avg(ifNull(first_chunk_ms, 0)) AS first_chunk_ms_mean, avg(ifNull(client_ms, 0)) AS client_ms_mean, avg(ifNull(client_late_est_ms, 0)) AS client_late_est_ms_mean, avg(residual_ms) AS residual_ms_mean
 FROM {database:Identifier}.phaselens_request_facts
 WHERE start_time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND model = {model:String}
 GROUP BY model

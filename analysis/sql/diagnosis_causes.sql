@@ -33,7 +33,7 @@ FROM (SELECT count() AS requests, countIf(status = 'error') AS errors, countIf(h
     quantilesExactInclusive(0.5, 0.99)(coalesce(ingress_ms + before_engine_ms, ingress_ms, before_engine_ms)) AS ingress_ms_q,
     quantilesExactInclusive(0.5, 0.99)(ifNull(first_chunk_ms, 0)) AS delivery_ms_q,
     quantilesExactInclusive(0.5, 0.99)(residual_ms) AS network_ms_q,
-    quantilesExactInclusive(0.5, 0.99)(ifNull(client_ms, 0)) AS client_ms_q
+    quantilesExactInclusive(0.5, 0.99)(ifNull(client_ms, 0) + ifNull(client_late_est_ms, 0)) AS client_ms_q
 FROM {database:Identifier}.phaselens_request_facts
 WHERE start_time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND model = {model:String}) AS f
 CROSS JOIN (WITH (SELECT quantileExactInclusive(0.5)(duration_ms) FROM {database:Identifier}.phaselens_steps

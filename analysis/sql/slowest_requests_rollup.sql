@@ -6,7 +6,7 @@
 --
 -- slowest_requests from the rollups: the merge of the rows' kept slowest (at most SLOWEST_KEPT),
 -- over whole minutes; the same rows as over every request of those minutes.
-SELECT r.2 AS trace_id, r.3 AS request_id, r.4 AS start_time, r.5 AS service, r.6 AS model, r.7 AS status, r.8 AS ttft_ms, r.9 AS client_ttft_ms, r.10 AS server_ttft_ms, r.11 AS inbound_ms, r.12 AS ingress_ms, r.13 AS queue_ms, r.14 AS prefill_ms, r.15 AS first_token_ms, r.16 AS before_engine_ms, r.17 AS held_back_ms, r.18 AS first_chunk_ms, r.19 AS client_ms, r.20 AS residual_ms, r.21 AS dominant_phase, r.22 AS input_tokens, r.23 AS output_tokens, r.24 AS preemptions, r.25 AS client_e2e_ms, r.26 AS client_harness, r.27 AS x_request_id
+SELECT r.2 AS trace_id, r.3 AS request_id, r.4 AS start_time, r.5 AS service, r.6 AS model, r.7 AS status, r.8 AS ttft_ms, r.9 AS client_ttft_ms, r.10 AS server_ttft_ms, r.11 AS inbound_ms, r.12 AS ingress_ms, r.13 AS queue_ms, r.14 AS prefill_ms, r.15 AS first_token_ms, r.16 AS before_engine_ms, r.17 AS held_back_ms, r.18 AS first_chunk_ms, r.19 AS client_ms, r.20 AS client_late_est_ms, r.21 AS residual_ms, r.22 AS dominant_phase, r.23 AS input_tokens, r.24 AS output_tokens, r.25 AS preemptions, r.26 AS client_e2e_ms, r.27 AS client_harness, r.28 AS x_request_id
 FROM (SELECT arrayJoin(groupArraySortedMerge(50)(slowest)) AS r
     FROM {database:Identifier}.phaselens_budget_states
 WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String})

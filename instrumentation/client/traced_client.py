@@ -91,8 +91,11 @@ class StreamResult:
     # later events came in the same read as the first content chunk: TCP merged their packets while
     # the client was late and stamped the read with the newest one, so `read_ms` understates the wait
     read_coalesced: bool = False
+    # the response body bytes received through the newest byte of that read (0: not observed); with
+    # the server's stamped sends it estimates the client's wait that TCP hid (`client_late_est_ms`)
+    read_body_bytes: int = 0
     written_ns: int = 0  # the request's first bytes handed to the transport (0: not observed)
-    connect_ns: int = 0  # the new connection's connect it waited for (network time, not the client's)
+    connect_ns: int = 0  # the network's part of the new connection's connect it waited for (its handshake)
     first_output_ns: int | None = None  # first non-reasoning content chunk (TTFO)
     last_chunk_ns: int | None = None  # last content chunk (e2e)
     done_ns: int = 0  # response closed (or failure seen)
@@ -107,7 +110,7 @@ class StreamResult:
     error: str | None = None
     ttft_ms: float | None = None
     read_ms: float | None = None  # first content bytes in this host's kernel → this client read them
-    send_ms: float | None = None  # sent → the request's bytes handed to the kernel, less the connect
+    send_ms: float | None = None  # sent → the request's bytes handed to the kernel, less the handshake
     ttfo_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
@@ -393,15 +396,18 @@ class TracedClient:
                 pieces = receipts.stamped()  # stamped per network read, with the kernel's stamp
             else:  # a compressed body: decoded by httpx, stamped as it comes out of the decoder
                 pieces = _clock_stamped(response.aiter_bytes(), self._clock_ns)
+            body_bytes = 0
             async for now_ns, chunk in pieces:
+                body_bytes += len(chunk)
                 if receipts is not None:
                     reader.arrived_ns = receipts.arrived_ns
                 events = parser.feed(chunk)
                 for i, event in enumerate(events):
                     first = result.first_chunk_ns
                     reader.on_event(event.data, event.event, now_ns)
-                    if first is None and result.first_chunk_ns is not None and i + 1 < len(events):
-                        result.read_coalesced = True
+                    if first is None and result.first_chunk_ns is not None:
+                        result.read_coalesced = i + 1 < len(events)
+                        result.read_body_bytes = body_bytes if receipts is not None else 0
             parser.close()
         if not result.saw_done and not result.finish_reasons:
             raise StreamFailure(ERROR_TRUNCATED, "stream closed without [DONE] or a finish_reason")
@@ -457,6 +463,8 @@ def _result_attributes(result: StreamResult) -> dict[str, AttributeValue]:
         N.PL_CLIENT_TTFO_MS: result.ttfo_ms,
         N.PL_CLIENT_READ_MS: result.read_ms,
         N.PL_CLIENT_SEND_MS: result.send_ms,
+        N.PL_CLIENT_READ_COALESCED: result.read_coalesced if result.ttft_ms is not None else None,
+        N.PL_CLIENT_READ_BODY_BYTES: result.read_body_bytes if result.read_ms is not None else None,
         N.PL_CLIENT_TPOT_MS: result.tpot_ms,
         N.PL_CLIENT_E2E_MS: result.e2e_ms,
         N.PL_CLIENT_ITL_P50_MS: quantile(itl, 0.5),

@@ -18,7 +18,8 @@ response carries its body stream under `extensions[RECEIPTS]`; `stream.stamped()
 stamp, payload) per network read, and `stream.arrived_ns` is the kernel stamp of the last one;
 `stream.written_ns` is when the request's first bytes were handed to the transport (asyncio sends
 at once when the socket buffer has room; stamped just before, so the send itself is never counted
-twice, as the client's and as the server's time) and `stream.connect_ns` how long its new connection took to open.
+twice, as the client's and as the server's time) and `stream.connect_ns` the network's part of opening its
+new connection (the kernel's handshake round trip over plain TCP, else the whole connect).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import cast
 
 import httpx
 
-from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
+from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper, handshake_rtt_ns
 
 RECEIPTS = "phaselens.receipts"  # response extension: the body stream, with `stamped()`
 MAX_HEAD_BYTES = 64 * 1024
@@ -58,7 +59,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._kernel_stamps = kernel_stamps
         self._stamper: KernelStamper | None = None
         self._arrived_ns = 0  # the kernel's receive stamp of the bytes being read (0: none)
-        self.connect_ns = 0  # how long opening this connection took; taken by its first request
+        self.connect_ns = 0  # the network's part of opening this connection; taken by its first request
         self.write_ns = 0  # the request's first write handed to the transport (stamped just before it)
         self._pieces: collections.deque[tuple[int, bytes, int]] = collections.deque()  # (stamp, bytes, kernel stamp)
         self._unread = 0
@@ -297,7 +298,7 @@ class _Body(httpx.AsyncByteStream):
     read_timeout_s: float | None = None
     arrived_ns: int = 0  # the kernel's receive stamp of the read `stamped()` yielded last (0: none)
     written_ns: int = 0  # the request's first bytes handed to the transport (stamped just before)
-    connect_ns: int = 0  # the TCP (and TLS) connect this request waited for; 0 on a kept-alive one
+    connect_ns: int = 0  # the network's part of the connect this request waited for; 0 on a kept-alive one
     complete: bool = False
     released: bool = False
     decoder: ChunkedDecoder = field(default_factory=ChunkedDecoder)
@@ -458,8 +459,17 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connect to {host}:{port} took over {timeout_s} s", request=request) from None
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
-        conn.connect_ns = self._clock_ns() - start_ns
+        conn.connect_ns = self._connect_network_ns(conn, self._clock_ns() - start_ns)
         return conn
+
+    def _connect_network_ns(self, conn: _Connection, elapsed_ns: int) -> int:
+        """The network's part of a connect: over plain TCP the kernel's handshake round trip (the rest
+        of the connect is this client noticing it late, its own time), else the whole connect."""
+        assert conn.transport is not None  # connection_made ran
+        sock = conn.transport.get_extra_info("socket")
+        plain = self.kernel_stamps and sock is not None and conn.origin[0] == "http"
+        rtt = handshake_rtt_ns(sock) if plain else None
+        return elapsed_ns if rtt is None else min(rtt, elapsed_ns)
 
     async def _send(self, conn: _Connection, request: httpx.Request, timeout_s: float | None) -> None:
         lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), request.url.raw_path)]

@@ -30,6 +30,9 @@ from phaselens.instrumentation.hotpath.records import (
     pack_link,
 )
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
+from phaselens.instrumentation.names import FIRST_SENDS_MAX
+
+_SENDS_FIELDS = 2 * FIRST_SENDS_MAX  # stamp, body bytes
 
 
 class Closer:
@@ -74,6 +77,7 @@ class ServerRequest(RequestTimeline):
     __slots__ = (
         "_closed",
         "_closer",
+        "body_bytes",
         "capture_content",
         "context",
         "http",
@@ -113,6 +117,7 @@ class ServerRequest(RequestTimeline):
         self.managed = managed  # True: the middleware closes it when the response ends
         self.capture_content = capture_content
         self.output_pending = False  # output_ready() was called; the next body chunk carries it
+        self.body_bytes = 0  # response body bytes handed to `send` so far
         self._closer = closer
         self._closed = False
 
@@ -167,6 +172,16 @@ class ServerRequest(RequestTimeline):
             self.first_chunk_ts = t
         self.last_chunk_ts = t
 
+    def body_sending(self, nbytes: int) -> None:
+        """The middleware hands `nbytes` of response body to `send` (after `chunk_sending` for a
+        chunk carrying output): from the first content chunk on, the first FIRST_SENDS_MAX non-empty
+        ones are stamped with the body bytes through them (timeline `sends`)."""
+        self.body_bytes += nbytes
+        sends = self.sends
+        if nbytes and self.first_chunk_ts and len(sends) < _SENDS_FIELDS:
+            sends.append(self.clock_ns())
+            sends.append(self.body_bytes)
+
     def chunk_sent(self) -> None:
         """That `send` returned (its bytes written, or queued behind a full socket buffer)."""
         if not self.first_chunk_sent_ts:
@@ -207,6 +222,7 @@ class ServerRequest(RequestTimeline):
             int64s(self.chunks.tobytes()),
             int64s(self.token_ts.tobytes()),
             int64s(self.token_n.tobytes()),
+            int64s(self.sends.tobytes()),
             self.info,
             self.outcome,
             self.http,

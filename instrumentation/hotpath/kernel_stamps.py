@@ -102,3 +102,23 @@ def enable_kernel_stamps(sock: socket.socket) -> bool:
     except OSError:
         return False
     return True
+
+
+# struct tcp_info (<linux/tcp.h>): tcpi_rtt (µs) at byte 68, tcpi_total_retrans at byte 100
+_TCP_INFO_BYTES = 104
+_TCPI_RTT = struct.Struct("=I")
+_TCPI_RTT_AT, _TCPI_TOTAL_RETRANS_AT = 68, 100
+
+
+def handshake_rtt_ns(sock: socket.socket) -> int | None:
+    """The kernel's round-trip sample of a just-connected TCP socket's handshake (`TCP_INFO`
+    tcpi_rtt: SYN sent → SYN-ACK received, before any data), in ns; None off Linux, or after a
+    retransmission (Karn: no sample of the handshake then)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+    except (OSError, AttributeError):
+        return None
+    if len(info) < _TCP_INFO_BYTES or _TCPI_RTT.unpack_from(info, _TCPI_TOTAL_RETRANS_AT)[0]:
+        return None
+    rtt_us: int = _TCPI_RTT.unpack_from(info, _TCPI_RTT_AT)[0]
+    return rtt_us * 1000

@@ -113,6 +113,7 @@ class RequestRecord(NamedTuple):
     chunks: Int64s
     token_ts: Int64s
     token_n: Int64s
+    sends: Int64s
     info: RequestInfo | None
     outcome: RequestOutcome
     http: HttpFacts

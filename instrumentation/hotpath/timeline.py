@@ -19,6 +19,9 @@ Layout of a request timeline (all monotonic ns, 0 = not stamped):
     chunks     flat [start, end, tokens, cached, …]  prefill chunks (initial and recompute)
     token_ts   one stamp per `token()` call (a decode step that gave this request tokens)
     token_n    tokens that step gave (usually 1)
+    sends      flat [stamp, body_bytes, …]  the body chunks handed to the server's `send` from the
+               first content chunk on (at most names.FIRST_SENDS_MAX): the stamp just before the
+               call, the response body bytes handed over through that chunk
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class RequestTimeline:
         "read_ts",
         "received_ts",
         "responded_ts",
+        "sends",
         "token_n",
         "token_ts",
         "visible_tokens",
@@ -73,6 +77,7 @@ class RequestTimeline:
         self.chunks = array("q")
         self.token_ts = array("q")
         self.token_n = array("q")
+        self.sends = array("q")
 
     def enqueued(self) -> None:
         t = self.clock_ns()

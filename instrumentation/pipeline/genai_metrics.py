@@ -1,44 +1,69 @@
 """GenAI semconv server histograms (seconds, buckets: docs/span-model.md#metrics), recorded by the builder for every
-request, sampled or not (sampling thins traces, never metrics)."""
+request, sampled or not (sampling thins traces, never metrics): the SDK's instruments, or where phaselens
+owns the MeterProvider, its own aggregation (`histograms.OwnedHistograms`, the same points)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.records import RequestRecord
+from phaselens.instrumentation.pipeline.histograms import HistogramReader, OwnedHistograms, RequestValues
 from phaselens.instrumentation.pipeline.phases import Phases
 from phaselens.instrumentation.pipeline.spans import NS_PER_S, error_type, output_tokens, tpot_ns
+
+HISTOGRAMS = (  # name, unit, description, bucket bounds
+    (names.METRIC_SERVER_TTFT, "s", "Time to generate the first token (server).", names.BUCKETS_TTFT_S),
+    (names.METRIC_SERVER_TPOT, "s", "Time per output token after the first (server).", names.BUCKETS_TPOT_S),
+    (
+        names.METRIC_SERVER_REQUEST_DURATION,
+        "s",
+        "Request received → response closed (server).",
+        names.BUCKETS_DURATION_S,
+    ),
+)
+
+
+class SdkHistograms:
+    """The three histograms as the SDK's instruments (a provider phaselens does not own)."""
+
+    __slots__ = ("histograms",)
+
+    def __init__(self, meter: Meter) -> None:
+        self.histograms = [
+            meter.create_histogram(name, unit=unit, description=text, explicit_bucket_boundaries_advisory=list(bounds))
+            for name, unit, text, bounds in HISTOGRAMS
+        ]
+
+    def record(self, values: RequestValues, attributes: dict[str, Any], duration_attributes: dict[str, Any]) -> None:
+        ttft, tpot, duration = self.histograms
+        if values[0] is not None:
+            ttft.record(values[0], attributes)
+        if values[1] is not None:
+            tpot.record(values[1], attributes)
+        duration.record(values[2], duration_attributes)
 
 
 class GenAiServerMetrics:
     """gen_ai.server.time_to_first_token, .time_per_output_token, .request.duration, and the
-    `phaselens.telemetry.dropped` counter fed from `drop_counts()`."""
+    `phaselens.telemetry.dropped` counter fed from `drop_counts()`. `owned`: the readers of a
+    provider phaselens made (`otel_setup.Providers.histogram_readers`), which then aggregate the
+    histograms; None: the SDK's instruments."""
 
-    __slots__ = ("_drop_counts", "_duration", "_tpot", "_ttft")
+    __slots__ = ("_drop_counts", "_histograms")
 
-    def __init__(self, meter_provider: MeterProvider, drop_counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(
+        self,
+        meter_provider: MeterProvider,
+        drop_counts: Callable[[], dict[str, int]],
+        owned: Sequence[HistogramReader] | None = None,
+    ) -> None:
         meter = meter_provider.get_meter(names.SERVER_SCOPE)
-        self._ttft = meter.create_histogram(
-            names.METRIC_SERVER_TTFT,
-            unit="s",
-            description="Time to generate the first token (server).",
-            explicit_bucket_boundaries_advisory=list(names.BUCKETS_TTFT_S),
-        )
-        self._tpot = meter.create_histogram(
-            names.METRIC_SERVER_TPOT,
-            unit="s",
-            description="Time per output token after the first (server).",
-            explicit_bucket_boundaries_advisory=list(names.BUCKETS_TPOT_S),
-        )
-        self._duration = meter.create_histogram(
-            names.METRIC_SERVER_REQUEST_DURATION,
-            unit="s",
-            description="Request received → response closed (server).",
-            explicit_bucket_boundaries_advisory=list(names.BUCKETS_DURATION_S),
+        self._histograms: SdkHistograms | OwnedHistograms = (
+            OwnedHistograms(owned, HISTOGRAMS) if owned is not None else SdkHistograms(meter)
         )
         self._drop_counts = drop_counts
         meter.create_observable_counter(
@@ -55,16 +80,17 @@ class GenAiServerMetrics:
         ]
 
     def record(self, record: RequestRecord, phases: Phases) -> None:
+        """TTFT and TPOT (when there was a first token, and for TPOT a second), and the duration
+        (with `error.type` when the request failed)."""
         attributes = metric_attributes(record)
         failure = error_type(record)
+        ttft = tpot = None
         if phases.first_token_ts:
-            self._ttft.record(phases.ttft_ns / NS_PER_S, attributes)
-            tpot = tpot_ns(phases, output_tokens(record, phases))
-            if tpot is not None:
-                self._tpot.record(tpot / NS_PER_S, attributes)
-        if failure:
-            attributes = {**attributes, names.ERROR_TYPE: failure}
-        self._duration.record(phases.e2e_ns / NS_PER_S, attributes)
+            ttft = phases.ttft_ns / NS_PER_S
+            tpot_of_request = tpot_ns(phases, output_tokens(record, phases))
+            tpot = tpot_of_request / NS_PER_S if tpot_of_request is not None else None
+        duration_attributes = {**attributes, names.ERROR_TYPE: failure} if failure else attributes
+        self._histograms.record((ttft, tpot, phases.e2e_ns / NS_PER_S), attributes, duration_attributes)
 
 
 def metric_attributes(record: RequestRecord) -> dict[str, Any]:

@@ -12,7 +12,9 @@ own thread, so a slow or dead collector never blocks the caller) which counts sp
 its queue was full and spans whose export failed; `export_counters(tracer_provider)` reads them.
 With `configure(encoded_spans=True)` (the span-builder process) and OTEL_TRACES_EXPORTER=otlp alone,
 the spans skip the SDK's span objects: a CountingBatchSpanProcessor of OTLP bytes (the same queue
-and counts) with the OTLP exporter for the protocol, unless PHASELENS_SPAN_BACKEND=sdk.
+and counts) with the OTLP exporter for the protocol, and the GenAI histograms skip the SDK's
+instruments (`histograms.HistogramReader`s aggregate them: `Providers.histogram_readers`), unless
+PHASELENS_SPAN_BACKEND=sdk.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -36,9 +38,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline.histograms import HistogramReader, histogram_readers_usable
 from phaselens.instrumentation.pipeline.otlp_fast import (
     FastEmitter,
     bytes_exporter,
@@ -94,6 +98,7 @@ class Providers:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     encoded: list[CountingBatchSpanProcessor] = field(default_factory=list)  # the fast backend's export, if used
+    histogram_readers: list[HistogramReader] | None = None  # they aggregate the GenAI histograms; None: the SDK does
 
     def force_flush(self) -> None:
         for processor in self.encoded:
@@ -117,10 +122,7 @@ def span_backend(providers: Providers) -> SpanBackend | None:
 def _encoded_processors(tracer_provider: TracerProvider) -> list[CountingBatchSpanProcessor]:
     """One processor of encoded spans for OTEL_TRACES_EXPORTER=otlp alone (another exporter takes SDK
     spans), its counts in export_counters(); [] when the SDK path is to be used."""
-    backend = os.environ.get(names.ENV_SPAN_BACKEND, "").strip().lower() or names.SPAN_BACKEND_FAST
-    if backend not in (names.SPAN_BACKEND_FAST, names.SPAN_BACKEND_SDK):
-        raise ValueError(f"{names.ENV_SPAN_BACKEND}={backend!r}: expected fast or sdk")
-    if backend != names.SPAN_BACKEND_FAST or _choices("OTEL_TRACES_EXPORTER") != ["otlp"]:
+    if not _fast_backend() or _choices("OTEL_TRACES_EXPORTER") != ["otlp"]:
         return []
     exporter = bytes_exporter(_protocol("TRACES"), request_encoder(tracer_provider))
     if exporter is None:  # an exporter version without the hooks otlp_fast uses
@@ -128,6 +130,13 @@ def _encoded_processors(tracer_provider: TracerProvider) -> list[CountingBatchSp
     processor = CountingBatchSpanProcessor(exporter)
     _processors_by_provider.setdefault(tracer_provider, []).append(processor)
     return [processor]
+
+
+def _fast_backend() -> bool:
+    backend = os.environ.get(names.ENV_SPAN_BACKEND, "").strip().lower() or names.SPAN_BACKEND_FAST
+    if backend not in (names.SPAN_BACKEND_FAST, names.SPAN_BACKEND_SDK):
+        raise ValueError(f"{names.ENV_SPAN_BACKEND}={backend!r}: expected fast or sdk")
+    return backend == names.SPAN_BACKEND_FAST
 
 
 def _choices(variable: str) -> list[str]:
@@ -177,13 +186,18 @@ def _span_exporters() -> list[SpanExporter]:
     ]
 
 
-def _metric_readers() -> list[MetricReader]:
+def _metric_readers(owned_by: Resource | None) -> list[MetricReader]:
+    """`owned_by`: the resource of a provider phaselens owns, whose readers aggregate its histograms."""
     factories = {"otlp": otlp_metric_exporter, "console": ConsoleMetricExporter}
-    return [
-        PeriodicExportingMetricReader(_pick(factories, name, "OTEL_METRICS_EXPORTER")())
+    exporters = [
+        _pick(factories, name, "OTEL_METRICS_EXPORTER")()
         for name in _choices("OTEL_METRICS_EXPORTER")
         if name != "none"
     ]
+    if owned_by is None:
+        return [PeriodicExportingMetricReader(exporter) for exporter in exporters]
+    scope = InstrumentationScope(names.SERVER_SCOPE)
+    return [HistogramReader(exporter, owned_by, scope) for exporter in exporters]
 
 
 def _pick(factories: dict[str, Callable[[], T]], name: str, variable: str) -> Callable[[], T]:
@@ -213,15 +227,19 @@ def configure(
     process can set them; later ones keep the providers local). `sampler` replaces the one
     OTEL_TRACES_SAMPLER names; `id_generator` the SDK's random one. `encoded_spans`: the caller
     emits through `span_backend()` alone (nothing else uses the tracer provider, whose processors
-    the fast backend skips), so the fast backend may export."""
+    the fast backend skips), so the fast backend may export, and the GenAI histograms may be
+    aggregated by the readers (`Providers.histogram_readers`)."""
     resource = make_resource(service_name)
     tracer_provider = TracerProvider(resource=resource, sampler=sampler, id_generator=id_generator)
     encoded = _encoded_processors(tracer_provider) if encoded_spans else []
     if not encoded:
         for exporter in _span_exporters():
             add_counting_processor(tracer_provider, exporter)
-    meter_provider = MeterProvider(resource=resource, metric_readers=_metric_readers())
+    owned = encoded_spans and _fast_backend()
+    readers = _metric_readers(resource if owned else None)
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
-    return Providers(tracer_provider, meter_provider, encoded)
+    histogram_readers = cast("list[HistogramReader]", readers) if owned and histogram_readers_usable(readers) else None
+    return Providers(tracer_provider, meter_provider, encoded, histogram_readers)

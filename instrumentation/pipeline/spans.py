@@ -52,7 +52,7 @@ from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.ids import child_flags
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
-from phaselens.instrumentation.hotpath.records import LINK, RequestRecord, StepRecord, unpack_link
+from phaselens.instrumentation.hotpath.records import LINK, Int64s, RequestRecord, StepRecord, unpack_link
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
 from phaselens.instrumentation.pipeline.phases import Phases, stall_ns
 
@@ -237,6 +237,7 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
     if outcome.completion is not None:
         attributes[names.GEN_AI_OUTPUT_MESSAGES] = _messages("assistant", outcome.completion, finish_reason)
     attributes.update(first_chunk_attributes(phases))
+    attributes.update(first_sends_attributes(record.sends))
     attributes.update(inbound_attributes(phases))
     return attributes
 
@@ -247,6 +248,18 @@ def first_chunk_split(phases: Phases) -> dict[str, Any]:
         names.PL_FIRST_CHUNK_LOOP_WAIT_MS: _ms(phases.loop_wait_ns),
         names.PL_FIRST_CHUNK_ENCODE_MS: _ms(phases.encode_ns),
         names.PL_FIRST_CHUNK_WRITE_MS: _ms(phases.write_ns),
+    }
+
+
+def first_sends_attributes(sends: Int64s) -> dict[str, Any]:
+    """The body chunks handed to `send` from the first content chunk on (timeline `sends`): each
+    one's stamp − the first's (ns) and the body bytes through it; {} when none was stamped."""
+    if not sends:
+        return {}
+    first = sends[0]
+    return {
+        names.PL_FIRST_SENDS_NS: tuple(t - first for t in sends[0::2]),
+        names.PL_FIRST_SENDS_BODY_BYTES: tuple(sends[1::2]),
     }
 
 
@@ -492,15 +505,19 @@ class PackedStep(NamedTuple):
     links: bytes
 
 
-def packed_step(step: StepRecord | tuple[Any, ...]) -> PackedStep:
-    """A `StepRecord`, or its fields as a plain tuple (as the pipe carries them), packed."""
-    links = step[-1]
+def packed_fields(step: StepRecord) -> tuple[Any, ...]:
+    """A `StepRecord`'s fields as a `PackedStep`'s, in a plain tuple (as the pipe carries them)."""
+    links = step.links
     try:
         # every member sampled (the default): no filtering pass, ~9k instructions less a step
         joined = b"".join(cast("tuple[bytes, ...]", links))
     except TypeError:  # an unsampled member's None
         joined = b"".join(filter(None, links))
-    return PackedStep._make((*step[:-1], len(links), joined))
+    return (*step[:-1], len(links), joined)
+
+
+def packed_step(step: StepRecord) -> PackedStep:
+    return _new_tuple(PackedStep, packed_fields(step))
 
 
 def packed_links(links: bytes) -> list[bytes]:

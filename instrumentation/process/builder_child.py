@@ -69,7 +69,9 @@ class SpanProcess:
         self.providers = configure(service_name, set_global=False, encoded_spans=True)
         provider = self.providers.tracer_provider
         metrics = GenAiServerMetrics(
-            self.providers.meter_provider, lambda: Counters.total([self.counters()]).drop_reasons()
+            self.providers.meter_provider,
+            lambda: Counters.total([self.counters()]).drop_reasons(),
+            self.providers.histogram_readers,
         )
         self.builder = SpanBuilder(
             span_backend(self.providers),

@@ -9,7 +9,8 @@ under it.
 `responded` is stamped when the last body chunk (`more_body` false) has been handed to the server.
 A body chunk sent after the app called `output_ready()` carries output: the middleware stamps
 around its `send` (the `first_chunk` budget term and its loop-wait / encode / write split, in
-`phases`).
+`phases`); from it on, the first few non-empty body chunks are stamped with the body bytes
+through them (`body_sending`: what estimates a late client's wait that TCP hid by coalescing).
 A client that goes away first — an `http.disconnect` received, or `send` raising — marks the request
 `client_disconnected` (error.type, status ERROR). Requests the app rejects (4xx/5xx) still give one
 SERVER span, with the status code and `error.type`. The request is closed (and goes on to the span
@@ -86,6 +87,8 @@ class IngressMiddleware:
             )
             if carries_output:
                 handle.chunk_sending()
+            if kind == "http.response.body":
+                handle.body_sending(len(message.get("body") or b""))
             try:
                 await send(message)
             except Exception:  # the server could not write: the client is gone
