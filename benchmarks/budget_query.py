@@ -10,8 +10,11 @@ exact one (every request), as ingested (parts unmerged) and after OPTIMIZE … F
 CPU seconds beside wall seconds (the figure to compare on a shared machine); the refresh of every
 panel of the latency-budget dashboard (`dashboard_refresh_s`, queries run one after another), and the
 same-run baseline: the exact summary computed from the raw spans (no materialized view; ≤ 1M only).
+`cluster` (`--shards N`): the same rollup rows over N embedded shards against one node, each node's
+server CPU apart (the node asked first) and the critical path max(node asked, other shards): the
+wall time with each shard on its own machine.
 
-    python benchmarks/budget_query.py [--requests N] [--quick] [--round N] [--clickhouse URL]
+    python benchmarks/budget_query.py [--requests N] [--quick] [--round N] [--scale K] [--shards N] [--clickhouse URL]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from phaselens.analysis import ddl, rollup, sketch
 from phaselens.analysis import queries as Q
@@ -166,16 +170,28 @@ def cpu_s(pid: int | list[int] | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _pids(pid: int | list[int] | None) -> list[int]:
+    return [] if pid is None else pid if isinstance(pid, list) else [pid]
+
+
+def _runs(fn, repeat: int, pid: int | list[int] | None) -> tuple[list[float], list[Any], list[list[float]]]:
+    """`repeat` runs of `fn`: the wall seconds, the results and the server CPU seconds of each
+    process (the nodes of a cluster, in the order given) of each run."""
+    walls, results, cpus = [], [], []
+    pids = _pids(pid)
+    for _ in range(repeat):
+        cpu0, start = [cpu_s(p) for p in pids], time.perf_counter()
+        results.append(fn())
+        walls.append(time.perf_counter() - start)
+        cpus.append([cpu_s(p) - c for p, c in zip(pids, cpu0, strict=True)])
+    return walls, results, cpus
+
+
 def _timed(fn, repeat: int, pid: int | list[int] | None = None) -> tuple[float, float, float]:
     """(best wall, median wall, best server CPU) seconds of `repeat` runs. CPU time is the figure
     to compare on a shared machine: wall time there includes waiting for other processes."""
-    walls, cpus = [], []
-    for _ in range(repeat):
-        cpu0, start = cpu_s(pid), time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - start)
-        cpus.append(cpu_s(pid) - cpu0)
-    return min(walls), statistics.median(walls), min(cpus)
+    walls, _, cpus = _runs(fn, repeat, pid)
+    return min(walls), statistics.median(walls), min(sum(c) for c in cpus)
 
 
 def _raw_spans_summary(client) -> None:
@@ -272,17 +288,28 @@ def _optimize_rollups(client) -> None:
         client.command(f"OPTIMIZE TABLE {DATABASE}.{table} FINAL")
 
 
+def _best_each(cpus: list[list[float]]) -> list[float]:
+    """The best server CPU seconds of each process over the runs (each node's own best)."""
+    return [round(min(run[i] for run in cpus), 3) for i in range(len(cpus[0]))]
+
+
 def _default_figures(client, default, filters: dict, repeat: int, pid: int | list[int] | None) -> dict:
-    """The default budget and the dashboard refresh: best wall, median wall, best server CPU."""
-    timed = _timed(default, repeat, pid)
-    refresh, _ = _best_refresh(client, filters, repeat)
-    return {
-        "budget_s_best": round(timed[0], 3),
-        "budget_s_median": round(timed[1], 3),
-        "budget_server_cpu_s": round(timed[2], 3) if pid else None,
-        "dashboard_refresh_s": refresh,
-        "dashboard_refresh_server_cpu_s": _refresh_cpu(client, filters, pid),
+    """The default budget and the dashboard refresh: best wall, median wall, best server CPU (a
+    cluster: every node's, summed; and each node's own best, the node asked first)."""
+    panels = budget_panels()
+    walls, _, cpus = _runs(default, repeat, pid)
+    _, refreshes, refresh_cpus = _runs(lambda: dashboard_refresh(client, filters, panels), repeat, pid)
+    figures = {
+        "budget_s_best": round(min(walls), 3),
+        "budget_s_median": round(statistics.median(walls), 3),
+        "budget_server_cpu_s": round(min(sum(c) for c in cpus), 3) if pid else None,
+        "dashboard_refresh_s": round(min(sum(r.values()) for r in refreshes), 3),
+        "dashboard_refresh_server_cpu_s": round(min(sum(c) for c in refresh_cpus), 3) if pid else None,
     }
+    if isinstance(pid, list):
+        figures["budget_server_cpu_s_by_node"] = _best_each(cpus)
+        figures["dashboard_refresh_server_cpu_s_by_node"] = _best_each(refresh_cpus)
+    return figures
 
 
 def _scaled(client, n_requests: int, copies: int, repeat: int, pid: int | None, default, filters: dict) -> dict:
@@ -331,7 +358,25 @@ def sharded(client, shards: int, repeat: int, filters: dict, slo, pid: int | Non
         spread = _default_figures(nodes[0], default(nodes[0]), filters, repeat, pids if pid else None)
         for node in nodes:
             node.close()
-    return {"shards": shards, "one_node": one_node, "sharded": spread}
+    return {"shards": shards, "one_node": one_node, "sharded": spread, **_critical_path(one_node, spread)}
+
+
+def _critical_path(one_node: dict, spread: dict) -> dict:
+    """Each node's server CPU apart: the node asked (the initiator: it plans the whole query, reads
+    its own shard and merges every shard's states) and the busiest other shard (its own planning
+    and read, in parallel). With each shard on its own machine a query's wall time is bounded by
+    critical_path = max(initiator CPU, other shard CPU), the figure to set against one node's CPU
+    (on this machine the nodes share its cores, so their sum is what wall time pays)."""
+    out: dict = {}
+    for what in ("budget", "dashboard_refresh"):
+        by_node = spread.get(f"{what}_server_cpu_s_by_node")
+        if not by_node:
+            return {}
+        out[f"cluster_{what}_initiator_cpu_s"] = by_node[0]
+        out[f"cluster_{what}_other_shard_cpu_s"] = max(by_node[1:])
+        out[f"cluster_{what}_critical_path_cpu_s"] = max(by_node)
+        out[f"one_node_{what}_cpu_s"] = one_node[f"{what}_server_cpu_s"]
+    return out
 
 
 def run(
