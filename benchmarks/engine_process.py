@@ -25,10 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.residual_under_load import load_argv
 from phaselens.common.quantile import quantile
 from phaselens.stack import Stack
 
@@ -81,9 +85,7 @@ def run(mode: str, concurrency: int, requests: int) -> tuple[list[dict], dict]:
         tree = process_tree(stack.server.proc.pid)
         before, wall = tree_cpu_s(tree), time.perf_counter()
         figures = os.path.join(data, "bench.json")
-        bench = ["--model", "tiny", "--concurrency", str(concurrency), "--requests", str(requests)]
-        bench += ["--input-len", "uniform:32:256", "--output-len", "24", "--ignore-eos", "--quiet", "--json", figures]
-        if stack.bench(bench, timeout_s=600) != 0:
+        if stack.bench([*load_argv(concurrency, requests), "--json", figures], timeout_s=600) != 0:
             raise SystemExit(f"bench failed ({mode})")
         wall = time.perf_counter() - wall
         after = tree_cpu_s(tree)

@@ -40,23 +40,17 @@ TERMS = (
 )
 
 
+def load_argv(concurrency: int, requests: int) -> list[str]:
+    """This benchmark's load as `Stack.bench` arguments (benchmarks/engine_process.py runs it too)."""
+    return [
+        *("--model", "tiny", "--concurrency", str(concurrency), "--requests", str(requests)),
+        *("--input-len", "uniform:32:256", "--output-len", "24", "--ignore-eos", "--quiet"),
+    ]
+
+
 def run(concurrency: int, requests: int) -> dict:
     with tempfile.TemporaryDirectory() as data, Stack(data, server_args=("--max-num-seqs", "16")) as stack:
-        bench = [
-            "--model",
-            "tiny",
-            "--concurrency",
-            str(concurrency),
-            "--requests",
-            str(requests),
-            "--input-len",
-            "uniform:32:256",
-            "--output-len",
-            "24",
-            "--ignore-eos",
-            "--quiet",
-        ]
-        if stack.bench(bench, timeout_s=600) != 0:
+        if stack.bench(load_argv(concurrency, requests), timeout_s=600) != 0:
             raise SystemExit(f"bench failed at concurrency {concurrency}")
         stack.server.stop(30)
         stack.collector.stop(30)

@@ -22,6 +22,7 @@ from phaselens.analysis.diagnose import diagnose
 from phaselens.common.quantile import quantile
 from phaselens.common.slo import parse_slo
 from phaselens.stack import Stack, spawn
+from tests.cli_fixtures import bench_argv
 
 REQUESTS = 16
 # stopped for longer than a whole response takes (16 tokens: ~50–130 ms here), running 10 ms between:
@@ -31,11 +32,11 @@ SLO = parse_slo("ttft:50,tpot:100", ("ttft", "tpot"))
 
 
 def _bench_argv(url: str, out: str) -> list[str]:
-    return [
-        *(sys.executable, "-m", "phaselens", "bench", "--url", url, "--model", "tiny", "--concurrency", "2"),
-        *("--requests", str(REQUESTS), "--input-len", "32", "--output-len", "16", "--ignore-eos"),
-        *("--per-request", out),
-    ]
+    return bench_argv(
+        url,
+        *("--concurrency", "2", "--requests", str(REQUESTS), "--input-len", "32", "--output-len", "16"),
+        *("--ignore-eos", "--per-request", out),
+    )
 
 
 def _stop_in_turns(pid: int, done: threading.Event) -> None:

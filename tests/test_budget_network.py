@@ -16,6 +16,7 @@ import pytest
 
 from phaselens.common.quantile import quantile
 from phaselens.stack import Stack
+from tests.cli_fixtures import bench_argv
 from tests.delay_proxy import DOWN, UP, DelayProxy
 
 DELAYS_MS = (0, 20, 50)  # 0: straight to the server
@@ -30,28 +31,11 @@ TERMS = ("residual_ms", "inbound_ms", "client_ms", "client_late_est_ms", "first_
 def _bench(stack: Stack, url: str, out: str) -> list[str]:
     """Run bench against `url`; the trace ids of its requests."""
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "phaselens",
-            "bench",
-            "--url",
+        bench_argv(
             url,
-            "--model",
-            "tiny",
-            "--concurrency",
-            "2",
-            "--requests",
-            str(REQUESTS),
-            "--input-len",
-            "32",
-            "--output-len",
-            "8",
-            "--ignore-eos",
-            "--quiet",
-            "--per-request",
-            out,
-        ],
+            *("--concurrency", "2", "--requests", str(REQUESTS), "--input-len", "32", "--output-len", "8"),
+            *("--ignore-eos", "--quiet", "--per-request", out),
+        ),
         env=stack.otel_env("bench"),
         capture_output=True,
         text=True,

@@ -31,6 +31,7 @@ from phaselens.commands import diagnose as diagnose_command
 from phaselens.common.slo import parse_slo
 from phaselens.loadgen.workloads import words
 from phaselens.stack import Stack, spawn
+from tests.cli_fixtures import bench_argv
 from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql
 
 
@@ -106,19 +107,7 @@ def stack(tmp_path_factory):
         for name, s in SCENARIOS.items():
             url = servers[name].wait_ready(180)
             bench = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "phaselens",
-                    "bench",
-                    "--url",
-                    url,
-                    "--model",
-                    "tiny",
-                    "--quiet",
-                    "--ignore-eos",
-                    *s.bench_args,
-                ],
+                bench_argv(url, "--quiet", "--ignore-eos", *s.bench_args),
                 env=stack.otel_env(f"{service(name)}-client"),
                 capture_output=True,
                 text=True,

@@ -183,8 +183,8 @@ def test_embedded_clickhouse_restarts_on_its_ports_at_once_after_sigkill(tmp_pat
 
 
 def test_a_large_spool_replays_behind_the_listeners(clickhouse, ch_client, traces_db, tmp_path):
-    """~100 MB of backlog: the restarted collector answers at once and accepts exports while the
-    replay is still under way."""
+    """~100 MB of backlog: the restarted collector answers and accepts exports while the replay is
+    still under way (its listeners do not wait for the backlog)."""
     spool = Spool(str(tmp_path / "spool"))
     body = export_request(1000, time.time_ns(), service="backlog").SerializeToString()
     records = (100 << 20) // len(body)
@@ -204,5 +204,7 @@ def test_a_large_spool_replays_behind_the_listeners(clickhouse, ch_client, trace
         written = collector.metrics.snapshot()["spans_written"]
     finally:
         collector.stop(drain_timeout_s=1)  # what is not written stays spooled
-    assert serving_s < 5.0
-    assert written < records * 1000  # the replay had not finished when the collector was serving
+    # "At once" as this test can tell it: serving began before the replay ended (serving_s < the
+    # replay's duration), i.e. fewer spans written than spooled. A wall-clock bound here would only
+    # say how loaded the machine was (here 0.26 s to serve, 0 of 268,000 spans written by then).
+    assert written < records * 1000, f"served after {serving_s:.2f} s, when the replay had finished"

@@ -29,6 +29,7 @@ from phaselens.instrumentation import names as n
 from phaselens.integrations.vllm.delivery import MIDDLEWARE_PATH
 from phaselens.integrations.vllm.launcher import VllmServer, default_python
 from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+from tests.cli_fixtures import bench_argv
 from tests.source_tree import ROOT
 
 VLLM_PYTHON = default_python(ROOT)
@@ -83,24 +84,9 @@ def _otel_env(endpoint: str, service: str) -> dict[str, str]:
 def _bench(url: str, model_dir: Path, endpoint: str, out: Path, *args: str) -> list[dict]:
     """One bounded `phaselens bench` run (client spans to the collector); its per-request lines."""
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "phaselens",
-            "bench",
-            "--url",
-            url,
-            "--model",
-            "tiny",
-            "--tokenizer",
-            str(model_dir),
-            "--concurrency",
-            "2",
-            "--quiet",
-            "--per-request",
-            str(out),
-            *args,
-        ],
+        bench_argv(
+            url, "--tokenizer", str(model_dir), "--concurrency", "2", "--quiet", "--per-request", str(out), *args
+        ),
         env={**os.environ, **_otel_env(endpoint, "phaselens-loadgen")},
         capture_output=True,
         text=True,

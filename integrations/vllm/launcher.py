@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.common.process import LOOPBACK, free_port
+from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, free_port
 
+# vLLM binds its port before it loads the model (vllm.entrypoints.launchers.launcher.setup_server):
+# a port taken since it was picked ends that run within seconds, the OSError's text in its log.
+BIND_FAILED = "Address already in use"
 VENV_ENV = "PHASELENS_VLLM_PYTHON"  # a python with vLLM installed; default: ./.venv-vllm/bin/python
 DEFAULT_MODEL_NAME = "tiny"
 
@@ -67,6 +70,7 @@ class VllmServer:
     middleware: tuple[str, ...] = ()  # vLLM's --middleware, each an ASGI middleware's import path
     port: int = 0
     proc: subprocess.Popen | None = None
+    log_offset: int = 0  # where this run's output starts in the log
 
     @property
     def url(self) -> str:
@@ -97,14 +101,25 @@ class VllmServer:
         return args
 
     def start(self, timeout_s: float = 240.0) -> VllmServer:
-        self.spawn()
-        self.wait_ready(timeout_s)
-        return self
+        """Spawn and wait for /health. vLLM's `--port` must be known before it starts, so a port left
+        at 0 is picked here, free when picked; another process may bind it before vLLM does, which
+        then exits saying so: such a start is retried on a fresh port (`BIND_ATTEMPTS` in all)."""
+        picked, attempt = self.port == 0, 1
+        while True:
+            self.spawn()
+            try:
+                self.wait_ready(timeout_s)
+                return self
+            except RuntimeError:
+                if not picked or attempt == BIND_ATTEMPTS or not self.lost_port():
+                    raise
+            self.port, attempt = 0, attempt + 1
 
     def spawn(self) -> None:
         self.port = self.port or free_port()
         env = vllm_env({"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), **self.env})
         with open(self.log_path, "ab") as log:
+            self.log_offset = log.tell()
             self.proc = subprocess.Popen(
                 self.argv(),
                 stdout=log,
@@ -116,6 +131,7 @@ class VllmServer:
 
     def wait_ready(self, timeout_s: float) -> str:
         """Block until /health answers 200 (as `phaselens.stack.Child.wait_ready`); returns the url."""
+        assert self.proc is not None  # spawned first
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -129,6 +145,18 @@ class VllmServer:
             time.sleep(0.5)
         self.stop()
         raise RuntimeError(f"vLLM not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def lost_port(self) -> bool:
+        """This run exited because its port was bound by another process first."""
+        return self.proc is not None and self.proc.poll() is not None and BIND_FAILED in self.run_output()
+
+    def run_output(self) -> str:
+        """This run's part of the log (a restart appends to it)."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode(errors="replace")
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
