@@ -6,7 +6,10 @@ Each iteration makes an engine step (`PackedStep`) and a span description, valid
 broken (a field's type, the tuple's length, links cut mid-entry, times past int64, odd limits),
 and encodes them with `encode_step`, `encode_spans` and `encode_request`: a valid step must encode
 to the bytes of its `step_span` description and parse with protobuf; a broken one must raise
-TypeError or ValueError. Prints one JSON object.
+TypeError or ValueError. Then a request's phases (`phase_case`), valid or with one argument or
+stamp broken, through `encode_phases`: valid ones must encode to the bytes of `request_spans`'s
+descriptions; broken ones encode (an odd value that is never read) or raise TypeError or
+ValueError. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -60,6 +63,105 @@ class FixedIds(IdGenerator):
         return self.span_id
 
 
+class DrawnIds(IdGenerator):
+    """Ids from a seed, one span id in four 0 (which `_Tree.leaf` draws again, or takes the root
+    for, as a parent): two made with one seed draw the same."""
+
+    def __init__(self, seed: int) -> None:
+        self._random = random.Random(seed)
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128)
+
+    def generate_span_id(self) -> int:
+        drawn = self._random.getrandbits(64)
+        return 0 if drawn % 4 == 0 else drawn
+
+
+def phase_case(rng: random.Random) -> tuple[Any, Any]:
+    """(RequestRecord, Phases): each stamp 0 (the phase did not happen) or in [1, 2**40) ns, 0..4
+    queue waits, 0..5 prefill chunks (sometimes cut mid-chunk), 0..5 token stamps, any split."""
+    from phaselens.instrumentation.hotpath.records import NO_HTTP, NO_OUTCOME, RequestRecord, SpanIds
+    from phaselens.instrumentation.pipeline.phases import Phases
+
+    def stamp() -> int:
+        return rng.choice((0, rng.randrange(1, 2**40)))
+
+    chunks = tuple(rng.randrange(2**40) for _ in range(4 * rng.randrange(6) + rng.choice((0, 0, 1, 3))))
+    tokens = rng.randrange(6)
+    root = SpanIds(rng.getrandbits(128), rng.getrandbits(64), rng.choice((1, 3)), rng.choice(("", "k=v")))
+    stamps = [stamp() for _ in range(11)]
+    token_ts, token_n = tuple(stamp() for _ in range(tokens)), tuple(rng.randrange(1, 4) for _ in range(tokens))
+    record = RequestRecord(
+        root, None, *stamps, 0, "length", (), chunks, token_ts, token_n, (), None, NO_OUTCOME, NO_HTTP
+    )
+    phases = Phases(received_ts=stamps[0], end_ts=stamp(), enqueued_ts=stamp())
+    for name in ("scheduled_ts", "prefill_end_ts", "first_token_ts", "last_token_ts", "visible_ts", "first_chunk_ts"):
+        setattr(phases, name, stamp())
+    for name in ("loop_wait_ns", "encode_ns", "write_ns", "decode_tokens", "decode_steps"):
+        setattr(phases, name, rng.randrange(-(2**40), 2**40))
+    phases.waits = [(stamp(), stamp()) for _ in range(rng.randrange(5))]
+    phases.initial_chunks = rng.randrange(7)
+    phases.itl_sorted_ns = sorted(rng.randrange(2**30) for _ in range(rng.randrange(5)))
+    return record, phases
+
+
+def phase_arguments(ids: IdGenerator, anchor: Any, record: Any, phases: Any, limits: tuple[int, ...]) -> list[Any]:
+    """`encode_phases`'s arguments for a request, as `otlp_fast.FastEmitter.emit_request` makes them."""
+    from phaselens.instrumentation.pipeline import spans
+
+    decode = spans.decode_description(anchor, record, phases, True) if phases.first_token_ts else None
+    stamps = spans.phase_stamps(phases)
+    return [
+        ids.generate_span_id, record.root, anchor.to_wall_ns(0), stamps, phases.waits, record.chunks, decode,
+        spans.PHASE_NAMES, spans.PHASE_KEYS, limits,
+    ]  # fmt: skip
+
+
+def phase_spans(ids: IdGenerator, anchor: Any, record: Any, phases: Any, limits: tuple[int, ...]) -> list[bytes]:
+    """The phase spans `request_spans` describes (all but the SERVER span), encoded by `encode_spans`."""
+    from phaselens.instrumentation.pipeline._otlp_encode import encode_spans
+    from phaselens.instrumentation.pipeline.spans import request_spans
+
+    return encode_spans(request_spans(ids, anchor, record, phases, True)[:-1], limits)
+
+
+def _break_phases(rng: random.Random, arguments: list[Any]) -> list[Any]:
+    """One argument, one stamp, one wait or one chunk value of `encode_phases`'s replaced by an odd one."""
+    choice, odd = rng.random(), rng.choice((*ODD, 2**63, -(2**63), lambda: "x"))
+    if choice < 0.4:
+        arguments[rng.randrange(len(arguments))] = odd
+    elif choice < 0.6:
+        stamps = list(arguments[3])
+        stamps[rng.randrange(len(stamps))] = odd
+        arguments[3] = tuple(stamps)
+    elif choice < 0.8 and arguments[4]:
+        arguments[4] = [*arguments[4][1:], rng.choice((odd, (odd, 1), (1, 2, 3)))]
+    elif arguments[5]:
+        arguments[5] = (*arguments[5][1:], odd)
+    return arguments
+
+
+def _phases_round(rng: random.Random, limits: tuple[int, ...]) -> bool:
+    """One request's phases through `encode_phases`, valid or broken; True when it encoded."""
+    from phaselens.instrumentation.hotpath.clock import ClockAnchor
+    from phaselens.instrumentation.pipeline._otlp_encode import encode_phases
+
+    record, phases = phase_case(rng)
+    anchor, seed, broken = ClockAnchor(mono_ns=0, wall_ns=rng.randrange(2**62)), rng.getrandbits(32), rng.random() < 0.5
+    arguments = phase_arguments(DrawnIds(seed), anchor, record, phases, limits)
+    if broken:
+        arguments = _break_phases(rng, arguments)
+    try:
+        encoded = encode_phases(*arguments)
+    except (TypeError, ValueError):
+        assert broken, arguments
+        return False
+    if not broken:
+        assert encoded == phase_spans(DrawnIds(seed), anchor, record, phases, limits)
+    return True
+
+
 def _limits(rng: random.Random) -> tuple[int, ...]:
     return tuple(rng.choice((-1, 0, 1, 2, 5, 64, 200)) for _ in range(7))
 
@@ -74,7 +176,7 @@ def main() -> None:
     from phaselens.instrumentation.pipeline._otlp_encode import encode_request, encode_spans, encode_step
     from phaselens.instrumentation.pipeline.spans import STEP_KEYS, PackedStep, step_span
 
-    rng, accepted, sampler = random.Random(args.seed), 0, TracerProvider().sampler
+    rng, accepted, phases_accepted, sampler = random.Random(args.seed), 0, 0, TracerProvider().sampler
     anchor = ClockAnchor(mono_ns=0, wall_ns=2**62)
     for _ in range(args.iterations):
         fields, limits, broken = _step(rng), _limits(rng), rng.random() < 0.5
@@ -95,7 +197,14 @@ def main() -> None:
         request = encode_request({"service.name": "fuzz"}, names.SERVER_SCOPE, "", [encoded])
         ExportTraceServiceRequest.FromString(request)
         accepted += 1
-    print(json.dumps({"iterations": args.iterations, "accepted": accepted, "module": sys.modules[MODULE].__file__}))
+    for _ in range(args.iterations // 4):  # ~4x a step's work each
+        phases_accepted += _phases_round(rng, _limits(rng))
+    module = sys.modules[MODULE].__file__
+    print(
+        json.dumps(
+            {"iterations": args.iterations, "accepted": accepted, "phases_accepted": phases_accepted, "module": module}
+        )
+    )
 
 
 if __name__ == "__main__":

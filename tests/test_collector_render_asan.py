@@ -34,7 +34,7 @@ def _runtime(name: str) -> str:
     ],
 )
 def test_c_module_is_clean_under_sanitizers(tmp_path, source, fuzzer, iterations):
-    """The collector's decoder, and the span encoder (fed random and broken steps and descriptions)."""
+    """The collector's decoder, and the span encoder (fed random and broken steps, descriptions and request phases)."""
     assert shutil.which("gcc"), "gcc builds the C modules; it is needed here too"
     runtimes = [_runtime("libasan.so"), _runtime("libubsan.so")]
     module = tmp_path / f"{Path(source).stem}_asan.so"
@@ -73,3 +73,5 @@ def test_c_module_is_clean_under_sanitizers(tmp_path, source, fuzzer, iterations
     result = json.loads(run.stdout)
     assert result["module"] == str(module)  # the sanitized build ran, not the installed one
     assert 0 < result["accepted"] < result["iterations"]
+    if fuzzer == "tests/fuzz_encode.py":  # and request phases, valid ones and broken ones
+        assert 0 < result["phases_accepted"] < iterations // 4

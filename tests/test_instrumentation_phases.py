@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from phaselens.instrumentation.hotpath.records import int64s
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
 from phaselens.instrumentation.pipeline._token_gaps import token_gaps
 from phaselens.instrumentation.pipeline.phases import compute_phases, stall_ns
@@ -121,9 +122,10 @@ def test_token_gaps_are_the_sorted_stamp_differences_and_the_token_sum(first_ns,
         now += step_gap
         stamps.append(now)
         counts.append(tokens)
-    tokens, gaps = token_gaps(first_ns, stamps, counts)
+    tokens, packed = token_gaps(first_ns, stamps, counts)
+    gaps = int64s(packed)
     expected = sorted(b - a for a, b in zip([first_ns, *stamps], stamps, strict=False))
-    assert gaps == expected and tokens == sum(counts)
+    assert gaps.tolist() == expected and tokens == sum(counts)
     assert all(type(g) is int for g in gaps)
 
 

@@ -32,7 +32,7 @@ from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
 from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats
 from phaselens.instrumentation.pipeline import otel_setup
-from phaselens.instrumentation.pipeline._otlp_encode import encode_spans, encode_step
+from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_spans, encode_step
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
@@ -44,10 +44,18 @@ from phaselens.instrumentation.pipeline.otlp_fast import (
     request_encoder,
 )
 from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
-from phaselens.instrumentation.pipeline.spans import KIND_INTERNAL, STEP_KEYS, PackedStep, SpanData, step_span
+from phaselens.instrumentation.pipeline.spans import (
+    KIND_INTERNAL,
+    PHASE_KEYS,
+    PHASE_NAMES,
+    STEP_KEYS,
+    PackedStep,
+    SpanData,
+    step_span,
+)
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.collector_fixtures import rows, wait_rows
-from tests.fuzz_encode import FixedIds
+from tests.fuzz_encode import DrawnIds, FixedIds, phase_arguments, phase_case, phase_spans
 from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
 
 
@@ -357,6 +365,68 @@ def test_bad_steps_are_clear_errors_not_crashes():
         encode_step(step, *args[:-1])  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="name must be a str and keys a tuple"):
         encode_step(step, *args[:4], b"name", *args[5:])  # type: ignore[arg-type]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    case=st.randoms(use_true_random=False),
+    seed=st.integers(0, 2**32),
+    wall_offset_ns=st.integers(0, 2**62),
+    attribute_limit=LIMIT,
+    event_limit=LIMIT,
+)
+def test_encode_phases_writes_the_bytes_of_the_phase_spans_descriptions(
+    case, seed, wall_offset_ns, attribute_limit, event_limit
+):
+    """Any phases (a phase that did not happen, waits, chunks cut mid-chunk, ids of 0 drawn again)
+    and any limits: `encode_phases` equals `encode_spans` of `request_spans`'s phase spans, byte for
+    byte, its ids drawn in the same order."""
+    record, phases = phase_case(case)
+    anchor = ClockAnchor(mono_ns=0, wall_ns=wall_offset_ns)
+    limits = limits_tuple(SpanLimits(max_span_attributes=attribute_limit, max_events=event_limit))
+    encoded = encode_phases(*phase_arguments(DrawnIds(seed), anchor, record, phases, limits))
+    assert encoded == phase_spans(DrawnIds(seed), anchor, record, phases, limits)
+
+
+def test_bad_phases_are_clear_errors_not_crashes():
+    record, phases = next(
+        (r, p) for r, p in map(phase_case, map(random.Random, itertools.count())) if p.first_token_ts and p.scheduled_ts
+    )
+    good = phase_arguments(
+        DrawnIds(1), ClockAnchor(mono_ns=0, wall_ns=2**60), record, phases, limits_tuple(SpanLimits())
+    )
+    assert encode_phases(*good)
+
+    def bad(index: int, value: Any) -> list[Any]:
+        return [*good[:index], value, *good[index + 1 :]]
+
+    stamps = good[3]
+    cases = [
+        (bad(0, None), TypeError, "expected a callable, a SpanIds and 13 stamps"),
+        (bad(0, lambda: "x"), TypeError, "span_id: expected int"),
+        (bad(1, (1, 2, 3)), TypeError, "expected a callable, a SpanIds and 13 stamps"),
+        (bad(1, (1 << 128, 2, 1, "")), ValueError, "trace_id: not an unsigned 128-bit int"),
+        (bad(2, 2**63), ValueError, "offset_ns: expected an int64"),
+        (bad(2, -(2**62)), ValueError, r"phase stamp \+ offset_ns: outside \[0, 2\*\*63\)"),
+        (bad(3, stamps[:-1]), TypeError, "13 stamps"),
+        (bad(3, (*stamps[:-1], -1)), ValueError, "initial_chunks must be >= 0"),
+        (bad(3, (1.5, *stamps[1:])), ValueError, "stamp: expected an int64"),
+        (bad(4, [(1, 2, 3)]), TypeError, r"waits: expected \(start, end\) tuples"),
+        (bad(4, [(1, "x")]), ValueError, "wait end: expected an int64"),
+        (bad(4, 7), TypeError, "waits: expected a sequence"),
+        (bad(5, (0, 1, 2**63 - 1, 0, 0, 1, 2**63 - 1, 0)), ValueError, "sum outside int64"),
+        (bad(5, None), TypeError, "chunks: expected a sequence"),
+        (bad(6, None), TypeError, r"decode: expected \(attributes, events\)"),
+        (bad(6, ([], ())), TypeError, "attributes: expected a dict"),
+        (bad(6, ({}, 5)), TypeError, "events: expected a tuple or list"),
+        (bad(7, PHASE_NAMES[:-1]), TypeError, "names: expected a tuple of 8 non-empty str"),
+        (bad(8, (*PHASE_KEYS[:-1], "")), TypeError, "keys: expected a tuple of 9 non-empty str"),
+        (bad(9, (1, 2)), TypeError, "limits: expected a 7-tuple"),
+        (good[:-1], TypeError, "expected 10 arguments, got 9"),
+    ]
+    for arguments, error, message in cases:
+        with pytest.raises(error, match=message):
+            encode_phases(*arguments)
 
 
 def test_a_ratio_sampler_keeps_the_described_step_path():

@@ -207,6 +207,57 @@ static int u64_of(PyObject *v, uint64_t *out, const char *what) {
 
 /* ---------- attributes ---------- */
 
+/* A scalar attribute value known in C: an int64, a double or a bool (AnyValue fields 3, 4, 2). */
+typedef struct {
+    enum { V_INT, V_DOUBLE, V_BOOL } type;
+    long long i; /* V_INT, V_BOOL */
+    double d;    /* V_DOUBLE */
+} Scalar;
+
+/* A KeyValue (as entry `field`) of a str key and a scalar, its lengths known up front (the bytes of
+ * the generic path below at ~1/3 of its instructions); SKIP when the key has no UTF-8 form. */
+static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Scalar *v) {
+    Py_ssize_t n;
+    const char *p = PyUnicode_AsUTF8AndSize(key, &n);
+    if (!p) {
+        PyErr_Clear();
+        return SKIP;
+    }
+    size_t any = v->type == V_DOUBLE ? 9 : 1 + varint_len((uint64_t)v->i);
+    size_t kv = (n ? 1 + varint_len((size_t)n) + (size_t)n : 0) + 1 + varint_len(any) + any;
+    if (put_tag(b, field, LEN) || put_varint(b, kv) || (n && put_bytes(b, 1, p, (size_t)n)) || put_tag(b, 2, LEN) ||
+        put_varint(b, any))
+        return -1;
+    if (v->type == V_DOUBLE) {
+        uint64_t bits;
+        memcpy(&bits, &v->d, 8);
+        return put_fixed(b, 4, bits, 8);
+    }
+    return put_tag(b, v->type == V_INT ? 3 : 2, VARINT) || put_varint(b, (uint64_t)v->i);
+}
+
+/* An int64, float or bool value as a Scalar; 0 for any other value (an int past int64 too). */
+static int scalar_of(PyObject *value, Scalar *v) {
+    if (PyBool_Check(value)) {
+        *v = (Scalar){V_BOOL, value == Py_True, 0};
+        return 1;
+    }
+    if (PyFloat_Check(value)) {
+        *v = (Scalar){V_DOUBLE, 0, PyFloat_AS_DOUBLE(value)};
+        return 1;
+    }
+    if (!PyLong_Check(value))
+        return 0;
+    int overflow;
+    *v = (Scalar){V_INT, PyLong_AsLongLongAndOverflow(value, &overflow), 0};
+    if (overflow || (v->i == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+
 static int put_key_value(Buf *b, uint32_t field, PyObject *key, PyObject *value, Py_ssize_t limit);
 
 /* AnyValue's oneof: always written, also when empty or zero (the SDK sets it explicitly). */
@@ -269,6 +320,11 @@ static int put_any_value(Buf *b, PyObject *v, Py_ssize_t limit) {
 }
 
 static int put_key_value(Buf *b, uint32_t field, PyObject *key, PyObject *value, Py_ssize_t limit) {
+    Scalar scalar;
+    if (scalar_of(value, &scalar)) {
+        int r = put_scalar_key_value(b, field, key, &scalar);
+        return r == SKIP ? 0 : r; /* SKIP: as below, left out */
+    }
     size_t start = b->len, kv, any;
     int r = open_message(b, field, &kv);
     if (!r)
@@ -355,6 +411,17 @@ static int put_event(Buf *b, PyObject *event, const Limits *limits) {
     return dropped < 0 || put_dropped(b, 4, dropped) || close_message(b, mark);
 }
 
+/* A span's events (the last `events` limit of them kept), then how many were left out. */
+static int put_events(Buf *b, PyObject *events, const Limits *limits) {
+    Py_ssize_t first;
+    if (bounded(events, limits->events, "events", &first))
+        return -1;
+    for (Py_ssize_t i = first; i < PySequence_Fast_GET_SIZE(events); i++)
+        if (put_event(b, PySequence_Fast_GET_ITEM(events, i), limits))
+            return -1;
+    return put_dropped(b, 12, first);
+}
+
 /* A link packed as records.LINK (trace id, span id, flags; big-endian), written at once; a local
  * context (flags: has-is-remote). */
 static int put_packed_link(Buf *b, const char *p) {
@@ -438,13 +505,7 @@ static int put_span(Buf *b, PyObject *span, const Limits *limits) {
     if (dropped < 0 || put_dropped(b, 10, dropped))
         return -1;
     Py_ssize_t first;
-    PyObject *events = f[F_EVENTS], *links = f[F_LINKS];
-    if (bounded(events, limits->events, "events", &first))
-        return -1;
-    for (Py_ssize_t i = first; i < PySequence_Fast_GET_SIZE(events); i++)
-        if (put_event(b, PySequence_Fast_GET_ITEM(events, i), limits))
-            return -1;
-    if (put_dropped(b, 12, first) || put_links(b, links, limits, &first))
+    if (put_events(b, f[F_EVENTS], limits) || put_links(b, f[F_LINKS], limits, &first))
         return -1;
     size_t status_mark;
     if (put_dropped(b, 14, first) || open_message(b, 15, &status_mark) ||
@@ -480,28 +541,6 @@ static int limits_of(PyObject *t, Limits *l) {
 #define STEP_ATTRIBUTES 9
 static const int STEP_ORDER[STEP_ATTRIBUTES - 1] = {0, 9, 3, 4, 5, 6, 7, 8}; /* index, seqs, prefill, decode, kv used, kv total, preemptions, queue */
 
-/* A Span.attributes entry (field 9) of a str key and an int64 value, its lengths known up front
- * (what put_key_value writes for them, at ~1/3 of its instructions); SKIP for any other value. */
-static int put_int_key_value(Buf *b, PyObject *key, PyObject *value) {
-    if (!PyLong_CheckExact(value))
-        return SKIP;
-    int overflow;
-    long long x = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (overflow || (x == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return SKIP;
-    }
-    Py_ssize_t n;
-    const char *p = PyUnicode_AsUTF8AndSize(key, &n);
-    if (!p) {
-        PyErr_Clear();
-        return SKIP;
-    }
-    size_t any = 1 + varint_len((uint64_t)x), kv = 1 + varint_len((size_t)n) + (size_t)n + 1 + varint_len(any) + any;
-    return put_tag(b, 9, LEN) || put_varint(b, kv) || put_bytes(b, 1, p, (size_t)n) || put_tag(b, 2, LEN) ||
-           put_varint(b, any) || put_tag(b, 3, VARINT) || put_varint(b, (uint64_t)x);
-}
-
 static int put_step_attributes(Buf *b, PyObject **step, PyObject *keys, const Limits *limits) {
     long long start = PyLong_Check(step[1]) ? PyLong_AsLongLong(step[1]) : 0;
     long long end = PyLong_Check(step[2]) ? PyLong_AsLongLong(step[2]) : 0, span;
@@ -517,9 +556,7 @@ static int put_step_attributes(Buf *b, PyObject **step, PyObject *keys, const Li
     int r = 0;
     for (Py_ssize_t i = first; i < STEP_ATTRIBUTES && !r; i++) {
         PyObject *value = i < STEP_ATTRIBUTES - 1 ? step[STEP_ORDER[i]] : duration_ms;
-        r = put_int_key_value(b, PyTuple_GET_ITEM(keys, i), value);
-        if (r == SKIP)
-            r = put_key_value(b, 9, PyTuple_GET_ITEM(keys, i), value, limits->attribute_length);
+        r = put_key_value(b, 9, PyTuple_GET_ITEM(keys, i), value, limits->attribute_length);
     }
     Py_DECREF(duration_ms);
     return r || put_dropped(b, 10, first);
@@ -569,6 +606,235 @@ static PyObject *encode_step(PyObject *Py_UNUSED(self), PyObject *const *args, P
         out = PyBytes_FromStringAndSize((const char *)b.data, (Py_ssize_t)b.len);
     PyMem_Free(b.data);
     return out;
+}
+
+/* ---------- a request's phase spans ---------- */
+
+/* The child spans of a request's trace (`spans.request_spans`: llm.ingress, llm.queue per wait,
+ * llm.first_token, llm.first_chunk, llm.delivery, llm.prefill.chunk, llm.prefill, llm.decode), in
+ * its order and with its span ids drawn in its order (`new_span_id()`, as `_Tree.leaf` draws them):
+ * the same bytes as encode_spans of those descriptions, without a dict or a SpanData per span. The
+ * stamps are `spans.phase_stamps` (S_*), names `spans.PHASE_NAMES` (N_*), keys `spans.PHASE_KEYS`
+ * (K_*); llm.decode's attributes and events come made (`spans.decode_description`). */
+enum { S_RECEIVED, S_INGRESS_END, S_END, S_SCHEDULED, S_PREFILL_END, S_FIRST_TOKEN, S_VISIBLE, S_FIRST_CHUNK,
+       S_LAST_TOKEN, S_LOOP_WAIT, S_ENCODE, S_WRITE, S_INITIAL_CHUNKS, PHASE_STAMPS };
+enum { N_INGRESS, N_QUEUE, N_FIRST_TOKEN, N_FIRST_CHUNK, N_DELIVERY, N_CHUNK, N_PREFILL, N_DECODE, PHASE_NAMES };
+enum { K_WAIT_INDEX, K_LOOP_WAIT, K_ENCODE, K_WRITE, K_CHUNK_INDEX, K_CHUNK_TOKENS, K_CACHED_TOKENS, K_RECOMPUTE,
+       K_PREFILL_CHUNKS, PHASE_KEYS };
+
+typedef struct {
+    int key; /* K_* */
+    Scalar v;
+} Attr;
+
+typedef struct {
+    PyObject *new_span_id, *trace_id, *root_span_id, *trace_state, *names, *keys, *out;
+    long long offset_ns; /* wall = mono + offset (the anchor's formula) */
+    Limits limits;
+    Buf b;
+} Tree;
+
+static int int64_of(PyObject *v, long long *out, const char *what) {
+    int overflow = 0;
+    *out = PyLong_Check(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : -1;
+    if (!PyLong_Check(v) || overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: expected an int64", what);
+        return -1;
+    }
+    return 0;
+}
+
+static int wall_ns(const Tree *t, long long mono_ns, uint64_t *out) {
+    long long wall;
+    if (__builtin_add_overflow(mono_ns, t->offset_ns, &wall) || wall < 0) {
+        PyErr_SetString(PyExc_ValueError, "phase stamp + offset_ns: outside [0, 2**63)");
+        return -1;
+    }
+    *out = (uint64_t)wall;
+    return 0;
+}
+
+/* `id or new_span_id()` (a new reference), as `_Tree.leaf` takes a span id. */
+static PyObject *span_id_or_drawn(const Tree *t, PyObject *id) {
+    int truth = id ? PyObject_IsTrue(id) : 0;
+    if (truth < 0)
+        return NULL;
+    if (truth) {
+        Py_INCREF(id);
+        return id;
+    }
+    return PyObject_CallNoArgs(t->new_span_id);
+}
+
+static int put_scalars(Buf *b, PyObject *keys, const Attr *attrs, Py_ssize_t n, const Limits *limits) {
+    Py_ssize_t max = limits->attributes, first = (max >= 0 && n > max) ? n - max : 0;
+    for (Py_ssize_t i = first; i < n; i++)
+        if (put_scalar_key_value(b, 9, PyTuple_GET_ITEM(keys, attrs[i].key), &attrs[i].v) == -1)
+            return -1; /* SKIP (a key with no UTF-8 form): left out, as put_key_value leaves it */
+    return put_dropped(b, 10, first);
+}
+
+/* One child span, appended to t->out: `span_id or new_span_id()`, parent `parent_id or the root`;
+ * attributes `attrs`, or llm.decode's (`decode`: (attributes, events)). */
+static int put_child(Tree *t, int name, PyObject *span_id, PyObject *parent_id, long long start_ts, long long end_ts,
+                     const Attr *attrs, Py_ssize_t n, PyObject *decode) {
+    Buf *b = &t->b;
+    size_t mark, status_mark;
+    uint64_t start, end;
+    int parent_set = parent_id ? PyObject_IsTrue(parent_id) : 0;
+    PyObject *id = parent_set < 0 ? NULL : span_id_or_drawn(t, span_id);
+    if (!id)
+        return -1;
+    b->len = 0;
+    Py_ssize_t dropped = 0;
+    int r = wall_ns(t, start_ts, &start) || wall_ns(t, end_ts, &end) || open_message(b, 2, &mark) ||
+            put_id(b, 1, t->trace_id, 16, "trace_id") || put_id(b, 2, id, 8, "span_id") ||
+            put_str_field(b, 3, t->trace_state, "trace_state") ||
+            put_id(b, 4, parent_set ? parent_id : t->root_span_id, 8, "parent_id") ||
+            put_str_field(b, 5, PyTuple_GET_ITEM(t->names, name), "name") || put_tag(b, 6, VARINT) ||
+            put_varint(b, 1 /* INTERNAL */) || (start && put_fixed(b, 7, start, 8)) || (end && put_fixed(b, 8, end, 8));
+    Py_DECREF(id);
+    if (!r && decode) {
+        dropped = put_attributes(b, 9, PyTuple_GET_ITEM(decode, 0), t->limits.attributes, t->limits.attribute_length);
+        r = dropped < 0 || put_dropped(b, 10, dropped) || put_events(b, PyTuple_GET_ITEM(decode, 1), &t->limits);
+    } else if (!r)
+        r = put_scalars(b, t->keys, attrs, n, &t->limits);
+    r = r || open_message(b, 15, &status_mark) || close_message(b, status_mark) ||
+        put_fixed(b, 16, FLAGS_HAS_IS_REMOTE, 4) || close_message(b, mark);
+    if (r)
+        return -1;
+    PyObject *encoded = PyBytes_FromStringAndSize((const char *)b->data, (Py_ssize_t)b->len);
+    r = !encoded || PyList_Append(t->out, encoded);
+    Py_XDECREF(encoded);
+    return r ? -1 : 0;
+}
+
+static int put_queue_waits(Tree *t, PyObject *waits) {
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(waits); i++) {
+        PyObject *wait = PySequence_Fast_GET_ITEM(waits, i);
+        long long start, end;
+        if (!PyTuple_Check(wait) || PyTuple_GET_SIZE(wait) != 2) {
+            PyErr_SetString(PyExc_TypeError, "waits: expected (start, end) tuples");
+            return -1;
+        }
+        Attr index = {K_WAIT_INDEX, {V_INT, i, 0}};
+        if (int64_of(PyTuple_GET_ITEM(wait, 0), &start, "wait start") ||
+            int64_of(PyTuple_GET_ITEM(wait, 1), &end, "wait end") ||
+            put_child(t, N_QUEUE, NULL, NULL, start, end, &index, 1, NULL))
+            return -1;
+    }
+    return 0;
+}
+
+/* llm.prefill.chunk spans (`_chunk_spans`): initial chunks under llm.prefill when there are more
+ * than one, recompute chunks (index >= initial) under llm.decode; none without that parent. */
+static int put_chunks(Tree *t, PyObject *chunks, long long initial, PyObject *prefill, PyObject *decode) {
+    for (Py_ssize_t index = 0; index < PySequence_Fast_GET_SIZE(chunks) / 4; index++) {
+        int recompute = index >= initial;
+        PyObject *parent = recompute ? decode : prefill;
+        if (!parent || (!recompute && initial < 2))
+            continue;
+        long long v[4];
+        for (int i = 0; i < 4; i++)
+            if (int64_of(PySequence_Fast_GET_ITEM(chunks, 4 * index + i), &v[i], "chunk stamp"))
+                return -1;
+        Attr attrs[4] = {{K_CHUNK_INDEX, {V_INT, index, 0}}, {K_CHUNK_TOKENS, {V_INT, v[2], 0}},
+                         {K_CACHED_TOKENS, {V_INT, v[3], 0}}, {K_RECOMPUTE, {V_BOOL, recompute, 0}}};
+        if (put_child(t, N_CHUNK, NULL, parent, v[0], v[1], attrs, 4, NULL))
+            return -1;
+    }
+    return 0;
+}
+
+/* llm.prefill (`prefill_attributes`): its chunk count, Σ tokens and Σ cached of the initial chunks. */
+static int put_prefill(Tree *t, PyObject *prefill, const long long *stamps, PyObject *chunks) {
+    long long initial = stamps[S_INITIAL_CHUNKS], sums[2] = {0, 0}; /* chunks[:4 * initial][2::4], [3::4] */
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(chunks), end = initial >= n / 4 + 1 ? n : (Py_ssize_t)(4 * initial);
+    for (Py_ssize_t p = 2; p < end && p < n; p += p % 4 == 2 ? 1 : 3) {
+        long long v;
+        if (int64_of(PySequence_Fast_GET_ITEM(chunks, p), &v, "chunk tokens"))
+            return -1;
+        if (__builtin_add_overflow(sums[p % 4 - 2], v, &sums[p % 4 - 2])) {
+            PyErr_SetString(PyExc_ValueError, "chunks: token counts with a sum outside int64");
+            return -1;
+        }
+    }
+    Attr attrs[3] = {{K_PREFILL_CHUNKS, {V_INT, initial, 0}}, {K_CHUNK_TOKENS, {V_INT, sums[0], 0}},
+                     {K_CACHED_TOKENS, {V_INT, sums[1], 0}}};
+    return put_child(t, N_PREFILL, prefill, NULL, stamps[S_SCHEDULED], stamps[S_PREFILL_END], attrs, 3, NULL);
+}
+
+static int put_phase_spans(Tree *t, const long long *st, PyObject *waits, PyObject *chunks, PyObject *decode) {
+    PyObject *prefill = NULL, *decode_id = NULL;
+    int r = put_child(t, N_INGRESS, NULL, NULL, st[S_RECEIVED], st[S_INGRESS_END], NULL, 0, NULL) ||
+            put_queue_waits(t, waits) || (st[S_SCHEDULED] && !(prefill = PyObject_CallNoArgs(t->new_span_id)));
+    if (!r && st[S_FIRST_TOKEN]) {
+        Attr split[3] = {{K_LOOP_WAIT, {V_DOUBLE, 0, (double)st[S_LOOP_WAIT] / 1e6}},
+                         {K_ENCODE, {V_DOUBLE, 0, (double)st[S_ENCODE] / 1e6}},
+                         {K_WRITE, {V_DOUBLE, 0, (double)st[S_WRITE] / 1e6}}};
+        r = put_child(t, N_FIRST_TOKEN, NULL, NULL, st[S_PREFILL_END], st[S_FIRST_TOKEN], NULL, 0, NULL) ||
+            (st[S_FIRST_CHUNK] &&
+             put_child(t, N_FIRST_CHUNK, NULL, NULL, st[S_VISIBLE], st[S_FIRST_CHUNK], split, 3, NULL)) ||
+            !(decode_id = PyObject_CallNoArgs(t->new_span_id)) ||
+            put_child(t, N_DELIVERY, NULL, NULL, st[S_LAST_TOKEN], st[S_END], NULL, 0, NULL);
+    }
+    r = r || put_chunks(t, chunks, st[S_INITIAL_CHUNKS], prefill, decode_id) ||
+        (prefill && put_prefill(t, prefill, st, chunks)) ||
+        (decode_id && put_child(t, N_DECODE, decode_id, NULL, st[S_FIRST_TOKEN], st[S_LAST_TOKEN], NULL, 0, decode));
+    Py_XDECREF(prefill);
+    Py_XDECREF(decode_id);
+    return r ? -1 : 0;
+}
+
+static int str_tuple(PyObject *t, Py_ssize_t n, const char *what) {
+    int ok = PyTuple_Check(t) && PyTuple_GET_SIZE(t) == n;
+    for (Py_ssize_t i = 0; ok && i < n; i++)
+        ok = PyUnicode_Check(PyTuple_GET_ITEM(t, i)) && PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(t, i)) > 0;
+    if (!ok)
+        PyErr_Format(PyExc_TypeError, "%s: expected a tuple of %zd non-empty str", what, n);
+    return ok ? 0 : -1;
+}
+
+/* encode_phases(new_span_id, root, offset_ns, stamps, waits, chunks, decode, names, keys, limits); METH_FASTCALL. */
+static PyObject *encode_phases(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "encode_phases: expected 10 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *root = args[1], *stamps = args[3], *decode = args[6];
+    Tree t = {.new_span_id = args[0], .names = args[7], .keys = args[8]};
+    long long st[PHASE_STAMPS];
+    if (limits_of(args[9], &t.limits) || str_tuple(t.names, PHASE_NAMES, "names") ||
+        str_tuple(t.keys, PHASE_KEYS, "keys") || int64_of(args[2], &t.offset_ns, "offset_ns"))
+        return NULL;
+    if (!PyCallable_Check(t.new_span_id) || !PyTuple_Check(root) || PyTuple_GET_SIZE(root) != 4 ||
+        !PyTuple_Check(stamps) || PyTuple_GET_SIZE(stamps) != PHASE_STAMPS) {
+        PyErr_Format(PyExc_TypeError, "encode_phases: expected a callable, a SpanIds and %d stamps", PHASE_STAMPS);
+        return NULL;
+    }
+    for (int i = 0; i < PHASE_STAMPS; i++)
+        if (int64_of(PyTuple_GET_ITEM(stamps, i), &st[i], "stamp"))
+            return NULL;
+    if (st[S_INITIAL_CHUNKS] < 0) {
+        PyErr_SetString(PyExc_ValueError, "stamps: initial_chunks must be >= 0");
+        return NULL;
+    }
+    if (st[S_FIRST_TOKEN] && (!PyTuple_Check(decode) || PyTuple_GET_SIZE(decode) != 2)) {
+        PyErr_SetString(PyExc_TypeError, "decode: expected (attributes, events) when there is a first token");
+        return NULL;
+    }
+    t.trace_id = PyTuple_GET_ITEM(root, 0), t.root_span_id = PyTuple_GET_ITEM(root, 1);
+    t.trace_state = PyTuple_GET_ITEM(root, 3);
+    PyObject *waits = PySequence_Fast(args[4], "waits: expected a sequence of (start, end)");
+    PyObject *chunks = waits ? PySequence_Fast(args[5], "chunks: expected a sequence of ints") : NULL;
+    t.out = chunks ? PyList_New(0) : NULL;
+    if (t.out && put_phase_spans(&t, st, waits, chunks, decode))
+        Py_CLEAR(t.out);
+    PyMem_Free(t.b.data);
+    Py_XDECREF(waits);
+    Py_XDECREF(chunks);
+    return t.out;
 }
 
 static PyObject *encode_spans(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -650,6 +916,9 @@ static PyMethodDef methods[] = {
      "encode_spans(spans, limits) -> list[bytes]: one ScopeSpans.spans entry per SpanData."},
     {"encode_step", (PyCFunction)(void (*)(void))encode_step, METH_FASTCALL,
      "encode_step(step, trace_id, span_id, start_ns, end_ns, name, keys, limits) -> bytes: an engine step's span."},
+    {"encode_phases", (PyCFunction)(void (*)(void))encode_phases, METH_FASTCALL,
+     "encode_phases(new_span_id, root, offset_ns, stamps, waits, chunks, decode, names, keys, limits) -> list[bytes]: "
+     "a request's phase spans."},
     {"encode_request", encode_request, METH_VARARGS,
      "encode_request(resource_attributes, scope_name, scope_version, spans) -> ExportTraceServiceRequest bytes."},
     {NULL, NULL, 0, NULL},

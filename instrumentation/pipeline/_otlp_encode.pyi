@@ -1,6 +1,6 @@
 # Types of the C extension _otlp_encode.c (see its header comment).
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 def encode_spans(spans: Sequence[tuple[Any, ...]], limits: tuple[int, ...]) -> list[bytes]: ...
@@ -14,6 +14,18 @@ def encode_step(
     keys: tuple[str, ...],
     limits: tuple[int, ...],
 ) -> bytes: ...
+def encode_phases(
+    new_span_id: Callable[[], int],
+    root: tuple[int, int, int, str],
+    offset_ns: int,
+    stamps: tuple[int, ...],
+    waits: Sequence[tuple[int, int]],
+    chunks: Sequence[int],
+    decode: tuple[dict[str, Any], Sequence[tuple[str, int, dict[str, Any]]]] | None,
+    names: tuple[str, ...],
+    keys: tuple[str, ...],
+    limits: tuple[int, ...],
+) -> list[bytes]: ...
 def encode_request(
     resource_attributes: dict[str, Any], scope_name: str, scope_version: str, spans: Sequence[bytes]
 ) -> bytes: ...

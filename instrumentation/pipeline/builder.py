@@ -20,7 +20,7 @@ from phaselens.instrumentation.hotpath.records import Record, RequestRecord, Ste
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.otel_setup import export_counters
 from phaselens.instrumentation.pipeline.phases import compute_phases
-from phaselens.instrumentation.pipeline.spans import PackedStep, SpanBackend, packed_step, request_spans
+from phaselens.instrumentation.pipeline.spans import PackedStep, SpanBackend, packed_step
 
 _logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SpanBuilder:
         if not record.sampled or emitter is None:
             self._counts["requests_unsampled"] += 1
             return
-        emitter.emit_data(request_spans(emitter.ids, self._anchor, record, phases, self._token_events))
+        emitter.emit_request(self._anchor, record, phases, self._token_events)
         self._counts["requests_built"] += 1
 
     def _build_step(self, step: StepRecord | PackedStep) -> None:

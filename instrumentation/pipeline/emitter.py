@@ -27,12 +27,14 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
-from phaselens.instrumentation.hotpath.records import unpack_link
+from phaselens.instrumentation.hotpath.records import RequestRecord, unpack_link
+from phaselens.instrumentation.pipeline.phases import Phases
 from phaselens.instrumentation.pipeline.spans import (
     KIND_SERVER,
     LinkIds,
     PackedStep,
     SpanData,
+    emit_request_spans,
     emit_step_span,
     packed_links,
 )
@@ -148,6 +150,10 @@ class SpanEmitter:
     def emit_data(self, spans: Iterable[SpanData]) -> None:
         """The described spans as ReadableSpans to the processors, in order (the builder's backend call)."""
         self.emit(map(self.readable, spans))
+
+    def emit_request(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool) -> None:
+        """A sampled request's spans, described and emitted."""
+        emit_request_spans(self, anchor, record, phases, token_events)
 
     def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool:
         """An engine step's span, described and emitted; False when it is not built."""

@@ -34,13 +34,21 @@ from opentelemetry.sdk.trace.sampling import Sampler
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
-from phaselens.instrumentation.pipeline._otlp_encode import encode_request, encode_spans, encode_step
+from phaselens.instrumentation.hotpath.records import RequestRecord
+from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_request, encode_spans, encode_step
+from phaselens.instrumentation.pipeline.phases import Phases
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor
 from phaselens.instrumentation.pipeline.spans import (
+    PHASE_KEYS,
+    PHASE_NAMES,
     STEP_KEYS,
     PackedStep,
     SpanData,
+    decode_description,
+    emit_request_spans,
     emit_step_span,
+    phase_stamps,
+    root_span,
     samples_every_root,
 )
 
@@ -101,6 +109,32 @@ class FastEmitter:
             encoded = encode_spans(sampled, self.limits)
             for processor in self.processors:
                 processor.offer(encoded)
+
+    def emit_request(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool) -> None:
+        """A sampled request's phase spans encoded straight from its phases (`encode_phases`: the
+        bytes of `request_spans`'s descriptions, ids drawn in its order), then its SERVER span
+        described and encoded; no sampler is asked (the root's decision, taken at receipt, holds
+        for the whole tree). An unsampled root (its spans counted, not exported) is described."""
+        if not record.root.trace_flags & 1:
+            emit_request_spans(self, anchor, record, phases, token_events)
+            return
+        decode = decode_description(anchor, record, phases, token_events) if phases.first_token_ts else None
+        encoded = encode_phases(
+            self.ids.generate_span_id,
+            record.root,
+            anchor.to_wall_ns(0),
+            phase_stamps(phases),
+            phases.waits,
+            record.chunks,
+            decode,
+            PHASE_NAMES,
+            PHASE_KEYS,
+            self.limits,
+        )
+        encoded += encode_spans((root_span(anchor, record, phases),), self.limits)
+        self.emitted += len(encoded)
+        for processor in self.processors:
+            processor.offer(encoded)
 
     def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool:
         """An engine step's span encoded straight from the PackedStep (`encode_step`: the bytes of

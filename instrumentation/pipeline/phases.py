@@ -52,11 +52,12 @@ Boundaries (monotonic ns of one process):
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from phaselens.common.quantile import quantile
-from phaselens.instrumentation.hotpath.records import RequestRecord
+from phaselens.instrumentation.hotpath.records import RequestRecord, int64s
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS, RequestTimeline
 from phaselens.instrumentation.pipeline._token_gaps import token_gaps
 
@@ -100,7 +101,7 @@ class Phases:
     initial_chunks: int = 0  # chunks before the first token
     decode_tokens: int = 0
     decode_steps: int = 0
-    itl_sorted_ns: list[int] = field(default_factory=list)  # ITL gaps, ascending
+    itl_sorted_ns: Sequence[int] = ()  # ITL gaps, ascending (packed int64s: read for a few quantiles)
 
     @property
     def ttft_ns(self) -> int:
@@ -121,7 +122,7 @@ class Phases:
         return self.end_ts - self.received_ts
 
 
-def stall_ns(itl_sorted_ns: list[int]) -> float:
+def stall_ns(itl_sorted_ns: Sequence[int]) -> float:
     """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring), from the gaps in ascending
     order: the stalls are the sorted tail, = Σ tail − p50·len(tail) (exact: ns ints, p50 a half-int)."""
     if not itl_sorted_ns:
@@ -190,7 +191,8 @@ def compute_phases(timeline: Timeline) -> Phases:
     p.last_token_ts = timeline.token_ts[-1] if timeline.token_ts else ft
     p.decode_ns = p.last_token_ts - ft
     p.delivery_ns = max(0, end_ns - p.last_token_ts)
-    p.decode_tokens, p.itl_sorted_ns = token_gaps(ft, timeline.token_ts, timeline.token_n)
+    p.decode_tokens, gaps = token_gaps(ft, timeline.token_ts, timeline.token_n)
+    p.itl_sorted_ns = int64s(gaps)
     p.decode_steps = len(timeline.token_ts)
     _first_chunk(p, timeline)
     return p

@@ -30,9 +30,12 @@ provider's id generator.
 Two backends turn the descriptions into exported spans: `emitter.SpanEmitter` makes SDK
 ReadableSpans for a tracer provider's span processors (a provider the user brought, with their
 sampling and exporters), and `otlp_fast.FastEmitter` encodes OTLP protobuf bytes in C
-(`_otlp_encode`) where phaselens owns the provider. An attribute added here reaches both with no
-other code. Times in a `SpanData` are wall-clock ns (the process anchor's), ids ints, `kind` and
-`status_code` OTLP's numbers.
+(`_otlp_encode`) where phaselens owns the provider. An attribute added to the SERVER span or
+llm.decode here reaches both with no other code; the other phase spans and llm.engine_step the
+fast backend writes from the stamps and the step (`encode_phases`, `encode_step`), so a change to
+them goes into `_otlp_encode.c` too (the byte-for-byte property tests in tests/test_otlp_fast.py
+fail until both agree). Times in a `SpanData` are wall-clock ns (the process anchor's), ids ints,
+`kind` and `status_code` OTLP's numbers.
 """
 
 from __future__ import annotations
@@ -354,6 +357,7 @@ class SpanBackend(Protocol):
 
     def emit_data(self, spans: Sequence[SpanData]) -> None: ...
     def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool: ...  # False: not built (unsampled)
+    def emit_request(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool) -> None: ...
 
 
 _new_tuple = tuple.__new__  # SpanData from all its fields: no NamedTuple __new__ frame (~2k instructions a span)
@@ -454,14 +458,73 @@ def request_spans(
         attributes = prefill_attributes(record, phases)
         tree.leaf(names.SPAN_PREFILL, phases.scheduled_ts, phases.prefill_end_ts, attributes, span_id=prefill)
     if decode is not None:
-        events = _token_events(anchor, record) if token_events else ()
-        attributes = decode_attributes(phases)
+        attributes, events = decode_description(anchor, record, phases, token_events)
         tree.leaf(names.SPAN_DECODE, phases.first_token_ts, phases.last_token_ts, attributes, None, decode, events)
-    tree.spans.append(_root_span(anchor, record, phases))
+    tree.spans.append(root_span(anchor, record, phases))
     return tree.spans
 
 
-def _root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> SpanData:
+def decode_description(
+    anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool
+) -> tuple[dict[str, Any], tuple[Event, ...]]:
+    """llm.decode's attributes and its token events (none unless `token_events`)."""
+    return decode_attributes(phases), _token_events(anchor, record) if token_events else ()
+
+
+def emit_request_spans(
+    backend: SpanBackend, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool
+) -> None:
+    """A sampled request's spans described (`request_spans`) and emitted."""
+    backend.emit_data(request_spans(backend.ids, anchor, record, phases, token_events))
+
+
+# a request's phase spans as `_otlp_encode.encode_phases` takes them (it writes what `request_spans`
+# describes for them): names, attribute keys, and the stamps and terms in `phase_stamps`'s order
+PHASE_NAMES = (
+    names.SPAN_INGRESS,
+    names.SPAN_QUEUE,
+    names.SPAN_FIRST_TOKEN,
+    names.SPAN_FIRST_CHUNK,
+    names.SPAN_DELIVERY,
+    names.SPAN_PREFILL_CHUNK,
+    names.SPAN_PREFILL,
+    names.SPAN_DECODE,
+)
+PHASE_KEYS = (
+    names.PL_QUEUE_WAIT_INDEX,
+    names.PL_FIRST_CHUNK_LOOP_WAIT_MS,
+    names.PL_FIRST_CHUNK_ENCODE_MS,
+    names.PL_FIRST_CHUNK_WRITE_MS,
+    names.PL_CHUNK_INDEX,
+    names.PL_CHUNK_TOKENS,
+    names.PL_CACHED_TOKENS,
+    names.PL_PREFILL_RECOMPUTE,
+    names.PL_PREFILL_CHUNKS,
+)
+
+
+def phase_stamps(phases: Phases) -> tuple[int, ...]:
+    """What `encode_phases` reads of the phases (monotonic ns, then the first_chunk split's ns and
+    the count of initial chunks)."""
+    p = phases
+    return (
+        p.received_ts,
+        p.enqueued_ts or p.end_ts,  # llm.ingress's end, as request_spans takes it
+        p.end_ts,
+        p.scheduled_ts,
+        p.prefill_end_ts,
+        p.first_token_ts,
+        p.visible_ts,
+        p.first_chunk_ts,
+        p.last_token_ts,
+        p.loop_wait_ns,
+        p.encode_ns,
+        p.write_ns,
+        p.initial_chunks,
+    )
+
+
+def root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> SpanData:
     attributes = request_attributes(record, phases, anchor)
     info, root, parent = record.info, record.root, record.parent
     name = names.root_span_name(info.operation, info.model) if info is not None else record.http.method or "request"
