@@ -301,6 +301,24 @@ def _before_engine_ms() -> str:
     )
 
 
+# An array attribute reaches the map as JSON, written two ways: phaselens's collector writes a JSON
+# array (`[1,2]`, `["a"]`); Rotel writes OTLP's JSON ArrayValue (`{"values":[{"intValue":"1"}]}`, an
+# int64 as a string). A scalar attribute stays as it is.
+def json_int_array(column: str) -> str:
+    """An int-array attribute as Array(Int64), from either collector's JSON ([] when absent)."""
+    v = f"ifNull({column}, '[]')"
+    otlp = f"arrayMap(x -> toInt64OrZero(JSONExtractString(x, 'intValue')), JSONExtractArrayRaw({v}, 'values'))"
+    return f"if(startsWith({v}, '{{'), {otlp}, JSONExtract({v}, 'Array(Int64)'))"
+
+
+def json_first_string(column: str) -> str:
+    """A string-array attribute's first value (either collector's JSON), or the scalar itself."""
+    return (
+        f"multiIf(startsWith({column}, '['), JSONExtractString({column}, 1), startsWith({column}, '{{\"values\"'), "
+        f"JSONExtractString({column}, 'values', 1, 'stringValue'), {column})"
+    )
+
+
 def _client_late_est_ms() -> str:
     """An ESTIMATE of the client's wait that TCP hid: when the read holding the first content chunk
     also held later chunks, the kernel stamped it with their packet's arrival, and `client_read`
@@ -313,8 +331,8 @@ def _client_late_est_ms() -> str:
                                              taken as their arrival gap at the client, i.e. equal
                                              network delay for both)
     0 when the read ended within the first content chunk; NULL without both views."""
-    sends = "JSONExtract(ifNull(t_sends_ns, '[]'), 'Array(Int64)')"
-    upto = "JSONExtract(ifNull(t_sends_body_bytes, '[]'), 'Array(Int64)')"
+    sends = json_int_array("t_sends_ns")
+    upto = json_int_array("t_sends_body_bytes")
     k = f"arrayFirstIndex(b -> b >= ifNull(a_client_read_body_bytes, 0), {upto})"
     return (
         "if(a_client_read_ms IS NULL OR a_client_read_body_bytes IS NULL OR t_sends_ns IS NULL, NULL, "
@@ -329,7 +347,7 @@ def _x_request_id() -> str:
     from X-Request-Id: `cmpl-{base}-{prompt index}` for completions, `chatcmpl-{base}` for chat
     (vLLM 0.32, entrypoints/openai/*/serving.py). For a request sent without the header that base
     is vLLM's own random id, which no harness record carries."""
-    header = "nullIf(if(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), t_x_request_id), '')"
+    header = f"nullIf({json_first_string('t_x_request_id')}, '')"
     vllm_base = (
         "nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), "
         "extract(request_id, '^cmpl-(.+)-[0-9]+$')), '')"

@@ -10,6 +10,7 @@ fills its batch exactly, or straddles it, is split and the split-off part loses 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 
 from phaselens.analysis.budget import budget
 from phaselens.analysis.ddl import all_statements
+from phaselens.analysis.schema import json_first_string, json_int_array
 from phaselens.collectors import schema
 from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.collectors.service import Collector
@@ -147,3 +149,24 @@ def test_fault_scenarios_against_rotel(tmp_path):
     # been applied before ClickHouse died (the answer was lost), or the SDK sent its spans again: a
     # loaded run saw the drop logged with all 21,398 spans stored.
     assert dropped or outage.lost == 0, outage
+
+
+@pytest.mark.parametrize(
+    "ours,rotels",
+    [
+        ("[0,15500646,20071247]", '{"values":[{"intValue":"0"},{"intValue":"15500646"},{"intValue":"20071247"}]}'),
+        ("[]", '{"values":[]}'),
+    ],
+)
+def test_an_int_array_attribute_reads_the_same_from_either_collector(ch_client, ours, rotels):
+    """Our collector writes an array attribute as a JSON array, Rotel as OTLP's JSON ArrayValue (int64s
+    as strings; both as stored by the live test above): the view reads both as the same Array(Int64)."""
+    sql = f"SELECT {json_int_array('{v:String}')} AS a"
+    read = {raw: ch_client.query(sql, parameters={"v": raw}).result_rows[0][0] for raw in (ours, rotels)}
+    assert read[ours] == read[rotels] == json.loads(ours)
+
+
+def test_a_string_array_attributes_first_value_reads_the_same_from_either_collector(ch_client):
+    sql = f"SELECT {json_first_string('{v:String}')}"
+    forms = ('["req-1","req-2"]', '{"values":[{"stringValue":"req-1"},{"stringValue":"req-2"}]}', "req-1")
+    assert [ch_client.query(sql, parameters={"v": raw}).result_rows[0][0] for raw in forms] == ["req-1"] * 3
