@@ -7,11 +7,28 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Callable
+from typing import TypeVar
 
 LOOPBACK = "127.0.0.1"
 # Starts on a port from free_port(): another process may bind it before the child does, so a child
 # that then exits is started again on fresh ports, this many times in all.
 BIND_ATTEMPTS = 3
+
+T = TypeVar("T")
+
+
+def on_fresh_ports(start: Callable[[], T], lost_port: Callable[[BaseException], bool]) -> T:
+    """`start()`, run again (`BIND_ATTEMPTS` runs in all) while its failure says a port picked for it
+    was taken before the child bound it (`lost_port`); `start` picks fresh ports each run."""
+    attempt = 1
+    while True:
+        try:
+            return start()
+        except BaseException as exc:
+            if attempt == BIND_ATTEMPTS or not lost_port(exc):
+                raise
+        attempt += 1
 
 
 def free_port(host: str = LOOPBACK) -> int:

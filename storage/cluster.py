@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, free_port
+from phaselens.common.process import LOOPBACK, free_port, on_fresh_ports
 from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError
 
 DEFAULT_CLUSTER = "phaselens"
@@ -57,16 +57,16 @@ class EmbeddedCluster:
         may bind one before its node does: the whole cluster then starts again on fresh ports."""
         if self.shards < 1:
             raise ValueError(f"a cluster needs at least one shard, not {self.shards}")
-        attempt = 1
-        while True:
+
+        def run() -> None:
             try:
                 self._start_nodes(timeout_s)
-                return self
-            except BaseException as exc:  # Ctrl-C while starting, too: no node left running
+            except BaseException:  # Ctrl-C while starting, too: no node left running
                 self.stop()
-                if attempt == BIND_ATTEMPTS or not isinstance(exc, EmbeddedClickHouseError):
-                    raise
-            attempt += 1
+                raise
+
+        on_fresh_ports(run, lambda exc: isinstance(exc, EmbeddedClickHouseError))
+        return self
 
     def _start_nodes(self, timeout_s: float) -> None:
         tcp_ports = [free_port(self.host) for _ in range(self.shards)]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, free_port
+from phaselens.common.process import LOOPBACK, free_port, on_fresh_ports
 
 # vLLM binds its port before it loads the model (vllm.entrypoints.launchers.launcher.setup_server):
 # a port taken since it was picked ends that run within seconds, the OSError's text in its log.
@@ -104,16 +104,16 @@ class VllmServer:
         """Spawn and wait for /health. vLLM's `--port` must be known before it starts, so a port left
         at 0 is picked here, free when picked; another process may bind it before vLLM does, which
         then exits saying so: such a start is retried on a fresh port (`BIND_ATTEMPTS` in all)."""
-        picked, attempt = self.port == 0, 1
-        while True:
+        picked = self.port == 0
+
+        def run() -> VllmServer:
+            if picked:
+                self.port = 0  # spawn() picks a fresh one
             self.spawn()
-            try:
-                self.wait_ready(timeout_s)
-                return self
-            except RuntimeError:
-                if not picked or attempt == BIND_ATTEMPTS or not self.lost_port():
-                    raise
-            self.port, attempt = 0, attempt + 1
+            self.wait_ready(timeout_s)
+            return self
+
+        return on_fresh_ports(run, lambda exc: picked and isinstance(exc, RuntimeError) and self.lost_port())
 
     def spawn(self) -> None:
         self.port = self.port or free_port()
