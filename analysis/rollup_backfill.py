@@ -26,9 +26,9 @@ of the node (as `phaselens budget --exact` does), once per round.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from phaselens.analysis import rollup
 from phaselens.analysis import schema as s
@@ -144,6 +144,21 @@ def node_urls(client: Any, url: str, cluster: str | None) -> list[str]:
     return [node.url for node in cluster_nodes(client, url, cluster)] if cluster else [url]
 
 
+T = TypeVar("T")
+
+
+def on_each_node(client: Any, url: str, cluster: str | None, work: Callable[[Any], T]) -> list[T]:
+    """`work(node_client)` on every node that seals requests (`node_urls`), one connection each."""
+    out = []
+    for node_url in node_urls(client, url, cluster):
+        node = connect(node_url)
+        try:
+            out.append(work(node))
+        finally:
+            node.close()
+    return out
+
+
 def backfill_requests(
     client: Any, url: str, database: str, cluster: str | None, trace_ids: Sequence[str]
 ) -> list[Backfilled]:
@@ -156,15 +171,13 @@ def backfill_minutes(
     client: Any, url: str, database: str, cluster: str | None, minutes: Sequence[int]
 ) -> list[Backfilled]:
     """`backfill` on every node, then its live states brought up to now."""
-    out = []
-    for node_url in node_urls(client, url, cluster):
-        node = connect(node_url)
-        try:
-            out.append(backfill(node, database, minutes))
-            rollup.refresh_now(node, database)
-        finally:
-            node.close()
-    return out
+
+    def on_node(node: Any) -> Backfilled:
+        done = backfill(node, database, minutes)
+        rollup.refresh_now(node, database)
+        return done
+
+    return on_each_node(client, url, cluster, on_node)
 
 
 def minutes_between(client: Any, database: str, since_ms: int, until_ms: int) -> list[int]:

@@ -29,7 +29,8 @@ def run_backfill(args) -> int:
     from phaselens.analysis.budget import AnalysisError, open_client
     from phaselens.analysis.dialect import QueryError, duration_ms
     from phaselens.analysis.harness_import import distributed_cluster
-    from phaselens.analysis.rollup_backfill import BackfillError, backfill_minutes, minutes_between, node_urls
+    from phaselens.analysis.rollup_backfill import BackfillError, backfill_minutes, minutes_between, on_each_node
+    from phaselens.analysis.step_backfill import backfill_steps
 
     try:
         since_ms, until_ms = duration_ms(args.since), duration_ms(args.until)
@@ -42,10 +43,9 @@ def run_backfill(args) -> int:
             minutes = minutes_between(client, args.database, since_ms, until_ms)
             cluster = distributed_cluster(client, args.database)
             nodes = backfill_minutes(client, args.clickhouse, args.database, cluster, minutes)
-            steps = [
-                _node_steps(url, args.database, since_ms, until_ms)
-                for url in node_urls(client, args.clickhouse, cluster)
-            ]
+            steps = on_each_node(
+                client, args.clickhouse, cluster, lambda node: backfill_steps(node, args.database, since_ms, until_ms)
+            )
         finally:
             client.close()
     except (AnalysisError, BackfillError, ClickHouseError, OSError) as e:
@@ -61,15 +61,3 @@ def run_backfill(args) -> int:
 
 def _minutes(count: int) -> str:
     return f"{count} minute{'s' if count != 1 else ''}"
-
-
-def _node_steps(url: str, database: str, since_ms: int, until_ms: int) -> int:
-    """The engine-step minutes recomputed on the node at `url` (each node rolls up its shard's steps)."""
-    from phaselens.analysis.step_backfill import backfill_steps
-    from phaselens.storage.clickhouse_url import connect
-
-    node = connect(url)
-    try:
-        return backfill_steps(node, database, since_ms, until_ms)
-    finally:
-        node.close()
