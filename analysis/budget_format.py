@@ -28,6 +28,7 @@ INBOUND_SPLIT = tuple(name for name, _ in q.INBOUND_SPLIT)
 CLIENT_SPLIT = tuple(name for name, _ in q.CLIENT_SPLIT)
 UNOBSERVED = "unobserved"  # a term no request in the selection was stamped with (not 0 ms)
 ESTIMATE = "(estimate)"  # a term estimated, not measured (`queries.ESTIMATED`)
+ESTIMATE_MARK = "*"  # the same, where the table is too narrow for ESTIMATE
 
 
 def _ms(x: float | None) -> str:
@@ -99,8 +100,11 @@ def to_rich(report: BudgetReport) -> Group:
             f"grew most: {t.grew_most}",
             ["term", "tail mean", "median", "delta", "share of growth"],
         )
+        # a marker, not the budget's "(estimate)": that would widen the name column past 80 columns
+        tail.caption, tail.caption_justify = f"{ESTIMATE_MARK} an estimate, not measured", "left"
         for tc in t.components:
-            tail.add_row(tc.name, _ms(tc.tail_mean_ms), _ms(tc.median_ms), _ms(tc.delta_ms), _pct(tc.share_of_growth))
+            name = tc.name + ESTIMATE_MARK if tc.name in q.ESTIMATED else tc.name
+            tail.add_row(name, _ms(tc.tail_mean_ms), _ms(tc.median_ms), _ms(tc.delta_ms), _pct(tc.share_of_growth))
         parts.append(tail)
     g, s = report.goodput, report.stalls
     slo = f"SLO ttft ≤ {_ms(g.ttft_slo_ms)} ms, tpot ≤ {_ms(g.tpot_slo_ms)} ms"

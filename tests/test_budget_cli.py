@@ -66,10 +66,12 @@ def test_table_and_csv(clickhouse, db, capsys):
     assert "source: rollup (approximate: quantiles from DDSketch rollups" in " ".join(out.split())
     # these spans carry no kernel receive stamps: the edge terms are unobserved, not 0.00, in the
     # budget and in the tail attribution
-    edges = (" inbound_ms ", " client_ms ", " client_late_est_ms ")
+    edges = (" inbound_ms ", " client_ms ", " client_late_est_ms ", " client_late_est_ms* ")
     edge_rows = [line for line in out.splitlines() if any(edge in line for edge in edges)]
     assert sum("unobserved" in line for line in edge_rows) == 3, edge_rows
     assert len(edge_rows) == 6 and not any("0.00" in line for line in edge_rows), edge_rows
+    # the tail table marks the estimate and says what the mark means
+    assert sum(" client_late_est_ms* " in line for line in edge_rows) == 1 and "* an estimate, not measured" in out
     rc, out, _ = _cli(capsys, "--clickhouse", clickhouse.url, "--database", db, "--format", "csv")
     rows = dict(csv.reader(io.StringIO(out)))
     assert rc == 0 and rows["requests"] == "25" and float(rows["components.prefill_ms.ms.p50"]) > 0
