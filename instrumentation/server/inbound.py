@@ -8,13 +8,19 @@ loop handed them to the HTTP protocol, both before the ASGI app (and so `receive
 
 `arrived` is the kernel's receive stamp of the request's first bytes (`kernel_stamps`), `read` the
 loop's hand-over, both taken in `get_buffer` / `buffer_updated` of `InboundProtocol`, a buffered
-wrapper around the server's own HTTP protocol (uvicorn's `Config(http=…)` takes the class made by
-`inbound_protocol`). The stamps wait in `InboundStamps`, keyed by the connection's peer address,
-until the ingress middleware takes them for the request it opens (`take`, with ASGI's
-`scope["client"]`). A keep-alive client sends its next request only after the last response, so
-the first read after a take belongs to the next request; the middleware drops what is left when a
-response ends (`discard`: the body's later reads), so a pipelined request is unobserved, never
-given an older stamp.
+wrapper around the server's own HTTP protocol (uvicorn's h11 or httptools protocol: `Config(http=…)`
+takes the class made by `inbound_protocol`). The stamps wait in `InboundStamps`, keyed by the
+connection's peer address, until the ingress middleware takes them for the request it opens
+(`take`, with ASGI's `scope["client"]`).
+
+Which read is a request's first: HTTP/1.1 sends a connection's requests one after another, so the
+first read after uvicorn has parsed the whole of the previous request (its `cycle.more_body` false)
+starts the next one, whether the client waited for the previous response to end (keep-alive) or
+sent it earlier (pipelining: for instance at the last content chunk, before the response's final
+empty body message; the request's wait for that end is then in `dispatch`). The reads of a request
+body come before that point, so they are never taken for a request's first. A read that finishes
+one request and starts the next (bytes of both in one read) dates the earlier one's bytes: the
+next request is then unobserved, never given an older stamp.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
 
 _RECV_BYTES = 256 * 1024  # asyncio's own read size for a plain protocol
 Peer = tuple[Any, ...]
+_NOT_STARTED = object()  # no read of the connection started a request yet
 
 
 class InboundStamps:
@@ -39,6 +46,8 @@ class InboundStamps:
         self._pending: dict[Peer, tuple[int, int]] = {}
 
     def read(self, peer: Peer, arrived_ns: int, read_ns: int) -> None:
+        """A read that starts a request; one still untaken keeps its place (pipelined requests: the
+        later one is unobserved, never given the earlier one's stamps, nor the reverse)."""
         self._pending.setdefault(peer, (arrived_ns, read_ns))
 
     def take(self, peer: Any) -> tuple[int, int]:
@@ -48,6 +57,7 @@ class InboundStamps:
         return self._pending.pop(tuple(peer), (0, 0))
 
     def discard(self, peer: Any) -> None:
+        """`take` for a request the caller does not trace: its stamps go to no other request."""
         if peer:
             self._pending.pop(tuple(peer), None)
 
@@ -59,7 +69,8 @@ class InboundStamps:
 
 
 class InboundProtocol(asyncio.BufferedProtocol):
-    """Wraps one connection's HTTP protocol (`inner`): stamps each read, then hands the bytes on."""
+    """Wraps one connection's HTTP protocol (`inner`, uvicorn's): stamps the read that starts each
+    request, then hands the bytes on."""
 
     inner_class: type[asyncio.Protocol]
     stamps: InboundStamps
@@ -70,11 +81,14 @@ class InboundProtocol(asyncio.BufferedProtocol):
         self._stamper: KernelStamper | None = None
         self._peer: Peer = ()
         self._arrived_ns = 0
+        # uvicorn's cycle whose successor's first read is settled (stamped, or unobservable)
+        self._started_after: object = _NOT_STARTED
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
-        self._peer = tuple(peer) if isinstance(peer, (tuple, list)) else ()
+        # without uvicorn's `cycle` the requests' first reads are not known: no stamps
+        self._peer = tuple(peer) if isinstance(peer, (tuple, list)) and hasattr(self.inner, "cycle") else ()
         if sock is not None and self._peer:
             self._stamper = KernelStamper(sock.fileno(), self.stamps.clock_ns)
         self.inner.connection_made(transport)
@@ -85,9 +99,18 @@ class InboundProtocol(asyncio.BufferedProtocol):
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._peer:
+        if not self._peer:
+            self.inner.data_received(bytes(self._buffer[:nbytes]))
+            return
+        inner: Any = self.inner
+        cycle = inner.cycle  # the request uvicorn parsed last (None before the first)
+        if cycle is not self._started_after and (cycle is None or _parsed_up_to(inner, cycle)):
+            self._started_after = cycle
             self.stamps.read(self._peer, self._arrived_ns, self.stamps.clock_ns())
-        self.inner.data_received(bytes(self._buffer[:nbytes]))
+        inner.data_received(bytes(self._buffer[:nbytes]))
+        cycle = inner.cycle
+        if cycle is not None and not cycle.more_body and _next_request_began(inner, cycle):
+            self._started_after = cycle  # in this read, not at its start (a no-op when this read started it)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
@@ -103,6 +126,22 @@ class InboundProtocol(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
+
+
+def _parsed_up_to(inner: Any, cycle: Any) -> bool:
+    """Whether uvicorn has parsed the whole of `cycle`'s request and holds no byte of a later one:
+    its next byte starts a request."""
+    return not cycle.more_body and not _next_request_began(inner, cycle)
+
+
+def _next_request_began(inner: Any, cycle: Any) -> bool:
+    """Whether bytes past `cycle`'s whole request reached uvicorn's parser: h11 keeps them in its
+    buffer until the response ends (pipelining); httptools opens the next request's scope at its
+    first byte."""
+    conn = getattr(inner, "conn", None)
+    if conn is not None:
+        return bool(conn.trailing_data[0])
+    return inner.scope is not cycle.scope
 
 
 def inbound_protocol(inner: type[asyncio.Protocol], stamps: InboundStamps) -> type[InboundProtocol]:
