@@ -288,6 +288,36 @@ def test_body_reads_and_pipelined_requests_never_lend_a_request_their_stamps(htt
     assert names.PL_INBOUND_MS not in second and names.PL_INBOUND_DISPATCH_MS not in second, second
 
 
+@pytest.mark.parametrize("http", _http_protocols(), ids=lambda c: c.__name__)
+def test_requests_sent_ahead_never_take_each_others_stamps(http):
+    """Two requests sent ahead while a response is open (separate writes, BLOCK_S apart): the first
+    has its own stamps, its wait behind the open response in `dispatch`; the second has its own or
+    none (its read is stamped only once every earlier request was answered), never the first's."""
+    app = HeldEndApp()
+    with _inbound_uvicorn(app, http) as (address, roots):
+        conn = socket.create_connection(address)
+        _get(conn, "/stream")
+        data = b""
+        while DONE_EVENT not in data:
+            chunk = conn.recv(4096)
+            assert chunk, data
+            data += chunk
+        _get(conn, "/a")
+        time.sleep(BLOCK_S)
+        _get(conn, "/b")
+        app.next_sent.set()
+        _read_answers(conn, 2)
+        conn.close()
+        streamed, first, second = roots(3)
+    assert [r["url.path"] for r in (first, second)] == ["/a", "/b"]
+    assert names.PL_INBOUND_MS in streamed
+    # /a waited BLOCK_S behind the open response; /b's own wait is a few ms, the first's stamps
+    # would give it more than BLOCK_S
+    assert first[names.PL_INBOUND_DISPATCH_MS] >= 0.9 * BLOCK_S * 1e3, first
+    assert second.get(names.PL_INBOUND_DISPATCH_MS, 0) < 0.5 * BLOCK_S * 1e3, second
+    assert second.get(names.PL_INBOUND_MS, 0) < 0.5 * BLOCK_S * 1e3, second
+
+
 def _stream_in_a_thread(steps: list[Step]):
     """A scripted server on its own event loop in a thread (the client's loop may then block)."""
     started, stop = threading.Event(), threading.Event()

@@ -14,13 +14,15 @@ connection's peer address, until the ingress middleware takes them for the reque
 (`take`, with ASGI's `scope["client"]`).
 
 Which read is a request's first: HTTP/1.1 sends a connection's requests one after another, so the
-first read after uvicorn has parsed the whole of the previous request (its `cycle.more_body` false)
-starts the next one, whether the client waited for the previous response to end (keep-alive) or
-sent it earlier (pipelining: for instance at the last content chunk, before the response's final
-empty body message; the request's wait for that end is then in `dispatch`). The reads of a request
-body come before that point, so they are never taken for a request's first. A read that finishes
-one request and starts the next (bytes of both in one read) dates the earlier one's bytes: the
-next request is then unobserved, never given an older stamp.
+first read after uvicorn has parsed the whole of the previous request (its `cycle.more_body` false,
+nothing of a later one in hand) starts the next one, whether the client waited for the previous
+response to end (keep-alive) or sent it earlier (pipelining: for instance at the last content
+chunk, before the response's final empty body message; the request's wait for that end is then in
+`dispatch`). A body's later reads come before that point, so they never count. Unobserved (no
+stamps, never another request's): a request whose first bytes share a read with the previous
+request's last ones (that read's stamps date the earlier bytes), and, once uvicorn holds requests
+waiting behind the open one, any read until every request so far has been answered (a waiting
+request that holds no stamps would otherwise take a later request's).
 """
 
 from __future__ import annotations
@@ -45,10 +47,14 @@ class InboundStamps:
         self.clock_ns = clock_ns
         self._pending: dict[Peer, tuple[int, int]] = {}
 
-    def read(self, peer: Peer, arrived_ns: int, read_ns: int) -> None:
-        """A read that starts a request; one still untaken keeps its place (pipelined requests: the
-        later one is unobserved, never given the earlier one's stamps, nor the reverse)."""
-        self._pending.setdefault(peer, (arrived_ns, read_ns))
+    def started(self, peer: Peer, arrived_ns: int, read_ns: int, *, idle: bool) -> bool:
+        """A read that starts a request; False when it is not kept. On an `idle` connection (every
+        request so far answered, so taken) a leftover is no one's and gives way; otherwise one
+        still untaken keeps its place (its pipelined successor is then unobserved)."""
+        if not idle and peer in self._pending:
+            return False
+        self._pending[peer] = (arrived_ns, read_ns)
+        return True
 
     def take(self, peer: Any) -> tuple[int, int]:
         """The stamps of the request from `peer` (ASGI `scope["client"]`): (0, 0) when unobserved."""
@@ -83,6 +89,7 @@ class InboundProtocol(asyncio.BufferedProtocol):
         self._arrived_ns = 0
         # uvicorn's cycle whose successor's first read is settled (stamped, or unobservable)
         self._started_after: object = _NOT_STARTED
+        self._lost = False  # a request began that may hold no stamps and has not yet taken
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -106,11 +113,16 @@ class InboundProtocol(asyncio.BufferedProtocol):
         cycle = inner.cycle  # the request uvicorn parsed last (None before the first)
         if cycle is not self._started_after and (cycle is None or _parsed_up_to(inner, cycle)):
             self._started_after = cycle
-            self.stamps.read(self._peer, self._arrived_ns, self.stamps.clock_ns())
+            idle = cycle is None or cycle.response_complete
+            if idle or not self._lost:
+                stamps = self.stamps
+                self._lost = not stamps.started(self._peer, self._arrived_ns, stamps.clock_ns(), idle=idle)
         inner.data_received(bytes(self._buffer[:nbytes]))
         cycle = inner.cycle
-        if cycle is not None and not cycle.more_body and _next_request_began(inner, cycle):
-            self._started_after = cycle  # in this read, not at its start (a no-op when this read started it)
+        if cycle is not None and _next_request_began(inner, cycle):
+            # requests waiting behind this one, some perhaps unobserved: until the connection is
+            # idle again, a read is not stamped, lest one of them take a later request's stamps
+            self._lost = True
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
@@ -135,13 +147,13 @@ def _parsed_up_to(inner: Any, cycle: Any) -> bool:
 
 
 def _next_request_began(inner: Any, cycle: Any) -> bool:
-    """Whether bytes past `cycle`'s whole request reached uvicorn's parser: h11 keeps them in its
-    buffer until the response ends (pipelining); httptools opens the next request's scope at its
-    first byte."""
+    """Whether uvicorn holds bytes of a request after `cycle`'s: h11 keeps them unparsed in its
+    buffer until the response ends (pipelining); httptools queues the parsed ones and opens a
+    request's scope at its first byte."""
     conn = getattr(inner, "conn", None)
     if conn is not None:
         return bool(conn.trailing_data[0])
-    return inner.scope is not cycle.scope
+    return bool(inner.pipeline) or inner.scope is not cycle.scope
 
 
 def inbound_protocol(inner: type[asyncio.Protocol], stamps: InboundStamps) -> type[InboundProtocol]:
