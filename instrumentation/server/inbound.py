@@ -39,7 +39,8 @@ _NOT_STARTED = object()  # no read of the connection started a request yet
 
 
 class InboundStamps:
-    """(arrived_ns, read_ns) of the first unclaimed read per peer; written and read on the event loop."""
+    """(arrived_ns, read_ns) of the read that started the request a peer's connection opens next;
+    written and read on the event loop."""
 
     __slots__ = ("_pending", "clock_ns")
 
@@ -94,8 +95,8 @@ class InboundProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
-        # without uvicorn's `cycle` the requests' first reads are not known: no stamps
-        self._peer = tuple(peer) if isinstance(peer, (tuple, list)) and hasattr(self.inner, "cycle") else ()
+        # without uvicorn's parser state the requests' first reads are not known: no stamps
+        self._peer = tuple(peer) if isinstance(peer, (tuple, list)) and _uvicorn_http(self.inner) else ()
         if sock is not None and self._peer:
             self._stamper = KernelStamper(sock.fileno(), self.stamps.clock_ns)
         self.inner.connection_made(transport)
@@ -119,7 +120,7 @@ class InboundProtocol(asyncio.BufferedProtocol):
                 self._lost = not stamps.started(self._peer, self._arrived_ns, stamps.clock_ns(), idle=idle)
         inner.data_received(bytes(self._buffer[:nbytes]))
         cycle = inner.cycle
-        if cycle is not None and _next_request_began(inner, cycle):
+        if cycle is not None and not cycle.more_body and _next_request_began(inner, cycle):
             # requests waiting behind this one, some perhaps unobserved: until the connection is
             # idle again, a read is not stamped, lest one of them take a later request's stamps
             self._lost = True
@@ -138,6 +139,11 @@ class InboundProtocol(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self.inner.resume_writing()
+
+
+def _uvicorn_http(inner: asyncio.Protocol) -> bool:
+    """Whether `inner` shows the parser state read here (uvicorn's h11 or httptools protocol)."""
+    return hasattr(inner, "cycle") and (hasattr(inner, "conn") or hasattr(inner, "pipeline"))
 
 
 def _parsed_up_to(inner: Any, cycle: Any) -> bool:
