@@ -9,6 +9,7 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import uvicorn
@@ -43,21 +44,25 @@ def _pair() -> tuple[socket.socket, socket.socket, socket.socket]:
     return listener, sender, receiver
 
 
+def _stamping_on(sender: socket.socket, receiver: socket.socket, stamper: KernelStamper) -> bool:
+    """Wait (≤ 5 s) until packets carry a receive stamp: the kernel turns stamping on lazily, a
+    moment after the first ask (a just-bound listener's)."""
+    deadline = time.monotonic() + 5
+    while True:
+        sender.sendall(b"x")
+        time.sleep(0.01)
+        stamped = stamper.arrived_ns()
+        receiver.recv(64)
+        if stamped or time.monotonic() > deadline:
+            return bool(stamped)
+
+
 def test_the_kernel_stamp_dates_the_pending_bytes_without_consuming_them():
     listener, sender, receiver = _pair()
     stamper = KernelStamper(receiver.fileno(), time.monotonic_ns)
     try:
         assert stamper.available and stamper.arrived_ns() == 0  # nothing pending: not observed
-        # the kernel turns stamping on lazily at the first request for it: wait until packets carry one
-        deadline = time.monotonic() + 5
-        while True:
-            sender.sendall(b"x")
-            time.sleep(0.01)
-            stamped = stamper.arrived_ns()
-            receiver.recv(64)
-            if stamped or time.monotonic() > deadline:
-                break
-        assert stamped, "the kernel gave no receive stamp"
+        assert _stamping_on(sender, receiver, stamper), "the kernel gave no receive stamp"
         before = time.monotonic_ns()
         sender.sendall(b"request")
         after = time.monotonic_ns()
@@ -73,6 +78,11 @@ def test_the_kernel_stamp_dates_the_pending_bytes_without_consuming_them():
             s.close()
 
 
+async def _answer_ok(send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
 class BlockingApp:
     """/block holds the event loop for BLOCK_S (set `blocking` first); anything else answers at once."""
 
@@ -86,8 +96,7 @@ class BlockingApp:
         if scope["path"] == "/block":
             self.blocking.set()
             time.sleep(BLOCK_S)  # the loop's thread is busy: nothing is read meanwhile
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-        await send({"type": "http.response.body", "body": b"ok"})
+        await _answer_ok(send)
 
 
 @contextlib.contextmanager
@@ -99,7 +108,15 @@ def _inbound_uvicorn(app, http=AutoHTTPProtocol):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry = ServerTelemetry(provider, MeterProvider(), builder="thread")
-    sock = bind("127.0.0.1", 0)
+    sock = bind("127.0.0.1", 0)  # it asks for receive stamps: wait until the kernel gives them
+    listener, sender, receiver = _pair()
+    stamper = KernelStamper(receiver.fileno(), time.monotonic_ns)
+    try:
+        assert _stamping_on(sender, receiver, stamper), "the kernel gave no receive stamp"
+    finally:
+        stamper.close()
+        for s in (sender, receiver, listener):
+            s.close()
     config = uvicorn.Config(
         telemetry.asgi(app), log_level="warning", access_log=False, http=inbound_protocol(http, telemetry.inbound)
     )
@@ -140,13 +157,27 @@ def _get(conn: socket.socket, path: str) -> None:
     conn.sendall(f"GET {path} HTTP/1.1\r\nhost: test\r\n\r\n".encode())
 
 
-def _response(conn: socket.socket) -> bytes:
+def _read_until(conn: socket.socket, enough: Callable[[bytes], bool]) -> bytes:
+    """What `conn` receives until `enough` says it holds what was awaited."""
     data = b""
-    while not data.endswith(b"ok"):
+    while not enough(data):
         chunk = conn.recv(4096)
         assert chunk, data
         data += chunk
     return data
+
+
+def _response(conn: socket.socket) -> bytes:
+    return _read_answers(conn, 1)
+
+
+def _read_answers(conn: socket.socket, count: int) -> bytes:
+    """`count` answers of "ok" (and whatever came before them)."""
+    return _read_until(conn, lambda data: data.count(b"ok") >= count)
+
+
+def _read_up_to_done(conn: socket.socket) -> bytes:
+    return _read_until(conn, lambda data: DONE_EVENT in data)
 
 
 def test_a_request_waiting_in_the_kernel_for_a_blocked_event_loop_is_inbound_time(inbound_server):
@@ -187,8 +218,7 @@ class HeldEndApp:
             return
         await receive()
         if scope["path"] != "/stream":
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-            await send({"type": "http.response.body", "body": b"ok"})
+            await _answer_ok(send)
             return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for event in (b"data: {}\n\n", DONE_EVENT):
@@ -222,20 +252,11 @@ def test_a_request_sent_before_the_previous_response_ended_has_its_own_inbound(h
     with _inbound_uvicorn(app, http) as (address, roots):
         conn = socket.create_connection(address)
         _get(conn, "/stream")
-        data = b""
-        while DONE_EVENT not in data:
-            chunk = conn.recv(4096)
-            assert chunk, data
-            data += chunk
-        assert not data.endswith(b"0\r\n\r\n")  # the response is still open
+        assert not _read_up_to_done(conn).endswith(b"0\r\n\r\n")  # the response is still open
         sent_ns = time.monotonic_ns()
         _get(conn, "/after")
         app.next_sent.set()
-        data = b""
-        while not data.endswith(b"ok"):
-            chunk = conn.recv(4096)
-            assert chunk, data
-            data += chunk
+        data = _response(conn)
         answered_ns = time.monotonic_ns()
         conn.close()
         assert data.count(b" 200 OK") == 1 and b"0\r\n\r\n" in data  # the first response's end, then the second
@@ -249,15 +270,6 @@ def test_a_request_sent_before_the_previous_response_ended_has_its_own_inbound(h
     assert 0 < inbound <= (answered_ns - sent_ns) / 1e6 + 1.0
     # the server held the first response's end ≥ 5 ms after it read the request: its wait, in dispatch
     assert dispatch >= 4.0
-
-
-def _read_answers(conn: socket.socket, count: int) -> bytes:
-    data = b""
-    while data.count(b"ok") < count:
-        chunk = conn.recv(4096)
-        assert chunk, data
-        data += chunk
-    return data
 
 
 @pytest.mark.parametrize("http", _http_protocols(), ids=lambda c: c.__name__)
@@ -297,11 +309,7 @@ def test_requests_sent_ahead_never_take_each_others_stamps(http):
     with _inbound_uvicorn(app, http) as (address, roots):
         conn = socket.create_connection(address)
         _get(conn, "/stream")
-        data = b""
-        while DONE_EVENT not in data:
-            chunk = conn.recv(4096)
-            assert chunk, data
-            data += chunk
+        _read_up_to_done(conn)
         _get(conn, "/a")
         time.sleep(BLOCK_S)
         _get(conn, "/b")
