@@ -5,9 +5,11 @@ loop is blocked), and the client's read of the first content bytes (`client_tran
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import uvicorn
@@ -42,21 +44,25 @@ def _pair() -> tuple[socket.socket, socket.socket, socket.socket]:
     return listener, sender, receiver
 
 
+def _stamping_on(sender: socket.socket, receiver: socket.socket, stamper: KernelStamper) -> bool:
+    """Wait (≤ 5 s) until packets carry a receive stamp: the kernel turns stamping on lazily, a
+    moment after the first ask (a just-bound listener's)."""
+    deadline = time.monotonic() + 5
+    while True:
+        sender.sendall(b"x")
+        time.sleep(0.01)
+        stamped = stamper.arrived_ns()
+        receiver.recv(64)
+        if stamped or time.monotonic() > deadline:
+            return bool(stamped)
+
+
 def test_the_kernel_stamp_dates_the_pending_bytes_without_consuming_them():
     listener, sender, receiver = _pair()
     stamper = KernelStamper(receiver.fileno(), time.monotonic_ns)
     try:
         assert stamper.available and stamper.arrived_ns() == 0  # nothing pending: not observed
-        # the kernel turns stamping on lazily at the first request for it: wait until packets carry one
-        deadline = time.monotonic() + 5
-        while True:
-            sender.sendall(b"x")
-            time.sleep(0.01)
-            stamped = stamper.arrived_ns()
-            receiver.recv(64)
-            if stamped or time.monotonic() > deadline:
-                break
-        assert stamped, "the kernel gave no receive stamp"
+        assert _stamping_on(sender, receiver, stamper), "the kernel gave no receive stamp"
         before = time.monotonic_ns()
         sender.sendall(b"request")
         after = time.monotonic_ns()
@@ -72,6 +78,11 @@ def test_the_kernel_stamp_dates_the_pending_bytes_without_consuming_them():
             s.close()
 
 
+async def _answer_ok(send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
 class BlockingApp:
     """/block holds the event loop for BLOCK_S (set `blocking` first); anything else answers at once."""
 
@@ -85,20 +96,30 @@ class BlockingApp:
         if scope["path"] == "/block":
             self.blocking.set()
             time.sleep(BLOCK_S)  # the loop's thread is busy: nothing is read meanwhile
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
-        await send({"type": "http.response.body", "body": b"ok"})
+        await _answer_ok(send)
 
 
-@pytest.fixture()
-def inbound_server():
+@contextlib.contextmanager
+def _inbound_uvicorn(app, http=AutoHTTPProtocol):
+    """`app` under phaselens's ingress middleware, served by uvicorn with its HTTP protocol `http`
+    wrapped by `InboundProtocol` in a thread; yields the address and `roots(count)`: the first
+    `count` SERVER spans' attributes (a request closes just after its last byte went)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry = ServerTelemetry(provider, MeterProvider(), builder="thread")
-    app = BlockingApp()
-    sock = bind("127.0.0.1", 0)
-    protocol = inbound_protocol(AutoHTTPProtocol, telemetry.inbound)
-    config = uvicorn.Config(telemetry.asgi(app), log_level="warning", access_log=False, http=protocol)
+    sock = bind("127.0.0.1", 0)  # it asks for receive stamps: wait until the kernel gives them
+    listener, sender, receiver = _pair()
+    stamper = KernelStamper(receiver.fileno(), time.monotonic_ns)
+    try:
+        assert _stamping_on(sender, receiver, stamper), "the kernel gave no receive stamp"
+    finally:
+        stamper.close()
+        for s in (sender, receiver, listener):
+            s.close()
+    config = uvicorn.Config(
+        telemetry.asgi(app), log_level="warning", access_log=False, http=inbound_protocol(http, telemetry.inbound)
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
@@ -108,7 +129,6 @@ def inbound_server():
     assert server.started
 
     def roots(count: int) -> list[dict]:
-        """The first `count` SERVER spans' attributes (a request closes just after its last byte went)."""
         deadline = time.monotonic() + 10
         while True:
             assert telemetry.flush(10)
@@ -117,24 +137,47 @@ def inbound_server():
                 return [dict(s.attributes) for s in sorted(spans, key=lambda s: s.start_time)]
             time.sleep(0.01)
 
-    yield sock.getsockname(), app, roots
-    server.should_exit = True
-    thread.join(10)
-    telemetry.shutdown()
-    sock.close()
+    try:
+        yield sock.getsockname(), roots
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        telemetry.shutdown()
+        sock.close()
+
+
+@pytest.fixture()
+def inbound_server():
+    app = BlockingApp()
+    with _inbound_uvicorn(app) as (address, roots):
+        yield address, app, roots
 
 
 def _get(conn: socket.socket, path: str) -> None:
     conn.sendall(f"GET {path} HTTP/1.1\r\nhost: test\r\n\r\n".encode())
 
 
-def _response(conn: socket.socket) -> bytes:
+def _read_until(conn: socket.socket, enough: Callable[[bytes], bool]) -> bytes:
+    """What `conn` receives until `enough` says it holds what was awaited."""
     data = b""
-    while not data.endswith(b"ok"):
+    while not enough(data):
         chunk = conn.recv(4096)
         assert chunk, data
         data += chunk
     return data
+
+
+def _response(conn: socket.socket) -> bytes:
+    return _read_answers(conn, 1)
+
+
+def _read_answers(conn: socket.socket, count: int) -> bytes:
+    """`count` answers of "ok" (and whatever came before them)."""
+    return _read_until(conn, lambda data: data.count(b"ok") >= count)
+
+
+def _read_up_to_done(conn: socket.socket) -> bytes:
+    return _read_until(conn, lambda data: DONE_EVENT in data)
 
 
 def test_a_request_waiting_in_the_kernel_for_a_blocked_event_loop_is_inbound_time(inbound_server):
@@ -160,6 +203,127 @@ def test_a_request_waiting_in_the_kernel_for_a_blocked_event_loop_is_inbound_tim
     assert waited[names.PL_INBOUND_KERNEL_WAIT_MS] >= 0.5 * BLOCK_S * 1e3
     assert waited[names.PL_INBOUND_KERNEL_WAIT_MS] > 10 * blocked[names.PL_INBOUND_KERNEL_WAIT_MS]
     assert later[names.PL_INBOUND_MS] < 0.5 * BLOCK_S * 1e3
+
+
+class HeldEndApp:
+    """/stream sends an SSE body up to `[DONE]`, then holds its final empty body message (the one
+    that ends the chunked response) until the client has sent its next request and a loop turn
+    later (so the server has read it); anything else answers "ok" at once."""
+
+    def __init__(self) -> None:
+        self.next_sent = threading.Event()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        await receive()
+        if scope["path"] != "/stream":
+            await _answer_ok(send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for event in (b"data: {}\n\n", DONE_EVENT):
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        deadline = time.monotonic() + 10
+        while not self.next_sent.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        # a timer, not sleep(0): the loop's select runs first, so the pending request is read now
+        await asyncio.sleep(0.005)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _http_protocols() -> list:
+    """uvicorn's HTTP protocols here: h11 always; httptools (vLLM's API server's) where installed."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return [H11Protocol]
+    return [H11Protocol, HttpToolsProtocol]
+
+
+@pytest.mark.parametrize("http", _http_protocols(), ids=lambda c: c.__name__)
+def test_a_request_sent_before_the_previous_response_ended_has_its_own_inbound(http):
+    """A kept-alive client may send its next request as soon as it has read `[DONE]`, before the
+    server's final empty body message (HTTP/1.1 lets it: pipelining). That request's bytes are read
+    while the response is still open; they are still its first bytes, and its inbound is its own:
+    from its own send, through the wait for the previous response to end, to its ASGI call."""
+    app = HeldEndApp()
+    with _inbound_uvicorn(app, http) as (address, roots):
+        conn = socket.create_connection(address)
+        _get(conn, "/stream")
+        assert not _read_up_to_done(conn).endswith(b"0\r\n\r\n")  # the response is still open
+        sent_ns = time.monotonic_ns()
+        _get(conn, "/after")
+        app.next_sent.set()
+        data = _response(conn)
+        answered_ns = time.monotonic_ns()
+        conn.close()
+        assert data.count(b" 200 OK") == 1 and b"0\r\n\r\n" in data  # the first response's end, then the second
+        streamed, after = roots(2)
+    assert names.PL_INBOUND_MS in streamed
+    inbound, dispatch = after.get(names.PL_INBOUND_MS), after.get(names.PL_INBOUND_DISPATCH_MS)
+    assert inbound is not None and dispatch is not None, after
+    assert inbound == pytest.approx(after[names.PL_INBOUND_KERNEL_WAIT_MS] + dispatch, abs=1e-3)
+    # its own bytes: inside its own send → answer (the first request's stamps are older than `sent_ns`);
+    # one clock (this process's monotonic clock, the server's too), ±1 ms for the kernel stamp's move
+    assert 0 < inbound <= (answered_ns - sent_ns) / 1e6 + 1.0
+    # the server held the first response's end ≥ 5 ms after it read the request: its wait, in dispatch
+    assert dispatch >= 4.0
+
+
+@pytest.mark.parametrize("http", _http_protocols(), ids=lambda c: c.__name__)
+def test_body_reads_and_pipelined_requests_never_lend_a_request_their_stamps(http):
+    """A request body read apart from its head is not the next request's first read; of two
+    requests pipelined in one write (one read), the first has that read's stamps and the second is
+    unobserved (no inbound, no dispatch: never the first one's stamps); the connection's next
+    request has its own again."""
+    with _inbound_uvicorn(HeldEndApp(), http) as (address, roots):
+        conn = socket.create_connection(address)
+        conn.sendall(b"POST /post HTTP/1.1\r\nhost: test\r\ncontent-length: 4\r\n\r\n")
+        time.sleep(BLOCK_S)  # the body comes in its own read
+        conn.sendall(b"body")
+        _read_answers(conn, 1)
+        time.sleep(BLOCK_S)
+        conn.sendall(b"GET /a HTTP/1.1\r\nhost: test\r\n\r\nGET /b HTTP/1.1\r\nhost: test\r\n\r\n")
+        _read_answers(conn, 2)
+        time.sleep(BLOCK_S)
+        _get(conn, "/c")
+        _read_answers(conn, 1)
+        conn.close()
+        post, first, second, later = roots(4)
+    assert [r["url.path"] for r in (post, first, second, later)] == ["/post", "/a", "/b", "/c"]
+    # the POST's inbound ends at its ASGI call, before its body came; the others' own waits are
+    # sub-millisecond here: a stamp from an earlier read would hold one of the BLOCK_S gaps
+    for root in (post, first, later):
+        assert 0 <= root[names.PL_INBOUND_MS] < 0.5 * BLOCK_S * 1e3, root
+    assert names.PL_INBOUND_MS not in second and names.PL_INBOUND_DISPATCH_MS not in second, second
+
+
+@pytest.mark.parametrize("http", _http_protocols(), ids=lambda c: c.__name__)
+def test_requests_sent_ahead_never_take_each_others_stamps(http):
+    """Two requests sent ahead while a response is open (separate writes, BLOCK_S apart): the first
+    has its own stamps, its wait behind the open response in `dispatch`; the second has its own or
+    none (its read is stamped only once every earlier request was answered), never the first's."""
+    app = HeldEndApp()
+    with _inbound_uvicorn(app, http) as (address, roots):
+        conn = socket.create_connection(address)
+        _get(conn, "/stream")
+        _read_up_to_done(conn)
+        _get(conn, "/a")
+        time.sleep(BLOCK_S)
+        _get(conn, "/b")
+        app.next_sent.set()
+        _read_answers(conn, 2)
+        conn.close()
+        streamed, first, second = roots(3)
+    assert [r["url.path"] for r in (first, second)] == ["/a", "/b"]
+    assert names.PL_INBOUND_MS in streamed
+    # /a waited BLOCK_S behind the open response; /b's own wait is a few ms, the first's stamps
+    # would give it more than BLOCK_S
+    assert first[names.PL_INBOUND_DISPATCH_MS] >= 0.9 * BLOCK_S * 1e3, first
+    assert second.get(names.PL_INBOUND_DISPATCH_MS, 0) < 0.5 * BLOCK_S * 1e3, second
+    assert second.get(names.PL_INBOUND_MS, 0) < 0.5 * BLOCK_S * 1e3, second
 
 
 def _stream_in_a_thread(steps: list[Step]):

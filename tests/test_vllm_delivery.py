@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 
 import pytest
 from opentelemetry.trace import SpanKind
 
 from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
 from phaselens.instrumentation.hotpath.records import RequestInfo
 from phaselens.instrumentation.server.asgi import IngressMiddleware
-from phaselens.integrations.vllm.delivery import FirstChunkMiddleware, sse_carries_content
+from phaselens.integrations.vllm.delivery import FirstChunkMiddleware, keep_kernel_stamps, sse_carries_content
 from tests.instrumentation_fixtures import http_scope, make_rig
 
 
@@ -119,3 +122,27 @@ def test_the_middleware_passes_other_requests_through_untouched():
     for scope, (got_scope, got_receive, got_send) in zip(scopes, seen, strict=True):
         assert got_scope is scope and got_receive is receive and got_send is send
         assert "phaselens.request" not in scope
+
+
+def test_the_api_server_keeps_the_kernel_stamping_so_a_new_connections_first_request_has_one():
+    """vLLM's listener never asks for receive stamps, and Linux turns stamping on only after the
+    first ask: a request queued on a new connection before the server's per-connection stamper asks
+    carried none (its inbound unobserved; the first request after a quiet spell). The API server
+    holds one socket that asks (`keep_kernel_stamps`), so such a request, from a client that asks
+    for none, has its stamp. (Without it this fails only while no other socket on the machine asks.)"""
+    assert keep_kernel_stamps() and keep_kernel_stamps()  # once per process, then a no-op
+    time.sleep(0.1)  # the kernel's lazy switch-on
+    for _ in range(5):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = socket.create_connection(listener.getsockname())
+        client.sendall(b"GET /health HTTP/1.1\r\nhost: test\r\n\r\n")
+        accepted, _ = listener.accept()
+        stamper = KernelStamper(accepted.fileno(), time.monotonic_ns)  # the server's, made at accept
+        try:
+            assert stamper.arrived_ns() > 0
+        finally:
+            stamper.close()
+            for s in (client, accepted, listener):
+                s.close()

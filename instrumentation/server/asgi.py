@@ -42,8 +42,6 @@ class RequestOpener(Protocol):
 
     def open_request(self, scope: Scope, *, managed: bool, received_ts: int | None = None) -> ServerRequest: ...
 
-    def response_ended(self, scope: Scope) -> None: ...
-
 
 class IngressMiddleware:
     """ASGI middleware; `telemetry` is the ServerTelemetry that owns the handles. `carries_content`,
@@ -99,7 +97,6 @@ class IngressMiddleware:
                 handle.chunk_sent()
             if kind == "http.response.body" and not message.get("more_body", False):
                 responded_ts = clock_ns()
-                self.telemetry.response_ended(scope)
 
         token = context.attach(handle.context)
         try:

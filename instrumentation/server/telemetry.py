@@ -191,10 +191,6 @@ class ServerTelemetry:
         scope[SCOPE_KEY] = handle
         return handle
 
-    def response_ended(self, scope: MutableMapping[str, Any]) -> None:
-        """The response's last body chunk went out: the connection's later reads were this request's."""
-        self.inbound.discard(scope.get("client"))
-
     def _expire(self) -> None:
         """At each wake-up of the sink's thread: requests the engine has let go of go on."""
         self._closer.expire()

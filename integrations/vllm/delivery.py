@@ -30,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from phaselens.instrumentation.hotpath.kernel_stamps import enable_kernel_stamps
 from phaselens.instrumentation.server.asgi import IngressMiddleware, Message, Receive, Scope, Send
 from phaselens.instrumentation.server.inbound import InboundProtocol
 from phaselens.instrumentation.server.telemetry import SCOPE_KEY, ServerTelemetry
@@ -133,12 +135,32 @@ class VllmInboundProtocol(InboundProtocol):
 
 def use_inbound_protocol() -> bool:
     """Make uvicorn's `http="auto"` (what vLLM's API server asks for) `VllmInboundProtocol` in this
-    process; True when done. vLLM offers no setting for uvicorn's protocol, so this changes
-    uvicorn's table of protocol names (`uvicorn.config.HTTP_PROTOCOLS`), and only while it holds
-    uvicorn's own default."""
+    process, and keep the kernel stamping received packets (`keep_kernel_stamps`); True when done.
+    vLLM offers no setting for uvicorn's protocol, so this changes uvicorn's table of protocol names
+    (`uvicorn.config.HTTP_PROTOCOLS`), and only while it holds uvicorn's own default."""
     from uvicorn import config
 
     if config.HTTP_PROTOCOLS.get("auto") != UVICORN_AUTO_HTTP:
         return False
     config.HTTP_PROTOCOLS["auto"] = f"{__name__}:{VllmInboundProtocol.__qualname__}"
+    keep_kernel_stamps()
+    return True
+
+
+_stamps_holder: list[socket.socket] = []  # the socket `keep_kernel_stamps` holds, for the process's life
+
+
+def keep_kernel_stamps() -> bool:
+    """Hold one socket that asks for receive stamps (a UDP socket, never bound). Linux stamps every
+    received packet while any socket asks, and turns that on lazily, after the ask: the first
+    packets of a request on a new connection, queued before the server accepts it, carry no stamp
+    when no socket asked before (their `inbound` unobserved; the first request after a quiet spell,
+    as the first connection's ask came too late). The reference server asks on its listener; vLLM's
+    listener is not ours, so the API server holds this one. True when the kernel took the ask."""
+    if not _stamps_holder:
+        holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if not enable_kernel_stamps(holder):
+            holder.close()
+            return False
+        _stamps_holder.append(holder)
     return True
