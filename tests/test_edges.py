@@ -326,6 +326,35 @@ def test_requests_sent_ahead_never_take_each_others_stamps(http):
     assert second.get(names.PL_INBOUND_MS, 0) < 0.5 * BLOCK_S * 1e3, second
 
 
+def test_a_parser_state_of_another_shape_leaves_the_connection_unstamped_not_broken(caplog):
+    """The first-read rule reads uvicorn's private parser state (here h11's `trailing_data`). Where
+    a version has it in another shape, the connection's requests are served, unstamped (no inbound,
+    never a guess), with a warning — never a broken connection."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Reshaped(h11.Connection):
+        @property
+        def trailing_data(self):
+            raise AttributeError("trailing_data")
+
+    class ReshapedH11(H11Protocol):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.conn = Reshaped(h11.SERVER)
+
+    with _inbound_uvicorn(BlockingApp(), ReshapedH11) as (address, roots):
+        conn = socket.create_connection(address)
+        for path in ("/a", "/b"):
+            _get(conn, path)
+            assert _response(conn).startswith(b"HTTP/1.1 200 OK")
+        conn.close()
+        first, second = roots(2)
+    assert [r["url.path"] for r in (first, second)] == ["/a", "/b"]
+    assert not any(names.PL_INBOUND_MS in r or names.PL_INBOUND_DISPATCH_MS in r for r in (first, second))
+    assert "inbound stamps off for a connection" in caplog.text
+
+
 def _stream_in_a_thread(steps: list[Step]):
     """A scripted server on its own event loop in a thread (the client's loop may then block)."""
     started, stop = threading.Event(), threading.Event()

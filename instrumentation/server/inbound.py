@@ -28,11 +28,13 @@ request that holds no stamps would otherwise take a later request's).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
 
+_log = logging.getLogger(__name__)
 _RECV_BYTES = 256 * 1024  # asyncio's own read size for a plain protocol
 Peer = tuple[Any, ...]
 _NOT_STARTED = object()  # no read of the connection started a request yet
@@ -107,10 +109,13 @@ class InboundProtocol(asyncio.BufferedProtocol):
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        if not self._peer:
-            self.inner.data_received(bytes(self._buffer[:nbytes]))
-            return
-        inner: Any = self.inner
+        if self._peer:
+            self._read_parser_state(self._before_read)
+        self.inner.data_received(bytes(self._buffer[:nbytes]))
+        if self._peer:
+            self._read_parser_state(self._after_read)
+
+    def _before_read(self, inner: Any) -> None:
         cycle = inner.cycle  # the request uvicorn parsed last (None before the first)
         if cycle is not self._started_after and (cycle is None or _parsed_up_to(inner, cycle)):
             self._started_after = cycle
@@ -118,12 +123,23 @@ class InboundProtocol(asyncio.BufferedProtocol):
             if idle or not self._lost:
                 stamps = self.stamps
                 self._lost = not stamps.started(self._peer, self._arrived_ns, stamps.clock_ns(), idle=idle)
-        inner.data_received(bytes(self._buffer[:nbytes]))
+
+    def _after_read(self, inner: Any) -> None:
         cycle = inner.cycle
         if cycle is not None and not cycle.more_body and _next_request_began(inner, cycle):
             # requests waiting behind this one, some perhaps unobserved: until the connection is
             # idle again, a read is not stamped, lest one of them take a later request's stamps
             self._lost = True
+
+    def _read_parser_state(self, step: Callable[[Any], None]) -> None:
+        """Run `step` on uvicorn's private parser state; where that state has another shape (a
+        uvicorn version this was not written for) the connection goes unstamped instead of failing."""
+        try:
+            step(self.inner)
+        except AttributeError as exc:
+            self.stamps.closed(self._peer)
+            self._peer = ()
+            _log.warning("inbound stamps off for a connection: uvicorn's parser state has changed (%s)", exc)
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received()
