@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import io
 import json
 import os
 import platform
@@ -447,9 +446,8 @@ def builder_run(frames: list[bytes], path: str, anchor) -> None:
     metrics = GenAiServerMetrics(MeterProvider(metric_readers=[reader]), dict, owned)
     builder = SpanBuilder(emitter, metrics, anchor, provider, False)
     decode = {wire.KIND_REQUEST: wire.decode_request, wire.KIND_STEP: wire.decode_step}
-    stream = io.BytesIO(b"".join(frames))
-    while (item := wire.read_frame(stream)) is not None:
-        builder.build(decode[item[0]](item[1]))
+    for kind, fields in wire.split_frames(b"".join(frames))[0]:
+        builder.build(decode[kind](fields))
     processor.force_flush()
     reader.collect()
 
