@@ -1,26 +1,28 @@
 """The span-builder process (`ServerTelemetry(builder="process")`): `python -m phaselens.instrumentation.process.builder_child
 REPORT_FD PARENT_PID`, started by `phaselens.instrumentation.process.process_sink`.
 
-It reads frames (`phaselens.instrumentation.process.wire`) on stdin, all the pipe holds at each wake-up in
-one read, decodes each into its record and builds it at once with the same `SpanBuilder` as the thread
-sink (so nothing waits here: while it builds, the pipe holds the rest), with its own providers from the
-OTEL_* environment
-(`otel_setup.configure`). The records carry every id the serving process chose. Counters go back
+It reads frames (`phaselens.instrumentation.process.wire`) on stdin, all the pipe holds at each
+wake-up in one read, decodes each into its record and builds it at once with the same `SpanBuilder`
+as the thread sink (so nothing waits here: while it builds, the pipe holds the rest), with its own
+providers from the OTEL_* environment (`otel_setup.configure`). The records carry every id the serving process chose. Counters go back
 as one JSON line on REPORT_FD every `REPORT_INTERVAL_S`, after each FLUSH (with `ack`) and at exit
 (`final`).
 
 `records_safe` (in every report, and alone in a line as soon as an export moves it) = how many records, in arrival order, are out of this process's hands: built,
 and every span they queued exported (or counted lost here: `export_failed` once the exporter's own
 retries are spent, `export_dropped`, `build_errors`, `decode_errors`; a replay would not do better).
-After each record the builder notes each counting processor's `queued` position; the record is
-safe once each processor's `settled` position (FIFO: spans leave the queue's front in order) has
-passed it (a mark per read, not per record: a read's records become safe together). The serving process keeps every frame until it is reported safe and replays the rest to
+After each read the builder notes each counting processor's `queued` position; the read's records
+are safe once each processor's `settled` position (FIFO: spans leave the queue's front in order) has
+passed it. The serving process keeps every frame until it is reported safe and replays the rest to
 this process's replacement, so spans exported but not yet reported are exported again. To keep that
 window small, exports happen at checkpoints (every `REPORT_INTERVAL_S`: force_flush, then the
-report, on the main thread between reads, so no thread of its own wakes for them) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE), not on the processor's own schedule
-(OTEL_BSP_SCHEDULE_DELAY is set off here, `CHECKPOINT_ONLY_DELAY_MS`); each export wakes the
-progress thread (`otel_setup.notify_settled`: no polling), and a kill between an export's success
-and that progress line repeats that batch's records. A repeated request's SERVER span
+report, between reads) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, exported by the thread
+that filled it: `otel_setup.export_on_caller`), not on the processor's own schedule
+(OTEL_BSP_SCHEDULE_DELAY is set off here, `CHECKPOINT_ONLY_DELAY_MS`); after each export the
+progress line is written at once (`otel_setup.notify_settled`), and a kill between an export's
+success and that line repeats that batch's records. So one thread reads, builds, exports and
+reports: no other thread of this process wakes while it runs (the SDK readers' and the batch
+processor's workers sleep), and none hands it the GIL back. A repeated request's SERVER span
 has the same span id (decided at receipt); its other spans and the engine-step spans get fresh ids.
 
 It ends on EOF (the serving process closed the pipe or died), on SIGTERM (between reads: a record
@@ -46,7 +48,13 @@ from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.counters import Counters
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
-from phaselens.instrumentation.pipeline.otel_setup import configure, export_positions, notify_settled, span_backend
+from phaselens.instrumentation.pipeline.otel_setup import (
+    configure,
+    export_on_caller,
+    export_positions,
+    notify_settled,
+    span_backend,
+)
 from phaselens.instrumentation.pipeline.sink import NICE
 from phaselens.instrumentation.process import wire
 
@@ -102,9 +110,9 @@ class SpanProcess:
         self.marked = 0  # `done` at the last mark
         self.positions = export_positions(provider)
         self.marks: deque[tuple[int, tuple[int, ...]]] = deque()  # (records done, each processor's `queued`)
-        self.progress_lock = threading.Lock()
-        self.settled = threading.Event()  # an export finished: `safe` may move
-        notify_settled(provider, self.settled.set)
+        self.progress_lock = threading.Lock()  # a processor's worker exports at shutdown
+        export_on_caller(provider)
+        notify_settled(provider, self.report_settled)
 
     def handle(self, frames: list[tuple[int, Any]]) -> None:
         """A read's frames, in order; a FLUSH exports and reports what came before it."""
@@ -164,14 +172,11 @@ class SpanProcess:
         self.progress()
         self.report(**extra)
 
-    def report_progress(self) -> None:
+    def report_settled(self) -> None:
         """After each export: `records_safe` alone, if it moved (records with no span to export move
         at the next checkpoint)."""
-        while True:
-            self.settled.wait()
-            self.settled.clear()
-            if self.progress():
-                self.write({"records_safe": self.safe})
+        if self.progress():
+            self.write({"records_safe": self.safe})
 
     def report(self, **extra: int) -> None:
         self.write({**self.counters(), "child_cpu_ns": time.process_time_ns(), **extra})
@@ -185,8 +190,8 @@ class SpanProcess:
 
     def stop(self) -> None:
         """Export everything (the providers' shutdown), then report every record safe."""
+        self.providers.shutdown()
         with self.progress_lock:
-            self.providers.shutdown()
             self.safe = self.done
             self.marks.clear()
         self.report(final=True)
@@ -235,7 +240,6 @@ def main(argv: list[str]) -> int:
     # cyclic GC's collections no longer walk it (they were ~45 % of this process's CPU, perf)
     gc.collect()
     gc.freeze()
-    threading.Thread(target=process.report_progress, daemon=True).start()
     process.handle(frames[1:])
     serve(process, reader, parent_pid)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # winding down already
