@@ -182,7 +182,12 @@ def test_span_builder_configuration_owns_the_histograms(monkeypatch) -> None:
     monkeypatch.setenv(names.ENV_SPAN_BACKEND, names.SPAN_BACKEND_SDK)
     assert otel_setup.configure("svc", set_global=False, encoded_spans=True).histogram_readers is None
     monkeypatch.setenv(names.ENV_SPAN_BACKEND, names.SPAN_BACKEND_FAST)
-    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")  # the default: its exporters prefer explicit buckets
+    for protocol in ("http/protobuf", "grpc"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        otlp = otel_setup.configure("svc", set_global=False, encoded_spans=True)
+        assert otlp.histogram_readers is not None and len(otlp.histogram_readers) == 1, protocol
+        otlp.shutdown()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION", "base2_exponential_bucket_histogram")
     assert otel_setup.configure("svc", set_global=False, encoded_spans=True).histogram_readers is None
     for providers in (owned,):
@@ -197,6 +202,7 @@ def test_span_builder_histograms_reach_an_otlp_receiver(monkeypatch) -> None:
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     providers = otel_setup.configure("svc", set_global=False, encoded_spans=True)
+    assert providers.histogram_readers is not None  # phaselens's own, not the SDK's instruments
     metrics = GenAiServerMetrics(providers.meter_provider, lambda: {"queue_full": 2}, providers.histogram_readers)
     records = [r for r in scripted_records() if hasattr(r, "http")]
     for record in records:

@@ -156,6 +156,31 @@ def test_processor_accounts_for_every_span(env):
     assert (counts.exported, counts.failed, counts.dropped) == (5, 5, 15)
 
 
+def test_a_full_batch_can_be_exported_by_the_thread_that_filled_it(env):
+    """`full_batch_on_caller` (the span-builder process): the batch goes out inside the offer that
+    filled it, on that thread, counted as the worker would; a partial batch waits as before."""
+    import threading
+
+    seen = []
+
+    class ThreadNoting(FlakyExporter):
+        def export(self, spans):
+            seen.append((threading.get_ident(), len(spans)))
+            return super().export(spans)
+
+    processor = CountingBatchSpanProcessor(
+        ThreadNoting(), BatchSettings(max_queue_size=10, max_export_batch_size=3, schedule_delay_ms=3_600_000)
+    )
+    processor.full_batch_on_caller = True
+    processor.offer([b"a", b"b"])
+    assert seen == [] and processor.counts.queued == 2
+    processor.offer([b"c", b"d"])  # full: this thread exports all it holds, in batches
+    assert seen == [(threading.get_ident(), 3), (threading.get_ident(), 1)]
+    counts = processor.counts
+    assert (counts.failed, counts.exported, counts.settled, counts.dropped) == (3, 1, 4, 0)
+    processor.shutdown()
+
+
 def test_bad_batch_setting_is_a_clear_error(env):
     env.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "lots")
     with pytest.raises(ValueError, match="OTEL_BSP_MAX_QUEUE_SIZE"):

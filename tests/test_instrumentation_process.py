@@ -187,6 +187,41 @@ def test_a_child_killed_with_records_in_flight_is_replaced_and_they_all_arrive(r
     assert gone(second)
 
 
+def test_a_terminated_child_exports_what_it_built_and_exits_0(receiver):
+    """SIGTERM is taken between reads: what was built is exported, what was not is replayed to the
+    replacement; each request once, the child's exit clean."""
+    rig = make_rig(builder="process")
+    handles = [script_request(rig)]
+    assert rig.telemetry.flush(20)  # the child is up (a SIGTERM while it starts ends it at once)
+    handles += [script_request(rig) for _ in range(5)]
+    assert wait_until(lambda: rig.telemetry.stats().records_shipped == 2 * len(handles), 10)
+    child = rig.telemetry._sink._child.proc
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(10) == 0
+    handles.append(script_request(rig))
+    assert rig.telemetry.flush(20)
+    stats = rig.telemetry.stats()
+    assert stats.child_restarts == 1 and (stats.channel_lost, stats.spans_dropped) == (0, 0)
+    roots = _exported_roots(receiver)
+    assert set(roots) == _root_ids(handles) and len(roots) == len(handles)
+    rig.telemetry.shutdown()
+
+
+def test_frames_are_split_whole_wherever_a_read_ends():
+    from phaselens.instrumentation.process import wire
+
+    frames = [wire.frame(wire.KIND_FLUSH, (n,)) for n in range(3)] + [wire.frame(wire.KIND_HELLO, ("s", 1, 2, True))]
+    data = b"".join(frames)
+    for cut in range(len(data) + 1):
+        head, used = wire.split_frames(data[:cut])
+        whole = max(i for i in range(len(frames) + 1) if len(b"".join(frames[:i])) <= cut)
+        assert used == len(b"".join(frames[:whole])) and len(head) == whole
+        tail, rest_used = wire.split_frames(data[used:])
+        assert head + tail == [(wire.KIND_FLUSH, (0,)), (wire.KIND_FLUSH, (1,)), (wire.KIND_FLUSH, (2,)),
+                               (wire.KIND_HELLO, ("s", 1, 2, True))][: len(head) + len(tail)]  # fmt: skip
+        assert len(head) + len(tail) == len(frames) and used + rest_used == len(data)
+
+
 def test_counters_read_while_a_dead_child_is_replaced_count_it_once(receiver):
     rig = make_rig(builder="process")
     script_request(rig)

@@ -42,7 +42,7 @@ from opentelemetry.sdk.metrics.export import (
     ResourceMetrics,
     ScopeMetrics,
 )
-from opentelemetry.sdk.metrics.view import DefaultAggregation
+from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHistogramAggregation
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -179,11 +179,21 @@ class HistogramReader(PeriodicExportingMetricReader):
         return MetricsData(resource_metrics)
 
 
+def _default_buckets(aggregation: Any) -> bool:
+    """The default aggregation, or what the OTLP exporters prefer for histograms unless told
+    otherwise (`ExplicitBucketHistogramAggregation()`: the instrument's advisory bounds, min and max),
+    which aggregates the same."""
+    if isinstance(aggregation, ExplicitBucketHistogramAggregation):
+        return aggregation._boundaries is None and aggregation._record_min_max
+    return isinstance(aggregation, DefaultAggregation)
+
+
 def histogram_readers_usable(readers: Sequence[Any]) -> bool:
-    """Only readers whose histograms take the default (explicit-bucket) aggregation: a preference
-    for exponential histograms (OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION) keeps the SDK."""
+    """Only readers whose histograms take the default explicit-bucket aggregation: a preference for
+    exponential histograms (OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION) or other bounds
+    keeps the SDK."""
     return all(
-        isinstance(r, HistogramReader) and isinstance(r._instrument_class_aggregation[_Histogram], DefaultAggregation)
+        isinstance(r, HistogramReader) and _default_buckets(r._instrument_class_aggregation[_Histogram])
         for r in readers
     )
 

@@ -82,6 +82,13 @@ def notify_settled(tracer_provider: object, callback: Callable[[], None]) -> Non
         processor.on_settled = callback
 
 
+def export_on_caller(tracer_provider: object) -> None:
+    """Each counting processor on this provider exports a full batch on the thread that filled it
+    (for a process whose one thread builds: no worker to wake, no GIL handed back and forth)."""
+    for processor in _processors_by_provider.get(tracer_provider, []):
+        processor.full_batch_on_caller = True
+
+
 def export_counters(tracer_provider: object) -> dict[str, int]:
     """Sum of the counts of every counting processor on this provider (zeros when none)."""
     counts = export_positions(tracer_provider) if tracer_provider is not None else []

@@ -76,6 +76,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
         self.settings = settings or BatchSettings.from_env()
         self.counts = ExportCounts()
         self.on_settled: Callable[[], None] | None = None  # called after each export (`settled` moved)
+        self.full_batch_on_caller = False  # True: a full batch is exported by the thread that filled it
         self._stopped = False
         self._start_worker()
         if hasattr(os, "register_at_fork"):  # weakly: the registration outlives the processor
@@ -119,7 +120,9 @@ class CountingBatchSpanProcessor(SpanProcessor):
             self.counts.queued += len(taken)
             self.counts.dropped += len(spans) - len(taken)
             full = len(self._queue) >= self.settings.max_export_batch_size
-        if full:
+        if full and self.full_batch_on_caller:
+            self._export_all()
+        elif full:
             self._wake.set()
 
     def _run(self) -> None:

@@ -1,48 +1,60 @@
 """The span-builder process (`ServerTelemetry(builder="process")`): `python -m phaselens.instrumentation.process.builder_child
 REPORT_FD PARENT_PID`, started by `phaselens.instrumentation.process.process_sink`.
 
-It reads frames (`phaselens.instrumentation.process.wire`) on stdin, decodes each into its record and builds
-it at once with the same `SpanBuilder` as the thread sink (so nothing waits here: while it builds,
-the pipe holds the rest), with its own providers from the OTEL_* environment
-(`otel_setup.configure`). The records carry every id the serving process chose. Counters go back
+It reads frames (`phaselens.instrumentation.process.wire`) on stdin, all the pipe holds at each
+wake-up in one read, decodes each into its record and builds it at once with the same `SpanBuilder`
+as the thread sink (so nothing waits here: while it builds, the pipe holds the rest), with its own
+providers from the OTEL_* environment (`otel_setup.configure`). The records carry every id the serving process chose. Counters go back
 as one JSON line on REPORT_FD every `REPORT_INTERVAL_S`, after each FLUSH (with `ack`) and at exit
 (`final`).
 
 `records_safe` (in every report, and alone in a line as soon as an export moves it) = how many records, in arrival order, are out of this process's hands: built,
 and every span they queued exported (or counted lost here: `export_failed` once the exporter's own
 retries are spent, `export_dropped`, `build_errors`, `decode_errors`; a replay would not do better).
-After each record the builder notes each counting processor's `queued` position; the record is
-safe once each processor's `settled` position (FIFO: spans leave the queue's front in order) has
+After each read the builder notes each counting processor's `queued` position; the read's records
+are safe once each processor's `settled` position (FIFO: spans leave the queue's front in order) has
 passed it. The serving process keeps every frame until it is reported safe and replays the rest to
 this process's replacement, so spans exported but not yet reported are exported again. To keep that
 window small, exports happen at checkpoints (every `REPORT_INTERVAL_S`: force_flush, then the
-report) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE), not on the processor's own schedule
-(OTEL_BSP_SCHEDULE_DELAY is set off here, `CHECKPOINT_ONLY_DELAY_MS`); each export wakes the
-progress thread (`otel_setup.notify_settled`: no polling), and a kill between an export's success
-and that progress line repeats that batch's records. A repeated request's SERVER span
+report, between reads) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, exported by the thread
+that filled it: `otel_setup.export_on_caller`), not on the processor's own schedule
+(OTEL_BSP_SCHEDULE_DELAY is set off here, `CHECKPOINT_ONLY_DELAY_MS`); after each export the
+progress line is written at once (`otel_setup.notify_settled`), and a kill between an export's
+success and that line repeats that batch's records. So one thread reads, builds, exports and
+reports: no other thread of this process wakes while it runs (the SDK readers' and the batch
+processor's workers sleep), and none hands it the GIL back. A repeated request's SERVER span
 has the same span id (decided at receipt); its other spans and the engine-step spans get fresh ids.
 
-It ends on EOF (the serving process closed the pipe or died), on SIGTERM, or when it is orphaned:
-in each case it shuts its providers down (exporting what it built) and exits 0.
+It ends on EOF (the serving process closed the pipe or died), on SIGTERM (between reads: a record
+is never left half built), or when it is orphaned (seen at a checkpoint's time): in each case it
+shuts its providers down (exporting what it built) and exits 0.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import math
 import os
+import select
 import signal
 import sys
 import threading
 import time
 from collections import deque
-from types import FrameType
 from typing import Any
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.counters import Counters
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
-from phaselens.instrumentation.pipeline.otel_setup import configure, export_positions, notify_settled, span_backend
+from phaselens.instrumentation.pipeline.otel_setup import (
+    configure,
+    export_on_caller,
+    export_positions,
+    notify_settled,
+    span_backend,
+)
 from phaselens.instrumentation.pipeline.sink import NICE
 from phaselens.instrumentation.process import wire
 
@@ -51,15 +63,27 @@ from phaselens.instrumentation.process import wire
 # ~20 us per request at 100 requests/s; at 1 s, ~5 (a full batch is exported at once regardless)
 REPORT_INTERVAL_S = 1.0
 CHECKPOINT_ONLY_DELAY_MS = 3_600_000  # the batch processor's schedule, off: the checkpoints export
+READ_BYTES = 1 << 20  # one read takes what the pipe holds (its size: process_sink.PIPE_BYTES)
 
 
-class Terminated(BaseException):
-    """SIGTERM, or the serving process is gone (a BaseException: the builder's own error counting
-    must not swallow it)."""
+class FrameReader:
+    """Whole frames from a file descriptor, as many as each read brings; a frame cut at the read's
+    end waits for the next one."""
 
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.tail = b""
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
+    def read(self) -> list[tuple[int, Any]] | None:
+        """The frames of one read (blocking until there is one), [] if none is whole yet; None at EOF."""
+        data = os.read(self.fd, READ_BYTES)
+        if not data:
+            return None
+        if self.tail:
+            data = self.tail + data
+        frames, used = wire.split_frames(data)
+        self.tail = data[used:]
+        return frames
 
 
 class SpanProcess:
@@ -82,24 +106,32 @@ class SpanProcess:
         )
         self.report_out = os.fdopen(report_fd, "w", buffering=1)
         self.report_lock = threading.Lock()
-        self.checkpoint_lock = threading.Lock()  # one checkpoint at a time; none once stopping
-        self.stopping = False
         self.received = self.decode_errors = self.done = self.safe = 0
+        self.marked = 0  # `done` at the last mark
         self.positions = export_positions(provider)
         self.marks: deque[tuple[int, tuple[int, ...]]] = deque()  # (records done, each processor's `queued`)
-        self.progress_lock = threading.Lock()
-        self.settled = threading.Event()  # an export finished: `safe` may move
-        notify_settled(provider, self.settled.set)
+        self.progress_lock = threading.Lock()  # a processor's worker exports at shutdown
+        export_on_caller(provider)
+        notify_settled(provider, self.report_settled)
 
-    def handle(self, kind: int, fields: tuple[Any, ...]) -> None:
-        if kind == wire.KIND_FLUSH:
-            self.checkpoint(ack=fields[0])
-            return
-        self.received += 1
-        self.build(kind, fields)
-        self.done += 1  # after its spans went to the processors
-        with self.progress_lock:
-            self.marks.append((self.done, tuple(p.queued for p in self.positions)))
+    def handle(self, frames: list[tuple[int, Any]]) -> None:
+        """A read's frames, in order; a FLUSH exports and reports what came before it."""
+        for kind, fields in frames:
+            if kind == wire.KIND_FLUSH:
+                self.mark()
+                self.checkpoint(ack=fields[0])
+                continue
+            self.received += 1
+            self.build(kind, fields)
+            self.done += 1  # after its spans went to the processors
+        self.mark()
+
+    def mark(self) -> None:
+        """The records done so far are safe once each processor has settled what it holds now."""
+        if self.done != self.marked:
+            with self.progress_lock:
+                self.marks.append((self.done, tuple(p.queued for p in self.positions)))
+            self.marked = self.done
 
     def build(self, kind: int, fields: tuple[Any, ...]) -> None:
         try:
@@ -136,21 +168,15 @@ class SpanProcess:
 
     def checkpoint(self, **extra: int) -> None:
         """Export everything queued, then report (see the module doc)."""
-        with self.checkpoint_lock:
-            if self.stopping:
-                return
-            self.providers.force_flush()
-            self.progress()
-            self.report(**extra)
+        self.providers.force_flush()
+        self.progress()
+        self.report(**extra)
 
-    def report_progress(self) -> None:
+    def report_settled(self) -> None:
         """After each export: `records_safe` alone, if it moved (records with no span to export move
         at the next checkpoint)."""
-        while True:
-            self.settled.wait()
-            self.settled.clear()
-            if self.progress():
-                self.write({"records_safe": self.safe})
+        if self.progress():
+            self.write({"records_safe": self.safe})
 
     def report(self, **extra: int) -> None:
         self.write({**self.counters(), "child_cpu_ns": time.process_time_ns(), **extra})
@@ -162,44 +188,60 @@ class SpanProcess:
             except (BrokenPipeError, ValueError):  # nobody reads any more: nothing to tell
                 pass
 
-    def report_periodically(self, parent_pid: int) -> None:
-        reported = None
-        while True:
-            time.sleep(REPORT_INTERVAL_S)
-            if os.getppid() != parent_pid:  # orphaned (the serving process died): wind down
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            if (self.received, self.safe) != reported:  # idle: nothing to export or tell (~3 ms CPU/s saved)
-                self.checkpoint()
-                reported = (self.received, self.safe)
-
     def stop(self) -> None:
         """Export everything (the providers' shutdown), then report every record safe."""
-        with self.checkpoint_lock, self.progress_lock:
-            self.stopping = True
-            self.providers.shutdown()
+        self.providers.shutdown()
+        with self.progress_lock:
             self.safe = self.done
             self.marks.clear()
         self.report(final=True)
 
 
+def serve(process: SpanProcess, reader: FrameReader, parent_pid: int) -> None:
+    """Reads and builds until EOF, SIGTERM or the serving process's death, with a checkpoint every
+    `REPORT_INTERVAL_S` between reads (skipped while idle: nothing to export or tell)."""
+    terminated: list[int] = []
+    wake_read, wake_write = os.pipe()  # a signal's byte wakes the poll below
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
+    poller = select.poll()
+    poller.register(reader.fd, select.POLLIN)
+    poller.register(wake_read, select.POLLIN)
+    due, reported = time.monotonic() + REPORT_INTERVAL_S, None
+    while not terminated:
+        ready = poller.poll(math.ceil(max(0.0, due - time.monotonic()) * 1000))
+        if any(fd == reader.fd for fd, _ in ready):
+            frames = reader.read()
+            if frames is None:
+                return
+            process.handle(frames)
+        if time.monotonic() >= due:
+            if os.getppid() != parent_pid:  # orphaned (the serving process died): wind down
+                return
+            if (process.received, process.safe) != reported:
+                process.checkpoint()
+                reported = (process.received, process.safe)
+            due = time.monotonic() + REPORT_INTERVAL_S
+
+
 def main(argv: list[str]) -> int:
     report_fd, parent_pid = int(argv[0]), int(argv[1])
     os.nice(NICE)  # as the thread sink's thread: on a busy machine the serving loop gets the CPU first
-    signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C goes to the server; it closes our pipe
-    stream = open(0, "rb", buffering=1 << 20, closefd=False)  # noqa: SIM115 — stdin, read until the process ends
-    first = wire.read_frame(stream)
-    if first is None or first[0] != wire.KIND_HELLO:
+    reader = FrameReader(0)
+    frames: list[tuple[int, Any]] | None = []
+    while frames == []:  # SIGTERM before the hello: the default, nothing built yet
+        frames = reader.read()
+    if not frames or frames[0][0] != wire.KIND_HELLO:
         return 2
-    process = SpanProcess(first[1], report_fd)
-    threading.Thread(target=process.report_periodically, args=(parent_pid,), daemon=True).start()
-    threading.Thread(target=process.report_progress, daemon=True).start()
-    try:
-        while (item := wire.read_frame(stream)) is not None:
-            process.handle(*item)
-    except Terminated:
-        pass
+    process = SpanProcess(frames[0][1], report_fd)
+    # what startup made (modules, providers: ~all this process's objects) lives until exit: frozen, the
+    # cyclic GC's collections no longer walk it (they were ~45 % of this process's CPU, perf)
+    gc.collect()
+    gc.freeze()
+    process.handle(frames[1:])
+    serve(process, reader, parent_pid)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # winding down already
     process.stop()
     return 0

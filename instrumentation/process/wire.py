@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import marshal
 import struct
-from typing import Any, BinaryIO
+from typing import Any
 
 from phaselens.instrumentation.hotpath.records import (
     HttpFacts,
@@ -88,13 +88,17 @@ def decode_step(fields: tuple[Any, ...]) -> PackedStep:
     return _new_tuple(PackedStep, fields)
 
 
-def read_frame(stream: BinaryIO) -> tuple[int, tuple[Any, ...]] | None:
-    """(kind, fields), or None at EOF."""
-    header = stream.read(HEADER.size)
-    if len(header) < HEADER.size:
-        return None
-    length, kind = HEADER.unpack(header)
-    payload = stream.read(length)
-    if len(payload) < length:
-        return None
-    return kind, marshal.loads(payload)
+def split_frames(data: bytes) -> tuple[list[tuple[int, tuple[Any, ...]]], int]:
+    """The whole frames at the start of `data` as (kind, fields), and how many bytes they take (a
+    frame cut at the end is left out)."""
+    frames = []
+    view, end, offset, size = memoryview(data), len(data), 0, HEADER.size
+    unpack, loads = HEADER.unpack_from, marshal.loads
+    while offset + size <= end:
+        length, kind = unpack(data, offset)
+        stop = offset + size + length
+        if stop > end:
+            break
+        frames.append((kind, loads(view[offset + size : stop])))
+        offset = stop
+    return frames, offset
