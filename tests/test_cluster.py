@@ -91,7 +91,9 @@ def test_schema_per_node_twice_and_on_cluster_points_at_the_flag(cluster, client
         assert tables["otel_traces_distributed"] == tables["phaselens_request_parts_distributed"] == "Distributed"
         assert tables["phaselens_budget_rollup"] == "AggregatingMergeTree"
         assert tables["phaselens_budget_states_local"] == "Merge"
-        assert tables["phaselens_budget_states_distributed"] == "Distributed"
+        # every node keeps a complete copy of the rollups: written through these, read locally
+        assert tables["phaselens_budget_rollup_copies"] == tables["phaselens_steps_rollup_copies"] == "Distributed"
+        assert "phaselens_budget_states_distributed" not in tables
         assert {"phaselens_requests", "phaselens_request_facts", "phaselens_steps"} <= set(tables)
 
 
@@ -230,8 +232,13 @@ def _trace_level_queries_see_every_shard(clients, db: str) -> None:
     sql, params = queries.render_cli("services", database=db)
     served = {r[0] for r in clients[0].query(sql, parameters=params).result_rows}
     assert served == {WORKLOAD.server_service}
-    steps = f"SELECT DISTINCT _shard_num FROM {db}.{sketch.STEPS_ROLLUP_TABLE}_distributed"
-    assert {r[0] for r in clients[0].query(steps).result_rows} == {1, 2}
+    # each node's engine-step rollup holds both shards' steps (its own, and the other's copies)
+    origins = f"SELECT uniqExact(origin), sum(steps) FROM {db}.{sketch.STEPS_ROLLUP_TABLE}"
+    for c in clients:
+        rollup.flush_copies(c, db)
+    stored = f"SELECT count() FROM {db}.otel_traces_distributed WHERE SpanName = {{s:String}}"
+    steps = clients[0].query(stored, parameters={"s": names.SPAN_ENGINE_STEP}).result_rows[0][0]
+    assert [c.query(origins).result_rows[0] for c in clients] == [(2, steps), (2, steps)] and steps > 0
 
 
 def _flat(value, prefix: str = "") -> dict:
