@@ -69,7 +69,8 @@ def push_steps(client: Any, database: str) -> int:
         return 0
     cluster = cluster_of(client, database, step_rollup.COPIES)
     kept = ", ".join(f"{step_rollup.ORIGIN} AS origin" if c == "origin" else c for c in step_rollup.column_names())
-    named = f"SELECT {kept} FROM {table} WHERE origin = ''"
+    # filtered inside: in ClickHouse an alias (origin, named) shadows the column in the WHERE
+    named = f"SELECT {kept} FROM (SELECT * FROM {table} WHERE origin = '')"
     into = f"{ident(database)}.{ident(step_rollup.COPIES)}" if cluster else table
     columns = [*step_rollup.column_names(), *(["copy_to"] if cluster else [])]
     client.command(f"INSERT INTO {into} ({', '.join(columns)})\n{copies_select(named, cluster)}")
