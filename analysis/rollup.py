@@ -153,7 +153,7 @@ def _new_columns() -> str:
     return ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {name} {t}" for name, t, _ in q.rollup_columns())
 
 
-def _rollup_ddl(rollup: str, on: str, engine: str, ttl: str) -> list[str]:
+def _rollup_ddl(rollup: str, on: str, engine: str, ttl: str | None) -> list[str]:
     """The table, and the upgrade of one made before: new columns (`refreshed` joins the key)."""
     return [
         f"CREATE TABLE IF NOT EXISTS {rollup}{on} (\n    {_columns('EPHEMERAL')}\n) ENGINE = {engine}\n"
@@ -282,7 +282,7 @@ def seal_select(database: str, wait_s: int, cluster: str | None = None) -> str:
 
 
 def insert_rows(
-    client: Any, database: str, table: str, select: str, cluster: str | None, parameters: dict | None = None
+    client: Any, database: str, table: str, select: str, cluster: str | None, parameters: dict[str, Any] | None = None
 ) -> None:
     """Append `select`'s rows (column_names, then copy_to on a cluster) to `table`: the rollup or the
     live table, through its copies table on a cluster."""
