@@ -207,6 +207,8 @@ def statements(
         *_rollup_ddl(rollup, on, engine, f"bucket + {ttl_interval(ttl)}" if ttl else None),
         *_rollup_ddl(live_table, on, engine, live_ttl),
         f"ALTER TABLE {live_table}{on} MODIFY TTL {live_ttl}",
+        # expired refreshes dropped within a minute, not at ClickHouse's default of 4 hours
+        f"ALTER TABLE {live_table}{on} MODIFY SETTING merge_with_ttl_timeout = 60",
         _pending_ddl(pending, on),
         f"ALTER TABLE {pending}{on}\n    "
         + ",\n    ".join(f"ADD COLUMN IF NOT EXISTS {d}" for d in (HARNESS_ONLY_DDL, *(p.ddl() for p in s.PARTS))),
