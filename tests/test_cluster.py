@@ -6,6 +6,7 @@ duplicates nothing once it is back."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import grpc
 import pytest
 
 from phaselens.analysis import queries, rollup, sketch, step_rollup
+from phaselens.analysis.budget import budget
 from phaselens.collectors.schema import ident
 from phaselens.collectors.service import Collector
 from phaselens.collectors.shard_sink import make_sink
@@ -214,8 +216,9 @@ def _own_rows(client, db: str) -> list[tuple]:
 def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
     cluster, clients, clickhouse, single, spans, tmp_path, capsys
 ):
-    """Shard 2 stopped: shard 1 seals on (its view's pass, its copy queued); shard 2, restarted,
-    gets the copies without being asked, and each node answers the one-node budget. Then the
+    """Shard 2 seals and is stopped: shard 1 seals on (its view's pass, its copy queued) and alone
+    answers the whole cluster's budget from its copy; shard 2, restarted, gets the copies, and
+    answers it too. Then the
     layout before the copies (each node its own rows; engine steps without `origin`): `phaselens
     rollup backfill` pushes them once, and a second run changes nothing."""
     db = "copies"
@@ -227,6 +230,7 @@ def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
     seal, own = f"{db}.{rollup.SEAL_VIEW}", f"sealer = {rollup.SEALER}"
     victim = cluster.nodes[1]
     queued = f"SELECT sum(data_files) FROM system.distribution_queue WHERE database = '{db}'"
+    rollup.seal_now(clients[1], db)  # its copies sent to shard 1
     victim.stop()
     try:
         # the sealing view again, with no wait: created, it runs a pass at once
@@ -240,6 +244,13 @@ def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
         sealed = clients[0].query(mine).result_rows[0][0]
         assert 0 < sealed < 60  # this shard's requests, once the wait is over
         assert clients[0].query(queued).result_rows[0][0] > 0  # the copy for shard 2 waits in the queue
+        # the rollup budget (the CLI adds the exact P/D summary, a Distributed read)
+        with connect(clickhouse.url) as one:
+            want = _flat(asdict(budget(one, database=single, since=None, exact=False)))
+        got = _flat(asdict(budget(clients[0], database=db, since=None, exact=False)))
+        assert got.pop("filters.database.") == db and want.pop("filters.database.") == single
+        assert got == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()}
+        assert got["requests."] == 60 and len(got) > 100
     finally:
         victim.start()
     others = f"SELECT sum(requests) FROM {db}.{sketch.ROLLUP_TABLE} WHERE sealer != {rollup.SEALER}"
@@ -247,8 +258,6 @@ def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
     assert clients[1].query(others).result_rows[0][0] == sealed
     assert clients[0].query(queued).result_rows[0][0] == 0
     rollup.stop_refreshes(clients[1], db)  # the restarted node's views run again
-    rollup.seal_now(clients[1], db)
-    rollup.refresh_live(clients[0], db)
     for url in cluster.urls:
         _assert_budget_equals_one_nodes(url, db, clickhouse.url, single, capsys)
     complete = [_own_rows(c, db) for c in clients]
