@@ -21,6 +21,8 @@ from phaselens.collectors.schema import TRACES_TABLE, ident, ttl_interval
 from phaselens.instrumentation import names as n
 
 ROLLUP_MV = f"{sk.STEPS_ROLLUP_TABLE}_mv"
+# a cluster's view, into the copies table (a view's target cannot be altered: a view of its own)
+COPIES_MV = f"{sk.STEPS_ROLLUP_TABLE}_copies_mv"
 DISTRIBUTED = f"{sk.STEPS_ROLLUP_TABLE}_distributed"  # dropped: reads are local (upgrade)
 COPIES = f"{sk.STEPS_ROLLUP_TABLE}_copies"
 # the node a row's steps were stored on (as the request rollups' `sealer`)
@@ -71,16 +73,19 @@ def statements(
             "MODIFY ORDER BY (bucket, service, origin), ADD COLUMN IF NOT EXISTS copy_to UInt16 EPHEMERAL"
         ),
     ]
-    into = table
+    view, into = f"{db}.{ident(ROLLUP_MV)}", table
     if cluster:
         into = f"{db}.{ident(COPIES)}"
         out += [
             copies_ddl(into, sk.STEPS_ROLLUP_TABLE, _columns("DEFAULT 0"), on, cluster, database),
             f"DROP TABLE IF EXISTS {db}.{ident(DISTRIBUTED)}{on}",
+            # the upgrade: steps inserted before the new view exists are recomputed by the backfill
+            f"DROP VIEW IF EXISTS {view}{on}",
         ]
+        view = f"{db}.{ident(COPIES_MV)}"
     out += [
-        f"DROP VIEW IF EXISTS {db}.{ident(ROLLUP_MV)}{on}",  # its target may change (the copies)
-        f"CREATE MATERIALIZED VIEW {db}.{ident(ROLLUP_MV)}{on} TO {into}\nAS {select}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {view}{on} TO {into}\nAS {select}",
+        f"ALTER TABLE {view}{on} MODIFY QUERY {select}",
         f"CREATE OR REPLACE VIEW {db}.{ident(sk.STEPS_STATES_VIEW)}{on} AS\nSELECT * FROM {table}",
     ]
     return out

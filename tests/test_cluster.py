@@ -6,13 +6,13 @@ duplicates nothing once it is back."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 import grpc
 import pytest

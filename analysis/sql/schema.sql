@@ -892,6 +892,8 @@ ALTER TABLE "otel"."phaselens_budget_live"
 
 ALTER TABLE "otel"."phaselens_budget_live" MODIFY TTL toDateTime(refreshed) + toIntervalSecond(900);
 
+ALTER TABLE "otel"."phaselens_budget_live" MODIFY SETTING merge_with_ttl_timeout = 60;
+
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_pending" (
     TraceId String CODEC(ZSTD(1)),
     inserted SimpleAggregateFunction(min, DateTime64(3)),
@@ -1527,10 +1529,25 @@ ORDER BY (bucket, service, origin);
 
 ALTER TABLE "otel"."phaselens_steps_rollup" ADD COLUMN IF NOT EXISTS origin LowCardinality(String), MODIFY ORDER BY (bucket, service, origin), ADD COLUMN IF NOT EXISTS copy_to UInt16 EPHEMERAL;
 
-DROP VIEW IF EXISTS "otel"."phaselens_steps_rollup_mv";
-
-CREATE MATERIALIZED VIEW "otel"."phaselens_steps_rollup_mv" TO "otel"."phaselens_steps_rollup"
+CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_steps_rollup_mv" TO "otel"."phaselens_steps_rollup"
 AS SELECT toStartOfMinute(time) AS bucket, service, concat(hostName(), ':', toString(getServerPort('tcp_port'))) AS origin,
+    count() AS steps,
+    countIf(prefill_tokens > 0 AND decode_tokens > 0) AS mixed_steps,
+    countIf(decode_tokens > 0) AS decode_steps,
+    sumIf(toUInt64(decode_tokens), prefill_tokens > 0 AND decode_tokens > 0) AS delayed_decodes,
+    sumIf(decode_tokens * duration_ms, decode_tokens > 0) AS decode_token_ms,
+    sum(toUInt64(preemptions)) AS preemptions,
+    avgState(CAST(batch_size AS Nullable(Float64))) AS batch_size_avg,
+    max(queue_depth) AS queue_depth_max,
+    max(kv_blocks_used / nullIf(kv_blocks_total, 0)) AS kv_used_max,
+    quantilesDDForEachState(0.01, 0.5, 0.9, 0.99)([CAST((if(prefill_tokens = 0 AND decode_tokens > 0, duration_ms, NULL)) * 1000000.0 AS Nullable(Float64)), CAST((if(prefill_tokens > 0 AND decode_tokens > 0, duration_ms, NULL)) * 1000000.0 AS Nullable(Float64)), CAST((kv_blocks_used / nullIf(kv_blocks_total, 0)) * 1000000.0 AS Nullable(Float64))]) AS step_qs,
+    sumMapState(if(prefill_tokens > 0 AND decode_tokens > 0, [toUInt32(ifNull(if(duration_ms > 0, least(greatest(ceil(log(duration_ms) / 0.020000666706669435), -2048), 2047), NULL), -2048) + 2048)], []), if(prefill_tokens > 0 AND decode_tokens > 0, [toFloat64(1)], []), if(prefill_tokens > 0 AND decode_tokens > 0, [toFloat64(duration_ms)], []), if(prefill_tokens > 0 AND decode_tokens > 0, [toFloat64(decode_tokens)], []), if(prefill_tokens > 0 AND decode_tokens > 0, [toFloat64(decode_tokens * duration_ms)], [])) AS mixed_hist
+FROM (SELECT Timestamp AS time, ServiceName AS service, TraceId AS trace_id, SpanId AS span_id, toUInt64OrNull(SpanAttributes['phaselens.step.index']) AS step_index, toUInt32OrNull(SpanAttributes['phaselens.step.num_seqs']) AS batch_size, toUInt32OrZero(SpanAttributes['phaselens.step.prefill_tokens']) AS prefill_tokens, toUInt32OrZero(SpanAttributes['phaselens.step.decode_tokens']) AS decode_tokens, toUInt32OrNull(SpanAttributes['phaselens.step.kv_blocks_used']) AS kv_blocks_used, toUInt32OrNull(SpanAttributes['phaselens.step.kv_blocks_total']) AS kv_blocks_total, toUInt32OrZero(SpanAttributes['phaselens.step.preemptions']) AS preemptions, toUInt32OrNull(SpanAttributes['phaselens.step.queue_depth']) AS queue_depth, Duration / 1e6 AS duration_ms, length(Links.TraceId) AS linked_requests
+FROM "otel"."otel_traces"
+WHERE SpanName = 'llm.engine_step')
+GROUP BY bucket, service;
+
+ALTER TABLE "otel"."phaselens_steps_rollup_mv" MODIFY QUERY SELECT toStartOfMinute(time) AS bucket, service, concat(hostName(), ':', toString(getServerPort('tcp_port'))) AS origin,
     count() AS steps,
     countIf(prefill_tokens > 0 AND decode_tokens > 0) AS mixed_steps,
     countIf(decode_tokens > 0) AS decode_steps,
