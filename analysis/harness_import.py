@@ -37,6 +37,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from phaselens.analysis.harness_records import ClientRecord, HarnessRun
 from phaselens.analysis.id_batches import slices
 from phaselens.analysis.rollup_backfill import Backfilled, BackfillError, backfill_requests
+from phaselens.analysis.rollup_copies import cluster_of
 from phaselens.analysis.schema import FACTS_VIEW, SPANS_VIEW
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.collectors.schema import DISTRIBUTED_TABLE, ident
@@ -107,12 +108,7 @@ def distributed_cluster(client: Any, database: str) -> str | None:
     spans go through it (a foreground Distributed insert, sharded by cityHash64(TraceId), as the
     collector's `--cluster-insert distributed`), so a client span lands on its server request's shard:
     the per-request parts are shard-local."""
-    rows = client.query(
-        "SELECT extract(engine_full, '^Distributed[(]\\'([^\\']+)\\'') FROM system.tables "
-        "WHERE database = {db:String} AND name = {t:String}",
-        parameters={"db": database, "t": DISTRIBUTED_TABLE},
-    ).result_rows
-    return (rows[0][0] or None) if rows else None
+    return cluster_of(client, database, DISTRIBUTED_TABLE)
 
 
 def span_id_for(harness: str, request_id: str, trace_id: str) -> int:

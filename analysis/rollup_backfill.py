@@ -1,7 +1,8 @@
 """Recompute the sealed rollup rows of given minutes from the exact per-request rows: what makes a
 client view imported after its request was sealed (`phaselens import`) count in the default budget.
 
-On one node (every node of a cluster in turn: each seals its own requests, `analysis/rollup.py`):
+On one node (every node of a cluster in turn: each seals its own requests, `analysis/rollup.py`;
+every node keeps a copy of every node's rows, so the delete runs on each, and the insert is copied):
 
     W = the node's watermark (max sealed_to of its rows)
     S = the requests of the minutes whose first part was inserted at or before W, or that have left
@@ -34,6 +35,7 @@ from phaselens.analysis import rollup
 from phaselens.analysis import schema as s
 from phaselens.analysis import sketch as sk
 from phaselens.analysis.id_batches import slices
+from phaselens.analysis.rollup_copies import copies_select
 from phaselens.collectors.schema import ident
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.cluster_nodes import cluster_nodes
@@ -92,9 +94,11 @@ def sealed_requests(client: Any, database: str, minutes: Sequence[int], mark_ms:
     return [row[0] for row in rows]
 
 
-def _recompute(client: Any, database: str, minutes: Sequence[int], mark_ms: int) -> int:
-    """One round: claim and count the requests sealed by `mark_ms`, in place of the minutes' rows."""
+def _recompute(client: Any, database: str, minutes: Sequence[int], mark_ms: int, nodes: Sequence[Any]) -> int:
+    """One round: claim and count the requests sealed by `mark_ms`, in place of the minutes' rows
+    (this node's rows, on every node of `nodes`)."""
     rollup_table, pending, parts = _tables(database)
+    cluster = rollup.copy_cluster(client, database)
     ids = sealed_requests(client, database, minutes, mark_ms)
     mark = "fromUnixTimestamp64Milli({mark:Int64})"
     for part in slices(ids):  # claimed before the delete: a pass skips them from now on
@@ -102,24 +106,25 @@ def _recompute(client: Any, database: str, minutes: Sequence[int], mark_ms: int)
             f"INSERT INTO {pending} (TraceId, inserted, harness_only) SELECT arrayJoin({{ids:Array(String)}}), {mark}, 1",
             parameters={"ids": ids[part], "mark": mark_ms},
         )
-    client.command(
-        f"DELETE FROM {rollup_table} WHERE sealer = {rollup.SEALER} AND toUInt32(bucket) IN {{minutes:Array(UInt32)}}",
-        parameters={"minutes": list(minutes)},
-    )
+    rollup.flush_copies(client, database)  # a pass's queued copies arrive before the deletes, not after
+    sealer = client.query(f"SELECT {rollup.SEALER}").result_rows[0][0]
+    for node in nodes:
+        node.command(
+            f"DELETE FROM {rollup_table} WHERE sealer = {{sealer:String}} AND toUInt32(bucket) IN {{minutes:Array(UInt32)}}",
+            parameters={"sealer": sealer, "minutes": list(minutes)},
+        )
     for part in slices(ids):
         requests = f"(SELECT * FROM {parts} FINAL WHERE TraceId IN {{ids:Array(String)}})"
         facts = rollup.with_pd(s.facts_select(requests, final=False), database, "TraceId IN {ids:Array(String)}")
-        states = rollup.states_select(facts, mark)
-        client.command(
-            f"INSERT INTO {rollup_table} ({', '.join(rollup.column_names())})\n{states}",
-            parameters={"ids": ids[part], "mark": mark_ms},
-        )
+        states = copies_select(rollup.states_select(facts, mark), cluster)
+        rollup.insert_rows(client, database, sk.ROLLUP_TABLE, states, cluster, {"ids": ids[part], "mark": mark_ms})
     return len(ids)
 
 
-def backfill(client: Any, database: str, minutes: Sequence[int]) -> Backfilled:
+def backfill(client: Any, database: str, minutes: Sequence[int], nodes: Sequence[Any] = ()) -> Backfilled:
     """Recompute this node's sealed rows of `minutes` (epoch seconds of whole minutes) from every
-    part of their requests. Nothing before the node's first sealing pass: no request is sealed."""
+    part of their requests, on every node of `nodes` (a cluster's, this one among them; default:
+    this one). Nothing before the node's first sealing pass: no request is sealed."""
     if not minutes:
         return Backfilled(0, 0, 0)
     # a pass that read the pending table before the caller's insert must have committed first
@@ -128,7 +133,7 @@ def backfill(client: Any, database: str, minutes: Sequence[int]) -> Backfilled:
     for rounds in range(1, MAX_ROUNDS + 1):
         if mark_ms == 0:
             return Backfilled(len(minutes), 0, rounds)
-        requests = _recompute(client, database, minutes, mark_ms)
+        requests = _recompute(client, database, minutes, mark_ms, nodes or [client])
         after_ms = watermark_ms(client, database)
         if after_ms == mark_ms:
             return Backfilled(len(minutes), requests, rounds)
@@ -147,16 +152,17 @@ def node_urls(client: Any, url: str, cluster: str | None) -> list[str]:
 T = TypeVar("T")
 
 
-def on_each_node(client: Any, url: str, cluster: str | None, work: Callable[[Any], T]) -> list[T]:
-    """`work(node_client)` on every node that seals requests (`node_urls`), one connection each."""
-    out = []
-    for node_url in node_urls(client, url, cluster):
-        node = connect(node_url)
-        try:
-            out.append(work(node))
-        finally:
+def on_each_node(client: Any, url: str, cluster: str | None, work: Callable[[Any, list[Any]], T]) -> list[T]:
+    """`work(node_client, every_node_client)` on every node that seals requests (`node_urls`), one
+    connection each (every node keeps a copy of every node's rollup rows)."""
+    nodes: list[Any] = []
+    try:
+        for node_url in node_urls(client, url, cluster):
+            nodes.append(connect(node_url))
+        return [work(node, nodes) for node in nodes]
+    finally:
+        for node in nodes:
             node.close()
-    return out
 
 
 def backfill_requests(
@@ -172,8 +178,8 @@ def backfill_minutes(
 ) -> list[Backfilled]:
     """`backfill` on every node, then its live states brought up to now."""
 
-    def on_node(node: Any) -> Backfilled:
-        done = backfill(node, database, minutes)
+    def on_node(node: Any, nodes: list[Any]) -> Backfilled:
+        done = backfill(node, database, minutes, nodes)
         rollup.refresh_now(node, database)
         return done
 

@@ -11,16 +11,19 @@ counted than stored), deletes their rollup rows and inserts the states of every 
 theirs. A minute that holds is left alone, so a second run over the same window recomputes nothing.
 A step inserted into a minute while it is recomputed may be counted twice or not at all; its
 minute's counts then differ, and the next run repairs it. On a cluster each node recomputes its own
-shard's steps (each node's view rolls up its shard's).
+shard's steps (each node's view rolls up its shard's, `origin`): the minutes' rows of that origin
+are deleted on every node (each keeps a copy) and the new ones copied to every node. A node's rows
+from before `origin` existed have it '' (only there): they count as its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from phaselens.analysis import sketch as sk
 from phaselens.analysis import step_rollup
-from phaselens.analysis.queries import step_rollup_columns
+from phaselens.analysis.rollup_copies import cluster_of, copies_select
 from phaselens.collectors.schema import TRACES_TABLE, ident
 from phaselens.instrumentation import names as n
 
@@ -31,6 +34,7 @@ _WINDOW = (
     "AND Timestamp < toStartOfMinute(now64(3) - toIntervalMillisecond({until:Int64})) + toIntervalMinute(1)"
 )
 _IN_MINUTES = "toUInt32(toStartOfMinute(Timestamp)) IN {minutes:Array(UInt32)}"
+_OWN = f"origin IN ('', {step_rollup.ORIGIN})"  # this node's rows, here
 
 
 def _tables(database: str) -> tuple[str, str]:
@@ -48,7 +52,7 @@ def stale_minutes(client: Any, database: str, since_ms: int, until_ms: int) -> l
     )
     counted = (
         f"SELECT toUInt32(bucket) AS minute, service, sum(steps) AS steps FROM {rollup} "
-        f"WHERE toUInt32(bucket) IN (SELECT minute FROM ({stored})) GROUP BY minute, service"
+        f"WHERE {_OWN} AND toUInt32(bucket) IN (SELECT minute FROM ({stored})) GROUP BY minute, service"
     )
     sql = (
         f"SELECT DISTINCT minute FROM (SELECT if(s.minute = 0, c.minute, s.minute) AS minute, "
@@ -58,20 +62,30 @@ def stale_minutes(client: Any, database: str, since_ms: int, until_ms: int) -> l
     return [row[0] for row in client.query(sql, parameters={"since": since_ms, "until": until_ms}).result_rows]
 
 
-def recompute(client: Any, database: str, minutes: list[int]) -> None:
-    """Replace the rollup rows of `minutes` (epoch seconds) by the states of every stored step of theirs."""
+def recompute(client: Any, database: str, minutes: list[int], nodes: Sequence[Any] = ()) -> None:
+    """Replace this node's rollup rows of `minutes` (epoch seconds), on every node of `nodes` (a
+    cluster's, this one among them; default: this one), by the states of every stored step of theirs."""
     traces, rollup = _tables(database)
-    columns = ", ".join(["bucket", "service", *(name for name, _, _ in step_rollup_columns())])
+    cluster = cluster_of(client, database, step_rollup.COPIES)
+    columns = ", ".join([*step_rollup.column_names(), *(["copy_to"] if cluster else [])])
+    into = f"{ident(database)}.{ident(step_rollup.COPIES)}" if cluster else rollup
+    if cluster:  # the view's queued copies arrive before the deletes, not after
+        client.command(f"SYSTEM FLUSH DISTRIBUTED {into}")
+    origin = client.query(f"SELECT {step_rollup.ORIGIN}").result_rows[0][0]
     for start in range(0, len(minutes), MINUTES_PER_STATEMENT):
-        params = {"minutes": minutes[start : start + MINUTES_PER_STATEMENT]}
-        client.command(f"DELETE FROM {rollup} WHERE toUInt32(bucket) IN {{minutes:Array(UInt32)}}", parameters=params)
-        steps = f"(SELECT * FROM {traces} WHERE {_IN_MINUTES})"
-        client.command(f"INSERT INTO {rollup} ({columns})\n{step_rollup.rollup_select(steps)}", parameters=params)
+        params = {"minutes": minutes[start : start + MINUTES_PER_STATEMENT], "origin": origin}
+        for node in nodes or [client]:
+            own = _OWN if node is client else "origin = {origin:String}"
+            node.command(
+                f"DELETE FROM {rollup} WHERE {own} AND toUInt32(bucket) IN {{minutes:Array(UInt32)}}", parameters=params
+            )
+        steps = copies_select(step_rollup.rollup_select(f"(SELECT * FROM {traces} WHERE {_IN_MINUTES})"), cluster)
+        client.command(f"INSERT INTO {into} ({columns})\n{steps}", parameters=params)
 
 
-def backfill_steps(client: Any, database: str, since_ms: int, until_ms: int) -> int:
-    """Recompute this node's step minutes in [now − since, now − until) that are not complete;
-    returns how many."""
+def backfill_steps(client: Any, database: str, since_ms: int, until_ms: int, nodes: Sequence[Any] = ()) -> int:
+    """Recompute this node's step minutes in [now − since, now − until) that are not complete (on
+    every node of `nodes`: `recompute`); returns how many."""
     minutes = stale_minutes(client, database, since_ms, until_ms)
-    recompute(client, database, minutes)
+    recompute(client, database, minutes, nodes)
     return len(minutes)

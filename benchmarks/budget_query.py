@@ -10,11 +10,14 @@ exact one (every request), as ingested (parts unmerged) and after OPTIMIZE … F
 CPU seconds beside wall seconds (the figure to compare on a shared machine); the refresh of every
 panel of the latency-budget dashboard (`dashboard_refresh_s`, queries run one after another), and the
 same-run baseline: the exact summary computed from the raw spans (no materialized view; ≤ 1M only).
-`cluster` (`--shards N`): the same rollup rows over N embedded shards against one node, each node's
-server CPU apart (the node asked first) and the critical path max(node asked, other shards): the
-wall time with each shard on its own machine.
+`cluster` (`--shards N`): the same rollup rows on an embedded cluster of N shards, laid out as a
+cluster keeps them (every node a complete copy, the minutes' rows named after the shard that sealed
+them), against one node: each node's server CPU apart (the node asked first), the critical path
+max(node asked, other shards), and (`--interleave R`) the mean CPU of R rounds that alternate one
+node's budget and dashboard with the cluster's, so that the machine's load hits both alike.
 
-    python benchmarks/budget_query.py [--requests N] [--quick] [--round N] [--scale K] [--shards N] [--clickhouse URL]
+    python benchmarks/budget_query.py [--requests N] [--quick] [--round N] [--scale K] [--shards N]
+        [--interleave R] [--clickhouse URL]
 """
 
 from __future__ import annotations
@@ -331,15 +334,36 @@ def _scaled(client, n_requests: int, copies: int, repeat: int, pid: int | None, 
     }
 
 
-def _copy_table(source, target, table: str, where: str) -> None:
-    """The rows of `table` matching `where` from one server into another (Native format: states kept)."""
-    data = source.raw_query(f"SELECT * FROM {DATABASE}.{table} WHERE {where}", fmt="Native")
+def _copy_table(source, target, table: str, shards: int) -> None:
+    """Every row of a rollup `table` from one server into another (Native format: states kept), each
+    minute's rows named after the shard that would have sealed them (minutes dealt out)."""
+    who = "sealer" if table == sketch.ROLLUP_TABLE else "origin"
+    named = f"concat('shard', toString(toRelativeMinuteNum(bucket) % {shards})) AS {who}"
+    data = source.raw_query(f"SELECT * REPLACE ({named}) FROM {DATABASE}.{table}", fmt="Native")
     target.raw_insert(f"{DATABASE}.{table}", insert_block=data, fmt="Native")
 
 
-def sharded(client, shards: int, repeat: int, filters: dict, slo, pid: int | None) -> dict:
-    """The same rollup rows on `shards` nodes of an embedded cluster (synthetic: the minutes dealt out
-    between the shards) read through the Distributed tables, against one node holding them all."""
+def _interleaved(one, asked, filters: dict, rounds: int, pid: int, pids: list[int]) -> dict:
+    """Mean server CPU per budget and per dashboard refresh over `rounds` rounds, each one node's
+    then the cluster's (every node apart, the node asked first)."""
+    panels = budget_panels()
+    cpu: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, client, of in (("one_node", one, [pid]), ("cluster", asked, pids)):
+            for what, work in (
+                ("budget", lambda c=client: budget(c, database=DATABASE, since="7d", slo=filters["slo"], exact=False)),
+                ("dashboard_refresh", lambda c=client: dashboard_refresh(c, filters["dashboard"], panels)),
+            ):
+                _, _, cpus = _runs(work, 1, of)
+                for i, used in enumerate(cpus[0]):
+                    cpu.setdefault(f"{name}_{what}_node{i + 1}", []).append(used)
+    return {"rounds": rounds, **{k: round(statistics.mean(v), 4) for k, v in cpu.items()}}
+
+
+def sharded(client, shards: int, repeat: int, filters: dict, slo, pid: int | None, interleave: int = 0) -> dict:
+    """The same rollup rows on `shards` nodes of an embedded cluster, every node holding all of
+    them as a cluster's nodes do (synthetic: the minutes dealt out between the shards as sealers),
+    each read on the node asked, against one node holding them all."""
     default = lambda c: lambda: budget(c, database=DATABASE, since="7d", slo=slo, exact=False)  # noqa: E731
     one_node = _default_figures(client, default(client), filters, repeat, pid)
     with (
@@ -347,18 +371,31 @@ def sharded(client, shards: int, repeat: int, filters: dict, slo, pid: int | Non
         EmbeddedCluster(tmp, shards, CLUSTER) as cluster,
     ):
         nodes = [connect(url) for url in cluster.urls]
-        for i, node in enumerate(nodes):
+        for node in nodes:
             CS.apply(node, ddl.all_statements(DATABASE, cluster=CLUSTER, on_cluster=False))
             rollup.stop_refreshes(node, DATABASE)
             for table in (sketch.ROLLUP_TABLE, sketch.STEPS_ROLLUP_TABLE):
-                _copy_table(client, node, table, f"toRelativeMinuteNum(bucket) % {shards} = {i}")
+                _copy_table(client, node, table, shards)
                 node.command(f"OPTIMIZE TABLE {DATABASE}.{table} FINAL")
+        # and warm: one node has run these queries already (a new server's first runs cost more)
         assert default(nodes[0])().requests == default(client)().requests
+        dashboard_refresh(nodes[0], filters, budget_panels())
         pids = [node.pid for node in cluster.nodes if node.pid is not None]
         spread = _default_figures(nodes[0], default(nodes[0]), filters, repeat, pids if pid else None)
+        rounds = (
+            _interleaved(client, nodes[0], {"slo": slo, "dashboard": filters}, interleave, pid, pids)
+            if interleave and pid
+            else None
+        )
         for node in nodes:
             node.close()
-    return {"shards": shards, "one_node": one_node, "sharded": spread, **_critical_path(one_node, spread)}
+    return {
+        "shards": shards,
+        "one_node": one_node,
+        "sharded": spread,
+        **_critical_path(one_node, spread),
+        "interleaved": rounds,
+    }
 
 
 def _critical_path(one_node: dict, spread: dict) -> dict:
@@ -387,6 +424,7 @@ def run(
     round_requests: int = 1_000_000,
     scale: int = 1,
     shards: int = 2,
+    interleave: int = 0,
 ) -> dict:
     client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
     CS.apply(client, ddl.all_statements(DATABASE))
@@ -414,7 +452,7 @@ def run(
     exact_merged = _timed(exact, repeat, pid)
     refresh, panels = _best_refresh(client, filters, repeat)
     baseline = _timed(lambda: _raw_spans_summary(client), 1, pid) if n_requests <= 1_000_000 else None
-    cluster = sharded(client, shards, repeat, filters, slo, pid) if shards > 1 else None
+    cluster = sharded(client, shards, repeat, filters, slo, pid, interleave) if shards > 1 else None
     scaled = _scaled(client, n_requests, scale - 1, repeat, pid, default, filters) if scale > 1 else None
     return {
         "benchmark": "budget_query",
@@ -477,6 +515,9 @@ def main() -> int:
         "--shards", type=int, default=2, help="then the same rollup rows over this many shards (0: skip)"
     )
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--interleave", type=int, default=0, help="then this many rounds alternating one node and the cluster"
+    )
     parser.add_argument("--clickhouse", default=None, help="use this server instead of an embedded one")
     args = parser.parse_args()
     n_requests = 100_000 if args.quick else args.requests
@@ -486,7 +527,9 @@ def main() -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="phaselens-bench-") as tmp, EmbeddedClickHouse(tmp) as server:
             client = connect(server.url)
-            result = run(client, n_requests, args.repeat, server_pid(tmp), args.round, args.scale, args.shards)
+            result = run(
+                client, n_requests, args.repeat, server_pid(tmp), args.round, args.scale, args.shards, args.interleave
+            )
             client.command(f"DROP DATABASE IF EXISTS {DATABASE}")
             client.close()
     print(json.dumps(result))

@@ -12,15 +12,19 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 import grpc
 import pytest
 
-from phaselens.analysis import queries, rollup, sketch
+from phaselens.analysis import queries, rollup, sketch, step_rollup
+from phaselens.analysis.budget import budget
+from phaselens.collectors.schema import ident
 from phaselens.collectors.service import Collector
 from phaselens.collectors.shard_sink import make_sink
 from phaselens.commands import budget as budget_command
 from phaselens.commands import clickhouse as clickhouse_command
+from phaselens.commands import rollup as rollup_command
 from phaselens.commands import schema as schema_command
 from phaselens.instrumentation import names
 from phaselens.storage.clickhouse_url import connect
@@ -91,7 +95,9 @@ def test_schema_per_node_twice_and_on_cluster_points_at_the_flag(cluster, client
         assert tables["otel_traces_distributed"] == tables["phaselens_request_parts_distributed"] == "Distributed"
         assert tables["phaselens_budget_rollup"] == "AggregatingMergeTree"
         assert tables["phaselens_budget_states_local"] == "Merge"
-        assert tables["phaselens_budget_states_distributed"] == "Distributed"
+        # every node keeps a complete copy of the rollups: written through these, read locally
+        assert tables["phaselens_budget_rollup_copies"] == tables["phaselens_steps_rollup_copies"] == "Distributed"
+        assert "phaselens_budget_states_distributed" not in tables
         assert {"phaselens_requests", "phaselens_request_facts", "phaselens_steps"} <= set(tables)
 
 
@@ -149,6 +155,9 @@ def single(clickhouse, spans, tmp_path_factory) -> str:
     with Collector(clickhouse.url, database="single", spool_dir=str(tmp_path_factory.mktemp("spool"))) as c:
         spangen.export_otlp(spans, c.grpc_endpoint)
     assert c.metrics.snapshot()["spans_written"] == len(spans)
+    one = connect(clickhouse.url)
+    rollup.refresh_now(one, "single")  # the views run: the live states as of now
+    one.close()
     return "single"
 
 
@@ -181,10 +190,13 @@ def test_spans_shard_by_request_and_the_budget_equals_one_nodes(
     # refresh (a refresh by hand beside the view's own could insert the live rows twice)
     for c in clients:
         rollup.refresh_now(c, db)
-    one = connect(clickhouse.url)
-    rollup.refresh_now(one, single)
-    one.close()
-    sharded, one_node = _budget(cluster.urls[0], db, capsys), _budget(clickhouse.url, single, capsys)
+    # each node answers the whole cluster's budget from its own complete copy of the rollups
+    for url in cluster.urls:
+        _assert_budget_equals_one_nodes(url, db, clickhouse.url, single, capsys)
+
+
+def _assert_budget_equals_one_nodes(url: str, db: str, single_url: str, single: str, capsys) -> None:
+    sharded, one_node = _budget(url, db, capsys), _budget(single_url, single, capsys)
     assert sharded["source"] == one_node["source"] == "rollup"
     assert sharded["requests"] == one_node["requests"] == 60, (sharded["requests"], one_node["requests"])
     assert sharded["filters"].pop("database") == db and one_node["filters"].pop("database") == single
@@ -192,6 +204,83 @@ def test_spans_shard_by_request_and_the_budget_equals_one_nodes(
     assert got.keys() == want.keys() and len(got) > 100
     # means summed in another order differ in the last bits; everything else is exact
     assert got == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()}
+
+
+def _own_rows(client, db: str) -> list[tuple]:
+    """This node's request and engine-step rollup rows: (sealer or origin, Σ requests or steps)."""
+    requests = f"SELECT sealer, sum(requests) FROM {db}.{sketch.ROLLUP_TABLE} GROUP BY sealer"
+    steps = f"SELECT origin, sum(steps) FROM {db}.{sketch.STEPS_ROLLUP_TABLE} GROUP BY origin"
+    return sorted(client.query(requests).result_rows) + sorted(client.query(steps).result_rows)
+
+
+def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
+    cluster, clients, clickhouse, single, spans, tmp_path, capsys
+):
+    """Shard 2 seals and is stopped: shard 1 seals on (its view's pass, its copy queued) and alone
+    answers the whole cluster's budget from its copy; shard 2, restarted, gets the copies, and
+    answers it too. Then the
+    layout before the copies (each node its own rows; engine steps without `origin`): `phaselens
+    rollup backfill` pushes them once, and a second run changes nothing."""
+    db = "copies"
+    assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
+    for c in clients:
+        rollup.stop_refreshes(c, db)
+    with Collector(cluster.urls[0], database=db, cluster=CLUSTER, spool_dir=str(tmp_path / "spool")) as collector:
+        spangen.export_otlp(spans, collector.grpc_endpoint)
+    seal, own = f"{db}.{rollup.SEAL_VIEW}", f"sealer = {rollup.SEALER}"
+    victim = cluster.nodes[1]
+    queued = f"SELECT sum(data_files) FROM system.distribution_queue WHERE database = '{db}'"
+    rollup.seal_now(clients[1], db)  # its copies sent to shard 1
+    victim.stop()
+    try:
+        # the sealing view again, with no wait: created, it runs a pass at once
+        ddl = rollup.statements(db, cluster=CLUSTER, on_cluster=False, wait_s=0)
+        create = next(
+            sql for sql in ddl if sql.startswith(f"CREATE MATERIALIZED VIEW {ident(db)}.{ident(rollup.SEAL_VIEW)}")
+        )
+        for sql in (f"DROP VIEW {seal}", create, f"SYSTEM WAIT VIEW {seal}", f"SYSTEM STOP VIEW {seal}"):
+            clients[0].command(sql)
+        mine = f"SELECT sum(requests) FROM {db}.{sketch.ROLLUP_TABLE} WHERE {own}"
+        sealed = clients[0].query(mine).result_rows[0][0]
+        assert 0 < sealed < 60  # this shard's requests, once the wait is over
+        assert clients[0].query(queued).result_rows[0][0] > 0  # the copy for shard 2 waits in the queue
+        # the rollup budget (the CLI adds the exact P/D summary, a Distributed read)
+        with connect(clickhouse.url) as one:
+            want = _flat(asdict(budget(one, database=single, since=None, exact=False)))
+        got = _flat(asdict(budget(clients[0], database=db, since=None, exact=False)))
+        assert got.pop("filters.database.") == db and want.pop("filters.database.") == single
+        assert got == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()}
+        assert got["requests."] == 60 and len(got) > 100
+    finally:
+        victim.start()
+    others = f"SELECT sum(requests) FROM {db}.{sketch.ROLLUP_TABLE} WHERE sealer != {rollup.SEALER}"
+    rollup.flush_copies(clients[0], db)  # sent now rather than at the queue's next retry
+    assert clients[1].query(others).result_rows[0][0] == sealed
+    assert clients[0].query(queued).result_rows[0][0] == 0
+    rollup.stop_refreshes(clients[1], db)  # the restarted node's views run again
+    for url in cluster.urls:
+        _assert_budget_equals_one_nodes(url, db, clickhouse.url, single, capsys)
+    complete = [_own_rows(c, db) for c in clients]
+    assert complete[0] == complete[1] and len(complete[0]) == 4
+    # the layout before: each node only its own request rows, its engine steps with origin ''
+    step_columns = ", ".join("''" if c == "origin" else c for c in step_rollup.column_names())
+    for c in clients:
+        c.command(f"DELETE FROM {db}.{sketch.ROLLUP_TABLE} WHERE sealer != {rollup.SEALER}")
+        c.command(f"DELETE FROM {db}.{sketch.STEPS_ROLLUP_TABLE} WHERE origin != {step_rollup.ORIGIN}")
+        c.command(
+            f"INSERT INTO {db}.{sketch.STEPS_ROLLUP_TABLE} SELECT {step_columns} FROM {db}.{sketch.STEPS_ROLLUP_TABLE}"
+        )
+        c.command(f"DELETE FROM {db}.{sketch.STEPS_ROLLUP_TABLE} WHERE origin != ''")
+    assert _budget(cluster.urls[1], db, capsys)["requests"] < 60
+    backfill = ("rollup", "backfill", "--clickhouse", cluster.urls[0], "--database", db, "--since", "1d")
+    assert run_command(rollup_command.register, *backfill) == 0
+    assert capsys.readouterr().out.count("request rows to the other nodes") == 2
+    assert [_own_rows(c, db) for c in clients] == complete
+    assert run_command(rollup_command.register, *backfill) == 0  # twice: nothing copied, nothing changed
+    assert "copied" not in capsys.readouterr().out
+    assert [_own_rows(c, db) for c in clients] == complete
+    for url in cluster.urls:
+        _assert_budget_equals_one_nodes(url, db, clickhouse.url, single, capsys)
 
 
 def test_pd_columns_on_a_cluster_from_either_node(cluster, clients, tmp_path):
@@ -230,8 +319,13 @@ def _trace_level_queries_see_every_shard(clients, db: str) -> None:
     sql, params = queries.render_cli("services", database=db)
     served = {r[0] for r in clients[0].query(sql, parameters=params).result_rows}
     assert served == {WORKLOAD.server_service}
-    steps = f"SELECT DISTINCT _shard_num FROM {db}.{sketch.STEPS_ROLLUP_TABLE}_distributed"
-    assert {r[0] for r in clients[0].query(steps).result_rows} == {1, 2}
+    # each node's engine-step rollup holds both shards' steps (its own, and the other's copies)
+    origins = f"SELECT uniqExact(origin), sum(steps) FROM {db}.{sketch.STEPS_ROLLUP_TABLE}"
+    for c in clients:
+        rollup.flush_copies(c, db)
+    stored = f"SELECT count() FROM {db}.otel_traces_distributed WHERE SpanName = {{s:String}}"
+    steps = clients[0].query(stored, parameters={"s": names.SPAN_ENGINE_STEP}).result_rows[0][0]
+    assert [c.query(origins).result_rows[0] for c in clients] == [(2, steps), (2, steps)] and steps > 0
 
 
 def _flat(value, prefix: str = "") -> dict:

@@ -779,6 +779,7 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_rollup" (
     sealer LowCardinality(String),
     sealed_to SimpleAggregateFunction(max, DateTime64(3)),
     is_live UInt8 DEFAULT 0,
+    refreshed DateTime64(3),
     requests SimpleAggregateFunction(sum, UInt64),
     with_client SimpleAggregateFunction(sum, UInt64),
     with_server SimpleAggregateFunction(sum, UInt64),
@@ -798,10 +799,36 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_rollup" (
     client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String)),
     slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String))),
     pd_terms_qs AggregateFunction(quantilesDDForEach(0.01, 0.5, 0.9, 0.99), Array(Nullable(Float64))),
-    pd_terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64)))
+    pd_terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64))),
+    copy_to UInt16 EPHEMERAL
 ) ENGINE = AggregatingMergeTree()
 PARTITION BY toYYYYMM(bucket)
-ORDER BY (bucket, service, model, span_model, sealer, is_live);
+ORDER BY (bucket, service, model, span_model, sealer, is_live, refreshed);
+
+ALTER TABLE "otel"."phaselens_budget_rollup"
+    ADD COLUMN IF NOT EXISTS refreshed DateTime64(3),
+    MODIFY ORDER BY (bucket, service, model, span_model, sealer, is_live, refreshed),
+    ADD COLUMN IF NOT EXISTS copy_to UInt16 EPHEMERAL,
+    ADD COLUMN IF NOT EXISTS requests SimpleAggregateFunction(sum, UInt64),
+    ADD COLUMN IF NOT EXISTS with_client SimpleAggregateFunction(sum, UInt64),
+    ADD COLUMN IF NOT EXISTS with_server SimpleAggregateFunction(sum, UInt64),
+    ADD COLUMN IF NOT EXISTS errors SimpleAggregateFunction(sum, UInt64),
+    ADD COLUMN IF NOT EXISTS ok_requests SimpleAggregateFunction(sum, UInt64),
+    ADD COLUMN IF NOT EXISTS no_output SimpleAggregateFunction(sum, UInt64),
+    ADD COLUMN IF NOT EXISTS preempted SimpleAggregateFunction(sum, UInt64),
+    ADD COLUMN IF NOT EXISTS input_tokens_sum SimpleAggregateFunction(sum, Float64),
+    ADD COLUMN IF NOT EXISTS output_tokens_sum SimpleAggregateFunction(sum, Float64),
+    ADD COLUMN IF NOT EXISTS cached_tokens_sum SimpleAggregateFunction(sum, Float64),
+    ADD COLUMN IF NOT EXISTS first_server_start SimpleAggregateFunction(min, Nullable(DateTime64(9))),
+    ADD COLUMN IF NOT EXISTS last_server_end SimpleAggregateFunction(max, Nullable(DateTime64(9))),
+    ADD COLUMN IF NOT EXISTS terms_qs AggregateFunction(quantilesDDForEach(0.01, 0.5, 0.9, 0.99), Array(Nullable(Float64))),
+    ADD COLUMN IF NOT EXISTS terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64))),
+    ADD COLUMN IF NOT EXISTS slo_pairs SimpleAggregateFunction(groupArrayArray, Array(Tuple(UInt32, UInt64))),
+    ADD COLUMN IF NOT EXISTS tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    ADD COLUMN IF NOT EXISTS client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String)),
+    ADD COLUMN IF NOT EXISTS slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String))),
+    ADD COLUMN IF NOT EXISTS pd_terms_qs AggregateFunction(quantilesDDForEach(0.01, 0.5, 0.9, 0.99), Array(Nullable(Float64))),
+    ADD COLUMN IF NOT EXISTS pd_terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64)));
 
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_live" (
     bucket DateTime CODEC(Delta, ZSTD(1)),
@@ -811,6 +838,7 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_live" (
     sealer LowCardinality(String),
     sealed_to SimpleAggregateFunction(max, DateTime64(3)),
     is_live UInt8 DEFAULT 0,
+    refreshed DateTime64(3),
     requests SimpleAggregateFunction(sum, UInt64),
     with_client SimpleAggregateFunction(sum, UInt64),
     with_server SimpleAggregateFunction(sum, UInt64),
@@ -830,34 +858,17 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_budget_live" (
     client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String)),
     slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String))),
     pd_terms_qs AggregateFunction(quantilesDDForEach(0.01, 0.5, 0.9, 0.99), Array(Nullable(Float64))),
-    pd_terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64)))
+    pd_terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64))),
+    copy_to UInt16 EPHEMERAL
 ) ENGINE = AggregatingMergeTree()
 PARTITION BY toYYYYMM(bucket)
-ORDER BY (bucket, service, model, span_model, sealer, is_live);
-
-ALTER TABLE "otel"."phaselens_budget_rollup"
-    ADD COLUMN IF NOT EXISTS requests SimpleAggregateFunction(sum, UInt64),
-    ADD COLUMN IF NOT EXISTS with_client SimpleAggregateFunction(sum, UInt64),
-    ADD COLUMN IF NOT EXISTS with_server SimpleAggregateFunction(sum, UInt64),
-    ADD COLUMN IF NOT EXISTS errors SimpleAggregateFunction(sum, UInt64),
-    ADD COLUMN IF NOT EXISTS ok_requests SimpleAggregateFunction(sum, UInt64),
-    ADD COLUMN IF NOT EXISTS no_output SimpleAggregateFunction(sum, UInt64),
-    ADD COLUMN IF NOT EXISTS preempted SimpleAggregateFunction(sum, UInt64),
-    ADD COLUMN IF NOT EXISTS input_tokens_sum SimpleAggregateFunction(sum, Float64),
-    ADD COLUMN IF NOT EXISTS output_tokens_sum SimpleAggregateFunction(sum, Float64),
-    ADD COLUMN IF NOT EXISTS cached_tokens_sum SimpleAggregateFunction(sum, Float64),
-    ADD COLUMN IF NOT EXISTS first_server_start SimpleAggregateFunction(min, Nullable(DateTime64(9))),
-    ADD COLUMN IF NOT EXISTS last_server_end SimpleAggregateFunction(max, Nullable(DateTime64(9))),
-    ADD COLUMN IF NOT EXISTS terms_qs AggregateFunction(quantilesDDForEach(0.01, 0.5, 0.9, 0.99), Array(Nullable(Float64))),
-    ADD COLUMN IF NOT EXISTS terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64))),
-    ADD COLUMN IF NOT EXISTS slo_pairs SimpleAggregateFunction(groupArrayArray, Array(Tuple(UInt32, UInt64))),
-    ADD COLUMN IF NOT EXISTS tail_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
-    ADD COLUMN IF NOT EXISTS client_harnesses SimpleAggregateFunction(groupUniqArrayArray, Array(String)),
-    ADD COLUMN IF NOT EXISTS slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String))),
-    ADD COLUMN IF NOT EXISTS pd_terms_qs AggregateFunction(quantilesDDForEach(0.01, 0.5, 0.9, 0.99), Array(Nullable(Float64))),
-    ADD COLUMN IF NOT EXISTS pd_terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64)));
+ORDER BY (bucket, service, model, span_model, sealer, is_live, refreshed)
+TTL toDateTime(refreshed) + toIntervalSecond(900);
 
 ALTER TABLE "otel"."phaselens_budget_live"
+    ADD COLUMN IF NOT EXISTS refreshed DateTime64(3),
+    MODIFY ORDER BY (bucket, service, model, span_model, sealer, is_live, refreshed),
+    ADD COLUMN IF NOT EXISTS copy_to UInt16 EPHEMERAL,
     ADD COLUMN IF NOT EXISTS requests SimpleAggregateFunction(sum, UInt64),
     ADD COLUMN IF NOT EXISTS with_client SimpleAggregateFunction(sum, UInt64),
     ADD COLUMN IF NOT EXISTS with_server SimpleAggregateFunction(sum, UInt64),
@@ -878,6 +889,10 @@ ALTER TABLE "otel"."phaselens_budget_live"
     ADD COLUMN IF NOT EXISTS slowest AggregateFunction(groupArraySorted(50), Tuple(Float64, String, Nullable(String), Nullable(DateTime64(9)), Nullable(String), Nullable(String), String, Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), Nullable(Float64), String, Nullable(UInt32), Nullable(UInt32), Nullable(UInt32), Nullable(Float64), Nullable(String), Nullable(String))),
     ADD COLUMN IF NOT EXISTS pd_terms_qs AggregateFunction(quantilesDDForEach(0.01, 0.5, 0.9, 0.99), Array(Nullable(Float64))),
     ADD COLUMN IF NOT EXISTS pd_terms_avg AggregateFunction(avgForEach, Array(Nullable(Float64)));
+
+ALTER TABLE "otel"."phaselens_budget_live" MODIFY TTL toDateTime(refreshed) + toIntervalSecond(900);
+
+ALTER TABLE "otel"."phaselens_budget_live" MODIFY SETTING merge_with_ttl_timeout = 60;
 
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_pending" (
     TraceId String CODEC(ZSTD(1)),
@@ -1067,9 +1082,12 @@ ALTER TABLE "otel"."phaselens_request_pending_mv" MODIFY QUERY SELECT *, now64(3
 
 DROP VIEW IF EXISTS "otel"."phaselens_budget_seal";
 
+DROP VIEW IF EXISTS "otel"."phaselens_budget_live_refresh";
+
 CREATE MATERIALIZED VIEW "otel"."phaselens_budget_seal"
 REFRESH EVERY 30 SECOND APPEND TO "otel"."phaselens_budget_rollup"
 AS SELECT toStartOfMinute(start_time) AS bucket, ifNull(service, '') AS service, ifNull(model, '') AS model, ifNull(span_model, '') AS span_model, concat(hostName(), ':', toString(getServerPort('tcp_port'))) AS sealer, now64(3) - toIntervalSecond(60) AS sealed_to, toUInt8(0) AS is_live,
+    toDateTime64(0, 3) AS refreshed,
     countIf(1) AS requests,
     countIf(has_client) AS with_client,
     countIf(has_server) AS with_server,
@@ -1270,11 +1288,10 @@ FROM "otel"."phaselens_pd_parts" FINAL
 WHERE TraceId IN (SELECT TraceId FROM "otel"."phaselens_request_pending" WHERE inserted > (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port')))))) AS pd USING (trace_id))
 GROUP BY bucket, service, model, span_model;
 
-DROP VIEW IF EXISTS "otel"."phaselens_budget_live_refresh";
-
 CREATE MATERIALIZED VIEW "otel"."phaselens_budget_live_refresh"
 REFRESH EVERY 10 SECOND TO "otel"."phaselens_budget_live"
 AS SELECT toStartOfMinute(start_time) AS bucket, ifNull(service, '') AS service, ifNull(model, '') AS model, ifNull(span_model, '') AS span_model, concat(hostName(), ':', toString(getServerPort('tcp_port'))) AS sealer, (SELECT max(sealed_to) FROM "otel"."phaselens_budget_rollup" WHERE sealer = concat(hostName(), ':', toString(getServerPort('tcp_port')))) AS sealed_to, toUInt8(1) AS is_live,
+    now64(3) AS refreshed,
     countIf(1) AS requests,
     countIf(has_client) AS with_client,
     countIf(has_server) AS with_server,
@@ -1482,7 +1499,10 @@ ENGINE = Merge('otel', '^(phaselens_budget_rollup|phaselens_budget_live)$');
 
 CREATE OR REPLACE VIEW "otel"."phaselens_budget_states_current" AS
 SELECT * FROM "otel"."phaselens_budget_states_local"
-WHERE is_live = 0 OR (sealer, sealed_to) IN (SELECT sealer, max(if(is_live = 1, toDateTime64(0, 3), sealed_to)) FROM "otel"."phaselens_budget_states_local" GROUP BY sealer);
+WHERE is_live = 0 OR (sealer, sealed_to, refreshed) IN (SELECT sealer, sealed_to, max(refreshed) FROM "otel"."phaselens_budget_states_local"
+    WHERE is_live = 1 AND (sealer, sealed_to) IN (SELECT sealer, max(if(is_live = 1, toDateTime64(0, 3), sealed_to)) FROM "otel"."phaselens_budget_states_local" GROUP BY sealer) GROUP BY sealer, sealed_to);
+
+DROP TABLE IF EXISTS "otel"."phaselens_budget_states_distributed";
 
 CREATE OR REPLACE VIEW "otel"."phaselens_budget_states" AS
 SELECT * FROM "otel"."phaselens_budget_states_current";
@@ -1490,6 +1510,7 @@ SELECT * FROM "otel"."phaselens_budget_states_current";
 CREATE TABLE IF NOT EXISTS "otel"."phaselens_steps_rollup" (
     bucket DateTime CODEC(Delta, ZSTD(1)),
     service LowCardinality(String),
+    origin LowCardinality(String),
     steps SimpleAggregateFunction(sum, UInt64),
     mixed_steps SimpleAggregateFunction(sum, UInt64),
     decode_steps SimpleAggregateFunction(sum, UInt64),
@@ -1500,13 +1521,16 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_steps_rollup" (
     queue_depth_max SimpleAggregateFunction(max, Nullable(UInt32)),
     kv_used_max SimpleAggregateFunction(max, Nullable(Float64)),
     step_qs AggregateFunction(quantilesDDForEach(0.01, 0.5, 0.9, 0.99), Array(Nullable(Float64))),
-    mixed_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64))
+    mixed_hist AggregateFunction(sumMap, Array(UInt32), Array(Float64), Array(Float64), Array(Float64), Array(Float64)),
+    copy_to UInt16 EPHEMERAL
 ) ENGINE = AggregatingMergeTree()
 PARTITION BY toYYYYMM(bucket)
-ORDER BY (bucket, service);
+ORDER BY (bucket, service, origin);
+
+ALTER TABLE "otel"."phaselens_steps_rollup" ADD COLUMN IF NOT EXISTS origin LowCardinality(String), MODIFY ORDER BY (bucket, service, origin), ADD COLUMN IF NOT EXISTS copy_to UInt16 EPHEMERAL;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_steps_rollup_mv" TO "otel"."phaselens_steps_rollup"
-AS SELECT toStartOfMinute(time) AS bucket, service,
+AS SELECT toStartOfMinute(time) AS bucket, service, concat(hostName(), ':', toString(getServerPort('tcp_port'))) AS origin,
     count() AS steps,
     countIf(prefill_tokens > 0 AND decode_tokens > 0) AS mixed_steps,
     countIf(decode_tokens > 0) AS decode_steps,
@@ -1523,7 +1547,7 @@ FROM "otel"."otel_traces"
 WHERE SpanName = 'llm.engine_step')
 GROUP BY bucket, service;
 
-ALTER TABLE "otel"."phaselens_steps_rollup_mv" MODIFY QUERY SELECT toStartOfMinute(time) AS bucket, service,
+ALTER TABLE "otel"."phaselens_steps_rollup_mv" MODIFY QUERY SELECT toStartOfMinute(time) AS bucket, service, concat(hostName(), ':', toString(getServerPort('tcp_port'))) AS origin,
     count() AS steps,
     countIf(prefill_tokens > 0 AND decode_tokens > 0) AS mixed_steps,
     countIf(decode_tokens > 0) AS decode_steps,

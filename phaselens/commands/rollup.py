@@ -30,6 +30,7 @@ def run_backfill(args) -> int:
     from phaselens.analysis.dialect import QueryError, duration_ms
     from phaselens.analysis.harness_import import distributed_cluster
     from phaselens.analysis.rollup_backfill import BackfillError, backfill_minutes, minutes_between, on_each_node
+    from phaselens.analysis.rollup_upgrade import push
     from phaselens.analysis.step_backfill import backfill_steps
 
     try:
@@ -42,16 +43,27 @@ def run_backfill(args) -> int:
         try:
             minutes = minutes_between(client, args.database, since_ms, until_ms)
             cluster = distributed_cluster(client, args.database)
+            # rollups built before every node kept a copy of every node's rows: copied once
+            pushed = on_each_node(
+                client, args.clickhouse, cluster, lambda node, nodes: push(node, args.database, nodes)
+            )
             nodes = backfill_minutes(client, args.clickhouse, args.database, cluster, minutes)
             steps = on_each_node(
-                client, args.clickhouse, cluster, lambda node: backfill_steps(node, args.database, since_ms, until_ms)
+                client,
+                args.clickhouse,
+                cluster,
+                lambda node, nodes: backfill_steps(node, args.database, since_ms, until_ms, nodes),
             )
         finally:
             client.close()
     except (AnalysisError, BackfillError, ClickHouseError, OSError) as e:
         print(f"error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
         return 1
-    for i, (node, step_minutes) in enumerate(zip(nodes, steps, strict=True), 1):
+    for i, (node, step_minutes, (requests_sent, steps_named)) in enumerate(zip(nodes, steps, pushed, strict=True), 1):
+        if requests_sent or steps_named:
+            print(
+                f"node {i}: copied {requests_sent} request rows to the other nodes, {steps_named} engine-step rows named"
+            )
         print(
             f"node {i}: {_minutes(node.minutes)} recomputed, {node.requests} requests sealed already "
             f"({node.rounds} round{'s' if node.rounds > 1 else ''}); engine steps: {_minutes(step_minutes)} recomputed"
