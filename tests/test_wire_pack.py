@@ -93,7 +93,7 @@ POOL = (None, b"", b"\x01" * 25, b"\x02" * 25, bytes(range(25)), b"\x03" * 24)  
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.sampled_from(range(len(POOL))), max_size=6), max_size=6), st.lists(REQUESTS, max_size=2))
 def test_steps_sharing_link_objects_are_written_as_the_reference(members, requests):
-    """Consecutive steps share most link objects (the packer copies them from the step before)."""
+    """Consecutive steps share most link objects, as a batch's members stay from step to step."""
     steps = [StepRecord(*range(9), tuple(POOL[i] for i in chosen)) for chosen in members]
     records = [*steps[:2], *requests, *steps[2:]]
     data, ends, unsampled = reference(records)

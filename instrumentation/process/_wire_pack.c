@@ -176,63 +176,6 @@ static int w_request(Out *out, PyObject *record) {
     return 0;
 }
 
-/* A step's links, from the step before it when a member's link is the same object: consecutive
- * steps share most members, and the shipper's copy of a link (in `scratch`, just written) is in
- * this core's cache where the link object, made on the serving loop's thread, is not (~1.5 us a
- * request of cache misses, measured live). `prev` is borrowed: the records list holds it for the
- * whole call, so its links' addresses cannot be reused meanwhile. */
-typedef struct {
-    PyObject *prev;         /* the last step written's links tuple, or NULL */
-    Py_ssize_t cap;         /* entries in each array below */
-    Py_ssize_t *size[2];    /* a link's length, -1 for None; [0] the current step's, [1] prev's */
-    Py_ssize_t *at[2];      /* where it was written in scratch ([0]: where to copy it from, -1 the object) */
-} LinkMemo;
-
-static LinkMemo memo;
-
-static int memo_reserve(Py_ssize_t members) {
-    if (members <= memo.cap)
-        return 0;
-    for (int k = 0; k < 2; k++) {
-        Py_ssize_t *size = PyMem_RawRealloc(memo.size[k], sizeof(Py_ssize_t) * (size_t)members);
-        if (size)
-            memo.size[k] = size;
-        Py_ssize_t *at = PyMem_RawRealloc(memo.at[k], sizeof(Py_ssize_t) * (size_t)members);
-        if (at)
-            memo.at[k] = at;
-        if (!size || !at) {
-            PyErr_NoMemory();
-            return -1;
-        }
-    }
-    memo.cap = members;
-    return 0;
-}
-
-/* Each link's length and source into memo's current arrays; their total, -1 on an error. */
-static Py_ssize_t link_sizes(PyObject *links, Py_ssize_t members) {
-    Py_ssize_t joined = 0, known = memo.prev ? PyTuple_GET_SIZE(memo.prev) : 0;
-    for (Py_ssize_t i = 0; i < members; i++) {
-        PyObject *link = PyTuple_GET_ITEM(links, i);
-        memo.at[0][i] = -1;
-        if (link == Py_None) {
-            memo.size[0][i] = -1;
-            continue;
-        }
-        if (i < known && PyTuple_GET_ITEM(memo.prev, i) == link && memo.size[1][i] >= 0) {
-            memo.size[0][i] = memo.size[1][i];
-            memo.at[0][i] = memo.at[1][i];
-        } else if (PyBytes_CheckExact(link)) {
-            memo.size[0][i] = PyBytes_GET_SIZE(link);
-        } else {
-            PyErr_SetString(PyExc_TypeError, "wire: a step link: bytes or None expected");
-            return -1;
-        }
-        joined += memo.size[0][i];
-    }
-    return joined;
-}
-
 /* wire.encode_step: (*step[:-1], len(links), the set links joined); 0 when none is set (not written) */
 static int w_step(Out *out, PyObject *step) {
     Py_ssize_t n = PyTuple_GET_SIZE(step);
@@ -241,16 +184,19 @@ static int w_step(Out *out, PyObject *step) {
         PyErr_SetString(PyExc_TypeError, "wire: a step's links: a tuple expected");
         return -1;
     }
-    Py_ssize_t members = PyTuple_GET_SIZE(links);
-    if (memo_reserve(members) < 0)
-        return -1;
-    Py_ssize_t joined = link_sizes(links, members);
-    if (joined <= 0)
-        return (int)joined;
-    if (joined > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "wire: links over 2 GiB");
-        return -1;
+    Py_ssize_t members = PyTuple_GET_SIZE(links), joined = 0;
+    for (Py_ssize_t i = 0; i < members; i++) {
+        PyObject *link = PyTuple_GET_ITEM(links, i);
+        if (link == Py_None)
+            continue;
+        if (!PyBytes_CheckExact(link)) {
+            PyErr_SetString(PyExc_TypeError, "wire: a step link: bytes or None expected");
+            return -1;
+        }
+        joined += PyBytes_GET_SIZE(link);
     }
+    if (!joined)
+        return 0;
     if (reserve(out, 5) < 0)
         return -1;
     out->data[out->len] = '(';
@@ -259,28 +205,24 @@ static int w_step(Out *out, PyObject *step) {
     for (Py_ssize_t i = 0; i < n - 1; i++)
         if (w_value(out, PyTuple_GET_ITEM(step, i)) < 0)
             return -1;
-    if (w_int64(out, members) < 0 || reserve(out, 5 + joined) < 0)
+    if (w_int64(out, members) < 0)
+        return -1;
+    if (joined > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "wire: links over 2 GiB");
+        return -1;
+    }
+    if (reserve(out, 5 + joined) < 0)
         return -1;
     out->data[out->len] = 's';
     put_u32(out->data + out->len + 1, (uint32_t)joined);
     out->len += 5;
     for (Py_ssize_t i = 0; i < members; i++) {
-        Py_ssize_t size = memo.size[0][i], from = memo.at[0][i];
-        if (size < 0)
-            continue;
-        memcpy(out->data + out->len, from >= 0 ? out->data + from : PyBytes_AS_STRING(PyTuple_GET_ITEM(links, i)),
-               (size_t)size);
-        memo.at[0][i] = out->len;
-        out->len += size;
+        PyObject *link = PyTuple_GET_ITEM(links, i);
+        if (link != Py_None) {
+            memcpy(out->data + out->len, PyBytes_AS_STRING(link), (size_t)PyBytes_GET_SIZE(link));
+            out->len += PyBytes_GET_SIZE(link);
+        }
     }
-    /* written: this step's links are the next one's to compare with */
-    Py_ssize_t *swap = memo.size[0];
-    memo.size[0] = memo.size[1];
-    memo.size[1] = swap;
-    swap = memo.at[0];
-    memo.at[0] = memo.at[1];
-    memo.at[1] = swap;
-    memo.prev = links;
     return 1;
 }
 
@@ -325,7 +267,6 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!ends)
         return NULL;
     scratch.len = 0;
-    memo.prev = NULL; /* the last call's steps may be gone */
     for (Py_ssize_t i = 0; i < count; i++) {
         int rc = w_record(&scratch, PyList_GET_ITEM(records, i), args[1], args[2]);
         if (rc == 1) {
