@@ -110,12 +110,19 @@ static int w_marshal(Out *out, PyObject *value) {
 
 static int w_value(Out *out, PyObject *value);
 
-static int w_items(Out *out, PyObject *tuple, Py_ssize_t n) {
+/* marshal's TYPE_TUPLE and its length: the items follow */
+static int w_tuple_header(Out *out, Py_ssize_t n) {
     if (reserve(out, 5) < 0)
         return -1;
     out->data[out->len] = '(';
     put_u32(out->data + out->len + 1, (uint32_t)n);
     out->len += 5;
+    return 0;
+}
+
+static int w_items(Out *out, PyObject *tuple, Py_ssize_t n) {
+    if (w_tuple_header(out, n) < 0)
+        return -1;
     for (Py_ssize_t i = 0; i < n; i++)
         if (w_value(out, PyTuple_GET_ITEM(tuple, i)) < 0)
             return -1;
@@ -162,11 +169,8 @@ static void close_frame(Out *out, Py_ssize_t start, char kind) {
 /* wire.encode_request: the record's fields, a nested record (a tuple subclass) as a tuple */
 static int w_request(Out *out, PyObject *record) {
     Py_ssize_t n = PyTuple_GET_SIZE(record);
-    if (reserve(out, 5) < 0)
+    if (w_tuple_header(out, n) < 0)
         return -1;
-    out->data[out->len] = '(';
-    put_u32(out->data + out->len + 1, (uint32_t)n);
-    out->len += 5;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *field = PyTuple_GET_ITEM(record, i);
         int rc = PyTuple_Check(field) ? w_items(out, field, PyTuple_GET_SIZE(field)) : w_value(out, field);
@@ -197,11 +201,8 @@ static int w_step(Out *out, PyObject *step) {
     }
     if (!joined)
         return 0;
-    if (reserve(out, 5) < 0)
+    if (w_tuple_header(out, n + 1) < 0)
         return -1;
-    out->data[out->len] = '(';
-    put_u32(out->data + out->len + 1, (uint32_t)(n + 1));
-    out->len += 5;
     for (Py_ssize_t i = 0; i < n - 1; i++)
         if (w_value(out, PyTuple_GET_ITEM(step, i)) < 0)
             return -1;
