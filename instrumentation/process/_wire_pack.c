@@ -25,8 +25,9 @@
 #define KIND_STEP 3
 #define HEADER_BYTES 5 /* wire.HEADER: <u32 length><u8 kind> */
 
-/* The frames are written into one scratch buffer, kept between calls (only the shipper thread
- * calls, under the GIL), then copied into a bytes of their size: a new block the size of a drain
+/* The frames are written into one scratch buffer, kept between calls (shipper threads call pack()
+ * under the GIL, and nothing in it runs Python code before the frames are copied out), then copied
+ * into a bytes of their size: a new block the size of a drain
  * each call was ~0.6 us a record of page faults (glibc maps blocks that large afresh). */
 typedef struct {
     char *data;
@@ -285,8 +286,13 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             goto done;
         }
     }
-    if (_PyBytes_Resize(&ends, written * (Py_ssize_t)sizeof(uint32_t)) == 0)
-        result = Py_BuildValue("(y#Onn)", scratch.data ? scratch.data : "", scratch.len, ends, unsampled, errors);
+    /* the frames copied out before any allocation that may run a collection, hence Python code and
+     * another shipper thread's pack() over the scratch buffer */
+    PyObject *data = PyBytes_FromStringAndSize(scratch.data ? scratch.data : "", scratch.len);
+    if (data && _PyBytes_Resize(&ends, written * (Py_ssize_t)sizeof(uint32_t)) == 0)
+        result = Py_BuildValue("(NOnn)", data, ends, unsampled, errors);
+    else
+        Py_XDECREF(data);
 done:
     Py_XDECREF(ends);
     if (scratch.cap > SCRATCH_KEPT) {
