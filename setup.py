@@ -1,5 +1,6 @@
 """The C extensions: the collector's OTLP → RowBinary decoder (collectors/render.py), the span
-builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py) and its token gaps (phases.py); they
+builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py) and its token gaps (phases.py), the
+span shipper's frame packer (instrumentation/process/wire.py); they
 need a C compiler and the Python headers. Everything else is in pyproject.toml; the extensions are declared here because pyproject's `[tool.setuptools] ext-modules` is still experimental."""
 
 from setuptools import Extension, setup
@@ -19,6 +20,11 @@ setup(
         Extension(
             "phaselens.instrumentation.pipeline._token_gaps",
             ["instrumentation/pipeline/_token_gaps.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        ),
+        Extension(
+            "phaselens.instrumentation.process._wire_pack",
+            ["instrumentation/process/_wire_pack.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
     ]

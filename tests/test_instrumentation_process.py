@@ -331,13 +331,30 @@ def test_past_the_retention_bound_the_oldest_records_are_dropped_and_counted(rec
 
 def test_the_retention_evicts_oldest_first_and_tells_sent_from_unsent():
     kept = retention.Retained(limit_bytes=10)
-    assert kept.add([b"aaaa", b"bbbb"]) == retention.Evicted()
+    assert kept.add(b"aaaabbbb", [4, 8]) == retention.Evicted()
     kept.sent = 2  # written to the child
-    assert kept.add([b"cccc"]) == retention.Evicted(sent=1) and kept.sent == 1
-    assert kept.add([b"dddddddd"]) == retention.Evicted(sent=1, unsent=1)
-    assert (list(kept.frames), kept.size_bytes, kept.sent, kept.unsent()) == ([b"dddddddd"], 8, 0, [b"dddddddd"])
+    assert kept.add(b"cccc", [4]) == retention.Evicted(sent=1) and kept.sent == 1
+    assert kept.add(b"dddddddd", [8]) == retention.Evicted(sent=1, unsent=1)
+    assert (kept.frames, kept.size_bytes, kept.sent, kept.unsent()) == (1, 8, 0, [b"dddddddd"])
     kept.sent = 1
-    assert kept.release(5) == 1 and (kept.size_bytes, kept.sent, kept.unsent()) == (0, 0, [])
+    assert kept.release(5) == 1 and (kept.frames, kept.size_bytes, kept.sent, kept.unsent()) == (0, 0, 0, [])
+
+
+def test_the_retention_keeps_packed_frames_and_cuts_them_at_frame_bounds():
+    """Frames kept as packed (a drain's in one bytes): released, evicted and re-sent frame by frame."""
+    kept = retention.Retained(limit_bytes=100)
+    kept.add(b"aabbbcccc", [2, 5, 9])
+    kept.add(b"", [])  # a drain with nothing to ship
+    kept.add(b"dddddeeeeee", [5, 11])
+    assert (kept.frames, kept.size_bytes, [bytes(p) for p in kept.unsent()]) == (5, 20, [b"aabbbcccc", b"dddddeeeeee"])
+    kept.sent = 4
+    assert [bytes(p) for p in kept.unsent()] == [b"eeeeee"]
+    assert kept.release(1) == 1 and (kept.frames, kept.size_bytes, kept.sent) == (4, 18, 3)
+    kept.sent = 1
+    assert [bytes(p) for p in kept.unsent()] == [b"cccc", b"dddddeeeeee"]
+    kept.limit_bytes = 12  # with ff 8 bytes over: bbb and cccc go (the first chunk), then ddddd
+    assert kept.add(b"ff", [2]) == retention.Evicted(sent=1, unsent=2)
+    assert (kept.frames, kept.size_bytes, kept.sent, [bytes(p) for p in kept.unsent()]) == (2, 8, 0, [b"eeeeee", b"ff"])
 
 
 def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch):

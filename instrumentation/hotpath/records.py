@@ -7,7 +7,7 @@ random trace id); trace state its W3C header string. Records are NamedTuples: im
 plain, and ~6x cheaper to make than frozen slotted dataclasses, whose __init__ goes through
 object.__setattr__ per field (15 fields, measured here). Timelines are read-only int64 views over
 bytes (`int64s`): they index, slice and sum like tuples of ints, but freezing one is a memcpy of
-the loop's `array('q')` and the pipe carries it as those bytes (a tuple of 128 stamps costs ~4 µs
+the loop's int64 `array` and the pipe carries it as those bytes (a tuple of 128 stamps costs ~4 µs
 to make and ~6 µs to marshal: large ints, one object each). A step's links are 25-byte strings
 (`pack_link`, made once per request at receipt) for the same reason: 64 of them marshal in ~2 µs,
 64 tuples of three ints in ~10 µs, and the OTLP encoder copies their bytes as they are.
@@ -25,7 +25,7 @@ _LOW64 = (1 << 64) - 1
 
 
 def int64s(raw: bytes) -> Int64s:
-    """A read-only int64 view of `raw` (native byte order, as array('q').tobytes() writes it)."""
+    """A read-only int64 view of `raw` (native byte order, as an int64 array's tobytes() writes it)."""
     return memoryview(raw).cast("q")
 
 

@@ -2,7 +2,7 @@
 
 `RequestTimeline` implements `observer.RequestObserver`; `StepRecorder` implements
 `observer.StepObserver`. Every method appends integers (monotonic ns from the injected clock,
-counts) to `array('q')` buffers or int slots: no OpenTelemetry call, no lock, no object kept per
+counts) to int64 `array` buffers or int slots: no OpenTelemetry call, no lock, no object kept per
 token. Records reach the span pipeline through a sink's `BoundedHandOff`, which never blocks and
 never raises: when full it drops the record and counts it.
 
@@ -35,6 +35,10 @@ from phaselens.instrumentation.hotpath.clock import ClockNs
 from phaselens.instrumentation.hotpath.records import StepRecord, StepStats
 
 CHUNK_FIELDS = 4  # start, end, tokens, cached
+# the stamps' array type: native int64s. "l" where a C long is 8 bytes (LP64: Linux, macOS): its
+# append converts an int with PyLong_AsLong; "q"'s goes through _PyLong_AsByteArray for any int past
+# 30 bits, as every monotonic ns stamp is (~240 instructions an append more, two appends a token)
+INT64 = "l" if array("l").itemsize == 8 else "q"
 
 
 class RequestTimeline:
@@ -73,11 +77,11 @@ class RequestTimeline:
         self.arrived_ts = self.read_ts = 0
         self.visible_tokens = 0  # the first content came with this many output tokens (0: not known)
         self.finish_reason = ""
-        self.waits = array("q")
-        self.chunks = array("q")
-        self.token_ts = array("q")
-        self.token_n = array("q")
-        self.sends = array("q")
+        self.waits = array(INT64)
+        self.chunks = array(INT64)
+        self.token_ts = array(INT64)
+        self.token_n = array(INT64)
+        self.sends = array(INT64)
 
     def enqueued(self) -> None:
         t = self.clock_ns()

@@ -10,6 +10,10 @@ declaration order, nested records as tuples of theirs, timelines as their int64 
                                  members' links, records.pack_link, 25 bytes each, in one bytes)
     FLUSH    (sequence,)   the child exports what it has built and acks `sequence`
 
+The shipper writes a drain's records with `pack` (C, `_wire_pack.c`): the same bytes as
+`encode_request` / `encode_step` (the layout's reference, `tests/test_wire_pack.py`), all frames in
+one bytes.
+
 The child answers on its own pipe with one JSON line of counters per report (see builder_child).
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import marshal
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from phaselens.instrumentation.hotpath.records import (
@@ -29,6 +34,7 @@ from phaselens.instrumentation.hotpath.records import (
     int64s,
 )
 from phaselens.instrumentation.pipeline.spans import PackedStep, packed_fields
+from phaselens.instrumentation.process import _wire_pack
 
 HEADER = struct.Struct("<IB")
 # version 2: no back-references (3+ look every object written up in a table: more instructions per frame)
@@ -55,6 +61,25 @@ def encode_step(step: StepRecord) -> bytes:
     """Packed here, by the shipper: one bytes of links marshals in fewer instructions than 64, and
     the child then reads one object, not 64 (~25k instructions less a step, both sides together)."""
     return frame(KIND_STEP, packed_fields(step))
+
+
+@dataclass(slots=True)
+class Packed:
+    """A drain's records as frames: `data` the frames end to end, `ends` each one's end offset in
+    it; `unsampled` steps not written (no sampled member), `errors` records whose fields do not
+    marshal (lost, counted by the caller)."""
+
+    data: bytes
+    ends: memoryview  # format "I"
+    unsampled: int
+    errors: int
+
+
+def pack(records: list[Any]) -> Packed:
+    """`records` (RequestRecords and StepRecords) as `encode_request` / `encode_step` would frame
+    them, in one C call."""
+    data, ends, unsampled, errors = _wire_pack.pack(records, RequestRecord, StepRecord)
+    return Packed(data, memoryview(ends).cast("I"), unsampled, errors)
 
 
 _new_tuple = tuple.__new__
