@@ -244,13 +244,20 @@ def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
         sealed = clients[0].query(mine).result_rows[0][0]
         assert 0 < sealed < 60  # this shard's requests, once the wait is over
         assert clients[0].query(queued).result_rows[0][0] > 0  # the copy for shard 2 waits in the queue
-        # the rollup budget (the CLI adds the exact P/D summary, a Distributed read)
+        # the rollup budget, from this node's copy
         with connect(clickhouse.url) as one:
             want = _flat(asdict(budget(one, database=single, since=None, exact=False)))
         got = _flat(asdict(budget(clients[0], database=db, since=None, exact=False)))
         assert got.pop("filters.database.") == db and want.pop("filters.database.") == single
         assert got == {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v for k, v in want.items()}
         assert got["requests."] == 60 and len(got) > 100
+        # the CLI: the same budget, and a warning for the exact P/D summary (a Distributed read)
+        capsys.readouterr()
+        argv = ("budget", "--clickhouse", cluster.urls[0], "--database", db, "--format", "json")
+        assert run_command(budget_command.register, *argv) == 0
+        printed = capsys.readouterr()
+        assert json.loads(printed.out)["requests"] == 60 and "disaggregated" not in json.loads(printed.out)
+        assert printed.err.startswith("warning: no disaggregated budget:") and printed.err.count("\n") == 1
     finally:
         victim.start()
     others = f"SELECT sum(requests) FROM {db}.{sketch.ROLLUP_TABLE} WHERE sealer != {rollup.SEALER}"

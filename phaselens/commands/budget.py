@@ -7,7 +7,7 @@ import sys
 
 from phaselens.analysis import budget_format
 from phaselens.analysis import pd_budget as pd
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget import AnalysisError, budget
 from phaselens.commands._analysis_args import add_selection, read
 
 
@@ -41,14 +41,14 @@ def run(args) -> int:
                 exact=args.exact,
                 **sel,
             ),
-            pd.pd_budget(client, database=args.database, model=args.model, since=sel["since"]),
+            _disaggregated(client, args, sel["since"]),
         ),
     )
     if both is None:  # (1, None): the error was printed
         return rc
     report, disagg = both
     if args.format == "json":
-        print(budget_format.to_json(report) if not disagg.requests else _json_with(report, disagg))
+        print(budget_format.to_json(report) if disagg is None or not disagg.requests else _json_with(report, disagg))
     elif args.format == "csv":
         sys.stdout.write(budget_format.to_csv(report))
     else:
@@ -56,9 +56,20 @@ def run(args) -> int:
 
         console = Console()
         console.print(budget_format.to_rich(report))
-        if disagg.requests:
+        if disagg is not None and disagg.requests:
             console.print(pd.to_rich(disagg))
     return 0
+
+
+def _disaggregated(client, args, since: str | None) -> pd.PdBudget | None:
+    """The P/D budget, or None after a one-line warning when it alone failed: it reads every
+    request (on a cluster through the Distributed tables, so a shard down fails it) while the
+    rollup budget reads the asked node's complete copy and stands."""
+    try:
+        return pd.pd_budget(client, database=args.database, model=args.model, since=since)
+    except AnalysisError as e:
+        print(f"warning: no disaggregated budget: {e}", file=sys.stderr)
+        return None
 
 
 def _json_with(report, disagg) -> str:
