@@ -31,10 +31,11 @@ ODD = (None, 1.5, "x", b"", -1, 2**64, 2**128, (), [1], {"k": object()}, object(
 
 
 def _step(rng: random.Random) -> list[Any]:
-    """A PackedStep's fields: stats, times (ns, sometimes far apart) and 0..70 packed links."""
+    """A PackedStep's fields: stats, times (ns, sometimes far apart) and 0..70 packed links, or now
+    and then 300..700 (past the encoder's 8 KiB stack buffer)."""
     start = rng.randrange(-(2**62), 2**62)
     stats = [rng.choice((0, 1, rng.randrange(2**63), 2**70, -5)) for _ in range(8)]
-    links = rng.randbytes(25 * rng.randrange(71))
+    links = rng.randbytes(25 * (rng.randrange(71) if rng.random() < 0.9 else rng.randrange(300, 701)))
     return [stats[0], start, start + rng.randrange(-(2**40), 2**40), *stats[1:], links]
 
 

@@ -277,6 +277,37 @@ def test_bad_descriptions_are_clear_errors_not_crashes():
         encode_spans([good._replace(links=b"x" * 26)], limits)
 
 
+def test_spans_past_the_encoders_stack_buffer_encode_as_the_sdk_encodes_them():
+    """The encoder writes into an 8 KiB stack buffer, then the heap: a 30 KB description (entry length
+    of three varint bytes) and a 420-link step (14 KB) give the SDK encoder's bytes."""
+    span = SpanData(
+        "big", KIND_INTERNAL, 1 << 100, 2, 3, False, 1, "", 10, 20, {f"k{i}": "v" * (i * 60) for i in range(32)}
+    )
+    emitter = SpanEmitter(provider().get_tracer(names.SERVER_SCOPE), SpanLimits(max_span_attribute_length=None))
+    limits = limits_tuple(SpanLimits(max_span_attribute_length=None))
+    (fast,) = encode_spans([span], limits)
+    sdk = sdk_encode_spans([emitter.readable(span)]).resource_spans[0].scope_spans[0].spans[0].SerializeToString()
+    assert len(sdk) > 2**14 and fast == b"\x12" + _varint(len(sdk)) + sdk
+
+    links = bytes(random.Random(5).randbytes(25 * 420))
+    step = PackedStep(7, 1_000, 9_000, 0, 64, 4, 10, 100, 0, 64, links)
+    described = step_span(FixedIds(9, 8), TracerProvider().sampler, ClockAnchor(mono_ns=0, wall_ns=5), step)
+    assert described is not None
+    unbounded = (-1,) * 7
+    encoded = encode_step(
+        step, 9, 8, described.start_ts, described.end_ts, names.SPAN_ENGINE_STEP, STEP_KEYS, unbounded
+    )
+    assert len(encoded) > 8192 and encoded == encode_spans([described], unbounded)[0]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
 INT64 = st.integers(-(2**63), 2**63 - 1)
 LIMIT = st.one_of(st.just(-1), st.integers(0, 12))
 

@@ -34,30 +34,46 @@ enum { VARINT = 0, I64 = 1, LEN = 2, I32 = 5 };
 #define PACKED_LINK 25 /* records.LINK.size */
 #define SKIP 2 /* a value the SDK's encoder leaves out: its key-value pair is rolled back (errors: -1 or 1) */
 
+/* Output starts in `stack` (a span, a step's 64 links included, fits): no allocation per call; past
+ * it, on the heap. Initialised by buf_init, released by buf_free; never copied. */
 typedef struct {
     uint8_t *data;
     size_t len, cap;
+    uint8_t stack[8192];
 } Buf;
+
+static void buf_init(Buf *b) {
+    b->data = b->stack;
+    b->len = 0;
+    b->cap = sizeof b->stack;
+}
+
+static void buf_free(Buf *b) {
+    if (b->data != b->stack)
+        PyMem_Free(b->data);
+}
 
 typedef struct {
     Py_ssize_t attributes, attribute_length, events, links, event_attributes, link_attributes, other_length;
 } Limits;
 
-static int reserve(Buf *b, size_t extra) {
-    if (b->len + extra <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 1024;
+static __attribute__((noinline)) int grow(Buf *b, size_t extra) {
+    size_t cap = b->cap;
     while (cap < b->len + extra)
         cap *= 2;
-    uint8_t *data = PyMem_Realloc(b->data, cap);
+    uint8_t *data = b->data == b->stack ? PyMem_Malloc(cap) : PyMem_Realloc(b->data, cap);
     if (!data) {
         PyErr_NoMemory();
         return -1;
     }
+    if (b->data == b->stack)
+        memcpy(data, b->stack, b->len);
     b->data = data;
     b->cap = cap;
     return 0;
 }
+
+static inline int reserve(Buf *b, size_t extra) { return b->len + extra <= b->cap ? 0 : grow(b, extra); }
 
 static int put(Buf *b, const void *p, size_t n) {
     if (reserve(b, n))
@@ -67,37 +83,48 @@ static int put(Buf *b, const void *p, size_t n) {
     return 0;
 }
 
-static size_t varint_len(uint64_t v) {
-    size_t n = 1;
+static inline size_t varint_len(uint64_t v) { return (size_t)(64 - __builtin_clzll(v | 1) + 6) / 7; }
+
+/* Writes v at p (room for 10 bytes reserved); returns the byte after it. */
+static inline uint8_t *write_varint(uint8_t *p, uint64_t v) {
     while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
         v >>= 7;
-        n++;
     }
-    return n;
+    *p++ = (uint8_t)v;
+    return p;
 }
 
-static int put_varint(Buf *b, uint64_t v) {
+static inline uint8_t *write_le(uint8_t *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++)
+        *p++ = (uint8_t)(v >> (8 * i));
+    return p;
+}
+
+static inline int put_varint(Buf *b, uint64_t v) {
     if (reserve(b, 10))
         return -1;
-    while (v >= 0x80) {
-        b->data[b->len++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    b->data[b->len++] = (uint8_t)v;
+    b->len = (size_t)(write_varint(b->data + b->len, v) - b->data);
     return 0;
 }
 
 static int put_tag(Buf *b, uint32_t field, int wire) { return put_varint(b, ((uint64_t)field << 3) | (uint64_t)wire); }
 
 static int put_fixed(Buf *b, uint32_t field, uint64_t v, int bytes) {
-    uint8_t le[8];
-    for (int i = 0; i < bytes; i++)
-        le[i] = (uint8_t)(v >> (8 * i));
-    return put_tag(b, field, bytes == 8 ? I64 : I32) || put(b, le, (size_t)bytes);
+    if (reserve(b, 5 + 8))
+        return -1;
+    uint8_t *p = write_varint(b->data + b->len, ((uint64_t)field << 3) | (uint64_t)(bytes == 8 ? I64 : I32));
+    b->len = (size_t)(write_le(p, v, bytes) - b->data);
+    return 0;
 }
 
 static int put_bytes(Buf *b, uint32_t field, const void *p, size_t n) {
-    return put_tag(b, field, LEN) || put_varint(b, n) || put(b, p, n);
+    if (reserve(b, 15 + n))
+        return -1;
+    uint8_t *o = write_varint(write_varint(b->data + b->len, ((uint64_t)field << 3) | LEN), n);
+    memcpy(o, p, n);
+    b->len = (size_t)(o + n - b->data);
+    return 0;
 }
 
 /* A length-delimited submessage: open() writes the tag and reserves one length byte; close() writes
@@ -117,13 +144,7 @@ static int close_message(Buf *b, size_t mark) {
         memmove(b->data + mark + 1 + extra, b->data + mark + 1, body);
         b->len += extra;
     }
-    uint8_t *p = b->data + mark;
-    uint64_t v = body;
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p = (uint8_t)v;
+    write_varint(b->data + mark, body);
     return 0;
 }
 
@@ -173,27 +194,62 @@ static int put_str_field(Buf *b, uint32_t field, PyObject *s, const char *what) 
     return r ? -1 : 0;
 }
 
-/* An unsigned id of `bytes` bytes, big-endian, as int.to_bytes(bytes, "big") writes it. */
-static int put_id(Buf *b, uint32_t field, PyObject *v, int bytes, const char *what) {
+/* An unsigned id of `bytes` bytes into `be`, big-endian, as int.to_bytes(bytes, "big") writes it
+ * (a span id through PyLong_AsUnsignedLongLong: a third of the byte-array conversion's instructions). */
+static int id_of(PyObject *v, int bytes, uint8_t *be, const char *what) {
     if (!PyLong_Check(v)) {
         PyErr_Format(PyExc_TypeError, "%s: expected int", what);
         return -1;
     }
-    uint8_t be[16];
+    int bad;
+    if (bytes == 8) {
+        uint64_t x = PyLong_AsUnsignedLongLong(v);
+        bad = x == (uint64_t)-1 && PyErr_Occurred();
+        for (int i = 0; i < 8; i++)
+            be[i] = (uint8_t)(x >> (56 - 8 * i));
+    } else {
 #if PY_VERSION_HEX >= 0x030D0000
-    Py_ssize_t need = PyLong_AsNativeBytes(v, be, bytes, Py_ASNATIVEBYTES_BIG_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
-                                                         Py_ASNATIVEBYTES_REJECT_NEGATIVE);
-    int bad = need < 0 || need > bytes;
+        Py_ssize_t need = PyLong_AsNativeBytes(v, be, bytes, Py_ASNATIVEBYTES_BIG_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
+                                                             Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+        bad = need < 0 || need > bytes;
 #else
-    int bad = _PyLong_AsByteArray((PyLongObject *)v, be, (size_t)bytes, 0, 0) < 0;
+        bad = _PyLong_AsByteArray((PyLongObject *)v, be, (size_t)bytes, 0, 0) < 0;
 #endif
+    }
     if (bad) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "%s: not an unsigned %d-bit int", what, 8 * bytes);
         return -1;
     }
-    return put_bytes(b, field, be, (size_t)bytes);
+    return 0;
 }
+
+static int put_id(Buf *b, uint32_t field, PyObject *v, int bytes, const char *what) {
+    uint8_t be[16];
+    return id_of(v, bytes, be, what) || put_bytes(b, field, be, (size_t)bytes);
+}
+
+/* A ScopeSpans.spans entry (field 2) is written as its Span after ENTRY_HEAD free bytes, its tag and
+ * length then put just before it: no body moved for a length of two or more bytes (close_message). */
+#define ENTRY_HEAD 6
+
+static void begin_entry(Buf *b) { b->len = ENTRY_HEAD; /* b->cap >= sizeof b->stack */ }
+
+static PyObject *entry_bytes(Buf *b) {
+    size_t body = b->len - ENTRY_HEAD, head = 1 + varint_len(body);
+    if (head > ENTRY_HEAD) {
+        PyErr_SetString(PyExc_OverflowError, "span: over 2**35 bytes");
+        return NULL;
+    }
+    uint8_t *start = b->data + ENTRY_HEAD - head;
+    *start = 2 << 3 | LEN;
+    write_varint(start + 1, body);
+    return PyBytes_FromStringAndSize((const char *)start, (Py_ssize_t)(b->len + head - ENTRY_HEAD));
+}
+
+/* An empty Status (field 15) and flags (field 16, fixed32): has-is-remote, a local parent. */
+static const uint8_t LOCAL_SPAN_TAIL[8] = {15 << 3 | LEN, 0, (16 << 3 | I32) | 0x80, 1, FLAGS_HAS_IS_REMOTE & 0xFF,
+                                           FLAGS_HAS_IS_REMOTE >> 8, 0, 0};
 
 static int u64_of(PyObject *v, uint64_t *out, const char *what) {
     *out = PyLong_Check(v) ? PyLong_AsUnsignedLongLong(v) : (uint64_t)-1;
@@ -225,15 +281,28 @@ static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Sca
     }
     size_t any = v->type == V_DOUBLE ? 9 : 1 + varint_len((uint64_t)v->i);
     size_t kv = (n ? 1 + varint_len((size_t)n) + (size_t)n : 0) + 1 + varint_len(any) + any;
-    if (put_tag(b, field, LEN) || put_varint(b, kv) || (n && put_bytes(b, 1, p, (size_t)n)) || put_tag(b, 2, LEN) ||
-        put_varint(b, any))
+    if (reserve(b, 15 + kv)) /* written in place: one reservation, no call per field */
         return -1;
+    uint8_t *o = write_varint(write_varint(b->data + b->len, ((uint64_t)field << 3) | LEN), kv);
+    if (n) {
+        *o++ = 1 << 3 | LEN;
+        o = write_varint(o, (uint64_t)n);
+        memcpy(o, p, (size_t)n);
+        o += n;
+    }
+    *o++ = 2 << 3 | LEN;
+    *o++ = (uint8_t)any; /* at most 11 */
     if (v->type == V_DOUBLE) {
         uint64_t bits;
         memcpy(&bits, &v->d, 8);
-        return put_fixed(b, 4, bits, 8);
+        *o++ = 4 << 3 | I64;
+        o = write_le(o, bits, 8);
+    } else {
+        *o++ = (uint8_t)((v->type == V_INT ? 3 : 2) << 3 | VARINT);
+        o = write_varint(o, (uint64_t)v->i);
     }
-    return put_tag(b, v->type == V_INT ? 3 : 2, VARINT) || put_varint(b, (uint64_t)v->i);
+    b->len = (size_t)(o - b->data);
+    return 0;
 }
 
 /* An int64, float or bool value as a Scalar; 0 for any other value (an int past int64 too). */
@@ -355,13 +424,17 @@ static Py_ssize_t put_attributes(Buf *b, uint32_t field, PyObject *attributes, P
     }
     PyObject *key, *value;
     Py_ssize_t pos = 0, valid = 0, invalid = 0;
-    while (PyDict_Next(attributes, &pos, &key, &value))
-        (PyUnicode_Check(key) && PyUnicode_GET_LENGTH(key) > 0) ? valid++ : invalid++;
+    if (max >= 0 && PyDict_GET_SIZE(attributes) > max) /* else all valid keys are kept: no counting pass */
+        while (PyDict_Next(attributes, &pos, &key, &value))
+            (PyUnicode_Check(key) && PyUnicode_GET_LENGTH(key) > 0) ? valid++ : invalid++;
     Py_ssize_t skip = (max >= 0 && valid > max) ? valid - max : 0;
-    pos = 0;
+    pos = 0, valid = invalid = 0;
     while (PyDict_Next(attributes, &pos, &key, &value)) {
-        if (!PyUnicode_Check(key) || PyUnicode_GET_LENGTH(key) == 0)
+        if (!PyUnicode_Check(key) || PyUnicode_GET_LENGTH(key) == 0) {
+            invalid++;
             continue;
+        }
+        valid++;
         if (skip) {
             skip--;
             continue;
@@ -469,6 +542,8 @@ static int put_links(Buf *b, PyObject *links, const Limits *limits, Py_ssize_t *
         }
         *dropped = (limits->links >= 0 && n > limits->links) ? n - limits->links : 0;
         const char *packed = PyBytes_AS_STRING(links);
+        if (reserve(b, (size_t)(n - *dropped) * 35))
+            return -1;
         for (Py_ssize_t i = *dropped; i < n; i++)
             if (put_packed_link(b, packed + i * PACKED_LINK))
                 return -1;
@@ -482,15 +557,15 @@ static int put_links(Buf *b, PyObject *links, const Limits *limits, Py_ssize_t *
     return 0;
 }
 
+/* A span's message, without its entry's tag and length (begin_entry, entry_bytes). */
 static int put_span(Buf *b, PyObject *span, const Limits *limits) {
     if (!PyTuple_Check(span) || PyTuple_GET_SIZE(span) != N_FIELDS) {
         PyErr_Format(PyExc_TypeError, "span: expected a SpanData (a %d-tuple)", N_FIELDS);
         return -1;
     }
     PyObject **f = &PyTuple_GET_ITEM(span, 0);
-    size_t mark;
     uint64_t start, end, kind, status;
-    if (open_message(b, 2, &mark) || put_id(b, 1, f[F_TRACE_ID], 16, "trace_id") ||
+    if (put_id(b, 1, f[F_TRACE_ID], 16, "trace_id") ||
         put_id(b, 2, f[F_SPAN_ID], 8, "span_id") || put_str_field(b, 3, f[F_TRACE_STATE], "trace_state"))
         return -1;
     if (f[F_PARENT_ID] != Py_None && put_id(b, 4, f[F_PARENT_ID], 8, "parent_id"))
@@ -515,7 +590,7 @@ static int put_span(Buf *b, PyObject *span, const Limits *limits) {
         return -1;
     uint32_t flags = FLAGS_HAS_IS_REMOTE | (f[F_PARENT_ID] != Py_None && PyObject_IsTrue(f[F_PARENT_REMOTE]) == 1
                                                 ? FLAGS_IS_REMOTE : 0);
-    return put_fixed(b, 16, flags, 4) || close_message(b, mark);
+    return put_fixed(b, 16, flags, 4);
 }
 
 static int limits_of(PyObject *t, Limits *l) {
@@ -549,17 +624,16 @@ static int put_step_attributes(Buf *b, PyObject **step, PyObject *keys, const Li
         PyErr_SetString(PyExc_ValueError, "step: start_ts and end_ts must be int64 with an int64 difference");
         return -1;
     }
-    PyObject *duration_ms = PyFloat_FromDouble((double)span / 1e6);
-    if (!duration_ms)
-        return -1;
+    Scalar duration_ms = {V_DOUBLE, 0, (double)span / 1e6};
     Py_ssize_t max = limits->attributes, first = (max >= 0 && max < STEP_ATTRIBUTES) ? STEP_ATTRIBUTES - max : 0;
     int r = 0;
-    for (Py_ssize_t i = first; i < STEP_ATTRIBUTES && !r; i++) {
-        PyObject *value = i < STEP_ATTRIBUTES - 1 ? step[STEP_ORDER[i]] : duration_ms;
-        r = put_key_value(b, 9, PyTuple_GET_ITEM(keys, i), value, limits->attribute_length);
-    }
-    Py_DECREF(duration_ms);
-    return r || put_dropped(b, 10, first);
+    for (Py_ssize_t i = first; i < STEP_ATTRIBUTES - 1 && !r; i++)
+        r = put_key_value(b, 9, PyTuple_GET_ITEM(keys, i), step[STEP_ORDER[i]], limits->attribute_length);
+    /* SKIP (a key with no UTF-8 form): left out, as put_key_value leaves it */
+    return r ||
+           (first < STEP_ATTRIBUTES &&
+            put_scalar_key_value(b, 9, PyTuple_GET_ITEM(keys, STEP_ATTRIBUTES - 1), &duration_ms) == -1) ||
+           put_dropped(b, 10, first);
 }
 
 /* METH_FASTCALL: PyArg_ParseTuple was ~1k of its ~8k instructions a step. */
@@ -592,19 +666,19 @@ static PyObject *encode_step(PyObject *Py_UNUSED(self), PyObject *const *args, P
             return NULL;
         }
     PyObject **f = &PyTuple_GET_ITEM(step, 0), *out = NULL;
-    Buf b = {0};
-    size_t mark, status_mark;
+    Buf b;
+    buf_init(&b);
+    begin_entry(&b);
     uint64_t start, end;
     Py_ssize_t dropped;
-    if (!(open_message(&b, 2, &mark) || put_id(&b, 1, trace_id, 16, "trace_id") || put_id(&b, 2, span_id, 8, "span_id") ||
+    if (!(put_id(&b, 1, trace_id, 16, "trace_id") || put_id(&b, 2, span_id, 8, "span_id") ||
           put_str_field(&b, 5, name, "name") || put_tag(&b, 6, VARINT) || put_varint(&b, 1 /* INTERNAL */) ||
           u64_of(start_ns, &start, "start_ns") || u64_of(end_ns, &end, "end_ns") ||
           (start && put_fixed(&b, 7, start, 8)) || (end && put_fixed(&b, 8, end, 8)) ||
           put_step_attributes(&b, f, keys, &limits) || put_links(&b, f[STEP_FIELDS - 1], &limits, &dropped) ||
-          put_dropped(&b, 14, dropped) || open_message(&b, 15, &status_mark) || close_message(&b, status_mark) ||
-          put_fixed(&b, 16, FLAGS_HAS_IS_REMOTE, 4) || close_message(&b, mark)))
-        out = PyBytes_FromStringAndSize((const char *)b.data, (Py_ssize_t)b.len);
-    PyMem_Free(b.data);
+          put_dropped(&b, 14, dropped) || put(&b, LOCAL_SPAN_TAIL, sizeof LOCAL_SPAN_TAIL)))
+        out = entry_bytes(&b);
+    buf_free(&b);
     return out;
 }
 
@@ -628,8 +702,9 @@ typedef struct {
 } Attr;
 
 typedef struct {
-    PyObject *new_span_id, *trace_id, *root_span_id, *trace_state, *names, *keys, *out;
+    PyObject *new_span_id, *trace_state, *names, *keys, *out;
     long long offset_ns; /* wall = mono + offset (the anchor's formula) */
+    uint8_t trace[16], root[8]; /* the ids every child span writes, converted once */
     Limits limits;
     Buf b;
 } Tree;
@@ -680,18 +755,18 @@ static int put_scalars(Buf *b, PyObject *keys, const Attr *attrs, Py_ssize_t n, 
 static int put_child(Tree *t, int name, PyObject *span_id, PyObject *parent_id, long long start_ts, long long end_ts,
                      const Attr *attrs, Py_ssize_t n, PyObject *decode) {
     Buf *b = &t->b;
-    size_t mark, status_mark;
     uint64_t start, end;
+    uint8_t parent[8];
     int parent_set = parent_id ? PyObject_IsTrue(parent_id) : 0;
     PyObject *id = parent_set < 0 ? NULL : span_id_or_drawn(t, span_id);
     if (!id)
         return -1;
-    b->len = 0;
+    begin_entry(b);
     Py_ssize_t dropped = 0;
-    int r = wall_ns(t, start_ts, &start) || wall_ns(t, end_ts, &end) || open_message(b, 2, &mark) ||
-            put_id(b, 1, t->trace_id, 16, "trace_id") || put_id(b, 2, id, 8, "span_id") ||
-            put_str_field(b, 3, t->trace_state, "trace_state") ||
-            put_id(b, 4, parent_set ? parent_id : t->root_span_id, 8, "parent_id") ||
+    int r = wall_ns(t, start_ts, &start) || wall_ns(t, end_ts, &end) || put_bytes(b, 1, t->trace, 16) ||
+            put_id(b, 2, id, 8, "span_id") || put_str_field(b, 3, t->trace_state, "trace_state") ||
+            (parent_set && id_of(parent_id, 8, parent, "parent_id")) ||
+            put_bytes(b, 4, parent_set ? parent : t->root, 8) ||
             put_str_field(b, 5, PyTuple_GET_ITEM(t->names, name), "name") || put_tag(b, 6, VARINT) ||
             put_varint(b, 1 /* INTERNAL */) || (start && put_fixed(b, 7, start, 8)) || (end && put_fixed(b, 8, end, 8));
     Py_DECREF(id);
@@ -700,11 +775,9 @@ static int put_child(Tree *t, int name, PyObject *span_id, PyObject *parent_id, 
         r = dropped < 0 || put_dropped(b, 10, dropped) || put_events(b, PyTuple_GET_ITEM(decode, 1), &t->limits);
     } else if (!r)
         r = put_scalars(b, t->keys, attrs, n, &t->limits);
-    r = r || open_message(b, 15, &status_mark) || close_message(b, status_mark) ||
-        put_fixed(b, 16, FLAGS_HAS_IS_REMOTE, 4) || close_message(b, mark);
-    if (r)
+    if (r || put(b, LOCAL_SPAN_TAIL, sizeof LOCAL_SPAN_TAIL))
         return -1;
-    PyObject *encoded = PyBytes_FromStringAndSize((const char *)b->data, (Py_ssize_t)b->len);
+    PyObject *encoded = entry_bytes(b);
     r = !encoded || PyList_Append(t->out, encoded);
     Py_XDECREF(encoded);
     return r ? -1 : 0;
@@ -803,7 +876,8 @@ static PyObject *encode_phases(PyObject *Py_UNUSED(self), PyObject *const *args,
         return NULL;
     }
     PyObject *root = args[1], *stamps = args[3], *decode = args[6];
-    Tree t = {.new_span_id = args[0], .names = args[7], .keys = args[8]};
+    Tree t; /* not zeroed as a whole: its buffer is 8 KiB */
+    t.new_span_id = args[0], t.names = args[7], t.keys = args[8], t.out = NULL;
     long long st[PHASE_STAMPS];
     if (limits_of(args[9], &t.limits) || str_tuple(t.names, PHASE_NAMES, "names") ||
         str_tuple(t.keys, PHASE_KEYS, "keys") || int64_of(args[2], &t.offset_ns, "offset_ns"))
@@ -824,14 +898,17 @@ static PyObject *encode_phases(PyObject *Py_UNUSED(self), PyObject *const *args,
         PyErr_SetString(PyExc_TypeError, "decode: expected (attributes, events) when there is a first token");
         return NULL;
     }
-    t.trace_id = PyTuple_GET_ITEM(root, 0), t.root_span_id = PyTuple_GET_ITEM(root, 1);
+    if (id_of(PyTuple_GET_ITEM(root, 0), 16, t.trace, "trace_id") ||
+        id_of(PyTuple_GET_ITEM(root, 1), 8, t.root, "parent_id"))
+        return NULL;
     t.trace_state = PyTuple_GET_ITEM(root, 3);
     PyObject *waits = PySequence_Fast(args[4], "waits: expected a sequence of (start, end)");
     PyObject *chunks = waits ? PySequence_Fast(args[5], "chunks: expected a sequence of ints") : NULL;
     t.out = chunks ? PyList_New(0) : NULL;
+    buf_init(&t.b);
     if (t.out && put_phase_spans(&t, st, waits, chunks, decode))
         Py_CLEAR(t.out);
-    PyMem_Free(t.b.data);
+    buf_free(&t.b);
     Py_XDECREF(waits);
     Py_XDECREF(chunks);
     return t.out;
@@ -847,18 +924,19 @@ static PyObject *encode_spans(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *out = PyList_New(n);
-    Buf b = {0};
+    Buf b;
+    buf_init(&b);
     for (Py_ssize_t i = 0; out && i < n; i++) {
-        b.len = 0;
+        begin_entry(&b);
         PyObject *encoded = NULL;
         if (!put_span(&b, PySequence_Fast_GET_ITEM(seq, i), &limits))
-            encoded = PyBytes_FromStringAndSize((const char *)b.data, (Py_ssize_t)b.len);
+            encoded = entry_bytes(&b);
         if (!encoded)
             Py_CLEAR(out);
         else
             PyList_SET_ITEM(out, i, encoded);
     }
-    PyMem_Free(b.data);
+    buf_free(&b);
     Py_DECREF(seq);
     return out;
 }
@@ -883,7 +961,9 @@ static PyObject *encode_request(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         spans_len += (size_t)PyBytes_GET_SIZE(item);
     }
-    Buf parts = {0}, head = {0}; /* parts: Resource (field 1 of ResourceSpans), then InstrumentationScope */
+    Buf parts, head; /* parts: Resource (field 1 of ResourceSpans), then InstrumentationScope */
+    buf_init(&parts);
+    buf_init(&head);
     size_t res, scope;
     int r = open_message(&parts, 1, &res) || put_attributes(&parts, 1, resource, -1, -1) < 0 ||
             close_message(&parts, res);
@@ -905,8 +985,8 @@ static PyObject *encode_request(PyObject *Py_UNUSED(self), PyObject *args) {
             p += PyBytes_GET_SIZE(item);
         }
     }
-    PyMem_Free(parts.data);
-    PyMem_Free(head.data);
+    buf_free(&parts);
+    buf_free(&head);
     Py_DECREF(seq);
     return out;
 }
