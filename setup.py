@@ -1,5 +1,5 @@
-"""The C extensions: the collector's OTLP → RowBinary decoder (collectors/render.py), the span
-builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py) and its token gaps (phases.py), the
+"""The C extensions: the collector's OTLP → RowBinary decoder (collectors/render.py), the timeline's
+per-token stamps (instrumentation/hotpath/timeline.py), the span builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py) and its token gaps (phases.py), the
 span shipper's frame packer (instrumentation/process/wire.py); they
 need a C compiler and the Python headers. Everything else is in pyproject.toml; the extensions are declared here because pyproject's `[tool.setuptools] ext-modules` is still experimental."""
 
@@ -15,6 +15,11 @@ setup(
         Extension(
             "phaselens.instrumentation.pipeline._otlp_encode",
             ["instrumentation/pipeline/_otlp_encode.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        ),
+        Extension(
+            "phaselens.instrumentation.hotpath._stamps",
+            ["instrumentation/hotpath/_stamps.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(

@@ -2,7 +2,7 @@
 
 `RequestTimeline` implements `observer.RequestObserver`; `StepRecorder` implements
 `observer.StepObserver`. Every method appends integers (monotonic ns from the injected clock,
-counts) to int64 `array` buffers or int slots: no OpenTelemetry call, no lock, no object kept per
+counts) to int64 buffers (`array`; the per-token ones `_stamps.Int64Log`) or int slots: no OpenTelemetry call, no lock, no object kept per
 token. Records reach the span pipeline through a sink's `BoundedHandOff`, which never blocks and
 never raises: when full it drops the record and counts it.
 
@@ -31,6 +31,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from phaselens.instrumentation.hotpath._stamps import Int64Log
 from phaselens.instrumentation.hotpath.clock import ClockNs
 from phaselens.instrumentation.hotpath.records import StepRecord, StepStats
 
@@ -79,8 +80,8 @@ class RequestTimeline:
         self.finish_reason = ""
         self.waits = array(INT64)
         self.chunks = array(INT64)
-        self.token_ts = array(INT64)
-        self.token_n = array(INT64)
+        self.token_ts = Int64Log()  # written once a decode step: an append without array's argument parsing
+        self.token_n = Int64Log()
         self.sends = array(INT64)
 
     def enqueued(self) -> None:
