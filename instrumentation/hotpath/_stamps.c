@@ -8,11 +8,17 @@
  *
  * What readers of a live timeline use, as an int64 array gives it: append, len, truth, x[i]
  * (negative i from the end), iteration, tolist(), tobytes(), the buffer protocol (format "q":
- * native int64, read-only; `append` raises BufferError while a view is held, as array does). An int outside int64 raises OverflowError and stores nothing.
+ * native int64, read-only; `append` raises BufferError while a view is held, as array does)
+ *
+ * `stamps.stamp(counts, n, clock_ns)`: a decode step's token stamp, one call for the two appends:
+ * clock_ns() to `stamps`, n to `counts`; both or neither. Where clock_ns is time.monotonic_ns on
+ * Linux (CLOCK_MONOTONIC, the clock it reads) the stamp is read with clock_gettime here: no int
+ * object made and parsed again.. An int outside int64 raises OverflowError and stores nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <time.h>
 
 typedef struct {
     PyObject_HEAD
@@ -48,21 +54,69 @@ static int grow(Int64Log *self) {
     return 0;
 }
 
-static PyObject *log_append(Int64Log *self, PyObject *value) {
+/* the int as an int64; -1 with an exception set when it is not one */
+static int64_t as_int64(PyObject *value) {
 #if LONG_MAX == INT64_MAX
-    long v = PyLong_AsLong(value);
+    return PyLong_AsLong(value);
 #else
-    long long v = PyLong_AsLongLong(value);
+    return PyLong_AsLongLong(value);
 #endif
-    if (v == -1 && PyErr_Occurred())
-        return NULL;
+}
+
+/* room for one more item: 0, or -1 with an exception set */
+static int reserve_one(Int64Log *self) {
     if (self->exports > 0) { /* a view's length and shape point at size: it stays fixed */
         PyErr_SetString(PyExc_BufferError, "cannot resize an Int64Log that is exporting buffers");
+        return -1;
+    }
+    return self->size == self->allocated ? grow(self) : 0;
+}
+
+static PyObject *log_append(Int64Log *self, PyObject *value) {
+    int64_t v = as_int64(value);
+    if ((v == -1 && PyErr_Occurred()) || reserve_one(self) < 0)
+        return NULL;
+    self->items[self->size++] = v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *monotonic_ns; /* time.monotonic_ns, fetched at import */
+
+/* clock_ns(), read directly where it is CLOCK_MONOTONIC's reader; -1 with an exception set */
+static int64_t read_clock(PyObject *clock_ns) {
+#ifdef __linux__
+    struct timespec ts;
+    if (clock_ns == monotonic_ns && clock_gettime(CLOCK_MONOTONIC, &ts) == 0)
+        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+#endif
+    PyObject *stamp = PyObject_CallNoArgs(clock_ns);
+    if (stamp == NULL)
+        return -1;
+    int64_t t = as_int64(stamp);
+    Py_DECREF(stamp);
+    return t;
+}
+
+static PyTypeObject Int64LogType;
+
+static PyObject *log_stamp(Int64Log *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "stamp() takes 3 arguments (counts, n, clock_ns), %zd given", nargs);
         return NULL;
     }
-    if (self->size == self->allocated && grow(self) < 0)
+    if (!PyObject_TypeCheck(args[0], &Int64LogType)) {
+        PyErr_SetString(PyExc_TypeError, "stamp(): counts must be an Int64Log");
         return NULL;
-    self->items[self->size++] = (int64_t)v;
+    }
+    Int64Log *counts = (Int64Log *)args[0];
+    int64_t n = as_int64(args[1]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    int64_t t = read_clock(args[2]);
+    if ((t == -1 && PyErr_Occurred()) || reserve_one(self) < 0 || reserve_one(counts) < 0)
+        return NULL;
+    self->items[self->size++] = t;
+    counts->items[counts->size++] = n;
     Py_RETURN_NONE;
 }
 
@@ -125,6 +179,8 @@ static void log_releasebuffer(Int64Log *self, Py_buffer *Py_UNUSED(view)) { self
 
 static PyMethodDef log_methods[] = {
     {"append", (PyCFunction)log_append, METH_O, "append(x): store the int x (int64)."},
+    {"stamp", (PyCFunction)(void (*)(void))log_stamp, METH_FASTCALL,
+     "stamp(counts, n, clock_ns): append clock_ns() here and n to counts (both or neither)."},
     {"tolist", (PyCFunction)log_tolist, METH_NOARGS, "The values as a list of ints."},
     {"tobytes", (PyCFunction)log_tobytes, METH_NOARGS, "The values as native int64 bytes."},
     {NULL, NULL, 0, NULL},
@@ -159,6 +215,13 @@ static struct PyModuleDef stamps_module = {
 
 PyMODINIT_FUNC PyInit__stamps(void) {
     if (PyType_Ready(&Int64LogType) < 0)
+        return NULL;
+    PyObject *time_module = PyImport_ImportModule("time");
+    if (time_module == NULL)
+        return NULL;
+    monotonic_ns = PyObject_GetAttrString(time_module, "monotonic_ns"); /* kept for the process */
+    Py_DECREF(time_module);
+    if (monotonic_ns == NULL)
         return NULL;
     PyObject *module = PyModule_Create(&stamps_module);
     if (module == NULL)

@@ -80,7 +80,7 @@ class RequestTimeline:
         self.finish_reason = ""
         self.waits = array(INT64)
         self.chunks = array(INT64)
-        self.token_ts = Int64Log()  # written once a decode step: an append without array's argument parsing
+        self.token_ts = Int64Log()  # written each decode step: one C call stamps both (`token`)
         self.token_n = Int64Log()
         self.sends = array(INT64)
 
@@ -107,8 +107,7 @@ class RequestTimeline:
         self.first_token_ts = self.clock_ns()
 
     def token(self, n: int = 1) -> None:
-        self.token_ts.append(self.clock_ns())
-        self.token_n.append(n)
+        self.token_ts.stamp(self.token_n, n, self.clock_ns)  # clock_ns() to token_ts, n to token_n
 
     def preempted(self) -> None:
         self.waits.append(self.clock_ns())
