@@ -114,7 +114,7 @@ def phase_arguments(ids: IdGenerator, anchor: Any, record: Any, phases: Any, lim
     decode = spans.decode_description(anchor, record, phases, True) if phases.first_token_ts else None
     stamps = spans.phase_stamps(phases)
     return [
-        ids.generate_span_id, record.root, anchor.to_wall_ns(0), stamps, phases.waits, record.chunks, decode,
+        ids.generate_span_id, None, record.root, anchor.to_wall_ns(0), stamps, phases.waits, record.chunks, decode,
         spans.PHASE_NAMES, spans.PHASE_KEYS, limits,
     ]  # fmt: skip
 
