@@ -386,7 +386,7 @@ class SeededIds(IdGenerator):
 @given(
     stats=st.lists(st.one_of(INT64, st.integers(2**63, 2**70)), min_size=8, max_size=8),
     start_ts=st.integers(-(2**62), 2**62),
-    duration_ns=st.integers(-(2**62), 2**62),
+    duration_ns=st.integers(-(2**62), 2**62 - 1),  # end_ts an int64, as a monotonic stamp is
     links=st.lists(st.binary(min_size=25, max_size=25), max_size=70),
     ids=st.tuples(st.integers(0, 2**128 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
     attribute_limit=LIMIT,

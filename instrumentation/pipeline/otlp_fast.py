@@ -151,9 +151,18 @@ class FastEmitter:
         if not step.links:
             return False
         trace_id, span_id = self._step_ids()
-        start_ns, end_ns = anchor.to_wall_ns(step.start_ts), anchor.to_wall_ns(step.end_ts)
+        offset_ns = anchor.to_wall_ns(0)  # wall = mono + offset: one call for both ends
         encoded = [
-            encode_step(step, trace_id, span_id, start_ns, end_ns, names.SPAN_ENGINE_STEP, STEP_KEYS, self.limits)
+            encode_step(
+                step,
+                trace_id,
+                span_id,
+                step.start_ts + offset_ns,
+                step.end_ts + offset_ns,
+                names.SPAN_ENGINE_STEP,
+                STEP_KEYS,
+                self.limits,
+            )
         ]
         self.emitted += 1
         for processor in self.processors:

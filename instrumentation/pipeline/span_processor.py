@@ -115,7 +115,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
             return
         with self._lock:
             room = 0 if self._stopped else max(0, self.settings.max_queue_size - len(self._queue))
-            taken = spans[:room]
+            taken = spans if len(spans) <= room else spans[:room]  # no copy when all fit
             self._queue.extend(taken)
             self.counts.queued += len(taken)
             self.counts.dropped += len(spans) - len(taken)
