@@ -55,7 +55,7 @@ from phaselens.instrumentation.pipeline.spans import (
 )
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.collector_fixtures import rows, wait_rows
-from tests.fuzz_encode import DrawnIds, FixedIds, phase_arguments, phase_case, phase_spans
+from tests.fuzz_encode import DrawnIds, FixedIds, WordIds, phase_arguments, phase_case, phase_spans, word_bits
 from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
 
 
@@ -234,33 +234,6 @@ def test_a_subclass_of_the_default_generator_is_still_called_per_id():
     (fast,), _ = build(scripted_records(), "fast", ids=OwnIds())
     own = [int(s["ids"][1], 16) for s in fields_of(fast) if s["name"][0].startswith("llm.")]
     assert OwnIds.drawn >= 12 and len(own) >= 12 and all(span_id >> 40 == 1 for span_id in own)
-
-
-def word_stream(seed: int) -> Any:
-    """64-bit words from a seed, one in four 0 (INVALID_SPAN_ID)."""
-    rng = random.Random(seed)
-    while True:
-        word = rng.getrandbits(64)
-        yield 0 if word % 4 == 0 else word
-
-
-class WordIds(IdGenerator):
-    """The SDK's RandomIdGenerator over `word_stream`: a 0 is drawn again."""
-
-    def __init__(self, seed: int) -> None:
-        self.words = word_stream(seed)
-
-    def generate_span_id(self) -> int:
-        return next(word for word in self.words if word)
-
-    def generate_trace_id(self) -> int:
-        raise AssertionError("phase spans take the root's trace id")
-
-
-def word_bits(seed: int) -> Any:
-    """`random_bits` over `word_stream`: n bits, the first word the lowest, as getrandbits makes them."""
-    words = word_stream(seed)
-    return lambda bits: sum(next(words) << (64 * i) for i in range(bits // 64))
 
 
 def test_span_limits_bound_both_paths_alike():
