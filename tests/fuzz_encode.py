@@ -107,6 +107,33 @@ def phase_case(rng: random.Random) -> tuple[Any, Any]:
     return record, phases
 
 
+def word_stream(seed: int) -> Any:
+    """64-bit words from a seed, one in four 0 (INVALID_SPAN_ID)."""
+    rng = random.Random(seed)
+    while True:
+        word = rng.getrandbits(64)
+        yield 0 if word % 4 == 0 else word
+
+
+class WordIds(IdGenerator):
+    """The SDK's RandomIdGenerator over `word_stream`: a 0 is drawn again."""
+
+    def __init__(self, seed: int) -> None:
+        self.words = word_stream(seed)
+
+    def generate_span_id(self) -> int:
+        return next(word for word in self.words if word)
+
+    def generate_trace_id(self) -> int:
+        raise AssertionError("phase spans take the root's trace id")
+
+
+def word_bits(seed: int) -> Any:
+    """`random_bits` over `word_stream`: n bits, the first word the lowest, as getrandbits makes them."""
+    words = word_stream(seed)
+    return lambda bits: sum(next(words) << (64 * i) for i in range(bits // 64))
+
+
 def phase_arguments(ids: IdGenerator, anchor: Any, record: Any, phases: Any, limits: tuple[int, ...]) -> list[Any]:
     """`encode_phases`'s arguments for a request, as `otlp_fast.FastEmitter.emit_request` makes them."""
     from phaselens.instrumentation.pipeline import spans
@@ -114,7 +141,7 @@ def phase_arguments(ids: IdGenerator, anchor: Any, record: Any, phases: Any, lim
     decode = spans.decode_description(anchor, record, phases, True) if phases.first_token_ts else None
     stamps = spans.phase_stamps(phases)
     return [
-        ids.generate_span_id, record.root, anchor.to_wall_ns(0), stamps, phases.waits, record.chunks, decode,
+        ids.generate_span_id, None, record.root, anchor.to_wall_ns(0), stamps, phases.waits, record.chunks, decode,
         spans.PHASE_NAMES, spans.PHASE_KEYS, limits,
     ]  # fmt: skip
 
@@ -133,13 +160,13 @@ def _break_phases(rng: random.Random, arguments: list[Any]) -> list[Any]:
     if choice < 0.4:
         arguments[rng.randrange(len(arguments))] = odd
     elif choice < 0.6:
-        stamps = list(arguments[3])
+        stamps = list(arguments[4])
         stamps[rng.randrange(len(stamps))] = odd
-        arguments[3] = tuple(stamps)
-    elif choice < 0.8 and arguments[4]:
-        arguments[4] = [*arguments[4][1:], rng.choice((odd, (odd, 1), (1, 2, 3)))]
-    elif arguments[5]:
-        arguments[5] = (*arguments[5][1:], odd)
+        arguments[4] = tuple(stamps)
+    elif choice < 0.8 and arguments[5]:
+        arguments[5] = [*arguments[5][1:], rng.choice((odd, (odd, 1), (1, 2, 3)))]
+    elif arguments[6]:
+        arguments[6] = (*arguments[6][1:], odd)
     return arguments
 
 
@@ -150,7 +177,10 @@ def _phases_round(rng: random.Random, limits: tuple[int, ...]) -> bool:
 
     record, phases = phase_case(rng)
     anchor, seed, broken = ClockAnchor(mono_ns=0, wall_ns=rng.randrange(2**62)), rng.getrandbits(32), rng.random() < 0.5
+    bulk = rng.random() < 0.5  # the SDK default generator's path: ids from `random_bits`
     arguments = phase_arguments(DrawnIds(seed), anchor, record, phases, limits)
+    if bulk:
+        arguments[1] = word_bits(seed)
     if broken:
         arguments = _break_phases(rng, arguments)
     try:
@@ -159,7 +189,8 @@ def _phases_round(rng: random.Random, limits: tuple[int, ...]) -> bool:
         assert broken, arguments
         return False
     if not broken:
-        assert encoded == phase_spans(DrawnIds(seed), anchor, record, phases, limits)
+        ids = WordIds(seed) if bulk else DrawnIds(seed)
+        assert encoded == phase_spans(ids, anchor, record, phases, limits)
     return True
 
 

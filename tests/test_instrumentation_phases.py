@@ -129,6 +129,14 @@ def test_token_gaps_are_the_sorted_stamp_differences_and_the_token_sum(first_ns,
     assert all(type(g) is int for g in gaps)
 
 
+@given(st.integers(-(2**61), 2**61), st.lists(st.integers(-(2**61), 2**61), max_size=700))
+@settings(max_examples=200, deadline=None)
+def test_token_gaps_sort_any_int64_gaps(first_ns, stamps) -> None:
+    """The radix sort on gaps of either sign and any width, past its stack scratch (512 values)."""
+    _, packed = token_gaps(first_ns, array("q", stamps), array("q"))
+    assert int64s(packed).tolist() == sorted(b - a for a, b in zip([first_ns, *stamps], stamps, strict=False))
+
+
 def test_token_gaps_refuse_a_buffer_that_is_not_int64s() -> None:
     with pytest.raises(ValueError, match="int64"):
         token_gaps(0, b"\0" * 12, b"")

@@ -22,7 +22,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 from phaselens.collectors import schema
@@ -55,7 +55,7 @@ from phaselens.instrumentation.pipeline.spans import (
 )
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.collector_fixtures import rows, wait_rows
-from tests.fuzz_encode import DrawnIds, FixedIds, phase_arguments, phase_case, phase_spans
+from tests.fuzz_encode import DrawnIds, FixedIds, WordIds, phase_arguments, phase_case, phase_spans, word_bits
 from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
 
 
@@ -87,8 +87,9 @@ class RequestsKept(SpanExporter):
         return None
 
 
-def provider(service: str = "phaselens-test") -> TracerProvider:
-    return TracerProvider(resource=Resource({"service.name": service, "deployment": "ci"}), id_generator=CountingIds())
+def provider(service: str = "phaselens-test", ids: IdGenerator | None = None) -> TracerProvider:
+    resource = Resource({"service.name": service, "deployment": "ci"})
+    return TracerProvider(resource=resource, id_generator=ids or CountingIds())
 
 
 def scripted_records() -> list:
@@ -111,9 +112,11 @@ def scripted_records() -> list:
     return records
 
 
-def build(records: list, backend: str, limits: SpanLimits | None = None) -> tuple[list[bytes], dict]:
+def build(
+    records: list, backend: str, limits: SpanLimits | None = None, ids: IdGenerator | None = None
+) -> tuple[list[bytes], dict]:
     """The records through SpanBuilder with the SDK or the fast backend; the export requests made."""
-    tracer_provider = provider()
+    tracer_provider = provider(ids=ids)
     if backend == "sdk":
         kept = RequestsKept()
         processor: Any = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
@@ -204,6 +207,33 @@ def test_both_paths_export_the_same_spans_field_by_field():
     }
     assert fast == sdk  # and byte for byte: the SDK's encoder writes fields in the same order
     assert fast_counts == sdk_counts and fast_counts["processor_exported"] == 17
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_sdks_random_ids_are_drawn_in_bulk_as_its_generator_draws_them(seed):
+    """With the SDK's default generator the fast path draws a request's span ids 8 at a time and a
+    step's two ids at once: after the same `random.seed`, each record's spans (ids included) equal
+    the SDK path's, which calls `RandomIdGenerator` per id."""
+    for record in scripted_records():
+        random.seed(seed)
+        (sdk,), _ = build([record], "sdk", ids=RandomIdGenerator())
+        random.seed(seed)
+        (fast,), _ = build([record], "fast", ids=RandomIdGenerator())
+        assert fields_of(fast) == fields_of(sdk)
+        assert fast == sdk
+
+
+def test_a_subclass_of_the_default_generator_is_still_called_per_id():
+    class OwnIds(RandomIdGenerator):
+        drawn = 0
+
+        def generate_span_id(self) -> int:
+            OwnIds.drawn += 1
+            return (1 << 40) + OwnIds.drawn
+
+    (fast,), _ = build(scripted_records(), "fast", ids=OwnIds())
+    own = [int(s["ids"][1], 16) for s in fields_of(fast) if s["name"][0].startswith("llm.")]
+    assert OwnIds.drawn >= 12 and len(own) >= 12 and all(span_id >> 40 == 1 for span_id in own)
 
 
 def test_span_limits_bound_both_paths_alike():
@@ -329,7 +359,7 @@ class SeededIds(IdGenerator):
 @given(
     stats=st.lists(st.one_of(INT64, st.integers(2**63, 2**70)), min_size=8, max_size=8),
     start_ts=st.integers(-(2**62), 2**62),
-    duration_ns=st.integers(-(2**62), 2**62),
+    duration_ns=st.integers(-(2**62), 2**62 - 1),  # end_ts an int64, as a monotonic stamp is
     links=st.lists(st.binary(min_size=25, max_size=25), max_size=70),
     ids=st.tuples(st.integers(0, 2**128 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
     attribute_limit=LIMIT,
@@ -419,6 +449,19 @@ def test_encode_phases_writes_the_bytes_of_the_phase_spans_descriptions(
     assert encoded == phase_spans(DrawnIds(seed), anchor, record, phases, limits)
 
 
+@settings(max_examples=200, deadline=None)
+@given(case=st.randoms(use_true_random=False), seed=st.integers(0, 2**32))
+def test_encode_phases_draws_random_bits_as_the_sdks_generator_draws_ids(case, seed):
+    """`random_bits` (8 ids a draw, a 0 skipped, a second draw past 8 spans) gives the ids the SDK's
+    generator gives from the same bits, byte for byte."""
+    record, phases = phase_case(case)
+    anchor = ClockAnchor(mono_ns=0, wall_ns=2**60)
+    limits = limits_tuple(SpanLimits())
+    arguments = phase_arguments(FixedIds(0, 0), anchor, record, phases, limits)
+    arguments[1] = word_bits(seed)
+    assert encode_phases(*arguments) == phase_spans(WordIds(seed), anchor, record, phases, limits)
+
+
 def test_bad_phases_are_clear_errors_not_crashes():
     record, phases = next(
         (r, p) for r, p in map(phase_case, map(random.Random, itertools.count())) if p.first_token_ts and p.scheduled_ts
@@ -431,29 +474,32 @@ def test_bad_phases_are_clear_errors_not_crashes():
     def bad(index: int, value: Any) -> list[Any]:
         return [*good[:index], value, *good[index + 1 :]]
 
-    stamps = good[3]
+    stamps = good[4]
     cases = [
-        (bad(0, None), TypeError, "expected a callable, a SpanIds and 13 stamps"),
+        (bad(0, None), TypeError, "expected a callable, None or a callable, a SpanIds and 13 stamps"),
         (bad(0, lambda: "x"), TypeError, "span_id: expected int"),
-        (bad(1, (1, 2, 3)), TypeError, "expected a callable, a SpanIds and 13 stamps"),
-        (bad(1, (1 << 128, 2, 1, "")), ValueError, "trace_id: not an unsigned 128-bit int"),
-        (bad(2, 2**63), ValueError, "offset_ns: expected an int64"),
-        (bad(2, -(2**62)), ValueError, r"phase stamp \+ offset_ns: outside \[0, 2\*\*63\)"),
-        (bad(3, stamps[:-1]), TypeError, "13 stamps"),
-        (bad(3, (*stamps[:-1], -1)), ValueError, "initial_chunks must be >= 0"),
-        (bad(3, (1.5, *stamps[1:])), ValueError, "stamp: expected an int64"),
-        (bad(4, [(1, 2, 3)]), TypeError, r"waits: expected \(start, end\) tuples"),
-        (bad(4, [(1, "x")]), ValueError, "wait end: expected an int64"),
-        (bad(4, 7), TypeError, "waits: expected a sequence"),
-        (bad(5, (0, 1, 2**63 - 1, 0, 0, 1, 2**63 - 1, 0)), ValueError, "sum outside int64"),
-        (bad(5, None), TypeError, "chunks: expected a sequence"),
-        (bad(6, None), TypeError, r"decode: expected \(attributes, events\)"),
-        (bad(6, ([], ())), TypeError, "attributes: expected a dict"),
-        (bad(6, ({}, 5)), TypeError, "events: expected a tuple or list"),
-        (bad(7, PHASE_NAMES[:-1]), TypeError, "names: expected a tuple of 8 non-empty str"),
-        (bad(8, (*PHASE_KEYS[:-1], "")), TypeError, "keys: expected a tuple of 9 non-empty str"),
-        (bad(9, (1, 2)), TypeError, "limits: expected a 7-tuple"),
-        (good[:-1], TypeError, "expected 10 arguments, got 9"),
+        (bad(2, (1, 2, 3)), TypeError, "expected a callable, None or a callable, a SpanIds and 13 stamps"),
+        (bad(2, (1 << 128, 2, 1, "")), ValueError, "trace_id: not an unsigned 128-bit int"),
+        (bad(3, 2**63), ValueError, "offset_ns: expected an int64"),
+        (bad(3, -(2**62)), ValueError, r"phase stamp \+ offset_ns: outside \[0, 2\*\*63\)"),
+        (bad(4, stamps[:-1]), TypeError, "13 stamps"),
+        (bad(4, (*stamps[:-1], -1)), ValueError, "initial_chunks must be >= 0"),
+        (bad(4, (1.5, *stamps[1:])), ValueError, "stamp: expected an int64"),
+        (bad(5, [(1, 2, 3)]), TypeError, r"waits: expected \(start, end\) tuples"),
+        (bad(5, [(1, "x")]), ValueError, "wait end: expected an int64"),
+        (bad(5, 7), TypeError, "waits: expected a sequence"),
+        (bad(6, (0, 1, 2**63 - 1, 0, 0, 1, 2**63 - 1, 0)), ValueError, "sum outside int64"),
+        (bad(6, None), TypeError, "chunks: expected a sequence"),
+        (bad(7, None), TypeError, r"decode: expected \(attributes, events\)"),
+        (bad(7, ([], ())), TypeError, "attributes: expected a dict"),
+        (bad(7, ({}, 5)), TypeError, "events: expected a tuple or list"),
+        (bad(8, PHASE_NAMES[:-1]), TypeError, "names: expected a tuple of 8 non-empty str"),
+        (bad(9, (*PHASE_KEYS[:-1], "")), TypeError, "keys: expected a tuple of 9 non-empty str"),
+        (bad(10, (1, 2)), TypeError, "limits: expected a 7-tuple"),
+        (bad(1, 5), TypeError, "expected a callable, None or a callable"),
+        (bad(1, lambda bits: "x"), ValueError, "random_bits: expected an int of 512 bits"),
+        (bad(1, lambda bits: 1 << bits), ValueError, "random_bits: expected an int of 512 bits"),
+        (good[:-1], TypeError, "expected 11 arguments, got 10"),
     ]
     for arguments, error, message in cases:
         with pytest.raises(error, match=message):

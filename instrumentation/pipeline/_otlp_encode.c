@@ -701,8 +701,12 @@ typedef struct {
     Scalar v;
 } Attr;
 
+#define POOL_IDS 8 /* span ids drawn per random_bits call: a request's phase spans, usually */
+
 typedef struct {
-    PyObject *new_span_id, *trace_state, *names, *keys, *out;
+    PyObject *new_span_id, *random_bits, *trace_state, *names, *keys, *out;
+    uint64_t pool[POOL_IDS]; /* random_bits's draw, 64 bits an id, taken from pool[POOL_IDS - pooled] */
+    int pooled;
     long long offset_ns; /* wall = mono + offset (the anchor's formula) */
     uint8_t trace[16], root[8]; /* the ids every child span writes, converted once */
     Limits limits;
@@ -730,8 +734,42 @@ static int wall_ns(const Tree *t, long long mono_ns, uint64_t *out) {
     return 0;
 }
 
+/* The next span id: `new_span_id()`, or with `random_bits` (`random.getrandbits`, what the SDK's
+ * RandomIdGenerator calls) the next 64 bits of one draw of POOL_IDS x 64: getrandbits(64 * n) is
+ * n getrandbits(64) in a row, the first the lowest bits, so the ids are the SDK generator's; a 0
+ * (INVALID_SPAN_ID) is skipped, as its retry skips it. The pool ends with the call (no ids carried
+ * past a fork). */
+static PyObject *draw_span_id(Tree *t) {
+    if (t->random_bits == Py_None)
+        return PyObject_CallNoArgs(t->new_span_id);
+    for (;;) {
+        if (!t->pooled) {
+            uint8_t bytes[POOL_IDS * 8];
+            PyObject *bits = PyObject_CallFunction(t->random_bits, "i", POOL_IDS * 64);
+            int r = !bits || !PyLong_Check(bits) ||
+                    _PyLong_AsByteArray((PyLongObject *)bits, bytes, sizeof bytes, 1, 0) == -1;
+            Py_XDECREF(bits);
+            if (r) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "random_bits: expected an int of 512 bits");
+                return NULL;
+            }
+            for (int i = 0; i < POOL_IDS; i++) {
+                uint64_t id = 0;
+                for (int k = 7; k >= 0; k--)
+                    id = id << 8 | bytes[i * 8 + k];
+                t->pool[i] = id;
+            }
+            t->pooled = POOL_IDS;
+        }
+        uint64_t id = t->pool[POOL_IDS - t->pooled--];
+        if (id)
+            return PyLong_FromUnsignedLongLong(id);
+    }
+}
+
 /* `id or new_span_id()` (a new reference), as `_Tree.leaf` takes a span id. */
-static PyObject *span_id_or_drawn(const Tree *t, PyObject *id) {
+static PyObject *span_id_or_drawn(Tree *t, PyObject *id) {
     int truth = id ? PyObject_IsTrue(id) : 0;
     if (truth < 0)
         return NULL;
@@ -739,7 +777,7 @@ static PyObject *span_id_or_drawn(const Tree *t, PyObject *id) {
         Py_INCREF(id);
         return id;
     }
-    return PyObject_CallNoArgs(t->new_span_id);
+    return draw_span_id(t);
 }
 
 static int put_scalars(Buf *b, PyObject *keys, const Attr *attrs, Py_ssize_t n, const Limits *limits) {
@@ -841,7 +879,7 @@ static int put_prefill(Tree *t, PyObject *prefill, const long long *stamps, PyOb
 static int put_phase_spans(Tree *t, const long long *st, PyObject *waits, PyObject *chunks, PyObject *decode) {
     PyObject *prefill = NULL, *decode_id = NULL;
     int r = put_child(t, N_INGRESS, NULL, NULL, st[S_RECEIVED], st[S_INGRESS_END], NULL, 0, NULL) ||
-            put_queue_waits(t, waits) || (st[S_SCHEDULED] && !(prefill = PyObject_CallNoArgs(t->new_span_id)));
+            put_queue_waits(t, waits) || (st[S_SCHEDULED] && !(prefill = draw_span_id(t)));
     if (!r && st[S_FIRST_TOKEN]) {
         Attr split[3] = {{K_LOOP_WAIT, {V_DOUBLE, 0, (double)st[S_LOOP_WAIT] / 1e6}},
                          {K_ENCODE, {V_DOUBLE, 0, (double)st[S_ENCODE] / 1e6}},
@@ -849,7 +887,7 @@ static int put_phase_spans(Tree *t, const long long *st, PyObject *waits, PyObje
         r = put_child(t, N_FIRST_TOKEN, NULL, NULL, st[S_PREFILL_END], st[S_FIRST_TOKEN], NULL, 0, NULL) ||
             (st[S_FIRST_CHUNK] &&
              put_child(t, N_FIRST_CHUNK, NULL, NULL, st[S_VISIBLE], st[S_FIRST_CHUNK], split, 3, NULL)) ||
-            !(decode_id = PyObject_CallNoArgs(t->new_span_id)) ||
+            !(decode_id = draw_span_id(t)) ||
             put_child(t, N_DELIVERY, NULL, NULL, st[S_LAST_TOKEN], st[S_END], NULL, 0, NULL);
     }
     r = r || put_chunks(t, chunks, st[S_INITIAL_CHUNKS], prefill, decode_id) ||
@@ -869,22 +907,23 @@ static int str_tuple(PyObject *t, Py_ssize_t n, const char *what) {
     return ok ? 0 : -1;
 }
 
-/* encode_phases(new_span_id, root, offset_ns, stamps, waits, chunks, decode, names, keys, limits); METH_FASTCALL. */
+/* encode_phases(new_span_id, random_bits, root, offset_ns, stamps, waits, chunks, decode, names, keys, limits); METH_FASTCALL. */
 static PyObject *encode_phases(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10) {
-        PyErr_Format(PyExc_TypeError, "encode_phases: expected 10 arguments, got %zd", nargs);
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "encode_phases: expected 11 arguments, got %zd", nargs);
         return NULL;
     }
-    PyObject *root = args[1], *stamps = args[3], *decode = args[6];
+    PyObject *root = args[2], *stamps = args[4], *decode = args[7];
     Tree t; /* not zeroed as a whole: its buffer is 8 KiB */
-    t.new_span_id = args[0], t.names = args[7], t.keys = args[8], t.out = NULL;
+    t.new_span_id = args[0], t.random_bits = args[1], t.names = args[8], t.keys = args[9], t.out = NULL;
+    t.pooled = 0;
     long long st[PHASE_STAMPS];
-    if (limits_of(args[9], &t.limits) || str_tuple(t.names, PHASE_NAMES, "names") ||
-        str_tuple(t.keys, PHASE_KEYS, "keys") || int64_of(args[2], &t.offset_ns, "offset_ns"))
+    if (limits_of(args[10], &t.limits) || str_tuple(t.names, PHASE_NAMES, "names") ||
+        str_tuple(t.keys, PHASE_KEYS, "keys") || int64_of(args[3], &t.offset_ns, "offset_ns"))
         return NULL;
-    if (!PyCallable_Check(t.new_span_id) || !PyTuple_Check(root) || PyTuple_GET_SIZE(root) != 4 ||
+    if (!PyCallable_Check(t.new_span_id) || (t.random_bits != Py_None && !PyCallable_Check(t.random_bits)) || !PyTuple_Check(root) || PyTuple_GET_SIZE(root) != 4 ||
         !PyTuple_Check(stamps) || PyTuple_GET_SIZE(stamps) != PHASE_STAMPS) {
-        PyErr_Format(PyExc_TypeError, "encode_phases: expected a callable, a SpanIds and %d stamps", PHASE_STAMPS);
+        PyErr_Format(PyExc_TypeError, "encode_phases: expected a callable, None or a callable, a SpanIds and %d stamps", PHASE_STAMPS);
         return NULL;
     }
     for (int i = 0; i < PHASE_STAMPS; i++)
@@ -902,8 +941,8 @@ static PyObject *encode_phases(PyObject *Py_UNUSED(self), PyObject *const *args,
         id_of(PyTuple_GET_ITEM(root, 1), 8, t.root, "parent_id"))
         return NULL;
     t.trace_state = PyTuple_GET_ITEM(root, 3);
-    PyObject *waits = PySequence_Fast(args[4], "waits: expected a sequence of (start, end)");
-    PyObject *chunks = waits ? PySequence_Fast(args[5], "chunks: expected a sequence of ints") : NULL;
+    PyObject *waits = PySequence_Fast(args[5], "waits: expected a sequence of (start, end)");
+    PyObject *chunks = waits ? PySequence_Fast(args[6], "chunks: expected a sequence of ints") : NULL;
     t.out = chunks ? PyList_New(0) : NULL;
     buf_init(&t.b);
     if (t.out && put_phase_spans(&t, st, waits, chunks, decode))
@@ -997,7 +1036,8 @@ static PyMethodDef methods[] = {
     {"encode_step", (PyCFunction)(void (*)(void))encode_step, METH_FASTCALL,
      "encode_step(step, trace_id, span_id, start_ns, end_ns, name, keys, limits) -> bytes: an engine step's span."},
     {"encode_phases", (PyCFunction)(void (*)(void))encode_phases, METH_FASTCALL,
-     "encode_phases(new_span_id, root, offset_ns, stamps, waits, chunks, decode, names, keys, limits) -> list[bytes]: "
+     "encode_phases(new_span_id, random_bits, root, offset_ns, stamps, waits, chunks, decode, names, keys, limits) -> "
+     "list[bytes]: "
      "a request's phase spans."},
     {"encode_request", encode_request, METH_VARARGS,
      "encode_request(resource_attributes, scope_name, scope_version, spans) -> ExportTraceServiceRequest bytes."},

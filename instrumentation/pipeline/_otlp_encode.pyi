@@ -16,6 +16,7 @@ def encode_step(
 ) -> bytes: ...
 def encode_phases(
     new_span_id: Callable[[], int],
+    random_bits: Callable[[int], int] | None,
     root: tuple[int, int, int, str],
     offset_ns: int,
     stamps: tuple[int, ...],

@@ -12,26 +12,75 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
-/* Shellsort, Ciura's gaps extended by x2.25: compares inline (libc's qsort calls a comparison
- * function per compare: ~3x the instructions for the ~128 gaps of a request). */
-static void sort_ascending(int64_t *a, Py_ssize_t n) {
-    Py_ssize_t gaps[48] = {1, 4, 10, 23, 57, 132, 301, 701};
-    int count = 8;
-    while (count < 48 && gaps[count - 1] < n / 2) {
-        gaps[count] = (Py_ssize_t)((double)gaps[count - 1] * 2.25);
-        count++;
+/* Sorting: an LSD radix sort, 8 bits a pass, of the keys (x ^ sign bit) - min, so that passes stop
+ * at the range's top byte (~3 passes for a request's gaps) and a pass whose digit is the same for
+ * every key is skipped: no compare to mispredict (the shellsort it replaced was ~19k instructions
+ * for a request's ~128 gaps, about a third of `compute_phases`). Insertion sort below 16 values. */
+#define RADIX_BITS 8
+#define RADIX (1 << RADIX_BITS)
+#define SMALL_SORT 16
+#define STACK_VALUES 512
+
+static void insertion_sort(int64_t *a, Py_ssize_t n) {
+    for (Py_ssize_t i = 1; i < n; i++) {
+        int64_t v = a[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && a[j - 1] > v; j--)
+            a[j] = a[j - 1];
+        a[j] = v;
     }
-    while (count--) {
-        Py_ssize_t h = gaps[count];
-        for (Py_ssize_t i = h; i < n; i++) {
-            int64_t v = a[i];
-            Py_ssize_t j = i;
-            for (; j >= h && a[j - h] > v; j -= h)
-                a[j] = a[j - h];
-            a[j] = v;
+}
+
+static inline uint64_t radix_key(int64_t v, uint64_t min) { return ((uint64_t)v ^ (UINT64_C(1) << 63)) - min; }
+
+/* One stable pass on the digit at `shift`, src -> dst; 0 (nothing moved) when every key has the same digit. */
+static int radix_pass(const int64_t *src, int64_t *dst, Py_ssize_t n, uint64_t min, int shift) {
+    Py_ssize_t count[RADIX] = {0};
+    for (Py_ssize_t i = 0; i < n; i++)
+        count[(radix_key(src[i], min) >> shift) & (RADIX - 1)]++;
+    if (count[(radix_key(src[0], min) >> shift) & (RADIX - 1)] == n)
+        return 0;
+    for (Py_ssize_t d = 0, at = 0; d < RADIX; d++) {
+        Py_ssize_t c = count[d];
+        count[d] = at;
+        at += c;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        dst[count[(radix_key(src[i], min) >> shift) & (RADIX - 1)]++] = src[i];
+    return 1;
+}
+
+/* Ascending, in place; -1 (MemoryError set) when no scratch memory. */
+static int sort_ascending(int64_t *a, Py_ssize_t n) {
+    if (n <= SMALL_SORT) {
+        insertion_sort(a, n);
+        return 0;
+    }
+    int64_t stack[STACK_VALUES], *scratch = n <= STACK_VALUES ? stack : PyMem_Malloc((size_t)n * sizeof(int64_t));
+    if (!scratch) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t min = UINT64_MAX, max = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t k = radix_key(a[i], 0);
+        min = k < min ? k : min;
+        max = k > max ? k : max;
+    }
+    int64_t *src = a, *dst = scratch;
+    for (int shift = 0; shift < 64 && ((max - min) >> shift); shift += RADIX_BITS)
+        if (radix_pass(src, dst, n, min, shift)) {
+            int64_t *t = src;
+            src = dst;
+            dst = t;
         }
-    }
+    if (src != a)
+        memcpy(a, src, (size_t)n * sizeof(int64_t));
+    if (scratch != stack)
+        PyMem_Free(scratch);
+    return 0;
 }
 
 static int int64_view(PyObject *obj, Py_buffer *view) {
@@ -53,7 +102,8 @@ static PyObject *gaps_bytes(int64_t first_token_ts, const int64_t *stamps, Py_ss
     int64_t *gaps = (int64_t *)PyBytes_AS_STRING(out); /* aligned: the bytes object's data is */
     for (Py_ssize_t i = 0; i < n; i++)
         gaps[i] = stamps[i] - (i ? stamps[i - 1] : first_token_ts);
-    sort_ascending(gaps, n);
+    if (sort_ascending(gaps, n) < 0)
+        Py_CLEAR(out);
     return out;
 }
 

@@ -23,13 +23,14 @@ when the installed exporter lacks them, and the caller then stays on the SDK bac
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Sampler
 
 from phaselens.instrumentation import names
@@ -58,6 +59,7 @@ _EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 _CREDENTIAL_PROVIDER = "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER"
 _TRACES_CREDENTIAL_PROVIDER = "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER"
 
+_LOW128 = (1 << 128) - 1
 RequestEncoder = Callable[[Sequence[bytes]], bytes]
 
 
@@ -96,6 +98,9 @@ class FastEmitter:
         limits: SpanLimits | None = None,
     ) -> None:
         self.ids: IdGenerator = tracer_provider.id_generator
+        # the SDK's default generator draws random.getrandbits(64) per id: the encoder draws the same
+        # bits 8 ids at a time (`encode_phases`); any other generator is called per id
+        self._random_bits = random.getrandbits if type(self.ids) is RandomIdGenerator else None
         self.sampler: Sampler = tracer_provider.sampler
         self.limits = limits_tuple(limits or SpanLimits())
         self._every_root = samples_every_root(self.sampler)  # a provider's sampler is fixed at its making
@@ -121,6 +126,7 @@ class FastEmitter:
         decode = decode_description(anchor, record, phases, token_events) if phases.first_token_ts else None
         encoded = encode_phases(
             self.ids.generate_span_id,
+            self._random_bits,
             record.root,
             anchor.to_wall_ns(0),
             phase_stamps(phases),
@@ -144,18 +150,34 @@ class FastEmitter:
             return emit_step_span(self, anchor, step)
         if not step.links:
             return False
-        ids = self.ids
-        trace_id = ids.generate_trace_id()  # then the span id, as step_span draws them
-        start_ns, end_ns = anchor.to_wall_ns(step.start_ts), anchor.to_wall_ns(step.end_ts)
+        trace_id, span_id = self._step_ids()
+        offset_ns = anchor.to_wall_ns(0)  # wall = mono + offset: one call for both ends
         encoded = [
             encode_step(
-                step, trace_id, ids.generate_span_id(), start_ns, end_ns, names.SPAN_ENGINE_STEP, STEP_KEYS, self.limits
+                step,
+                trace_id,
+                span_id,
+                step.start_ts + offset_ns,
+                step.end_ts + offset_ns,
+                names.SPAN_ENGINE_STEP,
+                STEP_KEYS,
+                self.limits,
             )
         ]
         self.emitted += 1
         for processor in self.processors:
             processor.offer(encoded)
         return True
+
+    def _step_ids(self) -> tuple[int, int]:
+        """A step's trace id, then its span id, as step_span draws them; from the SDK's default
+        generator one getrandbits(192): the bits of getrandbits(128) then getrandbits(64)."""
+        if self._random_bits is not None:
+            bits = self._random_bits(192)
+            trace_id, span_id = bits & _LOW128, bits >> 128
+            if trace_id and span_id:  # else (p = 2**-64) drawn again by the generator: never 0
+                return trace_id, span_id
+        return self.ids.generate_trace_id(), self.ids.generate_span_id()
 
 
 def _http_transport() -> Any:

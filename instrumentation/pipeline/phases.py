@@ -122,12 +122,14 @@ class Phases:
         return self.end_ts - self.received_ts
 
 
-def stall_ns(itl_sorted_ns: Sequence[int]) -> float:
+def stall_ns(itl_sorted_ns: Sequence[int], median: float | None = None) -> float:
     """Σ (g − p50) over gaps g > STALL_FACTOR·p50 (see module docstring), from the gaps in ascending
-    order: the stalls are the sorted tail, = Σ tail − p50·len(tail) (exact: ns ints, p50 a half-int)."""
+    order: the stalls are the sorted tail, = Σ tail − p50·len(tail) (exact: ns ints, p50 a half-int).
+    `median`: their p50 where the caller has it (computed here otherwise)."""
     if not itl_sorted_ns:
         return 0
-    median = quantile(cast("list[float]", itl_sorted_ns), 0.5) or 0.0  # ints are floats here
+    if median is None:
+        median = quantile(cast("list[float]", itl_sorted_ns), 0.5) or 0.0  # ints are floats here
     stalls = itl_sorted_ns[bisect.bisect_right(itl_sorted_ns, STALL_FACTOR * median) :]
     return sum(stalls) - median * len(stalls)
 

@@ -299,13 +299,14 @@ def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
 
 def decode_attributes(phases: Phases) -> dict[str, Any]:
     itl = phases.itl_sorted_ns
+    median = quantile(itl, 0.5) or 0  # None: no ITL
     return {
         names.PL_DECODE_TOKENS: phases.decode_tokens,
         names.PL_DECODE_STEPS: phases.decode_steps,
-        names.PL_ITL_P50_MS: _ms(quantile(itl, 0.5) or 0),  # None: no ITL
+        names.PL_ITL_P50_MS: _ms(median),
         names.PL_ITL_P99_MS: _ms(quantile(itl, 0.99) or 0),
         names.PL_ITL_MAX_MS: _ms(itl[-1] if itl else 0),
-        names.PL_STALL_MS: _ms(stall_ns(itl)),
+        names.PL_STALL_MS: _ms(stall_ns(itl, median)),
     }
 
 
