@@ -305,8 +305,9 @@ def test_plugin_closes_requests_vllm_aborted_as_client_disconnected(pipeline, pl
         if len(spans) == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert [s["SpanAttributes"][n.ERROR_TYPE] for s in spans] == [n.ERROR_CLIENT_DISCONNECTED] * 2
-    assert all(s["SpanAttributes"][n.PL_FINISH_REASON] == "abort" for s in spans)
+    # on failure, the spans say which path closed the request
+    assert [s["SpanAttributes"].get(n.ERROR_TYPE) for s in spans] == [n.ERROR_CLIENT_DISCONNECTED] * 2, spans
+    assert all(s["SpanAttributes"].get(n.PL_FINISH_REASON) == "abort" for s in spans), spans
     assert [s["SpanName"] for s in spans] == [n.root_span_name(n.OP_TEXT_COMPLETION, "tiny")] * 2
     # cut off after their first token, as a rule; a loaded machine may delay vLLM's first output past
     # the client's timeout, and one cut before it has no TTFT (test_vllm_delivery covers that case)
