@@ -305,11 +305,14 @@ def test_plugin_closes_requests_vllm_aborted_as_client_disconnected(pipeline, pl
         if len(spans) == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert [s["SpanAttributes"][n.ERROR_TYPE] for s in spans] == [n.ERROR_CLIENT_DISCONNECTED] * 2
-    assert all(s["SpanAttributes"][n.PL_FINISH_REASON] == "abort" for s in spans)
+    # on failure, the spans say which path closed the request
+    assert [s["SpanAttributes"].get(n.ERROR_TYPE) for s in spans] == [n.ERROR_CLIENT_DISCONNECTED] * 2, spans
+    assert all(s["SpanAttributes"].get(n.PL_FINISH_REASON) == "abort" for s in spans), spans
     assert [s["SpanName"] for s in spans] == [n.root_span_name(n.OP_TEXT_COMPLETION, "tiny")] * 2
-    # a handle opens with the first output: these were cut off after their first token
-    assert all(float(s["SpanAttributes"][n.PL_SERVER_TTFT_MS]) > 0 for s in spans)
+    # cut off after their first token, as a rule; a loaded machine may delay vLLM's first output past
+    # the client's timeout, and one cut before it has no TTFT (test_vllm_delivery covers that case)
+    ttfts = [s["SpanAttributes"].get(n.PL_SERVER_TTFT_MS) for s in spans]
+    assert all(ttft is None or float(ttft) > 0 for ttft in ttfts), ttfts
 
 
 def test_plugin_rows_name_the_first_chunk_and_leave_a_loopback_sized_residual(pipeline, plugin_run):

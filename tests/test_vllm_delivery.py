@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import time
+from types import SimpleNamespace
 
 import pytest
 from opentelemetry.trace import SpanKind
@@ -16,7 +17,9 @@ from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
 from phaselens.instrumentation.hotpath.records import RequestInfo
 from phaselens.instrumentation.server.asgi import IngressMiddleware
+from phaselens.instrumentation.server.telemetry import SCOPE_KEY
 from phaselens.integrations.vllm.delivery import FirstChunkMiddleware, keep_kernel_stamps, sse_carries_content
+from phaselens.integrations.vllm.tracker import VllmTracker
 from tests.instrumentation_fixtures import http_scope, make_rig
 
 
@@ -146,3 +149,58 @@ def test_the_api_server_keeps_the_kernel_stamping_so_a_new_connections_first_req
             stamper.close()
             for s in (client, accepted, listener):
                 s.close()
+
+
+def request_state(req_id: str, queued_s: float) -> SimpleNamespace:
+    """The fields of vLLM 0.32's output-processor RequestState the tracker reads (a request that the
+    EngineCore queued at `queued_s`, or not yet for 0, with no output yet)."""
+    stats = SimpleNamespace(
+        arrival_time=time.time(), queued_ts=queued_s, scheduled_ts=0.0, first_token_ts=0.0, num_generation_tokens=0
+    )
+    return SimpleNamespace(
+        request_id=req_id,
+        external_req_id="cmpl-" + req_id,
+        stats=stats,
+        prompt_len=16,
+        num_cached_tokens=0,
+        lora_name=None,
+        max_tokens_param=2000,
+        temperature=1.0,
+        top_p=1.0,
+    )
+
+
+@pytest.mark.parametrize("vllm_aborts", [True, False], ids=["vllm-aborted-it", "vllm-runs-on"])
+def test_a_request_whose_client_left_before_its_first_output_is_client_disconnected(vllm_aborts):
+    """The client goes away while vLLM adds its request (before any output): the HTTP request ends
+    with the vLLM request claimed, not opened. It is closed as `client_disconnected`, finish reason
+    `abort` — whether vLLM aborted it or, cancelled inside `add_request`, runs it on (then its later
+    outputs and its finish open no second SERVER span)."""
+    rig = make_rig()
+    tracker = VllmTracker(rig.telemetry, "tiny")
+    states: dict = {}
+    processor = SimpleNamespace(request_states=states)
+
+    async def app(scope, receive, send):  # vLLM's app as the plugin sees it, ended before any output
+        states["r1"] = request_state("r1", queued_s=0.0)
+        tracker.claim("r1", scope[SCOPE_KEY], states)
+        if vllm_aborts:
+            del states["r1"]  # AsyncLLM.abort: the output processor forgets it
+        tracker.http_done(scope[SCOPE_KEY])  # what FirstChunkMiddleware does when the app returns
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        pass
+
+    asyncio.run(IngressMiddleware(app, rig.telemetry, sse_carries_content)(http_scope(), receive, send))
+    if not vllm_aborts:  # its outputs go on arriving, to its end
+        output = SimpleNamespace(request_id="r1", new_token_ids=[5], trace_headers=None)
+        tracker.after_outputs(tracker.before_outputs(processor, [output], time.monotonic(), None))
+        tracker.step_done(None)
+        tracker.finished(states.pop("r1"), "length")
+    (root,) = [s for s in rig.spans() if s.kind == SpanKind.SERVER]
+    assert root.attributes[names.ERROR_TYPE] == names.ERROR_CLIENT_DISCONNECTED
+    assert root.attributes[names.PL_FINISH_REASON] == "abort"
+    assert root.attributes[names.GEN_AI_REQUEST_MAX_TOKENS] == 2000  # described from vLLM's state

@@ -145,7 +145,7 @@ def _add_request(original: Callable) -> Callable:
         result = original(self, request, *args, **kwargs)
         handle = HTTP_REQUEST.get()
         if handle is not None and self.tracing_enabled:
-            _guard("add_request", tracker().claim, request.request_id, handle)
+            _guard("add_request", tracker().claim, request.request_id, handle, self.request_states)
         return result
 
     return add_request

@@ -48,6 +48,7 @@ class VllmTracker:
     """Open handles by vLLM request id, the current step's members, and the step recorder."""
 
     __slots__ = (
+        "_abandoned",
         "_claimed",
         "_idle_reason",
         "_open",
@@ -72,6 +73,7 @@ class VllmTracker:
         self._open: dict[str, Any] = {}  # vLLM request id → its handle (its vLLM state in `_states_of`)
         self._claimed: dict[str, Any] = {}  # vLLM request id → the HTTP request's handle, before its first output
         self._states_of: dict[str, Any] = {}  # vLLM request id → vLLM's RequestState, kept for aborts
+        self._abandoned: set[str] = set()  # closed with their HTTP request while vLLM still runs them
         self._states: dict | None = None  # the output processor's live requests (its own dict)
         self._step_handles: list = []
         self._step_first_tokens = 0
@@ -108,7 +110,7 @@ class VllmTracker:
             stats = None
             if handle is None:
                 state = states.get(req_id)
-                if state is None:
+                if state is None or req_id in self._abandoned:
                     continue
                 if state.stats is None:
                     self.idle("vLLM runs with --disable-log-stats, so it keeps no per-request timestamps")
@@ -134,19 +136,22 @@ class VllmTracker:
                 handle.token_n.append(tokens)
             self._step_handles.append(handle)
 
-    def claim(self, req_id: str, handle: Any) -> None:
-        """vLLM added request `req_id` while running the HTTP request of `handle` (opened by the
-        delivery middleware): that handle becomes the request's. With n > 1 the first child takes it."""
+    def claim(self, req_id: str, handle: Any, states: dict) -> None:
+        """vLLM added request `req_id` (its state in the output processor's `states`) while running
+        the HTTP request of `handle` (opened by the delivery middleware): that handle becomes the
+        request's. With n > 1 the first child takes it."""
+        self._states = states
         if all(h is not handle for h in self._claimed.values()) and all(h is not handle for h in self._open.values()):
             self._claimed[req_id] = handle
+            self._states_of[req_id] = states.get(req_id)
 
     def _open_handle(self, req_id: str, state: Any, trace_headers: Any) -> Any:
         """The delivery middleware's handle for this request, else one opened now (received =
         vLLM's arrival time, the trace context from vLLM's trace headers), closed at `finished`."""
         handle = self._claimed.pop(req_id, None)
+        self._states_of[req_id] = state
         if handle is not None:
             self._open[req_id] = handle
-            self._states_of[req_id] = state
             return handle
         anchor = self.telemetry.anchor
         received_ts = anchor.mono_ns + (_ns(state.stats.arrival_time) - anchor.wall_ns)
@@ -155,13 +160,13 @@ class VllmTracker:
             {"headers": headers, "method": "POST"}, managed=False, received_ts=received_ts
         )
         self._open[req_id] = handle
-        self._states_of[req_id] = state
         return handle
 
     # --- per finished request (do_tracing) -------------------------------------------------------
     def finished(self, req_state: Any, finish_reason: Any) -> None:
         handle = self._open.pop(req_state.request_id, None)
         self._states_of.pop(req_state.request_id, None)
+        self._abandoned.discard(req_state.request_id)  # its handle was closed when its client left
         if handle is None:
             return
         reason = str(getattr(finish_reason, "name", finish_reason) or "").lower()
@@ -194,9 +199,9 @@ class VllmTracker:
     @staticmethod
     def _stamp_engine(handle: Any, stats: Any, prompt_tokens: int, cached_tokens: int) -> None:
         """The EngineCore's stamps, known once its events arrived: one queue wait, one prefill chunk."""
-        queued, scheduled, first = _ns(stats.queued_ts), _ns(stats.scheduled_ts), _ns(stats.first_token_ts)
-        if not queued:
+        if stats is None or not stats.queued_ts:  # none yet: vLLM lost it before the EngineCore queued it
             return
+        queued, scheduled, first = _ns(stats.queued_ts), _ns(stats.scheduled_ts), _ns(stats.first_token_ts)
         handle.enqueued_ts = queued
         handle.waits.extend((queued, scheduled or queued))
         if scheduled and first:
@@ -243,24 +248,28 @@ class VllmTracker:
         live = self._states
         if live is None:
             return
-        for req_id in [r for r in self._claimed if r not in live]:
-            del self._claimed[req_id]  # ended before its first output: the middleware closes its handle
         for req_id in [r for r in self._open if r not in live]:
             self._abort(req_id)
+        self._abandoned.intersection_update(live)
 
     def http_done(self, handle: Any) -> None:
         """The delivery middleware's request ended (vLLM's app returned). A vLLM request that
-        finished reached `do_tracing` before its last output could reach the app, so one still open
-        was left unfinished (its client went away; vLLM aborts it): closed as aborted now, before
-        the middleware hands the handle on, instead of at the next sweep."""
-        for req_id in [r for r, h in self._open.items() if h is handle]:
+        finished reached `do_tracing` before its last output could reach the app, so one still joined
+        to the handle was left unfinished (its client went away), whether cut before its first
+        output (claimed) or after (open): closed as aborted now, before the middleware hands the
+        handle on. One vLLM still runs (it was cancelled while vLLM added it, so vLLM never aborts
+        it) is `abandoned`: its later outputs open no second handle."""
+        live = self._states or {}
+        for req_id in [r for r, h in (*self._open.items(), *self._claimed.items()) if h is handle]:
             self._abort(req_id)
-        for req_id in [r for r, h in self._claimed.items() if h is handle]:
-            del self._claimed[req_id]
+            if req_id in live:
+                self._abandoned.add(req_id)
 
     def _abort(self, req_id: str) -> None:
-        handle, state = self._open.pop(req_id), self._states_of.pop(req_id)
-        self._settle(handle, state, FINISH_ABORT)
+        handle = self._open.pop(req_id) if req_id in self._open else self._claimed.pop(req_id)
+        state = self._states_of.pop(req_id, None)
+        if state is not None:
+            self._settle(handle, state, FINISH_ABORT)
         handle.fail(n.ERROR_CLIENT_DISCONNECTED)  # closes the handle (the middleware's: at the response's end)
 
 
