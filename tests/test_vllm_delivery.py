@@ -152,8 +152,9 @@ def test_the_api_server_keeps_the_kernel_stamping_so_a_new_connections_first_req
 
 
 def request_state(req_id: str, queued_s: float) -> SimpleNamespace:
-    """The fields of vLLM 0.32's output-processor RequestState the tracker reads (a request that the
-    EngineCore queued at `queued_s`, or not yet for 0, with no output yet)."""
+    """A stand-in for vLLM 0.32's output-processor RequestState (vLLM is not importable in this
+    virtualenv, and real vLLM cannot be made to hit these timings on demand): the fields the tracker
+    reads, for a request the EngineCore queued at `queued_s` (or not yet, for 0) with no output yet."""
     stats = SimpleNamespace(
         arrival_time=time.time(), queued_ts=queued_s, scheduled_ts=0.0, first_token_ts=0.0, num_generation_tokens=0
     )
