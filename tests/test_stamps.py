@@ -1,7 +1,8 @@
-"""The timeline's per-token stamp log (`hotpath/_stamps.c`) against an int64 array, its reference."""
+"""The timeline's per-token stamps (the C base `hotpath/_stamps.c`) against a reference: two lists."""
 
 from __future__ import annotations
 
+import gc
 import time
 from array import array
 
@@ -9,63 +10,89 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phaselens.instrumentation.hotpath._stamps import Int64Log
-from phaselens.instrumentation.hotpath.records import int64s
+from phaselens.instrumentation.hotpath._stamps import TimelineCore
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
 from phaselens.instrumentation.pipeline._token_gaps import token_gaps
 
-INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+STAMP = st.integers(min_value=0, max_value=2**63 - 1)
+BAD = (2**63, -1, -(2**63) - 1, "1", 1.5, None)
 
 
-@given(st.lists(INT64, max_size=80))
-def test_reads_as_an_int64_array_does(values: list[int]) -> None:
-    log, reference = Int64Log(), array("q")
-    for v in values:
-        log.append(v)
-        reference.append(v)
-    assert len(log) == len(reference) and bool(log) == bool(reference)
-    assert log.tolist() == reference.tolist() == list(log)
-    assert log.tobytes() == reference.tobytes() == bytes(memoryview(log))
-    assert int64s(log.tobytes()).tolist() == values
-    if values:
-        assert (log[0], log[-1], log[len(values) // 2]) == (values[0], values[-1], values[len(values) // 2])
-    with pytest.raises(IndexError):
-        log[len(values)]
+@given(st.lists(st.tuples(st.booleans(), STAMP, STAMP), max_size=80))
+def test_reads_as_two_int64_arrays(calls: list[tuple[bool, int, int]]) -> None:
+    """Any mix of `token` (an injected clock) and `token_at`, past the buffer's first growths."""
+    clock_values = iter([t for by_clock, t, _ in calls if by_clock])
+    timeline = RequestTimeline(lambda: next(clock_values), received_ts=0)
+    for by_clock, t, n in calls:
+        if by_clock:
+            timeline.token(n)
+        else:
+            timeline.token_at(t, n)
+    stamps, counts = timeline.token_ts, timeline.token_n
+    assert stamps.tolist() == [t for _, t, _ in calls] and counts.tolist() == [n for _, _, n in calls]
+    assert stamps.format == counts.format == "q" and stamps.readonly and counts.readonly
+    assert stamps.tobytes() == array("q", [t for _, t, _ in calls]).tobytes()
+    if calls:
+        assert (stamps[-1], counts[-1]) == calls[-1][1:]
+
+
+def test_token_counts_one_by_default() -> None:
+    ticks = iter([10, 20, 30])
+    timeline = RequestTimeline(lambda: next(ticks))
+    timeline.token()
+    timeline.token(4)
+    assert (timeline.received_ts, timeline.token_ts.tolist(), timeline.token_n.tolist()) == (10, [20, 30], [1, 4])
 
 
 def test_bad_values_raise_and_store_nothing() -> None:
-    log = Int64Log()
-    log.append(7)
-    for bad in (2**63, -(2**63) - 1, "1", 1.5, None):
-        with pytest.raises((OverflowError, TypeError)):
-            log.append(bad)  # type: ignore[arg-type]
-    assert log.tolist() == [7]
-
-
-def test_no_append_while_a_view_is_held() -> None:
-    log = Int64Log()
-    log.append(1)
-    view = memoryview(log)
-    with pytest.raises(BufferError):
-        log.append(2)
-    assert view.tolist() == [1] and view.readonly and view.format == "q"
-    view.release()
-    log.append(2)
-    assert log.tolist() == [1, 2]
-
-
-def test_stamp_appends_the_clock_and_the_count_both_or_neither() -> None:
-    ticks = iter([5, 9, "late"])
-    stamps, counts = Int64Log(), Int64Log()
-    stamps.stamp(counts, 1, lambda: next(ticks))
-    stamps.stamp(counts, 3, lambda: next(ticks))
-    with pytest.raises(TypeError):  # the clock gave no int
-        stamps.stamp(counts, 1, lambda: next(ticks))
-    with pytest.raises(OverflowError):
-        stamps.stamp(counts, 2**63, time.monotonic_ns)
+    timeline = RequestTimeline(lambda: 5)
+    timeline.token(2)
+    for bad in BAD:
+        with pytest.raises((OverflowError, TypeError, ValueError)):
+            timeline.token(bad)  # type: ignore[arg-type]
+        with pytest.raises((OverflowError, TypeError, ValueError)):
+            timeline.token_at(bad, 1)  # type: ignore[arg-type]
+        with pytest.raises((OverflowError, TypeError, ValueError)):
+            timeline.token_at(1, bad)  # type: ignore[arg-type]
+        timeline.clock_ns = lambda bad=bad: bad
+        with pytest.raises((OverflowError, TypeError, ValueError)):
+            timeline.token()
+    with pytest.raises(ValueError, match="negative"):
+        timeline.token_at(-1, 1)
     with pytest.raises(TypeError):
-        stamps.stamp(array("q"), 1, time.monotonic_ns)  # type: ignore[arg-type]
-    assert (stamps.tolist(), counts.tolist()) == ([5, 9], [1, 3])
+        timeline.token(1, 2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        timeline.token_at(1)  # type: ignore[call-arg]
+    assert (timeline.token_ts.tolist(), timeline.token_n.tolist()) == ([5], [2])
+
+
+def test_a_clock_that_raises_stores_nothing() -> None:
+    def broken() -> int:
+        raise RuntimeError("clock")
+
+    timeline = RequestTimeline(lambda: 1)
+    timeline.clock_ns = broken
+    with pytest.raises(RuntimeError):
+        timeline.token()
+    assert len(timeline.token_ts) == len(timeline.token_n) == 0
+
+
+def test_the_clock_must_be_callable() -> None:
+    timeline = RequestTimeline()
+    with pytest.raises(TypeError, match="callable"):
+        timeline.clock_ns = 5  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="callable"):
+        del timeline.clock_ns
+    assert timeline.clock_ns is time.monotonic_ns
+
+
+def test_the_base_takes_no_arguments_and_starts_on_the_monotonic_clock() -> None:
+    with pytest.raises(TypeError):
+        TimelineCore(1)  # type: ignore[call-arg]
+    core = TimelineCore()
+    assert core.clock_ns is time.monotonic_ns
+    core.token_at(3, 1)
+    assert core.token_ts.tolist() == [3]
 
 
 def test_token_on_the_monotonic_clock_reads_that_clock() -> None:
@@ -78,16 +105,40 @@ def test_token_on_the_monotonic_clock_reads_that_clock() -> None:
     assert timeline.token_n.tolist() == [2]
 
 
+def test_the_copies_do_not_hold_the_buffer() -> None:
+    """A reader's view (the shipper freezing a request the loop still stamps) never stops a token."""
+    timeline = RequestTimeline(lambda: 7)
+    timeline.token()
+    held = timeline.token_ts
+    for _ in range(40):  # past the first growth
+        timeline.token()
+    assert held.tolist() == [7] and len(timeline.token_ts) == 41
+
+
+class Cyclic(RequestTimeline):
+    __slots__ = ()
+
+
+def test_a_cycle_through_the_clock_is_collected() -> None:
+    """The clock a C method of the timeline itself: a builtin method has no tp_clear, so only the
+    timeline's breaks the cycle."""
+    timeline = Cyclic()
+    timeline.clock_ns = timeline.token_at
+    del timeline
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o) is Cyclic]
+
+
 @given(
     st.integers(min_value=1, max_value=10**12),
     st.lists(st.tuples(st.integers(1, 10**6), st.integers(1, 4)), max_size=60),
 )
-def test_token_gaps_read_the_log_as_an_array(first: int, steps: list[tuple[int, int]]) -> None:
-    stamps, counts, reference_ts, reference_n = Int64Log(), Int64Log(), array("q"), array("q")
+def test_token_gaps_read_the_stamps_as_arrays(first: int, steps: list[tuple[int, int]]) -> None:
+    timeline, reference_ts, reference_n = RequestTimeline(lambda: 0), array("q"), array("q")
     t = first
     for gap, n in steps:
         t += gap
-        stamps.stamp(counts, n, lambda t=t: t)
+        timeline.token_at(t, n)
         reference_ts.append(t)
         reference_n.append(n)
-    assert token_gaps(first, stamps, counts) == token_gaps(first, reference_ts, reference_n)
+    assert token_gaps(first, timeline.token_ts, timeline.token_n) == token_gaps(first, reference_ts, reference_n)

@@ -1,19 +1,22 @@
-/* Int64Log: a growable vector of native int64s, for the timeline's per-token stamps
- * (`timeline.RequestTimeline.token_ts` / `token_n`).
+/* TimelineCore: the C base of `timeline.RequestTimeline`, holding its per-token stamps inline.
  *
- * Why C: `array('l').append` parses its argument with PyArg_Parse (~550 instructions an append,
- * callgrind; two appends a token, once per request a decode step: the largest part of the loop's
- * stamps). `append` here is METH_O with PyLong_AsLong where a C long is 64 bits (PyLong_AsLongLong
- * goes through _PyLong_AsByteArray for any int past 30 bits, as every ns stamp is).
+ * Why C: a decode step stamps each running request once (`token()`), and between steps the model
+ * evicts the caches, so what a stamp costs is mostly the cache lines it touches. Here the stamp and
+ * its count sit side by side in one buffer the object points at ((stamp, count) pairs), beside the
+ * clock in the object itself: a token touches the object's head and one buffer line (with two
+ * int64 logs it touched the handle, two log objects and their two buffers), and `token` is a
+ * METH_FASTCALL C method (no Python frame, no argument parsing).
  *
- * What readers of a live timeline use, as an int64 array gives it: append, len, truth, x[i]
- * (negative i from the end), iteration, tolist(), tobytes(), the buffer protocol (format "q":
- * native int64, read-only; `append` raises BufferError while a view is held, as array does)
+ * `token(n=1)`: clock_ns() and n appended as one pair. Where clock_ns is time.monotonic_ns on Linux
+ * (CLOCK_MONOTONIC, the clock it reads) the stamp is read with clock_gettime here: the same integer
+ * on the same clock, no int object made. Another clock (tests, replays) is called.
+ * `token_at(t, n)`: the pair (t, n), stamped by the caller (the vLLM tracker, at a batch's output).
+ * A value outside int64 raises OverflowError, a negative one ValueError, a non-int TypeError; a
+ * call that raises stores nothing.
  *
- * `stamps.stamp(counts, n, clock_ns)`: a decode step's token stamp, one call for the two appends:
- * clock_ns() to `stamps`, n to `counts`; both or neither. Where clock_ns is time.monotonic_ns on
- * Linux (CLOCK_MONOTONIC, the clock it reads) the stamp is read with clock_gettime here: no int
- * object made and parsed again.. An int outside int64 raises OverflowError and stores nothing.
+ * `token_ts` / `token_n` read the stamps and the counts as copies: read-only int64 memoryviews
+ * (format "q", as a frozen `records.RequestRecord` holds them), so a reader on another thread never
+ * holds a view of the buffer the loop grows.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,65 +25,60 @@
 
 typedef struct {
     PyObject_HEAD
-    int64_t *items;
-    Py_ssize_t size;
-    Py_ssize_t allocated;
-    Py_ssize_t exports;
-} Int64Log;
+    int64_t *tokens;      /* (stamp, count) pairs */
+    Py_ssize_t size;      /* pairs stored */
+    Py_ssize_t allocated; /* pairs room */
+    PyObject *clock_ns;   /* never NULL */
+} TimelineCore;
 
-#define INITIAL_ITEMS 16 /* a request's first 16 decode steps without a realloc */
+#define INITIAL_PAIRS 16 /* a request's first 16 decode steps without a realloc */
 
-static PyObject *log_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    if (!_PyArg_NoKeywords("Int64Log", kwargs) || !_PyArg_NoPositional("Int64Log", args))
+static PyObject *monotonic_ns; /* time.monotonic_ns, fetched at import */
+static PyTypeObject TimelineCoreType;
+
+static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    /* a subclass's __init__ takes the arguments; the base itself takes none */
+    if (type == &TimelineCoreType &&
+        (!_PyArg_NoKeywords("TimelineCore", kwargs) || !_PyArg_NoPositional("TimelineCore", args)))
         return NULL;
-    Int64Log *self = (Int64Log *)type->tp_alloc(type, 0);
+    TimelineCore *self = (TimelineCore *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->clock_ns = Py_NewRef(monotonic_ns);
     return (PyObject *)self;
 }
 
-static void log_dealloc(Int64Log *self) {
-    PyMem_Free(self->items);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static int grow(Int64Log *self) {
-    Py_ssize_t allocated = self->allocated ? 2 * self->allocated : INITIAL_ITEMS;
-    int64_t *items = PyMem_Realloc(self->items, (size_t)allocated * sizeof(int64_t));
-    if (items == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->items = items;
-    self->allocated = allocated;
+static int core_traverse(TimelineCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->clock_ns);
     return 0;
 }
 
-/* the int as an int64; -1 with an exception set when it is not one */
-static int64_t as_int64(PyObject *value) {
+static int core_clear(TimelineCore *self) {
+    /* breaks a cycle through the clock (a bound method of an object that holds the timeline);
+     * the clock stays callable */
+    Py_SETREF(self->clock_ns, Py_NewRef(monotonic_ns));
+    return 0;
+}
+
+static void core_dealloc(TimelineCore *self) {
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->clock_ns);
+    PyMem_Free(self->tokens);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* the int as a non-negative int64; -1 with an exception set when it is not one */
+static int64_t as_stamp(PyObject *value) {
+    int64_t v;
 #if LONG_MAX == INT64_MAX
-    return PyLong_AsLong(value);
+    v = PyLong_AsLong(value); /* PyLong_AsLongLong goes through _PyLong_AsByteArray past 30 bits */
 #else
-    return PyLong_AsLongLong(value);
+    v = PyLong_AsLongLong(value);
 #endif
+    if (v < 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "a token stamp or count must not be negative, got %lld", (long long)v);
+    return v < 0 ? -1 : v;
 }
-
-/* room for one more item: 0, or -1 with an exception set */
-static int reserve_one(Int64Log *self) {
-    if (self->exports > 0) { /* a view's length and shape point at size: it stays fixed */
-        PyErr_SetString(PyExc_BufferError, "cannot resize an Int64Log that is exporting buffers");
-        return -1;
-    }
-    return self->size == self->allocated ? grow(self) : 0;
-}
-
-static PyObject *log_append(Int64Log *self, PyObject *value) {
-    int64_t v = as_int64(value);
-    if ((v == -1 && PyErr_Occurred()) || reserve_one(self) < 0)
-        return NULL;
-    self->items[self->size++] = v;
-    Py_RETURN_NONE;
-}
-
-static PyObject *monotonic_ns; /* time.monotonic_ns, fetched at import */
 
 /* clock_ns(), read directly where it is CLOCK_MONOTONIC's reader; -1 with an exception set */
 static int64_t read_clock(PyObject *clock_ns) {
@@ -92,129 +90,119 @@ static int64_t read_clock(PyObject *clock_ns) {
     PyObject *stamp = PyObject_CallNoArgs(clock_ns);
     if (stamp == NULL)
         return -1;
-    int64_t t = as_int64(stamp);
+    int64_t t = as_stamp(stamp);
     Py_DECREF(stamp);
     return t;
 }
 
-static PyTypeObject Int64LogType;
-
-static PyObject *log_stamp(Int64Log *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "stamp() takes 3 arguments (counts, n, clock_ns), %zd given", nargs);
-        return NULL;
+/* append the pair (t, n); NULL with an exception set when there is no room */
+static PyObject *append(TimelineCore *self, int64_t t, int64_t n) {
+    if (self->size == self->allocated) {
+        Py_ssize_t allocated = self->allocated ? 2 * self->allocated : INITIAL_PAIRS;
+        int64_t *tokens = allocated > PY_SSIZE_T_MAX / (Py_ssize_t)(2 * sizeof(int64_t))
+                              ? NULL
+                              : PyMem_Realloc(self->tokens, (size_t)allocated * 2 * sizeof(int64_t));
+        if (tokens == NULL)
+            return PyErr_NoMemory();
+        self->tokens = tokens;
+        self->allocated = allocated;
     }
-    if (!PyObject_TypeCheck(args[0], &Int64LogType)) {
-        PyErr_SetString(PyExc_TypeError, "stamp(): counts must be an Int64Log");
-        return NULL;
-    }
-    Int64Log *counts = (Int64Log *)args[0];
-    int64_t n = as_int64(args[1]);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    int64_t t = read_clock(args[2]);
-    if ((t == -1 && PyErr_Occurred()) || reserve_one(self) < 0 || reserve_one(counts) < 0)
-        return NULL;
-    self->items[self->size++] = t;
-    counts->items[counts->size++] = n;
+    int64_t *pair = self->tokens + 2 * self->size++;
+    pair[0] = t;
+    pair[1] = n;
     Py_RETURN_NONE;
 }
 
-static PyObject *log_tolist(Int64Log *self, PyObject *Py_UNUSED(ignored)) {
-    PyObject *list = PyList_New(self->size);
-    if (list == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < self->size; i++) {
-        PyObject *item = PyLong_FromLongLong(self->items[i]);
-        if (item == NULL) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, i, item);
-    }
-    return list;
-}
-
-static PyObject *log_tobytes(Int64Log *self, PyObject *Py_UNUSED(ignored)) {
-    return PyBytes_FromStringAndSize((const char *)self->items, self->size * (Py_ssize_t)sizeof(int64_t));
-}
-
-static Py_ssize_t log_length(Int64Log *self) { return self->size; }
-
-static PyObject *log_item(Int64Log *self, Py_ssize_t i) {
-    if (i < 0 || i >= self->size) {
-        PyErr_SetString(PyExc_IndexError, "Int64Log index out of range");
+static PyObject *core_token(TimelineCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    int64_t n = 1;
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "token() takes at most 1 argument (n), %zd given", nargs);
         return NULL;
     }
-    return PyLong_FromLongLong(self->items[i]);
-}
-
-static PyObject *log_repr(Int64Log *self) {
-    PyObject *list = log_tolist(self, NULL);
-    if (list == NULL)
+    if (nargs == 1 && (n = as_stamp(args[0])) == -1)
         return NULL;
-    PyObject *repr = PyUnicode_FromFormat("Int64Log(%R)", list);
-    Py_DECREF(list);
-    return repr;
+    int64_t t = read_clock(self->clock_ns);
+    return t == -1 ? NULL : append(self, t, n);
 }
 
-static int log_getbuffer(Int64Log *self, Py_buffer *view, int flags) {
-    /* format "q" (long long): native int64 everywhere; the view is read-only */
-    if (PyBuffer_FillInfo(view, (PyObject *)self, self->items, self->size * (Py_ssize_t)sizeof(int64_t), 1, flags) < 0)
+static PyObject *core_token_at(TimelineCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "token_at() takes 2 arguments (t, n), %zd given", nargs);
+        return NULL;
+    }
+    int64_t t = as_stamp(args[0]);
+    if (t == -1)
+        return NULL;
+    int64_t n = as_stamp(args[1]);
+    return n == -1 ? NULL : append(self, t, n);
+}
+
+/* one column of the pairs (0: stamps, 1: counts) as a read-only int64 memoryview of its own bytes */
+static PyObject *column(TimelineCore *self, Py_ssize_t which) {
+    PyObject *raw = PyBytes_FromStringAndSize(NULL, self->size * (Py_ssize_t)sizeof(int64_t));
+    if (raw == NULL)
+        return NULL;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(raw);
+    for (Py_ssize_t i = 0; i < self->size; i++)
+        out[i] = self->tokens[2 * i + which];
+    PyObject *bytes_view = PyMemoryView_FromObject(raw);
+    Py_DECREF(raw);
+    if (bytes_view == NULL)
+        return NULL;
+    PyObject *view = PyObject_CallMethod(bytes_view, "cast", "s", "q");
+    Py_DECREF(bytes_view);
+    return view;
+}
+
+static PyObject *core_token_ts(TimelineCore *self, void *Py_UNUSED(closure)) { return column(self, 0); }
+
+static PyObject *core_token_n(TimelineCore *self, void *Py_UNUSED(closure)) { return column(self, 1); }
+
+static PyObject *core_get_clock(TimelineCore *self, void *Py_UNUSED(closure)) { return Py_NewRef(self->clock_ns); }
+
+static int core_set_clock(TimelineCore *self, PyObject *value, void *Py_UNUSED(closure)) {
+    if (value == NULL || !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "clock_ns must be a callable that returns monotonic ns");
         return -1;
-    if (flags & PyBUF_FORMAT)
-        view->format = "q";
-    if (flags & PyBUF_ND) {
-        view->ndim = 1;
-        view->itemsize = sizeof(int64_t);
-        view->shape = &self->size;
     }
-    if ((flags & PyBUF_STRIDES) == PyBUF_STRIDES)
-        view->strides = &view->itemsize;
-    self->exports++;
+    Py_SETREF(self->clock_ns, Py_NewRef(value));
     return 0;
 }
 
-static void log_releasebuffer(Int64Log *self, Py_buffer *Py_UNUSED(view)) { self->exports--; }
-
-static PyMethodDef log_methods[] = {
-    {"append", (PyCFunction)log_append, METH_O, "append(x): store the int x (int64)."},
-    {"stamp", (PyCFunction)(void (*)(void))log_stamp, METH_FASTCALL,
-     "stamp(counts, n, clock_ns): append clock_ns() here and n to counts (both or neither)."},
-    {"tolist", (PyCFunction)log_tolist, METH_NOARGS, "The values as a list of ints."},
-    {"tobytes", (PyCFunction)log_tobytes, METH_NOARGS, "The values as native int64 bytes."},
+static PyMethodDef core_methods[] = {
+    {"token", (PyCFunction)(void (*)(void))core_token, METH_FASTCALL,
+     "token(n=1): a decode step gave n tokens; stamped clock_ns() now."},
+    {"token_at", (PyCFunction)(void (*)(void))core_token_at, METH_FASTCALL,
+     "token_at(t, n): a decode step gave n tokens, stamped t (monotonic ns) by the caller."},
     {NULL, NULL, 0, NULL},
 };
 
-static PySequenceMethods log_as_sequence = {
-    .sq_length = (lenfunc)log_length,
-    .sq_item = (ssizeargfunc)log_item,
+static PyGetSetDef core_getset[] = {
+    {"token_ts", (getter)core_token_ts, NULL, "One stamp per decode step that gave tokens (a copy).", NULL},
+    {"token_n", (getter)core_token_n, NULL, "The tokens each of those steps gave (a copy).", NULL},
+    {"clock_ns", (getter)core_get_clock, (setter)core_set_clock, "The clock stamps are read from.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyBufferProcs log_as_buffer = {
-    .bf_getbuffer = (getbufferproc)log_getbuffer,
-    .bf_releasebuffer = (releasebufferproc)log_releasebuffer,
-};
-
-static PyTypeObject Int64LogType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "phaselens.instrumentation.hotpath._stamps.Int64Log",
-    .tp_basicsize = sizeof(Int64Log),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A growable vector of native int64s (see the module's header comment).",
-    .tp_new = log_new,
-    .tp_dealloc = (destructor)log_dealloc,
-    .tp_repr = (reprfunc)log_repr,
-    .tp_methods = log_methods,
-    .tp_as_sequence = &log_as_sequence,
-    .tp_as_buffer = &log_as_buffer,
+static PyTypeObject TimelineCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "phaselens.instrumentation.hotpath._stamps.TimelineCore",
+    .tp_basicsize = sizeof(TimelineCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A timeline's per-token stamps (see the module's header comment).",
+    .tp_new = core_new,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_traverse = (traverseproc)core_traverse,
+    .tp_clear = (inquiry)core_clear,
+    .tp_methods = core_methods,
+    .tp_getset = core_getset,
 };
 
 static struct PyModuleDef stamps_module = {
-    PyModuleDef_HEAD_INIT, "_stamps", "The timeline's per-token stamp storage.", -1, NULL, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_stamps", "The timeline's per-token stamps.", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__stamps(void) {
-    if (PyType_Ready(&Int64LogType) < 0)
+    if (PyType_Ready(&TimelineCoreType) < 0)
         return NULL;
     PyObject *time_module = PyImport_ImportModule("time");
     if (time_module == NULL)
@@ -226,9 +214,7 @@ PyMODINIT_FUNC PyInit__stamps(void) {
     PyObject *module = PyModule_Create(&stamps_module);
     if (module == NULL)
         return NULL;
-    Py_INCREF(&Int64LogType);
-    if (PyModule_AddObject(module, "Int64Log", (PyObject *)&Int64LogType) < 0) {
-        Py_DECREF(&Int64LogType);
+    if (PyModule_AddObjectRef(module, "TimelineCore", (PyObject *)&TimelineCoreType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -220,8 +220,8 @@ class ServerRequest(RequestTimeline):
             self.finish_reason,
             int64s(self.waits.tobytes()),
             int64s(self.chunks.tobytes()),
-            int64s(self.token_ts.tobytes()),
-            int64s(self.token_n.tobytes()),
+            self.token_ts,  # already read-only int64 copies
+            self.token_n,
             int64s(self.sends.tobytes()),
             self.info,
             self.outcome,

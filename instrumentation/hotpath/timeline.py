@@ -2,8 +2,8 @@
 
 `RequestTimeline` implements `observer.RequestObserver`; `StepRecorder` implements
 `observer.StepObserver`. Every method appends integers (monotonic ns from the injected clock,
-counts) to int64 buffers (`array`; the per-token ones `_stamps.Int64Log`) or int slots: no OpenTelemetry call, no lock, no object kept per
-token. Records reach the span pipeline through a sink's `BoundedHandOff`, which never blocks and
+counts) to int64 buffers (`array`; the per-token ones in the C base `_stamps.TimelineCore`) or int
+slots: no OpenTelemetry call, no lock, no object kept per token. Records reach the span pipeline through a sink's `BoundedHandOff`, which never blocks and
 never raises: when full it drops the record and counts it.
 
 Layout of a request timeline (all monotonic ns, 0 = not stamped):
@@ -19,6 +19,8 @@ Layout of a request timeline (all monotonic ns, 0 = not stamped):
     chunks     flat [start, end, tokens, cached, …]  prefill chunks (initial and recompute)
     token_ts   one stamp per `token()` call (a decode step that gave this request tokens)
     token_n    tokens that step gave (usually 1)
+               both held by the C base as (stamp, count) pairs in one buffer; these two read
+               them as read-only int64 memoryviews (copies), as a frozen record holds them
     sends      flat [stamp, body_bytes, …]  the body chunks handed to the server's `send` from the
                first content chunk on (at most names.FIRST_SENDS_MAX): the stamp just before the
                call, the response body bytes handed over through that chunk
@@ -31,7 +33,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from phaselens.instrumentation.hotpath._stamps import Int64Log
+from phaselens.instrumentation.hotpath._stamps import TimelineCore
 from phaselens.instrumentation.hotpath.clock import ClockNs
 from phaselens.instrumentation.hotpath.records import StepRecord, StepStats
 
@@ -42,13 +44,15 @@ CHUNK_FIELDS = 4  # start, end, tokens, cached
 INT64 = "l" if array("l").itemsize == 8 else "q"
 
 
-class RequestTimeline:
-    """Per-request phase stamps (observer.RequestObserver). Written by the loop thread only."""
+class RequestTimeline(TimelineCore):
+    """Per-request phase stamps (observer.RequestObserver). Written by the loop thread only.
+
+    `token(n=1)` (a decode step gave n tokens, stamped now) and `token_at(t, n)` (stamped t by the
+    caller) are the C base's: one call, no Python frame, a token's stamp and count stored together."""
 
     __slots__ = (
         "arrived_ts",
         "chunks",
-        "clock_ns",
         "enqueued_ts",
         "finish_reason",
         "finished_ts",
@@ -61,8 +65,6 @@ class RequestTimeline:
         "received_ts",
         "responded_ts",
         "sends",
-        "token_n",
-        "token_ts",
         "visible_tokens",
         "waits",
     )
@@ -80,8 +82,6 @@ class RequestTimeline:
         self.finish_reason = ""
         self.waits = array(INT64)
         self.chunks = array(INT64)
-        self.token_ts = Int64Log()  # written each decode step: one C call stamps both (`token`)
-        self.token_n = Int64Log()
         self.sends = array(INT64)
 
     def enqueued(self) -> None:
@@ -105,9 +105,6 @@ class RequestTimeline:
 
     def first_token(self) -> None:
         self.first_token_ts = self.clock_ns()
-
-    def token(self, n: int = 1) -> None:
-        self.token_ts.stamp(self.token_n, n, self.clock_ns)  # clock_ns() to token_ts, n to token_n
 
     def preempted(self) -> None:
         self.waits.append(self.clock_ns())

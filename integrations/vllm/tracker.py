@@ -129,11 +129,9 @@ class VllmTracker:
                 self._step_first_tokens += 1
                 self._step_scheduled_ns = max(self._step_scheduled_ns, _ns(first_stats.scheduled_ts))
                 if tokens > 1:
-                    handle.token_ts.append(now)
-                    handle.token_n.append(tokens - 1)
+                    handle.token_at(now, tokens - 1)
             elif tokens:
-                handle.token_ts.append(now)
-                handle.token_n.append(tokens)
+                handle.token_at(now, tokens)
             self._step_handles.append(handle)
 
     def claim(self, req_id: str, handle: Any, states: dict) -> None:
