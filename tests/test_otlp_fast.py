@@ -98,7 +98,7 @@ def scripted_records() -> list:
     records: list = []
     rig = make_rig(capture_content=True, token_events=True, poll_interval_s=3600)
     rig.telemetry._closer._submit = records.append
-    rig.telemetry.step_observer._submit = records.append
+    rig.telemetry.step_observer.submit = records.append
     traced = script_request(rig)
     scope = http_scope(traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
     scope["headers"].append((b"tracestate", b"vendor=abc,other=1"))

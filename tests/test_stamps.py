@@ -1,4 +1,5 @@
-"""The timeline's per-token stamps (the C base `hotpath/_stamps.c`) against a reference: two lists."""
+"""The serving loop's records in C (`hotpath/_stamps.c`) against their definitions: a timeline's
+per-token stamps against two lists, a step's packed links against each member's `link`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phaselens.instrumentation.hotpath._stamps import TimelineCore
-from phaselens.instrumentation.hotpath.timeline import RequestTimeline
+from phaselens.instrumentation.hotpath._stamps import StepRecorderCore, TimelineCore
+from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
+from phaselens.instrumentation.hotpath.records import LINK, SpanIds, StepRecord, StepStats, pack_link, unpack_link
+from phaselens.instrumentation.hotpath.timeline import RequestTimeline, StepRecorder
 from phaselens.instrumentation.pipeline._token_gaps import token_gaps
 
 STAMP = st.integers(min_value=0, max_value=2**63 - 1)
@@ -142,3 +145,118 @@ def test_token_gaps_read_the_stamps_as_arrays(first: int, steps: list[tuple[int,
         reference_ts.append(t)
         reference_n.append(n)
     assert token_gaps(first, timeline.token_ts, timeline.token_n) == token_gaps(first, reference_ts, reference_n)
+
+
+# --- an engine step's record: its members' links packed (StepRecorder) ---------------------------
+
+
+class Foreign:
+    """A loop's own batch member: linked when its `link` is a packed link, else only counted."""
+
+    __slots__ = ("link",)
+
+    def __init__(self, link: object) -> None:
+        self.link = link
+
+
+class Bare:
+    __slots__ = ()
+
+
+def linked_timeline(link: bytes | None) -> RequestTimeline:
+    timeline = RequestTimeline(lambda: 0)
+    timeline.link = link
+    return timeline
+
+
+LINKS = st.binary(min_size=LINK.size, max_size=LINK.size)
+MEMBERS = st.one_of(
+    st.builds(linked_timeline, st.none() | LINKS),
+    st.just(NULL_REQUEST),
+    st.builds(Foreign, st.one_of(st.none(), LINKS, st.binary(max_size=30), st.integers(), st.text(max_size=3))),
+    st.builds(Bare),
+)
+STATS = st.builds(StepStats, *[st.integers(-(2**70), 2**70)] * 8)
+
+
+def expected_links(members: list[object]) -> bytes:
+    """The definition: each member's `link`, where it is a packed link, in batch order."""
+    links = [getattr(member, "link", None) for member in members]
+    return b"".join(link for link in links if isinstance(link, bytes) and len(link) == LINK.size)
+
+
+@given(st.lists(st.tuples(STATS, st.lists(MEMBERS, max_size=70)), max_size=4))
+def test_a_step_packs_its_members_links(steps: list[tuple[StepStats, list[object]]]) -> None:
+    records: list[StepRecord] = []
+    recorder = StepRecorder(records.append)
+    for stats, members in steps:
+        recorder.step(stats, members)
+    assert [type(r) for r in records] == [StepRecord] * len(steps)
+    assert records == [
+        StepRecord(index, *stats, len(members), expected_links(members)) for index, (stats, members) in enumerate(steps)
+    ]
+
+
+def test_a_timelines_link_is_a_packed_link_or_none() -> None:
+    ids = SpanIds(2**127 + 3, 2**63 + 5, 1)
+    timeline = linked_timeline(pack_link(ids))
+    assert timeline.link == pack_link(ids) and unpack_link(timeline.link) == (ids.trace_id, ids.span_id, 1)
+    for bad in (b"x" * (LINK.size - 1), b"x" * (LINK.size + 1), "x" * LINK.size, bytearray(LINK.size), 0):
+        with pytest.raises(TypeError, match="packed link"):
+            timeline.link = bad  # type: ignore[assignment]
+    with pytest.raises(TypeError):
+        del timeline.link
+    assert timeline.link == pack_link(ids)
+    timeline.link = None
+    assert timeline.link is None and RequestTimeline().link is None
+
+
+def test_a_bad_step_raises_and_submits_nothing() -> None:
+    class Raising:
+        @property
+        def link(self) -> bytes:
+            raise RuntimeError("link")
+
+    records: list[StepRecord] = []
+    recorder = StepRecorder(records.append)
+    stats = StepStats(1, 2)
+    with pytest.raises(TypeError, match="StepStats"):
+        recorder.step((1, 2), [])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sequence"):
+        recorder.step(stats, 5)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        recorder.step(stats, [linked_timeline(b"l" * LINK.size), Raising()])
+    with pytest.raises(TypeError):
+        recorder.step(stats)  # type: ignore[call-arg]
+    assert records == []
+    recorder.step(stats, (linked_timeline(b"l" * LINK.size),))  # any sequence: a tuple too
+    assert records == [StepRecord(0, *stats, 1, b"l" * LINK.size)]
+
+
+def test_a_member_that_empties_the_batch_while_read() -> None:
+    """A loop's own member whose `link` changes the list being read: the members read before stay,
+    the count is the batch's size when the step was given, and nothing is read past the list."""
+    members: list[object] = []
+
+    class Clearing:
+        @property
+        def link(self) -> None:
+            members.clear()
+
+    members += [linked_timeline(b"a" * LINK.size), Clearing(), linked_timeline(b"b" * LINK.size)]
+    records: list[StepRecord] = []
+    StepRecorder(records.append).step(StepStats(1, 2), members)
+    assert (records[0].num_seqs, records[0].links) == (3, b"a" * LINK.size)
+
+
+def test_the_recorder_takes_a_callable_and_a_record_type() -> None:
+    with pytest.raises(TypeError):
+        StepRecorderCore(5, StepRecord)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        StepRecorderCore(print, dict)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not initialised"):
+        StepRecorderCore.__new__(StepRecorderCore).step(StepStats(1, 2), [])
+    recorder = StepRecorder(print)
+    with pytest.raises(TypeError, match="callable"):
+        recorder.submit = None  # type: ignore[assignment]
+    assert recorder.submit is print

@@ -1,4 +1,8 @@
-/* TimelineCore: the C base of `timeline.RequestTimeline`, holding its per-token stamps inline.
+/* The serving loop's records in C: a request timeline's per-token stamps and its step link
+ * (`TimelineCore`, the base of `timeline.RequestTimeline`), and an engine step's record with its
+ * members' links packed (`StepRecorderCore`, the base of `timeline.StepRecorder`).
+ *
+ * TimelineCore holds the per-token stamps inline.
  *
  * Why C: a decode step stamps each running request once (`token()`), and between steps the model
  * evicts the caches, so what a stamp costs is mostly the cache lines it touches. Here the stamp and
@@ -17,12 +21,20 @@
  * `token_ts` / `token_n` read the stamps and the counts as copies: read-only int64 memoryviews
  * (format "q", as a frozen `records.RequestRecord` holds them), so a reader on another thread never
  * holds a view of the buffer the loop grows.
+ *
+ * `link`: what an engine step links, the request's SERVER span ids packed (`records.pack_link`,
+ * set at receipt), kept in the struct beside the stamps (a step reads the lines its members'
+ * token stamps have just brought in) and copied from there into the step's packed links: no link
+ * object referenced by the step's record, for the shipper to free cold on its thread.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
+
+#define LINK_BYTES 25 /* records.LINK: trace id (high, low), span id, trace flags */
 
 typedef struct {
     PyObject_HEAD
@@ -30,6 +42,8 @@ typedef struct {
     Py_ssize_t size;      /* pairs stored */
     Py_ssize_t allocated; /* pairs room */
     PyObject *clock_ns;   /* never NULL */
+    unsigned char linked; /* link holds this request's SERVER span ids (sampled and ours) */
+    unsigned char link[LINK_BYTES];
 } TimelineCore;
 
 #define INITIAL_PAIRS 16 /* a request's first 16 decode steps without a realloc */
@@ -200,6 +214,26 @@ static int core_set_clock(TimelineCore *self, PyObject *value, void *Py_UNUSED(c
     return 0;
 }
 
+static PyObject *core_get_link(TimelineCore *self, void *Py_UNUSED(closure)) {
+    if (!self->linked)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)self->link, LINK_BYTES);
+}
+
+static int core_set_link(TimelineCore *self, PyObject *value, void *Py_UNUSED(closure)) {
+    if (value == Py_None) {
+        self->linked = 0;
+        return 0;
+    }
+    if (value == NULL || !PyBytes_Check(value) || PyBytes_GET_SIZE(value) != LINK_BYTES) {
+        PyErr_Format(PyExc_TypeError, "link: a packed link (records.pack_link: %d bytes) or None expected", LINK_BYTES);
+        return -1;
+    }
+    memcpy(self->link, PyBytes_AS_STRING(value), LINK_BYTES);
+    self->linked = 1;
+    return 0;
+}
+
 static PyMethodDef core_methods[] = {
     {"token", (PyCFunction)(void (*)(void))core_token, METH_FASTCALL,
      "token(n=1): a decode step gave n tokens; stamped clock_ns() now."},
@@ -212,6 +246,8 @@ static PyGetSetDef core_getset[] = {
     {"token_ts", (getter)core_token_ts, NULL, "One stamp per decode step that gave tokens (a copy).", NULL},
     {"token_n", (getter)core_token_n, NULL, "The tokens each of those steps gave (a copy).", NULL},
     {"clock_ns", (getter)core_get_clock, (setter)core_set_clock, "The clock stamps are read from.", NULL},
+    {"link", (getter)core_get_link, (setter)core_set_link,
+     "What an engine step links: the SERVER span's ids packed (records.pack_link), None when not sampled.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -228,12 +264,210 @@ static PyTypeObject TimelineCoreType = {
     .tp_getset = core_getset,
 };
 
+/* StepRecorderCore: `timeline.StepRecorder`'s C part. step(stats, requests) submits
+ * record_type(index, *stats, len(requests), links): links = the members' links packed end to end
+ * (LINK_BYTES each), read from each TimelineCore's struct; any other member (NullRequest, a loop's
+ * own object) is linked when its `link` attribute is a packed link, else only counted. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *submit;      /* NULL until __init__ */
+    PyObject *record_type; /* a tuple subclass: records.StepRecord */
+    Py_ssize_t stats;      /* the items a step's stats holds: the record's fields less three */
+    Py_ssize_t index;      /* the next step's */
+    PyObject *member_type; /* the last members' type found to be a TimelineCore: the check is a compare */
+} StepRecorderCore;
+
+static int recorder_init(StepRecorderCore *self, PyObject *args, PyObject *kwargs) {
+    PyObject *submit, *record_type;
+    if (!_PyArg_NoKeywords("StepRecorderCore", kwargs) ||
+        !PyArg_UnpackTuple(args, "StepRecorderCore", 2, 2, &submit, &record_type))
+        return -1;
+    if (!PyCallable_Check(submit) || !PyType_Check(record_type) ||
+        !PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "StepRecorderCore(submit: callable, record_type: a NamedTuple type)");
+        return -1;
+    }
+    PyObject *fields = PyObject_GetAttrString(record_type, "_fields");
+    if (fields == NULL)
+        return -1;
+    Py_ssize_t count = PyObject_Length(fields);
+    Py_DECREF(fields);
+    if (count < 0)
+        return -1;
+    if (count < 3) {
+        PyErr_SetString(PyExc_TypeError, "StepRecorderCore: the record holds index, stats, num_seqs, links");
+        return -1;
+    }
+    Py_XSETREF(self->submit, Py_NewRef(submit));
+    Py_XSETREF(self->record_type, Py_NewRef(record_type));
+    self->stats = count - 3;
+    return 0;
+}
+
+static int recorder_traverse(StepRecorderCore *self, visitproc visit, void *arg) {
+    Py_VISIT(self->submit);
+    Py_VISIT(self->record_type);
+    Py_VISIT(self->member_type);
+    return 0;
+}
+
+static int recorder_clear(StepRecorderCore *self) {
+    Py_CLEAR(self->submit);
+    Py_CLEAR(self->record_type);
+    Py_CLEAR(self->member_type);
+    return 0;
+}
+
+static void recorder_dealloc(StepRecorderCore *self) {
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* the member is a TimelineCore (PyObject_TypeCheck walks the subclass's MRO: ~20 instructions) */
+static int is_timeline(StepRecorderCore *self, PyObject *member) {
+    if ((PyObject *)Py_TYPE(member) == self->member_type)
+        return 1;
+    if (!PyObject_TypeCheck(member, &TimelineCoreType))
+        return 0;
+    Py_XSETREF(self->member_type, Py_NewRef((PyObject *)Py_TYPE(member)));
+    return 1;
+}
+
+/* a member's link copied to `at`: 1, or 0 when it has none; -1 with an exception set */
+static int member_link(StepRecorderCore *self, PyObject *member, unsigned char *at) {
+    if (is_timeline(self, member)) {
+        TimelineCore *timeline = (TimelineCore *)member;
+        if (timeline->linked)
+            memcpy(at, timeline->link, LINK_BYTES);
+        return timeline->linked;
+    }
+    PyObject *link = PyObject_GetAttrString(member, "link");
+    if (link == NULL) { /* a loop's own object: counted, not linked */
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int linked = PyBytes_Check(link) && PyBytes_GET_SIZE(link) == LINK_BYTES;
+    if (linked)
+        memcpy(at, PyBytes_AS_STRING(link), LINK_BYTES);
+    Py_DECREF(link);
+    return linked;
+}
+
+/* the members' links end to end; *members = how many there were */
+static PyObject *pack_links(StepRecorderCore *self, PyObject *requests, Py_ssize_t *members) {
+    PyObject *seq = PySequence_Fast(requests, "step(): requests must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), used = 0;
+    PyObject *links = n > PY_SSIZE_T_MAX / LINK_BYTES ? PyErr_NoMemory() : PyBytes_FromStringAndSize(NULL, n * LINK_BYTES);
+    /* a foreign member's `link` may run Python code that changes a list of requests: the size is
+     * read again each member, and no more than n are read */
+    for (Py_ssize_t i = 0; links != NULL && i < n && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *member = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+        int linked = member_link(self, member, (unsigned char *)PyBytes_AS_STRING(links) + used);
+        Py_DECREF(member);
+        if (linked < 0)
+            Py_CLEAR(links);
+        else
+            used += linked * LINK_BYTES;
+    }
+    Py_DECREF(seq);
+    if (links != NULL && used != n * LINK_BYTES && _PyBytes_Resize(&links, used) < 0)
+        return NULL;
+    *members = n;
+    return links;
+}
+
+static PyObject *recorder_step(StepRecorderCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "step() takes 2 arguments (stats, requests), %zd given", nargs);
+        return NULL;
+    }
+    if (self->submit == NULL) {
+        PyErr_SetString(PyExc_TypeError, "step(): the recorder was not initialised");
+        return NULL;
+    }
+    PyObject *stats = args[0];
+    if (!PyTuple_Check(stats) || PyTuple_GET_SIZE(stats) != self->stats) {
+        PyErr_Format(PyExc_TypeError, "step(): stats must be a StepStats (%zd items)", self->stats);
+        return NULL;
+    }
+    Py_ssize_t members;
+    PyObject *links = pack_links(self, args[1], &members);
+    if (links == NULL)
+        return NULL;
+    PyObject *index = PyLong_FromSsize_t(self->index), *count = PyLong_FromSsize_t(members);
+    PyTypeObject *type = (PyTypeObject *)self->record_type;
+    PyObject *record = index && count ? type->tp_alloc(type, self->stats + 3) : NULL;
+    if (record == NULL) {
+        Py_XDECREF(index);
+        Py_XDECREF(count);
+        Py_DECREF(links);
+        return NULL;
+    }
+    /* tuple.__new__'s way for a subclass: the items set once, every one made beforehand */
+    PyTuple_SET_ITEM(record, 0, index);
+    for (Py_ssize_t i = 0; i < self->stats; i++)
+        PyTuple_SET_ITEM(record, i + 1, Py_NewRef(PyTuple_GET_ITEM(stats, i)));
+    PyTuple_SET_ITEM(record, self->stats + 1, count);
+    PyTuple_SET_ITEM(record, self->stats + 2, links);
+    self->index++;
+    PyObject *submitted = PyObject_CallOneArg(self->submit, record);
+    Py_DECREF(record);
+    if (submitted == NULL)
+        return NULL;
+    Py_DECREF(submitted);
+    Py_RETURN_NONE;
+}
+
+static PyObject *recorder_get_submit(StepRecorderCore *self, void *Py_UNUSED(closure)) {
+    return Py_NewRef(self->submit ? self->submit : Py_None);
+}
+
+static int recorder_set_submit(StepRecorderCore *self, PyObject *value, void *Py_UNUSED(closure)) {
+    if (value == NULL || !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "submit must be a callable that takes a step's record");
+        return -1;
+    }
+    Py_XSETREF(self->submit, Py_NewRef(value));
+    return 0;
+}
+
+static PyGetSetDef recorder_getset[] = {
+    {"submit", (getter)recorder_get_submit, (setter)recorder_set_submit, "Where each step's record goes.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef recorder_methods[] = {
+    {"step", (PyCFunction)(void (*)(void))recorder_step, METH_FASTCALL,
+     "step(stats, requests): one engine iteration's record, its members' links packed, submitted."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StepRecorderCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "phaselens.instrumentation.hotpath._stamps.StepRecorderCore",
+    .tp_basicsize = sizeof(StepRecorderCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "StepRecorderCore(submit, record_type): engine steps' records (see the comment above it).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)recorder_init,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_methods = recorder_methods,
+    .tp_getset = recorder_getset,
+};
+
 static struct PyModuleDef stamps_module = {
-    PyModuleDef_HEAD_INIT, "_stamps", "The timeline's per-token stamps.", -1, NULL, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_stamps", "The serving loop's records: a timeline's token stamps, an engine step's links.", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__stamps(void) {
-    if (PyType_Ready(&TimelineCoreType) < 0 || PyType_Ready(&Int64BlockType) < 0)
+    if (PyType_Ready(&TimelineCoreType) < 0 || PyType_Ready(&StepRecorderCoreType) < 0 ||
+        PyType_Ready(&Int64BlockType) < 0)
         return NULL;
     PyObject *time_module = PyImport_ImportModule("time");
     if (time_module == NULL)
@@ -245,7 +479,8 @@ PyMODINIT_FUNC PyInit__stamps(void) {
     PyObject *module = PyModule_Create(&stamps_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "TimelineCore", (PyObject *)&TimelineCoreType) < 0) {
+    if (PyModule_AddObjectRef(module, "TimelineCore", (PyObject *)&TimelineCoreType) < 0 ||
+        PyModule_AddObjectRef(module, "StepRecorderCore", (PyObject *)&StepRecorderCoreType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

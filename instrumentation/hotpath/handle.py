@@ -82,7 +82,6 @@ class ServerRequest(RequestTimeline):
         "context",
         "http",
         "info",
-        "link",
         "managed",
         "outcome",
         "output_pending",
@@ -107,7 +106,7 @@ class ServerRequest(RequestTimeline):
         RequestTimeline.__init__(self, clock_ns, received_ts)
         self.root = root
         self.parent = parent  # the remote parent's ids, or None
-        # what an engine step links: the SERVER span's ids packed (records.pack_link), None when not sampled
+        # what an engine step links (kept in the C base): the SERVER span's ids packed, None when not sampled
         self.link = pack_link(root) if root.sampled else None
         self.span = NonRecordingSpan(span_context(root))  # current while the app runs: its spans nest
         self.context = trace.set_span_in_context(self.span, incoming)  # incoming baggage + the root

@@ -9,8 +9,10 @@ object.__setattr__ per field (15 fields, measured here). Timelines are read-only
 bytes (`int64s`): they index, slice and sum like tuples of ints, but freezing one is a memcpy of
 the loop's int64 `array` and the pipe carries it as those bytes (a tuple of 128 stamps costs ~4 µs
 to make and ~6 µs to marshal: large ints, one object each). A step's links are 25-byte strings
-(`pack_link`, made once per request at receipt) for the same reason: 64 of them marshal in ~2 µs,
-64 tuples of three ints in ~10 µs, and the OTLP encoder copies their bytes as they are.
+(`pack_link`, made once per request at receipt and kept in its timeline's C struct) packed end to
+end in one bytes by the loop (`timeline.StepRecorder`) for the same reason: one bytes marshals and
+frees in a few instructions where 64 tuples of three ints took ~10 µs, and the OTLP encoder copies
+its bytes as they are.
 """
 
 from __future__ import annotations
@@ -149,9 +151,10 @@ def unpack_link(link: bytes) -> tuple[int, int, int]:
 
 
 class StepRecord(NamedTuple):
-    """One engine iteration, as the loop reported it. `links` holds one entry per batch member:
-    its SERVER span's ids packed (`pack_link`), or None for a member that is not sampled (or not
-    ours); so the batch size is `len(links)`."""
+    """One engine iteration, as the loop reported it: its stats, its batch size `num_seqs`, and
+    `links`, the SERVER span ids of the members that are sampled and ours packed end to end
+    (`pack_link`, `LINK.size` bytes each; empty: nothing to link, no span). The builder takes it
+    as it is, from the thread sink or the span-builder process's pipe (`spans.PackedStep`)."""
 
     step_index: int
     start_ts: int
@@ -162,7 +165,8 @@ class StepRecord(NamedTuple):
     kv_blocks_total: int
     preemptions: int
     queue_depth: int
-    links: tuple[bytes | None, ...]
+    num_seqs: int
+    links: bytes
 
 
 Record = RequestRecord | StepRecord

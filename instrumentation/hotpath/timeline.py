@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from phaselens.instrumentation.hotpath._stamps import TimelineCore
+from phaselens.instrumentation.hotpath._stamps import StepRecorderCore, TimelineCore
 from phaselens.instrumentation.hotpath.clock import ClockNs
-from phaselens.instrumentation.hotpath.records import StepRecord, StepStats
+from phaselens.instrumentation.hotpath.records import StepRecord
 
 CHUNK_FIELDS = 4  # start, end, tokens, cached
 # the stamps' array type: native int64s. "l" where a C long is 8 bytes (LP64: Linux, macOS): its
@@ -123,23 +123,14 @@ class RequestTimeline(TimelineCore):
         return self.finished_ts != 0 or self.enqueued_ts == 0
 
 
-class StepRecorder:
+class StepRecorder(StepRecorderCore):
     """observer.StepObserver: one StepRecord per engine iteration, handed to `submit`.
 
-    The links are read from the members' `link` (their SERVER span's ids, fixed at receipt): one
-    list comprehension per step, no OTel object."""
+    `step(stats, requests)` is the C base's, one call: the record's links are the members' `link`s
+    (their SERVER span's ids, fixed at receipt) copied from each timeline's struct into one bytes;
+    a member not sampled or not ours is counted in `num_seqs`, not linked. No OTel object."""
 
-    __slots__ = ("_index", "_submit")
+    __slots__ = ()
 
     def __init__(self, submit: Callable[[StepRecord], Any]) -> None:
-        self._submit = submit
-        self._index = 0
-
-    def step(self, stats: StepStats, requests: Sequence[Any]) -> None:
-        index = self._index
-        self._index = index + 1
-        try:
-            links = tuple([request.link for request in requests])
-        except AttributeError:  # a loop that also batches observers of its own: counted, not linked
-            links = tuple([getattr(request, "link", None) for request in requests])
-        self._submit(StepRecord(index, *stats, links))
+        super().__init__(submit, StepRecord)

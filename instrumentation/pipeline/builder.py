@@ -16,11 +16,11 @@ import logging
 from typing import Any
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
-from phaselens.instrumentation.hotpath.records import Record, RequestRecord, StepRecord
+from phaselens.instrumentation.hotpath.records import Record, RequestRecord
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.otel_setup import export_counters
 from phaselens.instrumentation.pipeline.phases import compute_phases
-from phaselens.instrumentation.pipeline.spans import PackedStep, SpanBackend, packed_step
+from phaselens.instrumentation.pipeline.spans import PackedStep, SpanBackend
 
 _logger = logging.getLogger(__name__)
 
@@ -70,11 +70,10 @@ class SpanBuilder:
         emitter.emit_request(self._anchor, record, phases, self._token_events)
         self._counts["requests_built"] += 1
 
-    def _build_step(self, step: StepRecord | PackedStep) -> None:
-        """A `StepRecord` from the thread sink, or a `PackedStep` from the span-builder process's pipe."""
+    def _build_step(self, step: PackedStep) -> None:
+        """A step from the thread sink or from the span-builder process's pipe."""
         emitter = self._emitter
         if emitter is None:
             self._counts["steps_unsampled"] += 1
             return
-        packed = step if isinstance(step, PackedStep) else packed_step(step)
-        self._counts["steps_built" if emitter.emit_step(self._anchor, packed) else "steps_unsampled"] += 1
+        self._counts["steps_built" if emitter.emit_step(self._anchor, step) else "steps_unsampled"] += 1

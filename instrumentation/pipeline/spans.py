@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, Protocol, cast, overload
+from typing import Any, NamedTuple, Protocol, overload
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import IdGenerator
@@ -552,37 +552,10 @@ def root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> Spa
     )
 
 
-class PackedStep(NamedTuple):
-    """An engine step as the builder takes it: the `StepRecord`'s stats, its batch size and its
-    sampled members' links packed end to end (`records.pack_link`, `LINK.size` bytes each), which
-    the encoder copies as they are (no tuple of 64 links to walk, copy and filter per step)."""
-
-    step_index: int
-    start_ts: int
-    end_ts: int
-    prefill_tokens: int
-    decode_tokens: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    preemptions: int
-    queue_depth: int
-    num_seqs: int
-    links: bytes
-
-
-def packed_fields(step: StepRecord) -> tuple[Any, ...]:
-    """A `StepRecord`'s fields as a `PackedStep`'s, in a plain tuple (as the pipe carries them)."""
-    links = step.links
-    try:
-        # every member sampled (the default): no filtering pass, ~9k instructions less a step
-        joined = b"".join(cast("tuple[bytes, ...]", links))
-    except TypeError:  # an unsampled member's None
-        joined = b"".join(filter(None, links))
-    return (*step[:-1], len(links), joined)
-
-
-def packed_step(step: StepRecord) -> PackedStep:
-    return _new_tuple(PackedStep, packed_fields(step))
+# An engine step as the builder takes it: the loop's record as it is (its stats, batch size and
+# sampled members' links packed end to end by `timeline.StepRecorder`, `LINK.size` bytes each), which
+# the encoder copies as they are (no tuple of 64 links to walk, copy and filter per step).
+PackedStep = StepRecord
 
 
 def packed_links(links: bytes) -> list[bytes]:

@@ -8,7 +8,7 @@
  *   data = the frames end to end, each exactly `wire.encode_request(record)` (a `request_type`)
  *   or `wire.encode_step(record)` (a `step_type`): `<u32 length><u8 kind>` and the marshal
  *   (format 2) of the fields, nested records as tuples; ends = each frame's end offset in data,
- *   native uint32s; unsampled = steps not written (no member's link set: `not any(links)`);
+ *   native uint32s; unsampled = steps not written (no member linked: `not links`);
  *   errors = records not written because their fields do not marshal (e.g. a prompt of a type
  *   marshal refuses) or are not what the record types hold. Values of other types than None,
  *   bools, exact ints of up to 64 bits, ASCII strs, bytes, memoryviews and tuples are written by
@@ -181,51 +181,18 @@ static int w_request(Out *out, PyObject *record) {
     return 0;
 }
 
-/* wire.encode_step: (*step[:-1], len(links), the set links joined); 0 when none is set (not written) */
+/* wire.encode_step: the record's fields (its links one bytes, packed by the loop); 0 when it links
+ * no member (not written) */
 static int w_step(Out *out, PyObject *step) {
     Py_ssize_t n = PyTuple_GET_SIZE(step);
     PyObject *links = n ? PyTuple_GET_ITEM(step, n - 1) : NULL;
-    if (!links || !PyTuple_Check(links)) {
-        PyErr_SetString(PyExc_TypeError, "wire: a step's links: a tuple expected");
+    if (!links || !PyBytes_CheckExact(links)) {
+        PyErr_SetString(PyExc_TypeError, "wire: a step's links: bytes expected");
         return -1;
     }
-    Py_ssize_t members = PyTuple_GET_SIZE(links), joined = 0;
-    for (Py_ssize_t i = 0; i < members; i++) {
-        PyObject *link = PyTuple_GET_ITEM(links, i);
-        if (link == Py_None)
-            continue;
-        if (!PyBytes_CheckExact(link)) {
-            PyErr_SetString(PyExc_TypeError, "wire: a step link: bytes or None expected");
-            return -1;
-        }
-        joined += PyBytes_GET_SIZE(link);
-    }
-    if (!joined)
+    if (!PyBytes_GET_SIZE(links))
         return 0;
-    if (w_tuple_header(out, n + 1) < 0)
-        return -1;
-    for (Py_ssize_t i = 0; i < n - 1; i++)
-        if (w_value(out, PyTuple_GET_ITEM(step, i)) < 0)
-            return -1;
-    if (w_int64(out, members) < 0)
-        return -1;
-    if (joined > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "wire: links over 2 GiB");
-        return -1;
-    }
-    if (reserve(out, 5 + joined) < 0)
-        return -1;
-    out->data[out->len] = 's';
-    put_u32(out->data + out->len + 1, (uint32_t)joined);
-    out->len += 5;
-    for (Py_ssize_t i = 0; i < members; i++) {
-        PyObject *link = PyTuple_GET_ITEM(links, i);
-        if (link != Py_None) {
-            memcpy(out->data + out->len, PyBytes_AS_STRING(link), (size_t)PyBytes_GET_SIZE(link));
-            out->len += PyBytes_GET_SIZE(link);
-        }
-    }
-    return 1;
+    return w_items(out, step, n) < 0 ? -1 : 1;
 }
 
 /* One record's frame: 1 written, 0 skipped (an unsampled step), -1 an error (nothing written). */

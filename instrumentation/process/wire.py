@@ -6,8 +6,8 @@ declaration order, nested records as tuples of theirs, timelines as their int64 
 
     HELLO    (service_name, anchor_mono_ns, anchor_wall_ns, token_events)    first frame, once
     REQUEST  record.RequestRecord
-    STEP     spans.PackedStep    (a record.StepRecord's fields, the batch size, and its sampled
-                                 members' links, records.pack_link, 25 bytes each, in one bytes)
+    STEP     records.StepRecord  (its stats, the batch size, and its sampled members' links,
+                                 records.pack_link, 25 bytes each, in one bytes: packed by the loop)
     FLUSH    (sequence,)   the child exports what it has built and acks `sequence`
 
 The shipper writes a drain's records with `pack` (C, `_wire_pack.c`): the same bytes as
@@ -33,7 +33,7 @@ from phaselens.instrumentation.hotpath.records import (
     StepRecord,
     int64s,
 )
-from phaselens.instrumentation.pipeline.spans import PackedStep, packed_fields
+from phaselens.instrumentation.pipeline.spans import PackedStep
 from phaselens.instrumentation.process import _wire_pack
 
 HEADER = struct.Struct("<IB")
@@ -58,9 +58,9 @@ def encode_request(record: RequestRecord) -> bytes:
 
 
 def encode_step(step: StepRecord) -> bytes:
-    """Packed here, by the shipper: one bytes of links marshals in fewer instructions than 64, and
-    the child then reads one object, not 64 (~25k instructions less a step, both sides together)."""
-    return frame(KIND_STEP, packed_fields(step))
+    """The record as it is: its links are one bytes (packed by the loop), which marshals in fewer
+    instructions than 64, and the child then reads one object, not 64."""
+    return frame(KIND_STEP, tuple(step))
 
 
 @dataclass(slots=True)
