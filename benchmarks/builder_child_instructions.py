@@ -13,7 +13,7 @@ shutdown). Figure: (instructions with the records − hello only) / requests. Un
 child runs ~50× slower, so its 1 s checkpoints come more often than live: counts move by ~±2 %
 between runs.
 
-    .venv/bin/python benchmarks/builder_child_instructions.py [--steps 512]
+    .venv/bin/python benchmarks/builder_child_instructions.py [--steps 512] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -97,6 +97,9 @@ def child_instructions(valgrind: str, folder: str, name: str, data: bytes) -> in
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=512, help="engine steps S of the null engine")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="keep the callgrind files there (for `callgrind_annotate --inclusive=yes`)"
+    )
     args = parser.parse_args()
     valgrind = shutil.which("valgrind")
     if valgrind is None:
@@ -106,7 +109,9 @@ def main() -> int:
     sink, endpoint = start_otlp_sink()
     try:
         process_builder_env(endpoint)
-        with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as scratch:
+            folder = args.keep or scratch
+            os.makedirs(folder, exist_ok=True)
             idle = child_instructions(valgrind, folder, "hello", hello)
             work = child_instructions(valgrind, folder, "records", hello + records)
     finally:

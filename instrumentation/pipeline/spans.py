@@ -50,14 +50,15 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, StaticSampler
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
-from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.ids import child_flags
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
 from phaselens.instrumentation.hotpath.records import LINK, Int64s, RequestRecord, StepRecord, unpack_link
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
-from phaselens.instrumentation.pipeline.phases import Phases, stall_ns
+from phaselens.instrumentation.pipeline._otlp_encode import present
+from phaselens.instrumentation.pipeline._token_gaps import itl_ms
+from phaselens.instrumentation.pipeline.phases import Phases
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
@@ -98,11 +99,6 @@ def _ms(ns: float) -> float:
     return ns / NS_PER_MS
 
 
-def _present(keys: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
-    """The pairs whose value is not None, in key order (None: the attribute is not recorded)."""
-    return {key: value for key, value in zip(keys, values, strict=True) if value is not None}
-
-
 def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
     """GenAI semconv message JSON: a str becomes one text part; chat messages keep their roles."""
     if isinstance(content, str):
@@ -116,8 +112,8 @@ def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
     )
 
 
-# the SERVER root's attributes, in export order; values in `request_attributes` (one tuple, zipped:
-# ~60 keys a request made one dict, not a literal, an update and a filtered copy)
+# the SERVER root's attributes, in export order; values in `request_attributes` (one tuple, the
+# pairs whose value is None left out by `present`: None means the attribute is not recorded)
 _ROOT_KEYS = (
     names.GEN_AI_PROVIDER_NAME,
     names.HTTP_REQUEST_METHOD,
@@ -179,7 +175,7 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
     prefill_ns, first_token_ns, decode_ns = phases.prefill_ns, phases.first_token_phase_ns, phases.decode_ns
     queue_ns = phases.queue_ns
     cached = outcome.cached_tokens or sum(record.chunks[3::CHUNK_FIELDS])
-    attributes = _present(
+    attributes = present(
         _ROOT_KEYS,
         (
             names.PROVIDER_PHASELENS,
@@ -216,24 +212,23 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
         ),
     )
     if info is not None:
-        attributes.update(
-            _present(
-                _INFO_KEYS,
-                (
-                    info.operation,
-                    info.model,
-                    info.model,
-                    info.request_id,
-                    info.request_id,
-                    info.input_tokens,
-                    info.max_tokens,
-                    info.temperature,
-                    info.top_p,
-                    info.top_k,
-                    info.seed,
-                    info.stream,
-                ),
-            )
+        present(
+            _INFO_KEYS,
+            (
+                info.operation,
+                info.model,
+                info.model,
+                info.request_id,
+                info.request_id,
+                info.input_tokens,
+                info.max_tokens,
+                info.temperature,
+                info.top_p,
+                info.top_k,
+                info.seed,
+                info.stream,
+            ),
+            attributes,
         )
         if info.prompt is not None:
             attributes[names.GEN_AI_INPUT_MESSAGES] = _messages("user", info.prompt)
@@ -298,15 +293,16 @@ def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
 
 
 def decode_attributes(phases: Phases) -> dict[str, Any]:
-    itl = phases.itl_sorted_ns
-    median = quantile(itl, 0.5) or 0  # None: no ITL
+    """ITL p50, p99 (`common.quantile`), max and stall (`phases`' formula) of the sorted gaps, in ms
+    (0.0 each with no gap), from `itl_ms` in C."""
+    p50_ms, p99_ms, max_ms, stall_ms = itl_ms(phases.itl_sorted_ns)
     return {
         names.PL_DECODE_TOKENS: phases.decode_tokens,
         names.PL_DECODE_STEPS: phases.decode_steps,
-        names.PL_ITL_P50_MS: _ms(median),
-        names.PL_ITL_P99_MS: _ms(quantile(itl, 0.99) or 0),
-        names.PL_ITL_MAX_MS: _ms(itl[-1] if itl else 0),
-        names.PL_STALL_MS: _ms(stall_ns(itl, median)),
+        names.PL_ITL_P50_MS: p50_ms,
+        names.PL_ITL_P99_MS: p99_ms,
+        names.PL_ITL_MAX_MS: max_ms,
+        names.PL_STALL_MS: stall_ms,
     }
 
 
