@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import random
-from array import array
 import sys
+from array import array
 from pathlib import Path
 from typing import Any
 

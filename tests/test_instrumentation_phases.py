@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from phaselens.common.quantile import quantile
 from phaselens.instrumentation.hotpath.records import int64s
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
-from phaselens.common.quantile import quantile
 from phaselens.instrumentation.pipeline._token_gaps import itl_ms, token_gaps
 from phaselens.instrumentation.pipeline.phases import compute_phases
 from tests.instrumentation_fixtures import ScriptedClock

@@ -124,7 +124,7 @@ def overlap_ns(waits: list[tuple[int, int]], start_ns: int, end_ns: int) -> int:
     calls a request, usually over one wait)."""
     total = 0
     for a, b in waits:
-        inside = min(b, end_ns) - max(a, start_ns)
+        inside = (b if b < end_ns else end_ns) - (a if a > start_ns else start_ns)  # noqa: FURB136 — no min/max call: ~4k instructions a request less
         if inside > 0:
             total += inside
     return total

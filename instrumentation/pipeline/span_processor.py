@@ -113,13 +113,17 @@ class CountingBatchSpanProcessor(SpanProcessor):
             with self._lock:
                 self.counts.suppressed += len(spans)
             return
+        queue, counts, settings = self._queue, self.counts, self.settings
         with self._lock:
-            room = 0 if self._stopped else max(0, self.settings.max_queue_size - len(self._queue))
-            taken = spans if len(spans) <= room else spans[:room]  # no copy when all fit
-            self._queue.extend(taken)
-            self.counts.queued += len(taken)
-            self.counts.dropped += len(spans) - len(taken)
-            full = len(self._queue) >= self.settings.max_export_batch_size
+            room = 0 if self._stopped else max(0, settings.max_queue_size - len(queue))
+            if len(spans) <= room:  # no copy when all fit
+                queue.extend(spans)
+                counts.queued += len(spans)
+            else:
+                queue.extend(spans[:room])
+                counts.queued += room
+                counts.dropped += len(spans) - room
+            full = len(queue) >= settings.max_export_batch_size
         if full and self.full_batch_on_caller:
             self._export_all()
         elif full:

@@ -234,9 +234,12 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
             attributes[names.GEN_AI_INPUT_MESSAGES] = _messages("user", info.prompt)
     if outcome.completion is not None:
         attributes[names.GEN_AI_OUTPUT_MESSAGES] = _messages("assistant", outcome.completion, finish_reason)
-    attributes.update(first_chunk_attributes(phases))
-    attributes.update(first_sends_attributes(record.sends))
-    attributes.update(inbound_attributes(phases))
+    if phases.first_chunk_ts:  # a content chunk was streamed
+        add_first_chunk(attributes, phases)
+    if record.sends:
+        add_first_sends(attributes, record.sends)
+    if phases.read_ts:  # the server has an inbound protocol
+        add_inbound(attributes, phases)
     return attributes
 
 
@@ -249,47 +252,33 @@ def first_chunk_split(phases: Phases) -> dict[str, Any]:
     }
 
 
-def first_sends_attributes(sends: Int64s) -> dict[str, Any]:
-    """The body chunks handed to `send` from the first content chunk on (timeline `sends`): each
-    one's stamp − the first's (ns) and the body bytes through it; {} when none was stamped."""
-    if not sends:
-        return {}
+def add_first_sends(attributes: dict[str, Any], sends: Int64s) -> None:
+    """The body chunks handed to `send` from the first content chunk on (timeline `sends`, not
+    empty): each one's stamp − the first's (ns) and the body bytes through it."""
     first = sends[0]
-    return {
-        names.PL_FIRST_SENDS_NS: tuple(t - first for t in sends[0::2]),
-        names.PL_FIRST_SENDS_BODY_BYTES: tuple(sends[1::2]),
-    }
+    attributes[names.PL_FIRST_SENDS_NS] = tuple(t - first for t in sends[0::2])
+    attributes[names.PL_FIRST_SENDS_BODY_BYTES] = tuple(sends[1::2])
 
 
-def inbound_attributes(phases: Phases) -> dict[str, Any]:
+def add_inbound(attributes: dict[str, Any], phases: Phases) -> None:
     """The inbound edge on the root (exact, kernel receive stamp); dispatch alone when the kernel gave
-    no stamp; {} when the server has no inbound protocol."""
-    if not phases.read_ts:
-        return {}
-    attributes = {names.PL_INBOUND_DISPATCH_MS: _ms(phases.dispatch_ns)}
+    no stamp. For a server with an inbound protocol (`read_ts` stamped)."""
+    attributes[names.PL_INBOUND_DISPATCH_MS] = _ms(phases.dispatch_ns)
     if phases.arrived_ts:
         attributes[names.PL_INBOUND_MS] = _ms(phases.inbound_ns)
         attributes[names.PL_INBOUND_KERNEL_WAIT_MS] = _ms(phases.kernel_wait_ns)
-    return attributes
 
 
-def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
-    """The first_chunk term, its split, the held-back decode steps before it, server TTFC and last
-    chunk, on the root; {} when no content chunk was streamed."""
-    if not phases.first_chunk_ts:
-        return {}
-    held_back = (
-        {names.PL_HELD_BACK_MS: _ms(phases.held_back_ns), names.PL_HELD_BACK_TOKENS: phases.held_back_tokens}
-        if phases.held_back_known
-        else {}
-    )
-    return {
-        names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns),
-        **held_back,
-        **first_chunk_split(phases),
-        names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
-        names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ts - phases.received_ts),
-    }
+def add_first_chunk(attributes: dict[str, Any], phases: Phases) -> None:
+    """The first_chunk term, the held-back decode steps before it, its split, server TTFC and last
+    chunk, on the root, for a request that streamed a content chunk (`first_chunk_ts`)."""
+    attributes[names.PL_FIRST_CHUNK_MS] = _ms(phases.first_chunk_phase_ns)
+    if phases.held_back_known:
+        attributes[names.PL_HELD_BACK_MS] = _ms(phases.held_back_ns)
+        attributes[names.PL_HELD_BACK_TOKENS] = phases.held_back_tokens
+    attributes.update(first_chunk_split(phases))
+    attributes[names.PL_SERVER_TTFC_MS] = _ms(phases.ttfc_ns)
+    attributes[names.PL_SERVER_LAST_CHUNK_MS] = _ms(phases.last_chunk_ts - phases.received_ts)
 
 
 def decode_attributes(phases: Phases) -> dict[str, Any]:
@@ -537,8 +526,8 @@ def root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> Spa
             parent is not None,
             root.trace_flags,
             root.trace_state,
-            anchor.to_wall_ns(phases.received_ts),
-            anchor.to_wall_ns(phases.end_ts),
+            attributes[names.PL_RECEIVED_WALL_NS],  # the span's ends, on the anchor's wall clock
+            attributes[names.PL_RESPONDED_WALL_NS],
             attributes,
             (),
             (),
