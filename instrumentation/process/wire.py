@@ -41,6 +41,7 @@ HEADER = struct.Struct("<IB")
 MARSHAL_VERSION = 2
 KIND_HELLO, KIND_REQUEST, KIND_STEP, KIND_FLUSH = 1, 2, 3, 4
 _TIMELINES = RequestRecord._fields.index("waits")  # a request's fields from `waits` on: 5 timelines, 3 records
+_STEP_FIELDS = len(PackedStep._fields)
 
 
 def frame(kind: int, fields: tuple[Any, ...]) -> bytes:
@@ -107,7 +108,7 @@ def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
 
 
 def decode_step(fields: tuple[Any, ...]) -> PackedStep:
-    if len(fields) != len(PackedStep._fields) or not isinstance(fields[-1], bytes):
+    if len(fields) != _STEP_FIELDS or not isinstance(fields[-1], bytes):
         raise ValueError("a step frame: PackedStep's fields expected")
     return _new_tuple(PackedStep, fields)
 
