@@ -159,7 +159,7 @@ def parts_child(steps: int) -> None:
     runs = part_runs(hello, data)
     for run in runs.values():
         run()
-        functools.reduce(lambda _, __: run(), [0], None)
+        functools.reduce(lambda _, __: run() and None, [0], None)  # what a part made freed inside the count
     print(json.dumps({"parts": list(runs), "requests": requests}))
 
 
