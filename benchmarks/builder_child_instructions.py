@@ -13,12 +13,21 @@ shutdown). Figure: (instructions with the records − hello only) / requests. Un
 child runs ~50× slower, so its 1 s checkpoints come more often than live: counts move by ~±2 %
 between runs.
 
-    .venv/bin/python benchmarks/builder_child_instructions.py [--steps 512]
+`--parts`: instead, the builder's parts one at a time in one process over the same records (each
+a `functools.reduce` call that callgrind counts alone, per request): reading the frames
+(`wire.split_frames`), decoding them, `compute_phases`, the GenAI histograms, the request's spans
+(`FastEmitter.emit_request`; inside it llm.decode's description, the SERVER span's description and
+its attributes, the SERVER span's encoding), the step spans (`emit_step`, 2 a request) and the whole
+builder (`SpanBuilder.build` over every record), as the child's fast backend runs them, the exports
+discarded (`instrumentation_overhead.builder_run`'s setting). Each part runs once uncounted first.
+
+    .venv/bin/python benchmarks/builder_child_instructions.py [--steps 512] [--keep DIR] [--parts]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -26,12 +35,19 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from benchmarks.instrumentation_overhead import (
     FINISH_LENGTH,
     SCOPE,
+    DiscardMetrics,
+    EncodingDiscard,
     ModelStandIn,
     _total_ir,
     open_requests,
@@ -41,7 +57,16 @@ from benchmarks.instrumentation_overhead import (
     start_otlp_sink,
 )
 from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import RequestRecord
+from phaselens.instrumentation.pipeline import spans
+from phaselens.instrumentation.pipeline._otlp_encode import encode_spans
+from phaselens.instrumentation.pipeline.builder import SpanBuilder
+from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.histograms import HistogramReader
+from phaselens.instrumentation.pipeline.otlp_fast import FastEmitter, request_encoder
+from phaselens.instrumentation.pipeline.phases import compute_phases
+from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
 from phaselens.instrumentation.process import wire
 
 BATCH, LIFE, FLUSH_EVERY = 64, 128, 100
@@ -94,34 +119,111 @@ def child_instructions(valgrind: str, folder: str, name: str, data: bytes) -> in
     return _total_ir(out)
 
 
+def part_runs(hello: bytes, data: bytes) -> dict[str, Any]:
+    """Each part of the builder as a call over all the records (see the module doc)."""
+    anchor = ClockAnchor(*wire.split_frames(hello)[0][0][1][1:3])
+    provider = TracerProvider()
+    processor = CountingBatchSpanProcessor(
+        EncodingDiscard(request_encoder(provider)), BatchSettings(1 << 20, 1 << 20, 3_600_000)
+    )
+    emitter = FastEmitter(provider, [processor])
+    scope = InstrumentationScope(names.SERVER_SCOPE)
+    reader = HistogramReader(DiscardMetrics(), provider.resource, scope, export_interval_millis=3_600_000)
+    metrics = GenAiServerMetrics(MeterProvider(metric_readers=[reader]), dict, [reader])
+    builder = SpanBuilder(emitter, metrics, anchor, provider, False)
+    decoders = {wire.KIND_REQUEST: wire.decode_request, wire.KIND_STEP: wire.decode_step}
+    frames = [(decoders[kind], fields) for kind, fields in wire.split_frames(data)[0] if kind in decoders]
+    records = [decode(fields) for decode, fields in frames]
+    requests = [(r, compute_phases(r)) for r in records if isinstance(r, RequestRecord)]
+    roots = [spans.root_span(anchor, r, p) for r, p in requests]
+    steps = [r for r in records if not isinstance(r, RequestRecord)]
+    limits = emitter.limits
+    return {
+        "read_frames": lambda: wire.split_frames(data),
+        "decode_frames": lambda: [decode(fields) for decode, fields in frames],
+        "compute_phases": lambda: [compute_phases(r) for r, _ in requests],
+        "genai_histograms": lambda: [metrics.record(r, p) for r, p in requests],
+        "request_spans": lambda: ([emitter.emit_request(anchor, r, p, False) for r, p in requests], processor._queue.clear()),
+        "request_spans.decode_description": lambda: [spans.decode_description(anchor, r, p, False) for r, p in requests],
+        "request_spans.root_span": lambda: [spans.root_span(anchor, r, p) for r, p in requests],
+        "request_spans.root_span.request_attributes": lambda: [spans.request_attributes(r, p, anchor) for r, p in requests],
+        "request_spans.root_encoding": lambda: [encode_spans((root,), limits) for root in roots],
+        "step_spans": lambda: ([emitter.emit_step(anchor, s) for s in steps], processor._queue.clear()),
+        "whole_builder": lambda: ([builder.build(r) for r in records], processor._queue.clear()),
+    }  # fmt: skip
+
+
+def parts_child(steps: int) -> None:
+    """Runs under callgrind (`--parts`): each part once uncounted, then once in a functools.reduce call."""
+    hello, data, requests, _ = stream(steps)
+    runs = part_runs(hello, data)
+    for run in runs.values():
+        run()
+        functools.reduce(lambda _, __: run() and None, [0], None)  # what a part made freed inside the count
+    print(json.dumps({"parts": list(runs), "requests": requests}))
+
+
+def parts_instructions(valgrind: str, folder: str, steps: int) -> dict[str, float]:
+    """Instructions per request of each part (`parts_child` under callgrind, one dump a part)."""
+    out = os.path.join(folder, "parts.callgrind")
+    command = [valgrind, "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
+               "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
+               "--parts-child", "--steps", str(steps)]  # fmt: skip
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=env)
+    shape = json.loads(done.stdout.strip().splitlines()[-1])
+    dumps = sorted(
+        (p for p in os.listdir(folder) if p.startswith("parts.callgrind.")), key=lambda p: int(p.rsplit(".", 1)[1])
+    )
+    counts = [_total_ir(os.path.join(folder, p)) for p in dumps]
+    return {part: count / shape["requests"] for part, count in zip(shape["parts"], counts, strict=True)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=512, help="engine steps S of the null engine")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="keep the callgrind files there (for `callgrind_annotate --inclusive=yes`)"
+    )
+    parser.add_argument("--parts", action="store_true", help="the builder's parts in-process (module doc)")
+    parser.add_argument("--parts-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.parts_child:
+        parts_child(args.steps)
+        return 0
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         print(json.dumps({"benchmark": "builder_child_instructions", "skipped": "valgrind is not installed"}))
         return 0
-    hello, records, requests, steps = stream(args.steps)
+    config = {"batch": BATCH, "steps": args.steps, "decode_steps_per_request": LIFE, "flush_every": FLUSH_EVERY}
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = args.keep or scratch
+        os.makedirs(folder, exist_ok=True)
+        if args.parts:
+            result = {"parts_instructions_per_request": parts_instructions(valgrind, folder, args.steps)}
+        else:
+            result = whole_child(valgrind, folder, args.steps)
+    print(json.dumps({"benchmark": "builder_child_instructions", "config": config, **result}, indent=2))
+    return 0
+
+
+def whole_child(valgrind: str, folder: str, steps: int) -> dict[str, Any]:
+    """The whole child's instructions per request: fed the records − fed only the hello."""
+    hello, records, requests, step_records = stream(steps)
     sink, endpoint = start_otlp_sink()
     try:
         process_builder_env(endpoint)
-        with tempfile.TemporaryDirectory() as folder:
-            idle = child_instructions(valgrind, folder, "hello", hello)
-            work = child_instructions(valgrind, folder, "records", hello + records)
+        idle = child_instructions(valgrind, folder, "hello", hello)
+        work = child_instructions(valgrind, folder, "records", hello + records)
     finally:
         sink.terminate()
         sink.wait()
-    result = {
-        "benchmark": "builder_child_instructions",
-        "config": {"batch": BATCH, "steps": args.steps, "decode_steps_per_request": LIFE, "flush_every": FLUSH_EVERY},
+    return {
         "requests": requests,
-        "step_records": steps,
+        "step_records": step_records,
         "instructions_per_request": (work - idle) / requests,
         "instructions": {"with_records": work, "baseline_hello_only": idle},
     }
-    print(json.dumps(result, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

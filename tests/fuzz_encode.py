@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ class DrawnIds(IdGenerator):
 def phase_case(rng: random.Random) -> tuple[Any, Any]:
     """(RequestRecord, Phases): each stamp 0 (the phase did not happen) or in [1, 2**40) ns, 0..4
     queue waits, 0..5 prefill chunks (sometimes cut mid-chunk), 0..5 token stamps, any split."""
-    from phaselens.instrumentation.hotpath.records import NO_HTTP, NO_OUTCOME, RequestRecord, SpanIds
+    from phaselens.instrumentation.hotpath.records import NO_HTTP, NO_OUTCOME, RequestRecord, SpanIds, int64s
     from phaselens.instrumentation.pipeline.phases import Phases
 
     def stamp() -> int:
@@ -103,7 +104,7 @@ def phase_case(rng: random.Random) -> tuple[Any, Any]:
         setattr(phases, name, rng.randrange(-(2**40), 2**40))
     phases.waits = [(stamp(), stamp()) for _ in range(rng.randrange(5))]
     phases.initial_chunks = rng.randrange(7)
-    phases.itl_sorted_ns = sorted(rng.randrange(2**30) for _ in range(rng.randrange(5)))
+    phases.itl_sorted_ns = int64s(array("q", sorted(rng.randrange(2**30) for _ in range(rng.randrange(5)))).tobytes())
     return record, phases
 
 

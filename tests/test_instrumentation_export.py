@@ -158,7 +158,8 @@ def test_processor_accounts_for_every_span(env):
 
 def test_a_full_batch_can_be_exported_by_the_thread_that_filled_it(env):
     """`full_batch_on_caller` (the span-builder process): the batch goes out inside the offer that
-    filled it, on that thread, counted as the worker would; a partial batch waits as before."""
+    filled it, on that thread, counted as the worker would; a partial batch, and what is left over
+    a full one, waits for the next full batch or a flush."""
     import threading
 
     seen = []
@@ -174,10 +175,15 @@ def test_a_full_batch_can_be_exported_by_the_thread_that_filled_it(env):
     processor.full_batch_on_caller = True
     processor.offer([b"a", b"b"])
     assert seen == [] and processor.counts.queued == 2
-    processor.offer([b"c", b"d"])  # full: this thread exports all it holds, in batches
-    assert seen == [(threading.get_ident(), 3), (threading.get_ident(), 1)]
+    processor.offer([b"c", b"d"])  # full: this thread exports the full batch; "d" waits
+    assert seen == [(threading.get_ident(), 3)] and processor.counts.settled == 3
+    processor.offer([b"e", b"f", b"g", b"h", b"i"])  # 6 held: two full batches, none left
+    assert [n for _, n in seen] == [3, 3, 3] and processor.counts.settled == 9
+    processor.offer([b"j"])
+    processor.force_flush()  # a checkpoint: the rest, whatever its size
+    assert [n for _, n in seen] == [3, 3, 3, 1]
     counts = processor.counts
-    assert (counts.failed, counts.exported, counts.settled, counts.dropped) == (3, 1, 4, 0)
+    assert (counts.settled, counts.dropped, counts.exported + counts.failed) == (10, 0, 10)
     processor.shutdown()
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import bisect
+import struct
 from array import array
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from phaselens.common.quantile import quantile
 from phaselens.instrumentation.hotpath.records import int64s
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
-from phaselens.instrumentation.pipeline._token_gaps import token_gaps
-from phaselens.instrumentation.pipeline.phases import compute_phases, stall_ns
+from phaselens.instrumentation.pipeline._token_gaps import itl_ms, token_gaps
+from phaselens.instrumentation.pipeline.phases import compute_phases
 from tests.instrumentation_fixtures import ScriptedClock
 
 gap = st.integers(min_value=0, max_value=10**9)
@@ -103,11 +106,43 @@ def test_decode_steps_before_the_first_visible_text_are_held_back_not_loop_wait(
     assert (p.held_back_ns, p.held_back_tokens, p.loop_wait_ns) == (0, 0, 22_000)
 
 
+def packed(values: list[int]) -> memoryview:
+    return int64s(array("q", values).tobytes())
+
+
+def reference_itl_ms(itl: list[int]) -> tuple[float, float, float, float]:
+    """llm.decode's ITL figures as the Python before `itl_ms` computed them: `common.quantile`, then
+    stall = Σ (g − p50) over the gaps g > 2·p50 (the module docstring), each / 1e6."""
+    median = quantile(itl, 0.5) or 0
+    stalls = itl[bisect.bisect_right(itl, 2 * median) :]
+    stall = sum(stalls) - median * len(stalls) if itl else 0
+    return median / 1e6, (quantile(itl, 0.99) or 0) / 1e6, (itl[-1] if itl else 0) / 1e6, stall / 1e6
+
+
 def test_stall_definition():
-    gaps = [10, 10, 10, 10, 210, 40]  # p50 = 10 (linear: position 2.5 between two 10s)
-    assert stall_ns(gaps) == (210 - 10) + (40 - 10)  # both gaps exceed 2 × p50
-    assert stall_ns([10, 20]) == 0  # p50 = 15: no gap above 30
-    assert stall_ns([]) == 0
+    p50, _, _, stall = itl_ms(packed([10, 10, 10, 10, 40, 210]))  # p50 = 10 (linear: between two 10s)
+    assert (p50, stall) == (10 / 1e6, ((210 - 10) + (40 - 10)) / 1e6)  # both gaps exceed 2 × p50
+    assert itl_ms(packed([10, 20]))[3] == 0  # p50 = 15: no gap above 30
+    assert itl_ms(packed([])) == (0.0, 0.0, 0.0, 0.0)
+
+
+@given(
+    st.one_of(
+        st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300),
+        st.lists(st.integers(-3, 40), max_size=40),  # ties, zeros, half-int medians, gaps on 2·p50
+        st.lists(st.integers(2**53 - 8, 2**53 + 8), max_size=9),  # ints a float cannot hold
+    )
+)
+@settings(max_examples=500)
+def test_itl_figures_are_the_python_formulas_bit_for_bit(gaps: list[int]) -> None:
+    """Signed zeros included (`quantile(...) or 0` makes a -0.0 a 0): compared as bytes."""
+    itl = sorted(gaps)
+    assert struct.pack("<4d", *itl_ms(packed(itl))) == struct.pack("<4d", *reference_itl_ms(itl))
+
+
+def test_itl_figures_refuse_a_buffer_that_is_not_int64s() -> None:
+    with pytest.raises(ValueError, match="int64s"):
+        itl_ms(b"\0" * 12)
 
 
 @given(

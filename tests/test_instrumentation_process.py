@@ -329,6 +329,28 @@ def test_past_the_retention_bound_the_oldest_records_are_dropped_and_counted(rec
     assert stats.spans_dropped == evicted and _accounted(stats, 2 + 2 * len(handles))
 
 
+def test_a_backlog_is_packed_and_written_a_slice_at_a_time_and_all_of_it_arrives(receiver, monkeypatch):
+    """The shipper holds the GIL through a wire.pack call: a drain packs at most PACK_RECORDS records
+    a call, and writes each slice before the next (the write releases the GIL)."""
+    from phaselens.instrumentation.process import wire
+
+    monkeypatch.setattr(shipper, "PACK_RECORDS", 7)
+    calls, writes, pack, write = [], [], wire.pack, shipper.ProcessSink._write
+    monkeypatch.setattr(wire, "pack", lambda records: calls.append(len(records)) or pack(records))
+    monkeypatch.setattr(shipper.ProcessSink, "_write", lambda self, *a: writes.append(1) or write(self, *a))
+    rig = make_rig(builder="process", poll_interval_s=3600)  # asleep: the records wait for the flush
+    handles = [script_request(rig) for _ in range(20)]  # 40 records: slices of 7, 7, 7, 7, 7, 5
+    assert rig.telemetry.flush(20)
+    # (the shipper's first wake-up, at its start, may take the first few records alone)
+    assert sum(calls) == 40 and max(calls) == 7 and len(calls) >= 6, calls
+    assert len(writes) >= 1 + len(calls)  # the hello, then each slice's frames before the next is packed
+    stats = rig.telemetry.stats()
+    assert stats.records_shipped == 40 and stats.spans_dropped == 0 and _accounted(stats, 40)
+    roots = _exported_roots(receiver)
+    assert set(roots) == _root_ids(handles) and len(roots) == len(handles)
+    rig.telemetry.shutdown()
+
+
 def test_the_retention_evicts_oldest_first_and_tells_sent_from_unsent():
     kept = retention.Retained(limit_bytes=10)
     assert kept.add(b"aaaabbbb", [4, 8]) == retention.Evicted()

@@ -10,6 +10,7 @@ import random
 import socket
 import threading
 import time
+from array import array
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,7 +31,7 @@ from phaselens.collectors.service import Collector
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
-from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats
+from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats, int64s
 from phaselens.instrumentation.pipeline import otel_setup
 from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_spans, encode_step
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
@@ -207,6 +208,32 @@ def test_both_paths_export_the_same_spans_field_by_field():
     }
     assert fast == sdk  # and byte for byte: the SDK's encoder writes fields in the same order
     assert fast_counts == sdk_counts and fast_counts["processor_exported"] == 17
+
+
+def test_the_roots_optional_attributes_are_the_same_on_both_paths_and_in_order():
+    """The root's inbound edge, held-back tokens, first chunk and body sends (added only when their
+    stamps exist): both paths field by field and byte for byte, each group where request_attributes
+    puts it."""
+    records = scripted_records()
+    at, traced = next((i, r) for i, r in enumerate(records) if isinstance(r, RequestRecord) and r.first_chunk_ts)
+    received, first = traced.received_ts, traced.first_chunk_ts
+    records[at] = traced._replace(
+        arrived_ts=received - 3_000,
+        read_ts=received - 1_000,
+        visible_tokens=2,
+        sends=int64s(array("q", [first, 120, first + 5_000, 480]).tobytes()),
+    )
+    (sdk,), _ = build(records, "sdk")
+    (fast,), _ = build(records, "fast")
+    assert fast == sdk
+    root = next(s for s in fields_of(fast) if s["name"][1] == 2)
+    keys = [key for key, _ in root["attributes"]]
+    order = [names.PL_FIRST_CHUNK_MS, names.PL_SERVER_TTFC_MS, names.PL_FIRST_SENDS_NS, names.PL_INBOUND_DISPATCH_MS]
+    assert [keys.index(key) for key in order] == sorted(keys.index(key) for key in order)
+    attributes = dict(root["attributes"])
+    assert attributes[names.PL_FIRST_SENDS_NS] == ("array_value", (("int_value", 0), ("int_value", 5_000)))
+    assert attributes[names.PL_INBOUND_MS] == ("double_value", 3_000 / 1e6)
+    assert names.PL_HELD_BACK_TOKENS in attributes
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -17,6 +17,9 @@
  * encode_request(resource_attributes, scope_name, scope_version, spans) -> bytes: an
  *   ExportTraceServiceRequest holding one ResourceSpans with one ScopeSpans of `spans` (entries
  *   from encode_spans).
+ * present(keys, values[, into]) -> dict: the pairs of two tuples of one length whose value is not
+ *   None, in order, added to `into` (returned) or to a new dict: the SERVER span's ~40 attributes,
+ *   ~2k instructions where the dict comprehension over zip() took ~20k.
  *
  * Attribute values: str, bool, int (int64), float, bytes, None, and lists, tuples and dicts of
  * those, with no per-key code: a new attribute needs nothing here. A value the SDK's encoder cannot
@@ -1030,6 +1033,30 @@ static PyObject *encode_request(PyObject *Py_UNUSED(self), PyObject *args) {
     return out;
 }
 
+static PyObject *present(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "present(keys, values[, into]): 2 or 3 arguments");
+        return NULL;
+    }
+    PyObject *keys = args[0], *values = args[1], *into = nargs == 3 ? args[2] : NULL;
+    if (!PyTuple_Check(keys) || !PyTuple_Check(values) || (into && !PyDict_Check(into))) {
+        PyErr_SetString(PyExc_TypeError, "present: keys and values tuples, into a dict");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(keys);
+    if (PyTuple_GET_SIZE(values) != n) {
+        PyErr_Format(PyExc_ValueError, "present: %zd keys, %zd values", n, PyTuple_GET_SIZE(values));
+        return NULL;
+    }
+    PyObject *out = into ? Py_NewRef(into) : PyDict_New();
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *value = PyTuple_GET_ITEM(values, i);
+        if (value != Py_None && PyDict_SetItem(out, PyTuple_GET_ITEM(keys, i), value) < 0)
+            Py_CLEAR(out);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"encode_spans", encode_spans, METH_VARARGS,
      "encode_spans(spans, limits) -> list[bytes]: one ScopeSpans.spans entry per SpanData."},
@@ -1041,6 +1068,8 @@ static PyMethodDef methods[] = {
      "a request's phase spans."},
     {"encode_request", encode_request, METH_VARARGS,
      "encode_request(resource_attributes, scope_name, scope_version, spans) -> ExportTraceServiceRequest bytes."},
+    {"present", (PyCFunction)(void (*)(void))present, METH_FASTCALL,
+     "present(keys, values[, into]) -> dict: the pairs whose value is not None, in order."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,6 +8,13 @@
  *   decode_tokens = sum(token_n) (int64), gaps = [token_ts[0] - first_token_ts] + [token_ts[i] -
  *   token_ts[i-1] for i >= 1], ascending (empty when token_ts is), as bytes of native int64s
  *   (`records.int64s` reads them). Both buffers: native int64 (array('q') / records.int64s).
+ *
+ * itl_ms(gaps) -> (p50_ms, p99_ms, max_ms, stall_ms): llm.decode's ITL figures from the ascending
+ *   gaps, the floats `spans.decode_attributes` wrote with `common.quantile.quantile` and the stall
+ *   formula of `phases` (each ns / 1e6; 0.0 each for no gap), with Python's arithmetic on its ints
+ *   and floats step by step (an int quantile stays exact, an int compared with a float exactly), so
+ *   the values are those floats bit for bit (tests/test_instrumentation_phases.py compares them on
+ *   any gaps): ~2k instructions where the Python took ~20k.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -88,7 +95,7 @@ static int int64_view(PyObject *obj, Py_buffer *view) {
         return -1;
     if (view->len % (Py_ssize_t)sizeof(int64_t)) {
         PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "token_gaps: a buffer of int64s expected");
+        PyErr_SetString(PyExc_ValueError, "a buffer of int64s expected");
         return -1;
     }
     return 0;
@@ -132,8 +139,75 @@ static PyObject *token_gaps(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LN)", (long long)tokens, gaps);
 }
 
+/* A quantile as common.quantile computes it, then `or 0`: exact (an int, in *exact) when it returns a
+ * stamp (a == b, or h == lo); else the float a + (b - a) * (h - lo), with -0.0 and 0.0 as the int 0. */
+typedef struct {
+    int is_exact;
+    int64_t exact;
+    double value;
+} Quantile;
+
+static Quantile quantile_of(const int64_t *x, Py_ssize_t n, double q) {
+    double h = q * (double)(n - 1);
+    Py_ssize_t lo = (Py_ssize_t)h, hi = lo + 1 < n ? lo + 1 : n - 1;
+    int64_t a = x[lo], b = x[hi];
+    if (a == b || h == (double)lo)
+        return (Quantile){1, a, 0.0};
+    double value = (double)a + (double)((__int128)b - a) * (h - (double)lo);
+    return value == 0.0 ? (Quantile){1, 0, 0.0} : (Quantile){0, 0, value};
+}
+
+static double quantile_ms(Quantile v) { return (v.is_exact ? (double)v.exact : v.value) / 1e6; }
+
+/* g > t for an int64 g and a float t, exactly (Python compares an int and a float without rounding). */
+static int int_above(int64_t g, double t) {
+    if (t != t)
+        return 0;
+    if (t >= 9223372036854775808.0)
+        return 0;
+    if (t < -9223372036854775808.0)
+        return 1;
+    int64_t whole = (int64_t)t; /* toward 0; t - whole exact */
+    return g != whole ? g > whole : t - (double)whole < 0.0;
+}
+
+/* phases' stall: Σ (g − p50) over g > 2·p50 = Σ tail − p50·len(tail), the tail of the ascending gaps. */
+static double stall_ms(const int64_t *x, Py_ssize_t n, Quantile median) {
+    Py_ssize_t first = n;
+    while (first > 0 && (median.is_exact ? (__int128)x[first - 1] > 2 * (__int128)median.exact
+                                          : int_above(x[first - 1], 2.0 * median.value)))
+        first--;
+    __int128 sum = 0;
+    for (Py_ssize_t i = first; i < n; i++)
+        sum += x[i];
+    Py_ssize_t count = n - first;
+    if (median.is_exact)
+        return (double)(sum - (__int128)median.exact * count) / 1e6;
+    return ((double)sum - median.value * (double)count) / 1e6;
+}
+
+static PyObject *itl_ms(PyObject *self, PyObject *gaps) {
+    (void)self;
+    Py_buffer view;
+    if (int64_view(gaps, &view) < 0)
+        return NULL;
+    const int64_t *x = view.buf;
+    Py_ssize_t n = view.len / (Py_ssize_t)sizeof(int64_t);
+    double p50 = 0.0, p99 = 0.0, max = 0.0, stall = 0.0;
+    if (n) {
+        Quantile median = quantile_of(x, n, 0.5);
+        p50 = quantile_ms(median);
+        p99 = quantile_ms(quantile_of(x, n, 0.99));
+        max = (double)x[n - 1] / 1e6;
+        stall = stall_ms(x, n, median);
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(dddd)", p50, p99, max, stall);
+}
+
 static PyMethodDef methods[] = {
     {"token_gaps", token_gaps, METH_VARARGS, "(decode_tokens, ascending gaps) of a request's token stamps."},
+    {"itl_ms", itl_ms, METH_O, "(p50_ms, p99_ms, max_ms, stall_ms) of ascending gaps."},
     {NULL, NULL, 0, NULL},
 };
 

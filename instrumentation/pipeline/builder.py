@@ -46,34 +46,41 @@ class SpanBuilder:
         self._counts = dict.fromkeys(COUNTERS, 0)
 
     def build(self, record: Record | PackedStep) -> None:
+        if isinstance(record, RequestRecord):
+            self.build_request(record)
+        else:
+            self.build_step(record)
+
+    def build_request(self, record: RequestRecord) -> None:
+        """`build` for a request (the span-builder process knows the kind from the frame: no check)."""
         try:
-            if isinstance(record, RequestRecord):
-                self._build_request(record)
-            else:
-                self._build_step(record)
-        except Exception:  # telemetry must never take the server down; count, and log the first
-            self._counts["build_errors"] += 1
-            if self._counts["build_errors"] == 1:
-                _logger.exception("phaselens: building spans failed (counted in build_errors)")
+            phases = compute_phases(record)
+            self._metrics.record(record, phases)
+            emitter = self._emitter
+            if not record.sampled or emitter is None:
+                self._counts["requests_unsampled"] += 1
+                return
+            emitter.emit_request(self._anchor, record, phases, self._token_events)
+            self._counts["requests_built"] += 1
+        except Exception:  # noqa: BLE001 — telemetry must never take the server down; counted, the first logged
+            self._failed()
+
+    def build_step(self, step: PackedStep) -> None:
+        """`build` for a step, from the thread sink or from the span-builder process's pipe."""
+        try:
+            emitter = self._emitter
+            if emitter is None:
+                self._counts["steps_unsampled"] += 1
+                return
+            self._counts["steps_built" if emitter.emit_step(self._anchor, step) else "steps_unsampled"] += 1
+        except Exception:  # noqa: BLE001 — as in build_request
+            self._failed()
+
+    def _failed(self) -> None:
+        self._counts["build_errors"] += 1
+        if self._counts["build_errors"] == 1:
+            _logger.exception("phaselens: building spans failed (counted in build_errors)")
 
     def counters(self) -> dict[str, int]:
         emitted = self._emitter.emitted if self._emitter is not None else 0
         return {**self._counts, "spans_built": emitted, **export_counters(self._tracer_provider)}
-
-    def _build_request(self, record: RequestRecord) -> None:
-        phases = compute_phases(record)
-        self._metrics.record(record, phases)
-        emitter = self._emitter
-        if not record.sampled or emitter is None:
-            self._counts["requests_unsampled"] += 1
-            return
-        emitter.emit_request(self._anchor, record, phases, self._token_events)
-        self._counts["requests_built"] += 1
-
-    def _build_step(self, step: PackedStep) -> None:
-        """A step from the thread sink or from the span-builder process's pipe."""
-        emitter = self._emitter
-        if emitter is None:
-            self._counts["steps_unsampled"] += 1
-            return
-        self._counts["steps_built" if emitter.emit_step(self._anchor, step) else "steps_unsampled"] += 1

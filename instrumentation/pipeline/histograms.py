@@ -48,6 +48,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 _logger = logging.getLogger(__name__)
 
+_INF = math.inf
 _OVERFLOW: tuple[tuple[str, Any], ...] = (("otel.metric.overflow", True),)
 Key = tuple[tuple[str, Any], ...]  # an attribute set: tuple(attributes.items())
 
@@ -198,12 +199,9 @@ def histogram_readers_usable(readers: Sequence[Any]) -> bool:
     )
 
 
-def _valid(value: float | None, name: str) -> float | None:
-    """The value, or None where the SDK's Histogram ignores it (non-finite or negative)."""
-    if value is None or (math.isfinite(value) and value >= 0):
-        return value
+def _ignored(value: float, name: str) -> None:
+    """The SDK Histogram's warning for a value it ignores (non-finite or negative: not 0 <= value < inf)."""
     _logger.warning("Record amount %s is not finite or negative on Histogram %s, ignoring measurement.", value, name)
-    return None
 
 
 RequestValues = tuple[float | None, float | None, float]  # a request's TTFT, TPOT (None: not recorded), duration
@@ -223,11 +221,17 @@ class OwnedHistograms:
 
     def record(self, values: RequestValues, attributes: dict[str, Any], duration_attributes: dict[str, Any]) -> None:
         """TTFT and TPOT under `attributes`, the duration under `duration_attributes`."""
-        ttft, tpot, duration = (
-            _valid(values[0], self.names[0]),
-            _valid(values[1], self.names[1]),
-            _valid(values[2], self.names[2]),
-        )
+        ttft, tpot = values[0], values[1]
+        duration: float | None = values[2]
+        if ttft is not None and not 0 <= ttft < _INF:  # inline: no call for a valid value (three a request)
+            _ignored(ttft, self.names[0])
+            ttft = None
+        if tpot is not None and not 0 <= tpot < _INF:
+            _ignored(tpot, self.names[1])
+            tpot = None
+        if not 0 <= values[2] < _INF:
+            _ignored(values[2], self.names[2])
+            duration = None
         key = tuple(attributes.items())
         duration_key = key if duration_attributes is attributes else tuple(duration_attributes.items())
         for lock, (ttft_stream, tpot_stream, duration_stream) in self.readers:

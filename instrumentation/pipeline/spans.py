@@ -50,14 +50,15 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, StaticSampler
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
-from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.ids import child_flags
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
 from phaselens.instrumentation.hotpath.records import LINK, Int64s, RequestRecord, StepRecord, unpack_link
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
-from phaselens.instrumentation.pipeline.phases import Phases, stall_ns
+from phaselens.instrumentation.pipeline._otlp_encode import present
+from phaselens.instrumentation.pipeline._token_gaps import itl_ms
+from phaselens.instrumentation.pipeline.phases import Phases
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
@@ -98,11 +99,6 @@ def _ms(ns: float) -> float:
     return ns / NS_PER_MS
 
 
-def _present(keys: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
-    """The pairs whose value is not None, in key order (None: the attribute is not recorded)."""
-    return {key: value for key, value in zip(keys, values, strict=True) if value is not None}
-
-
 def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
     """GenAI semconv message JSON: a str becomes one text part; chat messages keep their roles."""
     if isinstance(content, str):
@@ -116,8 +112,8 @@ def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
     )
 
 
-# the SERVER root's attributes, in export order; values in `request_attributes` (one tuple, zipped:
-# ~60 keys a request made one dict, not a literal, an update and a filtered copy)
+# the SERVER root's attributes, in export order; values in `request_attributes` (one tuple, the
+# pairs whose value is None left out by `present`: None means the attribute is not recorded)
 _ROOT_KEYS = (
     names.GEN_AI_PROVIDER_NAME,
     names.HTTP_REQUEST_METHOD,
@@ -179,7 +175,7 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
     prefill_ns, first_token_ns, decode_ns = phases.prefill_ns, phases.first_token_phase_ns, phases.decode_ns
     queue_ns = phases.queue_ns
     cached = outcome.cached_tokens or sum(record.chunks[3::CHUNK_FIELDS])
-    attributes = _present(
+    attributes = present(
         _ROOT_KEYS,
         (
             names.PROVIDER_PHASELENS,
@@ -216,32 +212,34 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
         ),
     )
     if info is not None:
-        attributes.update(
-            _present(
-                _INFO_KEYS,
-                (
-                    info.operation,
-                    info.model,
-                    info.model,
-                    info.request_id,
-                    info.request_id,
-                    info.input_tokens,
-                    info.max_tokens,
-                    info.temperature,
-                    info.top_p,
-                    info.top_k,
-                    info.seed,
-                    info.stream,
-                ),
-            )
+        present(
+            _INFO_KEYS,
+            (
+                info.operation,
+                info.model,
+                info.model,
+                info.request_id,
+                info.request_id,
+                info.input_tokens,
+                info.max_tokens,
+                info.temperature,
+                info.top_p,
+                info.top_k,
+                info.seed,
+                info.stream,
+            ),
+            attributes,
         )
         if info.prompt is not None:
             attributes[names.GEN_AI_INPUT_MESSAGES] = _messages("user", info.prompt)
     if outcome.completion is not None:
         attributes[names.GEN_AI_OUTPUT_MESSAGES] = _messages("assistant", outcome.completion, finish_reason)
-    attributes.update(first_chunk_attributes(phases))
-    attributes.update(first_sends_attributes(record.sends))
-    attributes.update(inbound_attributes(phases))
+    if phases.first_chunk_ts:  # a content chunk was streamed
+        add_first_chunk(attributes, phases)
+    if record.sends:
+        add_first_sends(attributes, record.sends)
+    if phases.read_ts:  # the server has an inbound protocol
+        add_inbound(attributes, phases)
     return attributes
 
 
@@ -254,59 +252,46 @@ def first_chunk_split(phases: Phases) -> dict[str, Any]:
     }
 
 
-def first_sends_attributes(sends: Int64s) -> dict[str, Any]:
-    """The body chunks handed to `send` from the first content chunk on (timeline `sends`): each
-    one's stamp − the first's (ns) and the body bytes through it; {} when none was stamped."""
-    if not sends:
-        return {}
+def add_first_sends(attributes: dict[str, Any], sends: Int64s) -> None:
+    """The body chunks handed to `send` from the first content chunk on (timeline `sends`, not
+    empty): each one's stamp − the first's (ns) and the body bytes through it."""
     first = sends[0]
-    return {
-        names.PL_FIRST_SENDS_NS: tuple(t - first for t in sends[0::2]),
-        names.PL_FIRST_SENDS_BODY_BYTES: tuple(sends[1::2]),
-    }
+    attributes[names.PL_FIRST_SENDS_NS] = tuple(t - first for t in sends[0::2])
+    attributes[names.PL_FIRST_SENDS_BODY_BYTES] = tuple(sends[1::2])
 
 
-def inbound_attributes(phases: Phases) -> dict[str, Any]:
+def add_inbound(attributes: dict[str, Any], phases: Phases) -> None:
     """The inbound edge on the root (exact, kernel receive stamp); dispatch alone when the kernel gave
-    no stamp; {} when the server has no inbound protocol."""
-    if not phases.read_ts:
-        return {}
-    attributes = {names.PL_INBOUND_DISPATCH_MS: _ms(phases.dispatch_ns)}
+    no stamp. For a server with an inbound protocol (`read_ts` stamped)."""
+    attributes[names.PL_INBOUND_DISPATCH_MS] = _ms(phases.dispatch_ns)
     if phases.arrived_ts:
         attributes[names.PL_INBOUND_MS] = _ms(phases.inbound_ns)
         attributes[names.PL_INBOUND_KERNEL_WAIT_MS] = _ms(phases.kernel_wait_ns)
-    return attributes
 
 
-def first_chunk_attributes(phases: Phases) -> dict[str, Any]:
-    """The first_chunk term, its split, the held-back decode steps before it, server TTFC and last
-    chunk, on the root; {} when no content chunk was streamed."""
-    if not phases.first_chunk_ts:
-        return {}
-    held_back = (
-        {names.PL_HELD_BACK_MS: _ms(phases.held_back_ns), names.PL_HELD_BACK_TOKENS: phases.held_back_tokens}
-        if phases.held_back_known
-        else {}
-    )
-    return {
-        names.PL_FIRST_CHUNK_MS: _ms(phases.first_chunk_phase_ns),
-        **held_back,
-        **first_chunk_split(phases),
-        names.PL_SERVER_TTFC_MS: _ms(phases.ttfc_ns),
-        names.PL_SERVER_LAST_CHUNK_MS: _ms(phases.last_chunk_ts - phases.received_ts),
-    }
+def add_first_chunk(attributes: dict[str, Any], phases: Phases) -> None:
+    """The first_chunk term, the held-back decode steps before it, its split, server TTFC and last
+    chunk, on the root, for a request that streamed a content chunk (`first_chunk_ts`)."""
+    attributes[names.PL_FIRST_CHUNK_MS] = _ms(phases.first_chunk_phase_ns)
+    if phases.held_back_known:
+        attributes[names.PL_HELD_BACK_MS] = _ms(phases.held_back_ns)
+        attributes[names.PL_HELD_BACK_TOKENS] = phases.held_back_tokens
+    attributes.update(first_chunk_split(phases))
+    attributes[names.PL_SERVER_TTFC_MS] = _ms(phases.ttfc_ns)
+    attributes[names.PL_SERVER_LAST_CHUNK_MS] = _ms(phases.last_chunk_ts - phases.received_ts)
 
 
 def decode_attributes(phases: Phases) -> dict[str, Any]:
-    itl = phases.itl_sorted_ns
-    median = quantile(itl, 0.5) or 0  # None: no ITL
+    """ITL p50, p99 (`common.quantile`), max and stall (`phases`' formula) of the sorted gaps, in ms
+    (0.0 each with no gap), from `itl_ms` in C."""
+    p50_ms, p99_ms, max_ms, stall_ms = itl_ms(phases.itl_sorted_ns)
     return {
         names.PL_DECODE_TOKENS: phases.decode_tokens,
         names.PL_DECODE_STEPS: phases.decode_steps,
-        names.PL_ITL_P50_MS: _ms(median),
-        names.PL_ITL_P99_MS: _ms(quantile(itl, 0.99) or 0),
-        names.PL_ITL_MAX_MS: _ms(itl[-1] if itl else 0),
-        names.PL_STALL_MS: _ms(stall_ns(itl, median)),
+        names.PL_ITL_P50_MS: p50_ms,
+        names.PL_ITL_P99_MS: p99_ms,
+        names.PL_ITL_MAX_MS: max_ms,
+        names.PL_STALL_MS: stall_ms,
     }
 
 
@@ -541,8 +526,8 @@ def root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> Spa
             parent is not None,
             root.trace_flags,
             root.trace_state,
-            anchor.to_wall_ns(phases.received_ts),
-            anchor.to_wall_ns(phases.end_ts),
+            attributes[names.PL_RECEIVED_WALL_NS],  # the span's ends, on the anchor's wall clock
+            attributes[names.PL_RESPONDED_WALL_NS],
             attributes,
             (),
             (),

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
@@ -64,6 +65,16 @@ from phaselens.instrumentation.process import wire
 REPORT_INTERVAL_S = 1.0
 CHECKPOINT_ONLY_DELAY_MS = 3_600_000  # the batch processor's schedule, off: the checkpoints export
 READ_BYTES = 1 << 20  # one read takes what the pipe holds (its size: process_sink.PIPE_BYTES)
+
+
+Path = tuple[Callable[[Any], Any], Callable[[Any], None]]  # a record frame's decoder, then its builder
+
+
+def _not_a_record(fields: Any) -> None:
+    raise ValueError("a frame of another kind where a record was expected")
+
+
+_NOT_A_RECORD: Path = (_not_a_record, _not_a_record)  # counted in decode_errors
 
 
 class FrameReader:
@@ -104,6 +115,10 @@ class SpanProcess:
             provider,
             token_events,
         )
+        self.paths: dict[int, Path] = {
+            wire.KIND_REQUEST: (wire.decode_request, self.builder.build_request),
+            wire.KIND_STEP: (wire.decode_step, self.builder.build_step),
+        }
         self.report_out = os.fdopen(report_fd, "w", buffering=1)
         self.report_lock = threading.Lock()
         self.received = self.decode_errors = self.done = self.safe = 0
@@ -115,14 +130,22 @@ class SpanProcess:
         notify_settled(provider, self.report_settled)
 
     def handle(self, frames: list[tuple[int, Any]]) -> None:
-        """A read's frames, in order; a FLUSH exports and reports what came before it."""
+        """A read's frames, in order; a FLUSH exports and reports what came before it. A record is
+        decoded and built here, by its frame's kind (one call level a frame: ~3 a request)."""
+        paths = self.paths
         for kind, fields in frames:
             if kind == wire.KIND_FLUSH:
                 self.mark()
                 self.checkpoint(ack=fields[0])
                 continue
             self.received += 1
-            self.build(kind, fields)
+            decode, build = paths.get(kind, _NOT_A_RECORD)
+            try:
+                record = decode(fields)
+            except Exception:  # noqa: BLE001 — a malformed record is counted, the rest still get built
+                self.decode_errors += 1
+            else:
+                build(record)
             self.done += 1  # after its spans went to the processors
         self.mark()
 
@@ -132,22 +155,6 @@ class SpanProcess:
             with self.progress_lock:
                 self.marks.append((self.done, tuple(p.queued for p in self.positions)))
             self.marked = self.done
-
-    def build(self, kind: int, fields: tuple[Any, ...]) -> None:
-        try:
-            record = (
-                wire.decode_request(fields)
-                if kind == wire.KIND_REQUEST
-                else wire.decode_step(fields)
-                if kind == wire.KIND_STEP
-                else None
-            )
-        except Exception:  # noqa: BLE001 — a malformed record is counted, the rest still get built
-            record = None
-        if record is None:
-            self.decode_errors += 1
-            return
-        self.builder.build(record)
 
     def counters(self) -> dict[str, int]:
         return {

@@ -3,9 +3,10 @@
 Building spans costs ~1 ms of Python per request (spans, step links, metrics, OTLP encoding);
 in-process that runs under the serving loop's GIL. This sink keeps the records and ships them as
 bytes (`wire`) to a child process (`python -m phaselens.instrumentation.process.builder_child`) that runs the
-same `SpanBuilder` and exporters: a thread drains the hand-offs, packs the drain's records into
-frames in one C call (`wire.pack`, ~1 µs a request) and writes them to the child's stdin in one
-`os.write` per drain (the write runs without the GIL).
+same `SpanBuilder` and exporters: a thread wakes once a second (`SHIP_INTERVAL_S`), drains the
+hand-offs, packs the drain's records into frames in C (`wire.pack`, `PACK_RECORDS` a call) and writes
+them to the child's stdin in one `os.write` per drain (the write runs without the GIL; a backlog is
+written a slice at a time, the GIL left to the serving loop between slices).
 
 Never hurts the loop: the hand-offs are bounded (full → dropped, counted), and everything below
 runs on the shipper thread. A killed child loses nothing this process still holds: every frame is
@@ -36,13 +37,19 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.hotpath.records import Record
 from phaselens.instrumentation.pipeline.sink import HandOffs, wait_until
 from phaselens.instrumentation.process import retention, wire
 
-PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~1000 requests while the child is busy
-# one drain and write per interval: each wake-up costs this process GIL time (measured: 20 ms → 0.25 s
-# cut the shipper's CPU per request ~4x); flush() and stop() wake it at once
-SHIP_INTERVAL_S = 0.25
+PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~200 requests' frames while the child is busy
+# one drain and write per interval: a wake-up costs ~100 µs of this process's CPU whatever it ships
+# (the timed wait's sleep and wake in the kernel ~40 µs, the Python, the empty drain's checks; the
+# eighth and twelfth passes in docs/span-backends.md); 20 ms → 0.25 s cut the shipper's CPU per
+# request ~4x, 0.25 → 1 s by another ~30 % (and the child's bursts cost less); flush() and stop() wake it at once
+SHIP_INTERVAL_S = 1.0
+# records packed per wire.pack call: a drain holds the GIL (C, no release) for ~1 ms a slice at most
+# (~3 µs a record, cold); a backlog's slices are written one by one, the GIL given up between them
+PACK_RECORDS = 256
 _F_SETPIPE_SZ = 1031
 RESTART_BACKOFF_S = 0.5  # the wait before a second restart; doubles per restart, up to the max
 RESTART_BACKOFF_MAX_S = 30.0
@@ -89,7 +96,10 @@ class ProcessSink:
         self.submit = self._handoffs.submit  # the hot path, one call level less
         self._tick = tick
         self._interval_s = max(poll_interval_s, SHIP_INTERVAL_S)
-        self._wake = threading.Event()
+        # held while no wake-up is pending; `_nudge` releases it, the shipper's timed acquire takes it
+        # back: one C call a wake-up (an Event's wait and clear were ~60 µs of Python and locks, cold)
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns, token_events))
         self._counts = {
             "records_shipped": 0,
@@ -161,8 +171,7 @@ class ProcessSink:
             self._tick()
             self._drain()
             self._counts["shipper_cpu_ns"] = time.thread_time_ns()  # what shipping costs this process
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
+            self._wake.acquire(timeout=self._interval_s)
         self._drain(final=True)
         try:
             self._child.stdin.close()  # EOF: the child builds what it holds, exports and exits
@@ -175,19 +184,36 @@ class ProcessSink:
         `final`: at stop, a dead child holding kept frames is replaced whatever the backoff."""
         self._release(self._child)
         records = self._handoffs.take()
-        if records:
-            try:
-                packed = wire.pack(records)
-            except Exception:  # noqa: BLE001 — no memory for the drain's frames: lost, counted, never raised
-                self._counts["encode_errors"] += len(records)
-            else:
-                self._keep(packed)
+        taken = len(records)
+        while records:
+            self._pack(records[:PACK_RECORDS])
+            del records[:PACK_RECORDS]  # freed here, a slice at a time (the freeing is GIL time too)
+            if records:  # a backlog: this slice written, then the GIL left to a waiting serving loop
+                if self._due(final):
+                    self._send([], final)
+                time.sleep(0)  # as ThreadSink: measured, a waiting loop's longest wait ~7x shorter
         flushes = []
         while self._flush_asked:
             flushes.append(wire.frame(wire.KIND_FLUSH, (self._flush_asked.pop(0),)))
         if flushes or self._due(final):
             self._send(flushes, final)
-        self._done += len(records)
+        self._done += taken
+
+    def _pack(self, records: list[Record]) -> None:
+        """Frame `records` and keep the frames (no memory for them: lost, counted, never raised)."""
+        try:
+            packed = wire.pack(records)
+        except Exception:  # noqa: BLE001 — no memory for the frames: lost, counted, never raised
+            self._counts["encode_errors"] += len(records)
+        else:
+            self._keep(packed)
+
+    def _nudge(self) -> None:
+        """Wake the shipper now (at most one wake-up stays pending)."""
+        try:
+            self._wake.release()
+        except RuntimeError:  # already released: a wake-up is pending
+            pass
 
     def _due(self, final: bool) -> bool:
         """Kept frames not yet written; or a dead child to replace (at stop: only if it held frames)."""
@@ -326,7 +352,7 @@ class ProcessSink:
         the replays) is asked; False on timeout, e.g. a dead child within its restart backoff."""
         deadline = time.monotonic() + timeout_s
         # counted from what the hand-offs accepted: a record just taken but not yet shipped still counts
-        if not wait_until(lambda: self._done >= self._handoffs.accepted(), timeout_s, self._wake.set):
+        if not wait_until(lambda: self._done >= self._handoffs.accepted(), timeout_s, self._nudge):
             return False
         with self._child_changed:
             while (left_s := deadline - time.monotonic()) > 0:
@@ -334,7 +360,7 @@ class ProcessSink:
                 self._sequence += 1
                 sequence = self._sequence
                 self._flush_asked.append(sequence)
-                self._wake.set()
+                self._nudge()
                 self._child_changed.wait_for(functools.partial(self._acked_or_replaced, child, sequence), left_s)
                 if child.acked >= sequence:
                     return True
@@ -344,7 +370,7 @@ class ProcessSink:
         """Ship everything left, close the pipe and wait for the child to export and exit; kill it
         when it does not within `timeout_s`. Later submits are counted as dropped."""
         self._stop.set()
-        self._wake.set()
+        self._nudge()
         self._shipper.join(timeout_s)
         child = self._child
         try:
