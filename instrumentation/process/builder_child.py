@@ -79,21 +79,27 @@ _NOT_A_RECORD: Path = (_not_a_record, _not_a_record)  # counted in decode_errors
 
 class FrameReader:
     """Whole frames from a file descriptor, as many as each read brings; a frame cut at the read's
-    end waits for the next one."""
+    end waits for the next one. Reads land in one reused buffer: a fresh 1 MiB bytes a read cost
+    its pages' first-touch faults (~50 us a read in this process); the frames' fields are copies
+    (`marshal.loads`), so nothing refers to the buffer once `read` returns."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.tail = b""
+        self.buffer = bytearray(READ_BYTES)
+        self.kept = 0  # bytes of a cut frame at the buffer's start
 
     def read(self) -> list[tuple[int, Any]] | None:
         """The frames of one read (blocking until there is one), [] if none is whole yet; None at EOF."""
-        data = os.read(self.fd, READ_BYTES)
-        if not data:
-            return None
-        if self.tail:
-            data = self.tail + data
-        frames, used = wire.split_frames(data)
-        self.tail = data[used:]
+        if self.kept == len(self.buffer):  # one frame longer than the buffer: room for the rest of it
+            self.buffer.extend(bytes(len(self.buffer)))
+        with memoryview(self.buffer) as view:
+            size = os.readv(self.fd, [view[self.kept :]])
+            if not size:
+                return None
+            end = self.kept + size
+            frames, used = wire.split_frames(view[:end])
+        self.buffer[: end - used] = self.buffer[used:end]
+        self.kept = end - used
         return frames
 
 
