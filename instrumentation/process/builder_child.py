@@ -43,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
@@ -97,7 +97,8 @@ class FrameReader:
             if not size:
                 return None
             end = self.kept + size
-            frames, used = wire.split_frames(view[:end])
+            # split_frames reads any buffer (struct.unpack_from, marshal.loads); its annotation says bytes
+            frames, used = wire.split_frames(cast("bytes", view[:end]))
         self.buffer[: end - used] = self.buffer[used:end]
         self.kept = end - used
         return frames
