@@ -43,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
@@ -79,28 +79,21 @@ _NOT_A_RECORD: Path = (_not_a_record, _not_a_record)  # counted in decode_errors
 
 class FrameReader:
     """Whole frames from a file descriptor, as many as each read brings; a frame cut at the read's
-    end waits for the next one. Reads land in one reused buffer: a fresh 1 MiB bytes a read cost
-    its pages' first-touch faults (~50 us a read in this process); the frames' fields are copies
-    (`marshal.loads`), so nothing refers to the buffer once `read` returns."""
+    end waits for the next one."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.buffer = bytearray(READ_BYTES)
-        self.kept = 0  # bytes of a cut frame at the buffer's start
+        self.tail = b""
 
     def read(self) -> list[tuple[int, Any]] | None:
         """The frames of one read (blocking until there is one), [] if none is whole yet; None at EOF."""
-        if self.kept == len(self.buffer):  # one frame longer than the buffer: room for the rest of it
-            self.buffer.extend(bytes(len(self.buffer)))
-        with memoryview(self.buffer) as view:
-            size = os.readv(self.fd, [view[self.kept :]])
-            if not size:
-                return None
-            end = self.kept + size
-            # split_frames reads any buffer (struct.unpack_from, marshal.loads); its annotation says bytes
-            frames, used = wire.split_frames(cast("bytes", view[:end]))
-        self.buffer[: end - used] = self.buffer[used:end]
-        self.kept = end - used
+        data = os.read(self.fd, READ_BYTES)
+        if not data:
+            return None
+        if self.tail:
+            data = self.tail + data
+        frames, used = wire.split_frames(data)
+        self.tail = data[used:]
         return frames
 
 
