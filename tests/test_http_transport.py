@@ -128,6 +128,15 @@ def test_a_refused_connection_and_a_bad_url_are_errors_not_raises():
     assert isinstance(post(transport, "ftp://127.0.0.1/v1/traces").error, ValueError)
 
 
+def test_a_line_break_in_a_header_is_refused_not_sent():
+    server = ScriptedServer([b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"])
+    transport = HttpClientTransport()
+    for headers in ({"X-Tenant": "t1\r\nX-Injected: 1"}, {"X-Tenant": "t1\nX-Injected: 1"}, {"X\rY": "1"}):
+        result = transport.request("POST", server.url, headers=headers, data=b"x", timeout=5)
+        assert isinstance(result.error, ValueError) and result.status_code is None
+    assert post(transport, server.url).status_code == 200 and len(server.requests) == 1
+
+
 def test_an_http_server_of_the_standard_library_reads_what_it_sends():
     seen: list[tuple[str, bytes]] = []
 

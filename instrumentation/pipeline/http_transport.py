@@ -87,10 +87,14 @@ class Connection:
 
 def request_head(method: str, target: Target, headers: Mapping[str, str], length: int) -> bytes:
     """The request line and headers, as http.client writes them (Host, Accept-Encoding: identity,
-    Content-Length, then the caller's)."""
+    Content-Length, then the caller's); a line break in a header or the path is a ValueError, as
+    there (it would start a header or a request of its own)."""
     lines = [f"{method} {target.path} HTTP/1.1", f"Host: {target.host}", "Accept-Encoding: identity"]
-    lines += [f"Content-Length: {length}", *(f"{name}: {value}" for name, value in headers.items()), "", ""]
-    return "\r\n".join(lines).encode("latin-1")
+    lines += [f"Content-Length: {length}", *(f"{name}: {value}" for name, value in headers.items())]
+    head = "\r\n".join(lines)
+    if head.count("\n") != len(lines) - 1 or "\r" in head.replace("\r\n", ""):
+        raise ValueError("a line break inside a request header or its path")
+    return (head + "\r\n\r\n").encode("latin-1")
 
 
 def _send(sock: socket.socket, head: bytes, body: bytes) -> None:
