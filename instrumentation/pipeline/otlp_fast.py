@@ -79,10 +79,15 @@ def limits_tuple(limits: SpanLimits) -> tuple[int, ...]:
 
 def request_encoder(tracer_provider: TracerProvider) -> RequestEncoder:
     """Encoded spans → one ExportTraceServiceRequest with the provider's resource (read per batch,
-    so a fork's update shows, as the SDK backend reads it per span)."""
+    so a fork's update shows, as the SDK backend reads it per span). A Resource's attributes are
+    immutable: copied into a dict once per Resource object, not per batch (~12 us warm an export)."""
+    copied: list[tuple[object, dict[str, Any]]] = []  # (the resource, its attributes as a dict)
 
     def encode(spans: Sequence[bytes]) -> bytes:
-        return encode_request(dict(tracer_provider.resource.attributes), names.SERVER_SCOPE, "", spans)
+        resource = tracer_provider.resource
+        if not copied or copied[0][0] is not resource:
+            copied[:] = [(resource, dict(resource.attributes))]
+        return encode_request(copied[0][1], names.SERVER_SCOPE, "", spans)
 
     return encode
 

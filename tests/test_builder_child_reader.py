@@ -1,0 +1,106 @@
+"""The span-builder process over real pipes: its FrameReader (whole frames from each read, a frame
+cut across reads kept for the next, a frame longer than a read, EOF), and its report lines around
+exports (a checkpoint's exports reported by its report alone; a full batch between checkpoints at
+once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath.records import RequestRecord
+from phaselens.instrumentation.process import builder_child, wire
+from tests.instrumentation_fixtures import WALL_BASE_NS, OtlpReceiver, make_rig, process_env, script_request
+
+
+def test_frames_cut_across_reads_come_whole_and_in_order(monkeypatch):
+    monkeypatch.setattr(builder_child, "READ_BYTES", 64)  # a small buffer: most frames straddle reads
+    fields = [(i, b"x" * (i * 7 % 50), f"s{i}", [i, -i]) for i in range(200)]
+    stream = b"".join(wire.frame(wire.KIND_FLUSH, f) for f in fields)
+    read_fd, write_fd = os.pipe()
+    reader = builder_child.FrameReader(read_fd)
+    got: list[tuple[int, tuple]] = []
+    for start in range(0, len(stream), 37):  # 37-byte writes: each read ends inside a frame or header
+        os.write(write_fd, stream[start : start + 37])
+        got += reader.read() or []
+    os.close(write_fd)
+    assert reader.read() is None  # EOF
+    os.close(read_fd)
+    assert got == [(wire.KIND_FLUSH, f) for f in fields]
+
+
+def test_a_frame_longer_than_a_read_comes_whole(monkeypatch):
+    monkeypatch.setattr(builder_child, "READ_BYTES", 16)
+    big = (b"y" * 1000, "z" * 300)
+    stream = wire.frame(wire.KIND_HELLO, big) + wire.frame(wire.KIND_FLUSH, (1,))
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, stream)
+    os.close(write_fd)
+    reader = builder_child.FrameReader(read_fd)
+    got: list[tuple[int, tuple]] = []
+    while (frames := reader.read()) is not None:
+        got += frames
+    os.close(read_fd)
+    assert got == [(wire.KIND_HELLO, big), (wire.KIND_FLUSH, (1,))]
+
+
+def child_report_lines(records: list, batch_size: int) -> list[dict]:
+    """The report lines of a span-builder process sent the hello and a FLUSH (ack 1), then, once it
+    acknowledged it, `records` in two writes 0.5 s apart (two reads: it waits in poll), the second
+    closed by a FLUSH (ack 2), then EOF."""
+    read_fd, write_fd = os.pipe()
+    env = {**os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": str(batch_size), names.ENV_SPAN_BACKEND: "fast"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "phaselens.instrumentation.process.builder_child", str(write_fd), str(os.getpid())],
+        stdin=subprocess.PIPE,
+        pass_fds=(write_fd,),
+        env=env,
+    )
+    os.close(write_fd)
+    assert child.stdin is not None
+    child.stdin.write(wire.frame(wire.KIND_HELLO, ("test", 0, WALL_BASE_NS, False)) + wire.frame(wire.KIND_FLUSH, (1,)))
+    child.stdin.flush()
+    with os.fdopen(read_fd) as reports:
+        lines = [json.loads(reports.readline())]
+        assert lines[0]["ack"] == 1
+        half = len(records) // 2
+        child.stdin.write(b"".join(wire.encode_request(r) for r in records[:half]))
+        child.stdin.flush()
+        time.sleep(0.5)
+        child.stdin.write(b"".join(wire.encode_request(r) for r in records[half:]) + wire.frame(wire.KIND_FLUSH, (2,)))
+        child.stdin.close()
+        lines += [json.loads(line) for line in reports]
+    assert child.wait(30) == 0
+    return lines
+
+
+@pytest.fixture()
+def records(monkeypatch):
+    """Six scripted requests' records, as the serving process hands them to the span-builder process."""
+    receiver = OtlpReceiver()
+    process_env(monkeypatch, receiver)
+    rig = make_rig(poll_interval_s=3600)  # the thread builder sleeps: the records stay queued
+    for _ in range(6):
+        script_request(rig)
+    rig.telemetry._closer.expire(force=True)
+    yield [r for r in rig.telemetry._sink._handoffs.take() if isinstance(r, RequestRecord)]
+    receiver.close()
+
+
+def test_a_checkpoints_exports_are_reported_by_its_report_alone(records):
+    lines = child_report_lines(records, batch_size=512)  # no full batch: every export at a checkpoint
+    assert [line["records_safe"] for line in lines if "ack" in line] == [0, 6]
+    assert [line for line in lines if set(line) == {"records_safe"}] == []  # no line of their own
+
+
+def test_a_full_batch_between_checkpoints_still_reports_at_once(records):
+    lines = child_report_lines(records, batch_size=2)  # ~13 spans a request: full batches as it builds
+    alone = [line["records_safe"] for line in lines if set(line) == {"records_safe"}]
+    assert alone and alone == sorted(alone) and alone[0] >= 3  # the first read's records, at once
+    assert [line["records_safe"] for line in lines if "ack" in line] == [0, 6]
