@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import http.server
 import socket
+import ssl
 import threading
 
 import pytest
 
 from phaselens.instrumentation.pipeline.http_transport import HttpClientTransport
+from tests.tls_fixtures import Authority
 
 
 class ScriptedServer:
@@ -137,8 +139,9 @@ def test_a_line_break_in_a_header_is_refused_not_sent():
     assert post(transport, server.url).status_code == 200 and len(server.requests) == 1
 
 
-def test_an_http_server_of_the_standard_library_reads_what_it_sends():
-    seen: list[tuple[str, bytes]] = []
+def stdlib_server(seen: list[tuple[str, bytes]], tls: ssl.SSLContext | None = None) -> http.server.HTTPServer:
+    """The standard library's HTTP/1.1 server on loopback (over TLS with `tls`), recording each POST
+    and answering 200 with an empty body; each connection's peer certificate, if any, in `peers`."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -153,10 +156,45 @@ def test_an_http_server_of_the_standard_library_reads_what_it_sends():
             return None
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_an_http_server_of_the_standard_library_reads_what_it_sends():
+    seen: list[tuple[str, bytes]] = []
+    server = stdlib_server(seen)
     transport = HttpClientTransport()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
     assert [post(transport, url, bytes([i]) * 300_000).status_code for i in range(3)] == [200] * 3
     server.shutdown()
     server.server_close()
+    assert seen == [("/v1/traces", bytes([i]) * 300_000) for i in range(3)]
+
+
+def test_https_with_a_client_certificate_sends_every_body_and_an_unknown_ca_is_an_error(tmp_path):
+    """TLS as the exporter configures it (OTEL_EXPORTER_OTLP_CERTIFICATE / _CLIENT_CERTIFICATE /
+    _CLIENT_KEY): the server's CA verified, the client's certificate presented (the server requires
+    one); a server whose CA is not the configured one is a connection error the exporter retries,
+    nothing sent and nothing raised."""
+    ca, other = Authority(tmp_path, "test"), Authority(tmp_path, "other")
+    server_pair, client_pair = ca.issue("server"), ca.issue("client", server=False)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(server_pair.cert, server_pair.key)
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(ca.ca.cert)
+    seen: list[tuple[str, bytes]] = []
+    server = stdlib_server(seen, context)
+    url = f"https://127.0.0.1:{server.server_address[1]}/v1/traces"
+    try:
+        transport = HttpClientTransport(verify=ca.ca.cert, cert=(client_pair.cert, client_pair.key))
+        assert [post(transport, url, bytes([i]) * 300_000).status_code for i in range(3)] == [200] * 3
+        transport.close()
+        stranger = HttpClientTransport(verify=other.ca.cert, cert=(client_pair.cert, client_pair.key))
+        refused = post(stranger, url)
+        assert refused.status_code is None and stranger.is_connection_error(refused.error), refused
+    finally:
+        server.shutdown()
+        server.server_close()
     assert seen == [("/v1/traces", bytes([i]) * 300_000) for i in range(3)]
