@@ -104,3 +104,35 @@ def test_a_full_batch_between_checkpoints_still_reports_at_once(records):
     alone = [line["records_safe"] for line in lines if set(line) == {"records_safe"}]
     assert alone and alone == sorted(alone) and alone[0] >= 3  # the first read's records, at once
     assert [line["records_safe"] for line in lines if "ack" in line] == [0, 6]
+
+
+def test_a_long_read_reports_its_records_safe_as_its_full_batches_go(monkeypatch):
+    """A read holds up to a second of the shipper's records: they are marked every MARK_RECORDS, so a
+    full batch exported mid-read reports the records before it safe at once (one mark a read made
+    them wait for the read's last spans, exported at the next checkpoint: a kill in between repeated
+    every one of them)."""
+    receiver = OtlpReceiver()
+    process_env(monkeypatch, receiver)  # it also restores OTEL_BSP_SCHEDULE_DELAY, which SpanProcess sets
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "32")  # ~13 spans a request: full batches as it builds
+    monkeypatch.setenv(names.ENV_SPAN_BACKEND, "fast")
+    rig = make_rig(poll_interval_s=3600)
+    for _ in range(3 * builder_child.MARK_RECORDS):
+        script_request(rig)
+    rig.telemetry._closer.expire(force=True)
+    records = [r for r in rig.telemetry._sink._handoffs.take() if isinstance(r, RequestRecord)]
+    frames, _ = wire.split_frames(b"".join(wire.encode_request(r) for r in records))
+    read_fd, write_fd = os.pipe()
+    process = builder_child.SpanProcess(("test", 0, WALL_BASE_NS, False), write_fd)
+    try:
+        process.handle(frames)  # one read, no checkpoint
+        process.stop()
+    finally:
+        process.report_out.close()
+        receiver.close()
+    with os.fdopen(read_fd) as reports:
+        lines = [json.loads(line) for line in reports]
+    alone = [line["records_safe"] for line in lines if set(line) == {"records_safe"}]
+    assert alone and alone[0] == builder_child.MARK_RECORDS, lines  # before the read ended
+    assert alone == sorted(alone) and alone[-1] < len(records)  # the read's last spans wait for a checkpoint
+    assert all(n % builder_child.MARK_RECORDS == 0 for n in alone), alone
+    assert lines[-1]["final"] and lines[-1]["records_safe"] == len(records) == 48

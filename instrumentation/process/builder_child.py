@@ -11,9 +11,11 @@ as one JSON line on REPORT_FD every `REPORT_INTERVAL_S`, after each FLUSH (with 
 `records_safe` (in every report, and alone in a line as soon as an export moves it) = how many records, in arrival order, are out of this process's hands: built,
 and every span they queued exported (or counted lost here: `export_failed` once the exporter's own
 retries are spent, `export_dropped`, `build_errors`, `decode_errors`; a replay would not do better).
-After each read the builder notes each counting processor's `queued` position; the read's records
-are safe once each processor's `settled` position (FIFO: spans leave the queue's front in order) has
-passed it. The serving process keeps every frame until it is reported safe and replays the rest to
+After each read, and every `MARK_RECORDS` records within it, the builder notes each counting
+processor's `queued` position; the records done by then are safe once each processor's `settled`
+position (FIFO: spans leave the queue's front in order) has passed it (one mark a read made a
+whole read's exported records wait for its last spans' export, at the next checkpoint: a read holds
+up to a second of the shipper's records). The serving process keeps every frame until it is reported safe and replays the rest to
 this process's replacement, so spans exported but not yet reported are exported again. To keep that
 window small, exports happen at checkpoints (every `REPORT_INTERVAL_S`: force_flush, then the
 report, between reads) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, exported by the thread
@@ -64,6 +66,7 @@ from phaselens.instrumentation.process import wire
 # ~20 us per request at 100 requests/s; at 1 s, ~5 (a full batch is exported at once regardless)
 REPORT_INTERVAL_S = 1.0
 CHECKPOINT_ONLY_DELAY_MS = 3_600_000  # the batch processor's schedule, off: the checkpoints export
+MARK_RECORDS = 16  # a kill repeats at most ~this many records exported since the last mark
 READ_BYTES = 1 << 20  # one read takes what the pipe holds (its size: process_sink.PIPE_BYTES)
 
 
@@ -148,6 +151,8 @@ class SpanProcess:
             else:
                 build(record)
             self.done += 1  # after its spans went to the processors
+            if self.done - self.marked >= MARK_RECORDS:
+                self.mark()
         self.mark()
 
     def mark(self) -> None:
