@@ -51,5 +51,5 @@ setup(
             ["instrumentation/process/_wire_pack.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
-    ]
+    ],
 )
