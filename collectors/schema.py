@@ -13,6 +13,7 @@ import re
 
 from clickhouse_connect.driver.client import Client
 
+from phaselens.collectors.signal_schema import SIGNAL_TABLES, SignalTable
 from phaselens.storage.clickhouse_url import connect
 
 TRACES_TABLE = "otel_traces"
@@ -130,12 +131,16 @@ def _engine(table_engine: str | None, cluster: str | None, family: str, keep_par
     return f"{'Replicated' if replicated else ''}{family}{params}"
 
 
-def distributed_engine(cluster: str, database: str, table: str) -> str:
-    """Sharded by the trace id: a request's spans, inserted by different processes in different
+def distributed_engine(cluster: str, database: str, table: str, shard_key: str = "cityHash64(TraceId)") -> str:
+    """Spans sharded by the trace id: a request's spans, inserted by different processes in different
     batches, meet on one shard, so the per-request materialized view stays shard-local."""
     for name in (cluster, database, table):  # quoted as string literals below: plain names only
         ident(name)
-    return f"Distributed('{cluster}', '{database}', '{table}', cityHash64(TraceId))"
+    return f"Distributed('{cluster}', '{database}', '{table}', {shard_key})"
+
+
+def distributed_name(table: str) -> str:
+    return f"{table}_distributed"
 
 
 def _settings(engine: str) -> str:
@@ -183,13 +188,34 @@ def statements(
             f"FROM {traces} WHERE TraceId != '' GROUP BY TraceId"
         ),
     ]
+    signal_engine = _engine(table_engine, replicated_cluster, "MergeTree", keep_params=False)
+    out += [_signal_table(db, table, on_clause, signal_engine, interval) for table in SIGNAL_TABLES]
     if cluster:
         out += [
             f"CREATE TABLE IF NOT EXISTS {db}.{ident(read)}{on_clause} AS {db}.{ident(local)}\n"
             f"ENGINE = {distributed_engine(cluster, database, local)}"
             for read, local in ((DISTRIBUTED_TABLE, TRACES_TABLE), (TRACE_ID_TS_DISTRIBUTED, TRACE_ID_TS_TABLE))
         ]
+        out += [
+            f"CREATE TABLE IF NOT EXISTS {db}.{ident(distributed_name(t.name))}{on_clause} AS {db}.{ident(t.name)}\n"
+            f"ENGINE = {distributed_engine(cluster, database, t.name, t.shard_key)}"
+            for t in SIGNAL_TABLES
+        ]
     return out
+
+
+def _signal_table(db: str, table: SignalTable, on_clause: str, engine: str, interval: str | None) -> str:
+    """A logs or metrics table as the exporter creates it, with the traces table's engine, TTL and
+    deduplication window choices."""
+    body = ",\n    ".join([*(c.ddl() for c in table.columns), *table.indexes])
+    return (
+        f"CREATE TABLE IF NOT EXISTS {db}.{ident(table.name)}{on_clause} (\n    {body}\n) ENGINE = {engine}\n"
+        f"PARTITION BY {table.partition_by}\n"
+        + (f"PRIMARY KEY {table.primary_key}\n" if table.primary_key else "")
+        + f"ORDER BY {table.order_by}\n"
+        + (f"TTL {table.ttl_time} + {interval}\n" if interval else "")
+        + _settings(engine)
+    )
 
 
 def apply(client: Client, statements: list[str]) -> None:
