@@ -1,4 +1,5 @@
-"""DDL for `otel_traces`, as the OpenTelemetry Collector (contrib) ClickHouse exporter creates it.
+"""DDL for `otel_traces` (and `otel_logs`, `otel_metrics_*`: signal_schema.py), as the
+OpenTelemetry Collector (contrib) ClickHouse exporter creates them.
 
 Same columns, types, order, codecs, skip indexes, partition and order key, so a user of the real
 collector (docker-compose) and of ours query one schema (docs/contracts.md#otlp-to-clickhouse-rows).
@@ -159,7 +160,9 @@ def statements(
 
     With `cluster`: a Distributed table sharded by cityHash64(TraceId) over the local tables, and
     either ON CLUSTER DDL with Replicated engines (`on_cluster`, needs Keeper and distributed DDL)
-    or statements to run on every node in turn, with plain engines unless `table_engine` says."""
+    or statements to run on every node in turn, with plain engines unless `table_engine` says.
+    The logs and metrics tables come last, with the same ON CLUSTER, engine family and TTL (their
+    own Keeper paths), and on a cluster Distributed tables sharded by a deterministic key."""
     db = ident(database)
     replicated_cluster = cluster if on_cluster else None
     on_clause = f" ON CLUSTER {ident(replicated_cluster)}" if replicated_cluster else ""
@@ -188,14 +191,15 @@ def statements(
             f"FROM {traces} WHERE TraceId != '' GROUP BY TraceId"
         ),
     ]
-    signal_engine = _engine(table_engine, replicated_cluster, "MergeTree", keep_params=False)
-    out += [_signal_table(db, table, on_clause, signal_engine, interval) for table in SIGNAL_TABLES]
     if cluster:
         out += [
             f"CREATE TABLE IF NOT EXISTS {db}.{ident(read)}{on_clause} AS {db}.{ident(local)}\n"
             f"ENGINE = {distributed_engine(cluster, database, local)}"
             for read, local in ((DISTRIBUTED_TABLE, TRACES_TABLE), (TRACE_ID_TS_DISTRIBUTED, TRACE_ID_TS_TABLE))
         ]
+    signal_engine = _engine(table_engine, replicated_cluster, "MergeTree", keep_params=False)
+    out += [_signal_table(db, table, on_clause, signal_engine, interval) for table in SIGNAL_TABLES]
+    if cluster:
         out += [
             f"CREATE TABLE IF NOT EXISTS {db}.{ident(distributed_name(t.name))}{on_clause} AS {db}.{ident(t.name)}\n"
             f"ENGINE = {distributed_engine(cluster, database, t.name, t.shard_key)}"
