@@ -45,9 +45,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from phaselens.analysis import pd_queries
+from phaselens.analysis import pd_queries, terms
 from phaselens.analysis import sketch as sk
-from phaselens.analysis import terms
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.dialect import CliDialect, Dialect, Filters, GrafanaDialect, QueryError
 from phaselens.analysis.schema import CLIENT_KINDS, ERROR_CODES, FACTS_VIEW, SPANS_VIEW, STEPS_VIEW, TRACE_TIMES_VIEW

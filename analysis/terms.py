@@ -128,8 +128,7 @@ DECLARED: tuple[Term, ...] = (
         "before the engine (span model without ingress/first token)",
         "#d08a8a",
         "server",
-        "server TTFT − ingress − queue − prefill, for a span model without a first-token term (native vLLM, "
-        "SGLang)",
+        "server TTFT − ingress − queue − prefill, for a span model without a first-token term (native vLLM, SGLang)",
         "before_engine_ms",
         "before_engine_ms",
         rollup_position=11,
@@ -244,22 +243,22 @@ DECLARED: tuple[Term, ...] = (
         Term(name, label, colour, clock, source, name, name, aggregated=False, pd_position=position)
         for position, (name, label, colour, clock, source) in enumerate(
             (
-                ("router_ingress_ms", "router ingress", "#7aa6d8", "router", _a(n.PL_ROUTER_INGRESS_MS)),
-                ("prefill_hop_ms", "prefill hop", "#a9b0bc", "difference", "router prefill call − prefill answer"),
+                ("router_ingress_ms", "router ingress", "#8893a5", "router", _a(n.PL_ROUTER_INGRESS_MS)),
+                ("prefill_hop_ms", "prefill hop", "#c8ccd4", "difference", "router prefill call − prefill answer"),
                 ("prefill_ingress_ms", "prefill ingress", "#7aa6d8", "prefill", _a(n.PL_INGRESS_MS)),
                 ("prefill_queue_ms", "prefill queue", "#f0a04b", "prefill", _a(n.PL_QUEUE_MS)),
                 ("prefill_compute_ms", "prefill compute", "#5bb07a", "prefill", _a(n.PL_PREFILL_MS)),
                 ("prefill_first_token_ms", "prefill first token", "#b07ad0", "prefill", _a(n.PL_FIRST_TOKEN_MS)),
-                ("kv_wait_ms", "KV wait", "#d4b44a", "prefill", _a(n.PL_KV_WAIT_MS)),
-                ("kv_transfer_ms", "KV transfer", "#c08a2e", "prefill", _a(n.PL_KV_TRANSFER_MS)),
+                ("kv_wait_ms", "KV wait", "#ecd08a", "prefill", _a(n.PL_KV_WAIT_MS)),
+                ("kv_transfer_ms", "KV transfer", "#d9a441", "prefill", _a(n.PL_KV_TRANSFER_MS)),
                 ("prefill_respond_ms", "prefill respond", "#8fd0a4", "prefill", _a(n.PL_PD_PREFILL_ANSWER_MS)),
-                ("router_gap_ms", "router gap", "#4f6d8f", "router", _a(n.PL_ROUTER_GAP_MS)),
-                ("decode_hop_ms", "decode hop", "#a9b0bc", "difference", "router decode first chunk − decode TTFC"),
-                ("decode_ingress_ms", "decode ingress", "#7aa6d8", "decode", _a(n.PL_INGRESS_MS)),
-                ("decode_queue_ms", "decode queue", "#f0a04b", "decode", _a(n.PL_QUEUE_MS)),
-                ("decode_first_token_ms", "decode first token", "#b07ad0", "decode", _a(n.PL_FIRST_TOKEN_MS)),
-                ("decode_first_chunk_ms", "decode first chunk", "#e07b9a", "decode", _a(n.PL_FIRST_CHUNK_MS)),
-                ("router_relay_ms", "router relay", "#4f6d8f", "router", _a(n.PL_ROUTER_RELAY_MS)),
+                ("router_gap_ms", "router gap", "#6b7587", "router", _a(n.PL_ROUTER_GAP_MS)),
+                ("decode_hop_ms", "decode hop", "#9aa1ad", "difference", "router decode first chunk − decode TTFC"),
+                ("decode_ingress_ms", "decode ingress", "#9cc0e6", "decode", _a(n.PL_INGRESS_MS)),
+                ("decode_queue_ms", "decode queue", "#f5c07e", "decode", _a(n.PL_QUEUE_MS)),
+                ("decode_first_token_ms", "decode first token", "#8a55b0", "decode", _a(n.PL_FIRST_TOKEN_MS)),
+                ("decode_first_chunk_ms", "decode first chunk", "#4f7fc0", "decode", _a(n.PL_FIRST_CHUNK_MS)),
+                ("router_relay_ms", "router relay", "#4b5466", "router", _a(n.PL_ROUTER_RELAY_MS)),
             ),
             start=5,
         )
@@ -324,8 +323,9 @@ class Registry:
 REGISTRY = Registry(DECLARED)
 
 
-def docs_table(registry: Registry = REGISTRY) -> str:
+def docs_table(registry: Registry | None = None) -> str:
     """The term table of docs/budget-method.md#the-terms: the aggregated budget's terms, in TTFT order."""
+    registry = registry or REGISTRY
     rows = [
         "| term | starts at | ends at | clock | span attribute (ms) | view column |",
         "|---|---|---|---|---|---|",
