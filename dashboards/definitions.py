@@ -110,6 +110,15 @@ def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
     return {"matcher": {"id": "byRegexp", "options": pattern}, "properties": props}
 
 
+def unobserved_override(names: list[str]) -> dict:
+    """Columns `names` (budget terms) read `unobserved` where NULL: a term no request stamped, never 0."""
+    pattern = f"^({'|'.join(names)})$"
+    return {
+        "matcher": {"id": "byRegexp", "options": pattern},
+        "properties": [{"id": "noValue", "value": queries.UNOBSERVED}],
+    }
+
+
 # --- variables -----------------------------------------------------------------------------------
 # Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.
 
@@ -165,12 +174,15 @@ def budget_bars(src: Source, query: str, title: str, description: str, *, width:
         unit="ms",
         custom={"fillOpacity": 80, "lineWidth": 1},
         overrides=[  # an estimated term says so in the legend and the tooltip
-            {
-                "matcher": {"id": "byName", "options": name},
-                "properties": [{"id": "displayName", "value": f"{name} (estimate)"}],
-            }
-            for name in sorted(queries.ESTIMATED)
-            if name in columns(query)
+            *(
+                {
+                    "matcher": {"id": "byName", "options": name},
+                    "properties": [{"id": "displayName", "value": f"{name} (estimate)"}],
+                }
+                for name in sorted(queries.ESTIMATED)
+                if name in columns(query)
+            ),
+            unobserved_override(columns(query)[1:]),
         ],
         options={
             "orientation": "horizontal",
@@ -302,6 +314,7 @@ def budget_panels(src: Source) -> list[dict]:
             overrides=[
                 link_override("trace_id", "Open request trace", trace_url),
                 unit_override("^(input_tokens|output_tokens|preemptions)$", "none"),
+                unobserved_override([name for name, _ in queries.COMPONENTS]),
             ],
             options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
         ),
