@@ -99,6 +99,9 @@ DISTRIBUTIONS = (
 # A component counted 0 where not stamped, and the distribution whose mean is NULL when no request
 # in the selection was stamped: the budget then shows the component as unobserved, not as 0 ms.
 OBSERVED_BY = terms.REGISTRY.observed_by()
+# ...and the facts column whose NULL says one request was not stamped with the component
+UNOBSERVED = "unobserved"  # the word every surface shows for such a term (never 0)
+STAMPED_BY = {name: dict(DISTRIBUTIONS)[witness] for name, witness in OBSERVED_BY.items()}
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
 NO_OUTPUT = "status = 'ok' AND has_client AND client_ttft_ms IS NULL"
@@ -168,6 +171,15 @@ def _tail_columns() -> list[str]:
         f"{_mean_of(f'arrayMap(r -> r.{i + 2}, tail_rows)')} AS {name}_tail_mean"
         for i, (name, _) in enumerate(COMPONENTS)
     ]
+
+
+def request_component(name: str, expr: str) -> str:
+    """Component `name` (facts expression `expr`) of one request: NULL where that request was not
+    stamped with it (STAMPED_BY), `expr` (a missing part counted 0) where it was."""
+    stamp = STAMPED_BY.get(name)
+    if stamp is None or expr == stamp:
+        return expr
+    return stamp if expr == f"ifNull({stamp}, 0)" else f"if({stamp} IS NULL, NULL, {expr})"
 
 
 def _mean_of(array: str) -> str:
@@ -483,7 +495,7 @@ SLOWEST_FIELDS: tuple[tuple[str, str, str], ...] = (  # (column, type, expressio
     ("ttft_ms", "Nullable(Float64)", "ttft_ms"),
     ("client_ttft_ms", "Nullable(Float64)", "client_ttft_ms"),
     ("server_ttft_ms", "Nullable(Float64)", "server_ttft_ms"),
-    *((name, "Nullable(Float64)", expr) for name, expr in COMPONENTS),
+    *((name, "Nullable(Float64)", request_component(name, expr)) for name, expr in COMPONENTS),
     ("dominant_phase", "String", f"tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{_DOMINANT}])[1], 1)"),
     ("input_tokens", "Nullable(UInt32)", "input_tokens"),
     ("output_tokens", "Nullable(UInt32)", "output_tokens"),
@@ -679,15 +691,25 @@ def _bucket_s(d: Dialect) -> str:
 # --- Grafana panels (the dashboards render these) -----------------------------------------
 
 
+def _rolled_up_stats(name: str) -> str:
+    """[p50, p90, p99, mean] of a rolled-up component, each its own element (always four: a term
+    without a sketch is NULL there), all NULL where no request of the read stamped it (OBSERVED_BY)."""
+    stats = [*(_sketch(name, level) for level in LEVELS), _mean(name)]
+    if name in OBSERVED_BY:
+        stats = [f"if({_mean(OBSERVED_BY[name])} IS NULL, NULL, {s})" for s in stats]
+    return f"[{', '.join(stats)}]"
+
+
 def budget_stack(d: Dialect) -> str:
     """TTFT budget components at p50/p90/p99 (each its own percentile, from the rollups' sketches)
-    and the mean (exact: rolled-up sums)."""
-    arrays = ", ".join(f"arrayPushBack({_sketch(name)}, {_mean(name)})" for name, _ in COMPONENTS)
+    and the mean (exact: rolled-up sums); no rows for a range without requests."""
+    arrays = ", ".join(_rolled_up_stats(name) for name, _ in COMPONENTS)
     cols = ", ".join(f"tupleElement(row, {i + 2}) AS {name}" for i, (name, _) in enumerate(COMPONENTS))
     labels = ", ".join(f"'{label}'" for label in (*LEVEL_LABELS, "mean"))
     return (
         f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
-        f"FROM (SELECT {sk.merged_states()}, arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)})"
+        f"FROM (SELECT {sk.merged_states()}, arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)}\n"
+        "    HAVING sum(requests) > 0)"
     )
 
 
@@ -763,7 +785,10 @@ def throughput_over_time(d: Dialect) -> str:
 def slowest_requests(d: Dialect) -> str:
     """The slowest requests by TTFT, each with its budget and the phase that dominated it."""
     parts = _DOMINANT
-    comps = ", ".join(expr if expr == name else f"{expr} AS {name}" for name, expr in COMPONENTS)
+    comps = ", ".join(
+        expr if expr == name else f"{expr} AS {name}"
+        for name, expr in ((name, request_component(name, expr)) for name, expr in COMPONENTS)
+    )
     return (
         f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
         f"    server_ttft_ms, {comps},\n"
@@ -961,8 +986,14 @@ TTFT_P50_P99 = (
 )
 
 
+def _model_mean(name: str, expr: str) -> str:
+    """A component's mean over a model's requests; NULL where none of them was stamped with it."""
+    stamp = STAMPED_BY.get(name)
+    return f"avg({expr})" if stamp is None else f"if(countIf({stamp} IS NOT NULL) = 0, NULL, avg({expr}))"
+
+
 def budget_by_model(d: Dialect) -> str:
-    means = ", ".join(f"avg({expr}) AS {name}_mean" for name, expr in COMPONENTS)
+    means = ", ".join(f"{_model_mean(name, expr)} AS {name}_mean" for name, expr in COMPONENTS)
     return (
         f"SELECT model, count() AS requests, countIf({ERROR}) AS errors,\n    {TTFT_P50_P99},\n"
         f"    {means}\n{_requests(d)}\nGROUP BY model\nORDER BY requests DESC"

@@ -9,6 +9,7 @@ from string import Template
 
 from phaselens.analysis import report_charts as charts
 from phaselens.analysis import terms
+from phaselens.analysis.queries import UNOBSERVED
 from phaselens.analysis.report_data import (
     BudgetRow,
     DiagnosisView,
@@ -117,8 +118,11 @@ def _budget_table(rows: list[BudgetRow], ttft_label: str) -> str:
     head = "".join(f"<th class='num'>{escape(r.label)}</th>" for r in rows)
     body = []
     for key, label, _ in COMPONENTS:
-        cells = "".join(f"<td class='num'>{_ms(r.components.get(key))}</td>" for r in rows)
-        body.append(f"<tr><td>{escape(label)}</td>{cells}</tr>")
+        values = [r.components.get(key) for r in rows]
+        cells = "".join(f"<td class='num'>{_ms(v)}</td>" for v in values)
+        # a term no request stamped has no figure at any statistic: say so, as `phaselens budget` does
+        shown = f"{label}: {UNOBSERVED}" if all(v is None for v in values) else label
+        body.append(f"<tr><td>{escape(shown)}</td>{cells}</tr>")
     totals = "".join(f"<td class='num'><b>{_ms(r.ttft_ms)}</b></td>" for r in rows)
     body.append(f"<tr><td><b>{escape(ttft_label)}</b></td>{totals}</tr>")
     return f"<table><tr><th>component (ms)</th>{head}</tr>{''.join(body)}</table>"

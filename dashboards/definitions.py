@@ -110,6 +110,15 @@ def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
     return {"matcher": {"id": "byRegexp", "options": pattern}, "properties": props}
 
 
+def unobserved_override(names: list[str]) -> dict:
+    """Columns `names` (budget terms) read `unobserved` where NULL: a term no request stamped, never 0."""
+    pattern = f"^({'|'.join(names)})$"
+    return {
+        "matcher": {"id": "byRegexp", "options": pattern},
+        "properties": [{"id": "noValue", "value": queries.UNOBSERVED}],
+    }
+
+
 # --- variables -----------------------------------------------------------------------------------
 # Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.
 
@@ -173,7 +182,10 @@ def budget_bars(src: Source, query: str, title: str, description: str, *, width:
         height=9,
         unit="ms",
         custom={"fillOpacity": 80, "lineWidth": 1},
-        overrides=[_term_override(terms.REGISTRY.term(name)) for name in columns(query)[1:]],
+        overrides=[
+            *(_term_override(terms.REGISTRY.term(name)) for name in columns(query)[1:]),
+            unobserved_override(columns(query)[1:]),
+        ],
         options={
             "orientation": "horizontal",
             "stacking": "normal",
@@ -304,6 +316,7 @@ def budget_panels(src: Source) -> list[dict]:
             overrides=[
                 link_override("trace_id", "Open request trace", trace_url),
                 unit_override("^(input_tokens|output_tokens|preemptions)$", "none"),
+                unobserved_override([name for name, _ in queries.COMPONENTS]),
             ],
             options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
         ),
