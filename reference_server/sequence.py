@@ -14,6 +14,9 @@ if TYPE_CHECKING:  # torch loads with the model runner, not with the request boo
     import torch
 
 
+FAULT_ID = -1  # a sampled id that failed (reference_server.sampler): its request fails alone
+
+
 class SeqStatus(Enum):
     WAITING = 1
     RUNNING = 2
