@@ -56,6 +56,7 @@ class ParsedRequest:
     prompt: str | list[int] | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"  # the field that gave max_tokens, for errors
     stream: bool = False
     include_usage: bool = False
     kv_transfer: dict[str, str] | None = None  # disaggregated serving: `kv_transfer_params` (docs/disaggregation.md)
@@ -180,6 +181,8 @@ def parse_chat(body: Any) -> ParsedRequest:
     parsed = _common(body, "max_completion_tokens")
     if parsed.max_tokens is None:
         parsed.max_tokens = _integer(body, "max_tokens", low=1)
+    else:
+        parsed.max_tokens_param = "max_completion_tokens"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list", "messages")
