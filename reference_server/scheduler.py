@@ -171,7 +171,7 @@ class Scheduler:
         seq.token_ids.append(token_id)
         try:
             reason, out = self._check_finish(seq, token_id)
-        except Exception as exc:  # the detokenizer on this request's ids: its fault, not the batch's
+        except Exception as exc:  # noqa: BLE001 — the detokenizer on this request's ids: its fault, not the batch's
             return self.finish(seq, FINISH_ERROR, SeqOutput(error=f"detokenizing token {token_id} failed: {exc}"))
         return out if reason is None else self.finish(seq, reason, out)
 
