@@ -26,7 +26,7 @@ TPOT_ITL = (
 FIRST_CHUNK_SPLIT = tuple(name for name, _ in q.FIRST_CHUNK_SPLIT)
 INBOUND_SPLIT = tuple(name for name, _ in q.INBOUND_SPLIT)
 CLIENT_SPLIT = tuple(name for name, _ in q.CLIENT_SPLIT)
-UNOBSERVED = "unobserved"  # a term no request in the selection was stamped with (not 0 ms)
+UNOBSERVED = q.UNOBSERVED  # a term no request in the selection was stamped with (not 0 ms)
 ESTIMATE = "(estimate)"  # a term estimated, not measured (`queries.ESTIMATED`)
 ESTIMATE_MARK = "*"  # the same, where the table is too narrow for ESTIMATE
 
