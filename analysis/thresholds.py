@@ -9,9 +9,8 @@ tests/test_diagnose.py); the figures quoted are what those runs measured.
 
 from __future__ import annotations
 
-# SLOs used when the user gives none (the dashboards' defaults too): interactive chat targets.
-DEFAULT_TTFT_SLO_MS = 500.0
-DEFAULT_TPOT_SLO_MS = 50.0
+from phaselens.common.slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS  # noqa: F401  (the SQL's defaults)
+
 # An SLO "holds with margin" at a percentile when the figure is at most MARGIN × SLO: a run at
 # 90 % of its target is one burst away from missing it, so it still gets causes ("at risk").
 MARGIN = 0.8

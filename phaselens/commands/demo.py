@@ -6,7 +6,8 @@ import sys
 
 from rich.console import Console
 
-from phaselens.demo import DEFAULT_RATE, DEFAULT_SLO, DemoOptions
+from phaselens.common.slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
+from phaselens.demo import DEFAULT_RATE, DemoOptions
 from phaselens.demo import run as run_demo
 from phaselens.stack import SERVER_KINDS
 
@@ -50,7 +51,11 @@ def register(subparsers) -> None:
         help="keep ClickHouse data, spool and logs here (default: a temporary directory, removed)",
     )
     p.add_argument(
-        "--slo", default=DEFAULT_SLO, metavar="ttft:MS,tpot:MS", help=f"goodput SLOs (default {DEFAULT_SLO})"
+        "--slo",
+        default=None,
+        metavar="ttft:MS,tpot:MS",
+        help=f"goodput SLOs (default ttft:{DEFAULT_TTFT_SLO_MS:g},tpot:{DEFAULT_TPOT_SLO_MS:g}; "
+        "a key left out takes its default)",
     )
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     p.add_argument("--keep-running", action="store_true", help="leave everything up afterwards (until Ctrl-C)")
