@@ -154,9 +154,13 @@ def _flatten(prefix: str, value: object, out: list[tuple[str, object]]) -> None:
         out.append((prefix, value))
 
 
-def to_csv(report: BudgetReport) -> str:
+def to_csv(report: BudgetReport, disaggregated: dict | None = None) -> str:
+    """`key,value` rows of the budget's JSON, flattened; the disaggregated budget's under
+    `disaggregated.*` when given."""
     rows: list[tuple[str, object]] = []
     _flatten("", report.to_dict(), rows)
+    if disaggregated is not None:
+        _flatten("disaggregated", disaggregated, rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(("key", "value"))

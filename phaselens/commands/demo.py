@@ -6,6 +6,7 @@ import sys
 
 from rich.console import Console
 
+from phaselens.commands._flags import given
 from phaselens.common.slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
 from phaselens.demo import DEFAULT_RATE, DemoOptions
 from phaselens.demo import run as run_demo
@@ -66,7 +67,7 @@ def register(subparsers) -> None:
         help="run the workload colocated and as 1 prefill + 1 decode instance behind a router, and compare "
         "both budgets (docs/disaggregation.md; reference server, one ClickHouse node)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, _parser=p)
 
 
 def run(args) -> int:
@@ -87,6 +88,8 @@ def run(args) -> int:
         opts.validate()
         if args.disagg and (opts.server != "reference" or opts.shards != 1 or opts.keep_running):
             raise ValueError("--disagg runs the reference server on one node, without --keep-running")
+        if args.disagg and given(args, "report"):
+            raise ValueError("--report: --disagg writes no HTML report; it prints both budgets and its verdict")
     except ValueError as e:
         print(f"phaselens demo: {e}", file=sys.stderr)
         return 2
