@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
@@ -154,7 +155,7 @@ def _flatten(prefix: str, value: object, out: list[tuple[str, object]]) -> None:
         out.append((prefix, value))
 
 
-def to_csv(report: BudgetReport, disaggregated: dict | None = None) -> str:
+def to_csv(report: BudgetReport, disaggregated: dict[str, Any] | None = None) -> str:
     """`key,value` rows of the budget's JSON, flattened; the disaggregated budget's under
     `disaggregated.*` when given."""
     rows: list[tuple[str, object]] = []
