@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from phaselens.analysis import pd_queries
+from phaselens.analysis import pd_queries, terms
 from phaselens.analysis import sketch as sk
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.dialect import CliDialect, Dialect, Filters, GrafanaDialect, QueryError
@@ -54,32 +54,26 @@ from phaselens.instrumentation import names as n
 
 LEVELS = (0.5, 0.9, 0.99)
 LEVEL_LABELS = ("p50", "p90", "p99")
-# Budget components: (name shown, facts column), in TTFT order.
+# Budget components: (name shown, value over the facts), in TTFT order (analysis/terms.py).
 # `before_engine_ms` is set only for span models that cannot split ingress and first_token (vLLM's
 # native span): server TTFT − queue − prefill (analysis/schema.py).
-COMPONENTS = (
-    ("inbound_ms", "ifNull(inbound_ms, 0)"),
-    ("ingress_ms", "ingress_ms"),
-    ("queue_ms", "ttft_queue_ms"),
-    ("prefill_ms", "prefill_ms"),
-    ("first_token_ms", "first_token_ms"),
-    ("before_engine_ms", "before_engine_ms"),
-    ("held_back_ms", "ifNull(held_back_ms, 0)"),
-    ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"),
-    ("client_ms", "ifNull(client_ms, 0)"),
-    ("client_late_est_ms", "ifNull(client_late_est_ms, 0)"),  # an estimate (analysis/schema.py)
-    ("residual_ms", "residual_ms"),
-)
+COMPONENTS = tuple((t.name, t.sql) for t in terms.REGISTRY.components())
 # Components that are estimates, not differences of stamps: labelled so wherever they are shown.
-ESTIMATED = frozenset({"client_late_est_ms"})
+ESTIMATED = terms.REGISTRY.estimated()
+
+
+def _parts_of(whole: str) -> tuple[tuple[str, str], ...]:
+    return tuple((t.name, t.sql) for t in terms.REGISTRY.parts(whole))
+
+
 # Where the inbound edge went (inbound = kernel_wait + dispatch): the bytes waiting in the kernel for
 # a busy event loop, against HTTP parsing and the task start.
-INBOUND_SPLIT = (("kernel_wait_ms", "kernel_wait_ms"), ("dispatch_ms", "dispatch_ms"))
+INBOUND_SPLIT = _parts_of("inbound_ms")
 # The client's own time (client = send + read): a load generator short of CPU shows here.
-CLIENT_SPLIT = (("client_send_ms", "client_send_ms"), ("client_read_ms", "client_read_ms"))
+CLIENT_SPLIT = _parts_of("client_ms")
 # Where the server's first-chunk time went (first_chunk = loop_wait + encode): a late event loop
 # (loop_wait) against SSE encoding and the framework (encode); write (send until it returned) beside it.
-FIRST_CHUNK_SPLIT = (("loop_wait_ms", "loop_wait_ms"), ("encode_ms", "encode_ms"), ("write_ms", "write_ms"))
+FIRST_CHUNK_SPLIT = _parts_of("first_chunk_ms")
 # Every distribution the budget reports: (name, expression over the facts view).
 DISTRIBUTIONS = (
     ("ttft_ms", "ttft_ms"),
@@ -91,9 +85,7 @@ DISTRIBUTIONS = (
     *FIRST_CHUNK_SPLIT,
     *INBOUND_SPLIT,
     *CLIENT_SPLIT,
-    ("client_observed_ms", "client_ms"),
-    ("client_late_est_observed_ms", "client_late_est_ms"),
-    ("held_back_observed_ms", "held_back_ms"),
+    *terms.REGISTRY.witnesses(),
     ("e2e_residual_ms", "e2e_residual_ms"),
     ("client_tpot_ms", "client_tpot_ms"),
     ("server_tpot_ms", "server_tpot_ms"),
@@ -106,13 +98,7 @@ DISTRIBUTIONS = (
 )
 # A component counted 0 where not stamped, and the distribution whose mean is NULL when no request
 # in the selection was stamped: the budget then shows the component as unobserved, not as 0 ms.
-OBSERVED_BY = {
-    "inbound_ms": "kernel_wait_ms",
-    "held_back_ms": "held_back_observed_ms",
-    "first_chunk_ms": "loop_wait_ms",
-    "client_ms": "client_observed_ms",
-    "client_late_est_ms": "client_late_est_observed_ms",
-}
+OBSERVED_BY = terms.REGISTRY.observed_by()
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
 NO_OUTPUT = "status = 'ok' AND has_client AND client_ttft_ms IS NULL"
@@ -432,21 +418,30 @@ ROLLUP_TERMS: tuple[tuple[str, str], ...] = (
     *((f"diag_{name}", expr) for name, expr in DIAGNOSIS_FIGURES if expr not in _DIST_EXPRS),
     ("first_chunk_stamped_ms", "first_chunk_ms"),
 )
-# Where each term's sketch and mean are stored in the rollup's arrays (1-based, in this order):
-# append-only, since rows already sealed keep their positions. A term added above gets its name
-# appended here (tests/test_rollup.py checks every term has a position); a term removed keeps its
-# position, stored as NULL.
-ROLLUP_POSITIONS: tuple[str, ...] = (
-    *("ttft_ms", "client_ttft_ms", "server_ttft_ms", "client_ttfo_ms", "server_ttfc_ms", "inbound_ms"),
-    *("ingress_ms", "queue_ms", "prefill_ms", "first_token_ms", "before_engine_ms", "held_back_ms"),
-    *("first_chunk_ms", "client_ms", "residual_ms", "loop_wait_ms", "encode_ms", "write_ms"),
-    *("kernel_wait_ms", "dispatch_ms", "client_send_ms", "client_read_ms", "client_observed_ms"),
-    *("held_back_observed_ms", "e2e_residual_ms", "client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms"),
-    *("server_itl_p99_ms", "client_e2e_ms", "server_e2e_ms", "stall_ms", "queue_all_waits_ms"),
-    *("diag_tpot_ms", "diag_e2e_ms", "diag_input_tokens", "diag_output_tokens", "diag_prefill_ms"),
-    *("diag_ingress_ms", "first_chunk_stamped_ms", "client_late_est_ms", "client_late_est_observed_ms"),
-    "diag_client_ms",
-)
+# Where each rolled-up series's sketch and mean are stored in the rollup's arrays (1-based):
+# append-only, since rows already sealed keep their positions. A budget term declares its own
+# (analysis/terms.py); the other series are placed here. A series added above takes the next free
+# position (tests/test_rollup.py checks every one has a position); one removed keeps its position,
+# stored as NULL.
+_SERIES_POSITIONS = {
+    **{"ttft_ms": 1, "client_ttft_ms": 2, "server_ttft_ms": 3, "client_ttfo_ms": 4, "server_ttfc_ms": 5},
+    **{"client_observed_ms": 23, "held_back_observed_ms": 24, "e2e_residual_ms": 25, "client_tpot_ms": 26},
+    **{"server_tpot_ms": 27, "client_itl_p99_ms": 28, "server_itl_p99_ms": 29, "client_e2e_ms": 30},
+    **{"server_e2e_ms": 31, "stall_ms": 32, "queue_all_waits_ms": 33, "diag_tpot_ms": 34, "diag_e2e_ms": 35},
+    **{"diag_input_tokens": 36, "diag_output_tokens": 37, "diag_prefill_ms": 38, "diag_ingress_ms": 39},
+    **{"first_chunk_stamped_ms": 40, "client_late_est_observed_ms": 42, "diag_client_ms": 43},
+}
+
+
+def _in_position_order(positions: dict[str, int]) -> tuple[str, ...]:
+    """Names ordered by their 1-based position; a gap or a position taken twice is an error."""
+    order = sorted(positions, key=positions.__getitem__)
+    if [positions[name] for name in order] != list(range(1, len(order) + 1)):
+        raise ValueError(f"rollup positions must run 1..{len(order)} without a gap or a repeat: {positions}")
+    return tuple(order)
+
+
+ROLLUP_POSITIONS = _in_position_order({**_SERIES_POSITIONS, **terms.REGISTRY.rollup_positions()})
 # Counters: (column, condition on a request)
 ROLLUP_COUNTS = (
     ("requests", "1"),
