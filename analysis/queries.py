@@ -129,12 +129,9 @@ def _steps(d: Dialect) -> str:
 
 
 def _meets_slo(d: Dialect) -> str:
-    ttft = d.value("ttft_slo_ms", "Nullable(Float64)")
-    tpot = d.value("tpot_slo_ms", "Nullable(Float64)")
-    return (
-        f"status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft} IS NULL OR ttft_ms <= {ttft}) "
-        f"AND ({tpot} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot})"
-    )
+    """Completed OK within both SLOs (defaults: common.slo.DEFAULT_SLO); a one-token request has no TPOT."""
+    ttft, tpot = _slo(d, "ttft", th.DEFAULT_TTFT_SLO_MS), _slo(d, "tpot", th.DEFAULT_TPOT_SLO_MS)
+    return f"status = 'ok' AND ttft_ms <= {ttft} AND (tpot_ms IS NULL OR tpot_ms <= {tpot})"
 
 
 def _window_s(start: str = "min(server_start_time)", end: str = "max(server_end_time)") -> str:
@@ -598,14 +595,12 @@ def _merged(selects: list[str]) -> list[str]:
     return [sk.merged_states(), *selects] if any(m in s for s in selects for m in _MERGED) else selects
 
 
-def _good_from_hist(d: Dialect, ttft: str | None = None, tpot: str | None = None) -> str:
-    """Requests meeting the SLOs (SQL values; the user's by default), from the goodput histogram:
-    each (TTFT, TPOT) bucket counts with the share of it under both SLOs (sketch.share_below; 1 for
-    an SLO not set)."""
-    ttft = ttft or d.value("ttft_slo_ms", "Nullable(Float64)")
-    tpot = tpot or d.value("tpot_slo_ms", "Nullable(Float64)")
-    ttft_share = f"ifNull({sk.share_below(ttft, f'intDiv(k, {sk.SLO_STRIDE})')}, 1)"
-    tpot_share = f"ifNull({sk.share_below(tpot, f'k % {sk.SLO_STRIDE}')}, 1)"
+def _good_from_hist(d: Dialect) -> str:
+    """Requests meeting both SLOs (defaults: common.slo.DEFAULT_SLO), from the goodput histogram:
+    each (TTFT, TPOT) bucket counts with the share of it under both SLOs (sketch.share_below)."""
+    ttft, tpot = _slo(d, "ttft", th.DEFAULT_TTFT_SLO_MS), _slo(d, "tpot", th.DEFAULT_TPOT_SLO_MS)
+    ttft_share = sk.share_below(ttft, f"intDiv(k, {sk.SLO_STRIDE})")
+    tpot_share = sk.share_below(tpot, f"k % {sk.SLO_STRIDE}")
     pairs = "groupArrayArray(slo_pairs)"
     keys, counts = f"arrayMap(p -> p.1, {pairs})", f"arrayMap(p -> p.2, {pairs})"
     return f"toUInt64(round(arraySum((k, c) -> c * {ttft_share} * {tpot_share}, {keys}, {counts})))"

@@ -7,7 +7,7 @@
 -- the tail attribution (against the medians, which are the distributions' p50).
 SELECT * EXCEPT (tail_rows) FROM (
 SELECT count() AS requests, countIf(has_client) AS with_client, countIf(status = 'error') AS errors,
-    countIf(has_server) AS with_server, countIf(status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft_slo_ms:Nullable(Float64)} IS NULL OR ttft_ms <= {ttft_slo_ms:Nullable(Float64)}) AND ({tpot_slo_ms:Nullable(Float64)} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot_slo_ms:Nullable(Float64)})) AS good,
+    countIf(has_server) AS with_server, countIf(status = 'ok' AND ttft_ms <= {ttft_slo_ms:Float64} AND (tpot_ms IS NULL OR tpot_ms <= {tpot_slo_ms:Float64})) AS good,
     arraySort(groupUniqArrayIf(span_model, span_model IS NOT NULL)) AS span_models,
     arraySort(groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version))), has_client)) AS client_harnesses,
     countIf(status = 'ok' AND has_client AND client_ttft_ms IS NULL) AS no_output,

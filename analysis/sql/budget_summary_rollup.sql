@@ -8,7 +8,7 @@
 SELECT * EXCEPT (terms_q, terms_mean, tail_hist_merged, threshold_bucket, tail_weights) FROM (
 SELECT quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(terms_qs) AS terms_q, avgForEachMerge(terms_avg) AS terms_mean,
     sum(requests) AS requests, sum(with_client) AS with_client, sum(errors) AS errors,
-    sum(with_server) AS with_server, toUInt64(round(arraySum((k, c) -> c * ifNull(least(greatest(log({ttft_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(intDiv(k, 4096)) - 2049), 0), 1), 1) * ifNull(least(greatest(log({tpot_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(k % 4096) - 2049), 0), 1), 1), arrayMap(p -> p.1, groupArrayArray(slo_pairs)), arrayMap(p -> p.2, groupArrayArray(slo_pairs))))) AS good,
+    sum(with_server) AS with_server, toUInt64(round(arraySum((k, c) -> c * least(greatest(log({ttft_slo_ms:Float64}) / 0.020000666706669435 - (toInt32(intDiv(k, 4096)) - 2049), 0), 1) * least(greatest(log({tpot_slo_ms:Float64}) / 0.020000666706669435 - (toInt32(k % 4096) - 2049), 0), 1), arrayMap(p -> p.1, groupArrayArray(slo_pairs)), arrayMap(p -> p.2, groupArrayArray(slo_pairs))))) AS good,
     arraySort(groupUniqArrayIf(span_model, span_model != '')) AS span_models,
     arraySort(groupUniqArrayArray(client_harnesses)) AS client_harnesses, sum(no_output) AS no_output,
     greatest((toUnixTimestamp64Nano(max(last_server_end)) - toUnixTimestamp64Nano(min(first_server_start))) / 1e9, 1e-9) AS window_s,
