@@ -116,9 +116,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _parse_json(self, ingest: Ingest, body: bytes) -> bytes:
         """OTLP/JSON → the protobuf bytes that are spooled."""
         try:
-            return otlp_json.parse(body, ingest.signal.request_type).SerializeToString()
+            payload: bytes = otlp_json.parse(body, ingest.signal.request_type).SerializeToString()
         except otlp_json.InvalidJson as exc:
             ingest.refuse("invalid", str(exc))
+        return payload
 
     def _drain_or_close(self) -> None:
         length = self.headers.get("Content-Length", "")

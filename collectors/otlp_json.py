@@ -59,7 +59,7 @@ def parse(body: bytes, request_type: type[M]) -> M:
     if not isinstance(doc, dict):
         raise InvalidJson("expected a JSON object")
     _rewrite_ids(doc, "$")
-    request = request_type()
+    request: M = request_type()
     try:
         json_format.ParseDict(doc, request, ignore_unknown_fields=True)  # fills `request`
     except (json_format.ParseError, TypeError, ValueError, RecursionError) as exc:

@@ -22,9 +22,10 @@ class InvalidPayload(ValueError):
 
 def parse(message_type: type[M], payload: bytes) -> M:
     try:
-        return message_type.FromString(payload)
+        message: M = message_type.FromString(payload)
     except Exception as exc:  # noqa: BLE001 — upb DecodeError (bad wire data, bad UTF-8) and friends
         raise InvalidPayload(f"malformed {message_type.__name__}: {exc}") from None
+    return message
 
 
 def hex_id(raw: bytes, size: int, what: str) -> str:

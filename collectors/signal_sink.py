@@ -28,8 +28,8 @@ class SignalSink:
     def insert(self, blocks: Iterable[dict[str, bytes]], token: str) -> None:
         parts: dict[str, bytearray] = {}
         for block in blocks:
-            for table, rows in block.items():
-                parts.setdefault(table, bytearray()).extend(rows)
+            for name, rows in block.items():
+                parts.setdefault(name, bytearray()).extend(rows)
         for table in self.signal.tables:  # a fixed order: the same on every replay
             if table.name in parts:
                 self.connection.insert_rows(
