@@ -257,3 +257,48 @@ def test_local_hugging_face_folder_loads_offline_and_matches_generate(tmp_path):
     )[0, len(prompt) :].tolist()
     assert sink.final.output_tokens == 20
     assert sink.content == TOK.decode(expected, skip_special_tokens=True)
+
+
+def test_peer_benchmark_model_batched_equals_generate_on_one_thread(tmp_path):
+    """The byte-level BPE tiny Llama of benchmarks/peers.py, 8 streams at once: each stream's greedy
+    tokens are `generate()`'s, its text is the tokenizer's own decode of them (the Rust-backend fast
+    path changes no character), and a model this small runs on one intra-op thread."""
+    from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+    from phaselens.reference_server.model_loader import load_local
+
+    folder = save_tiny_llama(tmp_path / "model")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = make_engine(model=str(folder), max_num_seqs=8, max_num_batched_tokens=64)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    tokenizer = engine.tokenizer
+    words = ["the", "time", "to", "first", "token", "is", "queue", "prefill", "decode", "of", "a", "request"]
+    prompts = [tokenizer.encode(" ".join(words[i:] + words[:i]) + " é ü", add_special_tokens=False) for i in range(8)]
+    sinks = [Collected() for _ in prompts]
+    seq_ids = [engine.submit(p, greedy(24, ignore_eos=True), sink=s) for p, s in zip(prompts, sinks, strict=True)]
+    engine._drain()
+    seqs = [engine._live[i] for i in seq_ids]
+    run_until_idle(engine)
+    reference = load_local(str(folder), dtype="float32").model
+    for prompt, seq, sink in zip(prompts, seqs, sinks, strict=True):
+        expected = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, len(prompt) :].tolist()
+        assert seq.token_ids[len(prompt) :] == expected
+        assert sink.content == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_tokenizer_decoder_keeps_the_wrapper_where_it_cleans_up_spaces(tmp_path):
+    from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+    from phaselens.reference_server.detokenizer import tokenizer_decoder
+    from phaselens.reference_server.model_loader import load_tokenizer
+
+    tokenizer, _, _ = load_tokenizer(str(save_tiny_llama(tmp_path / "model")))
+    ids_ = [*tokenizer.encode("the token , is .", add_special_tokens=False), tokenizer.eos_token_id]
+    assert tokenizer_decoder(tokenizer)(ids_) == "the token , is ."  # the backend: special token skipped
+    tokenizer.clean_up_tokenization_spaces = True
+    tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
+    assert tokenizer_decoder(tokenizer)(ids_) == "the token, is."  # the wrapper's clean-up, kept
