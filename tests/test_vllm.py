@@ -33,10 +33,15 @@ from tests.cli_fixtures import bench_argv
 from tests.source_tree import ROOT
 
 VLLM_PYTHON = default_python(ROOT)
-pytestmark = pytest.mark.skipif(
-    VLLM_PYTHON is None,
-    reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        VLLM_PYTHON is None,
+        reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
+    ),
+    # the first test's setup starts both servers: two start-ups' worth of pytest's 300 s (at load 36
+    # here the two at once took longer than 300 s)
+    pytest.mark.timeout(600),
+]
 REQUESTS, OUTPUT_TOKENS, PROMPT_TOKENS = 16, 16, 40
 UNKNOWN_RANGE = ">=0.31,<0.32"  # a supported range that excludes the installed 0.32
 PHASE_TREE = [
