@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Self
 
-from phaselens.reference_server.sse import DONE_EVENT, encode_event
+from phaselens.reference_server.serving.sse import DONE_EVENT, encode_event
 
 
 def completion_chunk(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:

@@ -75,7 +75,7 @@ def test_wheel_holds_only_the_phaselens_namespace(wheel):
     assert tops == {"phaselens", next(t for t in tops if t.endswith(".dist-info"))}
     for expected in (
         "phaselens/instrumentation/server/telemetry.py",
-        "phaselens/reference_server/engine.py",
+        "phaselens/reference_server/engine/engine.py",
         "phaselens/loadgen/runner.py",
         "phaselens/collectors/otelcol.yaml",
         "phaselens/storage/embedded.py",

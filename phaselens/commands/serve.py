@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from phaselens.reference_server.config import DEVICES, DTYPES, POLICIES, EngineConfig
+from phaselens.reference_server.engine.config import DEVICES, DTYPES, POLICIES, EngineConfig
 
 
 def register(subparsers) -> None:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print("phaselens serve: --prefill/--decode are options of --role router", file=sys.stderr)
         return 2
     from phaselens.common.tls import TlsConfigError, server_tls
-    from phaselens.reference_server.process import ServeOptions, serve
+    from phaselens.reference_server.serve import ServeOptions, serve
 
     try:
         tls = server_tls(args.tls_cert, args.tls_key)
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from phaselens.reference_server.process import RouterOptions, serve_router
+    from phaselens.reference_server.serve import RouterOptions, serve_router
 
     options = RouterOptions(
         prefill=tuple(args.prefill),

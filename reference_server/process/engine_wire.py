@@ -28,8 +28,8 @@ from dataclasses import fields
 from typing import Any
 
 from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
-from phaselens.reference_server.disagg import FINISH_TRANSFERRED
-from phaselens.reference_server.sequence import SamplingParams, SeqOutput
+from phaselens.reference_server.engine.disagg import FINISH_TRANSFERRED
+from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput
 
 CONFIG, ADD, ABORT, STOP = "config", "add", "abort", "stop"
 READY, FAILED, OUTPUTS = "ready", "failed", "outputs"

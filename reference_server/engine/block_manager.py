@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from phaselens.reference_server.sequence import Sequence
+from phaselens.reference_server.engine.sequence import Sequence
 
 NO_HASH = -1
 

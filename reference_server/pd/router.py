@@ -15,7 +15,7 @@ answer. A failure on either side gives the client an OpenAI-shaped error: before
 when the decode instance dies mid-stream; the stream then ends without `[DONE]`. An instance that
 failed is passed over for DOWN_S seconds (unless every instance of its kind did).
 
-Telemetry (reference_server.router_spans): the router stamps monotonic integers per request and
+Telemetry (reference_server.pd.router_spans): the router stamps monotonic integers per request and
 emits its SERVER span and two CLIENT spans (pd.prefill_call, pd.decode_call) off the event loop;
 their contexts travel to the instances as `traceparent`, so the request's trace crosses all three.
 """
@@ -34,11 +34,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from phaselens.common.exposure import authorized
-from phaselens.reference_server.api import _NO_FASTAPI_TELEMETRY, EventStreamResponse, error_response
-from phaselens.reference_server.disagg import FINISH_TRANSFERRED
-from phaselens.reference_server.protocol import ApiError, bad
-from phaselens.reference_server.router_spans import RouterRecord, RouterSpans
-from phaselens.reference_server.sse import DONE_EVENT, encode_event
+from phaselens.reference_server.engine.disagg import FINISH_TRANSFERRED
+from phaselens.reference_server.pd.router_spans import RouterRecord, RouterSpans
+from phaselens.reference_server.serving.api import _NO_FASTAPI_TELEMETRY, EventStreamResponse, error_response
+from phaselens.reference_server.serving.protocol import ApiError, bad
+from phaselens.reference_server.serving.sse import DONE_EVENT, encode_event
 
 DEFAULT_TIMEOUT_S = 300.0
 DOWN_S = 10.0  # how long an instance that failed is passed over

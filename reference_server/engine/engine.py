@@ -11,7 +11,7 @@ the runner owns the model; the engine owns the threads, the observers and the st
 Other threads talk to it only through `submit()` and `abort()` (a locked inbox drained at the top
 of each iteration). Disaggregated serving adds three more inboxes (`receive_kv`, `claim`, and the
 KV sender's releases) and one seam: a sequence with a KV handoff leaves the batch after its first
-token (see reference_server.disagg). Results go out through each sequence's `sink` on the loop thread; the API
+token (see reference_server.engine.disagg). Results go out through each sequence's `sink` on the loop thread; the API
 layer's sink hops to its event loop with `call_soon_threadsafe`. Token stamps come after the
 step's single host sync (`.tolist()` inside `run`), never after a kernel launch.
 """
@@ -35,9 +35,9 @@ from phaselens.instrumentation.hotpath.observer import (
     StepObserver,
 )
 from phaselens.instrumentation.hotpath.records import StepStats
-from phaselens.reference_server.config import EngineConfig
-from phaselens.reference_server.detokenizer import TextTracker
-from phaselens.reference_server.disagg import (
+from phaselens.reference_server.engine.config import EngineConfig
+from phaselens.reference_server.engine.detokenizer import TextTracker
+from phaselens.reference_server.engine.disagg import (
     DEFAULT_STAGE_TIMEOUT_S,
     FINISH_TRANSFERRED,
     KvHandoff,
@@ -45,9 +45,9 @@ from phaselens.reference_server.disagg import (
     ReceivedKv,
     check_header,
 )
-from phaselens.reference_server.model_runner import ModelRunner
-from phaselens.reference_server.scheduler import Batch, Scheduler
-from phaselens.reference_server.sequence import SamplingParams, SeqOutput, SeqStatus, Sequence, Sink, _drop
+from phaselens.reference_server.engine.model_runner import ModelRunner
+from phaselens.reference_server.engine.scheduler import Batch, Scheduler
+from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput, SeqStatus, Sequence, Sink, _drop
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class EngineStats:
 
 
 class EngineDeadError(RuntimeError):
-    """The engine process is gone: the caller should answer 503 (reference_server.engine_client)."""
+    """The engine process is gone: the caller should answer 503 (reference_server.process.engine_client)."""
 
 
 def check_length(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
@@ -249,7 +249,7 @@ class Engine:
     def iterate(self) -> bool:
         """One turn of the loop: drain the inboxes, then one step when there is work; False when
         idle. A failed step must not kill the loop: its batch fails, the loop goes on. The engine
-        process (reference_server.engine_core) drives the engine with this, without the thread."""
+        process (reference_server.process.engine_core) drives the engine with this, without the thread."""
         try:
             self._drain()
             if not self.scheduler.has_work():

@@ -37,12 +37,12 @@ from phaselens.instrumentation.hotpath.observer import (
     RequestObserver,
 )
 from phaselens.instrumentation.hotpath.records import RequestInfo
-from phaselens.reference_server import chat_template
-from phaselens.reference_server.engine import EngineDeadError, QueueFullError
-from phaselens.reference_server.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
-from phaselens.reference_server.responses import Envelope
-from phaselens.reference_server.sequence import SamplingParams, SeqOutput, Sink
-from phaselens.reference_server.sse import DONE_EVENT, encode_event
+from phaselens.reference_server.engine.engine import EngineDeadError, QueueFullError
+from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput, Sink
+from phaselens.reference_server.serving import chat_template
+from phaselens.reference_server.serving.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
+from phaselens.reference_server.serving.responses import Envelope
+from phaselens.reference_server.serving.sse import DONE_EVENT, encode_event
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -61,8 +61,8 @@ class ApiSettings:
 
 
 class ServingEngine(Protocol):
-    """What the routes need of an engine: the thread engine (reference_server.engine) or the
-    client of an engine process (reference_server.engine_client)."""
+    """What the routes need of an engine: the thread engine (reference_server.engine.engine) or the
+    client of an engine process (reference_server.process.engine_client)."""
 
     @property
     def max_model_len(self) -> int: ...
@@ -142,7 +142,7 @@ def create_app(
     engine: ServingEngine, settings: ApiSettings, telemetry: Any = None, routes_class: Callable[..., Any] | None = None
 ):
     """The ASGI app; wrapped in the telemetry ingress middleware when `telemetry` is given.
-    `routes_class`: a `_Routes` subclass (a disaggregated instance's, reference_server.pd_api)."""
+    `routes_class`: a `_Routes` subclass (a disaggregated instance's, reference_server.pd.pd_api)."""
     app = FastAPI(
         title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None, **_NO_FASTAPI_TELEMETRY
     )

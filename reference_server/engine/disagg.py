@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from phaselens.reference_server import kv_transfer
-from phaselens.reference_server.kv_cache import PagedKVCache
-from phaselens.reference_server.sequence import Sequence
+from phaselens.reference_server.engine import kv_transfer
+from phaselens.reference_server.engine.kv_cache import PagedKVCache
+from phaselens.reference_server.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The engine process (`phaselens serve --engine process`): the serving loop without the HTTP server.
 
-    python -m phaselens.reference_server.engine_core FD     FD: its end of the socket pair
+    python -m phaselens.reference_server.process.engine_core FD     FD: its end of the socket pair
 
 It reads the EngineConfig (a dict, the first frame), loads the model, answers READY (or FAILED and
 exits 1), then turns the loop on its own main thread, with no other Python thread to share the
@@ -31,10 +31,10 @@ from time import monotonic_ns
 from typing import Any
 
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
-from phaselens.reference_server import engine_wire as wire
-from phaselens.reference_server.config import EngineConfig
-from phaselens.reference_server.engine import Engine, QueueFullError
-from phaselens.reference_server.sequence import SeqOutput
+from phaselens.reference_server.engine.config import EngineConfig
+from phaselens.reference_server.engine.engine import Engine, QueueFullError
+from phaselens.reference_server.engine.sequence import SeqOutput
+from phaselens.reference_server.process import engine_wire as wire
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.5

@@ -1,7 +1,7 @@
 """The OpenAI routes of a prefill or a decode instance (`phaselens serve --role prefill|decode`).
 
 Both serve whole requests as any instance does; a request that carries `kv_transfer_params`
-(sent by the router, reference_server.router) is one half of a disaggregated request:
+(sent by the router, reference_server.pd.router) is one half of a disaggregated request:
 
 - prefill: `{"decode_kv": "HOST:PORT", "transfer_id": ID}` — run the prompt here, send its KV and
   the first token to that decode instance's KV port; answer (not streamed) once the decode instance
@@ -22,13 +22,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from phaselens.instrumentation.hotpath.observer import RequestHandle
-from phaselens.reference_server.api import Job, OutputStream, _Routes
-from phaselens.reference_server.disagg import KvHandoff, ReceivedKv
-from phaselens.reference_server.engine import Engine
-from phaselens.reference_server.kv_transfer import Transfer
-from phaselens.reference_server.pd_spans import PdSpans
-from phaselens.reference_server.protocol import ApiError, bad
-from phaselens.reference_server.sequence import SeqOutput
+from phaselens.reference_server.engine.disagg import KvHandoff, ReceivedKv
+from phaselens.reference_server.engine.engine import Engine
+from phaselens.reference_server.engine.kv_transfer import Transfer
+from phaselens.reference_server.engine.sequence import SeqOutput
+from phaselens.reference_server.pd.pd_spans import PdSpans
+from phaselens.reference_server.serving.api import Job, OutputStream, _Routes
+from phaselens.reference_server.serving.protocol import ApiError, bad
 
 ROLE_PREFILL, ROLE_DECODE, ROLE_ROUTER = "prefill", "decode", "router"
 

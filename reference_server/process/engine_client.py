@@ -1,7 +1,7 @@
 """The API process's side of the engine process (`phaselens serve --engine process`).
 
 `EngineClient` is what the routes call (api.ServingEngine), as vLLM V1's AsyncLLM is for its
-EngineCore: it spawns `python -m phaselens.reference_server.engine_core` with one end of a Unix
+EngineCore: it spawns `python -m phaselens.reference_server.process.engine_core` with one end of a Unix
 socket pair, sends the config and waits for READY (the model loads there; this process loads only
 the tokenizer), then, attached to the event loop, sends ADD/ABORT frames and reads OUTPUTS frames
 on the loop itself (`add_reader`): no engine thread competes with the loop for this process's GIL.
@@ -39,11 +39,11 @@ from phaselens.instrumentation.hotpath.observer import (
 )
 from phaselens.instrumentation.hotpath.records import StepStats
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
-from phaselens.reference_server import engine_wire as wire
-from phaselens.reference_server.config import EngineConfig
-from phaselens.reference_server.engine import EngineDeadError, QueueFullError, check_length
-from phaselens.reference_server.model_loader import load_tokenizer
-from phaselens.reference_server.sequence import SamplingParams, SeqOutput, Sink
+from phaselens.reference_server.engine.config import EngineConfig
+from phaselens.reference_server.engine.engine import EngineDeadError, QueueFullError, check_length
+from phaselens.reference_server.engine.model_loader import load_tokenizer
+from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput, Sink
+from phaselens.reference_server.process import engine_wire as wire
 
 log = logging.getLogger(__name__)
 DEFAULT_START_TIMEOUT_S = 300.0
@@ -88,7 +88,7 @@ class EngineClient:
     def _spawn(self, observe_steps: bool) -> tuple[socket.socket, subprocess.Popen[bytes]]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            module = "phaselens.reference_server.engine_core"
+            module = "phaselens.reference_server.process.engine_core"
             command = [sys.executable, "-m", module, str(theirs.fileno())]
             proc = subprocess.Popen(command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:

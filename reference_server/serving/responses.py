@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from phaselens.reference_server.sequence import SeqOutput
+from phaselens.reference_server.engine.sequence import SeqOutput
 
 
 @dataclass(slots=True)

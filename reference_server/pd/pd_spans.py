@@ -21,7 +21,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor, process_anchor
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
-from phaselens.reference_server.disagg import KvHandoff, ReceivedKv
+from phaselens.reference_server.engine.disagg import KvHandoff, ReceivedKv
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaselens.reference_server.sequence import SamplingParams
+from phaselens.reference_server.engine.sequence import SamplingParams
 
 MAX_STOP_STRINGS = 4
 ROLES = ("system", "user", "assistant", "developer", "tool")

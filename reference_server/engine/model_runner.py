@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from phaselens.reference_server import kv_cache, model_loader
-from phaselens.reference_server.config import EngineConfig
-from phaselens.reference_server.kv_cache import DecodeGroup, PagedKVCache, PrefillSpan, StepLayout
-from phaselens.reference_server.sampler import Sampler
-from phaselens.reference_server.scheduler import Batch
+from phaselens.reference_server.engine import kv_cache, model_loader
+from phaselens.reference_server.engine.config import EngineConfig
+from phaselens.reference_server.engine.kv_cache import DecodeGroup, PagedKVCache, PrefillSpan, StepLayout
+from phaselens.reference_server.engine.sampler import Sampler
+from phaselens.reference_server.engine.scheduler import Batch
 
 
 def set_cpu_threads(config: EngineConfig) -> None:

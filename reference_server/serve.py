@@ -6,7 +6,7 @@ uvicorn gracefully; then the engine stops (requests still inside finish as abort
 telemetry flushes its spans. Exit status 0.
 
 Disaggregated serving (docs/disaggregation.md): `role` prefill or decode serves the same API with
-the P/D routes (reference_server.pd_api); a decode instance also listens for KV transfers on
+the P/D routes (reference_server.pd.pd_api); a decode instance also listens for KV transfers on
 `kv_port` (same host; no authentication, so only on loopback unless --insecure). Each instance's
 spans carry its role and URL as resource attributes (`phaselens.pd.role`, `phaselens.pd.instance`),
 which is how the analysis tells a trace's three span trees apart. `serve_router` runs the router.
@@ -34,12 +34,10 @@ from phaselens.common.tls import ServerTls
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.kernel_stamps import enable_kernel_stamps
 from phaselens.instrumentation.server.inbound import inbound_protocol
-from phaselens.reference_server.api import ApiSettings, create_app
-from phaselens.reference_server.config import EngineConfig
-from phaselens.reference_server.engine import Engine
-from phaselens.reference_server.engine_client import EngineClient
-from phaselens.reference_server.kv_transfer import KvReceiver
-from phaselens.reference_server.pd_api import (
+from phaselens.reference_server.engine.config import EngineConfig
+from phaselens.reference_server.engine.engine import Engine
+from phaselens.reference_server.engine.kv_transfer import KvReceiver
+from phaselens.reference_server.pd.pd_api import (
     ROLE_DECODE,
     ROLE_PREFILL,
     ROLE_ROUTER,
@@ -47,7 +45,9 @@ from phaselens.reference_server.pd_api import (
     PrefillRoutes,
     kv_handler,
 )
-from phaselens.reference_server.pd_spans import PdSpans
+from phaselens.reference_server.pd.pd_spans import PdSpans
+from phaselens.reference_server.process.engine_client import EngineClient
+from phaselens.reference_server.serving.api import ApiSettings, create_app
 
 ENGINE_THREAD, ENGINE_PROCESS = "thread", "process"
 ENGINE_MODES = (ENGINE_THREAD, ENGINE_PROCESS)
@@ -183,8 +183,8 @@ def _pd_resource(role: str, url: str) -> None:
 
 def serve_router(options: RouterOptions) -> int:
     from phaselens.instrumentation.pipeline.otel_setup import configure
-    from phaselens.reference_server.router import Router
-    from phaselens.reference_server.router_spans import RouterSpans
+    from phaselens.reference_server.pd.router import Router
+    from phaselens.reference_server.pd.router_spans import RouterSpans
 
     check_exposure(options.host, options.auth_token, options.insecure)
     sock = bind(options.host, options.port)

@@ -29,7 +29,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.ids import RootDecider, span_context
 from phaselens.instrumentation.hotpath.records import SpanIds
-from phaselens.reference_server.pd_spans import PdSpans, ms, traceparent
+from phaselens.reference_server.pd.pd_spans import PdSpans, ms, traceparent
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from phaselens.reference_server.sequence import Sequence
+from phaselens.reference_server.engine.sequence import Sequence
 
 
 class Sampler:

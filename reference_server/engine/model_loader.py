@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from phaselens.reference_server import kv_cache
-from phaselens.reference_server.detokenizer import BYTE_OFFSET, Decode, decode_bytes, tokenizer_decoder
+from phaselens.reference_server.engine import kv_cache
+from phaselens.reference_server.engine.detokenizer import BYTE_OFFSET, Decode, decode_bytes, tokenizer_decoder
 
 TINY = "tiny"
 TINY_VOCAB = 384
@@ -113,7 +113,7 @@ def model_name(name: str) -> str:
 
 def load_tokenizer(name: str) -> tuple[object, bool, str]:
     """(tokenizer, add_special_tokens, model name) without the weights: the API process of an
-    engine process (reference_server.engine_client) only tokenizes."""
+    engine process (reference_server.process.engine_client) only tokenizes."""
     if name == TINY:
         from transformers import ByT5Tokenizer
 
