@@ -16,10 +16,10 @@ import httpx
 import uvicorn
 
 from phaselens.common.process import LOOPBACK
-from phaselens.instrumentation.pipeline.counters import Counters
+from phaselens.instrumentation.pipeline import Counters
 
 if TYPE_CHECKING:  # imported by start(): the model and the server load only when a scenario runs
-    from phaselens.instrumentation.server.telemetry import ServerTelemetry
+    from phaselens.instrumentation import ServerTelemetry
     from phaselens.reference_server.engine.engine import Engine
 
 _OTEL_ENV = {
@@ -71,8 +71,8 @@ class ServingRig:
     _saved_env: dict = field(default_factory=dict, init=False)
 
     def start(self) -> ServingRig:
-        from phaselens.instrumentation.pipeline.otel_setup import configure
-        from phaselens.instrumentation.server.telemetry import ServerTelemetry
+        from phaselens.instrumentation import ServerTelemetry
+        from phaselens.instrumentation.pipeline import configure
         from phaselens.reference_server.engine.config import EngineConfig
         from phaselens.reference_server.engine.engine import Engine
         from phaselens.reference_server.serve import bind

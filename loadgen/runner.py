@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from phaselens.instrumentation.client.traced_client import StreamResult, TracedClient
+from phaselens.instrumentation import StreamResult, TracedClient
 from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals
 from phaselens.loadgen.workloads import RequestSpec
 

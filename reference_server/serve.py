@@ -32,8 +32,8 @@ from phaselens.common.exposure import check_exposure, is_loopback
 from phaselens.common.ports import bind_reusable
 from phaselens.common.tls import ServerTls
 from phaselens.instrumentation import names
-from phaselens.instrumentation.hotpath.kernel_stamps import enable_kernel_stamps
-from phaselens.instrumentation.server.inbound import inbound_protocol
+from phaselens.instrumentation.hotpath import enable_kernel_stamps
+from phaselens.instrumentation.server import inbound_protocol
 from phaselens.reference_server.engine.config import EngineConfig
 from phaselens.reference_server.engine.engine import Engine
 from phaselens.reference_server.engine.kv_transfer import KvReceiver
@@ -182,7 +182,7 @@ def _pd_resource(role: str, url: str) -> None:
 
 
 def serve_router(options: RouterOptions) -> int:
-    from phaselens.instrumentation.pipeline.otel_setup import configure
+    from phaselens.instrumentation.pipeline import StampedSpans, configure
     from phaselens.reference_server.pd.router import Router
     from phaselens.reference_server.pd.router_spans import RouterSpans
 
@@ -191,8 +191,8 @@ def serve_router(options: RouterOptions) -> int:
     _pd_resource(ROLE_ROUTER, _url(sock))
     providers = configure(names.SERVER_SERVICE_NAME) if options.telemetry else None
     provider = providers.tracer_provider if providers is not None else None
-    spans = PdSpans(provider)
-    router = Router(list(options.prefill), list(options.decode), RouterSpans(spans, provider), options.auth_token)
+    spans = StampedSpans(provider)
+    router = Router(list(options.prefill), list(options.decode), RouterSpans(spans), options.auth_token)
     try:
         asyncio.run(_run(router.app(), sock, None))
     finally:
@@ -208,7 +208,7 @@ def _nothing() -> None:
 
 
 def _telemetry():
-    from phaselens.instrumentation.server.telemetry import ServerTelemetry
+    from phaselens.instrumentation import ServerTelemetry
 
     return ServerTelemetry.from_env(names.SERVER_SERVICE_NAME)
 

@@ -26,15 +26,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.instrumentation.hotpath.observer import (
+from phaselens.instrumentation import (
     FINISH_ABORT,
     FINISH_ERROR,
     NULL_REQUEST,
     NULL_STEP,
     RequestObserver,
     StepObserver,
+    StepStats,
 )
-from phaselens.instrumentation.hotpath.records import StepStats
 from phaselens.reference_server.engine.config import EngineConfig
 from phaselens.reference_server.engine.detokenizer import TextTracker
 from phaselens.reference_server.engine.disagg import (

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from phaselens.instrumentation.hotpath.observer import FINISH_LENGTH, FINISH_STOP
+from phaselens.instrumentation import FINISH_LENGTH, FINISH_STOP
 from phaselens.reference_server.engine.block_manager import BlockManager
 from phaselens.reference_server.engine.config import POLICY_MIXED, EngineConfig
 from phaselens.reference_server.engine.sequence import SeqOutput, SeqStatus, Sequence

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from phaselens.instrumentation.hotpath.observer import NULL_REQUEST, RequestObserver
+from phaselens.instrumentation import NULL_REQUEST, RequestObserver
 from phaselens.reference_server.engine.detokenizer import TextTracker
 
 if TYPE_CHECKING:  # torch loads with the model runner, not with the request bookkeeping

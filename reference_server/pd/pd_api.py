@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from phaselens.instrumentation.hotpath.observer import RequestHandle
+from phaselens.instrumentation import RequestHandle
 from phaselens.reference_server.engine.disagg import KvHandoff, ReceivedKv
 from phaselens.reference_server.engine.engine import Engine
 from phaselens.reference_server.engine.kv_transfer import Transfer

@@ -1,65 +1,38 @@
 """The spans of disaggregated serving that the request tree of one instance does not hold: the KV
 transfer on the prefill instance, the KV receive on the decode instance (docs/disaggregation.md).
 
-Times are stamped as monotonic integers where things happen; the span is made later, on a
-one-thread executor (never the engine loop, never the event loop), as a finished ReadableSpan
-(instrumentation.emitter) with ids chosen up front, so the prefill instance can put the transfer
-span's context into the KV header before the span exists: the receive span on the decode
+Times are stamped as monotonic integers where things happen; the spans are made later by
+instrumentation's `StampedSpans`, with ids chosen up front, so the prefill instance can put the
+transfer span's context into the KV header before the span exists: the receive span on the decode
 instance is its child, on the decode instance's clock. Every duration attribute is a difference
 of two stamps of the emitting process.
 """
 
 from __future__ import annotations
 
-import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.hotpath.clock import ClockAnchor, process_anchor
-from phaselens.instrumentation.pipeline.emitter import SpanEmitter
+from phaselens.instrumentation.pipeline import StampedSpans, parse_traceparent, traceparent
 from phaselens.reference_server.engine.disagg import KvHandoff, ReceivedKv
 
-_PROPAGATOR = TraceContextTextMapPropagator()
-log = logging.getLogger(__name__)
-
-
-def traceparent(trace_id: int, span_id: int, flags: int) -> str:
-    return f"00-{trace_id:032x}-{span_id:016x}-{flags & 0xFF:02x}"
-
-
-def parse_traceparent(value: str) -> SpanContext | None:
-    from opentelemetry.trace import get_current_span
-
-    context = get_current_span(_PROPAGATOR.extract({"traceparent": value})).get_span_context()
-    return context if context.is_valid else None
+KV_ERROR_TYPE = "kv_transfer_failed"
 
 
 def ms(start_ns: int, end_ns: int) -> float:
     return (end_ns - start_ns) / 1e6
 
 
-class PdSpans:
-    """Emits P/D spans through `tracer_provider`'s processors; every call is a no-op without one
-    (or for an unsampled request)."""
-
-    def __init__(self, tracer_provider: Any = None, anchor: ClockAnchor | None = None) -> None:
-        self._emitter = SpanEmitter.of_provider(tracer_provider) if tracer_provider is not None else None
-        self._anchor = anchor or process_anchor()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pd-spans") if self._emitter else None
-        self.emitted = 0
-        self.failed = 0  # spans that could not be made or handed to the processors (logged, counted)
-
-    def new_span_id(self) -> int:
-        return self._emitter.ids.generate_span_id() if self._emitter else 0
+class PdSpans(StampedSpans):
+    """The P/D spans of one instance; every call is a no-op without a tracer provider (or for an
+    unsampled request)."""
 
     def kv_send_traceparent(self, handle: Any) -> str:
         """The context of this request's future llm.kv_transfer span ('' when it is not traced)."""
         root = getattr(handle, "root", None)
-        if self._emitter is None or root is None or not root.trace_flags & TraceFlags.SAMPLED:
+        if not self.enabled or root is None or not root.trace_flags & TraceFlags.SAMPLED:
             return ""
         return traceparent(root.trace_id, self.new_span_id(), root.trace_flags)
 
@@ -81,6 +54,7 @@ class PdSpans:
             names.PL_KV_WAIT_MS: ms(handle.first_token_ts, handoff.send_start_ns) if handle.first_token_ts else None,
             names.PL_KV_PEER: f"{host}:{port}",
             names.PL_PD_PREFILL_ANSWER_MS: ms(handle.received_ts, answer_ns),
+            names.ERROR_TYPE: KV_ERROR_TYPE if handoff.error else None,
         }
         self.submit(
             names.SPAN_KV_TRANSFER, context, parent, handoff.send_start_ns, handoff.ack_ns, attrs, handoff.error
@@ -90,7 +64,7 @@ class PdSpans:
         """llm.kv_receive, child of the sender's llm.kv_transfer: accepted → staged and acknowledged."""
         transfer = received.transfer
         parent = parse_traceparent(str(transfer.header.get("traceparent", "")))
-        if parent is None or self._emitter is None:
+        if parent is None or not self.enabled:
             return
         context = SpanContext(parent.trace_id, self.new_span_id(), False, parent.trace_flags)
         attrs: dict[str, Any] = {
@@ -98,57 +72,6 @@ class PdSpans:
             names.PL_KV_BYTES: transfer.nbytes,
             names.PL_KV_READ_MS: ms(transfer.accepted_ns, received.received_ns),
             names.PL_KV_STAGE_MS: ms(received.received_ns, done_ns),
+            names.ERROR_TYPE: KV_ERROR_TYPE if received.error else None,
         }
         self.submit(names.SPAN_KV_RECEIVE, context, parent, transfer.accepted_ns, done_ns, attrs, received.error)
-
-    def submit(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
-        attrs: dict[str, Any],
-        error: str = "",
-        kind: SpanKind = SpanKind.INTERNAL,
-    ) -> None:
-        """Make and emit the span on the executor; start/end are monotonic ns of this process."""
-        if self._pool is None:
-            return
-        self._pool.submit(self._emit_counted, name, context, parent, start_ns, end_ns, attrs, error, kind)
-
-    def _emit_counted(self, *args: Any) -> None:
-        """A telemetry failure never reaches the request; it is counted in `failed`."""
-        try:
-            self._emit(*args)
-        except Exception:  # any SDK or processor failure: count it, keep serving
-            self.failed += 1
-            log.exception("a P/D span could not be emitted (%d so far)", self.failed)
-
-    def _emit(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
-        attrs: dict[str, Any],
-        error: str,
-        kind: SpanKind,
-    ) -> None:
-        assert self._emitter is not None
-        attributes = {k: v for k, v in attrs.items() if v is not None}
-        status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET)
-        if error:
-            attributes.setdefault(names.ERROR_TYPE, "kv_transfer_failed")
-        to_wall = self._anchor.to_wall_ns
-        span = self._emitter.span(
-            name, context, parent, to_wall(start_ns), to_wall(end_ns), attributes, kind=kind, status=status
-        )
-        self._emitter.emit([span])
-        self.emitted += 1
-
-    def shutdown(self) -> None:
-        """Emit what is queued (before the providers flush)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)

@@ -1,5 +1,5 @@
 """The router's telemetry: per request, monotonic stamps on the event loop (`RouterRecord`), and at
-its end a SERVER span with two CLIENT children, made on the P/D span executor (pd_spans.PdSpans).
+its end a SERVER span with two CLIENT children, made by instrumentation's `StampedSpans`.
 
 Router terms (ms, router clock; docs/disaggregation.md), for a streamed request that went through
 both instances:
@@ -22,14 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import propagate
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from phaselens.instrumentation import names
-from phaselens.instrumentation.hotpath.ids import RootDecider, span_context
-from phaselens.instrumentation.hotpath.records import SpanIds
-from phaselens.reference_server.pd.pd_spans import PdSpans, ms, traceparent
+from phaselens.instrumentation.hotpath import SpanIds, span_context
+from phaselens.instrumentation.pipeline import StampedSpans, traceparent
+from phaselens.reference_server.pd.pd_spans import ms
 
 
 @dataclass(slots=True)
@@ -78,15 +76,12 @@ class RouterRecord:
 
 
 class RouterSpans:
-    def __init__(self, spans: PdSpans, tracer_provider: Any = None) -> None:
+    def __init__(self, spans: StampedSpans) -> None:
         self._spans = spans
-        sampler = getattr(tracer_provider, "sampler", None)
-        ids = getattr(tracer_provider, "id_generator", None) or RandomIdGenerator()
-        self._roots = RootDecider(sampler, ids) if tracer_provider is not None else RootDecider(None, ids)
 
     def open(self, rec: RouterRecord, headers: Mapping[str, str]) -> None:
         """Decide the request's ids at receipt (child of an incoming traceparent)."""
-        rec.root, rec.parent = self._roots.decide(propagate.extract(dict(headers)), "POST")
+        rec.root, rec.parent = self._spans.decide_root(headers, "POST")
         if rec.sampled:
             rec.prefill_span_id, rec.decode_span_id = self._spans.new_span_id(), self._spans.new_span_id()
 

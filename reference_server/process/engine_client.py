@@ -30,15 +30,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from phaselens.instrumentation.hotpath.observer import (
-    FINISH_ABORT,
-    FINISH_ERROR,
-    NULL_STEP,
-    RequestObserver,
-    StepObserver,
-)
-from phaselens.instrumentation.hotpath.records import StepStats
-from phaselens.instrumentation.hotpath.timeline import RequestTimeline
+from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, NULL_STEP, RequestObserver, StepObserver, StepStats
+from phaselens.instrumentation.hotpath import RequestTimeline
 from phaselens.reference_server.engine.config import EngineConfig
 from phaselens.reference_server.engine.engine import EngineDeadError, QueueFullError, check_length
 from phaselens.reference_server.engine.model_loader import load_tokenizer

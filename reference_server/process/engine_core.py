@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from time import monotonic_ns
 from typing import Any
 
-from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
+from phaselens.instrumentation import FINISH_ERROR
 from phaselens.reference_server.engine.config import EngineConfig
 from phaselens.reference_server.engine.engine import Engine, QueueFullError
 from phaselens.reference_server.engine.sequence import SeqOutput

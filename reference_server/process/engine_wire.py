@@ -27,7 +27,7 @@ import struct
 from dataclasses import fields
 from typing import Any
 
-from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from phaselens.reference_server.engine.disagg import FINISH_TRANSFERRED
 from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput
 

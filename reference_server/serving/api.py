@@ -28,15 +28,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phaselens.common.exposure import authorized
-from phaselens.instrumentation import names
-from phaselens.instrumentation.hotpath.observer import (
+from phaselens.instrumentation import (
     FINISH_ABORT,
     FINISH_ERROR,
     NULL_REQUEST,
     RequestHandle,
+    RequestInfo,
     RequestObserver,
+    names,
 )
-from phaselens.instrumentation.hotpath.records import RequestInfo
 from phaselens.reference_server.engine.engine import EngineDeadError, QueueFullError
 from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput, Sink
 from phaselens.reference_server.serving import chat_template

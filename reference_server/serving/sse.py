@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from phaselens.instrumentation.client.sse import DONE
+from phaselens.instrumentation.client import DONE
 
 DONE_EVENT = f"data: {DONE}\n\n".encode()
 
