@@ -11,8 +11,10 @@ Tail attribution: requests with TTFT above its p99 (`ttft_ms`: client TTFT, else
 for each component, delta = mean over the tail − median over all requests; the component with the
 largest delta is the one that grew.
 
-Goodput = requests completed OK and meeting every SLO given / window_s, where window_s runs from
-the first request received to the last response closed (server clock). Attainment = good / requests.
+Goodput = requests completed OK and meeting both SLOs (TTFT ≤ ttft_slo_ms and TPOT ≤ tpot_slo_ms;
+DEFAULT_SLO unless given) / window_s, where window_s runs from the first request received to the
+last response closed (server clock). Attainment = good / requests. Each request is judged on its
+client TTFT/TPOT where it has a client view, else on its server's (`judged_on`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,9 @@ from clickhouse_connect.driver.client import Client
 from phaselens.analysis import queries as q
 from phaselens.analysis import sketch, span_models
 from phaselens.analysis.dialect import Filters, QueryError
-from phaselens.common.slo import SLO
+from phaselens.common.slo import DEFAULT_SLO, SLO
 
 TDIGEST_NOTE = "approximate: t-digest quantiles over every request (error not bounded); counts and means exact"
-# The SLOs the goodput query takes (`--slo` of budget, report and demo): parse_slo(text, GOODPUT_SLO_KEYS).
-GOODPUT_SLO_KEYS = ("ttft", "tpot")
 # One result row of a named query, {column: value}; values as clickhouse-connect decodes them.
 Row = dict[str, Any]
 
@@ -83,12 +83,14 @@ class TailAttribution:
 
 @dataclass(slots=True)
 class Goodput:
-    ttft_slo_ms: float | None
-    tpot_slo_ms: float | None
+    ttft_slo_ms: float
+    tpot_slo_ms: float
     good_requests: int
     window_s: float | None
     goodput_rps: float | None
     attainment: float | None
+    slo_is_default: bool  # the SLO is DEFAULT_SLO: nobody asked for it
+    judged_on: str  # whose TTFT/TPOT were judged: "client", "server" or "client, else server"
 
 
 @dataclass(slots=True)
@@ -204,15 +206,19 @@ def budget(
     service: str | None = None,
     model: str | None = None,
     since: str | None = "15m",
-    slo: SLO | None = None,
+    slo: SLO = DEFAULT_SLO,
     approx: bool = False,
     exact: bool = True,
 ) -> BudgetReport:
-    """The whole budget for the selection (two queries); goodput against `slo` (its ttft and tpot);
+    """The whole budget for the selection (two queries); goodput against `slo` (its ttft and tpot,
+    both required: `common.slo.goodput_slo` fills a key left out);
     `since=None` means all time. `exact=False`: the summary from the rollups (DDSketch quantiles,
     goodput and tail from log buckets: `sketch.NOTE`; a window widened to whole minutes), whose cost
     follows the window's minutes, not its requests; `approx`: t-digest over every request."""
-    slos = {"ttft_slo_ms": slo.ttft_ms, "tpot_slo_ms": slo.tpot_ms} if slo else {}
+    ttft_slo_ms, tpot_slo_ms = slo.ttft_ms, slo.tpot_ms
+    if ttft_slo_ms is None or tpot_slo_ms is None:
+        raise ValueError(f"goodput needs a TTFT and a TPOT SLO, got {slo.describe()}")
+    slos = {"ttft_slo_ms": ttft_slo_ms, "tpot_slo_ms": tpot_slo_ms}
     filters: Filters = {
         "database": database,
         "service": service,
@@ -241,7 +247,7 @@ def budget(
         components=components,
         distributions=dists,
         tail=_tail(row, dists) if requests else None,
-        goodput=_goodput(row, slos, requests),
+        goodput=_goodput(row, (ttft_slo_ms, tpot_slo_ms), slo == DEFAULT_SLO, requests),
         stalls=_stalls(_run(client, "decode_stalls_rollup" if rollup else "decode_stalls", filters)),
         filters={k: v for k, v in filters.items() if v is not None},
         span_models=list(row.get("span_models") or []),
@@ -265,12 +271,16 @@ def _stalls(row: Row) -> DecodeStalls:
     )
 
 
-def _goodput(row: Row, slos: dict[str, float | None], requests: int) -> Goodput:
+def _goodput(row: Row, slo_ms: tuple[float, float], slo_is_default: bool, requests: int) -> Goodput:
     good = int(row.get("good") or 0)
     window = _clean(row.get("window_s")) if row.get("with_server") else None
-    return Goodput(
-        slos.get("ttft_slo_ms"), slos.get("tpot_slo_ms"), good, window, _div(good, window), _div(good, requests)
-    )
+    judged = judged_on(int(row.get("with_client") or 0), requests)
+    return Goodput(*slo_ms, good, window, _div(good, window), _div(good, requests), slo_is_default, judged)
+
+
+def judged_on(with_client: int, requests: int) -> str:
+    """Whose TTFT/TPOT an SLO judges: each request's client view where it has one, else its server's."""
+    return "client" if with_client == requests else "server" if not with_client else "client, else server"
 
 
 def _tail(row: Row, dists: dict[str, Stat]) -> TailAttribution:

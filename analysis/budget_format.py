@@ -5,12 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 
 from phaselens.analysis import queries as q
-from phaselens.analysis.budget import BudgetReport, Stat
+from phaselens.analysis.budget import BudgetReport, Goodput, Stat
 
 TPOT_ITL = (
     "client_tpot_ms",
@@ -26,7 +27,7 @@ TPOT_ITL = (
 FIRST_CHUNK_SPLIT = tuple(name for name, _ in q.FIRST_CHUNK_SPLIT)
 INBOUND_SPLIT = tuple(name for name, _ in q.INBOUND_SPLIT)
 CLIENT_SPLIT = tuple(name for name, _ in q.CLIENT_SPLIT)
-UNOBSERVED = "unobserved"  # a term no request in the selection was stamped with (not 0 ms)
+UNOBSERVED = q.UNOBSERVED  # a term no request in the selection was stamped with (not 0 ms)
 ESTIMATE = "(estimate)"  # a term estimated, not measured (`queries.ESTIMATED`)
 ESTIMATE_MARK = "*"  # the same, where the table is too narrow for ESTIMATE
 
@@ -107,10 +108,9 @@ def to_rich(report: BudgetReport) -> Group:
             tail.add_row(name, _ms(tc.tail_mean_ms), _ms(tc.median_ms), _ms(tc.delta_ms), _pct(tc.share_of_growth))
         parts.append(tail)
     g, s = report.goodput, report.stalls
-    slo = f"SLO ttft ≤ {_ms(g.ttft_slo_ms)} ms, tpot ≤ {_ms(g.tpot_slo_ms)} ms"
     parts.append(
         f"goodput: {g.good_requests} good requests, {_ms(g.goodput_rps)} req/s over {_ms(g.window_s)} s, "
-        f"attainment {_pct(g.attainment)} ({slo})"
+        f"attainment {_pct(g.attainment)} ({slo_note(g)})"
     )
     parts.append(
         f"decode stalls from prefill: {s.mixed_steps} of {s.decode_steps} decode steps carried prefill; "
@@ -119,6 +119,24 @@ def to_rich(report: BudgetReport) -> Group:
     )
     parts.append(f"source: {report.source}" + (f" ({report.approximation})" if report.approximation else ""))
     return Group(*parts)
+
+
+_JUDGED_ON = {
+    "client": "judged on client TTFT/TPOT",
+    "server": "judged on server TTFT/TPOT: no client view",
+    "client, else server": "judged on client TTFT/TPOT, the server's where a request has no client view",
+}
+
+
+def slo_note(g: Goodput) -> str:
+    """What the goodput judged against and on whose figures, e.g. `SLO ttft ≤ 500 ms, tpot ≤ 50 ms
+    (the default: set one with --slo ttft:MS,tpot:MS); judged on server TTFT/TPOT: no client view`."""
+    return slo_text(g.ttft_slo_ms, g.tpot_slo_ms, g.slo_is_default, g.judged_on)
+
+
+def slo_text(ttft_slo_ms: float, tpot_slo_ms: float, is_default: bool, judged_on: str) -> str:
+    default = " (the default: set one with --slo ttft:MS,tpot:MS)" if is_default else ""
+    return f"SLO ttft ≤ {ttft_slo_ms:g} ms, tpot ≤ {tpot_slo_ms:g} ms{default}; {_JUDGED_ON[judged_on]}"
 
 
 def to_json(report: BudgetReport) -> str:
@@ -137,9 +155,13 @@ def _flatten(prefix: str, value: object, out: list[tuple[str, object]]) -> None:
         out.append((prefix, value))
 
 
-def to_csv(report: BudgetReport) -> str:
+def to_csv(report: BudgetReport, disaggregated: dict[str, Any] | None = None) -> str:
+    """`key,value` rows of the budget's JSON, flattened; the disaggregated budget's under
+    `disaggregated.*` when given."""
     rows: list[tuple[str, object]] = []
     _flatten("", report.to_dict(), rows)
+    if disaggregated is not None:
+        _flatten("disaggregated", disaggregated, rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(("key", "value"))

@@ -24,10 +24,11 @@ from clickhouse_connect.driver.client import Client
 from phaselens.analysis import levers as lv
 from phaselens.analysis import pd_budget, pd_diagnose
 from phaselens.analysis import thresholds as th
-from phaselens.analysis.budget import AnalysisError, Row, query_rows
+from phaselens.analysis.budget import AnalysisError, Row, judged_on, query_rows
+from phaselens.analysis.budget_format import slo_text
 from phaselens.analysis.diagnose_figures import Figures, LoadDependence, bucket_seconds, load_dependence, num, pct
 from phaselens.analysis.dialect import Filters
-from phaselens.common.slo import SLO
+from phaselens.common.slo import DEFAULT_SLO, SLO, with_defaults
 
 CAUSES = (
     "queue",
@@ -91,6 +92,8 @@ class Diagnosis:
     slo: dict[str, float]
     filters: Filters = field(default_factory=dict)
     client_harnesses: list[str] = field(default_factory=list)  # who measured the client views
+    slo_is_default: bool = False  # `slo` is DEFAULT_SLO: nobody asked for it
+    judged_on: str = "client"  # whose TTFT/TPOT the SLO judged (budget.judged_on)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,12 +105,11 @@ def diagnose(
     service: str | None = None,
     model: str | None = None,
     since: str | None = "15m",
-    slo: SLO | None = None,
+    slo: SLO = DEFAULT_SLO,
 ) -> Diagnosis:
-    """Read the figures, the engine steps, the verdict and the load buckets; assemble the six steps."""
-    slo = SLO(
-        ttft_ms=(slo and slo.ttft_ms) or th.DEFAULT_TTFT_SLO_MS, tpot_ms=(slo and slo.tpot_ms) or th.DEFAULT_TPOT_SLO_MS
-    )
+    """Read the figures, the engine steps, the verdict and the load buckets; assemble the six steps
+    (against `slo`, a key left out taking DEFAULT_SLO's)."""
+    slo = with_defaults(slo)
     filters: Filters = {
         "database": database,
         "service": service,
@@ -182,6 +184,8 @@ def assemble(figures: Figures, signals: list[Signal], load: LoadDependence, slo:
         slo.describe(),
         filters,
         figures.client_harnesses,
+        slo == DEFAULT_SLO,
+        judged_on(figures.with_client, figures.requests),
     )
 
 
@@ -300,6 +304,7 @@ def _step_goodput(f: Figures, slo: SLO) -> Step:
     goodput = f.good / window if window else None
     attainment = f.good / f.requests if f.requests else None
     finding = f"{pct(attainment)} of requests meet every SLO" if attainment is not None else "no requests"
+    against = slo_text(slo.ttft_ms or 0, slo.tpot_ms or 0, slo == DEFAULT_SLO, judged_on(f.with_client, f.requests))
     return Step(
         5,
         "Goodput under the SLO",
@@ -307,8 +312,8 @@ def _step_goodput(f: Figures, slo: SLO) -> Step:
         [
             (
                 f"goodput {goodput or 0:.2f} req/s of {completed or 0:.2f} completed req/s over {window:.1f} s "
-                f"(TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms; {f.good} of {f.requests} requests, "
-                f"{f.errors} errors)"
+                f"({f.good} of {f.requests} requests, {f.errors} errors; "
+                f"{against})"
             )
         ],
     )

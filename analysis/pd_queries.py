@@ -13,15 +13,18 @@ where nobody stamped them), so the mean row adds up to the mean client TTFT.
 from __future__ import annotations
 
 from phaselens.analysis import sketch as sk
+from phaselens.analysis import terms
 from phaselens.analysis.dialect import Dialect
-from phaselens.analysis.pd_schema import PD_TERMS
 from phaselens.analysis.schema import REQUESTS_VIEW
 
-# the router's kernel/dispatch wait, the client's own time (and its estimated wait TCP's coalescing hid)
-EDGE_TERMS = ("inbound_ms", "client_ms", "client_late_est_ms")
-TTFT_TERMS = (*EDGE_TERMS, "residual_ms", *PD_TERMS)
+# the edges (the router's kernel/dispatch wait, the client's own time and its estimated wait TCP's
+# coalescing hid), the residual, then PD_TERMS (analysis/terms.py)
+TTFT_TERMS = tuple(t.name for t in terms.REGISTRY.pd_terms())
+_TERM_SQL = {t.name: t.sql for t in terms.REGISTRY.pd_terms()}
 SIDE = ("client_ttft_ms", "kv_bytes", "kv_bytes_received", "decode_itl_p99_ms", "decode_stall_ms", "kv_receive_ms")
-COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in ("residual_ms", *PD_TERMS, "client_ttft_ms"))
+# every term but an edge nobody stamped (it counts 0), and the client's TTFT
+_REQUIRED = (*(t.name for t in terms.REGISTRY.pd_terms() if t.sql == t.column), "client_ttft_ms")
+COMPLETE = " AND ".join(f"{t} IS NOT NULL" for t in _REQUIRED)
 # What disaggregation adds to a request's TTFT: the transfer, the prefill answer, the hops, the router.
 ADDED_BY_DISAGG: tuple[str, ...] = ("kv_wait_ms", "kv_transfer_ms", "prefill_respond_ms", "prefill_hop_ms")
 ADDED_BY_DISAGG += ("decode_hop_ms", "router_ingress_ms", "router_gap_ms", "router_relay_ms")
@@ -29,8 +32,9 @@ _LABELS = "['p50', 'p90', 'p99', 'mean']"  # the statistics of a budget stack, o
 
 
 def _value(column: str) -> str:
-    """An edge term nobody stamped counts 0, so the mean row still adds up to client TTFT."""
-    return f"ifNull({column}, 0)" if column in EDGE_TERMS else column
+    """A term's value in a budget row: an edge nobody stamped counts 0, so the mean row still adds up
+    to client TTFT."""
+    return _TERM_SQL.get(column, column)
 
 
 def _selection(d: Dialect) -> str:

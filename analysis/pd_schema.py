@@ -30,6 +30,7 @@ and, exactly (each bracket one clock; docs/disaggregation.md):
 
 from __future__ import annotations
 
+from phaselens.analysis import terms
 from phaselens.analysis.parts import Part, attr, num, select_list
 from phaselens.collectors.schema import DEDUP_WINDOW_BLOCKS, TRACES_TABLE, distributed_engine, ident
 from phaselens.instrumentation import names as n
@@ -238,25 +239,9 @@ PD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("pd_span_model", _PD_SPAN_MODEL),
 )
 PD_COLUMN_NAMES = tuple(name for name, _ in PD_COLUMNS)
-# The P/D budget terms that sum (with the generic residual_ms) to client TTFT, in request order.
-PD_TERMS = (
-    "router_ingress_ms",
-    "prefill_hop_ms",
-    "prefill_ingress_ms",
-    "prefill_queue_ms",
-    "prefill_compute_ms",
-    "prefill_first_token_ms",
-    "kv_wait_ms",
-    "kv_transfer_ms",
-    "prefill_respond_ms",
-    "router_gap_ms",
-    "decode_hop_ms",
-    "decode_ingress_ms",
-    "decode_queue_ms",
-    "decode_first_token_ms",
-    "decode_first_chunk_ms",
-    "router_relay_ms",
-)
+# The P/D budget terms that sum (with the generic edges and residual_ms) to client TTFT, in request
+# order (analysis/terms.py declares them).
+PD_TERMS = tuple(t.name for t in terms.REGISTRY.pd_terms() if not t.aggregated)
 
 
 # the instances' roots carry the de-facto latency keys: they stay out of the generic parts (analysis.schema)

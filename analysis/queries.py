@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from phaselens.analysis import pd_queries
+from phaselens.analysis import pd_queries, terms
 from phaselens.analysis import sketch as sk
 from phaselens.analysis import thresholds as th
 from phaselens.analysis.dialect import CliDialect, Dialect, Filters, GrafanaDialect, QueryError
@@ -54,32 +54,26 @@ from phaselens.instrumentation import names as n
 
 LEVELS = (0.5, 0.9, 0.99)
 LEVEL_LABELS = ("p50", "p90", "p99")
-# Budget components: (name shown, facts column), in TTFT order.
+# Budget components: (name shown, value over the facts), in TTFT order (analysis/terms.py).
 # `before_engine_ms` is set only for span models that cannot split ingress and first_token (vLLM's
 # native span): server TTFT − queue − prefill (analysis/schema.py).
-COMPONENTS = (
-    ("inbound_ms", "ifNull(inbound_ms, 0)"),
-    ("ingress_ms", "ingress_ms"),
-    ("queue_ms", "ttft_queue_ms"),
-    ("prefill_ms", "prefill_ms"),
-    ("first_token_ms", "first_token_ms"),
-    ("before_engine_ms", "before_engine_ms"),
-    ("held_back_ms", "ifNull(held_back_ms, 0)"),
-    ("first_chunk_ms", "ifNull(first_chunk_ms, 0)"),
-    ("client_ms", "ifNull(client_ms, 0)"),
-    ("client_late_est_ms", "ifNull(client_late_est_ms, 0)"),  # an estimate (analysis/schema.py)
-    ("residual_ms", "residual_ms"),
-)
+COMPONENTS = tuple((t.name, t.sql) for t in terms.REGISTRY.components())
 # Components that are estimates, not differences of stamps: labelled so wherever they are shown.
-ESTIMATED = frozenset({"client_late_est_ms"})
+ESTIMATED = terms.REGISTRY.estimated()
+
+
+def _parts_of(whole: str) -> tuple[tuple[str, str], ...]:
+    return tuple((t.name, t.sql) for t in terms.REGISTRY.parts(whole))
+
+
 # Where the inbound edge went (inbound = kernel_wait + dispatch): the bytes waiting in the kernel for
 # a busy event loop, against HTTP parsing and the task start.
-INBOUND_SPLIT = (("kernel_wait_ms", "kernel_wait_ms"), ("dispatch_ms", "dispatch_ms"))
+INBOUND_SPLIT = _parts_of("inbound_ms")
 # The client's own time (client = send + read): a load generator short of CPU shows here.
-CLIENT_SPLIT = (("client_send_ms", "client_send_ms"), ("client_read_ms", "client_read_ms"))
+CLIENT_SPLIT = _parts_of("client_ms")
 # Where the server's first-chunk time went (first_chunk = loop_wait + encode): a late event loop
 # (loop_wait) against SSE encoding and the framework (encode); write (send until it returned) beside it.
-FIRST_CHUNK_SPLIT = (("loop_wait_ms", "loop_wait_ms"), ("encode_ms", "encode_ms"), ("write_ms", "write_ms"))
+FIRST_CHUNK_SPLIT = _parts_of("first_chunk_ms")
 # Every distribution the budget reports: (name, expression over the facts view).
 DISTRIBUTIONS = (
     ("ttft_ms", "ttft_ms"),
@@ -91,9 +85,7 @@ DISTRIBUTIONS = (
     *FIRST_CHUNK_SPLIT,
     *INBOUND_SPLIT,
     *CLIENT_SPLIT,
-    ("client_observed_ms", "client_ms"),
-    ("client_late_est_observed_ms", "client_late_est_ms"),
-    ("held_back_observed_ms", "held_back_ms"),
+    *terms.REGISTRY.witnesses(),
     ("e2e_residual_ms", "e2e_residual_ms"),
     ("client_tpot_ms", "client_tpot_ms"),
     ("server_tpot_ms", "server_tpot_ms"),
@@ -106,13 +98,10 @@ DISTRIBUTIONS = (
 )
 # A component counted 0 where not stamped, and the distribution whose mean is NULL when no request
 # in the selection was stamped: the budget then shows the component as unobserved, not as 0 ms.
-OBSERVED_BY = {
-    "inbound_ms": "kernel_wait_ms",
-    "held_back_ms": "held_back_observed_ms",
-    "first_chunk_ms": "loop_wait_ms",
-    "client_ms": "client_observed_ms",
-    "client_late_est_ms": "client_late_est_observed_ms",
-}
+OBSERVED_BY = terms.REGISTRY.observed_by()
+# ...and the facts column whose NULL says one request was not stamped with the component
+UNOBSERVED = "unobserved"  # the word every surface shows for such a term (never 0)
+STAMPED_BY = {name: dict(DISTRIBUTIONS)[witness] for name, witness in OBSERVED_BY.items()}
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
 NO_OUTPUT = "status = 'ok' AND has_client AND client_ttft_ms IS NULL"
@@ -140,12 +129,9 @@ def _steps(d: Dialect) -> str:
 
 
 def _meets_slo(d: Dialect) -> str:
-    ttft = d.value("ttft_slo_ms", "Nullable(Float64)")
-    tpot = d.value("tpot_slo_ms", "Nullable(Float64)")
-    return (
-        f"status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft} IS NULL OR ttft_ms <= {ttft}) "
-        f"AND ({tpot} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot})"
-    )
+    """Completed OK within both SLOs (defaults: common.slo.DEFAULT_SLO); a one-token request has no TPOT."""
+    ttft, tpot = _slo(d, "ttft", th.DEFAULT_TTFT_SLO_MS), _slo(d, "tpot", th.DEFAULT_TPOT_SLO_MS)
+    return f"status = 'ok' AND ttft_ms <= {ttft} AND (tpot_ms IS NULL OR tpot_ms <= {tpot})"
 
 
 def _window_s(start: str = "min(server_start_time)", end: str = "max(server_end_time)") -> str:
@@ -182,6 +168,15 @@ def _tail_columns() -> list[str]:
         f"{_mean_of(f'arrayMap(r -> r.{i + 2}, tail_rows)')} AS {name}_tail_mean"
         for i, (name, _) in enumerate(COMPONENTS)
     ]
+
+
+def request_component(name: str, expr: str) -> str:
+    """Component `name` (facts expression `expr`) of one request: NULL where that request was not
+    stamped with it (STAMPED_BY), `expr` (a missing part counted 0) where it was."""
+    stamp = STAMPED_BY.get(name)
+    if stamp is None or expr == stamp:
+        return expr
+    return stamp if expr == f"ifNull({stamp}, 0)" else f"if({stamp} IS NULL, NULL, {expr})"
 
 
 def _mean_of(array: str) -> str:
@@ -435,21 +430,30 @@ ROLLUP_TERMS: tuple[tuple[str, str], ...] = (
     *((f"diag_{name}", expr) for name, expr in DIAGNOSIS_FIGURES if expr not in _DIST_EXPRS),
     ("first_chunk_stamped_ms", "first_chunk_ms"),
 )
-# Where each term's sketch and mean are stored in the rollup's arrays (1-based, in this order):
-# append-only, since rows already sealed keep their positions. A term added above gets its name
-# appended here (tests/test_rollup.py checks every term has a position); a term removed keeps its
-# position, stored as NULL.
-ROLLUP_POSITIONS: tuple[str, ...] = (
-    *("ttft_ms", "client_ttft_ms", "server_ttft_ms", "client_ttfo_ms", "server_ttfc_ms", "inbound_ms"),
-    *("ingress_ms", "queue_ms", "prefill_ms", "first_token_ms", "before_engine_ms", "held_back_ms"),
-    *("first_chunk_ms", "client_ms", "residual_ms", "loop_wait_ms", "encode_ms", "write_ms"),
-    *("kernel_wait_ms", "dispatch_ms", "client_send_ms", "client_read_ms", "client_observed_ms"),
-    *("held_back_observed_ms", "e2e_residual_ms", "client_tpot_ms", "server_tpot_ms", "client_itl_p99_ms"),
-    *("server_itl_p99_ms", "client_e2e_ms", "server_e2e_ms", "stall_ms", "queue_all_waits_ms"),
-    *("diag_tpot_ms", "diag_e2e_ms", "diag_input_tokens", "diag_output_tokens", "diag_prefill_ms"),
-    *("diag_ingress_ms", "first_chunk_stamped_ms", "client_late_est_ms", "client_late_est_observed_ms"),
-    "diag_client_ms",
-)
+# Where each rolled-up series's sketch and mean are stored in the rollup's arrays (1-based):
+# append-only, since rows already sealed keep their positions. A budget term declares its own
+# (analysis/terms.py); the other series are placed here. A series added above takes the next free
+# position (tests/test_rollup.py checks every one has a position); one removed keeps its position,
+# stored as NULL.
+_SERIES_POSITIONS = {
+    **{"ttft_ms": 1, "client_ttft_ms": 2, "server_ttft_ms": 3, "client_ttfo_ms": 4, "server_ttfc_ms": 5},
+    **{"client_observed_ms": 23, "held_back_observed_ms": 24, "e2e_residual_ms": 25, "client_tpot_ms": 26},
+    **{"server_tpot_ms": 27, "client_itl_p99_ms": 28, "server_itl_p99_ms": 29, "client_e2e_ms": 30},
+    **{"server_e2e_ms": 31, "stall_ms": 32, "queue_all_waits_ms": 33, "diag_tpot_ms": 34, "diag_e2e_ms": 35},
+    **{"diag_input_tokens": 36, "diag_output_tokens": 37, "diag_prefill_ms": 38, "diag_ingress_ms": 39},
+    **{"first_chunk_stamped_ms": 40, "client_late_est_observed_ms": 42, "diag_client_ms": 43},
+}
+
+
+def _in_position_order(positions: dict[str, int]) -> tuple[str, ...]:
+    """Names ordered by their 1-based position; a gap or a position taken twice is an error."""
+    order = sorted(positions, key=positions.__getitem__)
+    if [positions[name] for name in order] != list(range(1, len(order) + 1)):
+        raise ValueError(f"rollup positions must run 1..{len(order)} without a gap or a repeat: {positions}")
+    return tuple(order)
+
+
+ROLLUP_POSITIONS = _in_position_order({**_SERIES_POSITIONS, **terms.REGISTRY.rollup_positions()})
 # Counters: (column, condition on a request)
 ROLLUP_COUNTS = (
     ("requests", "1"),
@@ -488,7 +492,7 @@ SLOWEST_FIELDS: tuple[tuple[str, str, str], ...] = (  # (column, type, expressio
     ("ttft_ms", "Nullable(Float64)", "ttft_ms"),
     ("client_ttft_ms", "Nullable(Float64)", "client_ttft_ms"),
     ("server_ttft_ms", "Nullable(Float64)", "server_ttft_ms"),
-    *((name, "Nullable(Float64)", expr) for name, expr in COMPONENTS),
+    *((name, "Nullable(Float64)", request_component(name, expr)) for name, expr in COMPONENTS),
     ("dominant_phase", "String", f"tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [{_DOMINANT}])[1], 1)"),
     ("input_tokens", "Nullable(UInt32)", "input_tokens"),
     ("output_tokens", "Nullable(UInt32)", "output_tokens"),
@@ -591,14 +595,12 @@ def _merged(selects: list[str]) -> list[str]:
     return [sk.merged_states(), *selects] if any(m in s for s in selects for m in _MERGED) else selects
 
 
-def _good_from_hist(d: Dialect, ttft: str | None = None, tpot: str | None = None) -> str:
-    """Requests meeting the SLOs (SQL values; the user's by default), from the goodput histogram:
-    each (TTFT, TPOT) bucket counts with the share of it under both SLOs (sketch.share_below; 1 for
-    an SLO not set)."""
-    ttft = ttft or d.value("ttft_slo_ms", "Nullable(Float64)")
-    tpot = tpot or d.value("tpot_slo_ms", "Nullable(Float64)")
-    ttft_share = f"ifNull({sk.share_below(ttft, f'intDiv(k, {sk.SLO_STRIDE})')}, 1)"
-    tpot_share = f"ifNull({sk.share_below(tpot, f'k % {sk.SLO_STRIDE}')}, 1)"
+def _good_from_hist(d: Dialect) -> str:
+    """Requests meeting both SLOs (defaults: common.slo.DEFAULT_SLO), from the goodput histogram:
+    each (TTFT, TPOT) bucket counts with the share of it under both SLOs (sketch.share_below)."""
+    ttft, tpot = _slo(d, "ttft", th.DEFAULT_TTFT_SLO_MS), _slo(d, "tpot", th.DEFAULT_TPOT_SLO_MS)
+    ttft_share = sk.share_below(ttft, f"intDiv(k, {sk.SLO_STRIDE})")
+    tpot_share = sk.share_below(tpot, f"k % {sk.SLO_STRIDE}")
     pairs = "groupArrayArray(slo_pairs)"
     keys, counts = f"arrayMap(p -> p.1, {pairs})", f"arrayMap(p -> p.2, {pairs})"
     return f"toUInt64(round(arraySum((k, c) -> c * {ttft_share} * {tpot_share}, {keys}, {counts})))"
@@ -684,15 +686,25 @@ def _bucket_s(d: Dialect) -> str:
 # --- Grafana panels (the dashboards render these) -----------------------------------------
 
 
+def _rolled_up_stats(name: str) -> str:
+    """[p50, p90, p99, mean] of a rolled-up component, each its own element (always four: a term
+    without a sketch is NULL there), all NULL where no request of the read stamped it (OBSERVED_BY)."""
+    stats = [*(_sketch(name, level) for level in LEVELS), _mean(name)]
+    if name in OBSERVED_BY:
+        stats = [f"if({_mean(OBSERVED_BY[name])} IS NULL, NULL, {s})" for s in stats]
+    return f"[{', '.join(stats)}]"
+
+
 def budget_stack(d: Dialect) -> str:
     """TTFT budget components at p50/p90/p99 (each its own percentile, from the rollups' sketches)
-    and the mean (exact: rolled-up sums)."""
-    arrays = ", ".join(f"arrayPushBack({_sketch(name)}, {_mean(name)})" for name, _ in COMPONENTS)
+    and the mean (exact: rolled-up sums); no rows for a range without requests."""
+    arrays = ", ".join(_rolled_up_stats(name) for name, _ in COMPONENTS)
     cols = ", ".join(f"tupleElement(row, {i + 2}) AS {name}" for i, (name, _) in enumerate(COMPONENTS))
     labels = ", ".join(f"'{label}'" for label in (*LEVEL_LABELS, "mean"))
     return (
         f"SELECT tupleElement(row, 1) AS statistic, {cols}\n"
-        f"FROM (SELECT {sk.merged_states()}, arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)})"
+        f"FROM (SELECT {sk.merged_states()}, arrayJoin(arrayZip([{labels}], {arrays})) AS row\n    {_states(d)}\n"
+        "    HAVING sum(requests) > 0)"
     )
 
 
@@ -768,7 +780,10 @@ def throughput_over_time(d: Dialect) -> str:
 def slowest_requests(d: Dialect) -> str:
     """The slowest requests by TTFT, each with its budget and the phase that dominated it."""
     parts = _DOMINANT
-    comps = ", ".join(expr if expr == name else f"{expr} AS {name}" for name, expr in COMPONENTS)
+    comps = ", ".join(
+        expr if expr == name else f"{expr} AS {name}"
+        for name, expr in ((name, request_component(name, expr)) for name, expr in COMPONENTS)
+    )
     return (
         f"SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,\n"
         f"    server_ttft_ms, {comps},\n"
@@ -966,8 +981,14 @@ TTFT_P50_P99 = (
 )
 
 
+def _model_mean(name: str, expr: str) -> str:
+    """A component's mean over a model's requests; NULL where none of them was stamped with it."""
+    stamp = STAMPED_BY.get(name)
+    return f"avg({expr})" if stamp is None else f"if(countIf({stamp} IS NOT NULL) = 0, NULL, avg({expr}))"
+
+
 def budget_by_model(d: Dialect) -> str:
-    means = ", ".join(f"avg({expr}) AS {name}_mean" for name, expr in COMPONENTS)
+    means = ", ".join(f"{_model_mean(name, expr)} AS {name}_mean" for name, expr in COMPONENTS)
     return (
         f"SELECT model, count() AS requests, countIf({ERROR}) AS errors,\n    {TTFT_P50_P99},\n"
         f"    {means}\n{_requests(d)}\nGROUP BY model\nORDER BY requests DESC"

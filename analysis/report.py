@@ -16,6 +16,7 @@ from clickhouse_connect.driver.client import Client
 
 from phaselens.analysis import queries, report_page
 from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
+from phaselens.analysis.budget_format import slo_note
 from phaselens.analysis.diagnose import Diagnosis, diagnose
 from phaselens.analysis.diagnose_format import headline
 from phaselens.analysis.dialect import Filters, QueryError
@@ -28,7 +29,7 @@ from phaselens.analysis.report_data import (
     TraceSpan,
     TraceView,
 )
-from phaselens.common.slo import SLO
+from phaselens.common.slo import DEFAULT_SLO, SLO
 
 STATISTICS = ("p50", "p90", "p99", "mean")
 BUDGET_NOTE = (
@@ -49,7 +50,7 @@ def build(
     since: str | None = "1h",
     service: str | None = None,
     model: str | None = None,
-    slo: SLO | None = None,
+    slo: SLO = DEFAULT_SLO,
     config: dict[str, str] | None = None,
     title: str = "phaselens latency report",
 ) -> ReportData:
@@ -124,7 +125,6 @@ def _budget_rows(summary: BudgetReport) -> list[BudgetRow]:
 def _kpis(s: BudgetReport) -> list[tuple[str, str]]:
     ttft, tpot = s.distributions[f"{s.reference}_ttft_ms"], s.distributions[f"{s.reference}_tpot_ms"]
     g = s.goodput
-    slo = " · ".join(f"{k} ≤ {v:g} ms" for k, v in (("TTFT", g.ttft_slo_ms), ("TPOT", g.tpot_slo_ms)) if v)
     kpis = [
         (str(s.requests), f"requests ({s.errors} errors, {s.no_output} with no output)"),
         (_fmt_ms(ttft.p50), f"p50 {s.reference} TTFT"),
@@ -132,7 +132,7 @@ def _kpis(s: BudgetReport) -> list[tuple[str, str]]:
         (_fmt_ms(tpot.p50), f"p50 {s.reference} TPOT"),
         (
             "–" if g.goodput_rps is None else f"{g.goodput_rps:.2f} req/s",
-            f"goodput ({slo or 'no SLO: completed requests'})",
+            f"goodput ({slo_note(g)})",
         ),
         ("–" if g.attainment is None else f"{100 * g.attainment:.1f}%", "SLO attainment"),
     ]

@@ -8,6 +8,8 @@ from pathlib import Path
 from string import Template
 
 from phaselens.analysis import report_charts as charts
+from phaselens.analysis import terms
+from phaselens.analysis.queries import UNOBSERVED
 from phaselens.analysis.report_data import (
     BudgetRow,
     DiagnosisView,
@@ -29,19 +31,7 @@ from phaselens.instrumentation import names
 
 ASSETS = Path(__file__).resolve().parent / "report_assets"
 # Budget components in TTFT order (the analysis API's names), with their labels and colours.
-COMPONENTS = (
-    ("inbound_ms", "inbound (request bytes in the server's kernel → ingress)", "#4f6d8f"),
-    ("ingress_ms", "ingress", "#7aa6d8"),
-    ("queue_ms", "queue", "#f0a04b"),
-    ("prefill_ms", "prefill", "#5bb07a"),
-    ("first_token_ms", "first token", "#b07ad0"),
-    ("before_engine_ms", "before the engine (span model without ingress/first token)", "#d08a8a"),
-    ("held_back_ms", "held back (decode steps until the first visible text)", "#c9a0dc"),
-    ("first_chunk_ms", "first chunk (server delivery)", "#e07b9a"),
-    ("client_ms", "client (its own send and read of the first bytes)", "#8c7a5b"),
-    ("client_late_est_ms", "client late, estimate (its wait TCP's coalescing hid from the read)", "#c2b280"),
-    ("residual_ms", "residual (network: what no stamp explains)", "#a9b0bc"),
-)
+COMPONENTS = tuple((t.name, t.label, t.colour) for t in terms.REGISTRY.components())
 SPAN_COLORS = {
     names.SPAN_INGRESS: "#7aa6d8",
     names.SPAN_QUEUE: "#f0a04b",
@@ -128,8 +118,11 @@ def _budget_table(rows: list[BudgetRow], ttft_label: str) -> str:
     head = "".join(f"<th class='num'>{escape(r.label)}</th>" for r in rows)
     body = []
     for key, label, _ in COMPONENTS:
-        cells = "".join(f"<td class='num'>{_ms(r.components.get(key))}</td>" for r in rows)
-        body.append(f"<tr><td>{escape(label)}</td>{cells}</tr>")
+        values = [r.components.get(key) for r in rows]
+        cells = "".join(f"<td class='num'>{_ms(v)}</td>" for v in values)
+        # a term no request stamped has no figure at any statistic: say so, as `phaselens budget` does
+        shown = f"{label}: {UNOBSERVED}" if all(v is None for v in values) else label
+        body.append(f"<tr><td>{escape(shown)}</td>{cells}</tr>")
     totals = "".join(f"<td class='num'><b>{_ms(r.ttft_ms)}</b></td>" for r in rows)
     body.append(f"<tr><td><b>{escape(ttft_label)}</b></td>{totals}</tr>")
     return f"<table><tr><th>component (ms)</th>{head}</tr>{''.join(body)}</table>"

@@ -93,8 +93,9 @@ def quantiles_at(position: int) -> str:
 
 
 def quantile_at(position: int, level: float, merged: str = MERGED_QUANTILES) -> str:
-    """One of LEVELS of the term at `position` of `merged` (NULL where the term has no sketch)."""
-    return f"arrayElementOrNull({merged}[{position}], {LEVELS.index(level) + 1}) / {SCALE}"
+    """One of LEVELS of the term at `position` of `merged`: NULL where the term has no sketch (no
+    rows: an empty array) or an empty one (rows, none with the term: quantilesDD gives NaN)."""
+    return f"ifNotFinite(arrayElementOrNull({merged}[{position}], {LEVELS.index(level) + 1}) / {SCALE}, NULL)"
 
 
 def mean_at(position: int) -> str:

@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.budget_query import _client_insert, _server_insert, _steps_insert, cpu_s
 from phaselens.analysis import ddl, rollup
-from phaselens.analysis.budget import GOODPUT_SLO_KEYS, budget
+from phaselens.analysis.budget import budget
 from phaselens.collectors import schema as CS
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.collectors.shard_sink import ShardedSink
-from phaselens.common.slo import parse_slo
+from phaselens.common.slo import GOODPUT_SLO_KEYS, parse_slo
 from phaselens.instrumentation import names as n
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.cluster import EmbeddedCluster

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phaselens.analysis import queries, sketch
+from phaselens.analysis import queries, sketch, terms
 from phaselens.analysis import thresholds as th
 from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from phaselens.dashboards.model import (
@@ -110,6 +110,15 @@ def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
     return {"matcher": {"id": "byRegexp", "options": pattern}, "properties": props}
 
 
+def unobserved_override(names: list[str]) -> dict:
+    """Columns `names` (budget terms) read `unobserved` where NULL: a term no request stamped, never 0."""
+    pattern = f"^({'|'.join(names)})$"
+    return {
+        "matcher": {"id": "byRegexp", "options": pattern},
+        "properties": [{"id": "noValue", "value": queries.UNOBSERVED}],
+    }
+
+
 # --- variables -----------------------------------------------------------------------------------
 # Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.
 
@@ -153,6 +162,15 @@ def _per_token() -> tuple[str, ...]:
     return tuple(c for c in columns("latency_over_time") if "_tpot_" in c or "_itl_" in c)
 
 
+def _term_override(term: terms.Term) -> dict:
+    """A term's segment in its declared colour (as in the report); an estimate says so in the legend
+    and the tooltip."""
+    props: list[dict] = [{"id": "color", "value": {"mode": "fixed", "fixedColor": term.colour}}]
+    if term.estimate:
+        props.append({"id": "displayName", "value": f"{term.name} (estimate)"})
+    return {"matcher": {"id": "byName", "options": term.name}, "properties": props}
+
+
 def budget_bars(src: Source, query: str, title: str, description: str, *, width: int) -> dict:
     """A budget as horizontal stacked bars, one bar per statistic (`query`'s first column), a segment per term."""
     return panel(
@@ -164,13 +182,9 @@ def budget_bars(src: Source, query: str, title: str, description: str, *, width:
         height=9,
         unit="ms",
         custom={"fillOpacity": 80, "lineWidth": 1},
-        overrides=[  # an estimated term says so in the legend and the tooltip
-            {
-                "matcher": {"id": "byName", "options": name},
-                "properties": [{"id": "displayName", "value": f"{name} (estimate)"}],
-            }
-            for name in sorted(queries.ESTIMATED)
-            if name in columns(query)
+        overrides=[
+            *(_term_override(terms.REGISTRY.term(name)) for name in columns(query)[1:]),
+            unobserved_override(columns(query)[1:]),
         ],
         options={
             "orientation": "horizontal",
@@ -302,6 +316,7 @@ def budget_panels(src: Source) -> list[dict]:
             overrides=[
                 link_override("trace_id", "Open request trace", trace_url),
                 unit_override("^(input_tokens|output_tokens|preemptions)$", "none"),
+                unobserved_override([name for name, _ in queries.COMPONENTS]),
             ],
             options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
         ),

@@ -214,7 +214,7 @@ def test_cookbook_renders_six_named_queries_with_their_parameters():
         "goodput_per_minute",
         "request_spans",
     } <= {name for name, _, _ in cookbook.ENTRIES}
-    assert "--param_ttft_slo_ms='200'" in text and "{ttft_slo_ms:Nullable(Float64)}" in text
+    assert "--param_ttft_slo_ms='200'" in text and "{ttft_slo_ms:Float64}" in text
 
 
 def test_request_spans_places_each_service_on_its_own_clock(client, data):

@@ -61,7 +61,7 @@ def _report(attainment: float, tpot_p99: float, ttft_p99: float, mixed: int):
         components=[],
         distributions=dists,
         tail=None,
-        goodput=Goodput(100, 50, int(attainment * 10), 10.0, attainment, attainment),
+        goodput=Goodput(100, 50, int(attainment * 10), 10.0, attainment, attainment, False, "client"),
         stalls=DecodeStalls(1.0, 10, 8, mixed, float(mixed), 0.0, 0),
     )
 

@@ -15,6 +15,9 @@ DOCS = ROOT / "docs"
 CITATION = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
 # Citations of texts a reader of the repository cannot see (spelt so this file does not match itself).
 OLD_CITATION = re.compile(r"design\s§|contract\s[A-Z]\b|project\sbrief|issue\s\d+")
+# An issue of this project by number (the word and its number, "#" and a number, an anchor's
+# "issue-" and one); an upstream one names its project (vllm#22454) or links its address.
+OUR_ISSUE = re.compile(r"(?i)\bissues?[\s-]+#?\d+|(?<![\w/#&])#\d+\b")
 
 
 def _page(name: str) -> str:
@@ -84,3 +87,53 @@ def test_every_file_a_page_names_exists():
 def test_no_source_cites_a_text_the_repository_lacks():
     holding = {str(p.relative_to(ROOT)) for p in python_sources() if OLD_CITATION.search(p.read_text(encoding="utf-8"))}
     assert holding == set()
+
+
+def _doc_texts() -> dict[str, str]:
+    return {"README.md": (ROOT / "README.md").read_text(encoding="utf-8")} | {
+        f"docs/{p.name}": p.read_text(encoding="utf-8") for p in sorted(DOCS.glob("*.md"))
+    }
+
+
+def test_our_issue_pattern_tells_ours_from_upstream():
+    n = 23  # spelt apart, so this file does not cite an issue itself
+    ours = [f"Issue {n}, one run", f"after issue {n}'s pass", f"see #{n}.", f"(#{n})", f"pass-issue-{n}-the"]
+    upstream = ["vllm#22454", "[guidellm#986](https://github.com/vllm-project/guidellm/issues/986)", "#fourth-pass"]
+    assert [t for t in ours if not OUR_ISSUE.search(t)] == []
+    assert [t for t in upstream if OUR_ISSUE.search(t)] == []
+
+
+def test_no_page_cites_an_issue_of_ours_by_number():
+    found = [f"{name}: {m.group(0)!r}" for name, text in _doc_texts().items() for m in OUR_ISSUE.finditer(text)]
+    assert found == []
+
+
+def _glossary_terms() -> list[str]:
+    return [
+        t
+        for line in re.findall(r"^- (.+)$", _page("glossary.md"), re.MULTILINE)
+        for t in re.findall(r"\*\*(.+?)\*\*", line.split(":")[0])
+    ]
+
+
+def test_glossary_defines_the_projects_words():
+    terms = {t.lower() for t in _glossary_terms()}
+    assert len(terms) >= 40
+    assert {"shipper", "span-builder child", "sealed", "live rows", "client_late_est", "first_chunk"} <= terms
+    assert {"residual", "anchor", "witness", "rollup", "p/d", "kv transfer"} <= terms
+
+
+def test_every_glossary_term_is_used_in_the_docs_or_the_code():
+    used = "\n".join(text for name, text in _doc_texts().items() if name != "docs/glossary.md")
+    used += "\n".join(p.read_text(encoding="utf-8") for p in python_sources())
+    used += "\n".join(p.read_text(encoding="utf-8") for p in ROOT.glob("*/**/*.c") if ".venv" not in p.parts)
+    used = used.lower()
+    assert [t for t in _glossary_terms() if t.lower() not in used] == []
+
+
+def test_span_backends_keeps_the_present_and_history_the_passes():
+    """The design page stays one sitting long; the optimisation passes are told on the history page."""
+    present = _page("span-backends.md")
+    assert len(present.splitlines()) <= 200
+    assert re.findall(r"(?im)^#+ \w+ pass\b", present) == []
+    assert len(re.findall(r"(?m)^### \w+ pass: ", _page("history.md"))) >= 10

@@ -49,10 +49,10 @@ def test_old_top_level_names_are_not_importable(name, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """Built from a copy of the tree: setuptools builds in place, and a `build/` left by an earlier
-    build would carry stale modules into the wheel."""
-    out, tree = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("tree") / "phaselens"
+def tree(tmp_path_factory) -> Path:
+    """A copy of the tree: setuptools builds in place, and a `build/` left by an earlier build would
+    carry stale modules into the wheel."""
+    tree = tmp_path_factory.mktemp("tree") / "phaselens"
     shutil.copytree(
         ROOT,
         tree,
@@ -60,6 +60,12 @@ def wheel(tmp_path_factory) -> Path:
             ".git", ".venv*", "build", "*.egg-info", "*.so", "__pycache__", ".pytest_cache", ".hypothesis"
         ),
     )
+    return tree
+
+
+@pytest.fixture(scope="module")
+def wheel(tree, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree)],
         check=True,
@@ -88,6 +94,34 @@ def test_wheel_holds_only_the_phaselens_namespace(wheel):
     assert any(n.startswith("phaselens/collectors/_otlp_rows.") and n.endswith(".so") for n in names)
     sql = [n for n in names if n.startswith("phaselens/analysis/sql/") and n.endswith(".sql")]
     assert sql, "the rendered SQL files ship with the package"
+
+
+def test_wheel_leaves_out_the_fault_harness(wheel):
+    """faults/ is test support: the wheel has no `phaselens/faults/`, and nothing it ships imports it."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        sources = {n: zf.read(n).decode() for n in names if n.endswith(".py")}
+    assert [n for n in names if n.startswith("phaselens/faults/")] == []
+    assert "phaselens/collectors/render.py" in sources
+    assert [n for n, text in sources.items() if "phaselens.faults" in text] == []
+
+
+def test_editable_install_keeps_the_fault_harness(tree, tmp_path):
+    """The editable install of the tests and benchmarks maps `phaselens.faults` to faults/: in this
+    environment, and in an editable wheel built now from the same setup.py."""
+    import phaselens.faults.suite
+
+    assert Path(phaselens.faults.suite.__file__).resolve() == ROOT / "faults" / "suite.py"
+    out = tmp_path / "editable"
+    out.mkdir()
+    build = "import sys; from setuptools import build_meta; print(build_meta.build_editable(sys.argv[1]))"
+    name = subprocess.run(
+        [sys.executable, "-c", build, str(out)], cwd=tree, check=True, capture_output=True, text=True
+    ).stdout.split()[-1]
+    with zipfile.ZipFile(out / name) as zf:
+        finder = next(zf.read(n).decode() for n in zf.namelist() if n.endswith("_finder.py"))
+    assert f"'phaselens.faults': '{tree / 'faults'}'" in finder
+    assert f"'phaselens.analysis': '{tree / 'analysis'}'" in finder
 
 
 def _decoys(cwd: Path) -> None:

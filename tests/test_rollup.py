@@ -241,4 +241,6 @@ def test_every_term_has_a_stored_position():
     """Sealed rows keep the positions of their arrays: a term needs one, appended (not inserted)."""
     names = [name for name, _ in Q.ROLLUP_TERMS]
     assert len(set(Q.ROLLUP_POSITIONS)) == len(Q.ROLLUP_POSITIONS)
-    assert not set(names) - set(Q.ROLLUP_POSITIONS), "append the new term's name to queries.ROLLUP_POSITIONS"
+    assert not set(names) - set(Q.ROLLUP_POSITIONS), (
+        "give the new term the next free rollup position (analysis/terms.py, or queries._SERIES_POSITIONS)"
+    )

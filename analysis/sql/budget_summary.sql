@@ -7,7 +7,7 @@
 -- the tail attribution (against the medians, which are the distributions' p50).
 SELECT * EXCEPT (tail_rows) FROM (
 SELECT count() AS requests, countIf(has_client) AS with_client, countIf(status = 'error') AS errors,
-    countIf(has_server) AS with_server, countIf(status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft_slo_ms:Nullable(Float64)} IS NULL OR ttft_ms <= {ttft_slo_ms:Nullable(Float64)}) AND ({tpot_slo_ms:Nullable(Float64)} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot_slo_ms:Nullable(Float64)})) AS good,
+    countIf(has_server) AS with_server, countIf(status = 'ok' AND ttft_ms <= {ttft_slo_ms:Float64} AND (tpot_ms IS NULL OR tpot_ms <= {tpot_slo_ms:Float64})) AS good,
     arraySort(groupUniqArrayIf(span_model, span_model IS NOT NULL)) AS span_models,
     arraySort(groupUniqArrayIf(concat(client_harness, if(client_harness_version IS NULL, '', concat(' ', client_harness_version))), has_client)) AS client_harnesses,
     countIf(status = 'ok' AND has_client AND client_ttft_ms IS NULL) AS no_output,
@@ -35,9 +35,9 @@ SELECT count() AS requests, countIf(has_client) AS with_client, countIf(status =
     quantilesExactInclusive(0.5, 0.9, 0.99)(dispatch_ms) AS dispatch_ms_q, avg(dispatch_ms) AS dispatch_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_send_ms) AS client_send_ms_q, avg(client_send_ms) AS client_send_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_read_ms) AS client_read_ms_q, avg(client_read_ms) AS client_read_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(held_back_ms) AS held_back_observed_ms_q, avg(held_back_ms) AS held_back_observed_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_ms) AS client_observed_ms_q, avg(client_ms) AS client_observed_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_late_est_ms) AS client_late_est_observed_ms_q, avg(client_late_est_ms) AS client_late_est_observed_ms_mean,
-    quantilesExactInclusive(0.5, 0.9, 0.99)(held_back_ms) AS held_back_observed_ms_q, avg(held_back_ms) AS held_back_observed_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(e2e_residual_ms) AS e2e_residual_ms_q, avg(e2e_residual_ms) AS e2e_residual_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_tpot_ms) AS client_tpot_ms_q, avg(client_tpot_ms) AS client_tpot_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(server_tpot_ms) AS server_tpot_ms_q, avg(server_tpot_ms) AS server_tpot_ms_mean,

@@ -5,7 +5,7 @@
 --
 -- decode_stalls from the steps' rollups (the approximation: _stall_columns_rollup).
 SELECT * EXCEPT (step_q, mixed_hist_merged) FROM (
-SELECT quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(step_qs) AS step_q, sumMapMerge(mixed_hist) AS mixed_hist_merged, arrayElementOrNull(step_q[1], 1) / 1000000.0 AS baseline_ms, sum(steps) AS steps, sum(mixed_steps) AS mixed_steps, sum(decode_steps) AS decode_steps, if(baseline_ms IS NULL, 0, arraySum((w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), mixed_hist_merged.2, mixed_hist_merged.3)) AS stall_ms, if(baseline_ms IS NULL, 0, arraySum((w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), mixed_hist_merged.4, mixed_hist_merged.5)) AS request_stall_ms, sum(delayed_decodes) AS delayed_decodes
+SELECT quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(step_qs) AS step_q, sumMapMerge(mixed_hist) AS mixed_hist_merged, ifNotFinite(arrayElementOrNull(step_q[1], 1) / 1000000.0, NULL) AS baseline_ms, sum(steps) AS steps, sum(mixed_steps) AS mixed_steps, sum(decode_steps) AS decode_steps, if(baseline_ms IS NULL, 0, arraySum((w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), mixed_hist_merged.2, mixed_hist_merged.3)) AS stall_ms, if(baseline_ms IS NULL, 0, arraySum((w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), mixed_hist_merged.4, mixed_hist_merged.5)) AS request_stall_ms, sum(delayed_decodes) AS delayed_decodes
 FROM {database:Identifier}.phaselens_steps_states
 WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String}
 )

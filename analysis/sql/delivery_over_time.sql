@@ -10,11 +10,11 @@
 SELECT * EXCEPT (terms_q, terms_mean) FROM (
 SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
     quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(terms_qs) AS terms_q, avgForEachMerge(terms_avg) AS terms_mean,
-    arrayElementOrNull(terms_q[16], 2) / 1000000.0 AS loop_wait_p90_ms,
-    arrayElementOrNull(terms_q[17], 2) / 1000000.0 AS encode_p90_ms,
-    arrayElementOrNull(terms_q[18], 2) / 1000000.0 AS write_p90_ms,
-    arrayElementOrNull(terms_q[40], 2) / 1000000.0 AS first_chunk_p90_ms,
-    arrayElementOrNull(terms_q[15], 2) / 1000000.0 AS residual_p90_ms
+    ifNotFinite(arrayElementOrNull(terms_q[16], 2) / 1000000.0, NULL) AS loop_wait_p90_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[17], 2) / 1000000.0, NULL) AS encode_p90_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[18], 2) / 1000000.0, NULL) AS write_p90_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[40], 2) / 1000000.0, NULL) AS first_chunk_p90_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[15], 2) / 1000000.0, NULL) AS residual_p90_ms
 FROM {database:Identifier}.phaselens_budget_states
 WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time

@@ -7,9 +7,9 @@
 -- stalls as decode_stalls_rollup, the rest exact.
 SELECT steps, mixed_steps, decode_steps, stall_ms, request_stall_ms, delayed_decodes,
     request_stall_ms / nullIf(decode_token_ms, 0) AS stall_share, baseline_ms AS decode_step_p50_ms,
-    arrayElementOrNull(step_q[2], 1) / 1000000.0 AS mixed_step_p50_ms, arrayElementOrNull(step_q[3], 2) / 1000000.0 AS kv_used_p90,
+    ifNotFinite(arrayElementOrNull(step_q[2], 1) / 1000000.0, NULL) AS mixed_step_p50_ms, ifNotFinite(arrayElementOrNull(step_q[3], 2) / 1000000.0, NULL) AS kv_used_p90,
     kv_used_max, preemptions, batch_size_mean, queue_depth_max
-FROM (SELECT quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(step_qs) AS step_q, sumMapMerge(mixed_hist) AS mixed_hist_merged, arrayElementOrNull(step_q[1], 1) / 1000000.0 AS baseline_ms, sum(steps) AS steps, sum(mixed_steps) AS mixed_steps, sum(decode_steps) AS decode_steps, if(baseline_ms IS NULL, 0, arraySum((w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), mixed_hist_merged.2, mixed_hist_merged.3)) AS stall_ms, if(baseline_ms IS NULL, 0, arraySum((w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), mixed_hist_merged.4, mixed_hist_merged.5)) AS request_stall_ms, sum(delayed_decodes) AS delayed_decodes, sum(decode_token_ms) AS decode_token_ms,
+FROM (SELECT quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(step_qs) AS step_q, sumMapMerge(mixed_hist) AS mixed_hist_merged, ifNotFinite(arrayElementOrNull(step_q[1], 1) / 1000000.0, NULL) AS baseline_ms, sum(steps) AS steps, sum(mixed_steps) AS mixed_steps, sum(decode_steps) AS decode_steps, if(baseline_ms IS NULL, 0, arraySum((w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), mixed_hist_merged.2, mixed_hist_merged.3)) AS stall_ms, if(baseline_ms IS NULL, 0, arraySum((w, t) -> greatest(t - assumeNotNull(baseline_ms) * w, 0), mixed_hist_merged.4, mixed_hist_merged.5)) AS request_stall_ms, sum(delayed_decodes) AS delayed_decodes, sum(decode_token_ms) AS decode_token_ms,
     max(kv_used_max) AS kv_used_max, sum(preemptions) AS preemptions, avgMerge(batch_size_avg) AS batch_size_mean,
     max(queue_depth_max) AS queue_depth_max
 FROM {database:Identifier}.phaselens_steps_states

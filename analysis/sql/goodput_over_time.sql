@@ -7,7 +7,7 @@
 -- Goodput: completed requests per second meeting every SLO; attainment: their fraction (goodput
 -- histogram of the rollups: a request less than 2 % under an SLO may count as missing it).
 SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
-    toUInt64(round(arraySum((k, c) -> c * ifNull(least(greatest(log({ttft_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(intDiv(k, 4096)) - 2049), 0), 1), 1) * ifNull(least(greatest(log({tpot_slo_ms:Nullable(Float64)}) / 0.020000666706669435 - (toInt32(k % 4096) - 2049), 0), 1), 1), arrayMap(p -> p.1, groupArrayArray(slo_pairs)), arrayMap(p -> p.2, groupArrayArray(slo_pairs))))) / greatest({bucket_s:UInt32}, 60) AS goodput_rps,
+    toUInt64(round(arraySum((k, c) -> c * least(greatest(log({ttft_slo_ms:Float64}) / 0.020000666706669435 - (toInt32(intDiv(k, 4096)) - 2049), 0), 1) * least(greatest(log({tpot_slo_ms:Float64}) / 0.020000666706669435 - (toInt32(k % 4096) - 2049), 0), 1), arrayMap(p -> p.1, groupArrayArray(slo_pairs)), arrayMap(p -> p.2, groupArrayArray(slo_pairs))))) / greatest({bucket_s:UInt32}, 60) AS goodput_rps,
     sum(ok_requests) / greatest({bucket_s:UInt32}, 60) AS completed_rps,
     goodput_rps * greatest({bucket_s:UInt32}, 60) / sum(requests) AS slo_attainment
 FROM {database:Identifier}.phaselens_budget_states

@@ -5,9 +5,9 @@
 --
 -- goodput_over_time over every request (the cookbook's: exact, and plain SQL to read).
 SELECT toStartOfInterval(bucket_start, toIntervalSecond({bucket_s:UInt32})) AS time,
-    countIf(status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft_slo_ms:Nullable(Float64)} IS NULL OR ttft_ms <= {ttft_slo_ms:Nullable(Float64)}) AND ({tpot_slo_ms:Nullable(Float64)} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot_slo_ms:Nullable(Float64)})) / {bucket_s:UInt32} AS goodput_rps,
+    countIf(status = 'ok' AND ttft_ms <= {ttft_slo_ms:Float64} AND (tpot_ms IS NULL OR tpot_ms <= {tpot_slo_ms:Float64})) / {bucket_s:UInt32} AS goodput_rps,
     countIf(status = 'ok') / {bucket_s:UInt32} AS completed_rps,
-    countIf(status = 'ok' AND ttft_ms IS NOT NULL AND ({ttft_slo_ms:Nullable(Float64)} IS NULL OR ttft_ms <= {ttft_slo_ms:Nullable(Float64)}) AND ({tpot_slo_ms:Nullable(Float64)} IS NULL OR tpot_ms IS NULL OR tpot_ms <= {tpot_slo_ms:Nullable(Float64)})) / count() AS slo_attainment
+    countIf(status = 'ok' AND ttft_ms <= {ttft_slo_ms:Float64} AND (tpot_ms IS NULL OR tpot_ms <= {tpot_slo_ms:Float64})) / count() AS slo_attainment
 FROM (SELECT *, start_time AS bucket_start FROM {database:Identifier}.phaselens_request_facts
 WHERE start_time >= now64(9) - toIntervalMillisecond({since_ms:UInt64}) AND service = {service:String} AND model = {model:String})
 GROUP BY time

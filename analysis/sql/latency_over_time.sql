@@ -6,17 +6,17 @@
 SELECT * EXCEPT (terms_q, terms_mean) FROM (
 SELECT toStartOfInterval(bucket, toIntervalSecond({bucket_s:UInt32})) AS time,
     quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(terms_qs) AS terms_q, avgForEachMerge(terms_avg) AS terms_mean,
-    arrayElementOrNull(terms_q[2], 1) / 1000000.0 AS client_ttft_p50_ms,
-    arrayElementOrNull(terms_q[2], 3) / 1000000.0 AS client_ttft_p99_ms,
-    arrayElementOrNull(terms_q[3], 3) / 1000000.0 AS server_ttft_p99_ms,
-    arrayElementOrNull(terms_q[4], 3) / 1000000.0 AS client_ttfo_p99_ms,
-    arrayElementOrNull(terms_q[26], 1) / 1000000.0 AS client_tpot_p50_ms,
-    arrayElementOrNull(terms_q[26], 3) / 1000000.0 AS client_tpot_p99_ms,
-    arrayElementOrNull(terms_q[27], 3) / 1000000.0 AS server_tpot_p99_ms,
-    arrayElementOrNull(terms_q[28], 3) / 1000000.0 AS client_itl_p99_ms,
-    arrayElementOrNull(terms_q[29], 3) / 1000000.0 AS server_itl_p99_ms,
-    arrayElementOrNull(terms_q[30], 1) / 1000000.0 AS client_e2e_p50_ms,
-    arrayElementOrNull(terms_q[30], 3) / 1000000.0 AS client_e2e_p99_ms
+    ifNotFinite(arrayElementOrNull(terms_q[2], 1) / 1000000.0, NULL) AS client_ttft_p50_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[2], 3) / 1000000.0, NULL) AS client_ttft_p99_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[3], 3) / 1000000.0, NULL) AS server_ttft_p99_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[4], 3) / 1000000.0, NULL) AS client_ttfo_p99_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[26], 1) / 1000000.0, NULL) AS client_tpot_p50_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[26], 3) / 1000000.0, NULL) AS client_tpot_p99_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[27], 3) / 1000000.0, NULL) AS server_tpot_p99_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[28], 3) / 1000000.0, NULL) AS client_itl_p99_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[29], 3) / 1000000.0, NULL) AS server_itl_p99_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[30], 1) / 1000000.0, NULL) AS client_e2e_p50_ms,
+    ifNotFinite(arrayElementOrNull(terms_q[30], 3) / 1000000.0, NULL) AS client_e2e_p99_ms
 FROM {database:Identifier}.phaselens_budget_states
 WHERE bucket >= toStartOfMinute(now64(9) - toIntervalMillisecond({since_ms:UInt64})) AND service = {service:String} AND model = {model:String}
 GROUP BY time

@@ -5,7 +5,7 @@
 --
 -- The slowest requests by TTFT, each with its budget and the phase that dominated it.
 SELECT trace_id, request_id, start_time, service, model, status, ttft_ms, client_ttft_ms,
-    server_ttft_ms, ifNull(inbound_ms, 0) AS inbound_ms, ingress_ms, ttft_queue_ms AS queue_ms, prefill_ms, first_token_ms, before_engine_ms, ifNull(held_back_ms, 0) AS held_back_ms, ifNull(first_chunk_ms, 0) AS first_chunk_ms, ifNull(client_ms, 0) AS client_ms, ifNull(client_late_est_ms, 0) AS client_late_est_ms, residual_ms,
+    server_ttft_ms, if(kernel_wait_ms IS NULL, NULL, ifNull(inbound_ms, 0)) AS inbound_ms, ingress_ms, ttft_queue_ms AS queue_ms, prefill_ms, first_token_ms, before_engine_ms, held_back_ms, if(loop_wait_ms IS NULL, NULL, ifNull(first_chunk_ms, 0)) AS first_chunk_ms, client_ms, client_late_est_ms, residual_ms,
     tupleElement(arrayReverseSort(x -> tupleElement(x, 2), [('inbound', coalesce(ifNull(inbound_ms, 0), 0)), ('ingress', coalesce(ingress_ms, 0)), ('queue', coalesce(ttft_queue_ms, 0)), ('prefill', coalesce(prefill_ms, 0)), ('first_token', coalesce(first_token_ms, 0)), ('before_engine', coalesce(before_engine_ms, 0)), ('held_back', coalesce(ifNull(held_back_ms, 0), 0)), ('first_chunk', coalesce(ifNull(first_chunk_ms, 0), 0)), ('client', coalesce(ifNull(client_ms, 0), 0)), ('client_late_est', coalesce(ifNull(client_late_est_ms, 0), 0)), ('residual', coalesce(residual_ms, 0))])[1], 1) AS dominant_phase,
     input_tokens, output_tokens, preemptions, client_e2e_ms, client_harness, x_request_id
 FROM {database:Identifier}.phaselens_request_facts

@@ -9,6 +9,7 @@ from phaselens.analysis import budget_format
 from phaselens.analysis import pd_budget as pd
 from phaselens.analysis.budget import AnalysisError, budget
 from phaselens.commands._analysis_args import add_selection, read
+from phaselens.commands._flags import refuse
 
 
 def register(subparsers) -> None:
@@ -25,10 +26,11 @@ def register(subparsers) -> None:
         help="read every request, with t-digest percentiles: constant memory on huge selections",
     )
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, _parser=parser)
 
 
 def run(args) -> int:
+    refuse(args, ["--exact", "--approx"] if args.exact and args.approx else [], "choose how to read: give one")
     rc, both = read(
         args,
         lambda client, **sel: (
@@ -50,7 +52,9 @@ def run(args) -> int:
     if args.format == "json":
         print(budget_format.to_json(report) if disagg is None or not disagg.requests else _json_with(report, disagg))
     elif args.format == "csv":
-        sys.stdout.write(budget_format.to_csv(report))
+        sys.stdout.write(
+            budget_format.to_csv(report, disagg.to_dict() if disagg is not None and disagg.requests else None)
+        )
     else:
         from rich.console import Console
 

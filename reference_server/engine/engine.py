@@ -14,6 +14,11 @@ KV sender's releases) and one seam: a sequence with a KV handoff leaves the batc
 token (see reference_server.engine.disagg). Results go out through each sequence's `sink` on the loop thread; the API
 layer's sink hops to its event loop with `call_soon_threadsafe`. Token stamps come after the
 step's single host sync (`.tolist()` inside `run`), never after a kernel launch.
+
+A fault in one request is that request's error, never its batch's: a row that fails to sample or a
+token that fails to detokenize fails its sequence alone (scheduler), and a forward that raises
+fails the requests new to that step (the culprit cannot be found cheaply) while the rest rerun the
+same step: the same KV slots, the same greedy ids. Only a step that fails again fails its batch.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class EngineStats:
     decode_tokens: int = 0
     finished: int = 0
     aborted: int = 0
+    failed_requests: int = 0  # ended by an engine fault (finish reason "error")
     failed_steps: int = 0
     kv_sent: int = 0  # transfers acknowledged by a decode instance
     kv_send_failed: int = 0
@@ -273,13 +279,30 @@ class Engine:
         self._stamp_waits(batch)
         self._hand_out_received(batch)
         if batch.items:
-            token_ids = self.runner.run(batch)
+            token_ids = self._run(batch)
             self._stamp_prefill(batch, start_ns, time.monotonic_ns())
             self.scheduler.postprocess(batch, token_ids)
             self._hand_out(batch)
             self._record_step(batch, start_ns)
         self.stats.preemptions += batch.preemptions
         return batch
+
+    def _run(self, batch: Batch) -> list[int]:
+        """The forward; when it raises, the requests admitted this step fail and the rest rerun once
+        (module docstring). Raises when nothing was new, or when the rerun fails too."""
+        try:
+            return self.runner.run(batch)
+        except Exception as exc:
+            if not batch.admitted:
+                raise
+            log.warning("forward failed; failing the %d requests new to the step: %s", len(batch.admitted), exc)
+            self.stats.failed_steps += 1
+            new = batch.admitted
+            batch.items = [item for item in batch.items if item.seq not in new]
+            error = f"the forward pass failed with this request new in its batch: {type(exc).__name__}"
+            for seq in new:
+                self._close(seq, self.scheduler.finish(seq, FINISH_ERROR, SeqOutput(error=error)))
+        return self.runner.run(batch) if batch.items else []
 
     @staticmethod
     def _stamp_waits(batch: Batch) -> None:
@@ -346,6 +369,7 @@ class Engine:
         self._live.pop(seq.seq_id, None)
         self.stats.finished += out.finish_reason != FINISH_ABORT
         self.stats.aborted += out.finish_reason == FINISH_ABORT
+        self.stats.failed_requests += out.finish_reason == FINISH_ERROR
         seq.observer.finished(out.finish_reason)
         seq.sink(out)
 
