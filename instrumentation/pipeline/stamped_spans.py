@@ -4,7 +4,7 @@ the fact from monotonic stamps of this process.
 Ids are chosen up front (`new_span_id`, `decide_root`), so a caller can send a span's context to
 another process before the span exists; the span is made later on a one-thread executor (never a
 serving loop, never an event loop), as a finished ReadableSpan (`SpanEmitter`), its times placed by
-the process's clock anchor: `wall_ns = anchor_wall_ns + (mono_ns − anchor_mono_ns)`. Every call is a
+the process's clock anchor: `wall_ts = anchor.wall_ts + (mono_ts − anchor.mono_ts)` (ns). Every call is a
 no-op without an SDK tracer provider to emit to.
 """
 
@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from phaselens.common.clocks import MonoTs
 from phaselens.instrumentation.hotpath.clock import ClockAnchor, process_anchor
 from phaselens.instrumentation.hotpath.ids import RootDecider
 from phaselens.instrumentation.hotpath.records import SpanIds
@@ -72,17 +73,17 @@ class StampedSpans:
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
+        start_ts: MonoTs,
+        end_ts: MonoTs,
         attrs: Mapping[str, Any],
         error: str = "",
         kind: SpanKind = SpanKind.INTERNAL,
     ) -> None:
-        """Make and emit the span on the executor; `start_ns`/`end_ns` are monotonic ns of this
-        process; an attribute whose value is None is left out; `error` sets the ERROR status."""
+        """Make and emit the span on the executor; `start_ts`/`end_ts` are monotonic instants (ns)
+        of this process; an attribute whose value is None is left out; `error` sets the ERROR status."""
         if self._pool is None:
             return
-        self._pool.submit(self._emit_counted, name, context, parent, start_ns, end_ns, attrs, error, kind)
+        self._pool.submit(self._emit_counted, name, context, parent, start_ts, end_ts, attrs, error, kind)
 
     def _emit_counted(self, *args: Any) -> None:
         try:
@@ -96,8 +97,8 @@ class StampedSpans:
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
+        start_ts: MonoTs,
+        end_ts: MonoTs,
         attrs: Mapping[str, Any],
         error: str,
         kind: SpanKind,
@@ -105,9 +106,9 @@ class StampedSpans:
         assert self._emitter is not None
         attributes = {k: v for k, v in attrs.items() if v is not None}
         status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET)
-        to_wall = self._anchor.to_wall_ns
+        to_wall = self._anchor.to_wall_ts
         span = self._emitter.span(
-            name, context, parent, to_wall(start_ns), to_wall(end_ns), attributes, kind=kind, status=status
+            name, context, parent, to_wall(start_ts), to_wall(end_ts), attributes, kind=kind, status=status
         )
         self._emitter.emit([span])
         self.emitted += 1

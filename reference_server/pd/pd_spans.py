@@ -14,6 +14,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanContext, TraceFlags
 
+from phaselens.common.clocks import MonoTs
 from phaselens.instrumentation import names
 from phaselens.instrumentation.pipeline import StampedSpans, parse_traceparent, traceparent
 from phaselens.reference_server.engine.disagg import KvHandoff, ReceivedKv
@@ -21,8 +22,8 @@ from phaselens.reference_server.engine.disagg import KvHandoff, ReceivedKv
 KV_ERROR_TYPE = "kv_transfer_failed"
 
 
-def ms(start_ns: int, end_ns: int) -> float:
-    return (end_ns - start_ns) / 1e6
+def ms(start_ts: MonoTs, end_ts: MonoTs) -> float:
+    return (end_ts - start_ts) / 1e6
 
 
 class PdSpans(StampedSpans):
@@ -36,9 +37,9 @@ class PdSpans(StampedSpans):
             return ""
         return traceparent(root.trace_id, self.new_span_id(), root.trace_flags)
 
-    def kv_sent(self, handle: Any, handoff: KvHandoff, answer_ns: int) -> None:
+    def kv_sent(self, handle: Any, handoff: KvHandoff, answer_ts: MonoTs) -> None:
         """llm.kv_transfer, child of the prefill instance's SERVER span: send start → acknowledgement;
-        with the request's received → answer built (`answer_ns`, before the framework sends it: the
+        with the request's received → answer built (`answer_ts`, before the framework sends it: the
         SERVER span ends after `send` returned, which may be after the router read the answer)."""
         context = parse_traceparent(handoff.traceparent)
         if context is None:
@@ -50,17 +51,17 @@ class PdSpans(StampedSpans):
             names.PL_PD_TRANSFER_ID: handoff.transfer_id,
             names.PL_KV_BYTES: handoff.kv_bytes,
             names.PL_KV_ACKED_BYTES: handoff.received_bytes,
-            names.PL_KV_TRANSFER_MS: ms(handoff.send_start_ns, handoff.ack_ns),
-            names.PL_KV_WAIT_MS: ms(handle.first_token_ts, handoff.send_start_ns) if handle.first_token_ts else None,
+            names.PL_KV_TRANSFER_MS: ms(handoff.send_start_ts, handoff.ack_ts),
+            names.PL_KV_WAIT_MS: ms(handle.first_token_ts, handoff.send_start_ts) if handle.first_token_ts else None,
             names.PL_KV_PEER: f"{host}:{port}",
-            names.PL_PD_PREFILL_ANSWER_MS: ms(handle.received_ts, answer_ns),
+            names.PL_PD_PREFILL_ANSWER_MS: ms(handle.received_ts, answer_ts),
             names.ERROR_TYPE: KV_ERROR_TYPE if handoff.error else None,
         }
         self.submit(
-            names.SPAN_KV_TRANSFER, context, parent, handoff.send_start_ns, handoff.ack_ns, attrs, handoff.error
+            names.SPAN_KV_TRANSFER, context, parent, handoff.send_start_ts, handoff.ack_ts, attrs, handoff.error
         )
 
-    def kv_received(self, received: ReceivedKv, done_ns: int) -> None:
+    def kv_received(self, received: ReceivedKv, done_ts: MonoTs) -> None:
         """llm.kv_receive, child of the sender's llm.kv_transfer: accepted → staged and acknowledged."""
         transfer = received.transfer
         parent = parse_traceparent(str(transfer.header.get("traceparent", "")))
@@ -70,8 +71,8 @@ class PdSpans(StampedSpans):
         attrs: dict[str, Any] = {
             names.PL_PD_TRANSFER_ID: received.transfer_id,
             names.PL_KV_BYTES: transfer.nbytes,
-            names.PL_KV_READ_MS: ms(transfer.accepted_ns, received.received_ns),
-            names.PL_KV_STAGE_MS: ms(received.received_ns, done_ns),
+            names.PL_KV_READ_MS: ms(transfer.accepted_ts, received.received_ts),
+            names.PL_KV_STAGE_MS: ms(received.received_ts, done_ts),
             names.ERROR_TYPE: KV_ERROR_TYPE if received.error else None,
         }
-        self.submit(names.SPAN_KV_RECEIVE, context, parent, transfer.accepted_ns, done_ns, attrs, received.error)
+        self.submit(names.SPAN_KV_RECEIVE, context, parent, transfer.accepted_ts, done_ts, attrs, received.error)
