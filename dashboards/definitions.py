@@ -1,4 +1,4 @@
-"""The three phaselens dashboards, as data. Panel SQL comes only from `phaselens.analysis.queries.render_grafana`
+"""The three phaselens dashboards, as data. Panel SQL comes only from `phaselens.analysis.queries.catalog.render_grafana`
 (one source of queries: the CLI's `phaselens budget` and the dashboards read the same SQL).
 
 Each panel's description states the question it answers; docs/dashboards.md repeats them.
@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phaselens.analysis import queries, sketch, terms
+from phaselens.analysis import terms
 from phaselens.analysis import thresholds as th
+from phaselens.analysis.queries import catalog as queries
+from phaselens.analysis.queries import sketch
 from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from phaselens.dashboards.model import (
     FORMAT_TABLE,
@@ -120,7 +122,7 @@ def unobserved_override(names: list[str]) -> dict:
 
 
 # --- variables -----------------------------------------------------------------------------------
-# Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.
+# Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.catalog.
 
 
 def service_variable(src: Source) -> dict:
@@ -325,7 +327,7 @@ def budget_panels(src: Source) -> list[dict]:
 
 
 def _pd_budget_panel(src: Source) -> dict:
-    """The disaggregated TTFT budget of `phaselens budget` (analysis/pd_queries.py), from the rollups
+    """The disaggregated TTFT budget of `phaselens budget` (analysis/queries/pd_queries.py), from the rollups
     (`pd_budget_stack_rollup`; `phaselens budget` reads every request: `pd_summary`)."""
     return budget_bars(
         src,

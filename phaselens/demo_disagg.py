@@ -22,8 +22,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
-from phaselens.analysis.pd_budget import PdBudget, pd_budget
+from phaselens.analysis.budget.latency_budget import AnalysisError, BudgetReport, budget
+from phaselens.analysis.budget.pd_budget import PdBudget, pd_budget
 from phaselens.demo import DemoOptions, LoadRun, run_load, wait_for_spans
 from phaselens.pd_stack import PdStack
 from phaselens.stack import Stack, StackError

@@ -1,4 +1,4 @@
-"""The SQL cookbook page (docs/sql-cookbook.md) is the rendering of phaselens.analysis.queries, not a
+"""The SQL cookbook page (docs/sql-cookbook.md) is the rendering of phaselens.analysis.queries.catalog, not a
 hand-copied variant; the README stays a page a newcomer finishes (its two commands are what CI and
 setup.sh do, its servers table says how each server is tested, no dated figures), and the index
 links every page."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselens.analysis import cookbook
+from phaselens.analysis.sql import cookbook
 from phaselens.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]

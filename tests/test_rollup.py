@@ -1,6 +1,6 @@
-"""The budget rollups (analysis/rollup.py) against the exact per-request path: spans with known
+"""The budget rollups (analysis/rollup/rollup.py) against the exact per-request path: spans with known
 durations through the real OTLP exporter and collector into the embedded ClickHouse; the rollup's
-figures agree with the exact ones within the error analysis/sketch.py states, a request counts once
+figures agree with the exact ones within the error analysis/queries/sketch.py states, a request counts once
 however its spans are split over inserts, and the refreshable views fill the rollup on their own."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from phaselens.analysis import budget as B
-from phaselens.analysis import queries as Q
-from phaselens.analysis import rollup, sketch
-from phaselens.analysis import schema as S
+from phaselens.analysis.budget import latency_budget as B
+from phaselens.analysis.queries import catalog as Q
+from phaselens.analysis.queries import sketch
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.schema import schema as S
 from phaselens.collectors import schema as CS
 from phaselens.common.slo import SLO
 from phaselens.faults.parts import wait_until

@@ -1,0 +1,3 @@
+"""The HTML report: its data read from ClickHouse (`report`), its types (`report_data`), and the
+page drawn from them (`report_page`, `report_charts`, `report_waterfall`; template and CSS in
+`report_assets/`)."""

@@ -1,0 +1,3 @@
+"""The per-request tables and views in ClickHouse: the analysis schema (`schema`), the per-request
+tables of disaggregated serving (`pd_schema`), their building blocks (`parts`), and what each span
+model can separate (`span_models`)."""
