@@ -1,5 +1,5 @@
 """The diagnosis thresholds, in one place: `phaselens diagnose`, the report and the Grafana verdict
-panel all render the same SQL (`phaselens.analysis.queries.catalog.diagnosis_causes`), which takes its
+panel all render the same SQL (`phaselens.analysis.queries.diagnosis_causes`), which takes its
 numbers from here. Every threshold is a ratio or a share, not a number of milliseconds: on a
 contended machine every duration grows together, a share of TTFT much less.
 

@@ -1,2 +1,2 @@
 """Grafana dashboards for phaselens, generated from one Python source (`definitions`), their
-provisioning files, and `push` to a running Grafana. Panel SQL comes from `phaselens.analysis.queries.catalog`."""
+provisioning files, and `push` to a running Grafana. Panel SQL comes from `phaselens.analysis.queries`."""

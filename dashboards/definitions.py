@@ -1,4 +1,4 @@
-"""The three phaselens dashboards, as data. Panel SQL comes only from `phaselens.analysis.queries.catalog.render_grafana`
+"""The three phaselens dashboards, as data. Panel SQL comes only from `phaselens.analysis.queries.render_grafana`
 (one source of queries: the CLI's `phaselens budget` and the dashboards read the same SQL).
 
 Each panel's description states the question it answers; docs/dashboards.md repeats them.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phaselens.analysis import queries as queries
 from phaselens.analysis import terms
 from phaselens.analysis import thresholds as th
-from phaselens.analysis.queries import catalog as queries
 from phaselens.analysis.queries import sketch
 from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from phaselens.dashboards.model import (
@@ -122,7 +122,7 @@ def unobserved_override(names: list[str]) -> dict:
 
 
 # --- variables -----------------------------------------------------------------------------------
-# Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.catalog.
+# Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.
 
 
 def service_variable(src: Source) -> dict:

@@ -247,7 +247,7 @@ def _steps(rng: random.Random, requests: list[RequestTruth], n_steps: int) -> li
 
 
 def expected_stalls(steps: list[StepTruth]) -> tuple[float, int, float, float]:
-    """(baseline_ms, mixed_steps, stall_ms, request_stall_ms) as phaselens.analysis.queries.catalog defines them:
+    """(baseline_ms, mixed_steps, stall_ms, request_stall_ms) as phaselens.analysis.queries defines them:
     baseline = median (linear interpolation) of decode-only step durations; a mixed step has
     prefill and decode tokens; extra = max(0, duration − baseline); stall = Σ extra;
     request stall = Σ decode_tokens × extra."""

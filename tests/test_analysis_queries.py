@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from phaselens.analysis import queries as Q
 from phaselens.analysis.budget.latency_budget import budget
-from phaselens.analysis.queries import catalog as Q
 from phaselens.analysis.queries.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
 from phaselens.analysis.schema import schema as S
 from phaselens.analysis.schema.pd_schema import PD_COLUMN_NAMES

@@ -17,8 +17,8 @@ from dataclasses import asdict
 import grpc
 import pytest
 
+from phaselens.analysis import queries as queries
 from phaselens.analysis.budget.latency_budget import budget
-from phaselens.analysis.queries import catalog as queries
 from phaselens.analysis.queries import sketch
 from phaselens.analysis.rollup import rollup, step_rollup
 from phaselens.collectors.schema import ident

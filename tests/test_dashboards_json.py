@@ -1,5 +1,5 @@
 """The generated dashboards: well-formed, every target on `${datasource}`, SQL only from
-phaselens.analysis.queries.catalog, variables present, links and field selections valid, checked-in = generated."""
+phaselens.analysis.queries, variables present, links and field selections valid, checked-in = generated."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from phaselens.analysis.queries import catalog as queries
+from phaselens.analysis import queries as queries
 from phaselens.analysis.schema.schema import TRACE_TIMES_VIEW
 from phaselens.cli import main
 from phaselens.dashboards import generate

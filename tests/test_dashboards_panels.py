@@ -12,7 +12,7 @@ import time
 import clickhouse_connect
 import pytest
 
-from phaselens.analysis.queries import catalog as queries
+from phaselens.analysis import queries as queries
 from phaselens.analysis.rollup import rollup
 from phaselens.analysis.schema import schema as analysis_schema
 from phaselens.analysis.sql import ddl

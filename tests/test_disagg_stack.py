@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from phaselens.analysis import queries as queries
 from phaselens.analysis.budget.pd_budget import pd_budget
 from phaselens.analysis.diagnose.diagnosis import diagnose
-from phaselens.analysis.queries import catalog as queries
 from phaselens.analysis.queries import pd_queries, sketch
 from phaselens.analysis.report import report, report_page
 from phaselens.analysis.rollup import rollup

@@ -1,4 +1,4 @@
-"""The SQL cookbook page (docs/sql-cookbook.md) is the rendering of phaselens.analysis.queries.catalog, not a
+"""The SQL cookbook page (docs/sql-cookbook.md) is the rendering of phaselens.analysis.queries, not a
 hand-copied variant; the README stays a page a newcomer finishes (its two commands are what CI and
 setup.sh do, its servers table says how each server is tested, no dated figures), and the index
 links every page."""

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
+from phaselens.analysis import queries as Q
 from phaselens.analysis.budget import latency_budget as B
-from phaselens.analysis.queries import catalog as Q
 from phaselens.analysis.queries import sketch
 from phaselens.analysis.rollup import rollup
 from phaselens.analysis.schema import schema as S
@@ -243,5 +243,5 @@ def test_every_term_has_a_stored_position():
     names = [name for name, _ in Q.ROLLUP_TERMS]
     assert len(set(Q.ROLLUP_POSITIONS)) == len(Q.ROLLUP_POSITIONS)
     assert not set(names) - set(Q.ROLLUP_POSITIONS), (
-        "give the new term the next free rollup position (analysis/terms.py, or queries._SERIES_POSITIONS)"
+        "give the new term the next free rollup position (analysis/terms.py, or queries/rollups.py _SERIES_POSITIONS)"
     )

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from phaselens.analysis import queries as Q
 from phaselens.analysis.budget.latency_budget import BudgetReport, budget
 from phaselens.analysis.harness.harness_import import import_run, lookup
 from phaselens.analysis.harness.harness_records import ClientRecord, HarnessRun
-from phaselens.analysis.queries import catalog as Q
 from phaselens.analysis.queries import sketch
 from phaselens.analysis.queries.id_batches import slices
 from phaselens.analysis.rollup import rollup, rollup_backfill, step_rollup

@@ -11,8 +11,8 @@ import sys
 import pytest
 from source_tree import ROOT
 
+from phaselens.analysis import queries as q
 from phaselens.analysis import terms
-from phaselens.analysis.queries import catalog as q
 from phaselens.analysis.queries import pd_queries
 from phaselens.analysis.report import report_page
 from phaselens.analysis.schema import pd_schema, schema
@@ -139,7 +139,8 @@ fake = terms.Term("warmup_ms", "warm-up", "#123456", "server", "`x`", "ifNull(in
 terms.DECLARED = (*terms.DECLARED, fake)
 terms.REGISTRY = terms.Registry(terms.DECLARED)
 from phaselens.analysis.sql import cookbook
-from phaselens.analysis.queries import pd_queries, catalog as queries
+from phaselens.analysis import queries
+from phaselens.analysis.queries import pd_queries
 from phaselens.analysis.report import report_page
 from phaselens.dashboards import generate
 dashboards = json.dumps(generate.dashboards("otel"))

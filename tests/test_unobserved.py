@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from phaselens.analysis.queries import catalog as queries
+from phaselens.analysis import queries as queries
 from phaselens.analysis.sql import cookbook, sql_files
 from phaselens.commands import budget as budget_command
 from phaselens.dashboards import generate

@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from phaselens.analysis import queries as q
 from phaselens.analysis.budget.latency_budget import BudgetReport, Goodput, Stat
-from phaselens.analysis.queries import catalog as q
 
 TPOT_ITL = (
     "client_tpot_ms",

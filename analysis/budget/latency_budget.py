@@ -1,4 +1,4 @@
-"""The latency budget as Python objects: two queries, rendered from `phaselens.analysis.queries.catalog`: the summary
+"""The latency budget as Python objects: two queries, rendered from `phaselens.analysis.queries`: the summary
 (percentiles, shares, goodput, tail attribution: one pass over the per-request facts) and the decode
 stalls (one pass over the engine steps).
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from phaselens.analysis.queries import catalog as q
+from phaselens.analysis import queries as q
 from phaselens.analysis.queries import sketch
 from phaselens.analysis.queries.dialect import Filters, QueryError
 from phaselens.analysis.schema import span_models

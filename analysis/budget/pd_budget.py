@@ -24,7 +24,7 @@ from rich.console import Group
 from rich.table import Table
 
 from phaselens.analysis.budget.latency_budget import AnalysisError, ComponentBudget, Stat, _clean
-from phaselens.analysis.queries.catalog import ESTIMATED
+from phaselens.analysis.queries import ESTIMATED
 from phaselens.analysis.queries.dialect import CliDialect, QueryError
 from phaselens.analysis.queries.pd_queries import ADDED_BY_DISAGG, SIDE, TTFT_TERMS, pd_summary
 from phaselens.analysis.schema import span_models

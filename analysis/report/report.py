@@ -1,7 +1,7 @@
 """The data of the HTML report, read from ClickHouse: budget, per-request points, two traces, steps.
 
 `build(client, …) -> ReportData` uses the analysis Python API (`phaselens.analysis.budget.latency_budget.budget`) and
-the named queries of `phaselens.analysis.queries.catalog`: `report_points` (the CDFs and the scatter),
+the named queries of `phaselens.analysis.queries`: `report_points` (the CDFs and the scatter),
 `report_steps` (the batch-composition chart) and `request_spans` (the timelines).
 `write_report(client, path, …)` builds the data and writes the page (`phaselens.analysis.report.report_page`).
 The data types live in `phaselens.analysis.report.report_data`, which both modules import.
@@ -14,11 +14,11 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from phaselens.analysis import queries as queries
 from phaselens.analysis.budget.budget_format import slo_note
 from phaselens.analysis.budget.latency_budget import AnalysisError, BudgetReport, budget
 from phaselens.analysis.diagnose.diagnose_format import headline
 from phaselens.analysis.diagnose.diagnosis import Diagnosis, diagnose
-from phaselens.analysis.queries import catalog as queries
 from phaselens.analysis.queries.dialect import Filters, QueryError
 from phaselens.analysis.report import report_page
 from phaselens.analysis.report.report_data import (

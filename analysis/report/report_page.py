@@ -8,7 +8,7 @@ from pathlib import Path
 from string import Template
 
 from phaselens.analysis import terms
-from phaselens.analysis.queries.catalog import UNOBSERVED
+from phaselens.analysis.queries import UNOBSERVED
 from phaselens.analysis.report import report_charts as charts
 from phaselens.analysis.report.report_data import (
     BudgetRow,

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phaselens.analysis.queries import catalog as q
+from phaselens.analysis import queries as q
 from phaselens.analysis.queries import pd_queries
 from phaselens.analysis.queries import sketch as sk
 from phaselens.analysis.rollup import step_rollup

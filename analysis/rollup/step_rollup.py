@@ -13,7 +13,7 @@ minutes (`phaselens rollup backfill`).
 
 from __future__ import annotations
 
-from phaselens.analysis.queries import catalog as q
+from phaselens.analysis import queries as q
 from phaselens.analysis.queries import sketch as sk
 from phaselens.analysis.rollup.rollup_copies import copies_ddl, copies_select
 from phaselens.analysis.schema import schema as s

@@ -8,7 +8,7 @@ runs it (`--param_<name>=<value>` binds `{name:Type}` server-side).
 
 from __future__ import annotations
 
-from phaselens.analysis.queries import catalog as q
+from phaselens.analysis import queries as q
 from phaselens.analysis.queries.dialect import Filters, client_params
 
 ENTRIES = (
@@ -46,7 +46,7 @@ def markdown(database: str = "otel") -> str:
     for name, question, example in ENTRIES:
         sql, parameters = q.render_cli(name, database=database, **example)
         parts.append(
-            f"### {question}\n\n`phaselens.analysis.queries.catalog` name: `{name}`\n\n```sql\n{sql}\n```\n\n"
+            f"### {question}\n\n`phaselens.analysis.queries` name: `{name}`\n\n```sql\n{sql}\n```\n\n"
             f"```sh\n{_client_line(parameters)}\n```\n"
         )
     return "\n".join(parts)

@@ -1,4 +1,4 @@
-"""The checked-in SQL files `analysis/sql/*.sql`: every named query of `phaselens.analysis.queries.catalog`
+"""The checked-in SQL files `analysis/sql/*.sql`: every named query of `phaselens.analysis.queries`
 and the schema, rendered so that a reader sees the statement that runs.
 
 `<name>.sql` is the query's CLI rendering (`render_cli`: ClickHouse server-side parameters
@@ -12,9 +12,10 @@ filter set so that each condition a filter can add is shown; the header says how
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 
-from phaselens.analysis.queries import catalog as queries
+from phaselens.analysis import queries as queries
 from phaselens.analysis.queries.dialect import Filters, client_params
 from phaselens.analysis.schema import schema as analysis_schema
 from phaselens.analysis.sql import ddl
@@ -41,12 +42,17 @@ def _comment(text: str) -> str:
     return "\n".join(f"-- {line}".rstrip() for line in text.splitlines())
 
 
+def _source_path(template: Callable[..., str]) -> str:
+    """The repository path of the module that defines a query's template."""
+    return template.__module__.removeprefix("phaselens.").replace(".", "/") + ".py"
+
+
 def query_file(name: str) -> str:
     """`<name>.sql`: header (origin, rendering, how to run it, the template's docstring), then the SQL."""
     sql, parameters = queries.render_cli(name, **EXAMPLE_FILTERS)
     query = queries.QUERIES[name]
     lines = [
-        _DO_NOT_EDIT.format(source=f"analysis/queries/catalog.py, query `{name}`"),
+        _DO_NOT_EDIT.format(source=f"{_source_path(query.template)}, query `{name}`"),
         "-- Rendering: render_cli, ClickHouse server-side parameters {name:Type} (what the CLI and the",
         "-- Python API send), every filter set; an unset service, model or since drops its condition.",
         f"-- Run: clickhouse-client {client_params(parameters)} --queries-file {name}.sql",

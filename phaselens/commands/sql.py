@@ -12,7 +12,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("sql", help="render every analysis query to analysis/sql/<name>.sql, or check them")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action, func, text in (
-        ("write", run_write, "write sql/*.sql from phaselens.analysis.queries.catalog"),
+        ("write", run_write, "write sql/*.sql from phaselens.analysis.queries"),
         ("check", run_check, "exit 1 if a checked-in file differs from a fresh rendering"),
     ):
         p = actions.add_parser(action, help=text)
