@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.analysis import queries as Q
-from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.budget import budget
 from phaselens.analysis.queries import sketch
 from phaselens.analysis.rollup import rollup
 from phaselens.analysis.schema import schema as S

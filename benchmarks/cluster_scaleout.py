@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.budget_query import _client_insert, _server_insert, _steps_insert, cpu_s
-from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.budget import budget
 from phaselens.analysis.rollup import rollup
 from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as CS

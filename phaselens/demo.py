@@ -26,10 +26,9 @@ from urllib.parse import urlsplit
 import numpy as np
 from rich.console import Console
 
-from phaselens.analysis.budget import budget_format
-from phaselens.analysis.budget.latency_budget import AnalysisError, budget
+from phaselens.analysis.budget import AnalysisError, budget, budget_format
+from phaselens.analysis.report import build as build_report
 from phaselens.analysis.report import report_page
-from phaselens.analysis.report.report import build as build_report
 from phaselens.analysis.rollup import rollup
 from phaselens.common.slo import SLO, goodput_slo
 from phaselens.loadgen.workloads import words

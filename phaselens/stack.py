@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.analysis.schema.schema import FACTS_VIEW, SPANS_VIEW
+from phaselens.analysis.schema import FACTS_VIEW, SPANS_VIEW
 from phaselens.common.process import LOOPBACK, die_with_parent, terminate
 from phaselens.instrumentation import names
 from phaselens.stack_storage import ShardedCluster, SingleNode, make_storage

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from phaselens.analysis.budget.latency_budget import AnalysisError, open_client
+from phaselens.analysis.budget import AnalysisError, open_client
 from phaselens.common.slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, goodput_slo
 
 T = TypeVar("T")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from phaselens.analysis.report.report import write_report
+from phaselens.analysis.report import write_report
 from phaselens.commands._analysis_args import add_selection, read
 
 

@@ -26,12 +26,17 @@ def register(subparsers) -> None:
 def run_backfill(args) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from phaselens.analysis.budget.latency_budget import AnalysisError, open_client
-    from phaselens.analysis.harness.harness_import import distributed_cluster
-    from phaselens.analysis.queries.dialect import QueryError, duration_ms
-    from phaselens.analysis.rollup.rollup_backfill import BackfillError, backfill_minutes, minutes_between, on_each_node
-    from phaselens.analysis.rollup.rollup_upgrade import push
-    from phaselens.analysis.rollup.step_backfill import backfill_steps
+    from phaselens.analysis.budget import AnalysisError, open_client
+    from phaselens.analysis.harness import distributed_cluster
+    from phaselens.analysis.queries import QueryError, duration_ms
+    from phaselens.analysis.rollup import (
+        BackfillError,
+        backfill_minutes,
+        backfill_steps,
+        minutes_between,
+        on_each_node,
+        push,
+    )
 
     try:
         since_ms, until_ms = duration_ms(args.since), duration_ms(args.until)
