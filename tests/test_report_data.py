@@ -93,7 +93,7 @@ def test_report_command_writes_the_page(run, clickhouse, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     html = out.read_text()
     assert "60 requests (54 with a client view by phaselens, 60 with a server view)" in html
-    assert "goodput (TTFT ≤ 40 ms · TPOT ≤ 20 ms)" in html and html.count("<svg") >= 8
+    assert "SLO ttft ≤ 40 ms, tpot ≤ 20 ms;" in html and html.count("<svg") >= 8
     assert "r.html" in capsys.readouterr().out
 
 
