@@ -137,3 +137,10 @@ def compact_env_sampler() -> CompactRecordSampler:
     """OTEL_TRACES_SAMPLER's sampler (checked: `check_sampler_env`) as a `CompactRecordSampler`."""
     check_sampler_env()
     return CompactRecordSampler(_get_from_env_or_default())
+
+
+def check_sampling_env() -> None:
+    """Both sampling variables (`check_sampler_env`, `TailRule.from_env`): ValueError saying which is
+    wrong, for a command to refuse at start-up."""
+    check_sampler_env()
+    TailRule.from_env()
