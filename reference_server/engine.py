@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from phaselens.common.clocks import MonoTs, monotonic_ts
 from phaselens.instrumentation.hotpath.observer import (
     FINISH_ABORT,
     FINISH_ERROR,
@@ -274,16 +275,16 @@ class Engine:
         """One iteration: schedule → run → postprocess, observer stamps at the seams (module
         docstring). Public so tests can drive the engine without the thread."""
         self._drain()
-        start_ns = time.monotonic_ns()
+        start_ts = monotonic_ts()
         batch = self.scheduler.schedule()
         self._stamp_waits(batch)
         self._hand_out_received(batch)
         if batch.items:
             token_ids = self._run(batch)
-            self._stamp_prefill(batch, start_ns, time.monotonic_ns())
+            self._stamp_prefill(batch, start_ts, monotonic_ts())
             self.scheduler.postprocess(batch, token_ids)
             self._hand_out(batch)
-            self._record_step(batch, start_ns)
+            self._record_step(batch, start_ts)
         self.stats.preemptions += batch.preemptions
         return batch
 
@@ -312,11 +313,11 @@ class Engine:
             seq.observer.scheduled()
 
     @staticmethod
-    def _stamp_prefill(batch: Batch, start_ns: int, run_end_ns: int) -> None:
+    def _stamp_prefill(batch: Batch, start_ts: MonoTs, run_end_ts: MonoTs) -> None:
         """A chunk spans the whole step that ran it: scheduling, input building and the forward."""
         for item in batch.items:
             if item.prefill:
-                item.seq.observer.prefill_chunk(start_ns, run_end_ns, item.num_tokens, item.cached_tokens)
+                item.seq.observer.prefill_chunk(start_ts, run_end_ts, item.num_tokens, item.cached_tokens)
 
     @staticmethod
     def _hand_out_received(batch: Batch) -> None:
@@ -373,15 +374,15 @@ class Engine:
         seq.observer.finished(out.finish_reason)
         seq.sink(out)
 
-    def _record_step(self, batch: Batch, start_ns: int) -> None:
+    def _record_step(self, batch: Batch, start_ts: MonoTs) -> None:
         prefill, decode = batch.prefill_tokens, batch.decode_tokens
         self.stats.steps += 1
         self.stats.prefill_tokens += prefill
         self.stats.decode_tokens += decode
         blocks = self.scheduler.blocks
         stats = StepStats(
-            start_ns,
-            time.monotonic_ns(),
+            start_ts,
+            monotonic_ts(),
             prefill_tokens=prefill,
             decode_tokens=decode,
             kv_blocks_used=blocks.num_used,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from phaselens import cli
-from phaselens.analysis import report as R
-from phaselens.analysis import report_page as P
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.report import report as R
+from phaselens.analysis.report import report_page as P
 from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import loaded

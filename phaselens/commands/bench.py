@@ -241,7 +241,7 @@ def run(args) -> int:
     if args.json:
         report.write_json(args.json, outcome.summary, outcome.config)
     if args.per_request:
-        report.write_per_request(args.per_request, outcome.run.results, outcome.run.start_ns)
+        report.write_per_request(args.per_request, outcome.run.results, outcome.run.start_ts)
     return 1 if outcome.summary["requests"]["completed"] == 0 else 0
 
 
