@@ -34,8 +34,8 @@ from pathlib import Path
 
 import clickhouse_connect
 
-from phaselens.analysis import ddl
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.service import Collector
 from phaselens.instrumentation import names

@@ -21,9 +21,10 @@ import httpx
 import numpy as np
 import pytest
 
-from phaselens.analysis import rollup, sketch
-from phaselens.analysis import schema as S
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.queries import sketch
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.schema import schema as S
 from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.collectors.service import Collector
 from phaselens.common.slo import DEFAULT_SLO
