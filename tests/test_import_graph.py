@@ -1,23 +1,16 @@
-"""The import graph of phaselens, from the sources (imports inside functions too):
-- no two modules import each other: a cycle hides which module owns a type, and a lazy import that
-  breaks one only hides it;
-- code outside instrumentation comes in through its public API only (`phaselens.instrumentation`,
-  a room's `__init__`, `names`), never a room's modules;
-- the arrows docs/contracts.md promises (its package table, the reference server's rooms table) are
-  the arrows the code has: the tables are parsed from the page, so page and code cannot drift."""
+"""No two modules of phaselens import each other, not even through an import inside a function:
+a cycle hides which module owns a type, and a lazy import that breaks one only hides it."""
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from tests.source_tree import PACKAGES, ROOT
 
 INSTRUMENTATION = "phaselens.instrumentation"
-CONTRACTS = ROOT / "docs/contracts.md"
+REFERENCE_SERVER = "phaselens.reference_server"
 
 
 def _modules() -> dict[str, Path]:
@@ -69,14 +62,117 @@ def test_cycle_finder_finds_a_cycle_and_only_a_cycle():
 def test_no_module_imports_itself_through_others():
     modules = _modules()
     graph = {name: _imports(name, path, modules) if path.suffix == ".py" else set() for name, path in modules.items()}
-    assert graph["phaselens.analysis.report"] >= {"phaselens.analysis.report_page", "phaselens.analysis.report_data"}
+    assert graph["phaselens.analysis.report.report"] >= {
+        "phaselens.analysis.report.report_page",
+        "phaselens.analysis.report.report_data",
+    }
     cycles = [" → ".join(c) for name in sorted(graph) if (c := _cycle_from(name, graph))]
     assert cycles == []
 
 
-def _graph() -> dict[str, set[str]]:
+def _table(heading: str) -> dict[str, set[str]]:
+    """The `| name | imports from |` table under a heading of docs/contracts.md: each row's name →
+    the backticked names of its second column."""
+    text = (ROOT / "docs/contracts.md").read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| `")]
+    return {re.findall(r"`([^`]+)`", row[1])[0]: set(re.findall(r"`([\w./]+)`", row[-2])) for row in rows}
+
+
+def _owner(module: str, owners: list[str]) -> str | None:
+    """The longest of `owners` that `module` is or lies inside."""
+    inside = [o for o in owners if module == o or module.startswith(f"{o}.")]
+    return max(inside, key=len, default=None)
+
+
+def _arrows(owners: list[str], within: str = "phaselens") -> set[tuple[str, str, str]]:
+    """(owner, imported module, importer) for every import from one owner's module into another's."""
     modules = _modules()
-    return {name: _imports(name, path, modules) if path.suffix == ".py" else set() for name, path in modules.items()}
+    found = set()
+    for name, path in modules.items():
+        src = _owner(name, owners)
+        if path.suffix != ".py" or src is None or not name.startswith(within):
+            continue
+        found |= {(src, dep, name) for dep in _imports(name, path, modules) if _owner(dep, owners) not in (src, None)}
+    return found
+
+
+def test_packages_import_only_what_the_contracts_table_says():
+    """docs/contracts.md's package table is the rule: an entry `pkg` allows all of it, `pkg.mod` that
+    module alone; `phaselens` (the CLI) may import every package."""
+    table = {
+        f"phaselens.{name}" if name != "phaselens" else name: deps for name, deps in _table("Package arrows").items()
+    }
+    assert set(table) == {*PACKAGES.values()}
+    owners = [*table]
+    wrong = []
+    for src, dep, importer in _arrows(owners):
+        named = [
+            d if d.split(".")[0] == "phaselens" else f"phaselens.{d}" for d in table[src] if d.split(".")[0] in PACKAGES
+        ]
+        allowed = named if src != "phaselens" else owners
+        if not any(dep == a or dep.startswith(f"{a}.") for a in allowed):
+            wrong.append(f"{importer} → {dep}")
+    assert sorted(wrong) == []
+
+
+ANALYSIS = "phaselens.analysis"
+
+
+def test_analysis_rooms_import_only_what_the_rooms_table_says():
+    """The arrows between analysis/'s rooms are the rooms table's, and they have no cycle."""
+    table = {
+        f"{ANALYSIS}.{name.strip('/')}": {f"{ANALYSIS}.{d.strip('/')}" for d in deps}
+        for name, deps in _table("Analysis rooms").items()
+    }
+    rooms = [p.parent.name for p in (ROOT / "analysis").glob("*/__init__.py")]
+    declarations = [p.stem for p in (ROOT / "analysis").glob("*.py") if p.stem != "__init__"]
+    assert set(table) == {f"{ANALYSIS}.{name}" for name in (*rooms, *declarations)}
+    assert [
+        c for name in sorted(table) if (c := _cycle_from(name, {k: v & set(table) for k, v in table.items()}))
+    ] == []
+    wrong = [
+        f"{importer} → {dep}"
+        for src, dep, importer in _arrows([*table], ANALYSIS)
+        if _owner(dep, [*table]) not in table[src]
+    ]
+    assert sorted(wrong) == []
+
+
+def test_code_outside_analysis_imports_only_what_a_room_exports():
+    """Outside analysis/ (tests aside: they test modules), an import names `phaselens.analysis` or one of
+    its rooms, and only a name that room lists in `__all__`."""
+    import importlib
+
+    wrong = []
+    for path in [p for folder in PACKAGES if folder != "analysis" for p in sorted((ROOT / folder).rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                wrong += [f"{path}: import {a.name}" for a in node.names if a.name.startswith(f"{ANALYSIS}.")]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(ANALYSIS):
+                room = node.module or ""
+                exported = set(getattr(importlib.import_module(room), "__all__", ())) if room != ANALYSIS else None
+                names = {a.name for a in node.names}
+                if room.count(".") > 2 or (exported is not None and not names <= exported):
+                    wrong.append(f"{path}: from {room} import {', '.join(sorted(names))}")
+    assert wrong == []
+
+
+def test_reference_server_rooms_import_what_the_rooms_table_says_and_nothing_listed_goes_unused():
+    """docs/contracts.md's reference-server rooms table, both ways: an arrow the code has and the
+    table lacks, and an entry no import uses, both fail."""
+    table = {
+        f"{REFERENCE_SERVER}.{name.removesuffix('.py')}": {f"{REFERENCE_SERVER}.{d}" for d in deps}
+        for name, deps in _table("Reference server rooms").items()
+    }
+    folder = ROOT / "reference_server"
+    rooms = [p.parent.name for p in folder.glob("*/__init__.py")] + [p.stem for p in folder.glob("*.py")]
+    assert set(table) == {f"{REFERENCE_SERVER}.{name}" for name in rooms if name != "__init__"}
+    arrows = _arrows([*table], REFERENCE_SERVER)
+    wrong = [f"{importer} → {dep}" for src, dep, importer in arrows if _owner(dep, [*table]) not in table[src]]
+    used = {(src, _owner(dep, [*table])) for src, dep, _ in arrows}
+    unused = [f"{src} → {dep}" for src, deps in table.items() for dep in deps if (src, dep) not in used]
+    assert (sorted(wrong), sorted(unused)) == ([], [])
 
 
 def _too_deep(importer: str, imported: str) -> bool:
@@ -94,105 +190,14 @@ def test_the_public_api_rule_tells_a_room_from_its_modules():
 
 
 def test_outside_instrumentation_only_its_public_api_is_imported():
-    graph = _graph()
+    """`phaselens.instrumentation`, a room's `__init__` or `names`; never a room's modules (tests and
+    benchmarks aside: they test and time modules)."""
+    modules = _modules()
     deep = sorted(
-        f"{name} → {imported}" for name, imports in graph.items() for imported in imports if _too_deep(name, imported)
+        f"{name} → {imported}"
+        for name, path in modules.items()
+        if path.suffix == ".py"
+        for imported in _imports(name, path, modules)
+        if _too_deep(name, imported)
     )
     assert deep == []
-    assert "phaselens.instrumentation.pipeline" in graph["phaselens.reference_server.pd.pd_spans"]
-
-
-@dataclass(slots=True, frozen=True)
-class Row:
-    """One row of an arrows table: what a unit may import (dotted names under the table's base)."""
-
-    targets: frozenset[str]
-    all_above: bool  # "all of the above": any unit listed before it
-
-
-def _table(text: str, heading: str, units: set[str]) -> dict[str, Row]:
-    """The table under `heading`: its first column names a unit (`name` or `name.py`), its last
-    column what that unit imports; backticked names whose first part is a unit count, the rest
-    (files, functions) is prose."""
-    section = text.split(f"{heading}\n", 1)[1].split("\n## ", 1)[0]
-    table: dict[str, Row] = {}
-    for name, last in re.findall(r"^\| `(\w+)(?:\.py)?`[^|]*\|(?:.*\|)? ([^|]+) \|$", section, re.MULTILINE):
-        named = {t for t in re.findall(r"`([\w.]+)`", last) if t.split(".")[0] in units}
-        all_above = "all of the above" in last
-        table[name] = Row(frozenset(named | (set(table) if all_above else set())), all_above)
-    return table
-
-
-def _covers(target: str, module: str) -> bool:
-    return module == target or module.startswith(target + ".")
-
-
-def _module(base: str, name: str) -> str:
-    """The module a table's name stands for: under `base`, except a name of the base itself
-    (`phaselens.stack` in the package table)."""
-    return name if name.split(".")[0] == base.rpartition(".")[2] else f"{base}.{name}"
-
-
-def _arrow_report(
-    table: dict[str, Row], graph: dict[str, set[str]], unit_of: Callable[[str], str | None], base: str
-) -> tuple[list[str], list[str]]:
-    """(the code's arrows the table does not list, the table's arrows no code draws); an arrow is
-    a unit importing a module of another unit."""
-    arrows = {
-        (unit, imported)
-        for name, imports in graph.items()
-        if (unit := unit_of(name))
-        for imported in imports
-        if unit_of(imported) not in (None, unit)
-    }
-    row = {name: table.get(name, Row(frozenset(), False)) for name, _ in arrows}
-    undocumented = sorted(
-        f"{unit} → {imported}"
-        for unit, imported in arrows
-        if not any(_covers(_module(base, t), imported) for t in row[unit].targets)
-    )
-    unused = sorted(
-        f"{unit} → {target}"
-        for unit, r in table.items()
-        if not r.all_above
-        for target in r.targets
-        if not any(u == unit and _covers(_module(base, target), i) for u, i in arrows)
-    )
-    return undocumented, unused
-
-
-_PACKAGE_NAMES = {name: name.removeprefix("phaselens.") for name in PACKAGES.values()}
-
-
-def _package_of(module: str) -> str:
-    return _PACKAGE_NAMES[max((n for n in _PACKAGE_NAMES if _covers(n, module)), key=len)]
-
-
-def _room_of(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[2] if len(parts) > 2 and parts[1] == "reference_server" else None
-
-
-def test_the_arrow_report_finds_an_unlisted_and_an_unused_arrow():
-    text = "## T\n\n| unit | from |\n|---|---|\n| `a` | `b`, `c.x` |\n| `b` | none |\n| `c` | all of the above |\n"
-    table = _table(text, "## T", {"a", "b", "c"})
-    assert table["c"] == Row(frozenset({"a", "b"}), True)
-    graph = {"p.a.m": {"p.c.x.y"}, "p.b.m": {"p.a.m"}, "p.c.m": {"p.a.m", "p.b.m"}}
-    undocumented, unused = _arrow_report(table, graph, lambda m: m.split(".")[1], "p")
-    assert (undocumented, unused) == (["b → p.a.m"], ["a → b"])
-
-
-def test_the_package_table_is_the_code_s_arrows():
-    packages = set(_PACKAGE_NAMES.values())
-    table = _table(CONTRACTS.read_text(encoding="utf-8"), "## Package arrows", packages)
-    assert set(table) == packages
-    assert _arrow_report(table, _graph(), _package_of, "phaselens") == ([], [])
-
-
-def test_the_reference_server_rooms_table_is_the_code_s_arrows():
-    graph = _graph()
-    rooms = {room for name in graph if (room := _room_of(name))}
-    assert {"engine", "serving", "process", "pd", "serve"} <= rooms
-    table = _table(CONTRACTS.read_text(encoding="utf-8"), "## Reference server rooms", rooms)
-    assert set(table) == rooms
-    assert _arrow_report(table, graph, _room_of, "phaselens.reference_server") == ([], [])
