@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from phaselens.instrumentation import names as N
 from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, chat_chunk, completion_chunk, usage_chunk
-from phaselens.reference_server.sse import DONE_EVENT, encode_event
+from phaselens.reference_server.serving.sse import DONE_EVENT, encode_event
 
 DELIVERY_MS = 5.0  # loopback write → client stamp, same event loop
 SLACK_MS = 100.0  # how late the scripted sleeps may end, together, on a loaded 2-core machine

@@ -21,7 +21,7 @@ from phaselens.loadgen import metrics, runner, session
 from phaselens.loadgen.arrivals import GammaArrivals
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
 from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload
-from phaselens.reference_server.sse import DONE_EVENT
+from phaselens.reference_server.serving.sse import DONE_EVENT
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = SyntheticWorkload(LengthDist.parse("8"), LengthDist.parse("4"), seed=0)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from phaselens.analysis import budget_format
-from phaselens.analysis import pd_budget as pd
-from phaselens.analysis.budget import AnalysisError, budget
+from phaselens.analysis.budget import AnalysisError, budget, budget_format
+from phaselens.analysis.budget import pd_budget as pd
 from phaselens.commands._analysis_args import add_selection, read
 from phaselens.commands._flags import refuse
 
