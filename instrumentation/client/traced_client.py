@@ -345,6 +345,7 @@ class TracedClient:
             result.trace_id, result.span_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
         headers = {"content-type": "application/json"}
         propagate.inject(headers, context=trace.set_span_in_context(span))
+        _sampled_flag_only(headers)
         reader = _ChunkReader(result, self.token_counter, capture or self.keep_text)
         cancelled = None
         try:
@@ -495,6 +496,15 @@ async def _read_bounded(response: httpx.Response) -> bytes:
         if len(body) >= _MAX_ERROR_BODY:
             break
     return body[:_MAX_ERROR_BODY]
+
+
+def _sampled_flag_only(headers: dict[str, str]) -> None:
+    """Send W3C Trace Context level 1 flags: the sampled bit alone (`01` or `00`). The SDK also sets
+    level 2's random-trace-id bit (`03`), which strict propagators refuse whole (Dynamo 1.6.1's
+    Rust frontend then starts a trace of its own and no request joins its client span)."""
+    value = headers.get("traceparent")
+    if value is not None and len(value) == 55:
+        headers["traceparent"] = f"{value[:53]}{int(value[53:], 16) & 1:02x}"
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
