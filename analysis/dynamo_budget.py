@@ -4,14 +4,15 @@ time range on the frontend's `http-request` start (`server_start_time`).
 
 Every term a duration on one clock:
 
-    client TTFT     = client_ms + client_late_est_ms + residual_ms + frontend TTFT
-                      (client clock; the edges count 0 where nobody stamped them)
-    frontend TTFT   = frontend_dispatch_ms + prefill_call_ms + kv_transfer_est_ms   (frontend clock, P/D)
+    client TTFT     = client_ms + client_late_est_ms + residual_ms + server_ttft_ms
+                      (client clock; the edges count 0 where nobody stamped them, as in every budget)
+    server_ttft_ms  = Dynamo's frontend TTFT
+                    = frontend_dispatch_ms + prefill_call_ms + kv_transfer_est_ms   (frontend clock, P/D)
 
 `kv_transfer_est_ms` is an estimate: the prefill's answer back at the frontend → the first token
 there, so it holds the KV transfer, the decode worker's first step and both of its hops. Beside the
 budget, each worker's own figures on its clock: the prefill worker's request (`prefill_worker_ms`),
-and each worker's `busy_ms` (its request task being polled) and `idle_ms` (the task waiting).
+and each worker's busy time (its request task being polled) and idle time (the task waiting).
 A P/D term of an aggregated request is NULL, never 0: those rows count in the TTFT rows only.
 """
 
@@ -25,18 +26,23 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from rich.console import Group
 from rich.table import Table
 
+from phaselens.analysis import terms
 from phaselens.analysis.budget import AnalysisError, Stat, _clean
 from phaselens.analysis.dialect import CliDialect, Dialect, QueryError
 from phaselens.analysis.schema import REQUESTS_VIEW
 from phaselens.instrumentation import names as n
 
-EDGES_SQL = "ifNull(client_ms, 0) + ifNull(client_late_est_ms, 0)"
-# (row, SQL over phaselens_requests, estimate?), in TTFT order; the first adds up to client TTFT with
-# the frontend's TTFT, the next three to the frontend's TTFT
+
+def _declared(name: str) -> tuple[str, str, bool]:
+    term = terms.REGISTRY.term(name)
+    return name, term.sql, term.estimate
+
+
+# (row, SQL over phaselens_requests, estimate?), in TTFT order: the first four add up to client
+# TTFT, the last three to the frontend's TTFT (server_ttft_ms)
 TERMS: tuple[tuple[str, str, bool], ...] = (
-    ("client_edges_ms", EDGES_SQL, False),
-    ("residual_ms", "residual_ms", False),
-    ("frontend_ttft_ms", "server_ttft_ms", False),
+    *(_declared(name) for name in ("client_ms", "client_late_est_ms", "residual_ms")),
+    ("server_ttft_ms", "server_ttft_ms", False),
     ("frontend_dispatch_ms", "frontend_dispatch_ms", False),
     ("prefill_call_ms", "prefill_call_ms", False),
     ("kv_transfer_est_ms", "kv_transfer_est_ms", True),
@@ -117,9 +123,9 @@ def to_rich(report: DynamoBudget) -> Group:
         label = f"{name} (estimate)" if name in estimated else name
         table.add_row(label, *(_ms(v) for v in stat.values()))
     note = (
-        "client TTFT = client_edges + residual + frontend_ttft; frontend_ttft = frontend_dispatch + prefill_call "
-        "+ kv_transfer_est (P/D, frontend clock; the estimate holds the KV transfer, the decode worker's first "
-        "step and its hops); prefill_worker and busy/idle on each worker's clock"
+        "client TTFT = client + client_late_est + residual + server_ttft (Dynamo's frontend TTFT) = ... + "
+        "frontend_dispatch + prefill_call + kv_transfer_est (P/D, frontend clock; the estimate holds the KV "
+        "transfer, the decode worker's first step and its hops); prefill_worker and busy/idle on each worker's clock"
     )
     return Group(table, note)
 

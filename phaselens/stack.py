@@ -373,4 +373,3 @@ class ServedStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-

@@ -111,8 +111,9 @@ class DynamoDeployment:
 
     def _lost_port(self, exc: BaseException) -> bool:
         front = self.frontend
-        exited = front is not None and front.proc.poll() is not None
-        return isinstance(exc, StackError) and exited and BIND_FAILED in front.log_tail(20000)
+        if front is None or front.proc.poll() is None:
+            return False
+        return isinstance(exc, StackError) and BIND_FAILED in front.log_tail(20000)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Poll /v1/models until it lists the model; any child exiting first is an error."""
