@@ -9,9 +9,10 @@ tests/test_diagnose.py); the figures quoted are what those runs measured.
 
 from __future__ import annotations
 
-# SLOs used when the user gives none (the dashboards' defaults too): interactive chat targets.
-DEFAULT_TTFT_SLO_MS = 500.0
-DEFAULT_TPOT_SLO_MS = 50.0
+# the SLOs judged when the user gives none, declared in common/slo.py
+from phaselens.common.slo import DEFAULT_TPOT_SLO_MS as DEFAULT_TPOT_SLO_MS
+from phaselens.common.slo import DEFAULT_TTFT_SLO_MS as DEFAULT_TTFT_SLO_MS
+
 # An SLO "holds with margin" at a percentile when the figure is at most MARGIN × SLO: a run at
 # 90 % of its target is one burst away from missing it, so it still gets causes ("at risk").
 MARGIN = 0.8

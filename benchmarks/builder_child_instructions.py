@@ -93,7 +93,7 @@ def stream(steps: int) -> tuple[bytes, bytes, int, int]:
         else:
             frames.append(wire.encode_step(record))
     frames.append(wire.frame(wire.KIND_FLUSH, (requests + 1,)))
-    hello = wire.frame(wire.KIND_HELLO, ("bench", anchor.mono_ns, anchor.wall_ns, False))
+    hello = wire.frame(wire.KIND_HELLO, ("bench", anchor.mono_ts, anchor.wall_ts, False))
     return hello, b"".join(frames), requests, len(records) - requests
 
 

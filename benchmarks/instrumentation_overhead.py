@@ -334,11 +334,11 @@ def measured(run, model: ModelStandIn, after=lambda: None) -> dict:
     work either way and moves by more than the effect on a shared machine); the loop thread's own
     ns (run_engine's, without the model steps); the full steps' p50 and p99."""
     model_cpu_ns = model.cpu_ns
-    cpu_ns, wall_ns = time.process_time_ns(), time.perf_counter_ns()
+    cpu_start_ns, start_ts = time.process_time_ns(), time.perf_counter_ns()
     loop_ns = run()
-    wall_ns = time.perf_counter_ns() - wall_ns
+    wall_ns = time.perf_counter_ns() - start_ts
     after()
-    cpu_ns = time.process_time_ns() - cpu_ns - (model.cpu_ns - model_cpu_ns)
+    cpu_ns = time.process_time_ns() - cpu_start_ns - (model.cpu_ns - model_cpu_ns)
     return {"wall": wall_ns, "cpu": cpu_ns, "loop": loop_ns, "quantiles": model.take_step_quantiles_ms()}
 
 

@@ -154,10 +154,10 @@ async def measure(url: str, ladder: Ladder, streams: int, duration_s: float, pro
         run = await runner.run(plan, client, work.requests())
     cpu_s = time.process_time() - cpu_s
     ok = [r for r in run.results if r.ok]
-    errors = [(c - int(t)) / 1e6 for r in ok for c, t in zip(r.chunk_ns, r.chunk_text, strict=False)]
-    chunks = sum(len(r.chunk_ns) for r in ok)
-    span_ns = max((r.last_chunk_ns or r.done_ns for r in ok), default=0) - min((r.sent_ns for r in ok), default=0)
-    edges = sorted([(r.sent_ns, 1) for r in run.results] + [(r.done_ns, -1) for r in run.results])
+    errors = [(c - int(t)) / 1e6 for r in ok for c, t in zip(r.chunk_ts, r.chunk_text, strict=False)]
+    chunks = sum(len(r.chunk_ts) for r in ok)
+    span_ns = max((r.last_chunk_ts or r.done_ts for r in ok), default=0) - min((r.sent_ts for r in ok), default=0)
+    edges = sorted([(r.sent_ts, 1) for r in run.results] + [(r.done_ts, -1) for r in run.results])
     peak, live = 0, 0
     for _, step in edges:
         live += step

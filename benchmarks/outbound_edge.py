@@ -177,7 +177,7 @@ def slow_reader() -> list[dict[str, Any]]:
     time.sleep(1.0)
     rows = []
     for rcvbuf, pre in SLOW_READER_ROWS:
-        seen_ns = _read_slowly(listener.getsockname()[1], pre, rcvbuf)
+        seen_ts = _read_slowly(listener.getsockname()[1], pre, rcvbuf)
         time.sleep(0.05)
         called = state["called"]
         rows.append(
@@ -188,7 +188,7 @@ def slow_reader() -> list[dict[str, Any]]:
                 "transport_after": state["after"],
                 "kernel_unsent_ahead_bytes": state["queued"],
                 "send_ms": (state["returned"] - called) / 1e6,
-                "client_saw_after_call_ms": (seen_ns - called) / 1e6,
+                "client_saw_after_call_ms": (seen_ts - called) / 1e6,
             }
         )
     return rows
@@ -202,15 +202,15 @@ def _read_slowly(port: int, pre: int, rcvbuf: int) -> int:
         client.connect(("127.0.0.1", port))
         client.sendall(f"GET /{pre} HTTP/1.1\r\nhost: bench\r\n\r\n".encode())
         time.sleep(PAUSE_S)
-        got, seen_ns = bytearray(), 0
+        got, seen_ts = bytearray(), 0
         while not got.endswith(b"0\r\n\r\n"):
             data = client.recv(1 << 16)
             if not data:
                 break
             got += data
-            if not seen_ns and FIRST.search(got, max(0, len(got) - len(data) - len(FIRST.pattern))):
-                seen_ns = time.monotonic_ns()
-        return seen_ns
+            if not seen_ts and FIRST.search(got, max(0, len(got) - len(data) - len(FIRST.pattern))):
+                seen_ts = time.monotonic_ns()
+        return seen_ts
 
 
 def cost_ns(calls: int = 200_000) -> dict[str, list[float]]:

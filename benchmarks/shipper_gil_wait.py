@@ -55,11 +55,11 @@ def model_waits(step_ns: int, running: Callable[[], bool]) -> list[int]:
     thread running Python again."""
     waits = []
     while running():
-        deadline_ns = time.monotonic_ns() + step_ns
+        deadline_ts = time.monotonic_ns() + step_ns
         _LIBC.clock_nanosleep(
-            CLOCK_MONOTONIC, TIMER_ABSTIME, ctypes.byref(_Timespec(*divmod(deadline_ns, 10**9))), None
+            CLOCK_MONOTONIC, TIMER_ABSTIME, ctypes.byref(_Timespec(*divmod(deadline_ts, 10**9))), None
         )
-        waits.append(time.monotonic_ns() - deadline_ns)
+        waits.append(time.monotonic_ns() - deadline_ts)
         sum(range(50))  # the loop's own Python between model calls
     return waits
 

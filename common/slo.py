@@ -1,12 +1,18 @@
 """The SLO syntax every phaselens command takes: `ttft:MS,tpot:MS,e2el:MS` (each key at most once,
 MS > 0). One parser, used directly by `phaselens bench --goodput|sweep --slo` (loadgen) and by
-`phaselens budget|report|demo --slo` (analysis, which takes ttft and tpot only)."""
+`phaselens budget|diagnose|report|demo --slo` (analysis, which takes ttft and tpot only and judges
+against DEFAULT_SLO where no `--slo` is given, or against its keys where a key is left out)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
+GOODPUT_SLO_KEYS = ("ttft", "tpot")  # what the analysis's goodput judges
+# The SLOs goodput is judged against when the user gives none (the dashboards' defaults too):
+# interactive chat targets.
+DEFAULT_TTFT_SLO_MS = 500.0
+DEFAULT_TPOT_SLO_MS = 50.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,3 +45,17 @@ def parse_slo(items: str | list[str], allowed: tuple[str, ...] = SLO_KEYS) -> SL
     if not values:
         raise ValueError(f"no SLO given: use {spec}")
     return SLO(**{f"{key}_ms": ms for key, ms in values.items()})
+
+
+DEFAULT_SLO = SLO(ttft_ms=DEFAULT_TTFT_SLO_MS, tpot_ms=DEFAULT_TPOT_SLO_MS)
+
+
+def goodput_slo(text: str | None) -> SLO:
+    """The TTFT and TPOT SLOs of `--slo` text (parse_slo) with_defaults; None → DEFAULT_SLO. Raises
+    ValueError as parse_slo."""
+    return DEFAULT_SLO if text is None else with_defaults(parse_slo(text, GOODPUT_SLO_KEYS))
+
+
+def with_defaults(slo: SLO) -> SLO:
+    """`slo`'s TTFT and TPOT, each left out taking DEFAULT_SLO's."""
+    return SLO(ttft_ms=slo.ttft_ms or DEFAULT_TTFT_SLO_MS, tpot_ms=slo.tpot_ms or DEFAULT_TPOT_SLO_MS)

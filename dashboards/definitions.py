@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phaselens.analysis import queries, sketch, terms
+from phaselens.analysis import queries as queries
+from phaselens.analysis import terms
 from phaselens.analysis import thresholds as th
+from phaselens.analysis.queries import sketch
 from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from phaselens.dashboards.model import (
     FORMAT_TABLE,
@@ -110,6 +112,15 @@ def unit_override(pattern: str, unit: str, *, right_axis: bool = False) -> dict:
     return {"matcher": {"id": "byRegexp", "options": pattern}, "properties": props}
 
 
+def unobserved_override(names: list[str]) -> dict:
+    """Columns `names` (budget terms) read `unobserved` where NULL: a term no request stamped, never 0."""
+    pattern = f"^({'|'.join(names)})$"
+    return {
+        "matcher": {"id": "byRegexp", "options": pattern},
+        "properties": [{"id": "noValue", "value": queries.UNOBSERVED}],
+    }
+
+
 # --- variables -----------------------------------------------------------------------------------
 # Value lists for the drop-downs; their SQL, like the panels', is in phaselens.analysis.queries.
 
@@ -173,7 +184,10 @@ def budget_bars(src: Source, query: str, title: str, description: str, *, width:
         height=9,
         unit="ms",
         custom={"fillOpacity": 80, "lineWidth": 1},
-        overrides=[_term_override(terms.REGISTRY.term(name)) for name in columns(query)[1:]],
+        overrides=[
+            *(_term_override(terms.REGISTRY.term(name)) for name in columns(query)[1:]),
+            unobserved_override(columns(query)[1:]),
+        ],
         options={
             "orientation": "horizontal",
             "stacking": "normal",
@@ -304,6 +318,7 @@ def budget_panels(src: Source) -> list[dict]:
             overrides=[
                 link_override("trace_id", "Open request trace", trace_url),
                 unit_override("^(input_tokens|output_tokens|preemptions)$", "none"),
+                unobserved_override([name for name, _ in queries.COMPONENTS]),
             ],
             options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
         ),
@@ -312,7 +327,7 @@ def budget_panels(src: Source) -> list[dict]:
 
 
 def _pd_budget_panel(src: Source) -> dict:
-    """The disaggregated TTFT budget of `phaselens budget` (analysis/pd_queries.py), from the rollups
+    """The disaggregated TTFT budget of `phaselens budget` (analysis/queries/pd_queries.py), from the rollups
     (`pd_budget_stack_rollup`; `phaselens budget` reads every request: `pd_summary`)."""
     return budget_bars(
         src,

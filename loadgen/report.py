@@ -154,13 +154,13 @@ def client_bottleneck_note(summary: dict) -> str | None:
     )
 
 
-def request_row(index: int, r: StreamResult, start_ns: int) -> dict:
+def request_row(index: int, r: StreamResult, start_ts: int) -> dict:
     """One `--per-request` line: timings (ms, client monotonic clock), tokens, trace id, error."""
-    rel = lambda ns: None if ns is None else (ns - start_ns) / 1e6  # noqa: E731
+    rel = lambda ts: None if ts is None else (ts - start_ts) / 1e6  # noqa: E731
     return {
         "index": index,
-        "intended_ms": rel(r.intended_ns),
-        "sent_ms": rel(r.sent_ns),
+        "intended_ms": rel(r.intended_ts),
+        "sent_ms": rel(r.sent_ts),
         "schedule_lag_ms": r.schedule_lag_ms,
         "ttft_ms": r.ttft_ms,
         "client_send_ms": r.send_ms,
@@ -183,10 +183,10 @@ def request_row(index: int, r: StreamResult, start_ns: int) -> dict:
         "trace_id": r.trace_id,
         "span_id": r.span_id,
         "response_id": r.response_id,
-        "sent_wall_ns": r.sent_wall_ns,
+        "sent_wall_ns": r.sent_wall_ts,
     }
 
 
-def write_per_request(path: str, results: list[StreamResult], start_ns: int) -> None:
+def write_per_request(path: str, results: list[StreamResult], start_ts: int) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(request_row(i, r, start_ns)) + "\n" for i, r in enumerate(results))
+        f.writelines(json.dumps(request_row(i, r, start_ts)) + "\n" for i, r in enumerate(results))

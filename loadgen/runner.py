@@ -15,10 +15,10 @@ import asyncio
 import contextlib
 import gc
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs, perf_counter_ts, wall_clock_ts
 from phaselens.instrumentation.client.traced_client import StreamResult, TracedClient
 from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals
 from phaselens.loadgen.workloads import RequestSpec
@@ -51,13 +51,13 @@ class RunPlan:
 class RunResult:
     results: list[StreamResult]
     warmup_results: list[StreamResult]
-    start_ns: int  # the schedule's time zero (perf_counter_ns)
-    end_ns: int  # the last response closed
-    start_wall_ns: int
+    start_ts: MonoTs  # the schedule's time zero (the client's perf_counter_ns)
+    end_ts: MonoTs  # the last response closed
+    start_wall_ts: WallTs
 
     @property
     def duration_s(self) -> float:
-        return max(self.end_ns - self.start_ns, 0) / 1e9
+        return max(self.end_ts - self.start_ts, 0) / 1e9
 
 
 OnDone = Callable[[StreamResult], None]
@@ -69,15 +69,15 @@ async def run(
     """Run `plan`: warm-up first, then the measured requests; never raises for a failed request."""
     warmup = await _warmup(plan, client, specs)
     with _frozen_heap():
-        start_wall_ns = time.time_ns()
-        start_ns = time.perf_counter_ns() + _START_LEAD_NS
+        start_wall_ts = wall_clock_ts()
+        start_ts = MonoTs(perf_counter_ts() + _START_LEAD_NS)
         if plan.arrivals is None:
-            results = await _closed_loop(plan, client, specs, start_ns, on_done)
+            results = await _closed_loop(plan, client, specs, start_ts, on_done)
         else:
-            results = await _open_loop(plan, client, specs, start_ns, on_done)
-    results.sort(key=lambda r: r.intended_ns)
-    end_ns = max((r.done_ns for r in results), default=start_ns)
-    return RunResult(results, warmup, start_ns, end_ns, start_wall_ns)
+            results = await _open_loop(plan, client, specs, start_ts, on_done)
+    results.sort(key=lambda r: r.intended_ts or NOT_STAMPED)  # `_send` gives every result one
+    end_ts = max((r.done_ts for r in results), default=start_ts)
+    return RunResult(results, warmup, start_ts, end_ts, start_wall_ts)
 
 
 @contextlib.contextmanager
@@ -94,10 +94,10 @@ def _frozen_heap():
 
 
 async def _send(
-    plan: RunPlan, client: TracedClient, spec: RequestSpec, intended_ns: int, on_done: OnDone | None
+    plan: RunPlan, client: TracedClient, spec: RequestSpec, intended_ts: MonoTs, on_done: OnDone | None
 ) -> StreamResult:
     payload = spec.payload(plan.endpoint, plan.model, plan.ignore_eos, plan.extra)
-    result = await client.stream(plan.endpoint, payload, intended_ns=intended_ns)
+    result = await client.stream(plan.endpoint, payload, intended_ts=intended_ts)
     if on_done is not None:
         on_done(result)
     return result
@@ -108,21 +108,21 @@ async def _warmup(plan: RunPlan, client: TracedClient, specs: Iterator[RequestSp
 
     async def one(spec: RequestSpec) -> StreamResult:
         async with limit:
-            return await _send(plan, client, spec, time.perf_counter_ns(), None)
+            return await _send(plan, client, spec, perf_counter_ts(), None)
 
     return list(await asyncio.gather(*(one(spec) for spec in itertools.islice(specs, plan.warmup))))
 
 
 async def _open_loop(
-    plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ns: int, on_done: OnDone | None
+    plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ts: MonoTs, on_done: OnDone | None
 ) -> list[StreamResult]:
     limit = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
 
-    async def one(spec: RequestSpec, intended_ns: int) -> StreamResult:
+    async def one(spec: RequestSpec, intended_ts: MonoTs) -> StreamResult:
         if limit is None:
-            return await _send(plan, client, spec, intended_ns, on_done)
-        async with limit:  # a wait here counts as schedule lag: intended_ns stays the schedule's
-            return await _send(plan, client, spec, intended_ns, on_done)
+            return await _send(plan, client, spec, intended_ts, on_done)
+        async with limit:  # a wait here counts as schedule lag: intended_ts stays the schedule's
+            return await _send(plan, client, spec, intended_ts, on_done)
 
     assert plan.arrivals is not None  # run() sends a closed loop to _closed_loop
     tasks = []
@@ -132,11 +132,11 @@ async def _open_loop(
                 plan.duration_s is not None and offset_s >= plan.duration_s
             ):
                 break
-            intended_ns = start_ns + int(offset_s * 1e9)
-            delay_ns = intended_ns - time.perf_counter_ns()
+            intended_ts = MonoTs(start_ts + int(offset_s * 1e9))
+            delay_ns = intended_ts - perf_counter_ts()
             if delay_ns > 0:
                 await asyncio.sleep(delay_ns / 1e9)
-            tasks.append(asyncio.create_task(one(spec, intended_ns)))
+            tasks.append(asyncio.create_task(one(spec, intended_ts)))
         return list(await asyncio.gather(*tasks))
     except BaseException:  # cancelled or failed: no request may outlive the run
         for task in tasks:
@@ -145,20 +145,20 @@ async def _open_loop(
 
 
 async def _closed_loop(
-    plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ns: int, on_done: OnDone | None
+    plan: RunPlan, client: TracedClient, specs: Iterator[RequestSpec], start_ts: MonoTs, on_done: OnDone | None
 ) -> list[StreamResult]:
     counter = itertools.count()
-    deadline_ns = None if plan.duration_s is None else start_ns + int(plan.duration_s * 1e9)
+    deadline_ts = None if plan.duration_s is None else MonoTs(start_ts + int(plan.duration_s * 1e9))
     results: list[StreamResult] = []
-    delay_ns = start_ns - time.perf_counter_ns()
+    delay_ns = start_ts - perf_counter_ts()
     if delay_ns > 0:
         await asyncio.sleep(delay_ns / 1e9)
 
     async def worker() -> None:
         # the intended time of a closed-loop request is when its worker became free
         for i in counter:
-            now = time.perf_counter_ns()
-            if (plan.requests is not None and i >= plan.requests) or (deadline_ns is not None and now >= deadline_ns):
+            now = perf_counter_ts()
+            if (plan.requests is not None and i >= plan.requests) or (deadline_ts is not None and now >= deadline_ts):
                 return
             spec = next(specs, None)
             if spec is None:

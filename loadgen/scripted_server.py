@@ -18,11 +18,11 @@ import asyncio
 import json
 import signal
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Self
 
+from phaselens.common.clocks import MonoTs, perf_counter_ts
 from phaselens.reference_server.sse import DONE_EVENT, encode_event
 
 
@@ -84,8 +84,8 @@ class ScriptedRequest:
     path: str
     headers: dict[str, str]
     body: dict
-    received_ns: int
-    sent_ns: list[int] = field(default_factory=list)  # stamp of each step's write
+    received_ts: MonoTs
+    sent_ts: list[MonoTs] = field(default_factory=list)  # stamp of each step's write
 
 
 Handler = Callable[[ScriptedRequest], Awaitable[Reply]]
@@ -144,10 +144,10 @@ class ScriptedServer:
         for step in reply.steps:
             if step.delay_ms > 0:
                 await asyncio.sleep(step.delay_ms / 1e3)
-            now = time.perf_counter_ns()
+            now = perf_counter_ts()
             data = step.data(now) if callable(step.data) else step.data
             writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-            request.sent_ns.append(now)
+            request.sent_ts.append(now)
             await writer.drain()
         if reply.abort:
             return False
@@ -161,12 +161,12 @@ async def _read_request(reader: asyncio.StreamReader) -> ScriptedRequest | None:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError:
         return None
-    received = time.perf_counter_ns()
+    received = perf_counter_ts()
     lines = head.decode("latin-1").split("\r\n")
     path = lines[0].split(" ")[1]
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
     body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return ScriptedRequest(path=path, headers=headers, body=json.loads(body) if body else {}, received_ns=received)
+    return ScriptedRequest(path=path, headers=headers, body=json.loads(body) if body else {}, received_ts=received)
 
 
 def stamped_stream(interval_ms: float) -> Handler:

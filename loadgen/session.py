@@ -20,6 +20,9 @@ from phaselens.loadgen.workloads import DatasetWorkload, LengthDist, SyntheticWo
 SERVICE_NAME = "phaselens-loadgen"
 
 
+DEFAULT_INPUT_LEN = "128"  # prompt length distribution of synthetic prompts (--input-len)
+
+
 @dataclass(slots=True)
 class BenchOptions:
     url: str
@@ -32,7 +35,7 @@ class BenchOptions:
     requests: int | None = None
     duration_s: float | None = None
     warmup: int = 0
-    input_len: str = "128"
+    input_len: str = DEFAULT_INPUT_LEN
     output_len: str | None = None  # None: 128, or the dataset's lengths
     dataset: str | None = None
     shared_prefix: int = 0

@@ -26,16 +26,16 @@ from urllib.parse import urlsplit
 import numpy as np
 from rich.console import Console
 
-from phaselens.analysis import budget_format, report_page, rollup
-from phaselens.analysis.budget import GOODPUT_SLO_KEYS, AnalysisError, budget
+from phaselens.analysis.budget import AnalysisError, budget, budget_format
 from phaselens.analysis.report import build as build_report
-from phaselens.common.slo import SLO, parse_slo
+from phaselens.analysis.report import report_page
+from phaselens.analysis.rollup import rollup
+from phaselens.common.slo import SLO, goodput_slo
 from phaselens.loadgen.workloads import words
 from phaselens.stack import CLIENT_SERVICE, SERVER_SERVICE, Stack, StackError
 from phaselens.storage.clickhouse_url import connect
 
 DEFAULT_RATE = 5.0  # req/s: near the tiny model's capacity with this workload on 2 CPU cores (measured)
-DEFAULT_SLO = "ttft:1000,tpot:100"
 SHORT_WORDS, LONG_WORDS, LONG_SHARE = (8, 40), (150, 300), 0.2
 OUTPUT_TOKENS = (16, 48)
 
@@ -50,7 +50,7 @@ class DemoOptions:
     data_dir: str | None = None  # None: a temporary directory, removed at the end
     keep_running: bool = False
     report_path: str = "phaselens-report.html"
-    slo: str = DEFAULT_SLO
+    slo: str | None = None  # `--slo` text; None: common.slo.DEFAULT_SLO
     seed: int = 0
     shards: int = 1  # >1: an embedded ClickHouse cluster of that many shards
     span_timeout_s: float = 120.0
@@ -71,7 +71,7 @@ class DemoOptions:
             raise ValueError(f"--slo: {e}") from None
 
     def goodput_slo(self) -> SLO:
-        return parse_slo(self.slo, GOODPUT_SLO_KEYS)
+        return goodput_slo(self.slo)
 
 
 @dataclass(slots=True)
@@ -106,6 +106,7 @@ def run_load(stack: Stack, opts: DemoOptions, run_dir: Path, url: str | None = N
     """One `phaselens bench` run against the stack's server (or `url`); trace ids from its per-request file."""
     dataset, per_request, summary = run_dir / "workload.jsonl", run_dir / "requests.jsonl", run_dir / "bench.json"
     workload = make_dataset(dataset, opts.requests, opts.seed)
+    slo = opts.goodput_slo()
     argv = [
         "--model",
         stack.served_model() if url is None else opts.model,
@@ -119,7 +120,7 @@ def run_load(stack: Stack, opts: DemoOptions, run_dir: Path, url: str | None = N
         "--seed",
         str(opts.seed),
         "--goodput",
-        *opts.slo.split(","),
+        *(f"{key}:{ms:g}" for key, ms in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms))),
         "--per-request",
         str(per_request),
         "--json",

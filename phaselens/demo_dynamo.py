@@ -15,8 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from phaselens.analysis import budget_format, dynamo_budget
-from phaselens.analysis.budget import AnalysisError, budget
+from phaselens.analysis.budget import AnalysisError, budget, budget_format, dynamo_budget
 from phaselens.demo import DemoOptions, run_load, wait_for_spans
 from phaselens.dynamo_stack import DynamoStack
 from phaselens.stack import Stack, StackError

@@ -273,7 +273,7 @@ class Stack:
             return json.load(r)["data"][0]["id"]
 
     def otel_env(self, service_name: str) -> dict[str, str]:
-        """Standard OTEL_* variables pointing at this stack's collector (OTLP/gRPC, traces only)."""
+        """Standard OTEL_* variables pointing at this stack's collector (OTLP/gRPC: traces and metrics)."""
         env = project_env()
         env.update(
             {
@@ -281,7 +281,9 @@ class Stack:
                 "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_grpc_endpoint,
                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
                 "OTEL_TRACES_EXPORTER": "otlp",
-                "OTEL_METRICS_EXPORTER": "none",  # the collector receives traces only
+                # the collector stores metrics (otel_metrics_*): the gen_ai.server.* histograms land beside the spans
+                "OTEL_METRICS_EXPORTER": "otlp",
+                # phaselens's processes wire no OTel log exporter (instrumentation/pipeline/otel_setup.py)
                 "OTEL_LOGS_EXPORTER": "none",
                 "OTEL_TRACES_SAMPLER": "parentbased_always_on",
                 "OTEL_BSP_SCHEDULE_DELAY": BSP_SCHEDULE_DELAY_MS,

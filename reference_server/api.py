@@ -262,9 +262,10 @@ class _Routes:
             )
         max_tokens = parsed.max_tokens or (room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room))
         if max_tokens > room:
+            name = parsed.max_tokens_param
             raise bad(
-                f"max_tokens {max_tokens} + prompt {len(prompt_ids)} tokens exceed the context {context}",
-                "max_tokens",
+                f"{name} {max_tokens} + prompt {len(prompt_ids)} tokens exceed the context {context}",
+                name,
                 code="context_length_exceeded",
             )
         params = replace(

@@ -31,11 +31,14 @@ class EngineConfig:
     max_waiting: int = 1024
     seed: int = 0
     cpu_threads: int = 0  # torch intra-op threads on cpu; 0 = auto (1 for tiny, torch's default otherwise)
+    fault_token_id: int = -1  # tests only, no flag: a forward whose new tokens hold this id raises
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be >= 0, got {self.cpu_threads}")
+        if self.fault_token_id < -1:
+            raise ValueError(f"fault_token_id must be >= -1 (-1: off), got {self.fault_token_id}")
         positive = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size", "max_waiting")
         for name in positive:
             if getattr(self, name) < 1:

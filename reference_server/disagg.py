@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from phaselens.common.clocks import NOT_STAMPED, MonoTs, monotonic_ts
 from phaselens.reference_server import kv_transfer
 from phaselens.reference_server.kv_cache import PagedKVCache
 from phaselens.reference_server.sequence import Sequence
@@ -45,8 +45,8 @@ class KvHandoff:
     address: tuple[str, int]
     transfer_id: str
     traceparent: str = ""  # the trace context the decode instance's receive span joins
-    send_start_ns: int = 0
-    ack_ns: int = 0
+    send_start_ts: MonoTs = NOT_STAMPED
+    ack_ts: MonoTs = NOT_STAMPED
     kv_bytes: int = 0
     received_bytes: int = 0  # as the receiver's ack reports it
     error: str = ""
@@ -57,7 +57,7 @@ class ReceivedKv:
     """A transfer on its way into a decode instance's KV pool; `done` once the loop staged it."""
 
     transfer: kv_transfer.Transfer
-    received_ns: int  # the header and bytes read (monotonic ns of this instance)
+    received_ts: MonoTs  # the header and bytes read (monotonic ns of this instance)
     done: threading.Event = field(default_factory=threading.Event)
     error: str = ""
 
@@ -137,7 +137,7 @@ class KvSender:
     def _send(self, seq: Sequence) -> None:
         handoff = seq.handoff
         assert isinstance(handoff, KvHandoff)
-        handoff.send_start_ns = time.monotonic_ns()
+        handoff.send_start_ts = monotonic_ts()
         try:
             parts = self._cache.export_blocks(list(seq.block_table))
             header = transfer_header(seq, handoff, self._cache, self._model)
@@ -152,4 +152,4 @@ class KvSender:
             host, port = handoff.address
             handoff.error = f"KV transfer to the decode instance {host}:{port} failed: {exc}"
             log.warning("%s", handoff.error)
-        handoff.ack_ns = time.monotonic_ns()
+        handoff.ack_ts = monotonic_ts()

@@ -14,6 +14,11 @@ KV sender's releases) and one seam: a sequence with a KV handoff leaves the batc
 token (see reference_server.disagg). Results go out through each sequence's `sink` on the loop thread; the API
 layer's sink hops to its event loop with `call_soon_threadsafe`. Token stamps come after the
 step's single host sync (`.tolist()` inside `run`), never after a kernel launch.
+
+A fault in one request is that request's error, never its batch's: a row that fails to sample or a
+token that fails to detokenize fails its sequence alone (scheduler), and a forward that raises
+fails the requests new to that step (the culprit cannot be found cheaply) while the rest rerun the
+same step: the same KV slots, the same greedy ids. Only a step that fails again fails its batch.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from phaselens.common.clocks import MonoTs, monotonic_ts
 from phaselens.instrumentation.hotpath.observer import (
     FINISH_ABORT,
     FINISH_ERROR,
@@ -64,6 +70,7 @@ class EngineStats:
     decode_tokens: int = 0
     finished: int = 0
     aborted: int = 0
+    failed_requests: int = 0  # ended by an engine fault (finish reason "error")
     failed_steps: int = 0
     kv_sent: int = 0  # transfers acknowledged by a decode instance
     kv_send_failed: int = 0
@@ -268,18 +275,35 @@ class Engine:
         """One iteration: schedule → run → postprocess, observer stamps at the seams (module
         docstring). Public so tests can drive the engine without the thread."""
         self._drain()
-        start_ns = time.monotonic_ns()
+        start_ts = monotonic_ts()
         batch = self.scheduler.schedule()
         self._stamp_waits(batch)
         self._hand_out_received(batch)
         if batch.items:
-            token_ids = self.runner.run(batch)
-            self._stamp_prefill(batch, start_ns, time.monotonic_ns())
+            token_ids = self._run(batch)
+            self._stamp_prefill(batch, start_ts, monotonic_ts())
             self.scheduler.postprocess(batch, token_ids)
             self._hand_out(batch)
-            self._record_step(batch, start_ns)
+            self._record_step(batch, start_ts)
         self.stats.preemptions += batch.preemptions
         return batch
+
+    def _run(self, batch: Batch) -> list[int]:
+        """The forward; when it raises, the requests admitted this step fail and the rest rerun once
+        (module docstring). Raises when nothing was new, or when the rerun fails too."""
+        try:
+            return self.runner.run(batch)
+        except Exception as exc:
+            if not batch.admitted:
+                raise
+            log.warning("forward failed; failing the %d requests new to the step: %s", len(batch.admitted), exc)
+            self.stats.failed_steps += 1
+            new = batch.admitted
+            batch.items = [item for item in batch.items if item.seq not in new]
+            error = f"the forward pass failed with this request new in its batch: {type(exc).__name__}"
+            for seq in new:
+                self._close(seq, self.scheduler.finish(seq, FINISH_ERROR, SeqOutput(error=error)))
+        return self.runner.run(batch) if batch.items else []
 
     @staticmethod
     def _stamp_waits(batch: Batch) -> None:
@@ -289,11 +313,11 @@ class Engine:
             seq.observer.scheduled()
 
     @staticmethod
-    def _stamp_prefill(batch: Batch, start_ns: int, run_end_ns: int) -> None:
+    def _stamp_prefill(batch: Batch, start_ts: MonoTs, run_end_ts: MonoTs) -> None:
         """A chunk spans the whole step that ran it: scheduling, input building and the forward."""
         for item in batch.items:
             if item.prefill:
-                item.seq.observer.prefill_chunk(start_ns, run_end_ns, item.num_tokens, item.cached_tokens)
+                item.seq.observer.prefill_chunk(start_ts, run_end_ts, item.num_tokens, item.cached_tokens)
 
     @staticmethod
     def _hand_out_received(batch: Batch) -> None:
@@ -346,18 +370,19 @@ class Engine:
         self._live.pop(seq.seq_id, None)
         self.stats.finished += out.finish_reason != FINISH_ABORT
         self.stats.aborted += out.finish_reason == FINISH_ABORT
+        self.stats.failed_requests += out.finish_reason == FINISH_ERROR
         seq.observer.finished(out.finish_reason)
         seq.sink(out)
 
-    def _record_step(self, batch: Batch, start_ns: int) -> None:
+    def _record_step(self, batch: Batch, start_ts: MonoTs) -> None:
         prefill, decode = batch.prefill_tokens, batch.decode_tokens
         self.stats.steps += 1
         self.stats.prefill_tokens += prefill
         self.stats.decode_tokens += decode
         blocks = self.scheduler.blocks
         stats = StepStats(
-            start_ns,
-            time.monotonic_ns(),
+            start_ts,
+            monotonic_ts(),
             prefill_tokens=prefill,
             decode_tokens=decode,
             kv_blocks_used=blocks.num_used,

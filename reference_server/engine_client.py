@@ -30,6 +30,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from phaselens.common.clocks import MonoTs
 from phaselens.instrumentation.hotpath.observer import (
     FINISH_ABORT,
     FINISH_ERROR,
@@ -258,7 +259,8 @@ class EngineClient:
                 request.sink(output)
 
     def _replay(self, request: _Live, events: list[int]) -> None:
-        """The engine's stamps onto the request's observer (module docstring: whose clock each keeps)."""
+        """The engine's stamps onto the request's observer (module docstring: whose clock each keeps).
+        `events` mixes kinds, counts and stamps: a stamp gets its type (`MonoTs`) where it is read."""
         observer, timeline, i = request.observer, request.timeline, 0
         while i < len(events):
             kind = events[i]
@@ -267,11 +269,11 @@ class EngineClient:
                 if timeline is None:
                     (observer.scheduled if scheduled else observer.preempted)()
                 else:
-                    (timeline.scheduled_at if scheduled else timeline.preempted_at)(events[i + 1])
+                    (timeline.scheduled_at if scheduled else timeline.preempted_at)(MonoTs(events[i + 1]))
                 self._waiting += (not scheduled) - request.waiting
                 request.waiting = not scheduled
             elif kind == wire.EV_CHUNK:
-                observer.prefill_chunk(events[i + 1], events[i + 2], events[i + 3], events[i + 4])
+                observer.prefill_chunk(MonoTs(events[i + 1]), MonoTs(events[i + 2]), events[i + 3], events[i + 4])
             elif kind == wire.EV_FIRST_TOKEN:
                 observer.first_token()
             elif kind == wire.EV_TOKEN:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from time import monotonic_ns
 from typing import Any
 
+from phaselens.common.clocks import MonoTs
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
 from phaselens.reference_server import engine_wire as wire
 from phaselens.reference_server.config import EngineConfig
@@ -66,8 +67,8 @@ class StampLog:
     def scheduled(self) -> None:
         self._log(wire.EV_SCHEDULED, monotonic_ns())
 
-    def prefill_chunk(self, start_ns: int, end_ns: int, tokens: int, cached_tokens: int) -> None:
-        self._log(wire.EV_CHUNK, start_ns, end_ns, tokens, cached_tokens)
+    def prefill_chunk(self, start_ts: MonoTs, end_ts: MonoTs, tokens: int, cached_tokens: int) -> None:
+        self._log(wire.EV_CHUNK, start_ts, end_ts, tokens, cached_tokens)
 
     def first_token(self) -> None:
         self._log(wire.EV_FIRST_TOKEN)

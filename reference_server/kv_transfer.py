@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from phaselens.common.clocks import NOT_STAMPED, MonoTs, monotonic_ts
+
 Check = Callable[[dict[str, Any]], None]  # refuses a header (ValueError) before its bytes are read
 
 MAGIC = b"PLKV0001"
@@ -41,7 +43,7 @@ class Transfer:
 
     header: dict[str, Any]
     parts: list[bytes]
-    accepted_ns: int = 0  # the connection accepted (monotonic ns of the receiver)
+    accepted_ts: MonoTs = NOT_STAMPED  # the connection accepted (monotonic ns of the receiver)
 
     @property
     def nbytes(self) -> int:
@@ -154,12 +156,12 @@ class KvReceiver:
             threading.Thread(target=self._serve, args=(conn,), name="kv-receive", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        accepted_ns = time.monotonic_ns()
+        accepted_ts = monotonic_ts()
         with conn:
             conn.settimeout(self._timeout_s)
             try:
                 transfer = receive(conn, self._check)
-                transfer.accepted_ns = accepted_ns
+                transfer.accepted_ts = accepted_ts
             except (KvTransferError, OSError, ValueError) as exc:
                 self._ack(conn, {"ok": False, "error": str(exc)})
                 _discard(conn)

@@ -50,6 +50,7 @@ class ModelRunner:
             self.device,
         )
         self.sampler = Sampler(self.loaded.suppressed_ids, self.device, config.seed)
+        self.fault_token_id = config.fault_token_id
 
     @property
     def tokenizer(self):
@@ -93,6 +94,8 @@ class ModelRunner:
                 layout.prefills.append(self._prefill_span(row, start, end, seq.block_table))
             else:
                 decodes.append((row, seq.block_table, end))
+        if self.fault_token_id >= 0 and self.fault_token_id in ids:  # the tests' seam (EngineConfig)
+            raise RuntimeError(f"forced fault: token {self.fault_token_id} in the batch")
         layout.slot_mapping = self._tensor(slots)
         decodes.sort(key=lambda d: d[2])
         layout.decodes = [

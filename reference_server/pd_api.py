@@ -15,12 +15,12 @@ Both serve whole requests as any instance does; a request that carries `kv_trans
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from phaselens.common.clocks import monotonic_ts
 from phaselens.instrumentation.hotpath.observer import RequestHandle
 from phaselens.reference_server.api import Job, OutputStream, _Routes
 from phaselens.reference_server.disagg import KvHandoff, ReceivedKv
@@ -70,8 +70,8 @@ class PrefillRoutes(_Routes):
             return await super()._respond(request, job, stream, handle, seq_id)
         finally:  # the answer is built, not yet sent: where the router's hop starts (pd_spans)
             handoff = self._handoffs.pop(seq_id, None)
-            if handoff is not None and handoff.send_start_ns:
-                self.spans.kv_sent(handle, handoff, time.monotonic_ns())
+            if handoff is not None and handoff.send_start_ts:
+                self.spans.kv_sent(handle, handoff, monotonic_ts())
 
     def _engine_failure(self, out: SeqOutput, handle: RequestHandle) -> ApiError:
         if not out.error:
@@ -113,10 +113,10 @@ def kv_handler(engine: Engine, spans: PdSpans):
     """The decode instance's KvReceiver handler: stage the KV, then record the receive span."""
 
     def handle(transfer: Transfer) -> None:
-        received = ReceivedKv(transfer, time.monotonic_ns())
+        received = ReceivedKv(transfer, monotonic_ts())
         try:
             engine.receive_kv(received)
         finally:
-            spans.kv_received(received, time.monotonic_ns())
+            spans.kv_received(received, monotonic_ts())
 
     return handle

@@ -18,6 +18,7 @@ from typing import Any
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from phaselens.common.clocks import MonoTs
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor, process_anchor
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
@@ -38,8 +39,8 @@ def parse_traceparent(value: str) -> SpanContext | None:
     return context if context.is_valid else None
 
 
-def ms(start_ns: int, end_ns: int) -> float:
-    return (end_ns - start_ns) / 1e6
+def ms(start_ts: MonoTs, end_ts: MonoTs) -> float:
+    return (end_ts - start_ts) / 1e6
 
 
 class PdSpans:
@@ -63,9 +64,9 @@ class PdSpans:
             return ""
         return traceparent(root.trace_id, self.new_span_id(), root.trace_flags)
 
-    def kv_sent(self, handle: Any, handoff: KvHandoff, answer_ns: int) -> None:
+    def kv_sent(self, handle: Any, handoff: KvHandoff, answer_ts: MonoTs) -> None:
         """llm.kv_transfer, child of the prefill instance's SERVER span: send start → acknowledgement;
-        with the request's received → answer built (`answer_ns`, before the framework sends it: the
+        with the request's received → answer built (`answer_ts`, before the framework sends it: the
         SERVER span ends after `send` returned, which may be after the router read the answer)."""
         context = parse_traceparent(handoff.traceparent)
         if context is None:
@@ -77,16 +78,16 @@ class PdSpans:
             names.PL_PD_TRANSFER_ID: handoff.transfer_id,
             names.PL_KV_BYTES: handoff.kv_bytes,
             names.PL_KV_ACKED_BYTES: handoff.received_bytes,
-            names.PL_KV_TRANSFER_MS: ms(handoff.send_start_ns, handoff.ack_ns),
-            names.PL_KV_WAIT_MS: ms(handle.first_token_ts, handoff.send_start_ns) if handle.first_token_ts else None,
+            names.PL_KV_TRANSFER_MS: ms(handoff.send_start_ts, handoff.ack_ts),
+            names.PL_KV_WAIT_MS: ms(handle.first_token_ts, handoff.send_start_ts) if handle.first_token_ts else None,
             names.PL_KV_PEER: f"{host}:{port}",
-            names.PL_PD_PREFILL_ANSWER_MS: ms(handle.received_ts, answer_ns),
+            names.PL_PD_PREFILL_ANSWER_MS: ms(handle.received_ts, answer_ts),
         }
         self.submit(
-            names.SPAN_KV_TRANSFER, context, parent, handoff.send_start_ns, handoff.ack_ns, attrs, handoff.error
+            names.SPAN_KV_TRANSFER, context, parent, handoff.send_start_ts, handoff.ack_ts, attrs, handoff.error
         )
 
-    def kv_received(self, received: ReceivedKv, done_ns: int) -> None:
+    def kv_received(self, received: ReceivedKv, done_ts: MonoTs) -> None:
         """llm.kv_receive, child of the sender's llm.kv_transfer: accepted → staged and acknowledged."""
         transfer = received.transfer
         parent = parse_traceparent(str(transfer.header.get("traceparent", "")))
@@ -96,18 +97,18 @@ class PdSpans:
         attrs: dict[str, Any] = {
             names.PL_PD_TRANSFER_ID: received.transfer_id,
             names.PL_KV_BYTES: transfer.nbytes,
-            names.PL_KV_READ_MS: ms(transfer.accepted_ns, received.received_ns),
-            names.PL_KV_STAGE_MS: ms(received.received_ns, done_ns),
+            names.PL_KV_READ_MS: ms(transfer.accepted_ts, received.received_ts),
+            names.PL_KV_STAGE_MS: ms(received.received_ts, done_ts),
         }
-        self.submit(names.SPAN_KV_RECEIVE, context, parent, transfer.accepted_ns, done_ns, attrs, received.error)
+        self.submit(names.SPAN_KV_RECEIVE, context, parent, transfer.accepted_ts, done_ts, attrs, received.error)
 
     def submit(
         self,
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
+        start_ts: MonoTs,
+        end_ts: MonoTs,
         attrs: dict[str, Any],
         error: str = "",
         kind: SpanKind = SpanKind.INTERNAL,
@@ -115,7 +116,7 @@ class PdSpans:
         """Make and emit the span on the executor; start/end are monotonic ns of this process."""
         if self._pool is None:
             return
-        self._pool.submit(self._emit_counted, name, context, parent, start_ns, end_ns, attrs, error, kind)
+        self._pool.submit(self._emit_counted, name, context, parent, start_ts, end_ts, attrs, error, kind)
 
     def _emit_counted(self, *args: Any) -> None:
         """A telemetry failure never reaches the request; it is counted in `failed`."""
@@ -130,8 +131,8 @@ class PdSpans:
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
+        start_ts: MonoTs,
+        end_ts: MonoTs,
         attrs: dict[str, Any],
         error: str,
         kind: SpanKind,
@@ -141,9 +142,9 @@ class PdSpans:
         status = Status(StatusCode.ERROR, error) if error else Status(StatusCode.UNSET)
         if error:
             attributes.setdefault(names.ERROR_TYPE, "kv_transfer_failed")
-        to_wall = self._anchor.to_wall_ns
+        to_wall = self._anchor.to_wall_ts
         span = self._emitter.span(
-            name, context, parent, to_wall(start_ns), to_wall(end_ns), attributes, kind=kind, status=status
+            name, context, parent, to_wall(start_ts), to_wall(end_ts), attributes, kind=kind, status=status
         )
         self._emitter.emit([span])
         self.emitted += 1

@@ -1,12 +1,18 @@
 """OpenAI request bodies → validated engine parameters; OpenAI-shaped errors.
 
 Only what the engine implements is accepted: `n` must be 1, `best_of`/`logprobs`/`echo`/`tools`
-are refused with a 400 naming the parameter rather than silently ignored. Unknown extra fields
-are ignored, as OpenAI-compatible servers do.
+are refused with a 400 naming the parameter rather than silently ignored, and so are penalties and
+`min_p` other than their neutral value (the sampler does not apply them). Unknown extra fields are
+ignored, as OpenAI-compatible servers do.
+
+Every numeric parameter is checked for type (a boolean or a string is not a number), then
+finiteness, then range, in that order: NaN compares False with everything, so a range check alone
+would let it through to the sampler. Integers must fit a signed 64-bit integer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +20,7 @@ from phaselens.reference_server.sequence import SamplingParams
 
 MAX_STOP_STRINGS = 4
 ROLES = ("system", "user", "assistant", "developer", "tool")
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 UNSUPPORTED = ("best_of", "echo", "logprobs", "top_logprobs", "tools", "functions", "suffix", "logit_bias")
 
 
@@ -49,30 +56,51 @@ class ParsedRequest:
     prompt: str | list[int] | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"  # the field that gave max_tokens, for errors
     stream: bool = False
     include_usage: bool = False
     kv_transfer: dict[str, str] | None = None  # disaggregated serving: `kv_transfer_params` (docs/disaggregation.md)
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+    """Type, then finiteness, then range (see the module docstring)."""
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(f"{name} must be a number", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad(f"{name} must be a finite number, got {value}", name)
     if value < low or value > high or (low_open and value == low):
         raise bad(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {value}", name)
     return float(value)
 
 
-def _integer(body: dict, name: str, low: int | None = None) -> int | None:
+def _neutral(body: dict, name: str, neutral: float, low: float, high: float, low_open: bool = False) -> None:
+    """A parameter the engine does not apply: checked like any number, then only its no-effect value passes."""
+    if _number(body, name, neutral, low, high, low_open) != neutral:
+        raise bad(f"{name} is not applied by this server: only {neutral} (no effect) is accepted", name)
+
+
+def _integer(body: dict, name: str, low: int = INT64_MIN) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad(f"{name} must be an integer", name)
-    if low is not None and value < low:
+        raise bad(f"{name} must be an integer, got {value!r:.40}", name)
+    if value < low:
         raise bad(f"{name} must be >= {low}, got {value}", name)
+    if value > INT64_MAX:
+        raise bad(f"{name} must fit a signed 64-bit integer (at most {INT64_MAX})", name)
+    return value
+
+
+def _boolean(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad(f"{name} must be a boolean", name)
     return value
 
 
@@ -94,17 +122,21 @@ def _common(body: Any, max_tokens_key: str) -> ParsedRequest:
     for name in UNSUPPORTED:
         if body.get(name) not in (None, False, 0):
             raise bad(f"{name} is not supported by this server", name)
-    if body.get("n", 1) != 1:
+    if _integer(body, "n") not in (None, 1):
         raise bad("only n=1 is supported", "n")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("model is required", "model")
-    stream = body.get("stream") or False
+    stream = _boolean(body, "stream")
     options = body.get("stream_options") or {}
-    if not isinstance(stream, bool) or not isinstance(options, dict):
-        raise bad("stream must be a boolean and stream_options an object", "stream")
+    if not isinstance(options, dict):
+        raise bad("stream_options must be an object", "stream_options")
     if options and not stream:
         raise bad("stream_options is only allowed with stream=true", "stream_options")
+    _neutral(body, "presence_penalty", 0.0, -2.0, 2.0)
+    _neutral(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    _neutral(body, "repetition_penalty", 1.0, 0.0, 2.0, low_open=True)
+    _neutral(body, "min_p", 0.0, 0.0, 1.0)
     top_k = _integer(body, "top_k", low=-1)
     sampling = SamplingParams(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
@@ -112,14 +144,14 @@ def _common(body: Any, max_tokens_key: str) -> ParsedRequest:
         top_k=max(top_k or 0, 0),  # -1 (vLLM) and 0 both mean off
         seed=_integer(body, "seed"),
         stop=_stop(body),
-        ignore_eos=bool(body.get("ignore_eos", False)),
+        ignore_eos=_boolean(body, "ignore_eos"),
     )
     return ParsedRequest(
         model=model,
         sampling=sampling,
         max_tokens=_integer(body, max_tokens_key, low=1),
         stream=stream,
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=_boolean(options, "include_usage"),
         kv_transfer=_kv_transfer(body),
     )
 
@@ -149,6 +181,8 @@ def parse_chat(body: Any) -> ParsedRequest:
     parsed = _common(body, "max_completion_tokens")
     if parsed.max_tokens is None:
         parsed.max_tokens = _integer(body, "max_tokens", low=1)
+    else:
+        parsed.max_tokens_param = "max_completion_tokens"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list", "messages")

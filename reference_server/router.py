@@ -23,7 +23,6 @@ their contexts travel to the instances as `traceparent`, so the request's trace 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from phaselens.common.clocks import NOT_STAMPED, MonoTs, monotonic_ts
 from phaselens.common.exposure import authorized
 from phaselens.reference_server.api import _NO_FASTAPI_TELEMETRY, EventStreamResponse, error_response
 from phaselens.reference_server.disagg import FINISH_TRANSFERRED
@@ -51,14 +51,14 @@ class Instance:
     inflight: int = 0
     picks: int = 0
     kv_address: str = ""  # decode instances: learnt from their /health
-    down_until_ns: int = 0  # after a failure it is passed over until then (monotonic ns)
+    down_until_ts: MonoTs = NOT_STAMPED  # after a failure it is passed over until then (monotonic ns)
 
     def mark_down(self) -> None:
-        self.down_until_ns = time.monotonic_ns() + int(DOWN_S * 1e9)
+        self.down_until_ts = MonoTs(monotonic_ts() + int(DOWN_S * 1e9))
 
     @property
     def up(self) -> bool:
-        return self.down_until_ns <= time.monotonic_ns()
+        return self.down_until_ts <= monotonic_ts()
 
 
 @dataclass(slots=True)
@@ -162,7 +162,7 @@ class Router:
         return await self._serve(request, CHAT)
 
     async def _serve(self, request: Request, path: str) -> Response:
-        rec = RouterRecord(received_ns=time.monotonic_ns(), chat=path == CHAT)
+        rec = RouterRecord(received_ts=monotonic_ts(), chat=path == CHAT)
         self.spans.open(rec, dict(request.headers))
         try:
             if not authorized(request.headers.get("authorization"), self.auth_token):
@@ -226,13 +226,13 @@ class Router:
         half = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False, "kv_transfer_params": kv}
         headers = self._forward_headers(request, self.spans.prefill_traceparent(rec))
         prefill.inflight += 1
-        rec.prefill_start_ns = time.monotonic_ns()
+        rec.prefill_start_ts = monotonic_ts()
         try:
             answer = await self.client.post(f"{prefill.url}{path}", json=half, headers=headers)
         except httpx.HTTPError as exc:
             raise _upstream_error(prefill, "prefill", exc) from None
         finally:
-            rec.prefill_end_ns = time.monotonic_ns()
+            rec.prefill_end_ts = monotonic_ts()
             prefill.inflight -= 1
         data = _json_or_error(answer, prefill, "prefill")
         if answer.status_code != 200:
@@ -243,7 +243,7 @@ class Router:
         return None if data["choices"][0].get("finish_reason") == FINISH_TRANSFERRED else data
 
     def _whole(self, data: dict[str, Any], rec: RouterRecord) -> Response:
-        rec.first_chunk_ns = rec.relayed_ns = rec.done_ns = time.monotonic_ns()
+        rec.first_chunk_ts = rec.relayed_ts = rec.done_ts = monotonic_ts()
         self.spans.close(rec)
         if not rec.stream:
             return JSONResponse(data)
@@ -254,7 +254,7 @@ class Router:
         half = body | {"kv_transfer_params": {"transfer_id": rec.transfer_id}}
         headers = self._forward_headers(request, self.spans.decode_traceparent(rec))
         decode.inflight += 1
-        rec.decode_start_ns = time.monotonic_ns()
+        rec.decode_start_ts = monotonic_ts()
         try:
             upstream = await self.client.send(
                 self.client.build_request("POST", f"{decode.url}{path}", json=half, headers=headers), stream=True
@@ -270,7 +270,7 @@ class Router:
             finally:
                 decode.inflight -= 1
                 await upstream.aclose()
-            rec.first_chunk_ns = rec.relayed_ns = rec.done_ns = time.monotonic_ns()
+            rec.first_chunk_ts = rec.relayed_ts = rec.done_ts = monotonic_ts()
             if upstream.status_code != 200:
                 rec.fail(_error_fields(_loads(raw)).get("code") or "decode_failed", upstream.status_code)
             self.spans.close(rec)
@@ -284,13 +284,13 @@ class Router:
         seen, ended = b"", False
         try:
             async for raw in upstream.aiter_raw():
-                if not rec.first_chunk_ns:
+                if not rec.first_chunk_ts:
                     seen += raw
                     if _has_content(seen):
-                        rec.first_chunk_ns = time.monotonic_ns()
+                        rec.first_chunk_ts = monotonic_ts()
                         seen = b""
-                if rec.first_chunk_ns and not rec.relayed_ns:
-                    rec.relayed_ns = time.monotonic_ns()
+                if rec.first_chunk_ts and not rec.relayed_ts:
+                    rec.relayed_ts = monotonic_ts()
                 yield raw
             ended = True
         except httpx.HTTPError as exc:
@@ -299,7 +299,7 @@ class Router:
             ended = True
             yield encode_event(error.body())
         finally:
-            rec.done_ns = time.monotonic_ns()
+            rec.done_ts = monotonic_ts()
             decode.inflight -= 1
             await upstream.aclose()
             if not ended:
@@ -307,7 +307,7 @@ class Router:
             self.spans.close(rec)
 
     def _failed(self, rec: RouterRecord, error: ApiError) -> Response:
-        rec.done_ns = time.monotonic_ns()
+        rec.done_ts = monotonic_ts()
         rec.fail(error.code or "decode_failed", error.status)
         self.spans.close(rec)
         return error_response(error)

@@ -26,6 +26,7 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
+from phaselens.common.clocks import NOT_STAMPED, MonoTs
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.ids import RootDecider, span_context
 from phaselens.instrumentation.hotpath.records import SpanIds
@@ -34,19 +35,19 @@ from phaselens.reference_server.pd_spans import PdSpans, ms, traceparent
 
 @dataclass(slots=True)
 class RouterRecord:
-    received_ns: int
+    received_ts: MonoTs
     chat: bool = False
     model: str = ""
     stream: bool = False
     transfer_id: str = ""
     prefill_url: str = ""
     decode_url: str = ""
-    prefill_start_ns: int = 0
-    prefill_end_ns: int = 0
-    decode_start_ns: int = 0
-    first_chunk_ns: int = 0  # the first content chunk arrived from the decode instance
-    relayed_ns: int = 0  # ... and was handed to the router's send
-    done_ns: int = 0
+    prefill_start_ts: MonoTs = NOT_STAMPED
+    prefill_end_ts: MonoTs = NOT_STAMPED
+    decode_start_ts: MonoTs = NOT_STAMPED
+    first_chunk_ts: MonoTs = NOT_STAMPED  # the first content chunk arrived from the decode instance
+    relayed_ts: MonoTs = NOT_STAMPED  # ... and was handed to the router's send
+    done_ts: MonoTs = NOT_STAMPED
     error_type: str = ""
     status_code: int = 200
     root: SpanIds | None = None
@@ -65,14 +66,14 @@ class RouterRecord:
     def terms_ms(self) -> dict[str, float]:
         """The router terms that this request's stamps define (module docstring)."""
         pairs = {
-            names.PL_ROUTER_INGRESS_MS: (self.received_ns, self.prefill_start_ns),
-            names.PL_ROUTER_PREFILL_CALL_MS: (self.prefill_start_ns, self.prefill_end_ns),
-            names.PL_ROUTER_GAP_MS: (self.prefill_end_ns, self.decode_start_ns),
-            names.PL_ROUTER_DECODE_FIRST_CHUNK_MS: (self.decode_start_ns, self.first_chunk_ns),
-            names.PL_ROUTER_RELAY_MS: (self.first_chunk_ns, self.relayed_ns),
-            names.PL_SERVER_TTFT_MS: (self.received_ns, self.first_chunk_ns),
-            names.PL_SERVER_TTFC_MS: (self.received_ns, self.relayed_ns),
-            names.PL_INGRESS_MS: (self.received_ns, self.prefill_start_ns),
+            names.PL_ROUTER_INGRESS_MS: (self.received_ts, self.prefill_start_ts),
+            names.PL_ROUTER_PREFILL_CALL_MS: (self.prefill_start_ts, self.prefill_end_ts),
+            names.PL_ROUTER_GAP_MS: (self.prefill_end_ts, self.decode_start_ts),
+            names.PL_ROUTER_DECODE_FIRST_CHUNK_MS: (self.decode_start_ts, self.first_chunk_ts),
+            names.PL_ROUTER_RELAY_MS: (self.first_chunk_ts, self.relayed_ts),
+            names.PL_SERVER_TTFT_MS: (self.received_ts, self.first_chunk_ts),
+            names.PL_SERVER_TTFC_MS: (self.received_ts, self.relayed_ts),
+            names.PL_INGRESS_MS: (self.received_ts, self.prefill_start_ts),
         }
         return {key: ms(a, b) for key, (a, b) in pairs.items() if a and b and b >= a}
 
@@ -100,7 +101,7 @@ class RouterSpans:
         """Emit the request's spans (off the event loop)."""
         if not rec.sampled or rec.root is None:
             return
-        end_ns = max(rec.done_ns, rec.relayed_ns, rec.prefill_end_ns, rec.received_ns)
+        end_ts = max(rec.done_ts, rec.relayed_ts, rec.prefill_end_ts, rec.received_ts)
         root = span_context(rec.root)
         operation = names.OP_CHAT if rec.chat else names.OP_TEXT_COMPLETION
         attrs: dict[str, Any] = {
@@ -118,16 +119,16 @@ class RouterSpans:
             attrs[names.ERROR_TYPE] = rec.error_type
         parent = span_context(rec.parent, is_remote=True) if rec.parent else None
         name = names.root_span_name(operation, rec.model)
-        self._spans.submit(name, root, parent, rec.received_ns, end_ns, attrs, rec.error_type, kind=SpanKind.SERVER)
+        self._spans.submit(name, root, parent, rec.received_ts, end_ts, attrs, rec.error_type, kind=SpanKind.SERVER)
         for span_id, start, end, span_name, url in (
             (
                 rec.prefill_span_id,
-                rec.prefill_start_ns,
-                rec.prefill_end_ns,
+                rec.prefill_start_ts,
+                rec.prefill_end_ts,
                 names.SPAN_PD_PREFILL_CALL,
                 rec.prefill_url,
             ),
-            (rec.decode_span_id, rec.decode_start_ns, rec.done_ns, names.SPAN_PD_DECODE_CALL, rec.decode_url),
+            (rec.decode_span_id, rec.decode_start_ts, rec.done_ts, names.SPAN_PD_DECODE_CALL, rec.decode_url),
         ):
             if start and end:
                 child = SpanContext(root.trace_id, span_id, False, root.trace_flags)

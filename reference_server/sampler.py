@@ -4,13 +4,17 @@ greedy (temperature 0): argmax. Otherwise: logits / temperature → keep the top
 keep the smallest set whose probability reaches top_p (nucleus) → sample with the request's
 `torch.Generator` (seeded per request when it gives `seed`, so a seed reproduces its output).
 The one `.tolist()` at the end is the step's only host sync.
+
+Each sampled row is its own: a row whose sampling raises (a NaN that reached it) gets `FAULT_ID`,
+and after the sync one min/max over the ids turns any id outside the vocabulary into `FAULT_ID`,
+so the scheduler fails that request alone and the rest of the step goes on.
 """
 
 from __future__ import annotations
 
 import torch
 
-from phaselens.reference_server.sequence import Sequence
+from phaselens.reference_server.sequence import FAULT_ID, Sequence
 
 
 class Sampler:
@@ -29,8 +33,15 @@ class Sampler:
         ids = logits.argmax(dim=-1)
         for row, seq in enumerate(seqs):
             if not seq.params.greedy:
-                ids[row] = self._sample_row(logits[row], seq)
-        return ids.tolist()
+                try:
+                    ids[row] = self._sample_row(logits[row], seq)
+                except RuntimeError:  # e.g. torch.multinomial on NaN probabilities: this row's fault
+                    ids[row] = FAULT_ID
+        sampled = ids.tolist()
+        vocab = logits.shape[-1]
+        if sampled and (min(sampled) < 0 or max(sampled) >= vocab):
+            return [i if 0 <= i < vocab else FAULT_ID for i in sampled]
+        return sampled
 
     def _sample_row(self, row: torch.Tensor, seq: Sequence) -> torch.Tensor:
         params = seq.params

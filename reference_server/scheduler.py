@@ -22,7 +22,8 @@ reserved by `stage`, and the sequence, its first token known, waits in `received
 (`add_received`); its admission schedules its first decode at once, without a prefill.
 
 A sequence finishes on EOS (unless `ignore_eos`), on a stop string, at `max_tokens`, at the context
-length, or when the engine ends it (abort, error); its KV is freed at once.
+length, or when the engine ends it (abort, error); its KV is freed at once. A token that failed to
+sample (`FAULT_ID`) or to detokenize fails its own sequence with an error, never the step.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from phaselens.instrumentation.hotpath.observer import FINISH_LENGTH, FINISH_STOP
+from phaselens.instrumentation.hotpath.observer import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from phaselens.reference_server.block_manager import BlockManager
 from phaselens.reference_server.config import POLICY_MIXED, EngineConfig
-from phaselens.reference_server.sequence import SeqOutput, SeqStatus, Sequence
+from phaselens.reference_server.sequence import FAULT_ID, SeqOutput, SeqStatus, Sequence
 
 
 @dataclass(slots=True)
@@ -165,8 +166,13 @@ class Scheduler:
         return out
 
     def _append_token(self, seq: Sequence, token_id: int) -> SeqOutput:
+        if token_id == FAULT_ID:
+            return self.finish(seq, FINISH_ERROR, SeqOutput(error="sampling its next token failed"))
         seq.token_ids.append(token_id)
-        reason, out = self._check_finish(seq, token_id)
+        try:
+            reason, out = self._check_finish(seq, token_id)
+        except Exception as exc:  # noqa: BLE001 — the detokenizer on this request's ids: its fault, not the batch's
+            return self.finish(seq, FINISH_ERROR, SeqOutput(error=f"detokenizing token {token_id} failed: {exc}"))
         return out if reason is None else self.finish(seq, reason, out)
 
     def _check_finish(self, seq: Sequence, token_id: int) -> tuple[str | None, SeqOutput]:

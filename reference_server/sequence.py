@@ -14,6 +14,9 @@ if TYPE_CHECKING:  # torch loads with the model runner, not with the request boo
     import torch
 
 
+FAULT_ID = -1  # a sampled id that failed (reference_server.sampler): its request fails alone
+
+
 class SeqStatus(Enum):
     WAITING = 1
     RUNNING = 2
@@ -22,9 +25,12 @@ class SeqStatus(Enum):
     STAGED = 5  # decode instance: KV received, waiting for its request (disagg)
 
 
+GREEDY_BELOW = 1e-5  # as vLLM: a smaller temperature is greedy (logits / it would overflow to NaN)
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+    """temperature below GREEDY_BELOW (0 included) means greedy; top_k 0 and top_p 1 disable those filters."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -37,7 +43,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(slots=True)

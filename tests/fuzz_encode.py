@@ -142,7 +142,7 @@ def phase_arguments(ids: IdGenerator, anchor: Any, record: Any, phases: Any, lim
     decode = spans.decode_description(anchor, record, phases, True) if phases.first_token_ts else None
     stamps = spans.phase_stamps(phases)
     return [
-        ids.generate_span_id, None, record.root, anchor.to_wall_ns(0), stamps, phases.waits, record.chunks, decode,
+        ids.generate_span_id, None, record.root, anchor.wall_offset_ns, stamps, phases.waits, record.chunks, decode,
         spans.PHASE_NAMES, spans.PHASE_KEYS, limits,
     ]  # fmt: skip
 
@@ -177,7 +177,7 @@ def _phases_round(rng: random.Random, limits: tuple[int, ...]) -> bool:
     from phaselens.instrumentation.pipeline._otlp_encode import encode_phases
 
     record, phases = phase_case(rng)
-    anchor, seed, broken = ClockAnchor(mono_ns=0, wall_ns=rng.randrange(2**62)), rng.getrandbits(32), rng.random() < 0.5
+    anchor, seed, broken = ClockAnchor(mono_ts=0, wall_ts=rng.randrange(2**62)), rng.getrandbits(32), rng.random() < 0.5
     bulk = rng.random() < 0.5  # the SDK default generator's path: ids from `random_bits`
     arguments = phase_arguments(DrawnIds(seed), anchor, record, phases, limits)
     if bulk:
@@ -210,7 +210,7 @@ def main() -> None:
     from phaselens.instrumentation.pipeline.spans import STEP_KEYS, PackedStep, step_span
 
     rng, accepted, phases_accepted, sampler = random.Random(args.seed), 0, 0, TracerProvider().sampler
-    anchor = ClockAnchor(mono_ns=0, wall_ns=2**62)
+    anchor = ClockAnchor(mono_ts=0, wall_ts=2**62)
     for _ in range(args.iterations):
         fields, limits, broken = _step(rng), _limits(rng), rng.random() < 0.5
         step = _break(rng, fields) if broken else PackedStep(*fields)

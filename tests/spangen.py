@@ -498,14 +498,20 @@ def emit(
     seed: int = 0,
     phase_attributes: bool = True,
     token_prefix: str | None = None,
+    services: tuple[str, ...] | None = None,
 ) -> int:
-    """Builds the spans and ships them; returns the span count.
+    """Builds the spans and ships them (only those of `services` when given: the others not
+    arrived yet); returns the span count.
 
     transport="otlp": the real OTLP/gRPC exporter, to `otlp_endpoint` when given, else to a private
     `collectors.Collector` (loopback, free ports) started for this call and drained into
     `clickhouse_url`/`database` before returning. transport="insert": no collector, the rows its
     renderer would write, inserted directly."""
-    spans = build_spans(workload, seed, phase_attributes)
+    spans = [
+        s
+        for s in build_spans(workload, seed, phase_attributes)
+        if services is None or s.resource.attributes["service.name"] in services
+    ]
     if transport == "insert":
         insert_spans(spans, clickhouse_url, database, token_prefix=token_prefix)
     elif otlp_endpoint:

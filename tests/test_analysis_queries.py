@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from phaselens.analysis import cookbook, ddl
 from phaselens.analysis import queries as Q
-from phaselens.analysis import schema as S
-from phaselens.analysis.budget import budget
-from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
-from phaselens.analysis.pd_schema import PD_COLUMN_NAMES
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.queries.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
+from phaselens.analysis.schema import schema as S
+from phaselens.analysis.schema.pd_schema import PD_COLUMN_NAMES
+from phaselens.analysis.sql import cookbook, ddl
 from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import client, loaded
@@ -214,7 +214,7 @@ def test_cookbook_renders_six_named_queries_with_their_parameters():
         "goodput_per_minute",
         "request_spans",
     } <= {name for name, _, _ in cookbook.ENTRIES}
-    assert "--param_ttft_slo_ms='200'" in text and "{ttft_slo_ms:Nullable(Float64)}" in text
+    assert "--param_ttft_slo_ms='200'" in text and "{ttft_slo_ms:Float64}" in text
 
 
 def test_request_spans_places_each_service_on_its_own_clock(client, data):

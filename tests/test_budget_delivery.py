@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
 from phaselens.common.quantile import quantile
 from phaselens.stack import Stack
 

@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from phaselens.analysis.budget import budget
-from phaselens.analysis.diagnose import diagnose
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.diagnose.diagnosis import diagnose
 from phaselens.common.quantile import quantile
 from phaselens.common.slo import parse_slo
 from phaselens.stack import Stack, spawn

@@ -81,11 +81,11 @@ def test_chat_stream_metrics_match_the_script(spans):
     provider, exporter = spans
     payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0.5}
     r, requests = run_against(scripted(*CHAT), "chat", payload, provider)
-    srv = [(t - r.sent_ns) / 1e6 for t in requests[0].sent_ns]  # server write times, ms after sent
+    srv = [(t - r.sent_ts) / 1e6 for t in requests[0].sent_ts]  # server write times, ms after sent
     assert r.ok and r.status == 200 and r.saw_done
     # role-only chunk (srv[0]) and empty chunk (srv[2]) are not content
     assert r.chunk_tokens == [1, 1, 3, 1]
-    assert [near((c - r.sent_ns) / 1e6, srv[i]) for c, i in zip(r.chunk_ns, (1, 3, 4, 5), strict=False)] == [True] * 4
+    assert [near((c - r.sent_ts) / 1e6, srv[i]) for c, i in zip(r.chunk_ts, (1, 3, 4, 5), strict=False)] == [True] * 4
     assert near(r.ttft_ms, srv[1]) and 50 <= r.ttft_ms <= 50 + SLACK_MS
     assert near(r.ttfo_ms, srv[3]) and 80 <= r.ttfo_ms <= 80 + SLACK_MS
     assert near(r.e2e_ms, srv[5]) and 120 <= r.e2e_ms <= 120 + SLACK_MS
@@ -109,12 +109,12 @@ def _check_span(finished, r, headers):
     # SDK's random-trace-id bit too (strict propagators, Dynamo's, refuse `03`)
     assert (int(ctx.trace_flags), headers["traceparent"]) == (3, f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01")
     assert (r.trace_id, r.span_id) == (f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
-    assert span.start_time == r.sent_wall_ns and span.end_time - span.start_time == r.done_ns - r.sent_ns
+    assert span.start_time == r.sent_wall_ts and span.end_time - span.start_time == r.done_ts - r.sent_ts
     events = {e.name: e.timestamp - span.start_time for e in span.events}
     assert events == {
-        N.EVENT_FIRST_CHUNK: r.first_chunk_ns - r.sent_ns,
-        N.EVENT_FIRST_OUTPUT: r.first_output_ns - r.sent_ns,
-        N.EVENT_LAST_CHUNK: r.last_chunk_ns - r.sent_ns,
+        N.EVENT_FIRST_CHUNK: r.first_chunk_ts - r.sent_ts,
+        N.EVENT_FIRST_OUTPUT: r.first_output_ts - r.sent_ts,
+        N.EVENT_LAST_CHUNK: r.last_chunk_ts - r.sent_ts,
     }
     a = span.attributes
     assert (
@@ -153,7 +153,7 @@ def test_completions_slow_start_and_usage_mismatch():
     r, requests = run_against(scripted(*steps), "completions", {"model": "m", "prompt": "x", "max_tokens": 10})
     assert requests[0].path == "/v1/completions"
     assert requests[0].body["stream"] is True and requests[0].body["stream_options"] == {"include_usage": True}
-    srv = [(t - r.sent_ns) / 1e6 for t in requests[0].sent_ns]
+    srv = [(t - r.sent_ts) / 1e6 for t in requests[0].sent_ts]
     assert near(r.ttft_ms, srv[0]) and 150 <= r.ttft_ms <= 150 + SLACK_MS
     assert r.ttfo_ms == r.ttft_ms  # no reasoning: TTFO = TTFT
     assert (r.counted_tokens, r.output_tokens, r.usage_mismatch) == (4, 10, 6)

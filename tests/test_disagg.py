@@ -81,7 +81,7 @@ def test_greedy_output_equals_colocated_and_kv_bytes_arrive_whole(pd):
             assert rest.content == alone.content and rest.final.output_tokens == 12
             blocks = -(-len(prompt) // 16)
             assert handoff.kv_bytes == blocks * prefill.runner.cache.bytes_per_block() == received[-1].transfer.nbytes
-            assert handoff.received_bytes == handoff.kv_bytes and handoff.ack_ns > handoff.send_start_ns
+            assert handoff.received_bytes == handoff.kv_bytes and handoff.ack_ts > handoff.send_start_ts
     finally:
         colocated.stop()
     assert _wait(lambda: prefill.scheduler.blocks.num_used == 0 and decode.scheduler.blocks.num_used == 0)
@@ -157,10 +157,10 @@ def test_kv_spans_chain_prefill_to_decode_with_durations_of_one_clock_each():
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     prefill, decode, handle = PdSpans(provider), PdSpans(provider), _Handle()
     handoff = KvHandoff(("127.0.0.1", 9), "t", traceparent=prefill.kv_send_traceparent(handle))
-    handoff.send_start_ns, handoff.ack_ns, handoff.kv_bytes, handoff.received_bytes = 7_000_000, 9_500_000, 64, 64
+    handoff.send_start_ts, handoff.ack_ts, handoff.kv_bytes, handoff.received_bytes = 7_000_000, 9_500_000, 64, 64
     prefill.kv_sent(handle, handoff, 10_000_000)
     header = {"transfer_id": "t", "traceparent": handoff.traceparent}
-    received = ReceivedKv(kv_transfer.Transfer(header, [b"x" * 64], accepted_ns=100), 400)
+    received = ReceivedKv(kv_transfer.Transfer(header, [b"x" * 64], accepted_ts=100), 400)
     decode.kv_received(received, 900)
     prefill.shutdown()
     decode.shutdown()

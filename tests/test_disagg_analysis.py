@@ -3,10 +3,10 @@ the verdict rule of `demo --disagg` (their SQL and numbers: tests/test_disagg_st
 
 from __future__ import annotations
 
-from phaselens.analysis.budget import BudgetReport, ComponentBudget, DecodeStalls, Goodput, Stat
-from phaselens.analysis.diagnose import Signal
-from phaselens.analysis.pd_budget import TTFT_TERMS, PdBudget
-from phaselens.analysis.pd_diagnose import levers, signal, with_kv_transfer
+from phaselens.analysis.budget.latency_budget import BudgetReport, ComponentBudget, DecodeStalls, Goodput, Stat
+from phaselens.analysis.budget.pd_budget import TTFT_TERMS, PdBudget
+from phaselens.analysis.diagnose.diagnosis import Signal
+from phaselens.analysis.diagnose.pd_diagnose import levers, signal, with_kv_transfer
 from phaselens.demo import LoadRun
 from phaselens.demo_disagg import RunBudget, verdict
 
@@ -61,7 +61,7 @@ def _report(attainment: float, tpot_p99: float, ttft_p99: float, mixed: int):
         components=[],
         distributions=dists,
         tail=None,
-        goodput=Goodput(100, 50, int(attainment * 10), 10.0, attainment, attainment),
+        goodput=Goodput(100, 50, int(attainment * 10), 10.0, attainment, attainment, False, "client"),
         stalls=DecodeStalls(1.0, 10, 8, mixed, float(mixed), 0.0, 0),
     )
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
-from phaselens.analysis import ddl
-from phaselens.analysis.dynamo_budget import dynamo_budget
+from phaselens.analysis.budget import dynamo_budget as dyn
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.service import Collector
 from phaselens.commands import budget as budget_command
@@ -167,7 +167,7 @@ def test_pd_every_request_is_budgeted_from_both_workers_spans(disaggregated_rows
 
 def test_phaselens_budget_prints_the_dynamo_budget_of_both_modes(pipeline, aggregated_rows, disaggregated_rows, capsys):
     client, _, url = pipeline
-    report = dynamo_budget(client, database=DB, since="10m")
+    report = dyn.dynamo_budget(client, database=DB, since="10m")
     assert (report.requests, report.disaggregated, report.errors) == (2 * REQUESTS, REQUESTS, 0)
     mean = {name: stat.mean for name, stat in report.terms.items()}
     assert None not in (mean["server_ttft_ms"], mean["kv_transfer_est_ms"], mean["residual_ms"])
@@ -254,4 +254,4 @@ def test_a_worker_killed_mid_request_fails_the_request_and_nothing_hangs(
     assert line["error_type"] is not None, err[-2000:]
     (row,) = _rows(client, [line["trace_id"]], want=0, timeout_s=30).values()
     assert (row["status"], row["span_model"]) == ("error", n.SPAN_MODEL_DYNAMO)
-    assert dynamo_budget(client, database=DB, since="10m").errors >= 1
+    assert dyn.dynamo_budget(client, database=DB, since="10m").errors >= 1

@@ -63,4 +63,4 @@ def test_decode_steps_until_the_first_visible_text_are_held_back():
         assert a[names.PL_FIRST_CHUNK_LOOP_WAIT_MS] >= 0
     # a first token C3 (half of 'é') renders nothing: at least one stream waited for its next byte
     assert any(a[names.PL_HELD_BACK_TOKENS] >= 1 for a in roots), roots
-    assert all(r.chunk_ns for r in results)
+    assert all(r.chunk_ts for r in results)

@@ -26,7 +26,7 @@ from tests.instrumentation_fixtures import (
 
 
 def wall(rig, mono_ns):
-    return WALL_BASE_NS + mono_ns - rig.anchor.mono_ns
+    return WALL_BASE_NS + mono_ns - rig.anchor.mono_ts
 
 
 def interval(rig, span):
@@ -192,7 +192,7 @@ def test_wall_clock_step_changes_no_duration(monkeypatch):
     script_request(rig)
     spans = rig.spans()
     root = next(s for s in spans if s.kind == SpanKind.SERVER)
-    assert root.start_time == rig.anchor.wall_ns + (1_000_000 - rig.anchor.mono_ns)
+    assert root.start_time == rig.anchor.wall_ts + (1_000_000 - rig.anchor.mono_ts)
     durations = sorted(s.end_time - s.start_time for s in spans if s.name == names.SPAN_QUEUE)
     assert durations == [140_000, 300_000]
     assert root.end_time - root.start_time == 990_000

@@ -50,7 +50,7 @@ def test_client_span_is_parent_of_the_server_span_and_usage_is_used():
     assert [r.error for r in per_chunk.results + per_byte.results] == [None] * 8
     for r in per_chunk.results:
         # a token whose bytes are not yet whole UTF-8 streams no text: its chunk comes later, merged
-        assert r.output_tokens == 8 and r.counted_tokens == len(r.chunk_ns) <= 8
+        assert r.output_tokens == 8 and r.counted_tokens == len(r.chunk_ts) <= 8
         assert r.usage_mismatch == 8 - r.counted_tokens
         # 2 reasoning tokens come before the content. Stamps are per network read, and this in-process
         # server (one GIL) often lands a whole stream in one read: then the stamps are equal

@@ -140,15 +140,15 @@ def test_dataset_rows_prompt_messages_and_sharegpt(tmp_path):
 def result(ttft=None, e2e=None, tokens=(), lag=0.0, error=None, usage=None, input_tokens=None, start=0) -> StreamResult:
     """A result with stamps built from ms offsets: content chunks at ttft … e2e."""
     ms = 1_000_000
-    r = StreamResult("completions", "m", intended_ns=start, sent_ns=start + int(lag * ms), error_type=error)
+    r = StreamResult("completions", "m", intended_ts=start, sent_ts=start + int(lag * ms), error_type=error)
     if ttft is not None:
         n = len(tokens)
-        r.chunk_ns = [r.sent_ns + int((ttft + (e2e - ttft) * i / max(n - 1, 1)) * ms) for i in range(n)]
+        r.chunk_ts = [r.sent_ts + int((ttft + (e2e - ttft) * i / max(n - 1, 1)) * ms) for i in range(n)]
         r.chunk_tokens = list(tokens)
-        r.first_chunk_ns = r.first_output_ns = r.chunk_ns[0]
-        r.last_chunk_ns = r.chunk_ns[-1]
+        r.first_chunk_ts = r.first_output_ts = r.chunk_ts[0]
+        r.last_chunk_ts = r.chunk_ts[-1]
     r.output_tokens, r.input_tokens = usage, input_tokens
-    r.done_ns = r.sent_ns + int((e2e or 50) * ms)
+    r.done_ts = r.sent_ts + int((e2e or 50) * ms)
     compute_metrics(r)
     return r
 

@@ -348,7 +348,7 @@ def test_spans_past_the_encoders_stack_buffer_encode_as_the_sdk_encodes_them():
 
     links = bytes(random.Random(5).randbytes(25 * 420))
     step = PackedStep(7, 1_000, 9_000, 0, 64, 4, 10, 100, 0, 64, links)
-    described = step_span(FixedIds(9, 8), TracerProvider().sampler, ClockAnchor(mono_ns=0, wall_ns=5), step)
+    described = step_span(FixedIds(9, 8), TracerProvider().sampler, ClockAnchor(mono_ts=0, wall_ts=5), step)
     assert described is not None
     unbounded = (-1,) * 7
     encoded = encode_step(
@@ -399,7 +399,7 @@ def test_encode_step_writes_the_bytes_of_the_step_spans_description(
     `encode_step` equals `encode_spans` of `step_span`'s description, byte for byte."""
     step = PackedStep(stats[0], start_ts, start_ts + duration_ns, *stats[1:], b"".join(links))
     trace_id, span_id, wall_offset_ns = ids
-    anchor = ClockAnchor(mono_ns=0, wall_ns=wall_offset_ns)
+    anchor = ClockAnchor(mono_ts=0, wall_ts=wall_offset_ns)
     limits = limits_tuple(SpanLimits(max_span_attributes=attribute_limit, max_links=link_limit))
     span = step_span(FixedIds(trace_id, span_id), TracerProvider().sampler, anchor, step)
     if not links:
@@ -470,7 +470,7 @@ def test_encode_phases_writes_the_bytes_of_the_phase_spans_descriptions(
     and any limits: `encode_phases` equals `encode_spans` of `request_spans`'s phase spans, byte for
     byte, its ids drawn in the same order."""
     record, phases = phase_case(case)
-    anchor = ClockAnchor(mono_ns=0, wall_ns=wall_offset_ns)
+    anchor = ClockAnchor(mono_ts=0, wall_ts=wall_offset_ns)
     limits = limits_tuple(SpanLimits(max_span_attributes=attribute_limit, max_events=event_limit))
     encoded = encode_phases(*phase_arguments(DrawnIds(seed), anchor, record, phases, limits))
     assert encoded == phase_spans(DrawnIds(seed), anchor, record, phases, limits)
@@ -482,7 +482,7 @@ def test_encode_phases_draws_random_bits_as_the_sdks_generator_draws_ids(case, s
     """`random_bits` (8 ids a draw, a 0 skipped, a second draw past 8 spans) gives the ids the SDK's
     generator gives from the same bits, byte for byte."""
     record, phases = phase_case(case)
-    anchor = ClockAnchor(mono_ns=0, wall_ns=2**60)
+    anchor = ClockAnchor(mono_ts=0, wall_ts=2**60)
     limits = limits_tuple(SpanLimits())
     arguments = phase_arguments(FixedIds(0, 0), anchor, record, phases, limits)
     arguments[1] = word_bits(seed)
@@ -494,7 +494,7 @@ def test_bad_phases_are_clear_errors_not_crashes():
         (r, p) for r, p in map(phase_case, map(random.Random, itertools.count())) if p.first_token_ts and p.scheduled_ts
     )
     good = phase_arguments(
-        DrawnIds(1), ClockAnchor(mono_ns=0, wall_ns=2**60), record, phases, limits_tuple(SpanLimits())
+        DrawnIds(1), ClockAnchor(mono_ts=0, wall_ts=2**60), record, phases, limits_tuple(SpanLimits())
     )
     assert encode_phases(*good)
 

@@ -86,7 +86,7 @@ def test_wheel_holds_only_the_phaselens_namespace(wheel):
         "phaselens/collectors/otelcol.yaml",
         "phaselens/storage/embedded.py",
         "phaselens/common/quantile.py",
-        "phaselens/analysis/report_assets/template.html",
+        "phaselens/analysis/report/report_assets/template.html",
         "phaselens/dashboards/generated/phaselens-latency-budget.json",
         "phaselens/commands/demo.py",
     ):

@@ -77,11 +77,11 @@ def test_server_and_client_itl_percentiles_agree_on_the_same_gaps():
     timeline.responded_ts = clock.advance(1_000)
     server = decode_attributes(compute_phases(timeline))
 
-    result = client.StreamResult("completions", "m", sent_ns=0)
-    result.chunk_ns = [0, *np.cumsum(gaps_ns).tolist()]
-    result.chunk_tokens = [1] * len(result.chunk_ns)
-    result.first_chunk_ns = result.first_output_ns = result.chunk_ns[0]
-    result.last_chunk_ns = result.done_ns = result.chunk_ns[-1]
+    result = client.StreamResult("completions", "m", sent_ts=0)
+    result.chunk_ts = [0, *np.cumsum(gaps_ns).tolist()]
+    result.chunk_tokens = [1] * len(result.chunk_ts)
+    result.first_chunk_ts = result.first_output_ts = result.chunk_ts[0]
+    result.last_chunk_ts = result.done_ts = result.chunk_ts[-1]
     client.compute_metrics(result)
     client_attrs = client._result_attributes(result)
     bench = metrics.stat(result.itl_ms, (50, 99)).percentiles

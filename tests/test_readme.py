@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselens.analysis import cookbook
+from phaselens.analysis.sql import cookbook
 from phaselens.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]

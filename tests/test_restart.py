@@ -145,9 +145,9 @@ def test_a_port_held_by_a_live_process_fails_naming_that_process(tmp_path):
     try:
         ingest = Ingest(spool, CollectorMetrics())
         with pytest.raises(PortInUse, match=rf"OTLP/HTTP on 127.0.0.1:{port}: .*pid {holder.pid} \(.*python"):
-            HttpReceiver(ingest, lambda: "", LOOPBACK, port)
+            HttpReceiver([ingest], lambda: "", LOOPBACK, port)
         with pytest.raises(GrpcBindError, match=rf"OTLP/gRPC on 127.0.0.1:{port}: .*pid {holder.pid}"):
-            start_grpc(ingest, LOOPBACK, port)
+            start_grpc([ingest], LOOPBACK, port)
         with pytest.raises(EmbeddedClickHouseError, match=rf"pid {holder.pid}"):
             EmbeddedClickHouse(str(tmp_path / "ch"), http_port=port).start()
     finally:
@@ -160,7 +160,7 @@ def test_a_grpc_bind_that_fails_for_another_reason_does_not_blame_a_taken_port(t
     spool = Spool(str(tmp_path / "spool"))
     try:
         with pytest.raises(GrpcBindError, match=r"OTLP/gRPC on 256\.0\.0\.1:\d+: ") as failure:
-            start_grpc(Ingest(spool, CollectorMetrics()), "256.0.0.1", free_port())  # not an address
+            start_grpc([Ingest(spool, CollectorMetrics())], "256.0.0.1", free_port())  # not an address
         assert "in use" not in str(failure.value)
     finally:
         spool.close()

@@ -2,8 +2,7 @@
 
 import pytest
 
-from phaselens.analysis.budget import GOODPUT_SLO_KEYS
-from phaselens.common.slo import SLO, parse_slo
+from phaselens.common.slo import GOODPUT_SLO_KEYS, SLO, parse_slo
 
 
 def test_parses_lists_and_comma_text_alike():

@@ -18,9 +18,9 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
-from phaselens.analysis import ddl
-from phaselens.analysis import schema as analysis_schema
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.schema import schema as analysis_schema
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.service import Collector
 from phaselens.common.process import LOOPBACK

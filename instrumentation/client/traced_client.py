@@ -30,7 +30,6 @@ import asyncio
 import itertools
 import json
 import ssl
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -42,6 +41,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
+from phaselens.common.clocks import NOT_STAMPED, NOT_STAMPED_WALL, MonoClock, MonoTs, WallTs, perf_counter_ts
 from phaselens.common.env import env_flag
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as N
@@ -83,25 +83,25 @@ class StreamResult:
 
     endpoint: str
     model: str
-    intended_ns: int | None = None
-    sent_ns: int = 0
-    first_event_ns: int | None = None  # first SSE event of any kind (role-only included)
-    first_chunk_ns: int | None = None  # first content chunk (TTFT)
-    first_chunk_arrived_ns: int = 0  # the kernel's receive stamp of its bytes (0: not observed)
+    intended_ts: MonoTs | None = None
+    sent_ts: MonoTs = NOT_STAMPED
+    first_event_ts: MonoTs | None = None  # first SSE event of any kind (role-only included)
+    first_chunk_ts: MonoTs | None = None  # first content chunk (TTFT)
+    first_chunk_arrived_ts: MonoTs = NOT_STAMPED  # the kernel's receive stamp of its bytes (0: not observed)
     # later events came in the same read as the first content chunk: TCP merged their packets while
     # the client was late and stamped the read with the newest one, so `read_ms` understates the wait
     read_coalesced: bool = False
     # the response body bytes received through the newest byte of that read (0: not observed); with
     # the server's stamped sends it estimates the client's wait that TCP hid (`client_late_est_ms`)
     read_body_bytes: int = 0
-    written_ns: int = 0  # the request's first bytes handed to the transport (0: not observed)
+    written_ts: MonoTs = NOT_STAMPED  # the request's first bytes handed to the transport (0: not observed)
     connect_ns: int = 0  # the network's part of the new connection's connect it waited for (its handshake)
-    first_output_ns: int | None = None  # first non-reasoning content chunk (TTFO)
-    last_chunk_ns: int | None = None  # last content chunk (e2e)
-    done_ns: int = 0  # response closed (or failure seen)
-    sent_wall_ns: int = 0
-    done_wall_ns: int = 0
-    chunk_ns: list[int] = field(default_factory=list)  # arrival of each content chunk
+    first_output_ts: MonoTs | None = None  # first non-reasoning content chunk (TTFO)
+    last_chunk_ts: MonoTs | None = None  # last content chunk (e2e)
+    done_ts: MonoTs = NOT_STAMPED  # response closed (or failure seen)
+    sent_wall_ts: WallTs = NOT_STAMPED_WALL
+    done_wall_ts: WallTs = NOT_STAMPED_WALL
+    chunk_ts: list[MonoTs] = field(default_factory=list)  # arrival of each content chunk
     chunk_tokens: list[int] = field(default_factory=list)  # tokens carried by each content chunk
     chunk_text: list[str] = field(default_factory=list)  # only with keep_text or content capture
     events: int = 0  # SSE data events, [DONE] excluded
@@ -138,7 +138,7 @@ class StreamResult:
     def no_output(self) -> bool:
         """Completed without a content chunk (the first token was EOS, or text that decodes to
         nothing): a success with no TTFT, counted apart rather than dropped from the figures."""
-        return self.ok and self.first_chunk_ns is None
+        return self.ok and self.first_chunk_ts is None
 
     @property
     def output_tokens_used(self) -> int:
@@ -148,24 +148,24 @@ class StreamResult:
     @property
     def elapsed_ms(self) -> float:
         """done − sent: how long the request took, failed or not."""
-        return (self.done_ns - self.sent_ns) / 1e6
+        return (self.done_ts - self.sent_ts) / 1e6
 
 
 def compute_metrics(result: StreamResult) -> None:
     """Fill the derived figures of `result` from its stamps (formulas in the module docstring)."""
-    sent = result.sent_ns
-    if result.intended_ns is not None:
-        result.schedule_lag_ms = (sent - result.intended_ns) / 1e6
-    if result.first_chunk_ns is not None and result.last_chunk_ns is not None:  # set together
-        result.ttft_ms = (result.first_chunk_ns - sent) / 1e6
-        if sent <= result.first_chunk_arrived_ns <= result.first_chunk_ns:
-            result.read_ms = (result.first_chunk_ns - result.first_chunk_arrived_ns) / 1e6
-        if sent + result.connect_ns <= result.written_ns <= result.first_chunk_ns:
-            result.send_ms = (result.written_ns - sent - result.connect_ns) / 1e6
-        result.e2e_ms = (result.last_chunk_ns - sent) / 1e6
-    if result.first_output_ns is not None:
-        result.ttfo_ms = (result.first_output_ns - sent) / 1e6
-    times, tokens = result.chunk_ns, result.chunk_tokens
+    sent = result.sent_ts
+    if result.intended_ts is not None:
+        result.schedule_lag_ms = (sent - result.intended_ts) / 1e6
+    if result.first_chunk_ts is not None and result.last_chunk_ts is not None:  # set together
+        result.ttft_ms = (result.first_chunk_ts - sent) / 1e6
+        if sent <= result.first_chunk_arrived_ts <= result.first_chunk_ts:
+            result.read_ms = (result.first_chunk_ts - result.first_chunk_arrived_ts) / 1e6
+        if sent + result.connect_ns <= result.written_ts <= result.first_chunk_ts:
+            result.send_ms = (result.written_ts - sent - result.connect_ns) / 1e6
+        result.e2e_ms = (result.last_chunk_ts - sent) / 1e6
+    if result.first_output_ts is not None:
+        result.ttfo_ms = (result.first_output_ts - sent) / 1e6
+    times, tokens = result.chunk_ts, result.chunk_tokens
     result.itl_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(times)]
     result.itl_per_token_ms = [gap / max(k, 1) for gap, k in zip(result.itl_ms, tokens[1:], strict=False)]
     result.counted_tokens = sum(tokens)
@@ -196,9 +196,9 @@ class _ChunkReader:
     token_counter: Callable[[str], int] | None
     keep_text: bool  # record each content chunk's text (content capture or `keep_text`)
     counted: int = 0  # tokens in the content chunks so far
-    arrived_ns: int = 0  # the kernel's receive stamp of the network read being parsed (0: none)
+    arrived_ts: MonoTs = NOT_STAMPED  # the kernel's receive stamp of the network read being parsed (0: none)
 
-    def on_event(self, data: str, event: str, now_ns: int) -> None:
+    def on_event(self, data: str, event: str, now_ts: MonoTs) -> None:
         res = self.result
         if data == DONE:
             res.saw_done = True
@@ -210,13 +210,13 @@ class _ChunkReader:
         if event == "error" or not isinstance(obj, dict) or obj.get("error") or obj.get("object") == "error":
             raise StreamFailure(*_error_of(obj, ERROR_STREAM))
         res.events += 1
-        if res.first_event_ns is None:
-            res.first_event_ns = now_ns
+        if res.first_event_ts is None:
+            res.first_event_ts = now_ts
         res.response_id = res.response_id or obj.get("id")  # every chunk repeats it: keep the first
         res.response_model = res.response_model or obj.get("model")
-        self._on_choices(obj.get("choices") or (), obj.get("usage"), now_ns)
+        self._on_choices(obj.get("choices") or (), obj.get("usage"), now_ts)
 
-    def _on_choices(self, choices: Iterable[dict[str, Any]], usage: dict[str, Any] | None, now_ns: int) -> None:
+    def _on_choices(self, choices: Iterable[dict[str, Any]], usage: dict[str, Any] | None, now_ts: MonoTs) -> None:
         res = self.result
         output, reasoning = "", ""
         for choice in choices:
@@ -225,11 +225,11 @@ class _ChunkReader:
             if choice.get("finish_reason"):
                 res.finish_reasons.append(choice["finish_reason"])
         if output or reasoning:
-            self._on_content(output, reasoning, usage, now_ns)
+            self._on_content(output, reasoning, usage, now_ts)
         if usage:  # the last one seen wins: cumulative (vLLM continuous usage) or final
             self._on_usage(usage)
 
-    def _on_content(self, output: str, reasoning: str, usage: dict[str, Any] | None, now_ns: int) -> None:
+    def _on_content(self, output: str, reasoning: str, usage: dict[str, Any] | None, now_ts: MonoTs) -> None:
         res = self.result
         if usage and usage.get("completion_tokens") is not None:  # the server counts: take its delta
             k = max(usage["completion_tokens"] - self.counted, 1)
@@ -237,14 +237,14 @@ class _ChunkReader:
             k = self.token_counter(reasoning + output)
         else:
             k = 1
-        res.chunk_ns.append(now_ns)
+        res.chunk_ts.append(now_ts)
         res.chunk_tokens.append(k)
         self.counted += k
-        if res.first_chunk_ns is None:
-            res.first_chunk_ns, res.first_chunk_arrived_ns = now_ns, self.arrived_ns
-        if output and res.first_output_ns is None:
-            res.first_output_ns = now_ns
-        res.last_chunk_ns = now_ns
+        if res.first_chunk_ts is None:
+            res.first_chunk_ts, res.first_chunk_arrived_ts = now_ts, self.arrived_ts
+        if output and res.first_output_ts is None:
+            res.first_output_ts = now_ts
+        res.last_chunk_ts = now_ts
         if self.keep_text:
             res.chunk_text.append(reasoning + output)
 
@@ -280,7 +280,7 @@ class TracedClient:
         provider_name: str = "openai",
         max_connections: int = 4096,
         keep_text: bool = False,
-        clock_ns: Callable[[], int] = time.perf_counter_ns,
+        clock_ns: MonoClock = perf_counter_ts,
         ssl_context: ssl.SSLContext | None = None,  # https:// servers (None: the system's trust store)
     ):
         base = base_url.rstrip("/").removesuffix("/v1")
@@ -292,7 +292,7 @@ class TracedClient:
         self.provider_name = provider_name
         self.keep_text = keep_text
         self._clock_ns = clock_ns
-        self._anchor = ClockAnchor.capture(mono_ns=clock_ns)  # wall time of this client's own clock
+        self._anchor = ClockAnchor.capture(mono_clock=clock_ns)  # wall time of this client's own clock
         self._tracer = trace.get_tracer("phaselens.client", tracer_provider=tracer_provider)
         self._duration = metrics.get_meter("phaselens.client", meter_provider=meter_provider).create_histogram(
             N.METRIC_CLIENT_OPERATION_DURATION,
@@ -319,11 +319,11 @@ class TracedClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def stream(self, endpoint: str, payload: dict[str, Any], intended_ns: int | None = None) -> StreamResult:
+    async def stream(self, endpoint: str, payload: dict[str, Any], intended_ts: MonoTs | None = None) -> StreamResult:
         """Send one streaming request; return its `StreamResult` (errors inside, not raised; a
         cancellation is recorded, then re-raised).
 
-        `intended_ns` (perf_counter_ns) is when the schedule wanted it sent: it gives schedule lag."""
+        `intended_ts` (perf_counter_ns) is when the schedule wanted it sent: it gives schedule lag."""
         if endpoint not in ENDPOINT_PATHS:
             raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}, not {endpoint!r}")
         body = {
@@ -331,13 +331,13 @@ class TracedClient:
             "stream": True,
             "stream_options": {**(payload.get("stream_options") or {}), "include_usage": True},
         }
-        result = StreamResult(endpoint=endpoint, model=str(payload.get("model", "")), intended_ns=intended_ns)
+        result = StreamResult(endpoint=endpoint, model=str(payload.get("model", "")), intended_ts=intended_ts)
         capture = env_flag(N.ENV_CAPTURE_CONTENT)
-        result.sent_ns = self._clock_ns()
+        result.sent_ts = self._clock_ns()
         span = self._tracer.start_span(
             N.root_span_name(OPERATIONS[endpoint], result.model),
             kind=SpanKind.CLIENT,
-            start_time=self._anchor.to_wall_ns(result.sent_ns),
+            start_time=self._anchor.to_wall_ts(result.sent_ts),
             attributes=self._request_attributes(endpoint, body),
         )
         ctx = span.get_span_context()
@@ -354,7 +354,7 @@ class TracedClient:
         except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 — every failure becomes the result's error
             result.error_type, result.error = _classify(exc)
             cancelled = exc if isinstance(exc, asyncio.CancelledError) else None
-        result.done_ns = self._clock_ns()
+        result.done_ts = self._clock_ns()
         compute_metrics(result)
         self._end_span(span, result, capture)
         self._record_duration(result)
@@ -390,7 +390,7 @@ class TracedClient:
                 raise StreamFailure(*_error_of(obj, str(response.status_code)))
             parser = SSEParser()
             receipts = None
-            result.written_ns = getattr(response.extensions.get(RECEIPTS), "written_ns", 0)
+            result.written_ts = getattr(response.extensions.get(RECEIPTS), "written_ts", NOT_STAMPED)
             result.connect_ns = getattr(response.extensions.get(RECEIPTS), "connect_ns", 0)
             if response.headers.get("content-encoding", "identity") == "identity":
                 receipts = response.extensions[RECEIPTS]
@@ -398,15 +398,15 @@ class TracedClient:
             else:  # a compressed body: decoded by httpx, stamped as it comes out of the decoder
                 pieces = _clock_stamped(response.aiter_bytes(), self._clock_ns)
             body_bytes = 0
-            async for now_ns, chunk in pieces:
+            async for now_ts, chunk in pieces:
                 body_bytes += len(chunk)
                 if receipts is not None:
-                    reader.arrived_ns = receipts.arrived_ns
+                    reader.arrived_ts = receipts.arrived_ts
                 events = parser.feed(chunk)
                 for i, event in enumerate(events):
-                    first = result.first_chunk_ns
-                    reader.on_event(event.data, event.event, now_ns)
-                    if first is None and result.first_chunk_ns is not None:
+                    first = result.first_chunk_ts
+                    reader.on_event(event.data, event.event, now_ts)
+                    if first is None and result.first_chunk_ts is not None:
                         result.read_coalesced = i + 1 < len(events)
                         result.read_body_bytes = body_bytes if receipts is not None else 0
             parser.close()
@@ -430,22 +430,22 @@ class TracedClient:
         return attrs
 
     def _end_span(self, span: trace.Span, result: StreamResult, capture: bool) -> None:
-        result.sent_wall_ns = self._anchor.to_wall_ns(result.sent_ns)
-        result.done_wall_ns = self._anchor.to_wall_ns(result.done_ns)
+        result.sent_wall_ts = self._anchor.to_wall_ts(result.sent_ts)
+        result.done_wall_ts = self._anchor.to_wall_ts(result.done_ts)
         for name, stamp in (
-            (N.EVENT_FIRST_CHUNK, result.first_chunk_ns),
-            (N.EVENT_FIRST_OUTPUT, result.first_output_ns),
-            (N.EVENT_LAST_CHUNK, result.last_chunk_ns),
+            (N.EVENT_FIRST_CHUNK, result.first_chunk_ts),
+            (N.EVENT_FIRST_OUTPUT, result.first_output_ts),
+            (N.EVENT_LAST_CHUNK, result.last_chunk_ts),
         ):
             if stamp is not None:
-                span.add_event(name, timestamp=self._anchor.to_wall_ns(stamp))
+                span.add_event(name, timestamp=self._anchor.to_wall_ts(stamp))
         span.set_attributes(_result_attributes(result))
         if capture:
             span.set_attribute(N.GEN_AI_OUTPUT_MESSAGES, json.dumps("".join(result.chunk_text)))
         if result.error_type is not None:
             span.set_attribute(N.ERROR_TYPE, result.error_type)
             span.set_status(Status(StatusCode.ERROR, result.error))
-        span.end(end_time=result.done_wall_ns)
+        span.end(end_time=result.done_wall_ts)
 
 
 def _result_attributes(result: StreamResult) -> dict[str, AttributeValue]:
@@ -473,18 +473,18 @@ def _result_attributes(result: StreamResult) -> dict[str, AttributeValue]:
         N.PL_CLIENT_ITL_MAX_MS: itl[-1] if itl else None,
         N.PL_CLIENT_ITL_TOKEN_P50_MS: quantile(per_token, 0.5),
         N.PL_CLIENT_ITL_TOKEN_P99_MS: quantile(per_token, 0.99),
-        N.PL_CLIENT_CHUNKS: len(result.chunk_ns),
+        N.PL_CLIENT_CHUNKS: len(result.chunk_ts),
         N.PL_CLIENT_COUNTED_TOKENS: result.counted_tokens,
         N.PL_CLIENT_USAGE_MISMATCH: result.usage_mismatch,
         N.PL_CLIENT_INTENDED_DELAY_MS: result.schedule_lag_ms,
         N.PL_CLIENT_OUTCOME: N.OUTCOME_NO_OUTPUT if result.no_output else None,
-        N.PL_CLIENT_SENT_WALL_NS: result.sent_wall_ns,
-        N.PL_CLIENT_DONE_WALL_NS: result.done_wall_ns,
+        N.PL_CLIENT_SENT_WALL_NS: result.sent_wall_ts,
+        N.PL_CLIENT_DONE_WALL_NS: result.done_wall_ts,
     }
     return {k: v for k, v in attrs.items() if v is not None}
 
 
-async def _clock_stamped(chunks: AsyncIterator[bytes], clock_ns: Callable[[], int]) -> AsyncIterator[tuple[int, bytes]]:
+async def _clock_stamped(chunks: AsyncIterator[bytes], clock_ns: MonoClock) -> AsyncIterator[tuple[MonoTs, bytes]]:
     async for chunk in chunks:
         yield clock_ns(), chunk
 

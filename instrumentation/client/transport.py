@@ -15,8 +15,8 @@ over, before any other task's work can delay it; on a plain TCP connection also 
 receive stamp of its bytes, peeked in `get_buffer` just before the loop reads them (`kernel_stamps`;
 0 when the kernel gave none, or over TLS, where the socket's bytes are not yet the payload's). The
 response carries its body stream under `extensions[RECEIPTS]`; `stream.stamped()` yields (receive
-stamp, payload) per network read, and `stream.arrived_ns` is the kernel stamp of the last one;
-`stream.written_ns` is when the request's first bytes were handed to the transport (asyncio sends
+stamp, payload) per network read, and `stream.arrived_ts` is the kernel stamp of the last one;
+`stream.written_ts` is when the request's first bytes were handed to the transport (asyncio sends
 at once when the socket buffer has room; stamped just before, so the send itself is never counted
 twice, as the client's and as the server's time) and `stream.connect_ns` the network's part of opening its
 new connection (the kernel's handshake round trip over plain TCP, else the whole connect).
@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import cast
 
 import httpx
 
+from phaselens.common.clocks import NOT_STAMPED, MonoClock, MonoTs, perf_counter_ts
 from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper, handshake_rtt_ns
 
 RECEIPTS = "phaselens.receipts"  # response extension: the body stream, with `stamped()`
@@ -49,19 +49,19 @@ _Origin = tuple[str, str, int]  # (scheme, host, port): the connections one idle
 class _Connection(asyncio.BufferedProtocol):
     """One TCP (or TLS) connection; received bytes wait here, each read with its receive stamp."""
 
-    def __init__(
-        self, origin: _Origin, clock_ns: Callable[[], int], recv_buffer: memoryview, kernel_stamps: bool = True
-    ):
+    def __init__(self, origin: _Origin, clock_ns: MonoClock, recv_buffer: memoryview, kernel_stamps: bool = True):
         self.origin = origin
         self._clock_ns = clock_ns
         self._recv = recv_buffer  # shared by the connections of one transport: copied out at once
         self.transport: asyncio.Transport | None = None
         self._kernel_stamps = kernel_stamps
         self._stamper: KernelStamper | None = None
-        self._arrived_ns = 0  # the kernel's receive stamp of the bytes being read (0: none)
+        self._arrived_ts = NOT_STAMPED  # the kernel's receive stamp of the bytes being read (0: none)
         self.connect_ns = 0  # the network's part of opening this connection; taken by its first request
-        self.write_ns = 0  # the request's first write handed to the transport (stamped just before it)
-        self._pieces: collections.deque[tuple[int, bytes, int]] = collections.deque()  # (stamp, bytes, kernel stamp)
+        self.write_ts = NOT_STAMPED  # the request's first write handed to the transport (stamped just before it)
+        self._pieces: collections.deque[tuple[MonoTs, bytes, MonoTs]] = (
+            collections.deque()
+        )  # (stamp, bytes, kernel stamp)
         self._unread = 0
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
@@ -80,11 +80,11 @@ class _Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         # asyncio's default recv() allocates max_size (256 KiB) per read; a reused buffer does not
         stamper = self._stamper
-        self._arrived_ns = stamper.arrived_ns() if stamper is not None else 0
+        self._arrived_ts = stamper.arrived_ts() if stamper is not None else NOT_STAMPED
         return self._recv
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._pieces.append((self._clock_ns(), bytes(self._recv[:nbytes]), self._arrived_ns))
+        self._pieces.append((self._clock_ns(), bytes(self._recv[:nbytes]), self._arrived_ts))
         self._unread += nbytes
         if self._unread > _PAUSE_BYTES and not self._paused:
             self._paused = True
@@ -120,26 +120,26 @@ class _Connection(asyncio.BufferedProtocol):
     def unread_bytes(self) -> int:
         return self._unread
 
-    def unread(self, stamp_ns: int, data: bytes, arrived_ns: int) -> None:
+    def unread(self, stamp_ts: MonoTs, data: bytes, arrived_ts: MonoTs) -> None:
         """Give back bytes read too far (a body's first bytes arrive with the head)."""
-        self._pieces.appendleft((stamp_ns, data, arrived_ns))
+        self._pieces.appendleft((stamp_ts, data, arrived_ts))
         self._unread += len(data)
 
-    async def read(self, timeout_s: float | None, request: httpx.Request) -> tuple[int, bytes, int]:
+    async def read(self, timeout_s: float | None, request: httpx.Request) -> tuple[MonoTs, bytes, MonoTs]:
         """(receive stamp, bytes, kernel stamp) of the oldest unread network read; (0, b"", 0) at
         end of stream."""
         while (piece := self.pop(request)) is None:
             await self.wait(timeout_s, request)
         return piece
 
-    def pop(self, request: httpx.Request) -> tuple[int, bytes, int] | None:
+    def pop(self, request: httpx.Request) -> tuple[MonoTs, bytes, MonoTs] | None:
         """`read` without waiting: None when nothing has arrived yet."""
         if not self._pieces:
             if not self.closed:
                 return None
             if isinstance(self.error, OSError):
                 raise httpx.ReadError(str(self.error) or type(self.error).__name__, request=request)
-            return 0, b"", 0
+            return NOT_STAMPED, b"", NOT_STAMPED
         piece = self._pieces.popleft()
         self._unread -= len(piece[1])
         if self._paused and self._unread <= _PAUSE_BYTES and not self.closed:
@@ -182,8 +182,8 @@ class _Connection(asyncio.BufferedProtocol):
             raise httpx.WriteError("connection closed", request=request)
         # the first write of a request, stamped before it: asyncio sends at once, and the server may
         # take the bytes before we resume (its inbound term starts at its first bytes' arrival)
-        if not self.write_ns:
-            self.write_ns = self._clock_ns()
+        if not self.write_ts:
+            self.write_ts = self._clock_ns()
         assert self.transport is not None  # a connection is pooled only once made
         self.transport.write(data)
         if self._drained is not None:
@@ -296,8 +296,8 @@ class _Body(httpx.AsyncByteStream):
     length: int = 0  # for "length": bytes still due
     reusable: bool = True
     read_timeout_s: float | None = None
-    arrived_ns: int = 0  # the kernel's receive stamp of the read `stamped()` yielded last (0: none)
-    written_ns: int = 0  # the request's first bytes handed to the transport (stamped just before)
+    arrived_ts: MonoTs = NOT_STAMPED  # the kernel's receive stamp of the read `stamped()` yielded last (0: none)
+    written_ts: MonoTs = NOT_STAMPED  # the request's first bytes handed to the transport (stamped just before)
     connect_ns: int = 0  # the network's part of the connect this request waited for; 0 on a kept-alive one
     complete: bool = False
     released: bool = False
@@ -307,7 +307,7 @@ class _Body(httpx.AsyncByteStream):
         async for _, payload in self.stamped():
             yield payload
 
-    async def stamped(self) -> AsyncIterator[tuple[int, bytes]]:
+    async def stamped(self) -> AsyncIterator[tuple[MonoTs, bytes]]:
         """(receive stamp ns, payload bytes) per network read that carried body bytes."""
         conn, request = self.conn, self.request
         while not self.complete:
@@ -321,7 +321,7 @@ class _Body(httpx.AsyncByteStream):
                 return
             payload = self._decode(data)
             if payload:
-                self.arrived_ns = arrived
+                self.arrived_ts = arrived
                 yield stamp, payload
 
     def _decode(self, data: bytes) -> bytes:
@@ -359,7 +359,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         self,
         max_connections: int = 4096,
         ssl_context: ssl.SSLContext | None = None,
-        clock_ns: Callable[[], int] = time.perf_counter_ns,
+        clock_ns: MonoClock = perf_counter_ts,
         kernel_stamps: bool = True,
     ):
         self.max_connections = max_connections
@@ -376,15 +376,15 @@ class StreamingTransport(httpx.AsyncBaseTransport):
         conn = await self._acquire(request, timeouts)
         connect_ns, conn.connect_ns = conn.connect_ns, 0
         try:
-            conn.write_ns = 0
+            conn.write_ts = NOT_STAMPED
             await self._send(conn, request, timeouts.get("write"))
-            written_ns = conn.write_ns
+            written_ts = conn.write_ts
             head, body_start = await self._read_head(conn, request, timeouts.get("read"))
             body = self._body(conn, request, head, timeouts.get("read"))
         except BaseException:
             self.release(conn, False)
             raise
-        body.written_ns, body.connect_ns = written_ns, connect_ns
+        body.written_ts, body.connect_ns = written_ts, connect_ns
         if body_start is not None:
             conn.unread(*body_start)
             body.reusable = body.reusable and body.framing != "none"  # bytes beyond an empty body
@@ -445,7 +445,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
                 self._ssl = httpx.create_ssl_context(trust_env=False)
             tls = self._ssl
         loop = asyncio.get_running_loop()
-        start_ns = self._clock_ns()
+        start_ts = self._clock_ns()
         try:
             async with asyncio.timeout(timeout_s):
                 _, conn = await loop.create_connection(
@@ -459,7 +459,7 @@ class StreamingTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connect to {host}:{port} took over {timeout_s} s", request=request) from None
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
-        conn.connect_ns = self._connect_network_ns(conn, self._clock_ns() - start_ns)
+        conn.connect_ns = self._connect_network_ns(conn, self._clock_ns() - start_ts)
         return conn
 
     def _connect_network_ns(self, conn: _Connection, elapsed_ns: int) -> int:
@@ -489,9 +489,9 @@ class StreamingTransport(httpx.AsyncBaseTransport):
 
     async def _read_head(
         self, conn: _Connection, request: httpx.Request, timeout_s: float | None
-    ) -> tuple[_Head, tuple[int, bytes, int] | None]:
+    ) -> tuple[_Head, tuple[MonoTs, bytes, MonoTs] | None]:
         """The final response head (1xx interim responses skipped) and the bytes read past it."""
-        buf, stamp, arrived = b"", 0, 0
+        buf, stamp, arrived = b"", NOT_STAMPED, NOT_STAMPED
         while True:
             end = buf.find(b"\r\n\r\n")
             if end < 0:

@@ -9,7 +9,6 @@ freezes the handle into a `record.RequestRecord` and submits it, exactly once.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan
 
-from phaselens.instrumentation.hotpath.clock import ClockNs
+from phaselens.common.clocks import MonoClock, MonoTs, monotonic_ts
 from phaselens.instrumentation.hotpath.ids import span_context
 from phaselens.instrumentation.hotpath.records import (
     NO_OUTCOME,
@@ -43,7 +42,7 @@ class Closer:
 
     __slots__ = ("_clock_ns", "_submit", "_waiting", "grace_ns")
 
-    def __init__(self, submit: Callable[[RequestRecord], Any], clock_ns: ClockNs, grace_ns: int) -> None:
+    def __init__(self, submit: Callable[[RequestRecord], Any], clock_ns: MonoClock, grace_ns: int) -> None:
         self._submit = submit
         self._clock_ns = clock_ns
         self.grace_ns = grace_ns
@@ -99,8 +98,8 @@ class ServerRequest(RequestTimeline):
         http: HttpFacts,
         *,
         capture_content: bool,
-        clock_ns: ClockNs = time.monotonic_ns,
-        received_ts: int | None = None,
+        clock_ns: MonoClock = monotonic_ts,
+        received_ts: MonoTs | None = None,
         managed: bool = False,
     ) -> None:
         RequestTimeline.__init__(self, clock_ns, received_ts)
@@ -191,7 +190,7 @@ class ServerRequest(RequestTimeline):
         """The middleware's view of the exchange (HttpFacts fields)."""
         self.http = self.http._replace(**facts)
 
-    def close(self, responded_ts: int | None = None) -> None:
+    def close(self, responded_ts: MonoTs | None = None) -> None:
         """Stamp `responded` (now, unless given) and hand the request on, once."""
         if self._closed:
             return

@@ -11,7 +11,7 @@ The wait is taken on one clock, the kernel's realtime, over the few milliseconds
 packet and the peek, and moved onto the caller's monotonic clock as a duration:
 
     waited_ns  = realtime_now − kernel_stamp          (both CLOCK_REALTIME, one host)
-    arrived_ns = clock_now − waited_ns                 (the caller's clock, e.g. time.monotonic_ns)
+    arrived_ts = clock_now − waited_ns                 (the caller's clock, e.g. time.monotonic_ns)
 
 A wall-clock step between the packet and the peek would bend that one wait; a negative or missing
 stamp gives 0 ("not observed"), never a guess. Cost: one `recvmsg` of one byte per network read,
@@ -30,7 +30,8 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Callable
+
+from phaselens.common.clocks import NOT_STAMPED, MonoClock, MonoTs
 
 # Not exported by Python's socket module; the values of <asm-generic/socket.h> (x86-64, arm64).
 SO_TIMESTAMPNS = 35
@@ -47,7 +48,7 @@ class KernelStamper:
 
     __slots__ = ("_clock_ns", "_peek", "_sock")
 
-    def __init__(self, fileno: int, clock_ns: Callable[[], int], latest: bool = False) -> None:
+    def __init__(self, fileno: int, clock_ns: MonoClock, latest: bool = False) -> None:
         self._clock_ns = clock_ns
         # TCP hands back the stamp of the last packet it copied: one byte gives the oldest pending
         # packet's, a peek of everything pending (up to the buffer) the newest one's
@@ -69,23 +70,23 @@ class KernelStamper:
     def available(self) -> bool:
         return self._sock is not None
 
-    def arrived_ns(self) -> int:
+    def arrived_ts(self) -> MonoTs:
         """When the oldest unread bytes (`latest`: the newest) reached the kernel, on `clock_ns`; 0
         when not known."""
         sock = self._sock
         if sock is None:
-            return 0
+            return NOT_STAMPED
         try:
             _, ancillary, _, _ = sock.recvmsg_into([self._peek], _CMSG_BYTES, socket.MSG_PEEK)
         except OSError:  # nothing pending (EAGAIN), or the connection is gone
-            return 0
+            return NOT_STAMPED
         now_real, now = time.clock_gettime_ns(time.CLOCK_REALTIME), self._clock_ns()
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack_from(data)
                 waited = now_real - (sec * 1_000_000_000 + nsec)
-                return now - waited if 0 <= waited < _MAX_WAIT_NS else 0
-        return 0
+                return MonoTs(now - waited) if 0 <= waited < _MAX_WAIT_NS else NOT_STAMPED
+        return NOT_STAMPED
 
     def close(self) -> None:
         if self._sock is not None:

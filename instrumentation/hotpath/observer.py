@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from phaselens.common.clocks import MonoTs
 from phaselens.instrumentation.hotpath.records import RequestInfo, StepStats
 
 FINISH_STOP = "stop"
@@ -34,8 +35,8 @@ class RequestObserver(Protocol):
     def scheduled(self) -> None:
         """The scheduler took the request from the waiting queue: ends the current queue wait."""
 
-    def prefill_chunk(self, start_ns: int, end_ns: int, tokens: int, cached_tokens: int) -> None:
-        """One prefill chunk ran over [start_ns, end_ns) (monotonic ns) for `tokens` prompt tokens;
+    def prefill_chunk(self, start_ts: MonoTs, end_ts: MonoTs, tokens: int, cached_tokens: int) -> None:
+        """One prefill chunk ran over [start_ts, end_ts) (monotonic ns) for `tokens` prompt tokens;
         `cached_tokens` were served from the prefix cache instead of being computed."""
 
     def first_token(self) -> None:
@@ -99,7 +100,7 @@ class NullRequest:
 
     def enqueued(self) -> None: ...
     def scheduled(self) -> None: ...
-    def prefill_chunk(self, start_ns: int, end_ns: int, tokens: int, cached_tokens: int) -> None: ...
+    def prefill_chunk(self, start_ts: MonoTs, end_ts: MonoTs, tokens: int, cached_tokens: int) -> None: ...
     def first_token(self) -> None: ...
     def token(self, n: int = 1) -> None: ...
     def preempted(self) -> None: ...

@@ -20,6 +20,8 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple
 
+from phaselens.common.clocks import MonoTs
+
 Int64s = memoryview  # format "q", read-only
 
 LINK = struct.Struct(">QQQB")  # a step link: trace id (high, low 64 bits), span id, trace flags; big-endian as OTLP
@@ -98,17 +100,17 @@ class RequestRecord(NamedTuple):
 
     root: SpanIds
     parent: SpanIds | None
-    received_ts: int
-    enqueued_ts: int
-    first_token_ts: int
-    finished_ts: int
-    responded_ts: int
-    output_ready_ts: int
-    first_chunk_ts: int
-    first_chunk_sent_ts: int
-    last_chunk_ts: int
-    arrived_ts: int
-    read_ts: int
+    received_ts: MonoTs
+    enqueued_ts: MonoTs
+    first_token_ts: MonoTs
+    finished_ts: MonoTs
+    responded_ts: MonoTs
+    output_ready_ts: MonoTs
+    first_chunk_ts: MonoTs
+    first_chunk_sent_ts: MonoTs
+    last_chunk_ts: MonoTs
+    arrived_ts: MonoTs
+    read_ts: MonoTs
     visible_tokens: int
     finish_reason: str
     waits: Int64s
@@ -129,8 +131,8 @@ class StepStats(NamedTuple):
     """What a serving loop reports of one engine iteration (`StepObserver.step`): its interval on the
     loop's clock and the batch's shape."""
 
-    start_ts: int
-    end_ts: int
+    start_ts: MonoTs
+    end_ts: MonoTs
     prefill_tokens: int = 0
     decode_tokens: int = 0
     kv_blocks_used: int = 0
@@ -157,8 +159,8 @@ class StepRecord(NamedTuple):
     as it is, from the thread sink or the span-builder process's pipe (`spans.PackedStep`)."""
 
     step_index: int
-    start_ts: int
-    end_ts: int
+    start_ts: MonoTs
+    end_ts: MonoTs
     prefill_tokens: int
     decode_tokens: int
     kv_blocks_used: int

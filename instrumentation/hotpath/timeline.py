@@ -28,13 +28,12 @@ Layout of a request timeline (all monotonic ns, 0 = not stamped):
 
 from __future__ import annotations
 
-import time
 from array import array
 from collections.abc import Callable
 from typing import Any
 
+from phaselens.common.clocks import NOT_STAMPED, MonoClock, MonoTs, monotonic_ts
 from phaselens.instrumentation.hotpath._stamps import StepRecorderCore, TimelineCore
-from phaselens.instrumentation.hotpath.clock import ClockNs
 from phaselens.instrumentation.hotpath.records import StepRecord
 
 CHUNK_FIELDS = 4  # start, end, tokens, cached
@@ -69,15 +68,25 @@ class RequestTimeline(TimelineCore):
         "waits",
     )
 
-    def __init__(self, clock_ns: ClockNs = time.monotonic_ns, received_ts: int | None = None) -> None:
+    # the stamps (class-level annotations only: the slots hold them)
+    received_ts: MonoTs
+    enqueued_ts: MonoTs
+    first_token_ts: MonoTs
+    finished_ts: MonoTs
+    responded_ts: MonoTs
+    output_ready_ts: MonoTs
+    first_chunk_ts: MonoTs
+    first_chunk_sent_ts: MonoTs
+    last_chunk_ts: MonoTs
+    arrived_ts: MonoTs
+    read_ts: MonoTs
+
+    def __init__(self, clock_ns: MonoClock = monotonic_ts, received_ts: MonoTs | None = None) -> None:
         self.clock_ns = clock_ns
         self.received_ts = clock_ns() if received_ts is None else received_ts
-        self.enqueued_ts = 0
-        self.first_token_ts = 0
-        self.finished_ts = 0
-        self.responded_ts = 0
-        self.output_ready_ts = self.first_chunk_ts = self.first_chunk_sent_ts = self.last_chunk_ts = 0
-        self.arrived_ts = self.read_ts = 0
+        self.enqueued_ts = self.first_token_ts = self.finished_ts = self.responded_ts = NOT_STAMPED
+        self.output_ready_ts = self.first_chunk_ts = self.first_chunk_sent_ts = self.last_chunk_ts = NOT_STAMPED
+        self.arrived_ts = self.read_ts = NOT_STAMPED
         self.visible_tokens = 0  # the first content came with this many output tokens (0: not known)
         self.finish_reason = ""
         self.waits = array(INT64)
@@ -92,7 +101,7 @@ class RequestTimeline(TimelineCore):
     def scheduled(self) -> None:
         self.scheduled_at(self.clock_ns())
 
-    def scheduled_at(self, t: int) -> None:
+    def scheduled_at(self, t: MonoTs) -> None:
         """`scheduled` stamped at `t` on this clock by another process (an engine process on this
         host: CLOCK_MONOTONIC is one clock for every process of the host)."""
         waits = self.waits
@@ -100,8 +109,8 @@ class RequestTimeline(TimelineCore):
             waits.append(t)
         waits.append(t)
 
-    def prefill_chunk(self, start_ns: int, end_ns: int, tokens: int, cached_tokens: int) -> None:
-        self.chunks.extend((start_ns, end_ns, tokens, cached_tokens))
+    def prefill_chunk(self, start_ts: MonoTs, end_ts: MonoTs, tokens: int, cached_tokens: int) -> None:
+        self.chunks.extend((start_ts, end_ts, tokens, cached_tokens))
 
     def first_token(self) -> None:
         self.first_token_ts = self.clock_ns()
@@ -109,7 +118,7 @@ class RequestTimeline(TimelineCore):
     def preempted(self) -> None:
         self.waits.append(self.clock_ns())
 
-    def preempted_at(self, t: int) -> None:
+    def preempted_at(self, t: MonoTs) -> None:
         """`preempted` stamped at `t` by another process (as `scheduled_at`)."""
         self.waits.append(t)
 

@@ -69,8 +69,8 @@ class SpanEmitter:
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
-        start_ns: int,
-        end_ns: int,
+        start_ts: int,
+        end_ts: int,
         attributes: dict[str, Any] | None = None,
         *,
         kind: SpanKind = SpanKind.INTERNAL,
@@ -91,19 +91,19 @@ class SpanEmitter:
             links=BoundedList.from_seq(limits.max_links, links),
             kind=kind,
             status=status,
-            start_time=start_ns,
-            end_time=end_ns,
+            start_time=start_ts,
+            end_time=end_ts,
             instrumentation_scope=self.scope,
         )
 
-    def event(self, name: str, attributes: dict[str, Any], timestamp_ns: int) -> Event:
+    def event(self, name: str, attributes: dict[str, Any], timestamp_ts: int) -> Event:
         limits = self.limits
         return Event(
             name,
             BoundedAttributes(
                 limits.max_event_attributes, attributes, immutable=True, max_value_len=limits.max_attribute_length
             ),
-            timestamp_ns,
+            timestamp_ts,
         )
 
     def link(self, trace_id: int, span_id: int, trace_flags: int, attributes: dict[str, Any] | None = None) -> Link:

@@ -27,7 +27,6 @@ import math
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from time import time_ns
 from typing import Any, cast
 
 from opentelemetry.sdk.metrics._internal.instrument import _Histogram
@@ -46,6 +45,8 @@ from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHis
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from phaselens.common.clocks import WallTs, wall_clock_ts
+
 _logger = logging.getLogger(__name__)
 
 _INF = math.inf
@@ -56,10 +57,10 @@ Key = tuple[tuple[str, Any], ...]  # an attribute set: tuple(attributes.items())
 class _Point:
     """One attribute set's interval (counts, sum, min, max) and, for cumulative, its running totals."""
 
-    __slots__ = ("attributes", "counts", "max", "min", "start_ns", "sum", "total")
+    __slots__ = ("attributes", "counts", "max", "min", "start_ts", "sum", "total")
 
-    def __init__(self, attributes: dict[str, Any], buckets: int, start_ns: int) -> None:
-        self.attributes, self.start_ns = attributes, start_ns
+    def __init__(self, attributes: dict[str, Any], buckets: int, start_ts: WallTs) -> None:
+        self.attributes, self.start_ts = attributes, start_ts
         self.counts, self.min, self.max = [0] * buckets, math.inf, -math.inf
         self.sum: float = 0  # the SDK's start, int 0
         self.total: tuple[list[int], float, float, float] | None = None  # cumulative: counts, sum, min, max
@@ -68,13 +69,13 @@ class _Point:
 class HistogramStream:
     """One histogram instrument as one reader sees it (its temporality and cardinality limit)."""
 
-    __slots__ = ("bounds", "delta", "description", "last_collect_ns", "limit", "name", "points", "unit")
+    __slots__ = ("bounds", "delta", "description", "last_collect_ts", "limit", "name", "points", "unit")
 
     def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float], delta: bool, limit: int):
         self.name, self.unit, self.description = name, unit, description
         self.bounds, self.delta, self.limit = tuple(bounds), delta, limit
         self.points: dict[Key, _Point] = {}
-        self.last_collect_ns: int | None = None  # delta: the start of every set made after a collection
+        self.last_collect_ts: WallTs | None = None  # delta: the start of every set made after a collection
 
     def record(self, value: float, key: Key, attributes: dict[str, Any]) -> None:
         """Caller holds the reader's lock."""
@@ -93,36 +94,36 @@ class HistogramStream:
             key, attributes = _OVERFLOW, dict(_OVERFLOW)
             if key in self.points:
                 return self.points[key]
-        start_ns = self.last_collect_ns if self.delta and self.last_collect_ns is not None else time_ns()
-        point = self.points[key] = _Point(dict(attributes), len(self.bounds) + 1, start_ns)
+        start_ts = self.last_collect_ts if self.delta and self.last_collect_ts is not None else wall_clock_ts()
+        point = self.points[key] = _Point(dict(attributes), len(self.bounds) + 1, start_ts)
         return point
 
-    def collect(self, now_ns: int) -> Metric | None:
+    def collect(self, now_ts: WallTs) -> Metric | None:
         """This interval's points (delta), or the running totals (cumulative); caller holds the lock."""
         if self.delta:
-            points, self.points, self.last_collect_ns = self.points, {}, now_ns
-            data = [self._data_point(p, p.counts, p.sum, p.min, p.max, now_ns) for p in points.values()]
+            points, self.points, self.last_collect_ts = self.points, {}, now_ts
+            data = [self._data_point(p, p.counts, p.sum, p.min, p.max, now_ts) for p in points.values()]
         else:
-            data = [self._cumulative(point, now_ns) for point in self.points.values()]
+            data = [self._cumulative(point, now_ts) for point in self.points.values()]
         if not data:
             return None
         temporality = AggregationTemporality.DELTA if self.delta else AggregationTemporality.CUMULATIVE
         return Metric(self.name, self.description, self.unit, Histogram(data, temporality))
 
-    def _cumulative(self, point: _Point, now_ns: int) -> HistogramDataPoint:
+    def _cumulative(self, point: _Point, now_ts: WallTs) -> HistogramDataPoint:
         counts, total_sum, total_min, total_max = point.total or ([0] * len(point.counts), 0, math.inf, -math.inf)
         counts = [a + b for a, b in zip(point.counts, counts, strict=True)]
         point.total = (counts, point.sum + total_sum, min(point.min, total_min), max(point.max, total_max))
         point.counts, point.sum, point.min, point.max = [0] * len(counts), 0, math.inf, -math.inf
-        return self._data_point(point, *point.total, now_ns)
+        return self._data_point(point, *point.total, now_ts)
 
     def _data_point(
-        self, point: _Point, counts: list[int], total: float, low: float, high: float, now_ns: int
+        self, point: _Point, counts: list[int], total: float, low: float, high: float, now_ts: WallTs
     ) -> HistogramDataPoint:
         return HistogramDataPoint(
             attributes=point.attributes,
-            start_time_unix_nano=point.start_ns,
-            time_unix_nano=now_ns,
+            start_time_unix_nano=point.start_ts,
+            time_unix_nano=now_ts,
             count=sum(counts),
             sum=total,
             bucket_counts=tuple(counts),
@@ -162,8 +163,8 @@ class HistogramReader(PeriodicExportingMetricReader):
 
     def _with_histograms(self, collected: MetricsData | None) -> MetricsData | None:
         with self.lock:
-            now_ns = time_ns()
-            metrics = [m for m in (s.collect(now_ns) for s in self.streams) if m is not None]
+            now_ts = wall_clock_ts()
+            metrics = [m for m in (s.collect(now_ts) for s in self.streams) if m is not None]
         if not metrics:
             return collected
         resource_metrics = list(collected.resource_metrics) if collected else []

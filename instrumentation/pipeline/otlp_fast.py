@@ -133,7 +133,7 @@ class FastEmitter:
             self.ids.generate_span_id,
             self._random_bits,
             record.root,
-            anchor.to_wall_ns(0),
+            anchor.wall_offset_ns,
             phase_stamps(phases),
             phases.waits,
             record.chunks,
@@ -156,7 +156,7 @@ class FastEmitter:
         if not step.links:
             return False
         trace_id, span_id = self._step_ids()
-        offset_ns = anchor.to_wall_ns(0)  # wall = mono + offset: one call for both ends
+        offset_ns = anchor.wall_offset_ns  # wall = mono + offset: one call for both ends
         encoded = [
             encode_step(
                 step,

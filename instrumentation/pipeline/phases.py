@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from phaselens.common.clocks import NOT_STAMPED, MonoTs
 from phaselens.instrumentation.hotpath.records import Int64s, RequestRecord, int64s
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS, RequestTimeline
 from phaselens.instrumentation.pipeline._token_gaps import token_gaps
@@ -67,25 +68,25 @@ NO_GAPS = int64s(b"")
 class Phases:
     """Budget terms (ns) and span boundaries of one request; 0 / None where a phase did not happen."""
 
-    received_ts: int
-    end_ts: int  # responded; the engine's last stamp when later (it worked on after the client left)
-    arrived_ts: int = 0  # the request's bytes reached the kernel (0: not observed)
-    read_ts: int = 0  # the event loop handed them to the HTTP protocol (0: not observed)
+    received_ts: MonoTs
+    end_ts: MonoTs  # responded; the engine's last stamp when later (it worked on after the client left)
+    arrived_ts: MonoTs = NOT_STAMPED  # the request's bytes reached the kernel (0: not observed)
+    read_ts: MonoTs = NOT_STAMPED  # the event loop handed them to the HTTP protocol (0: not observed)
     kernel_wait_ns: int = 0
     dispatch_ns: int = 0
-    enqueued_ts: int = 0
-    scheduled_ts: int = 0
-    prefill_end_ts: int = 0
-    first_token_ts: int = 0
-    last_token_ts: int = 0
+    enqueued_ts: MonoTs = NOT_STAMPED
+    scheduled_ts: MonoTs = NOT_STAMPED
+    prefill_end_ts: MonoTs = NOT_STAMPED
+    first_token_ts: MonoTs = NOT_STAMPED
+    last_token_ts: MonoTs = NOT_STAMPED
     ingress_ns: int = 0
     queue_ns: int = 0
     prefill_ns: int = 0
     first_token_phase_ns: int = 0
-    first_chunk_ts: int = 0  # stamp: the first content chunk handed to `send`
-    last_chunk_ts: int = 0
+    first_chunk_ts: MonoTs = NOT_STAMPED  # stamp: the first content chunk handed to `send`
+    last_chunk_ts: MonoTs = NOT_STAMPED
     first_chunk_phase_ns: int = 0
-    visible_ts: int = 0  # the token stamp that made the first content (first_token when it did)
+    visible_ts: MonoTs = NOT_STAMPED  # the token stamp that made the first content (first_token when it did)
     held_back_ns: int = 0
     held_back_tokens: int = 0
     held_back_known: bool = False  # the API layer told which token made the first content
@@ -119,65 +120,67 @@ class Phases:
         return self.end_ts - self.received_ts
 
 
-def overlap_ns(waits: list[tuple[int, int]], start_ns: int, end_ns: int) -> int:
-    """Total length of the waits inside [start_ns, end_ns] (a loop, not sum over a generator: three
-    calls a request, usually over one wait)."""
+def overlap_ns(waits: list[tuple[int, int]], start_ts: MonoTs, end_ts: MonoTs) -> int:
+    """Total length (ns) of the waits inside [start_ts, end_ts] (a loop, not sum over a generator:
+    three calls a request, usually over one wait)."""
     total = 0
     for a, b in waits:
-        inside = (b if b < end_ns else end_ns) - (a if a > start_ns else start_ns)  # noqa: FURB136 — no min/max call: ~4k instructions a request less
+        inside = (b if b < end_ts else end_ts) - (a if a > start_ts else start_ts)  # noqa: FURB136 — no min/max call: ~4k instructions a request less
         if inside > 0:
             total += inside
     return total
 
 
-def last_stamp_ns(timeline: Timeline) -> int:
+def last_stamp_ts(timeline: Timeline) -> MonoTs:
     """The latest stamp a request got: where open phases end when it never responded."""
     waits, token_ts, chunks = timeline.waits, timeline.token_ts, timeline.chunks
-    return max(
-        timeline.received_ts,
-        timeline.enqueued_ts,
-        timeline.first_token_ts,
-        timeline.finished_ts,
-        waits[-1] if waits else 0,
-        token_ts[-1] if token_ts else 0,
-        chunks[len(chunks) - CHUNK_FIELDS + 1] if chunks else 0,  # the last chunk's end
+    return MonoTs(
+        max(
+            timeline.received_ts,
+            timeline.enqueued_ts,
+            timeline.first_token_ts,
+            timeline.finished_ts,
+            waits[-1] if waits else 0,
+            token_ts[-1] if token_ts else 0,
+            chunks[len(chunks) - CHUNK_FIELDS + 1] if chunks else 0,  # the last chunk's end
+        )
     )
 
 
-def closed_waits(timeline: Timeline, end_ns: int) -> list[tuple[int, int]]:
-    """Queue waits as (start, end) pairs; a wait never ended ends at `end_ns`."""
+def closed_waits(timeline: Timeline, end_ts: MonoTs) -> list[tuple[int, int]]:
+    """Queue waits as (start, end) pairs; a wait never ended ends at `end_ts`."""
     waits = timeline.waits.tolist()
     if len(waits) % 2:
-        waits.append(max(end_ns, waits[-1]))
+        waits.append(max(end_ts, waits[-1]))
     pairs = iter(waits)
     return list(zip(pairs, pairs, strict=True))
 
 
 def compute_phases(timeline: Timeline) -> Phases:
     """Phase boundaries and budget terms; the TTFT identity in the module docstring holds exactly."""
-    end_ns = max(timeline.responded_ts, last_stamp_ns(timeline))
-    p = Phases(received_ts=timeline.received_ts, end_ts=end_ns, enqueued_ts=timeline.enqueued_ts)
-    p.waits = closed_waits(timeline, end_ns)
+    end_ts = max(timeline.responded_ts, last_stamp_ts(timeline))
+    p = Phases(received_ts=timeline.received_ts, end_ts=end_ts, enqueued_ts=timeline.enqueued_ts)
+    p.waits = closed_waits(timeline, end_ts)
     _inbound(p, timeline)
     if not p.enqueued_ts:
         return p
     p.ingress_ns = p.enqueued_ts - p.received_ts
     ft = p.first_token_ts = timeline.first_token_ts
-    horizon = ft or end_ns
+    horizon = ft or end_ts
     p.queue_ns = overlap_ns(p.waits, p.enqueued_ts, horizon)
     if len(timeline.waits) < 2:
         return p
-    p.scheduled_ts = timeline.waits[1]
+    p.scheduled_ts = MonoTs(timeline.waits[1])  # stamps read from int64 views get their type here
     chunk_ends = [e for e in timeline.chunks[1::CHUNK_FIELDS] if e <= horizon]
     p.initial_chunks = len(chunk_ends)
-    p.prefill_end_ts = max([p.scheduled_ts, *chunk_ends])
+    p.prefill_end_ts = MonoTs(max([p.scheduled_ts, *chunk_ends]))
     p.prefill_ns = p.prefill_end_ts - p.scheduled_ts - overlap_ns(p.waits, p.scheduled_ts, p.prefill_end_ts)
     if not ft:
         return p
     p.first_token_phase_ns = ft - p.prefill_end_ts - overlap_ns(p.waits, p.prefill_end_ts, ft)
-    p.last_token_ts = timeline.token_ts[-1] if timeline.token_ts else ft
+    p.last_token_ts = MonoTs(timeline.token_ts[-1]) if timeline.token_ts else ft
     p.decode_ns = p.last_token_ts - ft
-    p.delivery_ns = max(0, end_ns - p.last_token_ts)
+    p.delivery_ns = max(0, end_ts - p.last_token_ts)
     p.decode_tokens, gaps = token_gaps(ft, timeline.token_ts, timeline.token_n)
     p.itl_sorted_ns = int64s(gaps)
     p.decode_steps = len(timeline.token_ts)
@@ -208,7 +211,7 @@ def _first_chunk(p: Phases, timeline: Timeline) -> None:
     p.first_chunk_phase_ns = first - visible
 
 
-def _visible(first_token_ts: int, timeline: Timeline) -> tuple[int, int]:
+def _visible(first_token_ts: MonoTs, timeline: Timeline) -> tuple[MonoTs, int]:
     """(stamp, tokens held back): the decode step whose token made the first content visible, the
     tokens before it; (first_token, 0) when that was the first token or the count is not known."""
     wanted, count = timeline.visible_tokens, 1
@@ -217,5 +220,5 @@ def _visible(first_token_ts: int, timeline: Timeline) -> tuple[int, int]:
     for stamp, n in zip(timeline.token_ts, timeline.token_n, strict=False):
         count += n
         if count >= wanted and stamp <= timeline.output_ready_ts:
-            return stamp, wanted - 1
+            return MonoTs(stamp), wanted - 1
     return first_token_ts, 0

@@ -197,8 +197,8 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
             max(0, len(phases.waits) - 1),
             finish_reason,
             http.client_disconnected,
-            anchor.to_wall_ns(phases.received_ts),
-            anchor.to_wall_ns(phases.end_ts),
+            anchor.to_wall_ts(phases.received_ts),
+            anchor.to_wall_ts(phases.end_ts),
             [finish_reason] if finish_reason else None,
             tokens,
             cached,
@@ -356,7 +356,7 @@ class _Tree:
 
     def __init__(self, ids: IdGenerator, anchor: ClockAnchor, root: RequestRecord) -> None:
         self.ids, self.root = ids, root.root
-        self.wall_offset_ns = anchor.to_wall_ns(0)  # wall = mono + offset (the anchor's formula)
+        self.wall_offset_ns = anchor.wall_offset_ns  # wall = mono + offset (the anchor's formula)
         self.spans: list[SpanData] = []
 
     def leaf(
@@ -415,9 +415,9 @@ def _chunk_spans(tree: _Tree, record: RequestRecord, phases: Phases, prefill: in
 
 
 def _token_events(anchor: ClockAnchor, record: RequestRecord) -> tuple[Event, ...]:
-    to_wall = anchor.to_wall_ns
+    wall_offset_ns = anchor.wall_offset_ns
     return tuple(
-        (names.EVENT_TOKEN, to_wall(t_ts), {names.PL_TOKEN_COUNT: n})
+        (names.EVENT_TOKEN, t_ts + wall_offset_ns, {names.PL_TOKEN_COUNT: n})
         for t_ts, n in zip(record.token_ts, record.token_n, strict=False)
     )
 
@@ -643,8 +643,8 @@ def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: Pac
             False,
             child_flags(sampled, ids.is_trace_id_random()),
             trace_state,
-            anchor.to_wall_ns(step.start_ts),
-            anchor.to_wall_ns(step.end_ts),
+            anchor.to_wall_ts(step.start_ts),
+            anchor.to_wall_ts(step.end_ts),
             attributes,
             (),
             links,

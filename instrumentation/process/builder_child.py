@@ -102,7 +102,7 @@ class FrameReader:
 
 class SpanProcess:
     def __init__(self, hello: tuple[Any, ...], report_fd: int) -> None:
-        service_name, anchor_mono_ns, anchor_wall_ns, token_events = hello
+        service_name, anchor_mono_ts, anchor_wall_ts, token_events = hello
         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = str(CHECKPOINT_ONLY_DELAY_MS)  # this process's own environment
         self.providers = configure(service_name, set_global=False, encoded_spans=True)
         provider = self.providers.tracer_provider
@@ -114,7 +114,7 @@ class SpanProcess:
         self.builder = SpanBuilder(
             span_backend(self.providers),
             metrics,
-            ClockAnchor(anchor_mono_ns, anchor_wall_ns),
+            ClockAnchor(anchor_mono_ts, anchor_wall_ts),
             provider,
             token_events,
         )

@@ -100,7 +100,7 @@ class ProcessSink:
         # back: one C call a wake-up (an Event's wait and clear were ~60 µs of Python and locks, cold)
         self._wake = threading.Lock()
         self._wake.acquire()
-        self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ns, anchor.wall_ns, token_events))
+        self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ts, anchor.wall_ts, token_events))
         self._counts = {
             "records_shipped": 0,
             "bytes_shipped": 0,

@@ -4,7 +4,7 @@ A stream of frames, each `<u32 payload length><u8 kind><payload>`; the payload i
 (format version 2) tuple of ints, strings, floats, None, bytes and tuples — a record's fields in
 declaration order, nested records as tuples of theirs, timelines as their int64 bytes:
 
-    HELLO    (service_name, anchor_mono_ns, anchor_wall_ns, token_events)    first frame, once
+    HELLO    (service_name, anchor_mono_ts, anchor_wall_ts, token_events)    first frame, once
     REQUEST  record.RequestRecord
     STEP     records.StepRecord  (its stats, the batch size, and its sampled members' links,
                                  records.pack_link, 25 bytes each, in one bytes: packed by the loop)

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from opentelemetry import context
 
+from phaselens.common.clocks import NOT_STAMPED, MonoTs
 from phaselens.instrumentation.hotpath.handle import ServerRequest
 
 Scope = MutableMapping[str, Any]
@@ -40,7 +41,7 @@ FASTAPI_TELEMETRY_KEY = "fastapi.telemetry"
 class RequestOpener(Protocol):
     """What the middleware needs of `server.ServerTelemetry` (which imports this module)."""
 
-    def open_request(self, scope: Scope, *, managed: bool, received_ts: int | None = None) -> ServerRequest: ...
+    def open_request(self, scope: Scope, *, managed: bool, received_ts: MonoTs | None = None) -> ServerRequest: ...
 
 
 class IngressMiddleware:
@@ -65,7 +66,7 @@ class IngressMiddleware:
         scope.setdefault(FASTAPI_TELEMETRY_KEY, None)
         clock_ns = handle.clock_ns
         carries_content = self.carries_content
-        responded_ts = 0
+        responded_ts = NOT_STAMPED
 
         async def receive_stamped() -> Message:
             message = await receive()

@@ -32,6 +32,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from phaselens.common.clocks import NOT_STAMPED, MonoClock, MonoTs
 from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
 
 _log = logging.getLogger(__name__)
@@ -41,29 +42,29 @@ _NOT_STARTED = object()  # no read of the connection started a request yet
 
 
 class InboundStamps:
-    """(arrived_ns, read_ns) of the read that started the request a peer's connection opens next;
+    """(arrived_ts, read_ts) of the read that started the request a peer's connection opens next;
     written and read on the event loop."""
 
     __slots__ = ("_pending", "clock_ns")
 
-    def __init__(self, clock_ns: Callable[[], int]) -> None:
+    def __init__(self, clock_ns: MonoClock) -> None:
         self.clock_ns = clock_ns
-        self._pending: dict[Peer, tuple[int, int]] = {}
+        self._pending: dict[Peer, tuple[MonoTs, MonoTs]] = {}
 
-    def started(self, peer: Peer, arrived_ns: int, read_ns: int, *, idle: bool) -> bool:
+    def started(self, peer: Peer, arrived_ts: MonoTs, read_ts: MonoTs, *, idle: bool) -> bool:
         """A read that starts a request; False when it is not kept. On an `idle` connection (every
         request so far answered, so taken) a leftover is no one's and gives way; otherwise one
         still untaken keeps its place (its pipelined successor is then unobserved)."""
         if not idle and peer in self._pending:
             return False
-        self._pending[peer] = (arrived_ns, read_ns)
+        self._pending[peer] = (arrived_ts, read_ts)
         return True
 
-    def take(self, peer: Any) -> tuple[int, int]:
+    def take(self, peer: Any) -> tuple[MonoTs, MonoTs]:
         """The stamps of the request from `peer` (ASGI `scope["client"]`): (0, 0) when unobserved."""
         if not peer:
-            return 0, 0
-        return self._pending.pop(tuple(peer), (0, 0))
+            return NOT_STAMPED, NOT_STAMPED
+        return self._pending.pop(tuple(peer), (NOT_STAMPED, NOT_STAMPED))
 
     def discard(self, peer: Any) -> None:
         """`take` for a request the caller does not trace: its stamps go to no other request."""
@@ -89,7 +90,7 @@ class InboundProtocol(asyncio.BufferedProtocol):
         self._buffer = memoryview(bytearray(_RECV_BYTES))
         self._stamper: KernelStamper | None = None
         self._peer: Peer = ()
-        self._arrived_ns = 0
+        self._arrived_ts = NOT_STAMPED
         # uvicorn's cycle whose successor's first read is settled (stamped, or unobservable)
         self._started_after: object = _NOT_STARTED
         self._lost = False  # a request began that may hold no stamps and has not yet taken
@@ -105,7 +106,7 @@ class InboundProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         stamper = self._stamper
-        self._arrived_ns = stamper.arrived_ns() if stamper is not None else 0
+        self._arrived_ts = stamper.arrived_ts() if stamper is not None else NOT_STAMPED
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -122,7 +123,7 @@ class InboundProtocol(asyncio.BufferedProtocol):
             idle = cycle is None or cycle.response_complete
             if idle or not self._lost:
                 stamps = self.stamps
-                self._lost = not stamps.started(self._peer, self._arrived_ns, stamps.clock_ns(), idle=idle)
+                self._lost = not stamps.started(self._peer, self._arrived_ts, stamps.clock_ns(), idle=idle)
 
     def _after_read(self, inner: Any) -> None:
         cycle = inner.cycle

@@ -33,9 +33,10 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import TracerProvider
 
+from phaselens.common.clocks import MonoClock, MonoTs, monotonic_ts
 from phaselens.common.env import env_flag
 from phaselens.instrumentation import names
-from phaselens.instrumentation.hotpath.clock import ClockAnchor, ClockNs, process_anchor
+from phaselens.instrumentation.hotpath.clock import ClockAnchor, process_anchor
 from phaselens.instrumentation.hotpath.handle import Closer, ServerRequest
 from phaselens.instrumentation.hotpath.ids import RootDecider
 from phaselens.instrumentation.hotpath.observer import RequestHandle
@@ -82,7 +83,7 @@ class ServerTelemetry:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         *,
-        clock_ns: ClockNs = time.monotonic_ns,
+        clock_ns: MonoClock = monotonic_ts,
         anchor: ClockAnchor | None = None,
         queue_capacity: int = DEFAULT_QUEUE_CAPACITY,
         capture_content: bool | None = None,
@@ -98,7 +99,7 @@ class ServerTelemetry:
         self.tracer_provider = tracer_provider or trace.get_tracer_provider()
         self.meter_provider = meter_provider or metrics.get_meter_provider()
         self.clock_ns = clock_ns
-        self.anchor = anchor or (process_anchor() if clock_ns is time.monotonic_ns else ClockAnchor.capture(clock_ns))
+        self.anchor = anchor or (process_anchor() if clock_ns is monotonic_ts else ClockAnchor.capture(clock_ns))
         self.capture_content = env_flag(names.ENV_CAPTURE_CONTENT) if capture_content is None else capture_content
         token_events = env_flag(names.ENV_TOKEN_EVENTS) if token_events is None else token_events
         self.builder = builder
@@ -164,7 +165,7 @@ class ServerTelemetry:
         return handle
 
     def open_request(
-        self, scope: MutableMapping[str, Any], *, managed: bool, received_ts: int | None = None
+        self, scope: MutableMapping[str, Any], *, managed: bool, received_ts: MonoTs | None = None
     ) -> ServerRequest:
         """Stamp `received`, decide the request's ids and sampling (child of an incoming
         traceparent) and leave the handle in the scope."""

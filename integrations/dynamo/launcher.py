@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -19,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.common.process import LOOPBACK, free_port, on_fresh_ports
+from phaselens.common.process import LOOPBACK, die_with_parent, free_port, on_fresh_ports, terminate
 from phaselens.integrations.dynamo.model_dir import MODEL_NAME, save_mocker_model
-from phaselens.stack import Child, StackError, project_env, spawn_logged
 
 VENV_ENV = "PHASELENS_DYNAMO_PYTHON"  # a python with ai-dynamo; default: ./.venv-dynamo/bin/python
 FRONTEND_SERVICE = "dynamo-frontend"
@@ -36,10 +36,46 @@ def default_python(root: Path = Path(".")) -> Path | None:
     return path if path.exists() else None
 
 
+class DynamoError(RuntimeError):
+    pass
+
+
+@dataclass(slots=True)
+class DynamoProcess:
+    """One Dynamo process in a session of its own, dying with us, its output appended to `log_path`."""
+
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    @classmethod
+    def spawn(cls, name: str, argv: list[str], log_path: Path, env: dict[str, str]) -> DynamoProcess:
+        parent = os.getpid()
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=lambda: die_with_parent(parent),
+            )
+        return cls(name, proc, log_path)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float) -> int:
+        """SIGTERM, then SIGKILL after `timeout_s`; the exit code."""
+        return terminate(self.proc, timeout_s)
+
+
 def dynamo_env(state_dir: Path, otlp_endpoint: str, service: str) -> dict[str, str]:
     """Every plane on loopback, discovery in files, spans and logs to `otlp_endpoint`."""
     return {
-        **project_env(),
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
         "DYN_DISCOVERY_BACKEND": "file",
         "DYN_FILE_KV": str(state_dir / "kv"),
         "DYN_REQUEST_PLANE": "tcp",
@@ -69,8 +105,8 @@ class DynamoDeployment:
     otlp_endpoint: str
     disagg: bool = False
     port: int = 0
-    frontend: Child | None = field(default=None, init=False)
-    workers: dict[str, Child] = field(default_factory=dict, init=False)  # service name → worker
+    frontend: DynamoProcess | None = field(default=None, init=False)
+    workers: dict[str, DynamoProcess] = field(default_factory=dict, init=False)  # service name → worker
 
     @property
     def url(self) -> str:
@@ -99,9 +135,9 @@ class DynamoDeployment:
             raise
         return self
 
-    def _spawn(self, service: str, argv: list[str]) -> Child:
+    def _spawn(self, service: str, argv: list[str]) -> DynamoProcess:
         env = dynamo_env(self.state_dir, self.otlp_endpoint, service)
-        return spawn_logged(service, [str(self.python), *argv], self.log_dir / f"{service}.log", env)
+        return DynamoProcess.spawn(service, [str(self.python), *argv], self.log_dir / f"{service}.log", env)
 
     def _start_frontend(self, timeout_s: float) -> None:
         self.port = free_port()
@@ -113,7 +149,7 @@ class DynamoDeployment:
         front = self.frontend
         if front is None or front.proc.poll() is None:
             return False
-        return isinstance(exc, StackError) and BIND_FAILED in front.log_tail(20000)
+        return isinstance(exc, DynamoError) and BIND_FAILED in front.log_tail(20000)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Poll /v1/models until it lists the model; any child exiting first is an error."""
@@ -121,11 +157,11 @@ class DynamoDeployment:
         while time.monotonic() < deadline:
             for child in (self.frontend, *self.workers.values()):
                 if child is not None and child.proc.poll() is not None:
-                    raise StackError(f"{child.name} exited with {child.proc.returncode}:\n{child.log_tail()}")
+                    raise DynamoError(f"{child.name} exited with {child.proc.returncode}:\n{child.log_tail()}")
             if MODEL_NAME in self._models():
                 return
             time.sleep(0.5)
-        raise StackError(f"Dynamo's frontend did not list {MODEL_NAME!r} after {timeout_s:.0f} s")
+        raise DynamoError(f"Dynamo's frontend did not list {MODEL_NAME!r} after {timeout_s:.0f} s")
 
     def _models(self) -> list[str]:
         try:
@@ -154,8 +190,8 @@ class DynamoDeployment:
 
 
 def python_or_error() -> Path:
-    """The Dynamo python, or a StackError saying how to get one."""
+    """The Dynamo python, or a DynamoError saying how to get one."""
     python = default_python()
     if python is None:
-        raise StackError(f"no Dynamo found: run ./setup.sh --dynamo, or set {VENV_ENV} to a python with ai-dynamo")
+        raise DynamoError(f"no Dynamo found: run ./setup.sh --dynamo, or set {VENV_ENV} to a python with ai-dynamo")
     return python

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs
 from phaselens.instrumentation import names as n
 from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from phaselens.instrumentation.hotpath.records import RequestInfo, StepStats
@@ -40,8 +41,14 @@ KV_SCALE = 1_000_000  # vLLM gives the API server KV use as a fraction: written 
 SWEEP_EVERY_STEPS = 32  # how often requests that vanished without finishing (aborts) are closed
 
 
-def _ns(seconds: float) -> int:
-    return int(seconds * 1e9)
+def _mono_ts(seconds: float) -> MonoTs:
+    """A vLLM `*_ts` stamp (`time.monotonic()`, s) as a monotonic instant in ns."""
+    return MonoTs(int(seconds * 1e9))
+
+
+def _wall_ts(seconds: float) -> WallTs:
+    """A vLLM `time.time()` stamp (s) as a wall instant in ns."""
+    return WallTs(int(seconds * 1e9))
 
 
 class VllmTracker:
@@ -52,14 +59,14 @@ class VllmTracker:
         "_claimed",
         "_idle_reason",
         "_open",
-        "_prev_step_end_ns",
+        "_prev_step_end_ts",
         "_states",
         "_states_of",
         "_step_end_s",
         "_step_first_tokens",
         "_step_handles",
         "_step_iteration",
-        "_step_scheduled_ns",
+        "_step_scheduled_ts",
         "_steps_seen",
         "clock_ns",
         "model",
@@ -77,10 +84,10 @@ class VllmTracker:
         self._states: dict | None = None  # the output processor's live requests (its own dict)
         self._step_handles: list = []
         self._step_first_tokens = 0
-        self._step_scheduled_ns = 0  # latest first scheduling among the step's new requests
+        self._step_scheduled_ts = NOT_STAMPED  # latest first scheduling among the step's new requests
         self._step_end_s: float | None = None  # the EngineCore's stamp of the current output batch
         self._step_iteration: Any = None  # vLLM's IterationStats of the current output batch
-        self._prev_step_end_ns = 0
+        self._prev_step_end_ts = NOT_STAMPED
         self._steps_seen = 0
         self._idle_reason: str | None = None
 
@@ -127,7 +134,7 @@ class VllmTracker:
             if first_stats is not None:
                 handle.first_token_ts = now
                 self._step_first_tokens += 1
-                self._step_scheduled_ns = max(self._step_scheduled_ns, _ns(first_stats.scheduled_ts))
+                self._step_scheduled_ts = max(self._step_scheduled_ts, _mono_ts(first_stats.scheduled_ts))
                 if tokens > 1:
                     handle.token_at(now, tokens - 1)
             elif tokens:
@@ -152,7 +159,7 @@ class VllmTracker:
             self._open[req_id] = handle
             return handle
         anchor = self.telemetry.anchor
-        received_ts = anchor.mono_ns + (_ns(state.stats.arrival_time) - anchor.wall_ns)
+        received_ts = anchor.to_mono_ts(_wall_ts(state.stats.arrival_time))
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (trace_headers or {}).items()]
         handle = self.telemetry.open_request(
             {"headers": headers, "method": "POST"}, managed=False, received_ts=received_ts
@@ -199,7 +206,11 @@ class VllmTracker:
         """The EngineCore's stamps, known once its events arrived: one queue wait, one prefill chunk."""
         if stats is None or not stats.queued_ts:  # none yet: vLLM lost it before the EngineCore queued it
             return
-        queued, scheduled, first = _ns(stats.queued_ts), _ns(stats.scheduled_ts), _ns(stats.first_token_ts)
+        queued, scheduled, first = (
+            _mono_ts(stats.queued_ts),
+            _mono_ts(stats.scheduled_ts),
+            _mono_ts(stats.first_token_ts),
+        )
         handle.enqueued_ts = queued
         handle.waits.extend((queued, scheduled or queued))
         if scheduled and first:
@@ -223,15 +234,15 @@ class VllmTracker:
             self._close_vanished()
         if not members or self._idle_reason is not None:
             return
-        end_ns = _ns(end_s) if end_s else self.clock_ns()
-        start_ns = max(self._prev_step_end_ns, self._step_scheduled_ns) or end_ns
-        self._prev_step_end_ns, self._step_scheduled_ns = end_ns, 0
+        end_ts = _mono_ts(end_s) if end_s else self.clock_ns()
+        start_ts = max(self._prev_step_end_ts, self._step_scheduled_ts) or end_ts
+        self._prev_step_end_ts, self._step_scheduled_ts = end_ts, NOT_STAMPED
         generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
         prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
         usage = getattr(scheduler_stats, "kv_cache_usage", None)
         stats = StepStats(
-            start_ns,
-            end_ns,
+            start_ts,
+            end_ts,
             prefill_tokens=prompt,
             decode_tokens=max(0, generated - first_tokens),
             kv_blocks_used=round(usage * KV_SCALE) if usage is not None else 0,

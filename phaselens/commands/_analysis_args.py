@@ -7,8 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from phaselens.analysis.budget import GOODPUT_SLO_KEYS, AnalysisError, open_client
-from phaselens.common.slo import SLO, parse_slo
+from phaselens.analysis.budget import AnalysisError, open_client
+from phaselens.common.slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS, goodput_slo
 
 T = TypeVar("T")
 
@@ -30,14 +30,19 @@ def add_selection(parser, since: str, slo_help: str) -> None:
     parser.add_argument("--service", default=None, help="only this service.name")
     parser.add_argument("--model", default=None, help="only this model")
     parser.add_argument("--since", default=since, help="window back from now: 30s, 15m, 2h, 7d, or 'all'")
-    parser.add_argument("--slo", default=None, metavar="ttft:MS,tpot:MS", help=slo_help)
+    parser.add_argument(
+        "--slo",
+        default=None,
+        metavar="ttft:MS,tpot:MS",
+        help=f"{slo_help} (default ttft:{DEFAULT_TTFT_SLO_MS:g},tpot:{DEFAULT_TPOT_SLO_MS:g}; a key left out takes its default)",
+    )
 
 
 def read(args, fn: Callable[..., T]) -> tuple[int, T | None]:
     """(0, fn(client, since=…, slo=…)) over a client of `--clickhouse`, or (1, None) after a one-line
     error on stderr (bad --slo, ClickHouse unreachable or failing, a file that cannot be written)."""
     try:
-        slo: SLO | None = parse_slo(args.slo, GOODPUT_SLO_KEYS) if args.slo else None
+        slo = goodput_slo(args.slo)
     except ValueError as e:
         print(f"error: --slo: {e}", file=sys.stderr)
         return 1, None

@@ -9,6 +9,7 @@ import math
 
 from rich.console import Console
 
+from phaselens.commands._flags import refuse
 from phaselens.common.slo import parse_slo
 from phaselens.loadgen import report, session
 from phaselens.loadgen.workloads import LengthDist
@@ -91,9 +92,10 @@ def _common(p: argparse.ArgumentParser, default) -> None:
     p.add_argument(
         "--input-len",
         type=_dist,
-        default=default("128"),
+        default=default(None),
         help="prompt length: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEAN:SIGMA; in tokens "
-        "of --tokenizer, else in English words (≈ 1 token each for an English BPE vocabulary)",
+        f"of --tokenizer, else in English words (≈ 1 token each for an English BPE vocabulary; default "
+        f"{session.DEFAULT_INPUT_LEN})",
     )
     p.add_argument(
         "--tokenizer",
@@ -169,6 +171,9 @@ def _options(args, slo: list[str]) -> session.BenchOptions:
         p.error("--max-concurrency caps an open loop (--rate/--trace); --concurrency is a closed loop")
     if args.dataset and args.trace:
         p.error("--dataset and --trace both choose prompts: give one")
+    if args.dataset:
+        synthetic = [f for f, v in (("--input-len", args.input_len), ("--tokenizer", args.tokenizer)) if v is not None]
+        refuse(args, synthetic, "size synthetic prompts; --dataset brings its own")
     try:
         parse_slo(slo) if slo else None
     except ValueError as exc:
@@ -184,7 +189,7 @@ def _options(args, slo: list[str]) -> session.BenchOptions:
         requests=args.requests,
         duration_s=args.duration,
         warmup=args.warmup,
-        input_len=args.input_len,
+        input_len=args.input_len or session.DEFAULT_INPUT_LEN,
         output_len=args.output_len,
         dataset=args.dataset,
         shared_prefix=args.shared_prefix,
@@ -234,7 +239,7 @@ def run(args) -> int:
     if args.json:
         report.write_json(args.json, outcome.summary, outcome.config)
     if args.per_request:
-        report.write_per_request(args.per_request, outcome.run.results, outcome.run.start_ns)
+        report.write_per_request(args.per_request, outcome.run.results, outcome.run.start_ts)
     return 1 if outcome.summary["requests"]["completed"] == 0 else 0
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import sys
 
-from phaselens.analysis import budget_format
-from phaselens.analysis import dynamo_budget as dyn
-from phaselens.analysis import pd_budget as pd
-from phaselens.analysis.budget import AnalysisError, budget
+from phaselens.analysis.budget import AnalysisError, budget, budget_format
+from phaselens.analysis.budget import dynamo_budget as dyn
+from phaselens.analysis.budget import pd_budget as pd
 from phaselens.commands._analysis_args import add_selection, read
+from phaselens.commands._flags import refuse
 
 
 def register(subparsers) -> None:
@@ -27,10 +27,11 @@ def register(subparsers) -> None:
         help="read every request, with t-digest percentiles: constant memory on huge selections",
     )
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, _parser=parser)
 
 
 def run(args) -> int:
+    refuse(args, ["--exact", "--approx"] if args.exact and args.approx else [], "choose how to read: give one")
     rc, both = read(
         args,
         lambda client, **sel: (
@@ -54,7 +55,7 @@ def run(args) -> int:
     if args.format == "json":
         print(_json_with(report, disagg, dynamo))
     elif args.format == "csv":
-        sys.stdout.write(budget_format.to_csv(report))
+        sys.stdout.write(budget_format.to_csv(report, disagg.to_dict() if disagg is not None else None))
     else:
         from rich.console import Console
 

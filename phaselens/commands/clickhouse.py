@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 
+from phaselens.commands._flags import given, refuse
 from phaselens.storage.cluster import DEFAULT_CLUSTER, EmbeddedCluster
 from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError
 
@@ -23,11 +24,15 @@ def register(subparsers) -> None:
         metavar="N",
         help="start N nodes, one shard each, defined as cluster --cluster-name",
     )
-    parser.add_argument("--cluster-name", default=DEFAULT_CLUSTER)
-    parser.set_defaults(func=run)
+    parser.add_argument("--cluster-name", default=DEFAULT_CLUSTER, help="with --shards: the cluster's name")
+    parser.set_defaults(func=run, _parser=parser)
 
 
 def run(args) -> int:
+    if args.shards is None:
+        refuse(args, given(args, "cluster_name"), "names the cluster of --shards: give --shards N")
+    else:
+        refuse(args, given(args, "http_port", "tcp_port"), "set one node's ports; a cluster takes free ports")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -9,6 +9,7 @@ import threading
 
 from phaselens.collectors.service import Collector, default_spool_dir
 from phaselens.collectors.shard_sink import CLUSTER_INSERTS
+from phaselens.commands._flags import given, refuse
 from phaselens.common.exposure import InsecureBindError
 from phaselens.common.tls import TlsConfigError, server_tls
 
@@ -32,8 +33,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--cluster-insert",
         choices=CLUSTER_INSERTS,
-        default="direct",
-        help="with --cluster: straight to each shard (default), or through the Distributed table",
+        default=None,
+        help="with --cluster: straight to each shard (direct, the default), or through the Distributed table",
     )
     p.add_argument(
         "--host",
@@ -74,10 +75,14 @@ def register(subparsers) -> None:
         metavar="SECONDS",
         help="longest wait before a partial batch is written",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, _parser=p)
 
 
 def run(args) -> int:
+    if args.cluster is None:
+        refuse(args, given(args, "cluster_insert"), "routes rows to a cluster's shards: give --cluster NAME")
+    if not args.clickhouse.lower().startswith("https://"):
+        refuse(args, given(args, "clickhouse_ca"), "verifies an https:// ClickHouse; --clickhouse is not one")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -92,7 +97,7 @@ def run(args) -> int:
         clickhouse_ca=args.clickhouse_ca,
         database=args.database,
         cluster=args.cluster,
-        cluster_insert=args.cluster_insert,
+        cluster_insert=args.cluster_insert or "direct",
         host=args.host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,

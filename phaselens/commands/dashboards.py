@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from phaselens.commands._flags import given, refuse
 from phaselens.commands._generated import report_stale, report_written
 from phaselens.dashboards import generate, push
 from phaselens.dashboards.datasource import DEFAULT_PORTS, ClickHouseTarget, datasource
@@ -50,7 +51,7 @@ def register(subparsers) -> None:
     p.add_argument("--database", default="otel", help="the database the panels and the data source read")
     p.add_argument("--folder", default="phaselens", help="folder uid and title (default: phaselens)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per API call")
-    p.set_defaults(func=run_push)
+    p.set_defaults(func=run_push, _parser=p)
 
 
 def run_generate(args) -> int:
@@ -62,6 +63,8 @@ def run_check(args) -> int:
 
 
 def run_push(args) -> int:
+    if args.token is not None:
+        refuse(args, given(args, "user", "password"), "would be ignored: a --token (or $GRAFANA_TOKEN) wins; give one")
     target = ClickHouseTarget(
         host=args.clickhouse_host, port=args.clickhouse_port, protocol=args.clickhouse_protocol, database=args.database
     )

@@ -6,7 +6,9 @@ import sys
 
 from rich.console import Console
 
-from phaselens.demo import DEFAULT_RATE, DEFAULT_SLO, DemoOptions
+from phaselens.commands._flags import given
+from phaselens.common.slo import DEFAULT_TPOT_SLO_MS, DEFAULT_TTFT_SLO_MS
+from phaselens.demo import DEFAULT_RATE, DemoOptions
 from phaselens.demo import run as run_demo
 from phaselens.stack import SERVER_KINDS
 
@@ -51,7 +53,11 @@ def register(subparsers) -> None:
         help="keep ClickHouse data, spool and logs here (default: a temporary directory, removed)",
     )
     p.add_argument(
-        "--slo", default=DEFAULT_SLO, metavar="ttft:MS,tpot:MS", help=f"goodput SLOs (default {DEFAULT_SLO})"
+        "--slo",
+        default=None,
+        metavar="ttft:MS,tpot:MS",
+        help=f"goodput SLOs (default ttft:{DEFAULT_TTFT_SLO_MS:g},tpot:{DEFAULT_TPOT_SLO_MS:g}; "
+        "a key left out takes its default)",
     )
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     p.add_argument("--keep-running", action="store_true", help="leave everything up afterwards (until Ctrl-C)")
@@ -63,7 +69,7 @@ def register(subparsers) -> None:
         "both budgets (docs/disaggregation.md; reference server, one ClickHouse node); with --server dynamo: "
         "one Dynamo prefill and one decode worker",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, _parser=p)
 
 
 def run(args) -> int:
@@ -84,8 +90,12 @@ def run(args) -> int:
         opts.validate()
         if args.disagg and (opts.server not in ("reference", "dynamo") or opts.shards != 1 or opts.keep_running):
             raise ValueError("--disagg runs the reference server or Dynamo on one node, without --keep-running")
-        if opts.server == "dynamo" and (opts.shards != 1 or opts.keep_running):
-            raise ValueError("--server dynamo runs on one ClickHouse node, without --keep-running")
+        if opts.server == "dynamo" and (opts.shards != 1 or opts.keep_running or given(args, "report")):
+            raise ValueError(
+                "--server dynamo runs on one ClickHouse node, without --keep-running, and writes no report"
+            )
+        if args.disagg and given(args, "report"):
+            raise ValueError("--report: --disagg writes no HTML report; it prints both budgets and its verdict")
     except ValueError as e:
         print(f"phaselens demo: {e}", file=sys.stderr)
         return 2

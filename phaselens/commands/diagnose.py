@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from phaselens.analysis import diagnose_format
-from phaselens.analysis.diagnose import diagnose
+from phaselens.analysis.diagnose import diagnose, diagnose_format
 from phaselens.commands._analysis_args import add_selection, read
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("diagnose", help="why is it slow? a verdict from the requests in ClickHouse")
-    add_selection(parser, "15m", "the SLOs the verdict judges against (default ttft:500,tpot:50)")
+    add_selection(parser, "15m", "the SLOs the verdict judges against")
     parser.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     parser.set_defaults(func=run)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sys
 
-from phaselens.analysis import ddl
-from phaselens.analysis import schema as analysis_schema
+from phaselens.analysis.schema import schema as analysis_schema
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
+from phaselens.commands._flags import given, refuse
 from phaselens.storage.cluster_nodes import ClusterError, node_urls
 
 DDL_MODES = ("on-cluster", "per-node")
@@ -23,15 +24,17 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("schema", help="manage the ClickHouse schema")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     apply_p = actions.add_parser("apply", help="create otel_traces (as the OTel exporter does) and the analysis views")
-    apply_p.add_argument("--clickhouse", required=True, metavar="URL", help="e.g. http://127.0.0.1:8123")
+    apply_p.add_argument(
+        "--clickhouse", default=None, metavar="URL", help="e.g. http://127.0.0.1:8123 (required unless --print)"
+    )
     apply_p.add_argument("--database", default="otel")
     apply_p.add_argument("--ttl", default=None, help="row lifetime, e.g. 72h or 30d (default: keep)")
     apply_p.add_argument("--cluster", default=None, help="cluster name: Distributed tables sharded by trace id")
     apply_p.add_argument(
         "--ddl",
         choices=DDL_MODES,
-        default="on-cluster",
-        help="with --cluster: ON CLUSTER + Replicated engines (needs Keeper), or the "
+        default=None,
+        help="with --cluster: ON CLUSTER + Replicated engines (on-cluster, the default; needs Keeper), or the "
         "statements on every node of system.clusters with plain engines",
     )
     apply_p.add_argument(
@@ -40,10 +43,16 @@ def register(subparsers) -> None:
         help="e.g. ReplicatedMergeTree('/clickhouse/tables/{shard}/otel_traces', '{replica}')",
     )
     apply_p.add_argument("--print", action="store_true", help="print the statements instead of running them")
-    apply_p.set_defaults(func=run)
+    apply_p.set_defaults(func=run, _parser=apply_p)
 
 
 def run(args) -> int:
+    if args.cluster is None:
+        refuse(args, given(args, "ddl"), "says how to create a cluster's tables: give --cluster NAME")
+    if args.print:
+        refuse(args, given(args, "clickhouse"), "is not used by --print, which runs nothing")
+    elif args.clickhouse is None:
+        args._parser.error("--clickhouse URL is required (or --print the statements)")
     per_node = bool(args.cluster) and args.ddl == "per-node"
     statements = ddl.all_statements(
         args.database, ttl=args.ttl, cluster=args.cluster, table_engine=args.table_engine, on_cluster=not per_node

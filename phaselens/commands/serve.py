@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from phaselens.commands._flags import given, refuse
 from phaselens.reference_server.config import DEVICES, DTYPES, POLICIES, EngineConfig
 
 
@@ -67,11 +68,34 @@ def register(subparsers) -> None:
     p.add_argument("--kv-port", type=int, default=0, help="decode role: the KV-transfer port (0 picks a free one)")
     p.add_argument("--prefill", nargs="+", default=(), metavar="URL", help="router role: the prefill instances")
     p.add_argument("--decode", nargs="+", default=(), metavar="URL", help="router role: the decode instances")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, _parser=p)
+
+
+# what only a server with a model reads: the router runs none
+_ENGINE_FLAGS = (
+    "model",
+    "served_model_name",
+    "cpu_threads",
+    "device",
+    "dtype",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_tokens",
+    "block_size",
+    "policy",
+    "max_waiting",
+    "seed",
+    "reasoning_tokens",
+    "engine",
+)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.role != "decode":
+        refuse(args, given(args, "kv_port"), "is the decode instance's KV-transfer port: give --role decode")
     if args.role == "router":
+        refuse(args, given(args, *_ENGINE_FLAGS), "configure a model server; the router runs no model")
+        refuse(args, given(args, "tls_cert", "tls_key"), "are not served by the router (plain HTTP only)")
         return _router(args)
     if args.prefill or args.decode:
         print("phaselens serve: --prefill/--decode are options of --role router", file=sys.stderr)
