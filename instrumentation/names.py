@@ -168,6 +168,11 @@ PL_ITL_MAX_MS = "phaselens.decode.itl_max_ms"
 PL_STALL_MS = "phaselens.decode.stall_ms"
 PL_TOKEN_COUNT = "phaselens.token.count"  # on a per-token event: tokens that step gave
 PL_FINISH_REASON = "phaselens.finish_reason"
+# Which requests kept their full phase tree, and why (on every SERVER root and CLIENT span): the
+# head sampler's decision, the tail rule (a failure, a TTFT or TPOT over the threshold), or none (the
+# span is the request's compact record alone)
+PL_TRACE_FULL = "phaselens.trace.full"
+TRACE_FULL_HEAD, TRACE_FULL_TAIL_ERROR, TRACE_FULL_TAIL_SLO, TRACE_FULL_NONE = "head", "tail_error", "tail_slo", "none"
 PL_CLIENT_DISCONNECTED = "phaselens.client_disconnected"
 # wall/mono anchor of the emitting process, for the clock-offset diagnostic only
 PL_RECEIVED_WALL_NS = "phaselens.server.received_wall_ns"
@@ -253,6 +258,8 @@ ENV_TOKEN_EVENTS = "PHASELENS_TOKEN_EVENTS"
 ENV_SPAN_BUILDER = "PHASELENS_SPAN_BUILDER"  # thread | process: where ServerTelemetry.from_env builds spans
 ENV_SPAN_BACKEND = "PHASELENS_SPAN_BACKEND"  # fast | sdk: how the span-builder process makes OTLP (default fast)
 SPAN_BACKEND_FAST, SPAN_BACKEND_SDK = "fast", "sdk"
+ENV_TAIL_SLO = "PHASELENS_TAIL_SLO"  # ttft:MS,tpot:MS over which a request keeps its tree; off: no tail rule
+ENV_TRACES_SAMPLER, ENV_TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"
 # Dynamo's worker span (ai-dynamo/dynamo lib/backend-common/src/adapter.rs at 052692a7, EngineAdapter):
 # one `engine.generate` per request per worker, child of the runtime's `handle_payload`; its fields
 # become string attributes, the durations in ms on that worker's clock (Instant)

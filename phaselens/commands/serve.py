@@ -91,6 +91,13 @@ _ENGINE_FLAGS = (
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.no_telemetry:
+        from phaselens.instrumentation.pipeline.sampling import check_sampling_env
+
+        try:
+            check_sampling_env()  # OTEL_TRACES_SAMPLER_ARG, PHASELENS_TAIL_SLO: refused before the model loads
+        except ValueError as exc:
+            args._parser.error(str(exc))
     if args.role != "decode":
         refuse(args, given(args, "kv_port"), "is the decode instance's KV-transfer port: give --role decode")
     if args.role == "router":
