@@ -116,7 +116,10 @@ def emit(tracers: dict[str, object], r: PdRequest, start_ns: int) -> str:
     decode_terms |= {n.PL_FIRST_TOKEN_MS: d_first, n.PL_FIRST_CHUNK_MS: d_chunk, n.PL_SERVER_TTFC_MS: sum(r.decode)}
     decode, decode_end = _server(tracers["decode"], start_ns, headers, sum(r.decode) + 30.0, decode_terms)
     receive = tracers["decode"].start_span(
-        n.SPAN_KV_RECEIVE, start_time=kv_start, context=trace.set_span_in_context(decode), attributes={n.PL_KV_BYTES: KV_BYTES}
+        n.SPAN_KV_RECEIVE,
+        start_time=kv_start,
+        context=trace.set_span_in_context(decode),
+        attributes={n.PL_KV_BYTES: KV_BYTES},
     )
     receive.end(end_time=kv_start + round(r.kv_transfer_ms * MS))
     for span, end in ((prefill, prefill_end), (decode, decode_end), (router, router_end)):

@@ -120,8 +120,13 @@ def _panel(client, db: str, name: str) -> dict[str, dict]:
     return {r.pop("statistic"): r for r in rows}
 
 
+def _stacks(client, db: str) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The P/D panel (rollups) and its exact twin."""
+    return _panel(client, db, "pd_budget_stack_rollup"), _panel(client, db, "pd_budget_stack")
+
+
 def test_the_panel_says_unobserved_and_agrees_with_the_exact_stack(client, bare):
-    rollup_rows, exact_rows = _panel(client, bare, "pd_budget_stack_rollup"), _panel(client, bare, "pd_budget_stack")
+    rollup_rows, exact_rows = _stacks(client, bare)
     assert list(rollup_rows) == list(exact_rows) == list(STATISTICS)
     for s in STATISTICS:
         assert all(rollup_rows[s][t] is None and exact_rows[s][t] is None for t in EDGES), (s, rollup_rows[s])
@@ -139,7 +144,7 @@ def test_stamped_edges_are_figures_on_every_path(capsys, clickhouse, client, sta
         assert terms["inbound_ms"]["mean"] == pytest.approx(1.5)
         assert set(terms["client_late_est_ms"].values()) == {None}  # its inputs were not stamped
         assert terms["residual_ms"]["mean"] == pytest.approx(_mean([r.network_ms for r in STAMPED]))
-    rollup_rows, exact_rows = _panel(client, stamped, "pd_budget_stack_rollup"), _panel(client, stamped, "pd_budget_stack")
+    rollup_rows, exact_rows = _stacks(client, stamped)
     assert rollup_rows["mean"]["client_ms"] == exact_rows["mean"]["client_ms"] == pytest.approx(0.875)
     assert 0.99 <= rollup_rows["p99"]["inbound_ms"] <= 2.02  # a sketch's order statistic: 1 or 2 ms, within 1 %
     assert rollup_rows["mean"]["client_late_est_ms"] is None

@@ -107,8 +107,8 @@ PD_COMPLETE = f"prefill_instance IS NOT NULL AND {COMPLETE}"
 
 
 # term → its slot, and an edge's → its witness's slot (analysis/terms.py checks they run 1..n)
-_AT = {t.name: t.pd_position for t in terms.REGISTRY.pd_terms()}
-_WITNESS_AT = {t.name: t.pd_witness_position for t in terms.REGISTRY.pd_gated()}
+_AT = {t.name: t.pd_position for t in terms.REGISTRY.pd_terms() if t.pd_position is not None}
+_WITNESS_AT = {t.name: t.pd_witness_position for t in terms.REGISTRY.pd_gated() if t.pd_witness_position is not None}
 
 
 def pd_rollup_terms() -> list[str]:
