@@ -320,6 +320,7 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_parts" (
     a_done_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     a_received_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     a_responded_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
+    a_dynamo_ttft_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     t_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_response_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_request_model SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -409,6 +410,7 @@ ALTER TABLE "otel"."phaselens_request_parts"
     ADD COLUMN IF NOT EXISTS a_done_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_received_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_responded_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS a_dynamo_ttft_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS t_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_response_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_request_model SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -430,12 +432,12 @@ ALTER TABLE "otel"."phaselens_request_parts"
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_request_parts_mv" TO "otel"."phaselens_request_parts"
 AS SELECT TraceId,
     min(Timestamp) AS first_seen,
-    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
+    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time')) OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span')) AS server_start,
     minIf(toNullable(Timestamp), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_start,
-    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
-    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
+    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time')) OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span')) AS server_duration_ns,
+    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time')) OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span')) AS server_service,
     anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_service,
-    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
+    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time')) OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span')) AS server_span,
     anyIf(toNullable(if(startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
     max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS has_error,
     maxIf(toNullable(Duration), SpanName IN ('llm.ingress')) AS d_ingress,
@@ -496,6 +498,7 @@ AS SELECT TraceId,
     max(toInt64OrNull(SpanAttributes['phaselens.client.done_wall_ns'])) AS a_done_wall_ns,
     max(toInt64OrNull(SpanAttributes['phaselens.server.received_wall_ns'])) AS a_received_wall_ns,
     max(toInt64OrNull(SpanAttributes['phaselens.server.responded_wall_ns'])) AS a_responded_wall_ns,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span') AS a_dynamo_ttft_ms,
     anyIf(toNullable(SpanAttributes['gen_ai.request.id']), SpanAttributes['gen_ai.request.id'] != '') AS t_request_id,
     anyIf(toNullable(SpanAttributes['gen_ai.response.id']), SpanAttributes['gen_ai.response.id'] != '') AS t_response_id,
     anyIf(toNullable(SpanAttributes['gen_ai.request.model']), SpanAttributes['gen_ai.request.model'] != '') AS t_request_model,
@@ -519,12 +522,12 @@ GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     min(Timestamp) AS first_seen,
-    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_start,
+    minIf(toNullable(Timestamp), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time')) OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span')) AS server_start,
     minIf(toNullable(Timestamp), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_start,
-    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_duration_ns,
-    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_service,
+    maxIf(toNullable(Duration), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time')) OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span')) AS server_duration_ns,
+    anyIf(toNullable(toString(ServiceName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time')) OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span')) AS server_service,
     anyIf(toNullable(toString(ServiceName)), SpanKind IN ('Client', 'SPAN_KIND_CLIENT') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.client.e2e_ms'))) AS client_service,
-    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS server_span,
+    anyIf(toNullable(toString(SpanName)), (SpanKind IN ('Server', 'SPAN_KIND_SERVER') AND (mapContains(SpanAttributes, 'gen_ai.operation.name') OR mapContains(SpanAttributes, 'phaselens.server.ttft_ms') OR mapContains(SpanAttributes, 'gen_ai.latency.time_to_first_token'))) OR (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time')) OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span')) AS server_span,
     anyIf(toNullable(if(startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid'), 'sglang-native', 'tgi-native')), (startsWith(SpanName, ' Req ') AND SpanAttributes['module'] = 'sglang::request' AND mapContains(SpanAttributes, 'rid')) OR (SpanName IN ('generate', 'generate_stream', 'completions', 'chat_completions') AND mapContains(SpanAttributes, 'total_time'))) AS native_model,
     max(StatusCode IN ('Error', 'STATUS_CODE_ERROR')) AS has_error,
     maxIf(toNullable(Duration), SpanName IN ('llm.ingress')) AS d_ingress,
@@ -585,6 +588,7 @@ ALTER TABLE "otel"."phaselens_request_parts_mv" MODIFY QUERY SELECT TraceId,
     max(toInt64OrNull(SpanAttributes['phaselens.client.done_wall_ns'])) AS a_done_wall_ns,
     max(toInt64OrNull(SpanAttributes['phaselens.server.received_wall_ns'])) AS a_received_wall_ns,
     max(toInt64OrNull(SpanAttributes['phaselens.server.responded_wall_ns'])) AS a_responded_wall_ns,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span') AS a_dynamo_ttft_ms,
     anyIf(toNullable(SpanAttributes['gen_ai.request.id']), SpanAttributes['gen_ai.request.id'] != '') AS t_request_id,
     anyIf(toNullable(SpanAttributes['gen_ai.response.id']), SpanAttributes['gen_ai.response.id'] != '') AS t_response_id,
     anyIf(toNullable(SpanAttributes['gen_ai.request.model']), SpanAttributes['gen_ai.request.model'] != '') AS t_request_model,
@@ -659,7 +663,18 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_pd_parts" (
     dy_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     dy_p_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     dy_d_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
-    dy_d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE)
+    dy_d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dw_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    dw_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    dw_request_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
+    dw_route_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
+    dw_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dw_prefill_call SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dw_p_worker SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dw_p_busy SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dw_p_idle SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dw_d_busy SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    dw_d_idle SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE)
 ) ENGINE = AggregatingMergeTree()
 ORDER BY TraceId
 SETTINGS non_replicated_deduplication_window = 10000;
@@ -716,7 +731,18 @@ ALTER TABLE "otel"."phaselens_pd_parts"
     ADD COLUMN IF NOT EXISTS dy_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS dy_p_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS dy_d_engine_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
-    ADD COLUMN IF NOT EXISTS dy_d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE);
+    ADD COLUMN IF NOT EXISTS dy_d_itl_p99 SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_p_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS dw_d_instance SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
+    ADD COLUMN IF NOT EXISTS dw_request_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_route_start SimpleAggregateFunction(min, Nullable(DateTime64(9))) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_ttft SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_prefill_call SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_p_worker SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_p_busy SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_p_idle SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_d_busy SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS dw_d_idle SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE);
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS "otel"."phaselens_pd_parts_mv" TO "otel"."phaselens_pd_parts"
 AS SELECT TraceId,
@@ -771,9 +797,20 @@ AS SELECT TraceId,
     any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_d_instance,
     maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill') AS dy_p_engine_ttft,
     maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_engine_ttft,
-    maxIf(toFloat64OrNull(SpanAttributes['itl_p99_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_itl_p99
+    maxIf(toFloat64OrNull(SpanAttributes['itl_p99_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_itl_p99,
+    any(if(SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] = 'prefill', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dw_p_instance,
+    any(if(SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] != 'prefill', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dw_d_instance,
+    minIf(toNullable(Timestamp), SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span') AS dw_request_start,
+    minIf(toNullable(Timestamp), SpanName = 'router.route_request') AS dw_route_start,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']) * 1e6 / 1e6, SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span') AS dw_ttft,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'router.route_request' AND NOT mapContains(SpanAttributes, 'migration.tokens_completed')) AS dw_prefill_call,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] = 'prefill') AS dw_p_worker,
+    maxIf(toFloat64OrNull(SpanAttributes['busy_ns']) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] = 'prefill') AS dw_p_busy,
+    maxIf(toFloat64OrNull(SpanAttributes['idle_ns']) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] = 'prefill') AS dw_p_idle,
+    maxIf(toFloat64OrNull(SpanAttributes['busy_ns']) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] != 'prefill') AS dw_d_busy,
+    maxIf(toFloat64OrNull(SpanAttributes['idle_ns']) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] != 'prefill') AS dw_d_idle
 FROM "otel"."otel_traces"
-WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')) OR (SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] IN ('prefill', 'decode'))) AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')) OR (SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] IN ('prefill', 'decode') OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span') OR (SpanName = 'router.route_request') OR (SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span'))) AND TraceId != ''
 GROUP BY TraceId;
 
 ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
@@ -828,16 +865,27 @@ ALTER TABLE "otel"."phaselens_pd_parts_mv" MODIFY QUERY SELECT TraceId,
     any(if(SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dy_d_instance,
     maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'prefill') AS dy_p_engine_ttft,
     maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_engine_ttft,
-    maxIf(toFloat64OrNull(SpanAttributes['itl_p99_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_itl_p99
+    maxIf(toFloat64OrNull(SpanAttributes['itl_p99_ms']), SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] = 'decode') AS dy_d_itl_p99,
+    any(if(SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] = 'prefill', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dw_p_instance,
+    any(if(SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] != 'prefill', toNullable(coalesce(nullIf(ResourceAttributes['phaselens.pd.instance'], ''), toString(ServiceName))), NULL)) AS dw_d_instance,
+    minIf(toNullable(Timestamp), SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span') AS dw_request_start,
+    minIf(toNullable(Timestamp), SpanName = 'router.route_request') AS dw_route_start,
+    maxIf(toFloat64OrNull(SpanAttributes['ttft_ms']) * 1e6 / 1e6, SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span') AS dw_ttft,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'router.route_request' AND NOT mapContains(SpanAttributes, 'migration.tokens_completed')) AS dw_prefill_call,
+    maxIf(toNullable(Duration) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] = 'prefill') AS dw_p_worker,
+    maxIf(toFloat64OrNull(SpanAttributes['busy_ns']) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] = 'prefill') AS dw_p_busy,
+    maxIf(toFloat64OrNull(SpanAttributes['idle_ns']) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] = 'prefill') AS dw_p_idle,
+    maxIf(toFloat64OrNull(SpanAttributes['busy_ns']) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] != 'prefill') AS dw_d_busy,
+    maxIf(toFloat64OrNull(SpanAttributes['idle_ns']) / 1e6, SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span' AND SpanAttributes['component'] != 'prefill') AS dw_d_idle
 FROM "otel"."otel_traces"
-WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')) OR (SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] IN ('prefill', 'decode'))) AND TraceId != ''
+WHERE (ResourceAttributes['phaselens.pd.role'] != '' AND SpanName != 'llm.engine_step' OR (SpanName IN ('prefill_prepare', 'prefill_bootstrap', 'prefill_waiting', 'prefill_forward', 'prefill_transfer_kv_cache', 'decode_prepare', 'decode_bootstrap', 'decode_transferred', 'decode_waiting', 'fake_output') OR ((startsWith(SpanName, 'prefill Req ') OR startsWith(SpanName, 'decode Req ')) AND SpanAttributes['module'] = 'sglang::request')) OR (SpanName = 'engine.generate' AND SpanAttributes['disagg_role'] IN ('prefill', 'decode') OR (SpanName = 'http-request' AND SpanAttributes['target'] = 'request_span') OR (SpanName = 'router.route_request') OR (SpanName = 'handle_payload' AND SpanAttributes['target'] = 'request_span'))) AND TraceId != ''
 GROUP BY TraceId;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_pd_requests" AS
 SELECT
     TraceId AS trace_id,
-    coalesce(p_instance, sg_p_instance, dy_p_instance) AS prefill_instance,
-    coalesce(d_instance, sg_d_instance, dy_d_instance) AS decode_instance,
+    coalesce(p_instance, sg_p_instance, dy_p_instance, dw_p_instance) AS prefill_instance,
+    coalesce(d_instance, sg_d_instance, dy_d_instance, if(dw_p_instance IS NULL, NULL, dw_d_instance)) AS decode_instance,
     coalesce(kv_transfer, if(sg_p_instance IS NULL, NULL, sg_kv_transfer)) AS kv_transfer_ms,
     CAST(kv_sent_bytes AS Nullable(UInt64)) AS kv_bytes,
     CAST(kv_recv_bytes AS Nullable(UInt64)) AS kv_bytes_received,
@@ -865,7 +913,15 @@ SELECT
     if(sg_d_instance IS NULL, NULL, sg_d_transferred) AS decode_kv_wait_ms,
     dy_p_engine_ttft AS prefill_engine_ttft_ms,
     dy_d_engine_ttft AS decode_engine_ttft_ms,
-    multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, 'vllm-native', p_instance IS NOT NULL OR d_instance IS NOT NULL, 'phaselens', sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, 'sglang-native', dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL, 'dynamo-native', NULL) AS pd_span_model
+    if(dw_p_instance IS NULL, NULL, (toUnixTimestamp64Nano(dw_route_start) - toUnixTimestamp64Nano(dw_request_start)) / 1e6) AS frontend_dispatch_ms,
+    if(dw_p_instance IS NULL, NULL, dw_prefill_call) AS prefill_call_ms,
+    dw_p_worker AS prefill_worker_ms,
+    if(dw_p_instance IS NULL, NULL, dw_ttft - ((toUnixTimestamp64Nano(dw_route_start) - toUnixTimestamp64Nano(dw_request_start)) / 1e6) - dw_prefill_call) AS kv_transfer_est_ms,
+    dw_p_busy AS prefill_busy_ms,
+    dw_p_idle AS prefill_idle_ms,
+    if(dw_p_instance IS NULL, NULL, dw_d_busy) AS decode_busy_ms,
+    if(dw_p_instance IS NULL, NULL, dw_d_idle) AS decode_idle_ms,
+    multiIf((v_p_prefill IS NOT NULL OR v_d_first_token IS NOT NULL) AND p_ingress IS NULL AND d_ingress IS NULL, 'vllm-native', p_instance IS NOT NULL OR d_instance IS NOT NULL, 'phaselens', sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, 'sglang-native', dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL OR dw_p_instance IS NOT NULL, 'dynamo-native', NULL) AS pd_span_model
 FROM "otel"."phaselens_pd_parts" FINAL
 WHERE 1;
 
@@ -892,7 +948,7 @@ SELECT
     a_client_ttfo_ms AS client_ttfo_ms,
     a_client_tpot_ms AS client_tpot_ms,
     a_client_e2e_ms AS client_e2e_ms,
-    coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms)) AS server_ttft_ms,
+    coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, a_dynamo_ttft_ms, if(d_first_token IS NULL, NULL, ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms)) AS server_ttft_ms,
     coalesce(a_server_ttfc_ms, server_ttft_ms + ifNull(held_back_ms, 0) + first_chunk_ms) AS server_ttfc_ms,
     coalesce(a_ingress_ms, d_ingress / 1e6, if(native_model = 'sglang-native', (a_lat_ttft_s - a_lat_prefill_s) * 1000, NULL), toFloat64OrNull(extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ingress_ms,
     coalesce(if(queue_spans = 0, NULL, queue_ns / 1e6), a_queue_ms, a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS queue_ms,
@@ -913,7 +969,7 @@ SELECT
     client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_ms, 0) - ifNull(client_late_est_ms, 0) AS residual_ms,
     client_e2e_ms - coalesce(a_server_last_chunk_ms, toFloat64OrNull(extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS e2e_residual_ms,
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
-    multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
+    multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span = 'http-request', 'dynamo-native', server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
     coalesce(nullIf(multiIf(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), startsWith(t_x_request_id, '{"values"'), JSONExtractString(t_x_request_id, 'values', 1, 'stringValue'), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
     if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
@@ -944,7 +1000,7 @@ FROM "otel"."phaselens_request_parts" FINAL
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL;
 
 CREATE OR REPLACE VIEW "otel"."phaselens_requests" AS
-SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, client_late_est_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms, pd.prefill_bootstrap_ms AS prefill_bootstrap_ms, pd.decode_bootstrap_ms AS decode_bootstrap_ms, pd.decode_kv_wait_ms AS decode_kv_wait_ms, pd.prefill_engine_ttft_ms AS prefill_engine_ttft_ms, pd.decode_engine_ttft_ms AS decode_engine_ttft_ms, pd.pd_span_model AS pd_span_model
+SELECT trace_id, request_id, service, model, server_start_time, status, error_type, input_tokens, output_tokens, cached_tokens, reasoning_tokens, client_ttft_ms, client_ttfo_ms, client_tpot_ms, client_e2e_ms, server_ttft_ms, server_ttfc_ms, ingress_ms, queue_ms, prefill_ms, prefill_chunks, first_token_ms, held_back_ms, first_chunk_ms, decode_ms, delivery_ms, server_tpot_ms, itl_p99_ms, stall_ms, preemptions, inbound_ms, client_ms, client_late_est_ms, residual_ms, e2e_residual_ms, clock_offset_estimate_ms, span_model, before_engine_ms, x_request_id, client_harness, pd.prefill_instance AS prefill_instance, pd.decode_instance AS decode_instance, pd.kv_transfer_ms AS kv_transfer_ms, pd.kv_bytes AS kv_bytes, pd.kv_bytes_received AS kv_bytes_received, pd.kv_wait_ms AS kv_wait_ms, pd.kv_receive_ms AS kv_receive_ms, pd.router_ingress_ms AS router_ingress_ms, pd.router_gap_ms AS router_gap_ms, pd.router_relay_ms AS router_relay_ms, pd.router_ttfc_ms AS router_ttfc_ms, pd.prefill_hop_ms AS prefill_hop_ms, pd.decode_hop_ms AS decode_hop_ms, pd.prefill_ingress_ms AS prefill_ingress_ms, pd.prefill_queue_ms AS prefill_queue_ms, pd.prefill_compute_ms AS prefill_compute_ms, pd.prefill_first_token_ms AS prefill_first_token_ms, pd.prefill_respond_ms AS prefill_respond_ms, pd.decode_ingress_ms AS decode_ingress_ms, pd.decode_queue_ms AS decode_queue_ms, pd.decode_first_token_ms AS decode_first_token_ms, pd.decode_first_chunk_ms AS decode_first_chunk_ms, pd.decode_itl_p99_ms AS decode_itl_p99_ms, pd.decode_stall_ms AS decode_stall_ms, pd.prefill_bootstrap_ms AS prefill_bootstrap_ms, pd.decode_bootstrap_ms AS decode_bootstrap_ms, pd.decode_kv_wait_ms AS decode_kv_wait_ms, pd.prefill_engine_ttft_ms AS prefill_engine_ttft_ms, pd.decode_engine_ttft_ms AS decode_engine_ttft_ms, pd.frontend_dispatch_ms AS frontend_dispatch_ms, pd.prefill_call_ms AS prefill_call_ms, pd.prefill_worker_ms AS prefill_worker_ms, pd.kv_transfer_est_ms AS kv_transfer_est_ms, pd.prefill_busy_ms AS prefill_busy_ms, pd.prefill_idle_ms AS prefill_idle_ms, pd.decode_busy_ms AS decode_busy_ms, pd.decode_idle_ms AS decode_idle_ms, pd.pd_span_model AS pd_span_model
 FROM "otel"."phaselens_request_facts"
 LEFT JOIN "otel"."phaselens_pd_requests" AS pd USING (trace_id);
 
@@ -1161,6 +1217,7 @@ CREATE TABLE IF NOT EXISTS "otel"."phaselens_request_pending" (
     a_done_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     a_received_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     a_responded_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
+    a_dynamo_ttft_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     t_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_response_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     t_request_model SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -1253,6 +1310,7 @@ ALTER TABLE "otel"."phaselens_request_pending"
     ADD COLUMN IF NOT EXISTS a_done_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_received_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS a_responded_wall_ns SimpleAggregateFunction(max, Nullable(Int64)) CODEC(NONE),
+    ADD COLUMN IF NOT EXISTS a_dynamo_ttft_ms SimpleAggregateFunction(max, Nullable(Float64)) CODEC(NONE),
     ADD COLUMN IF NOT EXISTS t_request_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_response_id SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
     ADD COLUMN IF NOT EXISTS t_request_model SimpleAggregateFunction(any, Nullable(String)) CODEC(ZSTD(1)),
@@ -1321,7 +1379,7 @@ FROM (SELECT
     a_client_ttfo_ms AS client_ttfo_ms,
     a_client_tpot_ms AS client_tpot_ms,
     a_client_e2e_ms AS client_e2e_ms,
-    coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms)) AS server_ttft_ms,
+    coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, a_dynamo_ttft_ms, if(d_first_token IS NULL, NULL, ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms)) AS server_ttft_ms,
     coalesce(a_server_ttfc_ms, server_ttft_ms + ifNull(held_back_ms, 0) + first_chunk_ms) AS server_ttfc_ms,
     coalesce(a_ingress_ms, d_ingress / 1e6, if(native_model = 'sglang-native', (a_lat_ttft_s - a_lat_prefill_s) * 1000, NULL), toFloat64OrNull(extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ingress_ms,
     coalesce(if(queue_spans = 0, NULL, queue_ns / 1e6), a_queue_ms, a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS queue_ms,
@@ -1342,7 +1400,7 @@ FROM (SELECT
     client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_ms, 0) - ifNull(client_late_est_ms, 0) AS residual_ms,
     client_e2e_ms - coalesce(a_server_last_chunk_ms, toFloat64OrNull(extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS e2e_residual_ms,
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
-    multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
+    multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span = 'http-request', 'dynamo-native', server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
     coalesce(nullIf(multiIf(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), startsWith(t_x_request_id, '{"values"'), JSONExtractString(t_x_request_id, 'values', 1, 'stringValue'), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
     if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
@@ -1437,6 +1495,7 @@ FROM (SELECT TraceId,
         max(a_done_wall_ns) AS a_done_wall_ns,
         max(a_received_wall_ns) AS a_received_wall_ns,
         max(a_responded_wall_ns) AS a_responded_wall_ns,
+        max(a_dynamo_ttft_ms) AS a_dynamo_ttft_ms,
         any(t_request_id) AS t_request_id,
         any(t_response_id) AS t_response_id,
         any(t_request_model) AS t_request_model,
@@ -1463,7 +1522,7 @@ FROM (SELECT TraceId,
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL) AS facts
 LEFT ANY JOIN (SELECT
     TraceId AS trace_id,
-    coalesce(p_instance, sg_p_instance, dy_p_instance) AS prefill_instance,
+    coalesce(p_instance, sg_p_instance, dy_p_instance, dw_p_instance) AS prefill_instance,
     coalesce(kv_transfer, if(sg_p_instance IS NULL, NULL, sg_kv_transfer)) AS kv_transfer_ms,
     kv_wait AS kv_wait_ms,
     r_ingress AS router_ingress_ms,
@@ -1525,7 +1584,7 @@ FROM (SELECT
     a_client_ttfo_ms AS client_ttfo_ms,
     a_client_tpot_ms AS client_tpot_ms,
     a_client_e2e_ms AS client_e2e_ms,
-    coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms)) AS server_ttft_ms,
+    coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, a_dynamo_ttft_ms, if(d_first_token IS NULL, NULL, ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms)) AS server_ttft_ms,
     coalesce(a_server_ttfc_ms, server_ttft_ms + ifNull(held_back_ms, 0) + first_chunk_ms) AS server_ttfc_ms,
     coalesce(a_ingress_ms, d_ingress / 1e6, if(native_model = 'sglang-native', (a_lat_ttft_s - a_lat_prefill_s) * 1000, NULL), toFloat64OrNull(extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_validation, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS ingress_ms,
     coalesce(if(queue_spans = 0, NULL, queue_ns / 1e6), a_queue_ms, a_lat_queue_s * 1000, toFloat64OrNull(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_queue, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS queue_ms,
@@ -1546,7 +1605,7 @@ FROM (SELECT
     client_ttft_ms - coalesce(server_ttfc_ms, server_ttft_ms) - ifNull(inbound_ms, 0) - ifNull(client_ms, 0) - ifNull(client_late_est_ms, 0) AS residual_ms,
     client_e2e_ms - coalesce(a_server_last_chunk_ms, toFloat64OrNull(extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[1]) * multiIf(extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ns', 1e-6, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'µs', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'μs', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'us', 1e-3, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 'ms', 1, extractGroups(t_tgi_total, '^([0-9]+(?:[.][0-9]+)?)(ns|µs|μs|us|ms|s)$')[2] = 's', 1000, NULL)) AS e2e_residual_ms,
     ((a_received_wall_ns - a_sent_wall_ns) + (a_responded_wall_ns - a_done_wall_ns)) / 2e6 AS clock_offset_estimate_ms,
-    multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
+    multiIf(a_server_ttft_ms IS NOT NULL, 'phaselens', server_span = 'llm_request', 'vllm-native', native_model IS NOT NULL, native_model, server_span = 'http-request', 'dynamo-native', server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, 'engine-keys', NULL) AS span_model,
     if(first_token_ms IS NULL AND server_ttft_ms IS NOT NULL, server_ttft_ms - coalesce(ingress_ms, 0) - coalesce(ttft_queue_ms, 0) - coalesce(prefill_ms, 0), NULL) AS before_engine_ms,
     coalesce(nullIf(multiIf(startsWith(t_x_request_id, '['), JSONExtractString(t_x_request_id, 1), startsWith(t_x_request_id, '{"values"'), JSONExtractString(t_x_request_id, 'values', 1, 'stringValue'), t_x_request_id), ''), if(span_model = 'vllm-native' OR server_service = 'vllm', nullIf(multiIf(startsWith(request_id, 'chatcmpl-'), substring(request_id, 10), extract(request_id, '^cmpl-(.+)-[0-9]+$')), ''), NULL)) AS x_request_id,
     if(client_start IS NULL, NULL, coalesce(t_client_harness, 'phaselens')) AS client_harness,
@@ -1641,6 +1700,7 @@ FROM (SELECT TraceId,
         max(a_done_wall_ns) AS a_done_wall_ns,
         max(a_received_wall_ns) AS a_received_wall_ns,
         max(a_responded_wall_ns) AS a_responded_wall_ns,
+        max(a_dynamo_ttft_ms) AS a_dynamo_ttft_ms,
         any(t_request_id) AS t_request_id,
         any(t_response_id) AS t_response_id,
         any(t_request_model) AS t_request_model,
@@ -1667,7 +1727,7 @@ FROM (SELECT TraceId,
 WHERE server_start IS NOT NULL OR client_start IS NOT NULL) AS facts
 LEFT ANY JOIN (SELECT
     TraceId AS trace_id,
-    coalesce(p_instance, sg_p_instance, dy_p_instance) AS prefill_instance,
+    coalesce(p_instance, sg_p_instance, dy_p_instance, dw_p_instance) AS prefill_instance,
     coalesce(kv_transfer, if(sg_p_instance IS NULL, NULL, sg_kv_transfer)) AS kv_transfer_ms,
     kv_wait AS kv_wait_ms,
     r_ingress AS router_ingress_ms,
