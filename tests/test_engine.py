@@ -264,7 +264,7 @@ def test_peer_benchmark_model_batched_equals_generate_on_one_thread(tmp_path):
     tokens are `generate()`'s, its text is the tokenizer's own decode of them (the Rust-backend fast
     path changes no character), and a model this small runs on one intra-op thread."""
     from phaselens.integrations.vllm.tiny_model import save_tiny_llama
-    from phaselens.reference_server.model_loader import load_local
+    from phaselens.reference_server.engine.model_loader import load_local
 
     folder = save_tiny_llama(tmp_path / "model")
     threads = torch.get_num_threads()
@@ -293,8 +293,8 @@ def test_peer_benchmark_model_batched_equals_generate_on_one_thread(tmp_path):
 
 def test_tokenizer_decoder_keeps_the_wrapper_where_it_cleans_up_spaces(tmp_path):
     from phaselens.integrations.vllm.tiny_model import save_tiny_llama
-    from phaselens.reference_server.detokenizer import tokenizer_decoder
-    from phaselens.reference_server.model_loader import load_tokenizer
+    from phaselens.reference_server.engine.detokenizer import tokenizer_decoder
+    from phaselens.reference_server.engine.model_loader import load_tokenizer
 
     tokenizer, _, _ = load_tokenizer(str(save_tiny_llama(tmp_path / "model")))
     ids_ = [*tokenizer.encode("the token , is .", add_special_tokens=False), tokenizer.eos_token_id]

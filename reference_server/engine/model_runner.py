@@ -21,8 +21,8 @@ SMALL_MODEL_PARAMS = 10_000_000  # below this, one intra-op thread (set_cpu_thre
 
 def set_cpu_threads(config: EngineConfig, num_params: int) -> None:
     """A small model's ops are too small to split: extra intra-op threads only spin and, on a busy
-    machine, slow every step many-fold (the tiny Llama saved as a folder: 11 ms of CPU per output
-    token on 2 threads, 0.33 ms on 1). So `cpu_threads` 0 means 1 thread below SMALL_MODEL_PARAMS
+    machine, slow every step many-fold (the tiny Llama saved as a folder: 9.4 ms of CPU per output
+    token on 2 threads, 0.25–0.34 ms on 1). So `cpu_threads` 0 means 1 thread below SMALL_MODEL_PARAMS
     parameters (the built-in `tiny` or a folder alike), torch's default above. Process-wide, as
     torch's setting is."""
     threads = config.cpu_threads or (1 if num_params < SMALL_MODEL_PARAMS else 0)
