@@ -96,7 +96,7 @@ SPAN_MODEL_VLLM = "vllm-native"  # vLLM's own `llm_request` span
 SPAN_MODEL_ENGINE_KEYS = "engine-keys"  # another SERVER span with only the de-facto keys
 SPAN_MODEL_SGLANG = "sglang-native"  # SGLang's own request trace (`Req …` root, scheduler slices)
 SPAN_MODEL_TGI = "tgi-native"  # TGI's own request span (durations as Rust `Duration` Debug strings)
-SPAN_MODEL_DYNAMO = "dynamo-native"  # Dynamo's worker spans (`engine.generate` with `disagg_role`)
+SPAN_MODEL_DYNAMO = "dynamo-native"  # Dynamo's spans: the frontend's `http-request` and its workers' (`engine.generate` or `handle_payload`)
 # SGLang's native spans (sglang 0.5.23, sglang/srt/observability): an INTERNAL root `{role} Req {rid[:8]}`
 # with the keys above at its end, thread spans under it, and one span per stage ("slice")
 SGLANG_RID = "rid"  # root attribute: the request id
@@ -268,3 +268,21 @@ DYNAMO_DISAGG_ROLE = "disagg_role"  # agg | prefill | decode | encode (Disaggreg
 DYNAMO_PD_ROLES = ("prefill", "decode")
 DYNAMO_TTFT_MS = "ttft_ms"  # the engine's stream set up → first non-empty chunk
 DYNAMO_ITL_P99_MS = "itl_p99_ms"  # nearest-rank p99 of the gaps between non-empty chunks
+# What Dynamo 1.6.1 emits (its Rust runtime's tracing spans, read live: docs/other-servers.md#dynamo).
+# The frontend's `http-request` (lib/runtime/src/logging.rs): the request on the frontend's clock,
+# its `ttft_ms` the frontend's TTFT (ms as a string); `router.route_request`
+# (lib/runtime/src/pipeline/network/egress/push_router.rs): the frontend's call to one worker, until
+# that worker's stream ended; on the worker, the runtime's `handle_payload` (logging.rs): received →
+# its stream ended, on the worker's clock. Every span carries tracing-opentelemetry's `busy_ns`
+# (the span's task being polled) and `idle_ns` (the task waiting).
+SPAN_DYNAMO_HTTP_REQUEST = "http-request"
+SPAN_DYNAMO_ROUTE = "router.route_request"
+SPAN_DYNAMO_HANDLE = "handle_payload"
+DYNAMO_TARGET = "target"  # the tracing target: `request_span` on the request spans of Dynamo's runtime
+DYNAMO_REQUEST_SPAN_TARGET = "request_span"
+DYNAMO_COMPONENT = "component"  # handle_payload: `prefill` on a prefill worker, `backend` on the others
+DYNAMO_PREFILL_COMPONENT = "prefill"
+# on the frontend's call to a decode (or aggregated) worker only: its prefill call carries no migration
+DYNAMO_MIGRATION_TOKENS = "migration.tokens_completed"
+DYNAMO_BUSY_NS = "busy_ns"
+DYNAMO_IDLE_NS = "idle_ns"

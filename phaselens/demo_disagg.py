@@ -70,7 +70,7 @@ def _session(stack: Stack, pd: PdStack, opts: DemoOptions, console: Console) -> 
     stack.server.stop(stack.stop_timeout_s)  # flushes its spans; the instances start after its window
     stack.server = None
     with console.status("starting the prefill and decode instances and the router…") as status:
-        pd.start_instances(lambda phase: status.update(f"starting {phase}…"))
+        pd.start_servers(lambda phase: status.update(f"starting {phase}…"))
     disagg = _measure(stack, opts, console, "disaggregated", pd.router_url)
     return colocated, disagg
 

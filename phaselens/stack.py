@@ -342,3 +342,36 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@dataclass(slots=True)
+class ServedStack:
+    """The stack's pipeline (ClickHouse, schema, collector) with servers started outside `Stack`:
+    a subclass starts and stops them (`start_servers`, `stop_servers`). Pipeline first, servers
+    after; stop order is the data-flow order: servers (each flushes its spans), then the pipeline."""
+
+    stack: Stack
+
+    def start(self, on_phase=lambda phase: None) -> Self:
+        try:
+            self.stack.start_pipeline(on_phase)
+            self.start_servers(on_phase)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_servers(self, on_phase=lambda phase: None) -> Self:
+        raise NotImplementedError
+
+    def stop_servers(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def stop(self) -> dict[str, int]:
+        return self.stop_servers() | self.stack.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

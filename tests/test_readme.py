@@ -104,7 +104,7 @@ def test_readme_servers_table_says_live_or_built_spans_per_row():
     [
         ("SGLang", "built spans"),
         ("TGI", "built spans"),
-        ("Dynamo", "built spans"),
+        ("Dynamo", "live"),
         ("vLLM, native", "live"),
         ("vLLM with the phaselens plugin", "live"),
     ],

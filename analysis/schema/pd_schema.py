@@ -134,10 +134,65 @@ def _dy(column: str, role: str, key: str) -> Part:
     return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {_dy_span(role)})")
 
 
+# Dynamo 1.6.1's live spans (docs/disaggregation.md#dynamo): the frontend's `http-request` and its
+# calls to the workers (`router.route_request`, frontend clock), each worker's `handle_payload`
+# (worker clock). A prefill worker's `handle_payload` has component `prefill`; the frontend's call to
+# it is the route without a migration count.
+DY_REQUEST = f"SpanName = '{n.SPAN_DYNAMO_HTTP_REQUEST}' AND {attr(n.DYNAMO_TARGET)} = '{n.DYNAMO_REQUEST_SPAN_TARGET}'"
+_DY_ROUTE = f"SpanName = '{n.SPAN_DYNAMO_ROUTE}'"
+_DY_HANDLE = f"SpanName = '{n.SPAN_DYNAMO_HANDLE}' AND {attr(n.DYNAMO_TARGET)} = '{n.DYNAMO_REQUEST_SPAN_TARGET}'"
+_DY_WORKER = {
+    "prefill": f"{_DY_HANDLE} AND {attr(n.DYNAMO_COMPONENT)} = '{n.DYNAMO_PREFILL_COMPONENT}'",
+    "decode": f"{_DY_HANDLE} AND {attr(n.DYNAMO_COMPONENT)} != '{n.DYNAMO_PREFILL_COMPONENT}'",
+}
+_DY_PREFILL_ROUTE = f"{_DY_ROUTE} AND NOT mapContains(SpanAttributes, '{n.DYNAMO_MIGRATION_TOKENS}')"
+
+
+def _dw_instance(role: str) -> Part:
+    cond = _DY_WORKER[role]
+    return Part(f"dw_{role[0]}_instance", "any", "Nullable(String)", f"any(if({cond}, {_SG_INSTANCE}, NULL))")
+
+
+def _dw_ms(column: str, cond: str, value: str = "toNullable(Duration)") -> Part:
+    """ms of a Dynamo span's Duration (or an ns attribute) where `cond` holds, on that span's clock."""
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({value} / 1e6, {cond})")
+
+
+def _dw_start(column: str, cond: str) -> Part:
+    return Part(column, "min", "Nullable(DateTime64(9))", f"minIf(toNullable(Timestamp), {cond})")
+
+
+DYNAMO_LIVE_PARTS: tuple[Part, ...] = (
+    *(_dw_instance(role) for role in ("prefill", "decode")),
+    _dw_start("dw_request_start", DY_REQUEST),
+    _dw_start("dw_route_start", _DY_ROUTE),
+    _dw_ms("dw_ttft", DY_REQUEST, f"{num(n.DYNAMO_TTFT_MS)} * 1e6"),
+    _dw_ms("dw_prefill_call", _DY_PREFILL_ROUTE),
+    _dw_ms("dw_p_worker", _DY_WORKER["prefill"]),
+    *(
+        _dw_ms(f"dw_{role[0]}_{kind}", _DY_WORKER[role], num(key))
+        for role in ("prefill", "decode")
+        for kind, key in (("busy", n.DYNAMO_BUSY_NS), ("idle", n.DYNAMO_IDLE_NS))
+    ),
+)
 IS_DYNAMO_PD = (
     f"SpanName = '{n.SPAN_DYNAMO_ENGINE_GENERATE}' AND {attr(n.DYNAMO_DISAGG_ROLE)} IN "
-    f"({', '.join(repr(r) for r in n.DYNAMO_PD_ROLES)})"
+    f"({', '.join(repr(r) for r in n.DYNAMO_PD_ROLES)}) OR ({DY_REQUEST}) OR ({_DY_ROUTE}) OR ({_DY_HANDLE})"
 )
+
+
+def _dw(column: str) -> str:
+    """A column of Dynamo's live spans, NULL unless the request went through a prefill worker."""
+    return f"if(dw_p_instance IS NULL, NULL, {column})"
+
+
+# Dynamo's frontend TTFT in terms, all on the frontend's clock (docs/disaggregation.md#dynamo):
+#     frontend TTFT = frontend_dispatch + prefill_call + kv_transfer_est
+# (kv_transfer_est: the prefill's answer back → the first token at the frontend, an estimate). No
+# prefill hop: the prefill worker's `handle_payload` ends after the frontend's call did (the stream's
+# teardown), so call − handle_payload comes out negative.
+DYNAMO_DISPATCH_MS = "(toUnixTimestamp64Nano(dw_route_start) - toUnixTimestamp64Nano(dw_request_start)) / 1e6"
+DYNAMO_KV_EST_MS = f"dw_ttft - ({DYNAMO_DISPATCH_MS}) - dw_prefill_call"
 
 
 _PHASES = (
@@ -189,6 +244,7 @@ PD_PARTS: tuple[Part, ...] = (
     _dy("dy_p_engine_ttft", "prefill", n.DYNAMO_TTFT_MS),
     _dy("dy_d_engine_ttft", "decode", n.DYNAMO_TTFT_MS),
     _dy("dy_d_itl_p99", "decode", n.DYNAMO_ITL_P99_MS),
+    *DYNAMO_LIVE_PARTS,
 )
 
 _PD_SPAN_MODEL = (
@@ -196,12 +252,12 @@ _PD_SPAN_MODEL = (
     f"'{n.SPAN_MODEL_VLLM}', "
     f"p_instance IS NOT NULL OR d_instance IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
     f"sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, '{n.SPAN_MODEL_SGLANG}', "
-    f"dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL, '{n.SPAN_MODEL_DYNAMO}', NULL)"
+    f"dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL OR dw_p_instance IS NOT NULL, '{n.SPAN_MODEL_DYNAMO}', NULL)"
 )
 # (column, expression over the merged parts), in the order `phaselens_requests` appends them
 PD_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("prefill_instance", "coalesce(p_instance, sg_p_instance, dy_p_instance)"),
-    ("decode_instance", "coalesce(d_instance, sg_d_instance, dy_d_instance)"),
+    ("prefill_instance", "coalesce(p_instance, sg_p_instance, dy_p_instance, dw_p_instance)"),
+    ("decode_instance", f"coalesce(d_instance, sg_d_instance, dy_d_instance, {_dw('dw_d_instance')})"),
     ("kv_transfer_ms", f"coalesce(kv_transfer, {_sg('prefill', 'sg_kv_transfer')})"),
     ("kv_bytes", "CAST(kv_sent_bytes AS Nullable(UInt64))"),
     ("kv_bytes_received", "CAST(kv_recv_bytes AS Nullable(UInt64))"),
@@ -236,6 +292,14 @@ PD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("decode_kv_wait_ms", _sg("decode", "sg_d_transferred")),
     ("prefill_engine_ttft_ms", "dy_p_engine_ttft"),
     ("decode_engine_ttft_ms", "dy_d_engine_ttft"),
+    ("frontend_dispatch_ms", _dw(DYNAMO_DISPATCH_MS)),
+    ("prefill_call_ms", _dw("dw_prefill_call")),
+    ("prefill_worker_ms", "dw_p_worker"),
+    ("kv_transfer_est_ms", _dw(DYNAMO_KV_EST_MS)),
+    ("prefill_busy_ms", "dw_p_busy"),
+    ("prefill_idle_ms", "dw_p_idle"),
+    ("decode_busy_ms", _dw("dw_d_busy")),
+    ("decode_idle_ms", _dw("dw_d_idle")),
     ("pd_span_model", _PD_SPAN_MODEL),
 )
 PD_COLUMN_NAMES = tuple(name for name, _ in PD_COLUMNS)

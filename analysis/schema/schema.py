@@ -70,7 +70,7 @@ IS_SERVER = (
     f"(SpanKind IN {SERVER_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
     f"OR mapContains(SpanAttributes, '{n.PL_SERVER_TTFT_MS}') "
     f"OR mapContains(SpanAttributes, '{n.LATENCY_TIME_TO_FIRST_TOKEN}'))) "
-    f"OR ({IS_SGLANG}) OR ({IS_TGI})"
+    f"OR ({IS_SGLANG}) OR ({IS_TGI}) OR ({pd_schema.DY_REQUEST})"
 )
 IS_CLIENT = (
     f"SpanKind IN {CLIENT_KINDS} AND (mapContains(SpanAttributes, '{n.GEN_AI_OPERATION_NAME}') "
@@ -233,6 +233,8 @@ PARTS: tuple[Part, ...] = (
     _count_part("queue_spans", QUEUE_SPANS, "1"),
     _count_part("chunk_spans", CHUNK_SPANS, "1"),
     *(_attr_part(col, key) for col, key in NUMERIC_ATTRS.items()),
+    # Dynamo's frontend TTFT: `ttft_ms` of its `http-request` only (a worker's `engine.generate` has one too)
+    _kind_part("a_dynamo_ttft_ms", "max", "Nullable(Float64)", num(n.DYNAMO_TTFT_MS), pd_schema.DY_REQUEST),
     *(_text_part(col, key) for col, key in TEXT_ATTRS.items()),
     *(_text_part(col, key, IS_TGI) for col, key in TGI_TIMINGS.items()),
 )
@@ -280,11 +282,13 @@ def _wall_offset_ms() -> str:
 
 def _span_model() -> str:
     """Whose spans the row was built from: the phaselens tree (it carries `phaselens.server.ttft_ms`),
-    vLLM's native `llm_request`, SGLang's or TGI's native spans, another server's de-facto keys;
+    vLLM's native `llm_request`, SGLang's or TGI's native spans, Dynamo's frontend `http-request`,
+    another server's de-facto keys;
     NULL without a server view."""
     return (
         f"multiIf(a_server_ttft_ms IS NOT NULL, '{n.SPAN_MODEL_PHASELENS}', "
         f"server_span = '{n.SPAN_VLLM_REQUEST}', '{n.SPAN_MODEL_VLLM}', native_model IS NOT NULL, native_model, "
+        f"server_span = '{n.SPAN_DYNAMO_HTTP_REQUEST}', '{n.SPAN_MODEL_DYNAMO}', "
         f"server_span IS NOT NULL OR a_lat_ttft_s IS NOT NULL, '{n.SPAN_MODEL_ENGINE_KEYS}', NULL)"
     )
 
@@ -380,7 +384,7 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     (
         "server_ttft_ms",
         (
-            "coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, if(d_first_token IS NULL, NULL, "
+            "coalesce(a_server_ttft_ms, a_lat_ttft_s * 1000, a_dynamo_ttft_ms, if(d_first_token IS NULL, NULL, "
             "ingress_ms + ttft_queue_ms + prefill_ms + first_token_ms))"
         ),
     ),

@@ -29,6 +29,12 @@ UNSEPARATED: dict[str, str] = {
         "server TTFT, prefill_ms, first_token_ms, decode_ms and residual_ms stay empty; e2e_residual_ms = "
         "client e2e − total_time (network, client, the last event's encoding)"
     ),
+    n.SPAN_MODEL_DYNAMO: (
+        "Dynamo's frontend http-request: its ttft_ms is server TTFT, whole (no ingress, queue, prefill or "
+        "first token apart: before_engine_ms is all of it); its parts through a prefill worker are in the "
+        "Dynamo budget (frontend_dispatch_ms, prefill_call_ms, kv_transfer_est_ms); no first chunk, "
+        "delivery_ms, ITL or engine steps"
+    ),
     n.SPAN_MODEL_ENGINE_KEYS: (
         "de-facto gen_ai.latency.* keys only: ingress and first_token are not separated "
         "(before_engine_ms = server TTFT − queue − prefill); the first chunk's delivery is inside residual_ms"
@@ -55,9 +61,12 @@ PD_UNSEPARATED: dict[str, str] = {
         "wait for a seat (not separable, left NULL); no KV transfer, bytes, router terms or hops"
     ),
     n.SPAN_MODEL_DYNAMO: (
-        "Dynamo's engine.generate per worker: only each worker's engine TTFT (prefill_engine_ttft_ms: "
-        "queue, prefill and first token; decode_engine_ttft_ms: KV pull, queue and first step; neither "
-        "separable) and the decode worker's ITL p99; no KV transfer, bytes, router terms or hops"
+        "Dynamo's engine.generate per worker (where a version emits it): only each worker's engine TTFT "
+        "(prefill_engine_ttft_ms: queue, prefill and first token; decode_engine_ttft_ms: KV pull, queue and "
+        "first step; neither separable) and the decode worker's ITL p99; Dynamo 1.6.1's handle_payload and "
+        "router.route_request: the frontend's dispatch and prefill call, the KV-transfer estimate and each "
+        "worker's busy/idle time (the Dynamo budget); no KV bytes, no hops (handle_payload outlasts the "
+        "frontend's call), no phaselens P/D terms"
     ),
 }
 

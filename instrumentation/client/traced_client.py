@@ -349,6 +349,7 @@ class TracedClient:
         headers = {"content-type": "application/json"}
         head = head_sampled(span)
         propagate.inject(headers, context=trace.set_span_in_context(propagated(span)))
+        _sampled_flag_only(headers)
         reader = _ChunkReader(result, self.token_counter, capture or self.keep_text)
         cancelled = None
         try:
@@ -508,6 +509,15 @@ async def _read_bounded(response: httpx.Response) -> bytes:
         if len(body) >= _MAX_ERROR_BODY:
             break
     return body[:_MAX_ERROR_BODY]
+
+
+def _sampled_flag_only(headers: dict[str, str]) -> None:
+    """Send W3C Trace Context level 1 flags: the sampled bit alone (`01` or `00`). The SDK also sets
+    level 2's random-trace-id bit (`03`), which strict propagators refuse whole (Dynamo 1.6.1's
+    Rust frontend then starts a trace of its own and no request joins its client span)."""
+    value = headers.get("traceparent")
+    if value is not None and len(value) == 55:
+        headers["traceparent"] = f"{value[:53]}{int(value[53:], 16) & 1:02x}"
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
