@@ -58,6 +58,7 @@ CONFIGS = {
 }
 DEFAULT_CONFIGS = "off,vllm_tracing,plugin,plugin_grpc"
 WARMUP_REQUESTS = 4
+READY_TIMEOUT_S = 900.0  # a vLLM start on 2 loaded cores took over 240 s
 ROOT = str(Path(__file__).resolve().parent.parent) + "/"  # phaselens's source (an editable install)
 PARTS = ("api_server", "api_main", "api_phaselens", "span_builder", "engine")
 
@@ -201,7 +202,9 @@ def _run(name: str, round_index: int, python: Path, model_dir: Path, tmp: Path, 
     """One vLLM of configuration `name`: a warm-up bench, then `args.windows` measured benches."""
     warm_up = argparse.Namespace(**{**vars(args), "requests": 8})
     served, runs = args.requests + WARMUP_REQUESTS, []
-    with _server(name, python, model_dir, tmp / f"vllm-{name}-{round_index}.log", stack) as server:
+    server = _server(name, python, model_dir, tmp / f"vllm-{name}-{round_index}.log", stack)
+    server.start(READY_TIMEOUT_S)
+    try:
         _bench(server.url, model_dir, tmp / f"warm-{name}-{round_index}.json", warm_up)
         for window in range(args.windows):
             samples = tmp / f"{name}-{round_index}-{window}.raw"
@@ -218,6 +221,8 @@ def _run(name: str, round_index: int, python: Path, model_dir: Path, tmp: Path, 
             runs.append(
                 {"config": name, "round": round_index, "window": window, "load_average_1m": load, **figures, **cpu}
             )
+    finally:
+        server.stop()
     return runs
 
 
