@@ -185,16 +185,17 @@ def _stop_sampler(sampler: subprocess.Popen | None, out: Path) -> float | None:
 
 def _server(name: str, python: Path, model_dir: Path, log: Path, stack: Stack) -> VllmServer:
     env, traced, plugin, protocol = CONFIGS[name]
-    export = trace_export(stack.otlp_grpc_endpoint, stack.otlp_http_traces_endpoint, plugin) if traced else {}
-    if protocol is not None:
-        export = {"otlp_endpoint": stack.otlp_grpc_endpoint, "otlp_protocol": protocol}
+    endpoint, chosen = trace_export(stack.otlp_grpc_endpoint, stack.otlp_http_traces_endpoint, plugin)
+    if protocol == PROTOCOL_GRPC:
+        endpoint, chosen = stack.otlp_grpc_endpoint, protocol
     return VllmServer(
         python,
         model_dir,
         log,
+        otlp_endpoint=endpoint if traced else None,
+        otlp_protocol=chosen,
         env={"OTEL_SERVICE_NAME": f"vllm-{name}", "OTEL_METRICS_EXPORTER": "none", **env},
         middleware=(MIDDLEWARE_PATH,) if plugin else (),
-        **export,
     )
 
 

@@ -261,6 +261,9 @@ class Stack:
         model_dir = save_tiny_llama(Path(self.data_dir) / "tiny-llama")
         env = {k: v for k, v in self.otel_env(VLLM_SERVICE).items() if k.startswith("OTEL_")}
         env["VLLM_PLUGINS"] = "phaselens" if self.server_kind == "vllm" else ""
+        endpoint, protocol = trace_export(
+            self.otlp_grpc_endpoint, self.otlp_http_traces_endpoint, self.server_kind == "vllm"
+        )
         return VllmServer(
             python,
             model_dir,
@@ -269,7 +272,8 @@ class Stack:
             served_name=self.model,
             max_model_len=VLLM_MAX_MODEL_LEN,
             middleware=(MIDDLEWARE_PATH,) if self.server_kind == "vllm" else (),
-            **trace_export(self.otlp_grpc_endpoint, self.otlp_http_traces_endpoint, self.server_kind == "vllm"),
+            otlp_endpoint=endpoint,
+            otlp_protocol=protocol,
         )
 
     def served_model(self) -> str:

@@ -92,8 +92,11 @@ def test_the_plugin_exports_over_http_and_vllms_own_spans_over_grpc(tmp_path, pl
     """`trace_export` points the plugin's span-builder child at the collector's OTLP/HTTP URL (the
     reference server's transport, no grpcio) and vLLM alone at its gRPC port; the launcher hands vLLM
     both the endpoint (--otlp-traces-endpoint) and the protocol its exporters read."""
-    export = launcher.trace_export("http://127.0.0.1:1", "http://127.0.0.1:2/v1/traces", plugin)
-    server = VllmServer(_env_python(tmp_path), tmp_path, tmp_path / "vllm.log", **export)
+    chosen, chosen_protocol = launcher.trace_export("http://127.0.0.1:1", "http://127.0.0.1:2/v1/traces", plugin)
+    assert (chosen, chosen_protocol) == (endpoint, protocol)
+    server = VllmServer(
+        _env_python(tmp_path), tmp_path, tmp_path / "vllm.log", otlp_endpoint=chosen, otlp_protocol=chosen_protocol
+    )
     server.spawn()
     assert server.proc is not None and server.proc.wait(timeout=30) == 0
     env = dict(line.split("=", 1) for line in (tmp_path / "env.txt").read_text().splitlines() if "=" in line)

@@ -43,13 +43,11 @@ def default_python(root: Path = Path(".")) -> Path | None:
     return Path(sys.executable) if importlib.util.find_spec("vllm") is not None else None
 
 
-def trace_export(grpc_endpoint: str, http_traces_endpoint: str, plugin: bool) -> dict[str, str]:
-    """`VllmServer`'s `otlp_endpoint` and `otlp_protocol` for a collector that takes both protocols:
+def trace_export(grpc_endpoint: str, http_traces_endpoint: str, plugin: bool) -> tuple[str, str]:
+    """`VllmServer`'s (`otlp_endpoint`, `otlp_protocol`) for a collector that takes both protocols:
     with the plugin OTLP/HTTP, so its span-builder child exports as the reference server's does
     (`http_transport`: no grpcio threads, docs/vllm.md#cost); vLLM's own spans over gRPC, its default."""
-    if plugin:
-        return {"otlp_endpoint": http_traces_endpoint, "otlp_protocol": PROTOCOL_HTTP}
-    return {"otlp_endpoint": grpc_endpoint, "otlp_protocol": PROTOCOL_GRPC}
+    return (http_traces_endpoint, PROTOCOL_HTTP) if plugin else (grpc_endpoint, PROTOCOL_GRPC)
 
 
 def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
