@@ -155,12 +155,12 @@ def _owner(frames: list[str]) -> str:
 
 def _phaselens_share(raw: Path) -> float | None:
     """The share of the event-loop thread's samples (py-spy's raw format: `frame;frame... count`;
-    other threads start in threading's `_bootstrap`) whose time is phaselens's."""
+    other threads start in threading's `Thread._bootstrap`) whose time is phaselens's."""
     main = ours = 0
     for line in raw.read_text().splitlines() if raw.exists() else ():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        if frames[0].startswith("_bootstrap "):
+        if frames[0].split(" (")[0].endswith("_bootstrap"):  # `Thread._bootstrap`: another thread
             continue
         main += int(count)
         ours += int(count) if _owner(frames) == "phaselens" else 0

@@ -68,7 +68,10 @@ def tracker() -> VllmTracker:
             "requests a second; %s=http/protobuf with --otlp-traces-endpoint http://HOST:4318/v1/traces costs ~10x less",
             TRACES_PROTOCOL,
         )
-    telemetry = ServerTelemetry.from_env(os.environ.get("OTEL_SERVICE_NAME") or names.VLLM_SERVICE_NAME)
+    # vLLM's providers are the process's global ones: ours stay private, and export nothing here
+    telemetry = ServerTelemetry.from_env(
+        os.environ.get("OTEL_SERVICE_NAME") or names.VLLM_SERVICE_NAME, set_global=False
+    )
     atexit.register(telemetry.shutdown)
     if MIDDLEWARE_PATH not in " ".join(sys.argv):
         _logger.warning(
