@@ -21,7 +21,7 @@ vLLM's own tracing's = its API server − off's. The same for the EngineCore, wh
 (~300 ms a request) hides any difference. Also: output tokens/s per configuration (the noise: spread
 between runs of one configuration), and the SERVER spans each configuration stored (0 would mean its
 export failed). The event-loop thread runs vLLM and the plugin's hooks and middleware alike, so its
-delta is noise-sized; `--profile-api PY_SPY` samples it with py-spy (100 Hz, not stopping it) in the
+delta is noise-sized; `--profile-api PY_SPY` samples it with py-spy (250 Hz, not stopping it) in the
 plugin's windows and takes phaselens's share of its samples (the innermost frame of phaselens's
 source or of an installed package owns a sample) × its CPU: a figure of one run, no subtraction. Each run's line is appended to `--runs-out` as it ends; ONE JSON object at the end.
 
@@ -168,10 +168,10 @@ def _phaselens_share(raw: Path) -> float | None:
 
 
 def _sampler(py_spy: str | None, pid: int, out: Path) -> subprocess.Popen | None:
-    """py-spy sampling `pid` 100 times a second without stopping it, until SIGINT."""
+    """py-spy sampling `pid` 250 times a second without stopping it, until SIGINT."""
     if py_spy is None:
         return None
-    argv = [py_spy, "record", "--pid", str(pid), "--rate", "100", "--format", "raw", "--nonblocking"]
+    argv = [py_spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--nonblocking"]
     return subprocess.Popen([*argv, "--full-filenames", "-o", str(out)], stdout=DEVNULL, stderr=DEVNULL)
 
 
