@@ -21,7 +21,7 @@ from typing import Self
 
 from phaselens.common.process import LOOPBACK
 from phaselens.instrumentation import names
-from phaselens.stack import Child, Stack, StackError, spawn
+from phaselens.stack import Child, ServedStack, StackError, spawn
 
 FAKETIME_LIBS = (
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -41,8 +41,7 @@ def faketime_library() -> str:
 
 
 @dataclass(slots=True)
-class PdStack:
-    stack: Stack
+class PdStack(ServedStack):
     decode_count: int = 1
     skews: dict[str, str] = field(default_factory=dict)  # role → FAKETIME offset, e.g. {"prefill": "-1h"}
     engine_args: tuple[str, ...] = ()  # flags for both instances (e.g. --max-num-batched-tokens)
@@ -63,17 +62,7 @@ class PdStack:
             env.update(LD_PRELOAD=preload, FAKETIME=self.skews[role], FAKETIME_DONT_FAKE_MONOTONIC="1")
         return env
 
-    def start(self, on_phase=lambda phase: None) -> Self:
-        """Pipeline first, then the instances (`start_instances`)."""
-        try:
-            self.stack.start_pipeline(on_phase)
-            self.start_instances(on_phase)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def start_instances(self, on_phase=lambda phase: None) -> Self:
+    def start_servers(self, on_phase=lambda phase: None) -> Self:
         """Both instances together, then the router in front of them (the pipeline already runs)."""
         on_phase("prefill and decode instances")
         base = ["serve", "--model", self.stack.model, "--host", LOOPBACK, "--port", "0", *self.engine_args]
@@ -91,13 +80,13 @@ class PdStack:
         self.router.wait_ready(self.stack.ready_timeout_s)
         return self
 
-    def stop(self) -> dict[str, int]:
+    def stop_servers(self) -> dict[str, int]:
         codes: dict[str, int] = {}
         for child in (self.router, *self.decodes, self.prefill):
             if child is not None:
                 codes[child.name] = child.stop(self.stack.stop_timeout_s)
         self.router, self.decodes, self.prefill = None, [], None
-        return codes | self.stack.stop()
+        return codes
 
     def bench(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
         """`phaselens bench --url <router> <argv>`, client spans to the collector (no clock skew)."""
@@ -113,9 +102,3 @@ class PdStack:
         if done.returncode != 0:
             raise StackError(f"bench failed after {time.monotonic() - start:.0f} s:\n{done.stderr[-2000:]}")
         return done
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

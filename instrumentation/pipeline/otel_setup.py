@@ -48,6 +48,7 @@ from phaselens.instrumentation.pipeline.otlp_fast import (
     bytes_exporter,
     request_encoder,
 )
+from phaselens.instrumentation.pipeline.sampling import check_sampler_env
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor, ExportCounts
 from phaselens.instrumentation.pipeline.spans import SpanBackend
 
@@ -238,7 +239,9 @@ def configure(
     the fast backend skips), so the fast backend may export, and the GenAI histograms may be
     aggregated by the readers (`Providers.histogram_readers`). `exporters` False: no span processor
     and no metric reader (no exporter, thread or channel): providers that decide sampling and ids
-    for spans exported elsewhere (a serving process whose span-builder child exports)."""
+    for spans exported elsewhere (a serving process whose span-builder child exports). ValueError
+    when OTEL_TRACES_SAMPLER_ARG is not a ratio (`sampling.check_sampler_env`)."""
+    check_sampler_env()
     resource = make_resource(service_name)
     tracer_provider = TracerProvider(resource=resource, sampler=sampler, id_generator=id_generator)
     encoded = _encoded_processors(tracer_provider) if encoded_spans and exporters else []

@@ -30,9 +30,8 @@ import logging
 from typing import Any
 
 from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs
+from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, RequestInfo, StepStats
 from phaselens.instrumentation import names as n
-from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
-from phaselens.instrumentation.hotpath.records import RequestInfo, StepStats
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 # vLLM's FinishReason names → the observer's reasons
