@@ -64,8 +64,9 @@ def tracker() -> VllmTracker:
     # over gRPC unless this variable says otherwise; phaselens's own default is http/protobuf.
     if os.environ.setdefault(TRACES_PROTOCOL, "grpc") == "grpc":
         _logger.info(
-            "phaselens: spans leave over OTLP/gRPC, whose grpcio threads cost ~1 ms of CPU a request at a few "
-            "requests a second; %s=http/protobuf with --otlp-traces-endpoint http://HOST:4318/v1/traces costs ~10x less",
+            "phaselens: spans leave over OTLP/gRPC (grpcio), which costs the span-builder child more CPU a "
+            "request than OTLP/HTTP: set %s=http/protobuf and --otlp-traces-endpoint http://HOST:4318/v1/traces "
+            "(docs/vllm.md#cost)",
             TRACES_PROTOCOL,
         )
     # vLLM's providers are the process's global ones: ours stay private, and export nothing here
