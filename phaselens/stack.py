@@ -177,6 +177,11 @@ class Stack:
         return f"http://{LOOPBACK}:{self.grpc_port}"
 
     @property
+    def otlp_http_traces_endpoint(self) -> str:
+        """The collector's OTLP/HTTP traces URL, as a signal-specific endpoint is used: whole."""
+        return f"http://{LOOPBACK}:{self.http_port}/v1/traces"
+
+    @property
     def log_dir(self) -> Path:
         return Path(self.data_dir) / "logs"
 
@@ -247,7 +252,7 @@ class Stack:
         """A real vLLM on the tiny model (saved into the data directory), tracing to this collector:
         with the phaselens plugin ("vllm") or with its native spans only ("vllm-native")."""
         from phaselens.integrations.vllm.delivery import MIDDLEWARE_PATH
-        from phaselens.integrations.vllm.launcher import VllmServer, default_python
+        from phaselens.integrations.vllm.launcher import VllmServer, default_python, trace_export
         from phaselens.integrations.vllm.tiny_model import save_tiny_llama
 
         python = default_python()
@@ -256,15 +261,19 @@ class Stack:
         model_dir = save_tiny_llama(Path(self.data_dir) / "tiny-llama")
         env = {k: v for k, v in self.otel_env(VLLM_SERVICE).items() if k.startswith("OTEL_")}
         env["VLLM_PLUGINS"] = "phaselens" if self.server_kind == "vllm" else ""
+        endpoint, protocol = trace_export(
+            self.otlp_grpc_endpoint, self.otlp_http_traces_endpoint, self.server_kind == "vllm"
+        )
         return VllmServer(
             python,
             model_dir,
             self.log_dir / "server.log",
-            otlp_endpoint=self.otlp_grpc_endpoint,
             env=env,
             served_name=self.model,
             max_model_len=VLLM_MAX_MODEL_LEN,
             middleware=(MIDDLEWARE_PATH,) if self.server_kind == "vllm" else (),
+            otlp_endpoint=endpoint,
+            otlp_protocol=protocol,
         )
 
     def served_model(self) -> str:

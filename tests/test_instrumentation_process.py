@@ -15,6 +15,7 @@ import time
 from collections import Counter
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
 from phaselens.instrumentation import names
@@ -400,6 +401,28 @@ def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch
     assert gone(pid, timeout_s=0.5)
     assert sum(s.name == "POST" for s in receiver.spans) == 1 and len(receiver.spans) == 7  # not described
     assert telemetry.stats().export_exported == 7
+
+
+def test_private_providers_export_only_from_the_child(receiver, monkeypatch):
+    """A host that owns the global providers (vLLM): the serving process's providers are private and
+    hold no span processor, metric reader or exporter thread; the child exports the spans, as many."""
+    monkeypatch.setenv(names.ENV_SPAN_BUILDER, "process")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")  # a reader would be made for it
+    telemetry = ServerTelemetry.from_env("process-private", set_global=False)
+    try:
+        assert telemetry.tracer_provider is not trace.get_tracer_provider()
+        assert telemetry.tracer_provider._active_span_processor._span_processors == ()
+        assert telemetry.meter_provider._metric_readers == []
+        req = telemetry.request(http_scope(traceparent=TRACEPARENT))
+        req.enqueued()
+        req.scheduled()
+        req.first_token()
+        req.token()
+        req.finished(FINISH_LENGTH)
+        req.complete(2, FINISH_LENGTH)
+    finally:
+        telemetry.shutdown()
+    assert len(receiver.spans) == 7 and telemetry.stats().export_exported == 7
 
 
 def test_the_child_dies_with_its_server_process(receiver, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, free_port
 from phaselens.integrations.vllm import launcher
-from phaselens.integrations.vllm.launcher import BIND_FAILED, VllmServer
+from phaselens.integrations.vllm.launcher import BIND_FAILED, PROTOCOL_GRPC, PROTOCOL_HTTP, TRACES_PROTOCOL, VllmServer
 from tests.source_tree import ROOT
 
 
@@ -74,3 +74,39 @@ def test_the_retries_are_bounded(tmp_path, monkeypatch):
         with pytest.raises(RuntimeError, match=BIND_FAILED):
             VllmServer(_standin_python(tmp_path), tmp_path, log).start(timeout_s=30)
     assert log.read_text().count(BIND_FAILED) == BIND_ATTEMPTS
+
+
+def _env_python(tmp_path: Path) -> Path:
+    """An executable standing in for vLLM's python that writes the environment it got and exits."""
+    path = tmp_path / "python"
+    path.write_text(f'#!/bin/sh\nenv > "{tmp_path}/env.txt"\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("plugin", "endpoint", "protocol"),
+    [(True, "http://127.0.0.1:2/v1/traces", PROTOCOL_HTTP), (False, "http://127.0.0.1:1", PROTOCOL_GRPC)],
+)
+def test_the_plugin_exports_over_http_and_vllms_own_spans_over_grpc(tmp_path, plugin, endpoint, protocol):
+    """`trace_export` points the plugin's span-builder child at the collector's OTLP/HTTP URL (the
+    reference server's transport, no grpcio) and vLLM alone at its gRPC port; the launcher hands vLLM
+    both the endpoint (--otlp-traces-endpoint) and the protocol its exporters read."""
+    chosen, chosen_protocol = launcher.trace_export("http://127.0.0.1:1", "http://127.0.0.1:2/v1/traces", plugin)
+    assert (chosen, chosen_protocol) == (endpoint, protocol)
+    server = VllmServer(
+        _env_python(tmp_path), tmp_path, tmp_path / "vllm.log", otlp_endpoint=chosen, otlp_protocol=chosen_protocol
+    )
+    server.spawn()
+    assert server.proc is not None and server.proc.wait(timeout=30) == 0
+    env = dict(line.split("=", 1) for line in (tmp_path / "env.txt").read_text().splitlines() if "=" in line)
+    assert env[TRACES_PROTOCOL] == protocol
+    assert server.argv()[server.argv().index("--otlp-traces-endpoint") + 1] == endpoint
+
+
+def test_a_protocol_the_caller_sets_in_env_wins(tmp_path):
+    """The caller's environment is applied last, as for every other variable."""
+    server = VllmServer(_env_python(tmp_path), tmp_path, tmp_path / "vllm.log", env={TRACES_PROTOCOL: PROTOCOL_HTTP})
+    server.spawn()
+    assert server.proc is not None and server.proc.wait(timeout=30) == 0
+    assert f"{TRACES_PROTOCOL}={PROTOCOL_HTTP}\n" in (tmp_path / "env.txt").read_text()

@@ -228,6 +228,7 @@ def configure(
     sampler: Sampler | None = None,
     id_generator: IdGenerator | None = None,
     encoded_spans: bool = False,
+    exporters: bool = True,
 ) -> Providers:
     """Tracer and meter providers from the OTEL_* environment (see module docstring).
 
@@ -236,17 +237,19 @@ def configure(
     OTEL_TRACES_SAMPLER names; `id_generator` the SDK's random one. `encoded_spans`: the caller
     emits through `span_backend()` alone (nothing else uses the tracer provider, whose processors
     the fast backend skips), so the fast backend may export, and the GenAI histograms may be
-    aggregated by the readers (`Providers.histogram_readers`). ValueError when OTEL_TRACES_SAMPLER_ARG
-    is not a ratio (`sampling.check_sampler_env`)."""
+    aggregated by the readers (`Providers.histogram_readers`). `exporters` False: no span processor
+    and no metric reader (no exporter, thread or channel): providers that decide sampling and ids
+    for spans exported elsewhere (a serving process whose span-builder child exports). ValueError
+    when OTEL_TRACES_SAMPLER_ARG is not a ratio (`sampling.check_sampler_env`)."""
     check_sampler_env()
     resource = make_resource(service_name)
     tracer_provider = TracerProvider(resource=resource, sampler=sampler, id_generator=id_generator)
-    encoded = _encoded_processors(tracer_provider) if encoded_spans else []
-    if not encoded:
+    encoded = _encoded_processors(tracer_provider) if encoded_spans and exporters else []
+    if not encoded and exporters:
         for exporter in _span_exporters():
             add_counting_processor(tracer_provider, exporter)
     owned = encoded_spans and _fast_backend()
-    readers = _metric_readers(resource if owned else None)
+    readers = _metric_readers(resource if owned else None) if exporters else []
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     if set_global:
         trace.set_tracer_provider(tracer_provider)

@@ -32,6 +32,8 @@ from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, Context, attach
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from phaselens.common.threads import name_os_thread
+
 _logger = logging.getLogger(__name__)
 
 
@@ -130,6 +132,7 @@ class CountingBatchSpanProcessor(SpanProcessor):
             self._wake.set()
 
     def _run(self) -> None:
+        name_os_thread("span-export")
         while not self._stopped:
             self._wake.wait(self.settings.schedule_delay_ms / 1000)
             self._wake.clear()

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from phaselens.common.threads import name_os_thread
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import Record
 from phaselens.instrumentation.pipeline.sink import HandOffs, wait_until
@@ -166,6 +167,7 @@ class ProcessSink:
 
     # --- shipper thread ----------------------------------------------------------------------------
     def _run(self) -> None:
+        name_os_thread("span-shipper")
         self._write(self._child, [self._hello])
         while not self._stop.is_set():
             self._tick()
@@ -305,6 +307,7 @@ class ProcessSink:
 
     # --- reports from the child ----------------------------------------------------------------------
     def _read_reports(self, child: _Child) -> None:
+        name_os_thread("span-reports")
         with child.reports:
             for line in child.reports:
                 try:

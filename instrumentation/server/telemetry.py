@@ -135,15 +135,19 @@ class ServerTelemetry:
         return roots, ProcessSink(service_name, self.anchor, token_events, capacity, poll_interval_s, self._expire)
 
     @classmethod
-    def from_env(cls, service_name: str, **kwargs: Any) -> ServerTelemetry:
+    def from_env(cls, service_name: str, *, set_global: bool = True, **kwargs: Any) -> ServerTelemetry:
         """Providers from the standard OTEL_* variables (otel_setup.configure), owned by this object;
         the span builder from PHASELENS_SPAN_BUILDER (thread | process; default process: spans built
         off this process's GIL, by the child's fast backend unless PHASELENS_SPAN_BACKEND=sdk, see
-        benchmarks/instrumentation_overhead.py) unless `builder=` is given."""
+        benchmarks/instrumentation_overhead.py) unless `builder=` is given. `set_global` False (a host
+        that owns the global providers, as vLLM): the providers are this object's alone, so with the
+        process builder they export nothing here (the child exports; no exporter thread wakes here)."""
         from phaselens.instrumentation.pipeline.otel_setup import configure
 
-        kwargs.setdefault("builder", os.environ.get(names.ENV_SPAN_BUILDER, "").strip().lower() or BUILDER_PROCESS)
-        providers = configure(service_name)
+        builder = kwargs.setdefault(
+            "builder", os.environ.get(names.ENV_SPAN_BUILDER, "").strip().lower() or BUILDER_PROCESS
+        )
+        providers = configure(service_name, set_global=set_global, exporters=set_global or builder != BUILDER_PROCESS)
         return cls(
             providers.tracer_provider,
             providers.meter_provider,

@@ -62,8 +62,17 @@ def tracker() -> VllmTracker:
 
     # vLLM put --otlp-traces-endpoint into OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and exports to it
     # over gRPC unless this variable says otherwise; phaselens's own default is http/protobuf.
-    os.environ.setdefault(TRACES_PROTOCOL, "grpc")
-    telemetry = ServerTelemetry.from_env(os.environ.get("OTEL_SERVICE_NAME") or names.VLLM_SERVICE_NAME)
+    if os.environ.setdefault(TRACES_PROTOCOL, "grpc") == "grpc":
+        _logger.info(
+            "phaselens: spans leave over OTLP/gRPC (grpcio), which costs the span-builder child more CPU a "
+            "request than OTLP/HTTP: set %s=http/protobuf and --otlp-traces-endpoint http://HOST:4318/v1/traces "
+            "(docs/vllm.md#cost)",
+            TRACES_PROTOCOL,
+        )
+    # vLLM's providers are the process's global ones: ours stay private, and export nothing here
+    telemetry = ServerTelemetry.from_env(
+        os.environ.get("OTEL_SERVICE_NAME") or names.VLLM_SERVICE_NAME, set_global=False
+    )
     atexit.register(telemetry.shutdown)
     if MIDDLEWARE_PATH not in " ".join(sys.argv):
         _logger.warning(

@@ -30,6 +30,8 @@ from phaselens.common.process import LOOPBACK, free_port, on_fresh_ports
 BIND_FAILED = "Address already in use"
 VENV_ENV = "PHASELENS_VLLM_PYTHON"  # a python with vLLM installed; default: ./.venv-vllm/bin/python
 DEFAULT_MODEL_NAME = "tiny"
+TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"  # read by vLLM's exporter and the plugin's span-builder child
+PROTOCOL_GRPC, PROTOCOL_HTTP = "grpc", "http/protobuf"
 
 
 def default_python(root: Path = Path(".")) -> Path | None:
@@ -39,6 +41,13 @@ def default_python(root: Path = Path(".")) -> Path | None:
     if path.exists():
         return path
     return Path(sys.executable) if importlib.util.find_spec("vllm") is not None else None
+
+
+def trace_export(grpc_endpoint: str, http_traces_endpoint: str, plugin: bool) -> tuple[str, str]:
+    """`VllmServer`'s (`otlp_endpoint`, `otlp_protocol`) for a collector that takes both protocols:
+    with the plugin OTLP/HTTP, so its span-builder child exports as the reference server's does
+    (`http_transport`: no grpcio threads, docs/vllm.md#cost); vLLM's own spans over gRPC, its default."""
+    return (http_traces_endpoint, PROTOCOL_HTTP) if plugin else (grpc_endpoint, PROTOCOL_GRPC)
 
 
 def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -63,6 +72,9 @@ class VllmServer:
     model_dir: Path
     log_path: Path
     otlp_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint
+    otlp_protocol: str = (
+        PROTOCOL_GRPC  # its protocol (vLLM's and the plugin's exporters): PROTOCOL_HTTP for a URL ending /v1/traces
+    )
     env: dict[str, str] = field(default_factory=dict)
     served_name: str = DEFAULT_MODEL_NAME
     max_model_len: int = 512
@@ -117,7 +129,9 @@ class VllmServer:
 
     def spawn(self) -> None:
         self.port = self.port or free_port()
-        env = vllm_env({"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), **self.env})
+        env = vllm_env(
+            {"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), TRACES_PROTOCOL: self.otlp_protocol, **self.env}
+        )
         with open(self.log_path, "ab") as log:
             self.log_offset = log.tell()
             self.proc = subprocess.Popen(
