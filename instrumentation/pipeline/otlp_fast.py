@@ -48,6 +48,7 @@ from phaselens.instrumentation.pipeline.spans import (
     decode_description,
     emit_request_spans,
     emit_step_span,
+    kv_spans,
     phase_stamps,
     root_span,
     samples_every_root,
@@ -142,7 +143,7 @@ class FastEmitter:
             PHASE_KEYS,
             self.limits,
         )
-        encoded += encode_spans((root_span(anchor, record, phases),), self.limits)
+        encoded += encode_spans((*kv_spans(self.ids, anchor, record), root_span(anchor, record, phases)), self.limits)
         self.emitted += len(encoded)
         for processor in self.processors:
             processor.offer(encoded)
