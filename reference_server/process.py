@@ -29,6 +29,7 @@ import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from phaselens.common.exposure import check_exposure, is_loopback
+from phaselens.common.pd_resource import RESOURCE_ENV, with_pd_tags
 from phaselens.common.ports import bind_reusable
 from phaselens.common.tls import ServerTls
 from phaselens.instrumentation import names
@@ -47,6 +48,7 @@ from phaselens.reference_server.pd_api import (
     PrefillRoutes,
     kv_handler,
 )
+from phaselens.reference_server.pd_protocol import PROTOCOL_PHASELENS
 from phaselens.reference_server.pd_spans import PdSpans
 
 ENGINE_THREAD, ENGINE_PROCESS = "thread", "process"
@@ -78,6 +80,7 @@ class RouterOptions:
     auth_token: str | None = None
     insecure: bool = False
     telemetry: bool = True
+    pd_protocol: str = PROTOCOL_PHASELENS  # reference_server.pd_protocol
 
 
 def model_names(options: ServeOptions, loaded_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -176,9 +179,7 @@ def _url(sock: socket.socket) -> str:
 def _pd_resource(role: str, url: str) -> None:
     """Tag every span of this process (and of its span-builder child, which reads the same
     environment) with its role and URL."""
-    ours = f"{names.PL_PD_ROLE}={role},{names.PL_PD_INSTANCE}={url}"
-    given = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    os.environ["OTEL_RESOURCE_ATTRIBUTES"] = f"{given},{ours}" if given else ours
+    os.environ[RESOURCE_ENV] = with_pd_tags(os.environ.get(RESOURCE_ENV, ""), role, url)
 
 
 def serve_router(options: RouterOptions) -> int:
@@ -192,7 +193,10 @@ def serve_router(options: RouterOptions) -> int:
     providers = configure(names.SERVER_SERVICE_NAME) if options.telemetry else None
     provider = providers.tracer_provider if providers is not None else None
     spans = PdSpans(provider)
-    router = Router(list(options.prefill), list(options.decode), RouterSpans(spans, provider), options.auth_token)
+    router_spans = RouterSpans(spans, provider)
+    router = Router(
+        list(options.prefill), list(options.decode), router_spans, options.auth_token, pd_protocol=options.pd_protocol
+    )
     try:
         asyncio.run(_run(router.app(), sock, None))
     finally:

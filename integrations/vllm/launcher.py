@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from phaselens.common.pd_resource import RESOURCE_ENV, with_pd_tags
 from phaselens.common.process import LOOPBACK, free_port, on_fresh_ports
 
 # vLLM binds its port before it loads the model (vllm.entrypoints.launchers.launcher.setup_server):
@@ -68,6 +69,8 @@ class VllmServer:
     max_model_len: int = 512
     bsp_delay_ms: int = 100
     middleware: tuple[str, ...] = ()  # vLLM's --middleware, each an ASGI middleware's import path
+    extra_args: tuple[str, ...] = ()  # more `vllm serve` flags (e.g. --kv-transfer-config)
+    pd_role: str = ""  # prefill | decode: its spans tagged with the role and its URL (docs/disaggregation.md)
     port: int = 0
     proc: subprocess.Popen | None = None
     log_offset: int = 0  # where this run's output starts in the log
@@ -98,7 +101,7 @@ class VllmServer:
             args += ["--otlp-traces-endpoint", self.otlp_endpoint]
         for path in self.middleware:
             args += ["--middleware", path]
-        return args
+        return [*args, *self.extra_args]
 
     def start(self, timeout_s: float = 240.0) -> VllmServer:
         """Spawn and wait for /health. vLLM's `--port` must be known before it starts, so a port left
@@ -118,6 +121,8 @@ class VllmServer:
     def spawn(self) -> None:
         self.port = self.port or free_port()
         env = vllm_env({"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), **self.env})
+        if self.pd_role:  # known once the port is: a retry on a fresh port tags the new URL
+            env[RESOURCE_ENV] = with_pd_tags(env.get(RESOURCE_ENV, ""), self.pd_role, self.url)
         with open(self.log_path, "ab") as log:
             self.log_offset = log.tell()
             self.proc = subprocess.Popen(
