@@ -22,7 +22,7 @@ from .launcher import DEFAULT_MODEL_NAME, VllmServer
 
 KV_CONNECTOR = "ExampleConnector"
 KV_CONNECTOR_MODULE = "phaselens.integrations.vllm.kv_connector"
-BLOCK_SIZE = 16
+BLOCK_SIZE = 32  # the CPU attention backend takes multiples of 32
 MAX_MODEL_LEN = 2048
 
 

@@ -65,7 +65,8 @@ def register(subparsers) -> None:
         "--disagg",
         action="store_true",
         help="run the workload colocated and as 1 prefill + 1 decode instance behind a router, and compare "
-        "both budgets (docs/disaggregation.md; reference server, one ClickHouse node)",
+        "both budgets (docs/disaggregation.md; the reference server, or --server vllm: vLLM instances with "
+        "a KV connector; one ClickHouse node)",
     )
     p.set_defaults(func=run, _parser=p)
 
@@ -86,8 +87,11 @@ def run(args) -> int:
     )
     try:
         opts.validate()
-        if args.disagg and (opts.server != "reference" or opts.shards != 1 or opts.keep_running):
-            raise ValueError("--disagg runs the reference server on one node, without --keep-running")
+        if args.disagg and (opts.server == "vllm-native" or opts.shards != 1 or opts.keep_running):
+            raise ValueError(
+                "--disagg runs the reference server or vLLM with the plugin (--server vllm) on one node, "
+                "without --keep-running"
+            )
         if args.disagg and given(args, "report"):
             raise ValueError("--report: --disagg writes no HTML report; it prints both budgets and its verdict")
     except ValueError as e:
