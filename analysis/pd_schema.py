@@ -72,6 +72,11 @@ def _span_attr(column: str, span: str, key: str) -> Part:
     return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, SpanName = '{span}')")
 
 
+def _role_span_attr(column: str, role: str, span: str, key: str) -> Part:
+    """A numeric attribute of the role's span `span` (a decode instance's connector may also save)."""
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {ROLE} = '{role}' AND SpanName = '{span}')")
+
+
 def _instance(column: str, role: str) -> Part:
     cond = f"{ROLE} = '{role}'"
     value = f"toNullable(ResourceAttributes['{n.PL_PD_INSTANCE}'])"
@@ -179,10 +184,10 @@ PD_PARTS: tuple[Part, ...] = (
     _span_attr("kv_transfer", n.SPAN_KV_TRANSFER, n.PL_KV_TRANSFER_MS),
     _span_attr("kv_sent_bytes", n.SPAN_KV_TRANSFER, n.PL_KV_BYTES),
     _span_attr("kv_recv_bytes", n.SPAN_KV_RECEIVE, n.PL_KV_BYTES),
-    _span_attr("kv_save", n.SPAN_KV_SAVE, n.PL_KV_SAVE_MS),
-    _span_attr("kv_load", n.SPAN_KV_LOAD, n.PL_KV_LOAD_MS),
-    _span_attr("kv_save_bytes", n.SPAN_KV_SAVE, n.PL_KV_BYTES),
-    _span_attr("kv_load_bytes", n.SPAN_KV_LOAD, n.PL_KV_BYTES),
+    _role_span_attr("kv_save", "prefill", n.SPAN_KV_SAVE, n.PL_KV_SAVE_MS),
+    _role_span_attr("kv_load", "decode", n.SPAN_KV_LOAD, n.PL_KV_LOAD_MS),
+    _role_span_attr("kv_save_bytes", "prefill", n.SPAN_KV_SAVE, n.PL_KV_BYTES),
+    _role_span_attr("kv_load_bytes", "decode", n.SPAN_KV_LOAD, n.PL_KV_BYTES),
     Part("kv_recv_ns", "max", "Nullable(UInt64)", f"maxIf(toNullable(Duration), SpanName = '{n.SPAN_KV_RECEIVE}')"),
     Part("pd_error", "max", "UInt8", "max(StatusCode IN ('Error', 'STATUS_CODE_ERROR'))"),
     *(_sg_instance(role) for role in n.SGLANG_PD_ROLES),

@@ -144,11 +144,11 @@ class PdStack:
         self.router, self.decodes, self.prefill = None, [], None
         return codes | self.stack.stop()
 
-    def bench(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
-        """`phaselens bench --url <router> <argv>`, client spans to the collector (no clock skew)."""
+    def bench(self, argv: list[str], timeout_s: float, url: str = "") -> subprocess.CompletedProcess:
+        """`phaselens bench --url <router, or url> <argv>`, client spans to the collector (no clock skew)."""
         start = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "phaselens", "bench", "--url", self.router_url, *argv],
+            [sys.executable, "-m", "phaselens", "bench", "--url", url or self.router_url, *argv],
             env=self.stack.otel_env("phaselens-loadgen"),
             capture_output=True,
             text=True,

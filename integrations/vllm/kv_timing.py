@@ -9,9 +9,12 @@ connector's calls of that step (`StepTiming`) and turns them into records, one p
 (monotonic ns of this host: the worker, the EngineCore and the API server read one CLOCK_MONOTONIC).
 The records ride vLLM's KV-connector stats (`KV_RECORDS` in their payload) from the worker through
 the EngineCore to the API server, where the plugin's tracker hands them to the requests' handles.
-A step's time is each of its requests' time: the step ran their KV moves one after another and
-none of them had its first token before the step ended. Bytes are per request only when one
-request moved in the step (None otherwise, and where the connector does not say).
+A request's save (load) is the time the connector's save (load) calls took in the step that ran
+its prefill: the step ran its requests' KV moves one after another and none of them had its first
+token before the step ended. A step whose calls moved no byte (ExampleConnector: the prompt's KV
+was stored already, or a local prefix-cache hit left nothing to load) makes no record. Bytes are
+per request only when one request moved in the step (None otherwise, and where the connector does
+not say).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class StepTiming:
         """The step's records (none for a kind whose calls did not run or had no request)."""
         out: list[list[Any]] = []
         for op, requests, calls in ((SAVE, self.saves, self.save), (LOAD, self.loads, self.load)):
-            if not calls.first_ts or not requests:
+            if not calls.first_ts or not requests or calls.nbytes == 0:  # nothing moved (e.g. already stored)
                 continue
             nbytes = calls.nbytes if len(requests) == 1 else None
             out += [[req_id, op, calls.first_ts, calls.last_ts, calls.busy_ns, nbytes] for req_id in requests]
