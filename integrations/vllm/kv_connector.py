@@ -30,6 +30,7 @@ META_KEY = "phaselens_kv"  # the attribute of the connector metadata that names 
 class PhaselensKvStats(KVConnectorStats):
     """The records (`kv_timing`) and the delegate's own payload, aggregated across workers and steps."""
 
+    data: dict[str, Any]
     inner_cls: Any = None  # the delegate connector's class, which builds its stats
 
     def _inner(self) -> KVConnectorStats | None:
@@ -55,13 +56,13 @@ class PhaselensKvStats(KVConnectorStats):
         return not self.data.get(KV_RECORDS) and (inner is None or inner.is_empty())
 
 
-def _timed(inner_cls: type) -> type:
-    """`inner_cls` with its KV moves timed per request."""
+def _timed(inner_cls: type) -> tuple[type, type[PhaselensKvStats]]:
+    """`inner_cls` with its KV moves timed per request, and its stats class."""
     name = f"{PREFIX}{inner_cls.__name__}"
     # named as this module's attributes (`__getattr__`), so that pickle finds both in another process
     stats_cls = type(f"{name}{STATS}", (PhaselensKvStats,), {"inner_cls": inner_cls, "__module__": __name__})
 
-    class Timed(inner_cls):  # type: ignore[misc,valid-type]  # vLLM's class, chosen at run time
+    class Timed(inner_cls):  # vLLM's class, chosen at run time
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._pl_loading: set[str] = set()  # scheduler: requests whose KV the connector loads
@@ -131,13 +132,12 @@ def _timed(inner_cls: type) -> type:
             return stats_cls(data=data) if data is not None else stats_cls(data=merged([], None))
 
     Timed.__name__ = Timed.__qualname__ = name
-    Timed.stats_cls = stats_cls
-    return Timed
+    return Timed, stats_cls
 
 
 @functools.cache
-def timed_connector(name: str) -> type:
-    """`Phaselens<Name>`: vLLM's registered connector `<Name>`, timed."""
+def timed_connector(name: str) -> tuple[type, type[PhaselensKvStats]]:
+    """`Phaselens<Name>` (vLLM's registered connector `<Name>`, timed) and its stats class."""
     return _timed(KVConnectorFactory.get_connector_class_by_name(name))
 
 
@@ -148,7 +148,7 @@ def __getattr__(name: str) -> type:
     if not name.startswith(PREFIX) or not inner:
         raise AttributeError(name)
     try:
-        timed = timed_connector(inner)
+        connector, stats_cls = timed_connector(inner)
     except ValueError as exc:  # not a connector vLLM registered
         raise AttributeError(f"{name}: {exc}") from None
-    return timed.stats_cls if stats else timed
+    return stats_cls if stats else connector
