@@ -33,8 +33,8 @@ VLLM_REMOTE_DECODE: dict[str, Any] = {
 }
 
 
-def _prefill_base(body: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False}
+def _prefill_base(body: dict[str, Any], dropped: tuple[str, ...] = ("stream_options",)) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in dropped} | {"stream": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,9 @@ class PdProtocol:
     def prefill_half(self, body: dict[str, Any], transfer_id: str, kv_address: str) -> dict[str, Any]:
         if self.name == PROTOCOL_VLLM:
             one = {"max_completion_tokens": 1} if "max_completion_tokens" in body else {}
-            return _prefill_base(body) | {"max_tokens": 1, **one, "kv_transfer_params": dict(VLLM_REMOTE_DECODE)}
+            # min_tokens above 1 would make vLLM refuse max_tokens 1 (400); the decode half keeps it
+            half = _prefill_base(body, ("stream_options", "min_tokens"))
+            return half | {"max_tokens": 1, **one, "kv_transfer_params": dict(VLLM_REMOTE_DECODE)}
         return _prefill_base(body) | {"kv_transfer_params": {"decode_kv": kv_address, "transfer_id": transfer_id}}
 
     def whole(self, answer: dict[str, Any]) -> bool:

@@ -349,7 +349,7 @@ def _error_fields(data: Any) -> dict[str, Any]:
         "message": str(error.get("message", "")),
         "param": error.get("param"),
         "type_": str(error.get("type", "server_error")),
-        "code": error.get("code"),
+        "code": None if error.get("code") is None else str(error["code"]),  # vLLM's is the HTTP status, an int
     }
 
 

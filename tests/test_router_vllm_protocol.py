@@ -75,7 +75,14 @@ def _route(prefill: Instance, decode: Instance, headers: dict[str, str]) -> tupl
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     spans = PdSpans(provider)
     router = Router([prefill.url], [decode.url], RouterSpans(spans, provider), pd_protocol=PROTOCOL_VLLM)
-    body = {"model": "tiny", "prompt": "the queue", "max_tokens": 8, "stream": True, "stream_options": {}}
+    body = {
+        "model": "tiny",
+        "prompt": "the queue",
+        "max_tokens": 8,
+        "min_tokens": 8,
+        "stream": True,
+        "stream_options": {},
+    }
 
     async def call() -> httpx.Response:
         transport = httpx.ASGITransport(app=router.app())
@@ -95,6 +102,7 @@ def test_prefill_half_asks_for_one_token_and_remote_decode_and_decode_half_gets_
     assert response.status_code == 200 and response.content == SSE
     (_, first), (_, second) = prefill.got[0], decode.got[0]
     assert first["max_tokens"] == 1 and first["stream"] is False and "stream_options" not in first
+    assert "min_tokens" not in first and second["min_tokens"] == 8  # vLLM refuses min_tokens > max_tokens
     assert first["kv_transfer_params"]["do_remote_decode"] is True
     assert first["kv_transfer_params"]["do_remote_prefill"] is False
     assert second["kv_transfer_params"] == KV_PARAMS
