@@ -31,10 +31,14 @@ from tests.delay_proxy import DOWN, UP, DelayProxy
 from tests.source_tree import ROOT
 
 VLLM_PYTHON = default_python(ROOT)
-pytestmark = pytest.mark.skipif(
-    VLLM_PYTHON is None,
-    reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        VLLM_PYTHON is None,
+        reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
+    ),
+    # the first test's setup starts both vLLMs together: ~5 min at load 25 on two cores
+    pytest.mark.timeout(1200),
+]
 REQUESTS = 4
 PROMPT_TOKENS = 80  # more than two 32-token KV blocks: ExampleConnector moves whole blocks
 DELAY_MS = 20.0
