@@ -178,6 +178,7 @@ PD_PARTS: tuple[Part, ...] = (
     *(_role_attr(col, "router", key) for col, key in _ROUTER_TERMS.items()),
     *(_role_attr(f"{role[0]}_{phase}", role, key) for role in INSTANCE_ROLES for phase, key in _PHASES),
     _span_attr("p_answer", n.SPAN_KV_TRANSFER, n.PL_PD_PREFILL_ANSWER_MS),
+    _role_attr("d_held_back", "decode", n.PL_HELD_BACK_MS),
     _role_any("d_itl_p99", "decode", n.PL_ITL_P99_MS),
     _role_any("d_stall", "decode", n.PL_STALL_MS),
     _span_attr("kv_wait", n.SPAN_KV_TRANSFER, n.PL_KV_WAIT_MS),
@@ -258,7 +259,8 @@ PD_COLUMNS: tuple[tuple[str, str], ...] = (
         "decode_first_token_ms",
         f"coalesce(d_prefill + d_first_token - coalesce(kv_load, 0), {_sg('decode', 'sg_d_first_token')}, v_d_first_token)",
     ),
-    ("decode_first_chunk_ms", "d_first_chunk"),
+    # the decode steps whose tokens rendered no text (vLLM's byte-level tokens) come before the first chunk
+    ("decode_first_chunk_ms", "d_first_chunk + ifNull(d_held_back, 0)"),
     ("decode_itl_p99_ms", "coalesce(d_itl_p99, dy_d_itl_p99)"),
     ("decode_stall_ms", "d_stall"),
     ("prefill_bootstrap_ms", _sg("prefill", "sg_p_bootstrap")),
