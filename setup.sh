@@ -5,6 +5,8 @@
 # real vLLM (CPU build) with phaselens and its plugin, for tests/test_vllm.py (docs/vllm.md).
 # `--aiperf` sets up ./.venv-aiperf: NVIDIA AIPerf alone (~1.2 GB, 140 packages: pandas, pyarrow,
 # scipy, transformers, plotly), for the live run in tests/test_harness_import.py (docs/harness-import.md).
+# `--dynamo` sets up ./.venv-dynamo: NVIDIA Dynamo 1.6.1 (~765 MB), its frontend and mocker for
+# tests/test_dynamo.py and `phaselens demo --server dynamo` (docs/other-servers.md#dynamo).
 set -euo pipefail
 cd "$(dirname "$0")"
 if ! command -v cc >/dev/null && ! command -v gcc >/dev/null; then
@@ -26,6 +28,16 @@ if [[ "${1:-}" == "--aiperf" ]]; then
     python3 -m venv .venv-aiperf
     .venv-aiperf/bin/python -m pip install -q --upgrade pip
     .venv-aiperf/bin/python -m pip install -q aiperf==0.13.0
+    exit 0
+fi
+if [[ "${1:-}" == "--dynamo" ]]; then
+    # --no-deps: ai-dynamo requires `aisimulate`, whose PyPI package is a stub that downloads from
+    # elsewhere (the mocker imports it only for its --ais-* options); these are the rest of its deps
+    python3 -m venv .venv-dynamo
+    .venv-dynamo/bin/python -m pip install -q --upgrade pip
+    .venv-dynamo/bin/python -m pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
+    .venv-dynamo/bin/python -m pip install -q aiohttp certifi kubernetes msgspec prometheus-client pyzmq redis \
+        tqdm transformers typing-extensions zstandard "pydantic<=2.13.5" uvloop
     exit 0
 fi
 python3 -m venv .venv

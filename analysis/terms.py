@@ -238,7 +238,7 @@ DECLARED: tuple[Term, ...] = (
             ("client_read_ms", n.PL_CLIENT_READ_MS, "#6e5f45", "client", 22, "client_ms"),
         )
     ),
-    # the P/D budget's own terms, in request order (analysis/pd_schema.py holds their columns)
+    # the P/D budget's own terms, in request order (analysis/schema/pd_schema.py holds their columns)
     *(
         Term(name, label, colour, clock, source, name, name, aggregated=False, pd_position=position)
         for position, (name, label, colour, clock, source) in enumerate(

@@ -32,10 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from phaselens.analysis import ddl, rollup, sketch
 from phaselens.analysis import queries as Q
-from phaselens.analysis import schema as S
 from phaselens.analysis.budget import budget
+from phaselens.analysis.queries import sketch
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.schema import schema as S
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as CS
 from phaselens.common.slo import GOODPUT_SLO_KEYS, parse_slo
 from phaselens.dashboards import definitions

@@ -13,7 +13,7 @@ once server-side, read back as the RowBinary the collector sends, and inserted i
   table in parallel by `ShardedSink` (what `phaselens collector --cluster NAME` does; its renderer
   splits the rows, here they are split up front).
 Ingest figures are the server side only (rendering excluded: benchmarks/collector_ingest.py
-measures the collector). Then the full budget (`phaselens.analysis.budget`) over single and over
+measures the collector). Then the full budget (`phaselens.analysis.budget.latency_budget`) over single and over
 distributed_sync, best of `--repeat`, exact and from the rollups (sealed on every node), and a
 back-of-envelope for a fleet at the measured rate.
 Prints ONE JSON object.
@@ -36,8 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.budget_query import _client_insert, _server_insert, _steps_insert, cpu_s
-from phaselens.analysis import ddl, rollup
 from phaselens.analysis.budget import budget
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as CS
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.collectors.shard_sink import ShardedSink

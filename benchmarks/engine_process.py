@@ -110,9 +110,9 @@ def run(mode: str, concurrency: int, requests: int) -> tuple[list[dict], dict]:
 
 
 def frame_cost(steps: int = 5000, batch: int = 16) -> dict:
-    from phaselens.reference_server import engine_wire as wire
-    from phaselens.reference_server.engine_core import StampLog
-    from phaselens.reference_server.sequence import SeqOutput
+    from phaselens.reference_server.engine.sequence import SeqOutput
+    from phaselens.reference_server.process import engine_wire as wire
+    from phaselens.reference_server.process.engine_core import StampLog
 
     dirty: list[StampLog] = []
     logs = [StampLog(i, dirty) for i in range(batch)]

@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from phaselens.reference_server import kv_transfer
-from phaselens.reference_server.kv_cache import PagedKVCache
-from phaselens.reference_server.model_loader import build_tiny
+from phaselens.reference_server.engine import kv_transfer
+from phaselens.reference_server.engine.kv_cache import PagedKVCache
+from phaselens.reference_server.engine.model_loader import build_tiny
 
 BLOCK = 16
 

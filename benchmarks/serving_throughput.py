@@ -104,7 +104,7 @@ def run_engine(jobs, batch: int, budget: int) -> dict:
 
 def run_engine_process(jobs, batch: int, budget: int) -> dict:
     from phaselens.reference_server import EngineConfig
-    from phaselens.reference_server.engine_client import EngineClient
+    from phaselens.reference_server.process.engine_client import EngineClient
 
     client = EngineClient(EngineConfig(max_num_seqs=batch, max_num_batched_tokens=budget, kv_cache_tokens=1 << 16))
     try:
@@ -147,7 +147,7 @@ def _process_cpu_s(pid: int) -> float:
 def run_static(jobs, batch: int) -> dict:
     from transformers import StoppingCriteria, StoppingCriteriaList
 
-    from phaselens.reference_server.model_loader import build_tiny, tiny_suppressed_ids
+    from phaselens.reference_server.engine.model_loader import build_tiny, tiny_suppressed_ids
 
     model = build_tiny().model
 
@@ -232,8 +232,8 @@ def cpu_benchmark(args) -> dict:
 def one_b_model(device: str):
     from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
 
-    from phaselens.reference_server.detokenizer import decode_bytes
-    from phaselens.reference_server.model_loader import LoadedModel
+    from phaselens.reference_server.engine.detokenizer import decode_bytes
+    from phaselens.reference_server.engine.model_loader import LoadedModel
 
     config = LlamaConfig(
         vocab_size=32000,
@@ -266,7 +266,7 @@ def one_b_model(device: str):
 
 def decode_step_ms(loaded, batch: int, ctx: int, steps: int, device: str) -> float:
     from phaselens.reference_server import Engine, EngineConfig, SamplingParams
-    from phaselens.reference_server.model_runner import ModelRunner
+    from phaselens.reference_server.engine.model_runner import ModelRunner
 
     config = EngineConfig(
         model=loaded.name,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from clickhouse_connect.driver.client import Client
 
 from phaselens.collectors import render
-from phaselens.collectors.schema import DISTRIBUTED_TABLE, INSERT_COLUMNS, TRACES_TABLE, ident
+from phaselens.collectors.schema import INSERT_COLUMNS, TRACES_TABLE, distributed_name, ident
 from phaselens.storage.clickhouse_url import connect
 
 
@@ -38,11 +38,12 @@ class ClickHouseSink:
     ca_cert: str | None = None  # verifies an https:// server (None: the system's trust store)
     _client: Client | None = field(default=None, init=False)
 
-    def _target(self) -> tuple[str, dict[str, int]]:
+    def _target(self, table: str) -> tuple[str, dict[str, int]]:
         settings = {"insert_deduplicate": 1, "deduplicate_blocks_in_dependent_materialized_views": 1}
         if self.cluster is None:
-            return f"{ident(self.database)}.{ident(TRACES_TABLE)}", settings
-        return (f"{ident(self.database)}.{ident(DISTRIBUTED_TABLE)}", {**settings, "distributed_foreground_insert": 1})
+            return f"{ident(self.database)}.{ident(table)}", settings
+        distributed = ident(distributed_name(table))
+        return f"{ident(self.database)}.{distributed}", {**settings, "distributed_foreground_insert": 1}
 
     def render(self, payload: bytes) -> bytes:
         """One request's rows. Raises render.InvalidSpans."""
@@ -50,13 +51,18 @@ class ClickHouseSink:
 
     def insert(self, blocks: Iterable[bytes], token: str) -> None:
         """Blocks from `render` (a generator renders them as they are sent), as one insert."""
+        self.insert_rows(TRACES_TABLE, INSERT_COLUMNS, blocks, token)
+
+    def insert_rows(self, table: str, columns: tuple[str, ...], blocks: Iterable[bytes], token: str) -> None:
+        """RowBinary `blocks` of `columns` into `table` (its Distributed table on a cluster) as one
+        insert, deduplicated by `token`; a failure closes the connection (the retry opens a fresh one)."""
         if self._client is None:
             self._client = connect(self.url, compress=False, autogenerate_session_id=False, ca_cert=self.ca_cert)
-        table, settings = self._target()
+        target, settings = self._target(table)
         try:
             self._client.raw_insert(
-                table,
-                INSERT_COLUMNS,
+                target,
+                columns,
                 iter(blocks),  # type: ignore[arg-type]  # streams any iterator of bytes; annotated Generator
                 fmt="RowBinary",
                 settings={**settings, "insert_deduplication_token": token},

@@ -1,24 +1,20 @@
-"""OTLP/gRPC `TraceService/Export` (and `MetricsService/Export`, counted only: metrics_intake). Registered as a raw-bytes handler: the payload is decoded once
-(validation and rendering) and spooled as received, without a re-serialization."""
+"""OTLP/gRPC `TraceService/Export`, `LogsService/Export`, `MetricsService/Export`. Registered as
+raw-bytes handlers: the payload is decoded once (validation) and spooled as received, without a
+re-serialization."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
-from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
-from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
 from phaselens.common.ports import listener_owner, port_in_use_error
 from phaselens.common.tls import ServerTls
 
-_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
-_METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 _STATUS = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "too_large": grpc.StatusCode.INVALID_ARGUMENT,
@@ -26,7 +22,6 @@ _STATUS = {
     "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
     "full": grpc.StatusCode.UNAVAILABLE,  # retryable for OTLP exporters
 }
-_EMPTY_RESPONSE = ExportTraceServiceResponse().SerializeToString()
 _RETRY_INFO_KEY = "google.rpc.retryinfo-bin"
 _RETRY_INFO = RetryInfo(retry_delay=Duration(seconds=RETRY_AFTER_S)).SerializeToString()
 
@@ -35,28 +30,18 @@ class GrpcBindError(OSError):
     pass
 
 
-def _export_handler(ingest: Ingest, accept: Callable[[bytes], object], response: bytes) -> grpc.RpcMethodHandler:
+def _export_handler(ingest: Ingest) -> grpc.RpcMethodHandler:
     def export(payload: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             ingest.check_auth(dict(context.invocation_metadata()).get("authorization"))
-            accept(payload)
+            ingest.accept(payload)
         except Refused as exc:
             if exc.kind == "full":  # OTLP exporters wait this long before their retry
                 context.set_trailing_metadata(((_RETRY_INFO_KEY, _RETRY_INFO),))
             context.abort(_STATUS[exc.kind], str(exc))
-        return response
+        return ingest.signal.response
 
     return grpc.unary_unary_rpc_method_handler(export, request_deserializer=None, response_serializer=None)
-
-
-def _accept_metrics(ingest: Ingest) -> Callable[[bytes], None]:
-    def accept(payload: bytes) -> None:
-        try:
-            accept_metrics(payload, ingest.metrics)
-        except InvalidMetrics as exc:
-            ingest.refuse("invalid", str(exc))
-
-    return accept
 
 
 def _credentials(tls: ServerTls) -> grpc.ServerCredentials:
@@ -65,29 +50,25 @@ def _credentials(tls: ServerTls) -> grpc.ServerCredentials:
 
 
 def start_grpc(
-    ingest: Ingest, host: str, port: int, workers: int = 16, tls: ServerTls | None = None
+    ingests: Sequence[Ingest], host: str, port: int, workers: int = 16, tls: ServerTls | None = None
 ) -> tuple[grpc.Server, int]:
-    """Starts the server (over TLS with `tls`); returns it and the bound port. Raises GrpcBindError if
-    the port is taken (naming its owner) or the address cannot be bound (gRPC's reason), and
-    TlsConfigError for unusable certificate files."""
+    """Starts the server (over TLS with `tls`), one Export service per signal in `ingests`; returns
+    it and the bound port. Raises GrpcBindError if the port is taken (naming its owner) or the
+    address cannot be bound (gRPC's reason), and TlsConfigError for unusable certificate files."""
     credentials = _credentials(tls) if tls is not None else None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
         options=[
-            ("grpc.max_receive_message_length", ingest.max_body_bytes),
+            ("grpc.max_receive_message_length", max(i.max_body_bytes for i in ingests)),
             # gRPC sets SO_REUSEADDR on its listeners itself (a restart rebinds at once:
             # tests/test_restart.py); SO_REUSEPORT would let two live collectors share the port
             ("grpc.so_reuseport", 0),
         ],
     )
     server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                _SERVICE, {"Export": _export_handler(ingest, ingest.accept, _EMPTY_RESPONSE)}
-            ),
-            grpc.method_handlers_generic_handler(
-                _METRICS_SERVICE, {"Export": _export_handler(ingest, _accept_metrics(ingest), METRICS_RESPONSE)}
-            ),
+        tuple(
+            grpc.method_handlers_generic_handler(ingest.signal.grpc_service, {"Export": _export_handler(ingest)})
+            for ingest in ingests
         )
     )
     reason = "the bind failed"

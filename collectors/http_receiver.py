@@ -1,5 +1,5 @@
-"""OTLP/HTTP: `POST /v1/traces` (protobuf or JSON, gzip or not), `POST /v1/metrics` (counted only,
-see metrics_intake), `GET /metrics`, `GET /health`.
+"""OTLP/HTTP: `POST /v1/traces`, `/v1/logs`, `/v1/metrics` (protobuf or JSON, gzip or not),
+`GET /metrics`, `GET /health`.
 
 Bodies are capped twice: the bytes on the wire (Content-Length) and the bytes after gzip, which is
 inflated in a stream that stops at the cap, so a gzip bomb is refused without being expanded.
@@ -12,24 +12,16 @@ import socket
 import ssl
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from google.protobuf import json_format
 from google.rpc import status_pb2
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from phaselens.collectors import otlp_json
 from phaselens.collectors.ingest import RETRY_AFTER_S, Ingest, Refused
 from phaselens.collectors.metrics import CollectorMetrics
-from phaselens.collectors.metrics_intake import EMPTY_RESPONSE as METRICS_RESPONSE
-from phaselens.collectors.metrics_intake import InvalidMetrics, accept_metrics
 from phaselens.common.ports import bind_reusable
 from phaselens.common.tls import ServerTls
 
@@ -79,46 +71,28 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n", "text/plain")
 
     def do_POST(self) -> None:
-        route = {"/v1/traces": self._traces, "/v1/metrics": self._metrics}.get(self.path)
-        if route is None:
+        ingest = self.collector.routes.get(self.path)
+        if ingest is None:
             self._drain_or_close()
-            self._send(404, b"not found: OTLP goes to /v1/traces (and /v1/metrics)\n", "text/plain")
+            paths = ", ".join(self.collector.routes)
+            self._send(404, f"not found: OTLP goes to {paths}\n".encode(), "text/plain")
             return
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         try:
-            self.collector.ingest.check_auth(self.headers.get("Authorization"))
+            ingest.check_auth(self.headers.get("Authorization"))
             if content_type not in (PROTOBUF, JSON):
-                self.collector.ingest.refuse(
-                    "unsupported", f"unsupported Content-Type {content_type!r}; use {PROTOBUF} or {JSON}"
-                )
-            route(self._read_body(), content_type)
+                ingest.refuse("unsupported", f"unsupported Content-Type {content_type!r}; use {PROTOBUF} or {JSON}")
+            body = self._read_body(ingest)
+            if content_type == PROTOBUF:
+                ingest.accept(body)
+                self._send(200, ingest.signal.response, PROTOBUF)
+            else:
+                ingest.accept(self._parse_json(ingest, body))
+                self._send(200, b"{}", JSON)
         except Refused as exc:
             self._refused(exc, content_type)
 
-    def _traces(self, body: bytes, content_type: str) -> None:
-        if content_type == PROTOBUF:
-            self.collector.ingest.accept(body)
-            self._send(200, ExportTraceServiceResponse().SerializeToString(), PROTOBUF)
-        else:
-            self.collector.ingest.accept(self._parse_json(body).SerializeToString())
-            self._send(200, b"{}", JSON)
-
-    def _metrics(self, body: bytes, content_type: str) -> None:
-        try:
-            if content_type == JSON:
-                body = json_format.Parse(
-                    body, ExportMetricsServiceRequest(), ignore_unknown_fields=True
-                ).SerializeToString()
-            accept_metrics(body, self.collector.ingest.metrics)
-        except (InvalidMetrics, json_format.ParseError, ValueError) as exc:
-            self.collector.ingest.refuse("invalid", str(exc))
-        if content_type == JSON:
-            self._send(200, b"{}", JSON)
-        else:
-            self._send(200, METRICS_RESPONSE, PROTOBUF)
-
-    def _read_body(self) -> bytes:
-        ingest = self.collector.ingest
+    def _read_body(self, ingest: Ingest) -> bytes:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
             self.close_connection = True
@@ -139,11 +113,13 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             ingest.refuse("invalid", str(exc))
 
-    def _parse_json(self, body: bytes) -> ExportTraceServiceRequest:
+    def _parse_json(self, ingest: Ingest, body: bytes) -> bytes:
+        """OTLP/JSON → the protobuf bytes that are spooled."""
         try:
-            return otlp_json.parse_traces(body)
+            payload: bytes = otlp_json.parse(body, ingest.signal.request_type).SerializeToString()
         except otlp_json.InvalidJson as exc:
-            self.collector.ingest.refuse("invalid", str(exc))
+            ingest.refuse("invalid", str(exc))
+        return payload
 
     def _drain_or_close(self) -> None:
         length = self.headers.get("Content-Length", "")
@@ -211,16 +187,23 @@ class _Server(ThreadingHTTPServer):
 
 
 class HttpReceiver:
-    """Owns the HTTP server thread (HTTPS with `tls`); `metrics_text` is supplied by the service."""
+    """Owns the HTTP server thread (HTTPS with `tls`); `metrics_text` is supplied by the service.
+    `ingests`: one per signal, the first's token and body cap also guard `GET /metrics` and 404s."""
 
     def __init__(
-        self, ingest: Ingest, metrics_text: Callable[[], str], host: str, port: int, tls: ServerTls | None = None
+        self,
+        ingests: Sequence[Ingest],
+        metrics_text: Callable[[], str],
+        host: str,
+        port: int,
+        tls: ServerTls | None = None,
     ):
-        self.ingest, self.metrics_text = ingest, metrics_text
+        self.ingest, self.metrics_text = ingests[0], metrics_text
+        self.routes = {ingest.signal.http_path: ingest for ingest in ingests}
         handler = type("Handler", (_Handler,), {"collector": self})
         context = tls.ssl_context() if tls is not None else None  # bad files fail before the bind
         self._server = _Server((host, port), handler)
-        self._server.tls, self._server.metrics = context, ingest.metrics
+        self._server.tls, self._server.metrics = context, self.ingest.metrics
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-http", daemon=True)
 

@@ -17,10 +17,26 @@ _HELP = {
     "spans_dropped": "spans lost: must stay 0",
     "spans_quarantined": "spooled spans this version cannot render (accepted by an older one), set aside in the spool's quarantine/",
     "writer_errors": "unexpected spool writer errors (it resumes from the last pending batch)",
-    "metrics_requests_received": "OTLP metrics export requests accepted",
-    "metric_points_not_stored": "OTLP metric data points counted, not stored (traces only)",
     "tls_handshakes_failed": "OTLP/HTTP connections refused in the TLS handshake (plaintext, untrusted or missing client certificate)",
 }
+
+
+def _signal_help(signal: str, prefix: str, item: str) -> dict[str, str]:
+    """The same counters as the spans', for the logs and metrics exports."""
+    return {
+        f"{prefix}requests_received": f"OTLP {signal} export requests accepted (acknowledged)",
+        f"{item}_received": f"{item.replace('_', ' ')} accepted and durably spooled",
+        f"{item}_written": f"{item.replace('_', ' ')} inserted into ClickHouse",
+        f"{prefix}requests_rejected": f"OTLP {signal} export requests refused (bad input, auth)",
+        f"{prefix}requests_retryable": f"OTLP {signal} export requests answered with a retryable code (spool full)",
+        f"{prefix}requests_deduplicated": f"retried {signal} exports the previous run had spooled: not stored twice",
+        f"{prefix}insert_retries": f"failed ClickHouse inserts of {signal} that were retried",
+        f"{item}_quarantined": f"spooled {item.replace('_', ' ')} this version cannot render, in quarantine/",
+        f"{prefix}writer_errors": f"unexpected {signal} spool writer errors (it resumes from the last pending batch)",
+    }
+
+
+_HELP |= _signal_help("logs", "logs_", "log_records") | _signal_help("metrics", "metrics_", "metric_points")
 
 
 @dataclass(slots=True)
@@ -35,9 +51,25 @@ class CollectorMetrics:
     spans_dropped: int = 0
     spans_quarantined: int = 0
     writer_errors: int = 0
-    metrics_requests_received: int = 0
-    metric_points_not_stored: int = 0
     tls_handshakes_failed: int = 0
+    logs_requests_received: int = 0
+    log_records_received: int = 0
+    log_records_written: int = 0
+    logs_requests_rejected: int = 0
+    logs_requests_retryable: int = 0
+    logs_requests_deduplicated: int = 0
+    logs_insert_retries: int = 0
+    log_records_quarantined: int = 0
+    logs_writer_errors: int = 0
+    metrics_requests_received: int = 0
+    metric_points_received: int = 0
+    metric_points_written: int = 0
+    metrics_requests_rejected: int = 0
+    metrics_requests_retryable: int = 0
+    metrics_requests_deduplicated: int = 0
+    metrics_insert_retries: int = 0
+    metric_points_quarantined: int = 0
+    metrics_writer_errors: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, name: str, amount: int = 1) -> None:

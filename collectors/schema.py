@@ -1,4 +1,5 @@
-"""DDL for `otel_traces`, as the OpenTelemetry Collector (contrib) ClickHouse exporter creates it.
+"""DDL for `otel_traces` (and `otel_logs`, `otel_metrics_*`: signal_schema.py), as the
+OpenTelemetry Collector (contrib) ClickHouse exporter creates them.
 
 Same columns, types, order, codecs, skip indexes, partition and order key, so a user of the real
 collector (docker-compose) and of ours query one schema (docs/contracts.md#otlp-to-clickhouse-rows).
@@ -13,6 +14,7 @@ import re
 
 from clickhouse_connect.driver.client import Client
 
+from phaselens.collectors.signal_schema import SIGNAL_TABLES, SignalTable
 from phaselens.storage.clickhouse_url import connect
 
 TRACES_TABLE = "otel_traces"
@@ -130,12 +132,16 @@ def _engine(table_engine: str | None, cluster: str | None, family: str, keep_par
     return f"{'Replicated' if replicated else ''}{family}{params}"
 
 
-def distributed_engine(cluster: str, database: str, table: str) -> str:
-    """Sharded by the trace id: a request's spans, inserted by different processes in different
+def distributed_engine(cluster: str, database: str, table: str, shard_key: str = "cityHash64(TraceId)") -> str:
+    """Spans sharded by the trace id: a request's spans, inserted by different processes in different
     batches, meet on one shard, so the per-request materialized view stays shard-local."""
     for name in (cluster, database, table):  # quoted as string literals below: plain names only
         ident(name)
-    return f"Distributed('{cluster}', '{database}', '{table}', cityHash64(TraceId))"
+    return f"Distributed('{cluster}', '{database}', '{table}', {shard_key})"
+
+
+def distributed_name(table: str) -> str:
+    return f"{table}_distributed"
 
 
 def _settings(engine: str) -> str:
@@ -154,7 +160,9 @@ def statements(
 
     With `cluster`: a Distributed table sharded by cityHash64(TraceId) over the local tables, and
     either ON CLUSTER DDL with Replicated engines (`on_cluster`, needs Keeper and distributed DDL)
-    or statements to run on every node in turn, with plain engines unless `table_engine` says."""
+    or statements to run on every node in turn, with plain engines unless `table_engine` says.
+    The logs and metrics tables come last, with the same ON CLUSTER, engine family and TTL (their
+    own Keeper paths), and on a cluster Distributed tables sharded by a deterministic key."""
     db = ident(database)
     replicated_cluster = cluster if on_cluster else None
     on_clause = f" ON CLUSTER {ident(replicated_cluster)}" if replicated_cluster else ""
@@ -189,7 +197,29 @@ def statements(
             f"ENGINE = {distributed_engine(cluster, database, local)}"
             for read, local in ((DISTRIBUTED_TABLE, TRACES_TABLE), (TRACE_ID_TS_DISTRIBUTED, TRACE_ID_TS_TABLE))
         ]
+    signal_engine = _engine(table_engine, replicated_cluster, "MergeTree", keep_params=False)
+    out += [_signal_table(db, table, on_clause, signal_engine, interval) for table in SIGNAL_TABLES]
+    if cluster:
+        out += [
+            f"CREATE TABLE IF NOT EXISTS {db}.{ident(distributed_name(t.name))}{on_clause} AS {db}.{ident(t.name)}\n"
+            f"ENGINE = {distributed_engine(cluster, database, t.name, t.shard_key)}"
+            for t in SIGNAL_TABLES
+        ]
     return out
+
+
+def _signal_table(db: str, table: SignalTable, on_clause: str, engine: str, interval: str | None) -> str:
+    """A logs or metrics table as the exporter creates it, with the traces table's engine, TTL and
+    deduplication window choices."""
+    body = ",\n    ".join([*(c.ddl() for c in table.columns), *table.indexes])
+    return (
+        f"CREATE TABLE IF NOT EXISTS {db}.{ident(table.name)}{on_clause} (\n    {body}\n) ENGINE = {engine}\n"
+        f"PARTITION BY {table.partition_by}\n"
+        + (f"PRIMARY KEY {table.primary_key}\n" if table.primary_key else "")
+        + f"ORDER BY {table.order_by}\n"
+        + (f"TTL {table.ttl_time} + {interval}\n" if interval else "")
+        + _settings(engine)
+    )
 
 
 def apply(client: Client, statements: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""Drains the spool into ClickHouse: batches by span count or age, retries with backoff, never drops."""
+"""Drains a signal's spool into ClickHouse: batches by item count (spans, log records, data points)
+or age, retries with backoff, never drops."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaselens.collectors import render
 from phaselens.collectors.clickhouse_sink import ClickHouseSink
 from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.shard_sink import ShardedSink
+from phaselens.collectors.signal_sink import SignalSink
+from phaselens.collectors.signals import INVALID, TRACES, Signal
 from phaselens.collectors.spool import Pending, Record, Spool
 
 log = logging.getLogger(__name__)
@@ -25,19 +27,24 @@ class _Abandoned(Exception):
 @dataclass(slots=True)
 class SpoolWriter:
     spool: Spool
-    sink: ClickHouseSink | ShardedSink
+    sink: ClickHouseSink | ShardedSink | SignalSink
     metrics: CollectorMetrics
-    batch_spans: int = 50_000
+    batch_spans: int = 50_000  # items of the signal: spans, log records or data points
     flush_interval_s: float = 0.2
     max_backoff_s: float = 5.0
+    signal: Signal = TRACES
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
     _waiting_since: float | None = field(default=None, init=False)
     _inserted: Pending | None = field(default=None, init=False)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="spool-writer", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"spool-writer-{self.signal.name}", daemon=True)
         self._thread.start()
+
+    def request_stop(self) -> None:
+        """Stop taking new data; `stop` waits for the drain."""
+        self._stop.set()
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Drains what is spooled (within timeout_s); whatever is left stays spooled for next start."""
@@ -49,16 +56,16 @@ class SpoolWriter:
 
     def _run(self) -> None:
         """Drains until stopped. An unexpected error restarts draining from the pending batch
-        (a deduplicated replay) instead of ending the thread with spans stuck in the spool."""
+        (a deduplicated replay) instead of ending the thread with items stuck in the spool."""
         while True:
             try:
                 self._drain()
                 return
             except _Abandoned:
-                log.warning("stopped with spans still spooled; they are written on the next start")
+                log.warning("stopped with %s still spooled; they are written on the next start", self.signal.name)
                 return
             except Exception:
-                self.metrics.add("writer_errors")
+                self.metrics.add(self.signal.counter("writer_errors"))
                 log.exception("spool writer failed; resuming from the last pending batch")
                 if self._stop.wait(1.0):
                     return
@@ -114,7 +121,7 @@ class SpoolWriter:
         self._waiting_since = None
 
     def _insert(self, records: list[Record], pending: Pending) -> None:
-        spans = sum(record.span_count for record in records)
+        items = sum(record.span_count for record in records)
         unrenderable: dict[int, str] = {}  # record start → why
 
         def blocks() -> Iterator[Any]:  # Any: what this sink's `render` makes, as its `insert` takes it
@@ -122,7 +129,7 @@ class SpoolWriter:
             for record in records:
                 try:
                     yield self.sink.render(record.payload)
-                except render.InvalidSpans as exc:  # spooled by an older version that accepted it
+                except INVALID as exc:  # spooled by an older version that accepted it
                     unrenderable[record.start] = str(exc)
 
         backoff_s = 0.05
@@ -131,28 +138,29 @@ class SpoolWriter:
                 self.sink.insert(blocks(), self.spool.token(pending))
                 break
             except Exception as exc:  # noqa: BLE001 — ClickHouse down or refusing: keep the batch, retry
-                self.metrics.add("insert_retries")
-                log.warning("insert of %d spans failed (%s); retrying in %.2fs", spans, exc, backoff_s)
+                self.metrics.add(self.signal.counter("insert_retries"))
+                log.warning("insert of %d %s failed (%s); retrying in %.2fs", items, self.signal.item, exc, backoff_s)
                 if self._stop.is_set() or self._stop.wait(backoff_s):
                     raise _Abandoned from None  # stopping while ClickHouse fails: the batch stays spooled
                 backoff_s = min(backoff_s * 2, self.max_backoff_s)
         quarantined = self._set_aside(records, unrenderable)
-        self.metrics.add("spans_written", spans - quarantined)
+        self.metrics.add(f"{self.signal.item}_written", items - quarantined)
         self.spool.inserted(pending.end - pending.start)
         self._inserted = pending
 
     def _set_aside(self, records: list[Record], unrenderable: dict[int, str]) -> int:
-        """Quarantines the records that could not be rendered; returns their span count."""
+        """Quarantines the records that could not be rendered; returns their item count."""
         quarantined = 0
         for record in records:
             if record.start in unrenderable:
                 path = self.spool.quarantine(record, unrenderable[record.start])
                 log.error(
-                    "%d spooled spans cannot be rendered (%s); kept in %s",
+                    "%d spooled %s cannot be rendered (%s); kept in %s",
                     record.span_count,
+                    self.signal.item,
                     unrenderable[record.start],
                     path,
                 )
                 quarantined += record.span_count
-        self.metrics.add("spans_quarantined", quarantined)
+        self.metrics.add(f"{self.signal.item}_quarantined", quarantined)
         return quarantined

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from phaselens.analysis import queries, sketch, terms
+from phaselens.analysis import queries as queries
+from phaselens.analysis import terms
 from phaselens.analysis import thresholds as th
+from phaselens.analysis.queries import sketch
 from phaselens.dashboards.datasource import DATASOURCE_NAME, DATASOURCE_UID
 from phaselens.dashboards.model import (
     FORMAT_TABLE,
@@ -325,7 +327,7 @@ def budget_panels(src: Source) -> list[dict]:
 
 
 def _pd_budget_panel(src: Source) -> dict:
-    """The disaggregated TTFT budget of `phaselens budget` (analysis/pd_queries.py), from the rollups
+    """The disaggregated TTFT budget of `phaselens budget` (analysis/queries/pd_queries.py), from the rollups
     (`pd_budget_stack_rollup`; `phaselens budget` reads every request: `pd_summary`)."""
     return budget_bars(
         src,

@@ -16,11 +16,11 @@ import httpx
 import uvicorn
 
 from phaselens.common.process import LOOPBACK
-from phaselens.instrumentation.pipeline.counters import Counters
+from phaselens.instrumentation.pipeline import Counters
 
 if TYPE_CHECKING:  # imported by start(): the model and the server load only when a scenario runs
-    from phaselens.instrumentation.server.telemetry import ServerTelemetry
-    from phaselens.reference_server.engine import Engine
+    from phaselens.instrumentation import ServerTelemetry
+    from phaselens.reference_server.engine.engine import Engine
 
 _OTEL_ENV = {
     "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
@@ -71,12 +71,12 @@ class ServingRig:
     _saved_env: dict = field(default_factory=dict, init=False)
 
     def start(self) -> ServingRig:
-        from phaselens.instrumentation.pipeline.otel_setup import configure
-        from phaselens.instrumentation.server.telemetry import ServerTelemetry
-        from phaselens.reference_server.api import ApiSettings, create_app
-        from phaselens.reference_server.config import EngineConfig
-        from phaselens.reference_server.engine import Engine
-        from phaselens.reference_server.process import bind
+        from phaselens.instrumentation import ServerTelemetry
+        from phaselens.instrumentation.pipeline import configure
+        from phaselens.reference_server.engine.config import EngineConfig
+        from phaselens.reference_server.engine.engine import Engine
+        from phaselens.reference_server.serve import bind
+        from phaselens.reference_server.serving.api import ApiSettings, create_app
 
         self.engine = Engine(EngineConfig(max_num_seqs=self.max_num_seqs, max_waiting=self.max_waiting))
         self._saved_env = set_otel_env(self.grpc_endpoint)  # until stop(): a replaced child reads them too

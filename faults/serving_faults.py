@@ -38,7 +38,7 @@ from phaselens.faults.params import Params
 from phaselens.faults.parts import CollectorProcess, wait_until
 from phaselens.faults.serving import ClosedLoop, Reply, ServingRig, complete, leave_after_first_chunk, request
 from phaselens.instrumentation import names
-from phaselens.instrumentation.pipeline.counters import Counters
+from phaselens.instrumentation.pipeline import Counters
 from phaselens.storage.clickhouse_url import connect
 
 OVERLOAD_FACTOR = 10

@@ -99,7 +99,7 @@ SPAN_MODEL_VLLM = "vllm-native"  # vLLM's own `llm_request` span
 SPAN_MODEL_ENGINE_KEYS = "engine-keys"  # another SERVER span with only the de-facto keys
 SPAN_MODEL_SGLANG = "sglang-native"  # SGLang's own request trace (`Req …` root, scheduler slices)
 SPAN_MODEL_TGI = "tgi-native"  # TGI's own request span (durations as Rust `Duration` Debug strings)
-SPAN_MODEL_DYNAMO = "dynamo-native"  # Dynamo's worker spans (`engine.generate` with `disagg_role`)
+SPAN_MODEL_DYNAMO = "dynamo-native"  # Dynamo's spans: the frontend's `http-request` and its workers' (`engine.generate` or `handle_payload`)
 # SGLang's native spans (sglang 0.5.23, sglang/srt/observability): an INTERNAL root `{role} Req {rid[:8]}`
 # with the keys above at its end, thread spans under it, and one span per stage ("slice")
 SGLANG_RID = "rid"  # root attribute: the request id
@@ -171,6 +171,11 @@ PL_ITL_MAX_MS = "phaselens.decode.itl_max_ms"
 PL_STALL_MS = "phaselens.decode.stall_ms"
 PL_TOKEN_COUNT = "phaselens.token.count"  # on a per-token event: tokens that step gave
 PL_FINISH_REASON = "phaselens.finish_reason"
+# Which requests kept their full phase tree, and why (on every SERVER root and CLIENT span): the
+# head sampler's decision, the tail rule (a failure, a TTFT or TPOT over the threshold), or none (the
+# span is the request's compact record alone)
+PL_TRACE_FULL = "phaselens.trace.full"
+TRACE_FULL_HEAD, TRACE_FULL_TAIL_ERROR, TRACE_FULL_TAIL_SLO, TRACE_FULL_NONE = "head", "tail_error", "tail_slo", "none"
 PL_CLIENT_DISCONNECTED = "phaselens.client_disconnected"
 # wall/mono anchor of the emitting process, for the clock-offset diagnostic only
 PL_RECEIVED_WALL_NS = "phaselens.server.received_wall_ns"
@@ -180,6 +185,8 @@ PL_RESPONDED_WALL_NS = "phaselens.server.responded_wall_ns"
 PL_PD_ROLE = "phaselens.pd.role"  # resource: router | prefill | decode
 PL_PD_INSTANCE = "phaselens.pd.instance"  # resource: the instance's URL as the router knows it
 PL_PD_TRANSFER_ID = "phaselens.pd.transfer_id"
+# what a P/D router speaks to its instances (`serve --role router --pd-protocol`): phaselens's, or vLLM's
+PD_PROTOCOL_PHASELENS, PD_PROTOCOL_VLLM = "phaselens", "vllm"
 PL_KV_BYTES = "phaselens.kv.bytes"  # llm.kv_transfer: bytes sent; llm.kv_receive: bytes received
 PL_KV_ACKED_BYTES = "phaselens.kv.acked_bytes"  # llm.kv_transfer: bytes the receiver's ack reports
 PL_KV_TRANSFER_MS = "phaselens.kv.transfer_ms"  # send start → acknowledgement (prefill clock)
@@ -258,6 +265,8 @@ ENV_TOKEN_EVENTS = "PHASELENS_TOKEN_EVENTS"
 ENV_SPAN_BUILDER = "PHASELENS_SPAN_BUILDER"  # thread | process: where ServerTelemetry.from_env builds spans
 ENV_SPAN_BACKEND = "PHASELENS_SPAN_BACKEND"  # fast | sdk: how the span-builder process makes OTLP (default fast)
 SPAN_BACKEND_FAST, SPAN_BACKEND_SDK = "fast", "sdk"
+ENV_TAIL_SLO = "PHASELENS_TAIL_SLO"  # ttft:MS,tpot:MS over which a request keeps its tree; off: no tail rule
+ENV_TRACES_SAMPLER, ENV_TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"
 # Dynamo's worker span (ai-dynamo/dynamo lib/backend-common/src/adapter.rs at 052692a7, EngineAdapter):
 # one `engine.generate` per request per worker, child of the runtime's `handle_payload`; its fields
 # become string attributes, the durations in ms on that worker's clock (Instant)
@@ -266,3 +275,21 @@ DYNAMO_DISAGG_ROLE = "disagg_role"  # agg | prefill | decode | encode (Disaggreg
 DYNAMO_PD_ROLES = ("prefill", "decode")
 DYNAMO_TTFT_MS = "ttft_ms"  # the engine's stream set up → first non-empty chunk
 DYNAMO_ITL_P99_MS = "itl_p99_ms"  # nearest-rank p99 of the gaps between non-empty chunks
+# What Dynamo 1.6.1 emits (its Rust runtime's tracing spans, read live: docs/other-servers.md#dynamo).
+# The frontend's `http-request` (lib/runtime/src/logging.rs): the request on the frontend's clock,
+# its `ttft_ms` the frontend's TTFT (ms as a string); `router.route_request`
+# (lib/runtime/src/pipeline/network/egress/push_router.rs): the frontend's call to one worker, until
+# that worker's stream ended; on the worker, the runtime's `handle_payload` (logging.rs): received →
+# its stream ended, on the worker's clock. Every span carries tracing-opentelemetry's `busy_ns`
+# (the span's task being polled) and `idle_ns` (the task waiting).
+SPAN_DYNAMO_HTTP_REQUEST = "http-request"
+SPAN_DYNAMO_ROUTE = "router.route_request"
+SPAN_DYNAMO_HANDLE = "handle_payload"
+DYNAMO_TARGET = "target"  # the tracing target: `request_span` on the request spans of Dynamo's runtime
+DYNAMO_REQUEST_SPAN_TARGET = "request_span"
+DYNAMO_COMPONENT = "component"  # handle_payload: `prefill` on a prefill worker, `backend` on the others
+DYNAMO_PREFILL_COMPONENT = "prefill"
+# on the frontend's call to a decode (or aggregated) worker only: its prefill call carries no migration
+DYNAMO_MIGRATION_TOKENS = "migration.tokens_completed"
+DYNAMO_BUSY_NS = "busy_ns"
+DYNAMO_IDLE_NS = "idle_ns"

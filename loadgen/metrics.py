@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 from phaselens.common.quantile import quantile
 from phaselens.common.slo import SLO
-from phaselens.instrumentation.client.traced_client import StreamResult
+from phaselens.instrumentation import StreamResult
 
 INF = float("inf")
 CLIENT_BOTTLENECK_SHARE = 0.1  # the client's own time at p90, as a share of TTFT p90

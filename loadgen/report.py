@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from phaselens.instrumentation.client.traced_client import StreamResult
+from phaselens.instrumentation import StreamResult
 
 _LATENCY_ROWS = (
     ("ttft", "TTFT (ms)"),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs, perf_counter_ts, wall_clock_ts
-from phaselens.instrumentation.client.traced_client import StreamResult, TracedClient
+from phaselens.instrumentation import StreamResult, TracedClient
 from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals
 from phaselens.loadgen.workloads import RequestSpec
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from phaselens.common.clocks import MonoTs, perf_counter_ts
-from phaselens.reference_server.sse import DONE_EVENT, encode_event
+from phaselens.reference_server.serving.sse import DONE_EVENT, encode_event
 
 
 def completion_chunk(text: str, finish: str | None = None, usage: dict | None = None) -> bytes:

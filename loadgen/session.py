@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from phaselens.common.slo import SLO, parse_slo
 from phaselens.common.tls import client_context
-from phaselens.instrumentation.client.traced_client import TracedClient
-from phaselens.instrumentation.pipeline.otel_setup import configure, export_counters
+from phaselens.instrumentation import TracedClient
+from phaselens.instrumentation.pipeline import compact_env_sampler, configure, export_counters
 from phaselens.loadgen import metrics, report, runner, sweep
 from phaselens.loadgen.arrivals import GammaArrivals, TraceArrivals
 from phaselens.loadgen.token_prompts import TokenPrompts
@@ -133,7 +133,7 @@ def _providers(tracer_provider):
     """(providers to flush or None, tracer provider): `configure()`'s unless one is given."""
     if tracer_provider is not None:
         return None, tracer_provider
-    providers = configure(SERVICE_NAME)
+    providers = configure(SERVICE_NAME, sampler=compact_env_sampler())  # every request's CLIENT span exported
     return providers, providers.tracer_provider
 
 

@@ -26,9 +26,10 @@ from urllib.parse import urlsplit
 import numpy as np
 from rich.console import Console
 
-from phaselens.analysis import budget_format, report_page, rollup
-from phaselens.analysis.budget import AnalysisError, budget
+from phaselens.analysis.budget import AnalysisError, budget, budget_format
 from phaselens.analysis.report import build as build_report
+from phaselens.analysis.report import report_page
+from phaselens.analysis.rollup import rollup
 from phaselens.common.slo import SLO, goodput_slo
 from phaselens.loadgen.workloads import words
 from phaselens.stack import CLIENT_SERVICE, SERVER_SERVICE, Stack, StackError

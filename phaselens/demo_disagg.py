@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from phaselens.analysis.budget import AnalysisError, BudgetReport, budget
-from phaselens.analysis.pd_budget import PdBudget, pd_budget
+from phaselens.analysis.budget import AnalysisError, BudgetReport, PdBudget, budget, pd_budget
 from phaselens.demo import DemoOptions, LoadRun, run_load, wait_for_spans
 from phaselens.pd_stack import PdStack
 from phaselens.stack import Stack, StackError
@@ -91,7 +90,7 @@ def _session(stack: Stack, pd: PdStack, opts: DemoOptions, console: Console) -> 
     stack.server.stop(stack.stop_timeout_s)  # flushes its spans; the instances start after its window
     stack.server = None
     with console.status("starting the prefill and decode instances and the router…") as status:
-        pd.start_instances(lambda phase: status.update(f"starting {phase}…"))
+        pd.start_servers(lambda phase: status.update(f"starting {phase}…"))
     disagg = _measure(stack, opts, console, "disaggregated", pd.router_url)
     return colocated, disagg
 
@@ -115,10 +114,10 @@ def _measure(stack: Stack, opts: DemoOptions, console: Console, name: str, url: 
 def _wait_pd(client, database: str, since: str, expected: int) -> PdBudget:
     """The P/D budget once every request's instance spans are in (or after PD_WAIT_S)."""
     deadline = time.monotonic() + PD_WAIT_S
-    report = pd_budget(client, database=database, since=since)
+    report = pd_budget.pd_budget(client, database=database, since=since)
     while report.complete < expected and time.monotonic() < deadline:
         time.sleep(0.5)
-        report = pd_budget(client, database=database, since=since)
+        report = pd_budget.pd_budget(client, database=database, since=since)
     return report
 
 

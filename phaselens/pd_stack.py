@@ -24,8 +24,8 @@ from typing import Protocol, Self
 
 from phaselens.common.process import LOOPBACK
 from phaselens.instrumentation import names
-from phaselens.reference_server.pd_protocol import PROTOCOL_PHASELENS
-from phaselens.stack import Child, Stack, StackError, spawn
+from phaselens.reference_server.pd.pd_protocol import PROTOCOL_PHASELENS
+from phaselens.stack import Child, ServedStack, StackError, spawn
 
 FAKETIME_LIBS = (
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
@@ -78,8 +78,7 @@ class ReferenceInstances:
 
 
 @dataclass(slots=True)
-class PdStack:
-    stack: Stack
+class PdStack(ServedStack):
     decode_count: int = 1
     skews: dict[str, str] = field(default_factory=dict)  # role → FAKETIME offset, e.g. {"prefill": "-1h"}
     instances: Instances | None = None  # None: the reference server on the stack's model
@@ -104,17 +103,7 @@ class PdStack:
             env.update(LD_PRELOAD=preload, FAKETIME=self.skews[role], FAKETIME_DONT_FAKE_MONOTONIC="1")
         return env
 
-    def start(self, on_phase=lambda phase: None) -> Self:
-        """Pipeline first, then the instances (`start_instances`)."""
-        try:
-            self.stack.start_pipeline(on_phase)
-            self.start_instances(on_phase)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def start_instances(self, on_phase=lambda phase: None) -> Self:
+    def start_servers(self, on_phase=lambda phase: None) -> Self:
         """Both instances together, then the router in front of them (the pipeline already runs)."""
         on_phase("prefill and decode instances")
         launcher, log_dir = self.launcher, self.stack.log_dir
@@ -135,14 +124,15 @@ class PdStack:
         router.wait_ready(self.stack.ready_timeout_s)
         return router
 
-    def stop(self) -> dict[str, int | None]:
-        codes: dict[str, int | None] = {}
+    def stop_servers(self) -> dict[str, int]:
+        """Each process's exit code (one that had exited already: none)."""
+        codes: dict[str, int] = {}
         named = [("router", self.router), *((f"decode{i}", d) for i, d in enumerate(self.decodes))]
         for name, instance in (*named, ("prefill", self.prefill)):
-            if instance is not None:
-                codes[name] = instance.stop(self.stack.stop_timeout_s)
+            if instance is not None and (code := instance.stop(self.stack.stop_timeout_s)) is not None:
+                codes[name] = code
         self.router, self.decodes, self.prefill = None, [], None
-        return codes | self.stack.stop()
+        return codes
 
     def bench(self, argv: list[str], timeout_s: float, url: str = "") -> subprocess.CompletedProcess:
         """`phaselens bench --url <router, or url> <argv>`, client spans to the collector (no clock skew)."""
@@ -158,9 +148,3 @@ class PdStack:
         if done.returncode != 0:
             raise StackError(f"bench failed after {time.monotonic() - start:.0f} s:\n{done.stderr[-2000:]}")
         return done
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -273,7 +273,7 @@ class Stack:
             return json.load(r)["data"][0]["id"]
 
     def otel_env(self, service_name: str) -> dict[str, str]:
-        """Standard OTEL_* variables pointing at this stack's collector (OTLP/gRPC, traces only)."""
+        """Standard OTEL_* variables pointing at this stack's collector (OTLP/gRPC: traces and metrics)."""
         env = project_env()
         env.update(
             {
@@ -281,7 +281,9 @@ class Stack:
                 "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_grpc_endpoint,
                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
                 "OTEL_TRACES_EXPORTER": "otlp",
-                "OTEL_METRICS_EXPORTER": "none",  # the collector receives traces only
+                # the collector stores metrics (otel_metrics_*): the gen_ai.server.* histograms land beside the spans
+                "OTEL_METRICS_EXPORTER": "otlp",
+                # phaselens's processes wire no OTel log exporter (instrumentation/pipeline/otel_setup.py)
                 "OTEL_LOGS_EXPORTER": "none",
                 "OTEL_TRACES_SAMPLER": "parentbased_always_on",
                 "OTEL_BSP_SCHEDULE_DELAY": BSP_SCHEDULE_DELAY_MS,
@@ -334,6 +336,39 @@ class Stack:
             self.storage = None
             codes["clickhouse"] = 0
         return codes
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass(slots=True)
+class ServedStack:
+    """The stack's pipeline (ClickHouse, schema, collector) with servers started outside `Stack`:
+    a subclass starts and stops them (`start_servers`, `stop_servers`). Pipeline first, servers
+    after; stop order is the data-flow order: servers (each flushes its spans), then the pipeline."""
+
+    stack: Stack
+
+    def start(self, on_phase=lambda phase: None) -> Self:
+        try:
+            self.stack.start_pipeline(on_phase)
+            self.start_servers(on_phase)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_servers(self, on_phase=lambda phase: None) -> Self:
+        raise NotImplementedError
+
+    def stop_servers(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def stop(self) -> dict[str, int]:
+        return self.stop_servers() | self.stack.stop()
 
     def __enter__(self) -> Self:
         return self.start()

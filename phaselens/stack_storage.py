@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phaselens.analysis.ddl import all_statements
+from phaselens.analysis.sql import all_statements
 from phaselens.collectors.schema import apply_each
 from phaselens.storage.cluster import DEFAULT_CLUSTER, EmbeddedCluster
 from phaselens.storage.cluster_nodes import node_urls

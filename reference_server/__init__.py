@@ -12,13 +12,13 @@ prefix caching, preemption by recompute, and an OpenAI-compatible FastAPI front 
 import importlib
 
 # Resolved on first use (PEP 562): `phaselens serve --help` and every other subcommand import
-# `phaselens.reference_server.config` without paying for torch and transformers.
+# `phaselens.reference_server.engine.config` without paying for torch and transformers.
 _EXPORTS = {
-    "Engine": "phaselens.reference_server.engine",
-    "QueueFullError": "phaselens.reference_server.engine",
-    "EngineConfig": "phaselens.reference_server.config",
-    "SamplingParams": "phaselens.reference_server.sequence",
-    "SeqOutput": "phaselens.reference_server.sequence",
+    "Engine": "phaselens.reference_server.engine.engine",
+    "QueueFullError": "phaselens.reference_server.engine.engine",
+    "EngineConfig": "phaselens.reference_server.engine.config",
+    "SamplingParams": "phaselens.reference_server.engine.sequence",
+    "SeqOutput": "phaselens.reference_server.engine.sequence",
 }
 __all__ = list(_EXPORTS)
 

@@ -8,8 +8,9 @@ import clickhouse_connect
 import numpy as np
 import pytest
 
-from phaselens.analysis import ddl, rollup
-from phaselens.analysis import schema as analysis_schema
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.schema import schema as analysis_schema
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from tests import spangen
 

@@ -1,8 +1,17 @@
-"""Private helpers of the collector tests: a running Collector on a fresh database, row polling."""
+"""Private helpers of the collector tests: a running Collector on a fresh database, row polling,
+a `phaselens collector` process killed with SIGKILL and restarted over its spool."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +52,51 @@ def collector(clickhouse, traces_db, tmp_path):
     ).start()
     yield c
     c.stop()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(slots=True)
+class Endpoints:
+    grpc: str  # host:port
+    http: str  # http://host:port
+
+
+def start_collector_process(url: str, database: str, spool: str, flush_s: str) -> tuple[subprocess.Popen, Endpoints]:
+    """`phaselens collector` in a process of its own, once it prints READY."""
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "phaselens.commands.collector", "--clickhouse", url, "--database", database),
+            *("--grpc-port", "0", "--http-port", "0", "--spool", spool, "--flush-interval", flush_s),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    assert line.startswith("READY collector grpc="), line
+    fields = dict(part.split("=", 1) for part in line.split()[2:])
+    return proc, Endpoints(fields["grpc"], fields["http"])
+
+
+@contextmanager
+def killed_and_restarted(
+    url: str, database: str, spool: str, before_kill: Callable[[Endpoints], None], flush_s: str = "0.05"
+) -> Iterator[Endpoints]:
+    """Runs `before_kill` against a collector process, SIGKILLs it, restarts it over the same spool
+    and yields its endpoints; on leaving, it must stop cleanly on SIGTERM."""
+    proc, endpoints = start_collector_process(url, database, spool, flush_s)
+    try:
+        before_kill(endpoints)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    proc, endpoints = start_collector_process(url, database, spool, "0.05")
+    try:
+        yield endpoints
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()

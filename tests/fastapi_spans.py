@@ -66,9 +66,9 @@ def user_app(telemetry: ServerTelemetry | None) -> FastAPI:
 def build(mode: str, provider: TracerProvider):
     telemetry = None if mode == "fastapi" else ServerTelemetry(provider, builder="thread")
     if mode == "reference":
-        from phaselens.reference_server.api import ApiSettings, create_app
-        from phaselens.reference_server.config import EngineConfig
-        from phaselens.reference_server.engine import Engine
+        from phaselens.reference_server.engine.config import EngineConfig
+        from phaselens.reference_server.engine.engine import Engine
+        from phaselens.reference_server.serving.api import ApiSettings, create_app
 
         engine = Engine(EngineConfig(max_num_seqs=4, kv_cache_tokens=1024))
         engine.step_observer = telemetry.step_observer

@@ -13,9 +13,9 @@ import torch
 import uvicorn
 
 from phaselens.reference_server import Engine, EngineConfig, SamplingParams, SeqOutput
-from phaselens.reference_server.api import ApiSettings, create_app
-from phaselens.reference_server.model_loader import TINY_EOS, build_tiny, tiny_suppressed_ids
-from phaselens.reference_server.process import bind
+from phaselens.reference_server.engine.model_loader import TINY_EOS, build_tiny, tiny_suppressed_ids
+from phaselens.reference_server.serve import bind
+from phaselens.reference_server.serving.api import ApiSettings, create_app
 
 
 def make_engine(**overrides) -> Engine:

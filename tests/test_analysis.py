@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-from phaselens.analysis import budget as B
 from phaselens.analysis import queries as Q
+from phaselens.analysis.budget import latency_budget as B
 from phaselens.common.slo import SLO
 from phaselens.instrumentation import names as n
 from tests import spangen

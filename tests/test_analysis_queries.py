@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from phaselens.analysis import cookbook, ddl
 from phaselens.analysis import queries as Q
-from phaselens.analysis import schema as S
-from phaselens.analysis.budget import budget
-from phaselens.analysis.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
-from phaselens.analysis.pd_schema import PD_COLUMN_NAMES
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.queries.dialect import CliDialect, Dialect, GrafanaDialect, QueryError
+from phaselens.analysis.schema import schema as S
+from phaselens.analysis.schema.pd_schema import PD_COLUMN_NAMES
+from phaselens.analysis.sql import cookbook, ddl
 from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import client, loaded

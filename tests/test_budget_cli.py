@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from phaselens.analysis import sketch
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.queries import sketch
 from phaselens.commands import budget as budget_command
 from phaselens.common.process import free_port
 from phaselens.common.slo import SLO

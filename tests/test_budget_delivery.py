@@ -12,55 +12,85 @@ import sys
 
 import pytest
 
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
 from phaselens.common.quantile import quantile
-from phaselens.stack import Stack
+from phaselens.stack import Stack, spawn
 
 REQUESTS = 48
 
 
-@pytest.fixture(scope="module", params=(8, 16), ids=lambda streams: f"{streams}-streams")
-def report(request, tmp_path_factory):
-    streams = request.param
-    with Stack(str(tmp_path_factory.mktemp("stack")), server_args=("--max-num-seqs", "16")) as stack:
-        bench = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "phaselens",
-                "bench",
-                "--url",
-                stack.server_url,
-                "--model",
-                "tiny",
-                "--concurrency",
-                str(streams),
-                "--requests",
-                str(REQUESTS),
-                "--input-len",
-                "uniform:32:256",
-                "--output-len",
-                "24",
-                "--ignore-eos",
-                "--quiet",
-            ],
-            env=stack.otel_env("bench"),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert bench.returncode == 0, bench.stderr[-2000:]
-        assert stack.server.stop(30) == 0 and stack.collector.stop(30) == 0  # flush, then drain
-        with stack.client() as ch:
-            rows = list(
-                ch.query(
-                    f"SELECT residual_ms, e2e_residual_ms, client_ttft_ms, inbound_ms, client_ms "
-                    f"FROM {stack.database}.phaselens_request_facts "
-                    "ORDER BY start_time"
-                ).named_results()
+STREAMS = (8, 16)
+
+
+def _bench(stack: Stack, url: str, streams: int) -> None:
+    bench = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phaselens",
+            "bench",
+            "--url",
+            url,
+            "--model",
+            "tiny",
+            "--concurrency",
+            str(streams),
+            "--requests",
+            str(REQUESTS),
+            "--input-len",
+            "uniform:32:256",
+            "--output-len",
+            "24",
+            "--ignore-eos",
+            "--quiet",
+        ],
+        env=stack.otel_env("bench"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert bench.returncode == 0, bench.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """One pipeline; a server per stream count (its service.name selects the run), both started at once
+    (their start-up is most of the time), each stopped (flushing its spans) after its load alone."""
+    stack = Stack(str(tmp_path_factory.mktemp("stack"))).start_pipeline()
+    try:
+        servers = {
+            streams: spawn(
+                f"server-{streams}",
+                ["serve", "--model", "tiny", "--port", "0", "--max-num-seqs", "16"],
+                stack.log_dir,
+                stack.otel_env(f"server-{streams}"),
             )
-            yield budget(ch, database=stack.database, since=None), rows
+            for streams in STREAMS
+        }
+        for streams, server in servers.items():
+            _bench(stack, server.wait_ready(180), streams)
+            assert server.stop(30) == 0
+        assert stack.collector.stop(30) == 0  # drains its spool into ClickHouse
+        stack.collector = None
+        with stack.client() as ch:
+            yield {streams: _report(ch, stack.database, f"server-{streams}") for streams in STREAMS}
+    finally:
+        stack.stop()
+
+
+def _report(ch, database: str, service: str):
+    rows = ch.query(
+        "SELECT residual_ms, e2e_residual_ms, client_ttft_ms, client_e2e_ms, inbound_ms, client_ms "
+        f"FROM {database}.phaselens_request_facts WHERE service = {{service:String}} ORDER BY start_time",
+        parameters={"service": service},
+    ).named_results()
+    return budget(ch, database=database, service=service, since=None), list(rows)
+
+
+@pytest.fixture(params=STREAMS, ids=lambda streams: f"{streams}-streams")
+def report(reports, request):
+    return reports[request.param]
 
 
 def test_the_mean_budget_adds_up_to_client_ttft_with_the_first_chunk_term(report):
@@ -110,9 +140,14 @@ def test_the_residual_is_loopback_sized_and_every_edge_is_named(report):
     assert residual[1] <= max(5.0, 0.05 * ttft_p90), (residual, ttft_p90)
     assert all(r["inbound_ms"] is not None and r["client_ms"] is not None for r in rows)
     e2e_residual = quantiles([r["e2e_residual_ms"] for r in rows[16:]])
-    # ~1.2–1.5 ms at p50 on a quiet machine; a clean CI run once saw 10.5 / 48.4 ms (p50 / p90). The bound is
-    # there for the delayed ACK (~40 ms in most requests): p50 under 20 still catches it
-    assert 0 <= e2e_residual[0] < 20 and e2e_residual[1] < 60, e2e_residual
+    e2e = quantiles([r["client_e2e_ms"] for r in rows[16:]])
+    # ~1.2–1.5 ms at p50 on a quiet machine; a clean CI run once saw 10.5 / 48.4 ms (p50 / p90), one at
+    # load 28 here 20.2 / 35.3 with e2e p90 at 13.6 s. The p50 bound is there for the delayed ACK (~40 ms
+    # in most requests): under 20 ms it catches it wherever e2e p50 is under 2 s (test_server_cli pins
+    # TCP_NODELAY itself); past that, the client's own lateness grows with the streams: 1 % of e2e p50,
+    # and for the p90 5 % of e2e p90, as for TTFT's residual
+    bounds = (max(20.0, 0.01 * e2e[0]), max(60.0, 0.05 * e2e[1]))
+    assert 0 <= e2e_residual[0] < bounds[0] and e2e_residual[1] < bounds[1], (e2e_residual, e2e, bounds)
     # the server's first-chunk time is its event loop getting round to the output, not the transport
     assert report.distributions["loop_wait_ms"].mean > report.distributions["write_ms"].mean
     assert {c.name: c.ms for c in report.components}["first_chunk_ms"].p50 > 0

@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from phaselens.analysis.budget import budget
-from phaselens.analysis.diagnose import diagnose
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.diagnose.diagnosis import diagnose
 from phaselens.common.quantile import quantile
 from phaselens.common.slo import parse_slo
 from phaselens.stack import Stack, spawn
@@ -89,18 +89,23 @@ def _facts(ch, database: str, lines: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One server per run (its service.name selects the run), each stopped (flushing its spans) after
-    its load; then the budget, facts and verdict of each."""
+    """One server per run (its service.name selects the run), both started at once (their start-up is
+    most of the time), each stopped (flushing its spans) after its load; then the budget, facts and
+    verdict of each."""
     stack = Stack(str(tmp_path_factory.mktemp("stack"))).start_pipeline()
     try:
-        results = {}
-        for name, late in (("prompt", False), ("late", True)):
-            server = spawn(
+        runs = {"prompt": False, "late": True}
+        servers = {
+            name: spawn(
                 f"server-{name}", ["serve", "--model", "tiny", "--port", "0"], stack.log_dir, stack.otel_env(name)
             )
+            for name in runs
+        }
+        results = {}
+        for name, late in runs.items():
             out = str(tmp_path_factory.mktemp(name) / "requests.jsonl")
-            results[name] = _run_bench(stack, server.wait_ready(180), out, late)
-            assert server.stop(30) == 0
+            results[name] = _run_bench(stack, servers[name].wait_ready(180), out, late)
+            assert servers[name].stop(30) == 0
         assert stack.collector.stop(30) == 0  # drains its spool into ClickHouse
         stack.collector = None
         with stack.client() as ch:

@@ -19,7 +19,9 @@ from phaselens.stack import Stack
 from tests.cli_fixtures import bench_argv
 from tests.delay_proxy import DOWN, UP, DelayProxy
 
-DELAYS_MS = (0, 20, 50)  # 0: straight to the server
+# 0: straight to the server. The smallest D is 50: a tenth of its round trip (10 ms) is well above the
+# run-to-run noise of a loaded machine (6 ms, below), where a tenth of 2 × 20 ms was not
+DELAYS_MS = (0, 50, 100)
 REQUESTS = 16
 # How far a term's p50 may move with the delay: 1 ms (run-to-run on an idle machine: < 0.5 ms), or a
 # tenth of the added round trip (on the shared 2-core machine the server's inbound p50 moved by up to

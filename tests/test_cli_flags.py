@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from phaselens.analysis import budget_format
-from phaselens.analysis.budget import ComponentBudget, Stat, budget
-from phaselens.analysis.pd_budget import TTFT_TERMS, PdBudget
+from phaselens.analysis.budget import budget_format
+from phaselens.analysis.budget.latency_budget import ComponentBudget, Stat, budget
+from phaselens.analysis.budget.pd_budget import TTFT_TERMS, PdBudget
 from phaselens.cli import main
 from tests import spangen
 from tests.analysis_fixtures import client, loaded

@@ -20,7 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from phaselens.instrumentation import names as N
 from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, chat_chunk, completion_chunk, usage_chunk
-from phaselens.reference_server.sse import DONE_EVENT, encode_event
+from phaselens.reference_server.serving.sse import DONE_EVENT, encode_event
 
 DELIVERY_MS = 5.0  # loopback write → client stamp, same event loop
 SLACK_MS = 100.0  # how late the scripted sleeps may end, together, on a loaded 2-core machine
@@ -105,7 +105,9 @@ def _check_span(finished, r, headers):
     assert span.name == "chat m" and span.kind == SpanKind.CLIENT
     assert span.status.status_code == StatusCode.UNSET
     ctx = span.get_span_context()
-    assert headers["traceparent"] == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+    # W3C level 1 flags on the wire: the sampled bit alone, though the span's own flags carry the
+    # SDK's random-trace-id bit too (strict propagators, Dynamo's, refuse `03`)
+    assert (int(ctx.trace_flags), headers["traceparent"]) == (3, f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01")
     assert (r.trace_id, r.span_id) == (f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
     assert span.start_time == r.sent_wall_ts and span.end_time - span.start_time == r.done_ts - r.sent_ts
     events = {e.name: e.timestamp - span.start_time for e in span.events}

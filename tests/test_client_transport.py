@@ -17,7 +17,7 @@ import pytest
 from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.instrumentation.client.transport import RECEIPTS, ChunkedDecoder, StreamingTransport
 from phaselens.loadgen.scripted_server import completion_chunk
-from phaselens.reference_server.sse import DONE_EVENT
+from phaselens.reference_server.serving.sse import DONE_EVENT
 
 CHUNKED_BODY = b"4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\n"
 CHUNKED_PAYLOAD = b"Wikipedia in\r\n\r\nchunks."

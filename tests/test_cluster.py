@@ -17,8 +17,10 @@ from dataclasses import asdict
 import grpc
 import pytest
 
-from phaselens.analysis import queries, rollup, sketch, step_rollup
-from phaselens.analysis.budget import budget
+from phaselens.analysis import queries as queries
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.queries import sketch
+from phaselens.analysis.rollup import rollup, step_rollup
 from phaselens.collectors.schema import ident
 from phaselens.collectors.service import Collector
 from phaselens.collectors.shard_sink import make_sink

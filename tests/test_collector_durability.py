@@ -3,12 +3,7 @@ and a replay of an already inserted batch (the deduplication token)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -21,11 +16,10 @@ from phaselens.collectors.writer import ClickHouseSink, SpoolWriter
 from phaselens.faults.parts import wait_until
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse
-from tests.collector_fixtures import traces_db, wait_rows
+from tests.collector_fixtures import killed_and_restarted, traces_db, wait_rows
 from tests.collector_payloads import export_request
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _payloads(requests: int, spans: int) -> list[bytes]:
@@ -67,53 +61,17 @@ def test_clickhouse_down_mid_stream_loses_and_duplicates_nothing(tmp_path):
     server.stop()
 
 
-def _start_collector_process(url: str, database: str, spool: str, flush_s: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "phaselens.commands.collector",
-            "--clickhouse",
-            url,
-            "--database",
-            database,
-            "--grpc-port",
-            "0",
-            "--http-port",
-            "0",
-            "--spool",
-            spool,
-            "--flush-interval",
-            flush_s,
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = proc.stdout.readline()
-    assert line.startswith("READY collector grpc="), line
-    return proc, line.split("grpc=")[1].split()[0]
-
-
 def test_sigkill_then_restart_replays_every_acknowledged_span_once(clickhouse, ch_client, traces_db, tmp_path):
     spool = str(tmp_path / "spool")
     bodies = _payloads(8, 100)
-    proc, endpoint = _start_collector_process(clickhouse.url, traces_db, spool, "0.05")
-    try:
-        _export_all(endpoint, bodies[:4])
+
+    def before_kill(endpoints) -> None:
+        _export_all(endpoints.grpc, bodies[:4])
         wait_rows(ch_client, traces_db, 400)
-        _export_all(endpoint, bodies[4:])  # acknowledged; killed before or while they are written
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        proc.kill()
-    proc, _ = _start_collector_process(clickhouse.url, traces_db, spool, "0.05")
-    try:
+        _export_all(endpoints.grpc, bodies[4:])  # acknowledged; killed before or while they are written
+
+    with killed_and_restarted(clickhouse.url, traces_db, spool, before_kill):
         assert wait_rows(ch_client, traces_db, 800, timeout_s=30) == 800
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    finally:
-        proc.kill()
     assert _counts(ch_client, traces_db) == (800, 800)
 
 

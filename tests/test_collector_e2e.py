@@ -11,15 +11,11 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -348,21 +344,3 @@ def test_spool_cap_answers_retryable(clickhouse, traces_db, tmp_path):
             channel.unary_unary(EXPORT)(parse_traces(payload).SerializeToString(), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         assert c.metrics.snapshot()["requests_retryable"] == 2
-
-
-def test_otlp_metrics_are_accepted_and_counted(collector):
-    for exporter in (
-        OTLPMetricExporter(endpoint=collector.grpc_endpoint, insecure=True),
-        HttpMetricExporter(endpoint=f"{collector.http_endpoint}/v1/metrics"),
-    ):
-        reader = PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)
-        provider = MeterProvider(metric_readers=[reader])
-        provider.get_meter("t").create_histogram("latency_ms").record(12.5)
-        provider.shutdown()  # one final export
-    snapshot = collector.metrics.snapshot()
-    assert snapshot["metrics_requests_received"] == 2 and snapshot["metric_points_not_stored"] == 2
-    assert _post(collector, b"\xff", "application/x-protobuf").status_code == 400
-    r = _HTTP.post(
-        f"{collector.http_endpoint}/v1/metrics", content=b"\x0a\xff", headers={"Content-Type": "application/x-protobuf"}
-    )
-    assert r.status_code == 400

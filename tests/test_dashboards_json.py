@@ -9,8 +9,8 @@ import re
 import pytest
 import yaml
 
-from phaselens.analysis import queries
-from phaselens.analysis.schema import TRACE_TIMES_VIEW
+from phaselens.analysis import queries as queries
+from phaselens.analysis.schema.schema import TRACE_TIMES_VIEW
 from phaselens.cli import main
 from phaselens.dashboards import generate
 from phaselens.dashboards.datasource import DATASOURCE_UID

@@ -12,8 +12,10 @@ import time
 import clickhouse_connect
 import pytest
 
-from phaselens.analysis import ddl, queries, rollup
-from phaselens.analysis import schema as analysis_schema
+from phaselens.analysis import queries as queries
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.schema import schema as analysis_schema
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from phaselens.dashboards import generate
 from phaselens.instrumentation import names as n

@@ -22,11 +22,11 @@ from html import escape
 import numpy as np
 import pytest
 
-from phaselens.analysis import queries
-from phaselens.analysis.diagnose import CAUSES, diagnose
-from phaselens.analysis.diagnose_figures import Figures, input_len_words, load_dependence
-from phaselens.analysis.diagnose_format import headline
-from phaselens.analysis.report import write_report
+from phaselens.analysis import queries as queries
+from phaselens.analysis.diagnose.diagnose_figures import Figures, input_len_words, load_dependence
+from phaselens.analysis.diagnose.diagnose_format import headline
+from phaselens.analysis.diagnose.diagnosis import CAUSES, diagnose
+from phaselens.analysis.report.report import write_report
 from phaselens.commands import diagnose as diagnose_command
 from phaselens.common.slo import parse_slo
 from phaselens.loadgen.workloads import words

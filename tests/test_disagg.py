@@ -1,5 +1,5 @@
 """Disaggregated prefill/decode in the engine: a prefill engine sends real KV bytes over TCP to a
-decode engine, which continues the request in its own batch (reference_server.disagg)."""
+decode engine, which continues the request in its own batch (reference_server.engine.disagg)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.records import SpanIds
-from phaselens.reference_server import kv_transfer
-from phaselens.reference_server.disagg import FINISH_TRANSFERRED, KvHandoff, ReceivedKv
-from phaselens.reference_server.kv_transfer import KvReceiver
-from phaselens.reference_server.pd_spans import PdSpans
+from phaselens.reference_server.engine import kv_transfer
+from phaselens.reference_server.engine.disagg import FINISH_TRANSFERRED, KvHandoff, ReceivedKv
+from phaselens.reference_server.engine.kv_transfer import KvReceiver
+from phaselens.reference_server.pd.pd_spans import PdSpans
 from tests.server_fixtures import Collected, greedy, make_engine
 
 

@@ -3,10 +3,10 @@ the verdict rule of `demo --disagg` (their SQL and numbers: tests/test_disagg_st
 
 from __future__ import annotations
 
-from phaselens.analysis.budget import BudgetReport, ComponentBudget, DecodeStalls, Goodput, Stat
-from phaselens.analysis.diagnose import Signal
-from phaselens.analysis.pd_budget import TTFT_TERMS, PdBudget
-from phaselens.analysis.pd_diagnose import levers, signal, with_kv_transfer
+from phaselens.analysis.budget.latency_budget import BudgetReport, ComponentBudget, DecodeStalls, Goodput, Stat
+from phaselens.analysis.budget.pd_budget import TTFT_TERMS, PdBudget
+from phaselens.analysis.diagnose.diagnosis import Signal
+from phaselens.analysis.diagnose.pd_diagnose import levers, signal, with_kv_transfer
 from phaselens.demo import LoadRun
 from phaselens.demo_disagg import RunBudget, verdict
 

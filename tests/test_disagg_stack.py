@@ -18,10 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from phaselens.analysis import pd_queries, queries, report, report_page, rollup, sketch
-from phaselens.analysis.diagnose import diagnose
-from phaselens.analysis.pd_budget import pd_budget
-from phaselens.analysis.pd_schema import PD_TERMS
+from phaselens.analysis import queries as queries
+from phaselens.analysis.budget.pd_budget import pd_budget
+from phaselens.analysis.diagnose.diagnosis import diagnose
+from phaselens.analysis.queries import pd_queries, sketch
+from phaselens.analysis.report import report, report_page
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.schema.pd_schema import PD_TERMS
 from phaselens.pd_stack import PdStack, faketime_library
 from phaselens.stack import Stack, StackError
 from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql

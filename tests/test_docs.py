@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from phaselens.analysis import schema as analysis_schema
+from phaselens.analysis.schema import schema as analysis_schema
 from phaselens.collectors import schema as collector_schema
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath import observer

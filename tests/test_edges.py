@@ -28,8 +28,8 @@ from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from phaselens.loadgen.metrics import client_bottleneck
 from phaselens.loadgen.report import client_bottleneck_note
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
-from phaselens.reference_server.process import bind
-from phaselens.reference_server.sse import DONE_EVENT
+from phaselens.reference_server.serve import bind
+from phaselens.reference_server.serving.sse import DONE_EVENT
 
 BLOCK_S = 0.3  # how long the server's event loop (or the client's) is blocked
 

@@ -10,7 +10,7 @@ from transformers import ByT5Tokenizer
 
 from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from phaselens.reference_server import QueueFullError, SamplingParams
-from phaselens.reference_server.config import POLICY_PREFILL_FIRST
+from phaselens.reference_server.engine.config import POLICY_PREFILL_FIRST
 
 TOK = ByT5Tokenizer()
 PROMPTS = [
@@ -226,7 +226,7 @@ def test_too_long_request_is_refused():
 
 
 def test_detokenizer_holds_split_characters_and_stop_prefixes():
-    from phaselens.reference_server.detokenizer import TextTracker, decode_bytes
+    from phaselens.reference_server.engine.detokenizer import TextTracker, decode_bytes
 
     e_acute = ids("é")  # two byte tokens
     tracker = TextTracker(decode_bytes)
@@ -241,7 +241,7 @@ def test_detokenizer_holds_split_characters_and_stop_prefixes():
 
 
 def test_local_hugging_face_folder_loads_offline_and_matches_generate(tmp_path):
-    from phaselens.reference_server.model_loader import build_tiny
+    from phaselens.reference_server.engine.model_loader import build_tiny
 
     tiny = build_tiny()
     tiny.model.save_pretrained(tmp_path)

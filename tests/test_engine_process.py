@@ -1,4 +1,4 @@
-"""The engine in its own process (`phaselens serve --engine process`, reference_server.engine_client
+"""The engine in its own process (`phaselens serve --engine process`, reference_server.process.engine_client
 and engine_core): the same outputs as the thread engine, the budget identity exact with stamps from
 two processes, and an engine process killed mid-stream failing its clients without a hang."""
 
@@ -26,9 +26,9 @@ from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from phaselens.reference_server import Engine, EngineConfig, SamplingParams, SeqOutput
-from phaselens.reference_server.api import ApiSettings, create_app
-from phaselens.reference_server.engine_client import EngineClient
-from phaselens.reference_server.process import ServeOptions, _engine, bind
+from phaselens.reference_server.process.engine_client import EngineClient
+from phaselens.reference_server.serve import ServeOptions, _engine, bind
+from phaselens.reference_server.serving.api import ApiSettings, create_app
 
 PROMPTS = [[40 + i + j % 50 for j in range(8 + 37 * i)] for i in range(6)]
 PARAMS = [

@@ -20,13 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from phaselens.analysis import rollup
-from phaselens.analysis.budget import budget
-from phaselens.analysis.harness_formats import read_aiperf
-from phaselens.analysis.harness_import import IMPORT_SCOPE, _insert, client_span, lookup
-from phaselens.analysis.harness_records import ClientRecord
-from phaselens.analysis.schema import PARTS_TABLE
-from phaselens.analysis.sketch import PENDING_TABLE
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.harness.harness_formats import read_aiperf
+from phaselens.analysis.harness.harness_import import IMPORT_SCOPE, _insert, client_span, lookup
+from phaselens.analysis.harness.harness_records import ClientRecord
+from phaselens.analysis.queries.sketch import PENDING_TABLE
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.schema.schema import PARTS_TABLE
 from phaselens.commands import budget as budget_command
 from phaselens.commands import harness_import
 from phaselens.common.quantile import quantile
@@ -88,7 +88,7 @@ def facts(stack: Stack, ids: list[str]) -> dict[str, dict]:
 
 
 def queries_rows(ch, name: str, database: str) -> list[dict]:
-    from phaselens.analysis.budget import query_rows
+    from phaselens.analysis.budget.latency_budget import query_rows
 
     return query_rows(ch, name, {"database": database, "since": None})
 
@@ -409,8 +409,8 @@ def test_on_a_cluster_each_client_span_lands_on_its_server_requests_shard(tmp_pa
     client-only row beside a server-only one. The import goes through otel_traces_distributed."""
     from opentelemetry.trace import SpanKind
 
-    from phaselens.analysis.harness_import import import_run
-    from phaselens.analysis.harness_records import HarnessRun
+    from phaselens.analysis.harness.harness_import import import_run
+    from phaselens.analysis.harness.harness_records import HarnessRun
     from phaselens.collectors.service import Collector
     from phaselens.commands import schema as schema_command
     from phaselens.storage.clickhouse_url import connect

@@ -19,10 +19,10 @@ from opentelemetry.trace import SpanKind
 from phaselens.instrumentation import names
 from phaselens.instrumentation.client.traced_client import TracedClient
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
-from phaselens.reference_server.api import ApiSettings
-from phaselens.reference_server.detokenizer import BYTE_OFFSET
-from phaselens.reference_server.model_loader import TINY_VOCAB
-from phaselens.reference_server.sampler import Sampler
+from phaselens.reference_server.engine.detokenizer import BYTE_OFFSET
+from phaselens.reference_server.engine.model_loader import TINY_VOCAB
+from phaselens.reference_server.engine.sampler import Sampler
+from phaselens.reference_server.serving.api import ApiSettings
 from tests.server_fixtures import LiveServer, make_engine
 
 REQUESTS = 6

@@ -132,6 +132,7 @@ def test_root_attributes_exact():
         names.PL_FIRST_CHUNK_WRITE_MS: 0.001,
         names.PL_SERVER_TTFC_MS: 0.726,
         names.PL_SERVER_LAST_CHUNK_MS: 0.9715,
+        names.PL_TRACE_FULL: names.TRACE_FULL_HEAD,
     }
     # the budget identities hold exactly in ns: ingress + queue + prefill + first_token = server TTFT,
     # server TTFT + first_chunk = server TTFC, first_chunk = loop_wait + encode (write beside it)
@@ -212,16 +213,21 @@ def test_metrics_recorded_with_semconv_buckets():
     assert dict(duration.attributes)[names.GEN_AI_REQUEST_MODEL] == "tiny"
 
 
-def test_sampling_off_builds_no_span_but_keeps_metrics():
+def test_sampling_off_builds_the_compact_record_alone_and_keeps_metrics():
     rig = make_rig(sampler=ParentBased(ALWAYS_OFF))
     for _ in range(3):
         script_request(rig, traceparent=None)
-    assert rig.spans() == []
+    compact = rig.spans()
+    assert [s.name for s in compact] == ["text_completion tiny"] * 3  # the SERVER root alone, exported as sampled
+    assert all(s.context.trace_flags.sampled for s in compact)
+    root = dict(compact[0].attributes)
+    assert root[names.PL_TRACE_FULL] == names.TRACE_FULL_NONE and root[names.PL_SERVER_TTFT_MS] == 0.72
+    assert root[names.PL_DECODE_TOKENS] == 6 and root[names.PL_PREFILL_CHUNKS] == 2  # llm.decode's, llm.prefill's
     stats = rig.telemetry.stats()
-    assert stats.requests_unsampled == 3 and stats.steps_unsampled == 3 and stats.spans_built == 0
+    assert stats.requests_unsampled == 3 and stats.steps_unsampled == 3 and stats.spans_built == 3
     assert rig.metric_points(names.METRIC_SERVER_TTFT)[0].count == 3
     script_request(rig, traceparent=TRACEPARENT)  # a sampled parent wins: parent-based, one decision
-    spans = rig.spans()
+    spans = rig.spans()[3:]
     assert len(spans) == 12 and {s.context.trace_id for s in spans} == {int(TRACE_ID, 16)}
     # the engine-step trace has no parent: the root sampler (here ALWAYS_OFF) decides it
     assert names.SPAN_ENGINE_STEP not in {s.name for s in spans}
@@ -236,9 +242,10 @@ def test_sampling_ratio_keeps_whole_traces():
     for span in spans:
         if span.name != names.SPAN_ENGINE_STEP:
             per_trace[span.context.trace_id] = per_trace.get(span.context.trace_id, 0) + 1
-    assert 60 <= len(per_trace) <= 140
-    assert set(per_trace.values()) == {12}  # every sampled request is complete
-    assert rig.telemetry.stats().requests_unsampled == 200 - len(per_trace)
+    full = {t for t, count in per_trace.items() if count > 1}
+    assert len(per_trace) == 200 and 60 <= len(full) <= 140
+    assert set(per_trace.values()) == {1, 12}  # every sampled request is complete; the others, their root
+    assert rig.telemetry.stats().requests_unsampled == 200 - len(full)
 
 
 def test_content_capture_is_opt_in(monkeypatch):

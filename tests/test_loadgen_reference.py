@@ -17,7 +17,7 @@ from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from phaselens.loadgen import runner, session
 from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload
 from phaselens.reference_server import Engine, EngineConfig
-from phaselens.reference_server.api import ApiSettings
+from phaselens.reference_server.serving.api import ApiSettings
 from tests.server_fixtures import LiveServer
 
 

@@ -21,7 +21,7 @@ from phaselens.loadgen import metrics, runner, session
 from phaselens.loadgen.arrivals import GammaArrivals
 from phaselens.loadgen.scripted_server import Reply, ScriptedServer, Step, completion_chunk, usage_chunk
 from phaselens.loadgen.workloads import LengthDist, SyntheticWorkload
-from phaselens.reference_server.sse import DONE_EVENT
+from phaselens.reference_server.serving.sse import DONE_EVENT
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = SyntheticWorkload(LengthDist.parse("8"), LengthDist.parse("4"), seed=0)
@@ -89,7 +89,8 @@ def test_capped_open_loop_shows_queueing_as_schedule_lag():
     lags = [r.schedule_lag_ms for r in run.results]
     assert lags[-1] >= 19 * 40 * 0.8 and all(b > a for a, b in itertools.pairwise(lags))
     s = metrics.summarize(run.results, run.duration_s, (50,))
-    assert s["latency_ms"]["ttft"]["max"] < 200 < s["latency_ms"]["ttft_from_intended"]["max"]
+    # a quarter: ~50 of ~810 ms here, and a loaded machine's late sleeps lengthen both sides alike
+    assert s["latency_ms"]["ttft"]["max"] < 0.25 * s["latency_ms"]["ttft_from_intended"]["max"]
 
 
 def test_closed_loop_keeps_c_in_flight():

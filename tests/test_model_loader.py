@@ -1,4 +1,4 @@
-"""reference_server.model_loader with a local Hugging Face folder: loaded offline, without asking the
+"""reference_server.engine.model_loader with a local Hugging Face folder: loaded offline, without asking the
 hub anything, and without changing the environment the process's later children inherit."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import threading
 import pytest
 
 from phaselens.integrations.vllm.tiny_model import save_tiny_llama
-from phaselens.reference_server.model_loader import load, load_tokenizer
+from phaselens.reference_server.engine.model_loader import load, load_tokenizer
 
 # Loads the folder (the hub pointed at the test's counting server); prints the names it loaded.
 _LOAD = textwrap.dedent(
     """
     import sys
-    from phaselens.reference_server.model_loader import load, load_tokenizer
+    from phaselens.reference_server.engine.model_loader import load, load_tokenizer
     loaded = load(sys.argv[1], "float32", "cpu")
     _, _, name = load_tokenizer(sys.argv[1])
     print(name, loaded.name)

@@ -12,9 +12,9 @@ import pytest
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from phaselens.analysis import queries
-from phaselens.analysis.budget import budget
-from phaselens.analysis.schema import rust_duration_ms
+from phaselens.analysis import queries as queries
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.schema.schema import rust_duration_ms
 from phaselens.collectors.service import Collector
 from phaselens.common.process import LOOPBACK
 from phaselens.instrumentation import names as n

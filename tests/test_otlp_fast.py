@@ -673,12 +673,14 @@ def test_configure_picks_the_fast_backend_only_for_otlp_alone(monkeypatch):
 
 class ScriptedReceiver:
     """A loopback OTLP/HTTP endpoint answering each POST with the next status of `statuses` (then
-    200), after `delay_s`; it keeps each request's headers and body."""
+    200), after `delay_s` or at close(), whichever comes first; it keeps each request's headers and
+    body."""
 
     def __init__(self, statuses: list[int], delay_s: float = 0.0) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.requests: list[tuple[dict, bytes]] = []
+        self.released = threading.Event()  # close() answers a delayed request at once: nobody waits it out
         receiver, statuses = self, list(statuses)
 
         class Handler(BaseHTTPRequestHandler):
@@ -687,7 +689,7 @@ class ScriptedReceiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                time.sleep(delay_s)
+                receiver.released.wait(delay_s)
                 status = statuses.pop(0) if statuses else 200
                 self.send_response(status)
                 self.send_header("content-length", "0")
@@ -701,6 +703,7 @@ class ScriptedReceiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -745,10 +748,13 @@ def test_http_export_fails_on_a_4xx_and_within_the_exporters_timeout(monkeypatch
     refused = ScriptedReceiver([400])
     assert export_one(monkeypatch, refused).counts.failed == 1 and len(refused.requests) == 1  # not retried
     refused.close()
-    slow = ScriptedReceiver([], delay_s=3.0)
+    # the reply would come a minute later: a failure within 5 timeouts is the exporter's own timeout
+    # (its retries share that deadline), far from both a loaded machine's delay and the reply
+    timeout_s = 1.0
+    slow = ScriptedReceiver([], delay_s=60.0)
     started = time.monotonic()
-    processor = export_one(monkeypatch, slow, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="0.5")
-    assert processor.counts.failed == 1 and time.monotonic() - started < 2.5
+    processor = export_one(monkeypatch, slow, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT=str(timeout_s))
+    assert processor.counts.failed == 1 and time.monotonic() - started < 5 * timeout_s
     slow.close()
 
 

@@ -81,12 +81,12 @@ def test_wheel_holds_only_the_phaselens_namespace(wheel):
     assert tops == {"phaselens", next(t for t in tops if t.endswith(".dist-info"))}
     for expected in (
         "phaselens/instrumentation/server/telemetry.py",
-        "phaselens/reference_server/engine.py",
+        "phaselens/reference_server/engine/engine.py",
         "phaselens/loadgen/runner.py",
         "phaselens/collectors/otelcol.yaml",
         "phaselens/storage/embedded.py",
         "phaselens/common/quantile.py",
-        "phaselens/analysis/report_assets/template.html",
+        "phaselens/analysis/report/report_assets/template.html",
         "phaselens/dashboards/generated/phaselens-latency-budget.json",
         "phaselens/commands/demo.py",
     ):

@@ -14,9 +14,9 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from phaselens.analysis import span_models
-from phaselens.analysis.pd_budget import pd_budget
-from phaselens.analysis.pd_schema import PD_COLUMN_NAMES
+from phaselens.analysis.budget.pd_budget import pd_budget
+from phaselens.analysis.schema import span_models
+from phaselens.analysis.schema.pd_schema import PD_COLUMN_NAMES
 from phaselens.instrumentation import names as n
 from tests.analysis_fixtures import client
 from tests.native_pd_spans import DynamoPdWorker, dynamo_worker

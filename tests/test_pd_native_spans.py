@@ -14,8 +14,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from phaselens.analysis.pd_budget import pd_budget
-from phaselens.analysis.pd_schema import PD_COLUMN_NAMES
+from phaselens.analysis.budget.pd_budget import pd_budget
+from phaselens.analysis.schema.pd_schema import PD_COLUMN_NAMES
 from phaselens.collectors.service import Collector
 from phaselens.common.process import LOOPBACK
 from phaselens.instrumentation import names as n

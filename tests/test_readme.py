@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselens.analysis import cookbook
+from phaselens.analysis.sql import cookbook
 from phaselens.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_readme_servers_table_says_live_or_built_spans_per_row():
     [
         ("SGLang", "built spans"),
         ("TGI", "built spans"),
-        ("Dynamo", "built spans"),
+        ("Dynamo", "live"),
         ("vLLM, native", "live"),
         ("vLLM with the phaselens plugin", "live"),
     ],

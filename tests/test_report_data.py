@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from phaselens import cli
-from phaselens.analysis import report as R
-from phaselens.analysis import report_page as P
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.report import report as R
+from phaselens.analysis.report import report_page as P
 from phaselens.instrumentation import names as n
 from tests import spangen
 from tests.analysis_fixtures import loaded
@@ -93,7 +93,7 @@ def test_report_command_writes_the_page(run, clickhouse, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     html = out.read_text()
     assert "60 requests (54 with a client view by phaselens, 60 with a server view)" in html
-    assert "goodput (TTFT ≤ 40 ms · TPOT ≤ 20 ms)" in html and html.count("<svg") >= 8
+    assert "SLO ttft ≤ 40 ms, tpot ≤ 20 ms;" in html and html.count("<svg") >= 8
     assert "r.html" in capsys.readouterr().out
 
 

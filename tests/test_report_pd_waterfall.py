@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from phaselens.analysis import report_data as D
-from phaselens.analysis import report_page as P
-from phaselens.analysis.report_waterfall import HOP_COLOR, KV_COLOR
+from phaselens.analysis.report import report_data as D
+from phaselens.analysis.report import report_page as P
+from phaselens.analysis.report.report_waterfall import HOP_COLOR, KV_COLOR
 from phaselens.instrumentation import names as n
 
 MS = 1_000_000

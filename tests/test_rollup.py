@@ -1,6 +1,6 @@
-"""The budget rollups (analysis/rollup.py) against the exact per-request path: spans with known
+"""The budget rollups (analysis/rollup/rollup.py) against the exact per-request path: spans with known
 durations through the real OTLP exporter and collector into the embedded ClickHouse; the rollup's
-figures agree with the exact ones within the error analysis/sketch.py states, a request counts once
+figures agree with the exact ones within the error analysis/queries/sketch.py states, a request counts once
 however its spans are split over inserts, and the refreshable views fill the rollup on their own."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from phaselens.analysis import budget as B
 from phaselens.analysis import queries as Q
-from phaselens.analysis import rollup, sketch
-from phaselens.analysis import schema as S
+from phaselens.analysis.budget import latency_budget as B
+from phaselens.analysis.queries import sketch
+from phaselens.analysis.rollup import rollup
+from phaselens.analysis.schema import schema as S
 from phaselens.collectors import schema as CS
 from phaselens.common.slo import SLO
 from phaselens.faults.parts import wait_until
@@ -242,5 +243,5 @@ def test_every_term_has_a_stored_position():
     names = [name for name, _ in Q.ROLLUP_TERMS]
     assert len(set(Q.ROLLUP_POSITIONS)) == len(Q.ROLLUP_POSITIONS)
     assert not set(names) - set(Q.ROLLUP_POSITIONS), (
-        "give the new term the next free rollup position (analysis/terms.py, or queries._SERIES_POSITIONS)"
+        "give the new term the next free rollup position (analysis/terms.py, or queries/rollups.py _SERIES_POSITIONS)"
     )

@@ -1,5 +1,5 @@
 """Imported client views in the default (rollup) budget: `phaselens import` recomputes the sealed
-minutes of its requests (analysis/rollup_backfill.py), or leaves a request not sealed yet to the
+minutes of its requests (analysis/rollup/rollup_backfill.py), or leaves a request not sealed yet to the
 sealing pass, which then seals it with its view. Real server spans through OTLP and the collector
 into the embedded ClickHouse, the import through the collector's renderer and sink; the sealing
 views are stopped and the tests seal (`rollup.seal_now`) where the order matters."""
@@ -12,12 +12,13 @@ import time
 import pytest
 
 from phaselens.analysis import queries as Q
-from phaselens.analysis import rollup, rollup_backfill, sketch, step_rollup
-from phaselens.analysis import schema as S
-from phaselens.analysis.budget import BudgetReport, budget
-from phaselens.analysis.harness_import import import_run, lookup
-from phaselens.analysis.harness_records import ClientRecord, HarnessRun
-from phaselens.analysis.id_batches import slices
+from phaselens.analysis.budget.latency_budget import BudgetReport, budget
+from phaselens.analysis.harness.harness_import import import_run, lookup
+from phaselens.analysis.harness.harness_records import ClientRecord, HarnessRun
+from phaselens.analysis.queries import sketch
+from phaselens.analysis.queries.id_batches import slices
+from phaselens.analysis.rollup import rollup, rollup_backfill, step_rollup
+from phaselens.analysis.schema import schema as S
 from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.service import Collector
 from phaselens.commands import rollup as rollup_command

@@ -20,9 +20,9 @@ import time
 import grpc
 import pytest
 
-from phaselens.analysis.budget import budget
-from phaselens.analysis.ddl import all_statements
-from phaselens.analysis.schema import json_first_string, json_int_array
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.schema.schema import json_first_string, json_int_array
+from phaselens.analysis.sql.ddl import all_statements
 from phaselens.collectors import schema
 from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.collectors.service import Collector

@@ -17,10 +17,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from phaselens.instrumentation import names
-from phaselens.reference_server.pd_protocol import PROTOCOL_VLLM
-from phaselens.reference_server.pd_spans import PdSpans
-from phaselens.reference_server.router import Router
-from phaselens.reference_server.router_spans import RouterSpans
+from phaselens.instrumentation.pipeline import StampedSpans
+from phaselens.reference_server.pd.pd_protocol import PROTOCOL_VLLM
+from phaselens.reference_server.pd.router import Router
+from phaselens.reference_server.pd.router_spans import RouterSpans
 
 KV_PARAMS = {"remote_engine_id": "e1", "remote_block_ids": [3, 4], "remote_host": "127.0.0.1", "remote_port": 5600}
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -73,8 +73,8 @@ def _route(prefill: Instance, decode: Instance, headers: dict[str, str]) -> tupl
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    spans = PdSpans(provider)
-    router = Router([prefill.url], [decode.url], RouterSpans(spans, provider), pd_protocol=PROTOCOL_VLLM)
+    spans = StampedSpans(provider)
+    router = Router([prefill.url], [decode.url], RouterSpans(spans), pd_protocol=PROTOCOL_VLLM)
     body = {
         "model": "tiny",
         "prompt": "the queue",

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from phaselens.analysis import rollup
+from phaselens.analysis.rollup import rollup
 from phaselens.collectors import schema
 from phaselens.commands import schema as schema_command
 

@@ -20,7 +20,7 @@ from server_fixtures import LiveServer, make_engine
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
-from phaselens.reference_server.api import ApiSettings
+from phaselens.reference_server.serving.api import ApiSettings
 
 TOKEN = "s3cret"
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from phaselens.common.exposure import authorized, check_exposure
-from phaselens.reference_server.config import EngineConfig
+from phaselens.reference_server.engine.config import EngineConfig
 
 
 def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
@@ -80,7 +80,7 @@ def _complete(url: str, model: str) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> str:
-    from phaselens.reference_server.model_loader import build_tiny
+    from phaselens.reference_server.engine.model_loader import build_tiny
 
     folder = tmp_path_factory.mktemp("models") / "tiny-llama"
     tiny = build_tiny()
@@ -145,7 +145,7 @@ def test_bad_engine_flags_are_refused():
 def test_accepted_connections_have_tcp_nodelay():
     """asyncio sets TCP_NODELAY only on sockets whose proto says TCP; without it a streamed
     response's first chunk after a keep-alive request waited ~40 ms for the client's delayed ACK."""
-    from phaselens.reference_server.process import bind
+    from phaselens.reference_server.serve import bind
 
     async def accepted_nodelay() -> int:
         seen = asyncio.get_running_loop().create_future()

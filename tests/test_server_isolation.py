@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from server_fixtures import Collected, LiveServer, greedy, make_engine, reference_greedy, run_until_idle
 
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR, NULL_REQUEST
-from phaselens.reference_server import Engine, EngineConfig, SamplingParams, SeqOutput, model_loader
-from phaselens.reference_server.api import ApiSettings
-from phaselens.reference_server.detokenizer import decode_bytes
-from phaselens.reference_server.engine_client import EngineClient
-from phaselens.reference_server.model_runner import ModelRunner
+from phaselens.reference_server import Engine, EngineConfig, SamplingParams, SeqOutput
+from phaselens.reference_server.engine import model_loader
+from phaselens.reference_server.engine.detokenizer import decode_bytes
+from phaselens.reference_server.engine.model_runner import ModelRunner
+from phaselens.reference_server.process.engine_client import EngineClient
+from phaselens.reference_server.serving.api import ApiSettings
 
 FAULT_ID = 0  # the pad id: never sampled (suppressed), so only a prompt carries it to the forward
 GOOD_TOKENS = 40

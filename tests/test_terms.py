@@ -11,8 +11,11 @@ import sys
 import pytest
 from source_tree import ROOT
 
-from phaselens.analysis import pd_queries, pd_schema, report_page, schema, terms
 from phaselens.analysis import queries as q
+from phaselens.analysis import terms
+from phaselens.analysis.queries import pd_queries
+from phaselens.analysis.report import report_page
+from phaselens.analysis.schema import pd_schema, schema
 
 # The rollups' array positions as sealed rows hold them (append-only: a new series goes at the end).
 ROLLUP_ORDER = (
@@ -135,7 +138,10 @@ fake = terms.Term("warmup_ms", "warm-up", "#123456", "server", "`x`", "ifNull(in
                   rollup_position=44, pd_position=21)
 terms.DECLARED = (*terms.DECLARED, fake)
 terms.REGISTRY = terms.Registry(terms.DECLARED)
-from phaselens.analysis import cookbook, pd_queries, queries, report_page
+from phaselens.analysis.sql import cookbook
+from phaselens.analysis import queries
+from phaselens.analysis.queries import pd_queries
+from phaselens.analysis.report import report_page
 from phaselens.dashboards import generate
 dashboards = json.dumps(generate.dashboards("otel"))
 print(json.dumps({

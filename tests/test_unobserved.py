@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from phaselens.analysis import cookbook, queries, sql_files
+from phaselens.analysis import queries as queries
+from phaselens.analysis.sql import cookbook, sql_files
 from phaselens.commands import budget as budget_command
 from phaselens.dashboards import generate
 from tests import spangen

@@ -2,8 +2,8 @@
 → budget rows, the plugin's span tree and step links, and a vLLM the plugin does not know.
 
 vLLM runs from its own virtualenv (`./setup.sh --vllm` makes `.venv-vllm`; or $PHASELENS_VLLM_PYTHON):
-these tests are skipped, saying so, only when there is none. Two vLLM servers start, one after the
-other (~45 s each on two cores, ~3 GB); each serves one bounded `phaselens bench` run.
+these tests are skipped, saying so, only when there is none. Two vLLM servers start at once (~45 s
+each alone on two cores, ~3 GB each); each serves one bounded `phaselens bench` run, then stops.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import clickhouse_connect
 import pytest
 
-from phaselens.analysis import ddl
-from phaselens.analysis import schema as analysis_schema
-from phaselens.analysis.budget import budget
+from phaselens.analysis.budget.latency_budget import budget
+from phaselens.analysis.schema import schema as analysis_schema
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.service import Collector
 from phaselens.common.process import LOOPBACK
@@ -33,10 +33,15 @@ from tests.cli_fixtures import bench_argv
 from tests.source_tree import ROOT
 
 VLLM_PYTHON = default_python(ROOT)
-pytestmark = pytest.mark.skipif(
-    VLLM_PYTHON is None,
-    reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        VLLM_PYTHON is None,
+        reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
+    ),
+    # the first test's setup starts both servers: two start-ups' worth of pytest's 300 s (at load 36
+    # here the two at once took longer than 300 s)
+    pytest.mark.timeout(600),
+]
 REQUESTS, OUTPUT_TOKENS, PROMPT_TOKENS = 16, 16, 40
 UNKNOWN_RANGE = ">=0.31,<0.32"  # a supported range that excludes the installed 0.32
 PHASE_TREE = [
@@ -96,31 +101,66 @@ def _bench(url: str, model_dir: Path, endpoint: str, out: Path, *args: str) -> l
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def _serve_and_bench(
-    tmp: Path,
-    model_dir: Path,
-    endpoint: str,
-    env: dict[str, str],
-    input_len: str,
-    then: tuple[str, ...] = (),
-    middleware: tuple[str, ...] = (),
-) -> tuple[list[dict], str, list[dict]]:
-    """Start vLLM (tracing to the collector), run one bounded bench against it (then, when given,
-    a second one with the arguments `then`, and a third plain one so that vLLM steps on), stop it;
-    returns the first bench's per-request lines, vLLM's log and the second bench's lines."""
-    # room for the abandoned requests' long generations (the tiny model has 2,048 positions)
-    server = VllmServer(
+def _server(tmp: Path, model_dir: Path, endpoint: str, env: dict[str, str], middleware: tuple[str, ...] = ()):
+    """A vLLM tracing to the collector, not started yet."""
+    return VllmServer(
         VLLM_PYTHON,
         model_dir,
         tmp / "vllm.log",
         otlp_endpoint=endpoint,
         env={**_otel_env(endpoint, "vllm"), **env},
-        max_model_len=2048,
+        max_model_len=2048,  # room for the abandoned requests' long generations (the tiny model's 2,048 positions)
         middleware=middleware,
     )
+
+
+@pytest.fixture(scope="module")
+def servers(pipeline, model_dir, tmp_path_factory):
+    """Both vLLM servers, started at once (their start-up is most of the module's time); each run's
+    fixture stops its own server once its load is done."""
+    _db, _client, endpoint = pipeline
+    made = {
+        # the plugin installed and allowed (VLLM_PLUGINS unset) but told 0.32 is unknown
+        "native": _server(
+            tmp_path_factory.mktemp("native"), model_dir, endpoint, {"PHASELENS_VLLM_SUPPORTED": UNKNOWN_RANGE}
+        ),
+        "plugin": _server(
+            tmp_path_factory.mktemp("plugin"), model_dir, endpoint, {"VLLM_PLUGINS": "phaselens"}, (MIDDLEWARE_PATH,)
+        ),
+    }
+    try:
+        # spawned from this thread: a child's PDEATHSIG follows the thread that forked it, not the process
+        for server in made.values():
+            server.spawn()
+        for server in made.values():
+            _wait_ready(server)
+        yield made
+    finally:
+        for server in made.values():
+            server.stop()
+
+
+def _wait_ready(server: VllmServer) -> None:
+    """Until it serves; a vLLM whose picked port another process took first starts again on fresh ones."""
+    try:
+        server.wait_ready(240)
+    except RuntimeError:
+        if not server.lost_port():
+            raise
+        server.port = 0
+        server.start()
+
+
+def _bench_and_stop(
+    server: VllmServer, model_dir: Path, endpoint: str, input_len: str, then: tuple[str, ...] = ()
+) -> tuple[list[dict], str, list[dict]]:
+    """One bounded bench against a started vLLM (then, when given, a second one with the arguments
+    `then`, and a third plain one so that vLLM steps on), then stop it; returns the first bench's
+    per-request lines, vLLM's log and the second bench's lines."""
+    tmp = server.log_path.parent
     common = ("--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--timeout", "60")
     second: list[dict] = []
-    with server:
+    try:
         results = _bench(server.url, model_dir, endpoint, tmp / "requests.jsonl", "--requests", str(REQUESTS), *common)
         if then:
             second = _bench(server.url, model_dir, endpoint, tmp / "then.jsonl", *then)
@@ -138,6 +178,8 @@ def _serve_and_bench(
                 "--ignore-eos",
             )
         time.sleep(0.5)  # vLLM's and phaselens's batch processors export every 0.1 s
+    finally:
+        server.stop()
     return results, server.log_tail(200_000), second
 
 
@@ -156,32 +198,23 @@ def _wait_requests(client, db: str, trace_ids: list[str], where: str, timeout_s:
 
 
 @pytest.fixture(scope="module")
-def unknown_version_run(pipeline, model_dir, tmp_path_factory):
-    """vLLM with the plugin installed and allowed (VLLM_PLUGINS unset) but told 0.32 is unknown."""
+def unknown_version_run(pipeline, model_dir, servers):
     _db, _client, endpoint = pipeline
-    results, log, _ = _serve_and_bench(
-        tmp_path_factory.mktemp("native"),
-        model_dir,
-        endpoint,
-        {"PHASELENS_VLLM_SUPPORTED": UNKNOWN_RANGE},
-        "uniform:16:64",
-    )
+    results, log, _ = _bench_and_stop(servers["native"], model_dir, endpoint, "uniform:16:64")
     return results, log
 
 
 @pytest.fixture(scope="module")
-def plugin_run(pipeline, model_dir, tmp_path_factory):
+def plugin_run(pipeline, model_dir, servers):
     _db, _client, endpoint = pipeline
     # then: two requests whose client gives up mid-decode (vLLM aborts them, never finishing them):
     # 2,000 tokens, so vLLM cannot finish them before it sees the closed connection
-    return _serve_and_bench(
-        tmp_path_factory.mktemp("plugin"),
+    return _bench_and_stop(
+        servers["plugin"],
         model_dir,
         endpoint,
-        {"VLLM_PLUGINS": "phaselens"},
         str(PROMPT_TOKENS),
         then=("--requests", "2", "--input-len", "16", "--output-len", "2000", "--ignore-eos", "--timeout", "0.5"),
-        middleware=(MIDDLEWARE_PATH,),
     )
 
 

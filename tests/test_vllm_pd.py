@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from phaselens.analysis.pd_schema import PD_TERMS
+from phaselens.analysis.schema.pd_schema import PD_TERMS
 from phaselens.integrations.vllm.launcher import default_python
 from phaselens.integrations.vllm.pd import VllmInstances
 from phaselens.integrations.vllm.tiny_model import save_tiny_llama

@@ -48,6 +48,7 @@ from phaselens.instrumentation import names as N
 from phaselens.instrumentation.client.sse import DONE, SSEError, SSEParser
 from phaselens.instrumentation.client.transport import RECEIPTS, StreamingTransport
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
+from phaselens.instrumentation.pipeline.sampling import TailRule, head_sampled, propagated
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 OPERATIONS = {"completions": N.OP_TEXT_COMPLETION, "chat": N.OP_CHAT}
@@ -282,6 +283,7 @@ class TracedClient:
         keep_text: bool = False,
         clock_ns: MonoClock = perf_counter_ts,
         ssl_context: ssl.SSLContext | None = None,  # https:// servers (None: the system's trust store)
+        tail: TailRule | None = None,  # None: from PHASELENS_TAIL_SLO (sampling.TailRule.from_env)
     ):
         base = base_url.rstrip("/").removesuffix("/v1")
         parts = urlsplit(base)
@@ -291,6 +293,7 @@ class TracedClient:
         self.token_counter = token_counter
         self.provider_name = provider_name
         self.keep_text = keep_text
+        self._tail = TailRule.from_env() if tail is None else tail
         self._clock_ns = clock_ns
         self._anchor = ClockAnchor.capture(mono_clock=clock_ns)  # wall time of this client's own clock
         self._tracer = trace.get_tracer("phaselens.client", tracer_provider=tracer_provider)
@@ -344,7 +347,9 @@ class TracedClient:
         if ctx.is_valid:
             result.trace_id, result.span_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
         headers = {"content-type": "application/json"}
-        propagate.inject(headers, context=trace.set_span_in_context(span))
+        head = head_sampled(span)
+        propagate.inject(headers, context=trace.set_span_in_context(propagated(span)))
+        _sampled_flag_only(headers)
         reader = _ChunkReader(result, self.token_counter, capture or self.keep_text)
         cancelled = None
         try:
@@ -355,7 +360,7 @@ class TracedClient:
             cancelled = exc if isinstance(exc, asyncio.CancelledError) else None
         result.done_ts = self._clock_ns()
         compute_metrics(result)
-        self._end_span(span, result, capture)
+        self._end_span(span, result, capture, head)
         self._record_duration(result)
         if cancelled is not None:
             raise cancelled
@@ -428,14 +433,23 @@ class TracedClient:
             attrs[N.GEN_AI_INPUT_MESSAGES] = json.dumps(body.get("messages", body.get("prompt")))
         return attrs
 
-    def _end_span(self, span: trace.Span, result: StreamResult, capture: bool) -> None:
+    def _end_span(self, span: trace.Span, result: StreamResult, capture: bool, head: bool) -> None:
+        """The span's attributes (its compact record); its events only where its tree is kept
+        (`sampling.TailRule.full`: head-sampled, failed, or over the tail threshold)."""
         result.sent_wall_ts = self._anchor.to_wall_ts(result.sent_ts)
         result.done_wall_ts = self._anchor.to_wall_ts(result.done_ts)
-        for name, stamp in (
-            (N.EVENT_FIRST_CHUNK, result.first_chunk_ts),
-            (N.EVENT_FIRST_OUTPUT, result.first_output_ts),
-            (N.EVENT_LAST_CHUNK, result.last_chunk_ts),
-        ):
+        full = self._tail.full(head, result.error_type is not None, result.ttft_ms, result.tpot_ms)
+        span.set_attribute(N.PL_TRACE_FULL, full)
+        kept = (
+            ()
+            if full == N.TRACE_FULL_NONE
+            else (
+                (N.EVENT_FIRST_CHUNK, result.first_chunk_ts),
+                (N.EVENT_FIRST_OUTPUT, result.first_output_ts),
+                (N.EVENT_LAST_CHUNK, result.last_chunk_ts),
+            )
+        )
+        for name, stamp in kept:
             if stamp is not None:
                 span.add_event(name, timestamp=self._anchor.to_wall_ts(stamp))
         span.set_attributes(_result_attributes(result))
@@ -495,6 +509,15 @@ async def _read_bounded(response: httpx.Response) -> bytes:
         if len(body) >= _MAX_ERROR_BODY:
             break
     return body[:_MAX_ERROR_BODY]
+
+
+def _sampled_flag_only(headers: dict[str, str]) -> None:
+    """Send W3C Trace Context level 1 flags: the sampled bit alone (`01` or `00`). The SDK also sets
+    level 2's random-trace-id bit (`03`), which strict propagators refuse whole (Dynamo 1.6.1's
+    Rust frontend then starts a trace of its own and no request joins its client span)."""
+    value = headers.get("traceparent")
+    if value is not None and len(value) == 55:
+        headers["traceparent"] = f"{value[:53]}{int(value[53:], 16) & 1:02x}"
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:

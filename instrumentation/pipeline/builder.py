@@ -2,8 +2,9 @@
 
 `SpanBuilder.build(record)` runs on the thread of whichever sink feeds it (`sink.ThreadSink` in the
 serving process, the span-builder process behind `shipper.ProcessSink`): phases from the frozen
-timeline, the GenAI histograms (every request, sampled or not), and for a sampled request its
-spans, described once (`spans.SpanData`) and handed to a backend: SDK ReadableSpans for the
+timeline, the GenAI histograms (every request, sampled or not), and its spans, described once
+(`spans.SpanData`): the full tree where `sampling.TailRule` keeps it (the head sampler's decision,
+or the tail rule's), else the request's compact record alone; both handed to a backend: SDK ReadableSpans for the
 provider's processors (`emitter.SpanEmitter`), or OTLP bytes for phaselens's own export
 (`otlp_fast.FastEmitter`, where phaselens owns the provider). A failure while
 building is counted, never raised. `counters()` also reads the export counts of the provider the
@@ -15,16 +16,29 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from opentelemetry.trace import TraceFlags
+
+from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import Record, RequestRecord
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.otel_setup import export_counters
-from phaselens.instrumentation.pipeline.phases import compute_phases
-from phaselens.instrumentation.pipeline.spans import PackedStep, SpanBackend
+from phaselens.instrumentation.pipeline.phases import Phases, compute_phases
+from phaselens.instrumentation.pipeline.sampling import TailRule
+from phaselens.instrumentation.pipeline.spans import (
+    NS_PER_MS,
+    PackedStep,
+    SpanBackend,
+    compact_span,
+    error_type,
+    output_tokens,
+    tpot_ns,
+)
 
 _logger = logging.getLogger(__name__)
+SAMPLED = int(TraceFlags.SAMPLED)
 
-COUNTERS = ("requests_built", "requests_unsampled", "steps_built", "steps_unsampled", "build_errors")
+COUNTERS = ("requests_built", "requests_unsampled", "requests_tail", "steps_built", "steps_unsampled", "build_errors")
 
 
 class SpanBuilder:
@@ -37,8 +51,10 @@ class SpanBuilder:
         anchor: ClockAnchor,
         tracer_provider: Any,
         token_events: bool,
+        tail: TailRule | None = None,
     ) -> None:
         self._emitter = emitter  # None: nothing to emit to, every record is unsampled
+        self._tail = TailRule.from_env() if tail is None else tail
         self._metrics = metrics
         self._anchor = anchor
         self._tracer_provider = tracer_provider
@@ -57,13 +73,28 @@ class SpanBuilder:
             phases = compute_phases(record)
             self._metrics.record(record, phases)
             emitter = self._emitter
-            if not record.sampled or emitter is None:
+            if emitter is None:
                 self._counts["requests_unsampled"] += 1
                 return
-            emitter.emit_request(self._anchor, record, phases, self._token_events)
+            full = self._full(record, phases)
+            if not record.sampled:  # exported all the same: as the compact record, or kept by the tail rule
+                record = record._replace(root=record.root._replace(trace_flags=record.root.trace_flags | SAMPLED))
+            if full == names.TRACE_FULL_NONE:
+                emitter.emit_data((compact_span(self._anchor, record, phases),))
+                self._counts["requests_unsampled"] += 1
+                return
+            emitter.emit_request(self._anchor, record, phases, self._token_events, full)
             self._counts["requests_built"] += 1
+            self._counts["requests_tail"] += full != names.TRACE_FULL_HEAD
         except Exception:  # noqa: BLE001 — telemetry must never take the server down; counted, the first logged
             self._failed()
+
+    def _full(self, record: RequestRecord, phases: Phases) -> str:
+        """Why the request keeps its full tree (`sampling.TailRule.full`), from the server's own TTFT and TPOT."""
+        ttft_ms = phases.ttft_ns / NS_PER_MS if phases.first_token_ts else None
+        tpot = tpot_ns(phases, output_tokens(record, phases))
+        tpot_ms = None if tpot is None else tpot / NS_PER_MS
+        return self._tail.full(record.sampled, error_type(record) is not None, ttft_ms, tpot_ms)
 
     def build_step(self, step: PackedStep) -> None:
         """`build` for a step, from the thread sink or from the span-builder process's pipe."""

@@ -27,8 +27,9 @@ class Counters:
     queued: int = 0  # records waiting in the hand-off now
     requests_pending: int = 0  # closed, waiting for the engine to let go of them
     # the span builder
-    requests_built: int = 0
-    requests_unsampled: int = 0
+    requests_built: int = 0  # with their full tree
+    requests_unsampled: int = 0  # their compact record alone (pipeline/sampling.py)
+    requests_tail: int = 0  # of requests_built: kept by the tail rule, not the head sampler
     steps_built: int = 0
     steps_unsampled: int = 0
     spans_built: int = 0

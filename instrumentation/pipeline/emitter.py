@@ -151,9 +151,16 @@ class SpanEmitter:
         """The described spans as ReadableSpans to the processors, in order (the builder's backend call)."""
         self.emit(map(self.readable, spans))
 
-    def emit_request(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool) -> None:
+    def emit_request(
+        self,
+        anchor: ClockAnchor,
+        record: RequestRecord,
+        phases: Phases,
+        token_events: bool,
+        full: str = names.TRACE_FULL_HEAD,
+    ) -> None:
         """A sampled request's spans, described and emitted."""
-        emit_request_spans(self, anchor, record, phases, token_events)
+        emit_request_spans(self, anchor, record, phases, token_events, full)
 
     def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool:
         """An engine step's span, described and emitted; False when it is not built."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -48,8 +48,11 @@ from phaselens.instrumentation.pipeline.otlp_fast import (
     bytes_exporter,
     request_encoder,
 )
+from phaselens.instrumentation.pipeline.sampling import check_sampler_env
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor, ExportCounts
 from phaselens.instrumentation.pipeline.spans import SpanBackend
+
+RESOURCE_ATTRIBUTES_ENV = "OTEL_RESOURCE_ATTRIBUTES"
 
 T = TypeVar("T")
 
@@ -235,7 +238,9 @@ def configure(
     OTEL_TRACES_SAMPLER names; `id_generator` the SDK's random one. `encoded_spans`: the caller
     emits through `span_backend()` alone (nothing else uses the tracer provider, whose processors
     the fast backend skips), so the fast backend may export, and the GenAI histograms may be
-    aggregated by the readers (`Providers.histogram_readers`)."""
+    aggregated by the readers (`Providers.histogram_readers`). ValueError when OTEL_TRACES_SAMPLER_ARG
+    is not a ratio (`sampling.check_sampler_env`)."""
+    check_sampler_env()
     resource = make_resource(service_name)
     tracer_provider = TracerProvider(resource=resource, sampler=sampler, id_generator=id_generator)
     encoded = _encoded_processors(tracer_provider) if encoded_spans else []
@@ -250,3 +255,12 @@ def configure(
         metrics.set_meter_provider(meter_provider)
     histogram_readers = cast("list[HistogramReader]", readers) if owned and histogram_readers_usable(readers) else None
     return Providers(tracer_provider, meter_provider, encoded, histogram_readers)
+
+
+def tag_pd_resource(env: MutableMapping[str, str], role: str, url: str) -> None:
+    """Tag a disaggregated-serving process's spans with its role and URL (`phaselens.pd.role`,
+    `phaselens.pd.instance`): appended to OTEL_RESOURCE_ATTRIBUTES in `env` (os.environ, or a child's
+    environment), which every OTel SDK process reads, the span-builder child too."""
+    ours = f"{names.PL_PD_ROLE}={role},{names.PL_PD_INSTANCE}={url}"
+    given = env.get(RESOURCE_ATTRIBUTES_ENV, "")
+    env[RESOURCE_ATTRIBUTES_ENV] = f"{given},{ours}" if given else ours

@@ -121,13 +121,20 @@ class FastEmitter:
             for processor in self.processors:
                 processor.offer(encoded)
 
-    def emit_request(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool) -> None:
+    def emit_request(
+        self,
+        anchor: ClockAnchor,
+        record: RequestRecord,
+        phases: Phases,
+        token_events: bool,
+        full: str = names.TRACE_FULL_HEAD,
+    ) -> None:
         """A sampled request's phase spans encoded straight from its phases (`encode_phases`: the
         bytes of `request_spans`'s descriptions, ids drawn in its order), then its SERVER span
         described and encoded; no sampler is asked (the root's decision, taken at receipt, holds
         for the whole tree). An unsampled root (its spans counted, not exported) is described."""
         if not record.root.trace_flags & 1:
-            emit_request_spans(self, anchor, record, phases, token_events)
+            emit_request_spans(self, anchor, record, phases, token_events, full)
             return
         decode = decode_description(anchor, record, phases, token_events) if phases.first_token_ts else None
         encoded = encode_phases(
@@ -143,7 +150,8 @@ class FastEmitter:
             PHASE_KEYS,
             self.limits,
         )
-        encoded += encode_spans((*kv_spans(self.ids, anchor, record), root_span(anchor, record, phases)), self.limits)
+        root = root_span(anchor, record, phases, full)
+        encoded += encode_spans((*kv_spans(self.ids, anchor, record), root), self.limits)
         self.emitted += len(encoded)
         for processor in self.processors:
             processor.offer(encoded)

@@ -343,7 +343,9 @@ class SpanBackend(Protocol):
 
     def emit_data(self, spans: Sequence[SpanData]) -> None: ...
     def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool: ...  # False: not built (unsampled)
-    def emit_request(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool) -> None: ...
+    def emit_request(
+        self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool, full: str = ...
+    ) -> None: ...
 
 
 _new_tuple = tuple.__new__  # SpanData from all its fields: no NamedTuple __new__ frame (~2k instructions a span)
@@ -423,9 +425,15 @@ def _token_events(anchor: ClockAnchor, record: RequestRecord) -> tuple[Event, ..
 
 
 def request_spans(
-    ids: IdGenerator, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool
+    ids: IdGenerator,
+    anchor: ClockAnchor,
+    record: RequestRecord,
+    phases: Phases,
+    token_events: bool,
+    full: str = names.TRACE_FULL_HEAD,
 ) -> list[SpanData]:
-    """The spans of one sampled request: phase spans, then the SERVER span (docs/span-model.md)."""
+    """The spans of one sampled request: phase spans, then the SERVER span (docs/span-model.md);
+    `full` why its tree is kept (`sampling.TailRule.full`)."""
     tree = _Tree(ids, anchor, record)
     # rejected before reaching the engine: the whole request was ingress
     tree.leaf(names.SPAN_INGRESS, phases.received_ts, phases.enqueued_ts or phases.end_ts)
@@ -447,7 +455,7 @@ def request_spans(
         attributes, events = decode_description(anchor, record, phases, token_events)
         tree.leaf(names.SPAN_DECODE, phases.first_token_ts, phases.last_token_ts, attributes, None, decode, events)
     tree.spans += kv_spans(ids, anchor, record)
-    tree.spans.append(root_span(anchor, record, phases))
+    tree.spans.append(root_span(anchor, record, phases, full))
     return tree.spans
 
 
@@ -478,10 +486,15 @@ def decode_description(
 
 
 def emit_request_spans(
-    backend: SpanBackend, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool
+    backend: SpanBackend,
+    anchor: ClockAnchor,
+    record: RequestRecord,
+    phases: Phases,
+    token_events: bool,
+    full: str = names.TRACE_FULL_HEAD,
 ) -> None:
     """A sampled request's spans described (`request_spans`) and emitted."""
-    backend.emit_data(request_spans(backend.ids, anchor, record, phases, token_events))
+    backend.emit_data(request_spans(backend.ids, anchor, record, phases, token_events, full))
 
 
 # a request's phase spans as `_otlp_encode.encode_phases` takes them (it writes what `request_spans`
@@ -530,8 +543,18 @@ def phase_stamps(phases: Phases) -> tuple[int, ...]:
     )
 
 
-def root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> SpanData:
+def root_span(
+    anchor: ClockAnchor,
+    record: RequestRecord,
+    phases: Phases,
+    full: str = names.TRACE_FULL_HEAD,
+    summary: dict[str, Any] | None = None,
+) -> SpanData:
+    """The SERVER span: `request_attributes`, why its tree is kept (`full`) and `summary`."""
     attributes = request_attributes(record, phases, anchor)
+    attributes[names.PL_TRACE_FULL] = full
+    if summary:
+        attributes.update(summary)
     info, root, parent = record.info, record.root, record.parent
     name = names.root_span_name(info.operation, info.model) if info is not None else record.http.method or "request"
     failure = attributes.get(names.ERROR_TYPE)
@@ -555,6 +578,18 @@ def root_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> Spa
             failure or None,
         ),
     )
+
+
+def compact_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> SpanData:
+    """A request's compact record, for a request whose tree is not kept: its SERVER span alone,
+    also carrying what its llm.prefill and llm.decode would (chunks, ITL, stall), with the root's
+    flags as `record` has them (the builder marks it sampled: collectors may drop unsampled spans)."""
+    summary: dict[str, Any] = {}
+    if phases.scheduled_ts:
+        summary.update(prefill_attributes(record, phases))
+    if phases.first_token_ts:
+        summary.update(decode_attributes(phases))
+    return root_span(anchor, record, phases, names.TRACE_FULL_NONE, summary)
 
 
 # An engine step as the builder takes it: the loop's record as it is (its stats, batch size and

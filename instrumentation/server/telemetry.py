@@ -46,6 +46,7 @@ from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.counters import Counters
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
+from phaselens.instrumentation.pipeline.sampling import TailRule, check_sampler_env
 from phaselens.instrumentation.pipeline.sink import Sink, ThreadSink, wait_until
 from phaselens.instrumentation.process.process_sink import ProcessSink
 from phaselens.instrumentation.server.inbound import InboundStamps
@@ -103,6 +104,8 @@ class ServerTelemetry:
         self.capture_content = env_flag(names.ENV_CAPTURE_CONTENT) if capture_content is None else capture_content
         token_events = env_flag(names.ENV_TOKEN_EVENTS) if token_events is None else token_events
         self.builder = builder
+        check_sampler_env()  # a bad sampler or tail threshold stops the server now, not its span builder later
+        self._tail = TailRule.from_env()
         make_sink = self._process_sink if builder == BUILDER_PROCESS else self._thread_sink
         self._roots, self._sink = make_sink(service_name, token_events, queue_capacity, poll_interval_s)
         self._closer = Closer(self._sink.submit, clock_ns, int(engine_grace_s * 1e9))
@@ -120,7 +123,7 @@ class ServerTelemetry:
         emitter = SpanEmitter.of_provider(self.tracer_provider)
         roots = RootDecider(emitter.sampler, emitter.ids) if emitter else RootDecider(None, RandomIdGenerator())
         genai_metrics = GenAiServerMetrics(self.meter_provider, lambda: self.stats().drop_reasons())
-        builder = SpanBuilder(emitter, genai_metrics, self.anchor, self.tracer_provider, token_events)
+        builder = SpanBuilder(emitter, genai_metrics, self.anchor, self.tracer_provider, token_events, self._tail)
         return roots, ThreadSink(builder, capacity, poll_interval_s, self._expire)
 
     def _process_sink(

@@ -35,10 +35,17 @@ from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from phaselens.instrumentation.hotpath.kernel_stamps import enable_kernel_stamps
-from phaselens.instrumentation.server.asgi import IngressMiddleware, Message, Receive, Scope, Send
-from phaselens.instrumentation.server.inbound import InboundProtocol
-from phaselens.instrumentation.server.telemetry import SCOPE_KEY, ServerTelemetry
+from phaselens.instrumentation import ServerTelemetry
+from phaselens.instrumentation.hotpath import enable_kernel_stamps
+from phaselens.instrumentation.server import (
+    SCOPE_KEY,
+    InboundProtocol,
+    IngressMiddleware,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
 
 from .http_request import HTTP_REQUEST, MIDDLEWARE_PATH
 

@@ -58,7 +58,7 @@ def served_model_name(argv: list[str]) -> str:
 def tracker() -> VllmTracker:
     """This process's tracker and its ServerTelemetry, made on first use: only the API server
     processes outputs, so the EngineCore and workers never start a span builder."""
-    from phaselens.instrumentation.server.telemetry import ServerTelemetry
+    from phaselens.instrumentation import ServerTelemetry
 
     # vLLM put --otlp-traces-endpoint into OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and exports to it
     # over gRPC unless this variable says otherwise; phaselens's own default is http/protobuf.

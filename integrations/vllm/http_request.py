@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-from phaselens.instrumentation.hotpath.handle import ServerRequest
+from phaselens.instrumentation.hotpath import ServerRequest
 
 # the import path for vLLM's --middleware: importing that module also wraps uvicorn's HTTP protocol
 MIDDLEWARE_PATH = "phaselens.integrations.vllm.middleware.FirstChunkMiddleware"

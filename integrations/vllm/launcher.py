@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.common.pd_resource import RESOURCE_ENV, with_pd_tags
 from phaselens.common.process import LOOPBACK, free_port, on_fresh_ports
+from phaselens.instrumentation.pipeline import tag_pd_resource
 
 # vLLM binds its port before it loads the model (vllm.entrypoints.launchers.launcher.setup_server):
 # a port taken since it was picked ends that run within seconds, the OSError's text in its log.
@@ -122,7 +122,7 @@ class VllmServer:
         self.port = self.port or free_port()
         env = vllm_env({"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), **self.env})
         if self.pd_role:  # known once the port is: a retry on a fresh port tags the new URL
-            env[RESOURCE_ENV] = with_pd_tags(env.get(RESOURCE_ENV, ""), self.pd_role, self.url)
+            tag_pd_resource(env, self.pd_role, self.url)
         with open(self.log_path, "ab") as log:
             self.log_offset = log.tell()
             self.proc = subprocess.Popen(

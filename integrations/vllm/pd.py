@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from phaselens.reference_server.pd_protocol import PROTOCOL_VLLM
+from phaselens.instrumentation import names
 
 from .http_request import MIDDLEWARE_PATH
 from .launcher import DEFAULT_MODEL_NAME, VllmServer
@@ -47,7 +47,7 @@ class VllmInstances:
     kv_dir: Path
     served_name: str = DEFAULT_MODEL_NAME
     max_model_len: int = MAX_MODEL_LEN
-    protocol: str = PROTOCOL_VLLM
+    protocol: str = names.PD_PROTOCOL_VLLM
 
     def launch(self, role: str, name: str, log_dir: Path, env: dict[str, str]) -> VllmServer:
         """`env`: the stack's environment for the role; vLLM takes its OTEL_* and a clock skew's

@@ -64,27 +64,39 @@ def _tokenizer(vocab_size: int):
     return fast
 
 
-def save_tiny_llama(folder: Path, max_positions: int = 2048, seed: int = 0) -> Path:
-    """Write a random 2-layer LlamaForCausalLM (hidden 128, head dim 64: vLLM's CPU attention has no
-    kernel for head dims below 32) and its tokenizer into `folder`."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_config(vocab_size: int, bos_token_id: int, eos_token_id: int, max_positions: int = 2048):
+    """The tiny Llama's shape: 2 layers, hidden 128, head dim 64 (vLLM's CPU attention has no kernel
+    for head dims below 32). Dynamo's mocker reads it for the KV cache's size (integrations/dynamo)."""
+    from transformers import LlamaConfig
 
-    folder = Path(folder)
-    tokenizer = _tokenizer(vocab_size=384)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=2,
         max_position_embeddings=max_positions,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
         tie_word_embeddings=False,
     )
+
+
+def tiny_tokenizer():
+    """The tiny model's tokenizer, as save_tiny_llama writes it."""
+    return _tokenizer(vocab_size=384)
+
+
+def save_tiny_llama(folder: Path, max_positions: int = 2048, seed: int = 0) -> Path:
+    """Write a random LlamaForCausalLM of `tiny_config` and its tokenizer into `folder`."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    folder = Path(folder)
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(seed)
+    config = tiny_config(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, max_positions)
     LlamaForCausalLM(config).to(torch.float32).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

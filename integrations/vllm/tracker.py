@@ -32,9 +32,8 @@ import logging
 from typing import Any
 
 from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs
+from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, RequestInfo, StepStats
 from phaselens.instrumentation import names as n
-from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
-from phaselens.instrumentation.hotpath.records import RequestInfo, StepStats
 
 from .kv_timing import SAVE, records_of
 

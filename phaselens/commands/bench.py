@@ -11,6 +11,7 @@ from rich.console import Console
 
 from phaselens.commands._flags import refuse
 from phaselens.common.slo import parse_slo
+from phaselens.instrumentation.pipeline import check_sampling_env
 from phaselens.loadgen import report, session
 from phaselens.loadgen.workloads import LengthDist
 
@@ -176,6 +177,7 @@ def _options(args, slo: list[str]) -> session.BenchOptions:
         refuse(args, synthetic, "size synthetic prompts; --dataset brings its own")
     try:
         parse_slo(slo) if slo else None
+        check_sampling_env()  # OTEL_TRACES_SAMPLER_ARG, PHASELENS_TAIL_SLO
     except ValueError as exc:
         p.error(str(exc))
     return session.BenchOptions(

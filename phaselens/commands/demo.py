@@ -32,10 +32,11 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
         "--server",
-        choices=SERVER_KINDS,
+        choices=(*SERVER_KINDS, "dynamo"),
         default="reference",
         help="reference (default); vllm: a real vLLM on the tiny model with the phaselens plugin; "
-        "vllm-native: the same vLLM with its own spans only (needs ./setup.sh --vllm)",
+        "vllm-native: the same vLLM with its own spans only (needs ./setup.sh --vllm); dynamo: NVIDIA "
+        "Dynamo's frontend and mocker workers, budgeted from Dynamo's spans (needs ./setup.sh --dynamo)",
     )
     p.add_argument(
         "--shards",
@@ -66,7 +67,7 @@ def register(subparsers) -> None:
         action="store_true",
         help="run the workload colocated and as 1 prefill + 1 decode instance behind a router, and compare "
         "both budgets (docs/disaggregation.md; the reference server, or --server vllm: vLLM instances with "
-        "a KV connector; one ClickHouse node)",
+        "a KV connector; one ClickHouse node); with --server dynamo: one Dynamo prefill and one decode worker",
     )
     p.set_defaults(func=run, _parser=p)
 
@@ -87,16 +88,26 @@ def run(args) -> int:
     )
     try:
         opts.validate()
-        if args.disagg and (opts.server == "vllm-native" or opts.shards != 1 or opts.keep_running):
+        if args.disagg and (
+            opts.server not in ("reference", "vllm", "dynamo") or opts.shards != 1 or opts.keep_running
+        ):
             raise ValueError(
-                "--disagg runs the reference server or vLLM with the plugin (--server vllm) on one node, "
+                "--disagg runs the reference server, vLLM with the plugin (--server vllm) or Dynamo on one node, "
                 "without --keep-running"
+            )
+        if opts.server == "dynamo" and (opts.shards != 1 or opts.keep_running or given(args, "report")):
+            raise ValueError(
+                "--server dynamo runs on one ClickHouse node, without --keep-running, and writes no report"
             )
         if args.disagg and given(args, "report"):
             raise ValueError("--report: --disagg writes no HTML report; it prints both budgets and its verdict")
     except ValueError as e:
         print(f"phaselens demo: {e}", file=sys.stderr)
         return 2
+    if opts.server == "dynamo":
+        from phaselens.demo_dynamo import run as run_dynamo
+
+        return run_dynamo(opts, Console(), disagg=args.disagg)
     if args.disagg:
         from phaselens.demo_disagg import run as run_disagg
 

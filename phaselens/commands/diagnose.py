@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from phaselens.analysis import diagnose_format
-from phaselens.analysis.diagnose import diagnose
+from phaselens.analysis.diagnose import diagnose, diagnose_format
 from phaselens.commands._analysis_args import add_selection, read
 
 

@@ -23,9 +23,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from phaselens.analysis.budget import AnalysisError, open_client
-    from phaselens.analysis.harness_formats import read_export
-    from phaselens.analysis.harness_import import import_run, summary_lines
-    from phaselens.analysis.harness_records import HarnessFormatError
+    from phaselens.analysis.harness import HarnessFormatError, import_run, read_export, summary_lines
 
     try:
         exported = read_export(args.harness, args.path)

@@ -1,6 +1,6 @@
 """`phaselens rollup backfill`: recompute the sealed per-minute rollup rows of a window from every
-request (analysis/rollup_backfill.py): after client views were imported late, or to repair; and the
-engine-step rollup's minutes that miss steps (analysis/step_backfill.py): steps stored before it existed."""
+request (analysis/rollup/rollup_backfill.py): after client views were imported late, or to repair; and the
+engine-step rollup's minutes that miss steps (analysis/rollup/step_backfill.py): steps stored before it existed."""
 
 from __future__ import annotations
 
@@ -27,11 +27,16 @@ def run_backfill(args) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     from phaselens.analysis.budget import AnalysisError, open_client
-    from phaselens.analysis.dialect import QueryError, duration_ms
-    from phaselens.analysis.harness_import import distributed_cluster
-    from phaselens.analysis.rollup_backfill import BackfillError, backfill_minutes, minutes_between, on_each_node
-    from phaselens.analysis.rollup_upgrade import push
-    from phaselens.analysis.step_backfill import backfill_steps
+    from phaselens.analysis.harness import distributed_cluster
+    from phaselens.analysis.queries import QueryError, duration_ms
+    from phaselens.analysis.rollup import (
+        BackfillError,
+        backfill_minutes,
+        backfill_steps,
+        minutes_between,
+        on_each_node,
+        push,
+    )
 
     try:
         since_ms, until_ms = duration_ms(args.since), duration_ms(args.until)

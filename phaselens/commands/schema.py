@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from phaselens.analysis import ddl
-from phaselens.analysis import schema as analysis_schema
+from phaselens.analysis.schema import schema as analysis_schema
+from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from phaselens.commands._flags import given, refuse
 from phaselens.storage.cluster_nodes import ClusterError, node_urls

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from phaselens.commands._flags import given, refuse
-from phaselens.reference_server.config import DEVICES, DTYPES, POLICIES, EngineConfig
-from phaselens.reference_server.pd_protocol import PROTOCOL_PHASELENS, PROTOCOLS
+from phaselens.reference_server.engine.config import DEVICES, DTYPES, POLICIES, EngineConfig
+from phaselens.reference_server.pd.pd_protocol import PROTOCOL_PHASELENS, PROTOCOLS
 
 
 def register(subparsers) -> None:
@@ -99,6 +99,13 @@ _ENGINE_FLAGS = (
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.no_telemetry:
+        from phaselens.instrumentation.pipeline import check_sampling_env
+
+        try:
+            check_sampling_env()  # OTEL_TRACES_SAMPLER_ARG, PHASELENS_TAIL_SLO: refused before the model loads
+        except ValueError as exc:
+            args._parser.error(str(exc))
     if args.role != "decode":
         refuse(args, given(args, "kv_port"), "is the decode instance's KV-transfer port: give --role decode")
     if args.role != "router":
@@ -111,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         print("phaselens serve: --prefill/--decode are options of --role router", file=sys.stderr)
         return 2
     from phaselens.common.tls import TlsConfigError, server_tls
-    from phaselens.reference_server.process import ServeOptions, serve
+    from phaselens.reference_server.serve import ServeOptions, serve
 
     try:
         tls = server_tls(args.tls_cert, args.tls_key)
@@ -154,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _router(args: argparse.Namespace) -> int:
-    from phaselens.reference_server.process import RouterOptions, serve_router
+    from phaselens.reference_server.serve import RouterOptions, serve_router
 
     options = RouterOptions(
         prefill=tuple(args.prefill),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phaselens.analysis import sql_files
+from phaselens.analysis.sql import sql_files
 from phaselens.commands._generated import report_stale, report_written
 
 
