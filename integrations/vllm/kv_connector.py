@@ -83,6 +83,10 @@ def _timed(inner_cls: type) -> tuple[type, type[PhaselensKvStats]]:
             setattr(metadata, META_KEY, (saves, loads))
             return metadata
 
+        def request_finished(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            self._pl_loading.discard(request.request_id)  # finished (or aborted) before its load was scheduled
+            return super().request_finished(request, *args, **kwargs)
+
         # worker side
         def bind_connector_metadata(self, connector_metadata: Any) -> None:
             super().bind_connector_metadata(connector_metadata)
