@@ -9,6 +9,9 @@ Two budgets read them, each term a duration on one clock (docs/budget-method.md,
 
 A term's `rollup_position` (aggregated) and `pd_position` (P/D) are its slots in the rollups' sketch and
 mean arrays: sealed rollup rows keep them, so they are append-only. A new term takes the next free one.
+A P/D term counted 0 where a request did not stamp it (`sql` ≠ `column`) also declares
+`pd_witness_position`: the slot of its column over the complete requests, whose NULL mean says no
+request of a read stamped it (the term is then unobserved, never 0).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Term:
     aggregated: bool = True  # in the aggregated budget (False: the P/D budget's own)
     rollup_position: int | None = None  # 1-based slot in the aggregated rollup arrays (append-only)
     pd_position: int | None = None  # 1-based slot in the P/D budget and its rollup arrays (append-only)
+    pd_witness_position: int | None = None  # 1-based slot of its P/D witness in those arrays (append-only)
     observed_by: str | None = None  # the distribution whose NULL mean says no request stamped it
     part_of: str | None = None  # the term this part belongs to
     beside: bool = False  # a part shown beside its term, outside its sum
@@ -70,6 +74,7 @@ DECLARED: tuple[Term, ...] = (
         clock_note="the kernel's realtime wait moved onto the monotonic clock as a duration",
         rollup_position=6,
         pd_position=1,
+        pd_witness_position=21,
         observed_by="kernel_wait_ms",
     ),
     Term(
@@ -176,6 +181,7 @@ DECLARED: tuple[Term, ...] = (
         "then again from the kernel's receive stamp of the first content bytes to their read",
         rollup_position=14,
         pd_position=2,
+        pd_witness_position=22,
         observed_by="client_observed_ms",
     ),
     Term(
@@ -193,6 +199,7 @@ DECLARED: tuple[Term, ...] = (
         estimate=True,
         rollup_position=41,
         pd_position=3,
+        pd_witness_position=23,
         observed_by="client_late_est_observed_ms",
     ),
     Term(
@@ -283,6 +290,9 @@ class Registry:
             taken = [getattr(t, attr) for t in self.declared if getattr(t, attr) is not None]
             if len(set(taken)) != len(taken):
                 raise ValueError(f"two terms share a {attr}")
+        slots = [t.pd_position or 0 for t in self.pd_terms()] + [t.pd_witness_position or 0 for t in self.pd_gated()]
+        if sorted(slots) != list(range(1, len(slots) + 1)):
+            raise ValueError(f"P/D slots must run 1..{len(slots)} without a gap or a repeat: {slots}")
 
     def names(self) -> frozenset[str]:
         return frozenset(t.name for t in self.declared)
@@ -301,6 +311,15 @@ class Registry:
     def pd_terms(self) -> tuple[Term, ...]:
         """The P/D budget's terms, in their order (`pd_position`: also their rollup slots)."""
         return tuple(sorted((t for t in self.declared if t.pd_position), key=lambda t: t.pd_position or 0))
+
+    def pd_gated(self) -> tuple[Term, ...]:
+        """The P/D terms counted 0 where a request did not stamp them (`sql` ≠ `column`), in the order
+        of their witnesses' slots (`pd_witness_position`; one without is an error)."""
+        gated = [t for t in self.pd_terms() if t.sql != t.column]
+        missing = [t.name for t in gated if t.pd_witness_position is None]
+        if missing:
+            raise ValueError(f"a P/D term counted 0 where unstamped needs a pd_witness_position: {missing}")
+        return tuple(sorted(gated, key=lambda t: t.pd_witness_position or 0))
 
     def estimated(self) -> frozenset[str]:
         return frozenset(t.name for t in self.declared if t.estimate)

@@ -29,6 +29,7 @@ from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse, EmbeddedClickHouseError
 from tests.collector_fixtures import traces_db
 from tests.collector_payloads import export_request
+from tests.restart_bounds import restart_bound_s
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 # a child that listens on argv[1] and holds one accepted connection open
@@ -99,13 +100,6 @@ def _kill_and_restart_under_load(collector: CollectorProcess, bound_s: float) ->
         stop_idle.set()
         ledger = load.stop()
     return ledger
-
-
-def restart_bound_s(cold_start_s: float, floor_s: float) -> float:
-    """A restart is "at once" when it takes no longer than `floor_s` or 3 cold starts of the same
-    run, whichever is more: what a restart must not do is wait out a minute of TIME_WAIT, and the
-    machine's load slows a cold start and a restart alike."""
-    return max(floor_s, 3 * cold_start_s)
 
 
 def test_collector_sigkilled_under_load_serves_again_at_once_losing_and_duplicating_nothing(

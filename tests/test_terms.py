@@ -36,6 +36,8 @@ PD_ORDER = (
     *("kv_transfer_ms", "prefill_respond_ms", "router_gap_ms", "decode_hop_ms", "decode_ingress_ms"),
     *("decode_queue_ms", "decode_first_token_ms", "decode_first_chunk_ms", "router_relay_ms"),
 )
+# ...then the witnesses of the edges counted 0 where unstamped (their columns), from slot 21 on.
+PD_WITNESS_ORDER = ("inbound_ms", "client_ms", "client_late_est_ms")
 # `*_ms` names in the shipped source that are not budget terms: figures, parameters, load-generator
 # metrics (a budget term goes into analysis/terms.py instead).
 NOT_TERMS = frozenset(
@@ -54,6 +56,11 @@ _MS_NAME = re.compile(r"(?<![\w.])([a-z][a-z0-9_]*_ms)\b")
 def test_rollup_positions_are_pinned():
     assert q.ROLLUP_POSITIONS == ROLLUP_ORDER
     assert pd_queries.TTFT_TERMS == PD_ORDER
+    witnesses = terms.REGISTRY.pd_gated()
+    assert [(t.name, t.pd_witness_position) for t in witnesses] == [
+        (name, len(PD_ORDER) + i) for i, name in enumerate(PD_WITNESS_ORDER, start=1)
+    ]
+    assert pd_queries.pd_rollup_terms()[len(PD_ORDER) :] == [f"if(pd_complete, {t}, NULL)" for t in PD_WITNESS_ORDER]
 
 
 def test_every_list_reads_the_declarations():
@@ -87,6 +94,8 @@ def test_the_docs_table_is_the_declarations():
         ({"name": "fake_s"}, "does not end in its unit"),
         ({"rollup_position": 7}, "share a rollup_position"),
         ({"pd_position": 1}, "share a pd_position"),
+        ({"pd_position": 24, "sql": "ifNull(ingress_ms, 0)"}, "needs a pd_witness_position"),
+        ({"pd_position": 25}, "without a gap"),
     ],
 )
 def test_a_bad_declaration_is_refused(change, error):
@@ -135,7 +144,7 @@ _ONE_EDIT = """
 import json
 from phaselens.analysis import terms
 fake = terms.Term("warmup_ms", "warm-up", "#123456", "server", "`x`", "ifNull(ingress_ms, 0)", "ingress_ms",
-                  rollup_position=44, pd_position=21)
+                  rollup_position=44, pd_position=24, pd_witness_position=25)
 terms.DECLARED = (*terms.DECLARED, fake)
 terms.REGISTRY = terms.Registry(terms.DECLARED)
 from phaselens.analysis.sql import cookbook
@@ -164,6 +173,7 @@ def test_adding_a_term_is_one_edit():
     s = json.loads(out.stdout)
     assert s["components"][-1] == "warmup_ms" and s["rollup_last"] == "warmup_ms"
     assert s["pd_terms"][-1] == "warmup_ms" and s["report"][-1] == ["warmup_ms", "warm-up", "#123456"]
+    assert "if(pd_mean[25] IS NULL, NULL, pd_mean[24])" in s["pd_stack"]
     assert "AS warmup_ms_q" in s["summary"] and "AS warmup_ms_tail_mean" in s["summary"]
     assert "AS warmup_ms" in s["pd_stack"] and s["stack_columns"][-1] == "warmup_ms"
     assert "ifNull(ingress_ms, 0) AS warmup_ms" in s["cookbook"] and "| warmup |" in s["docs"]

@@ -6,7 +6,7 @@ A request counts when it went through both instances and every term is known (`c
 
     client TTFT = inbound_ms + client_ms + client_late_est_ms + residual_ms + Σ PD_TERMS
 (each term a duration on one clock; analysis.schema.pd_schema; the edges, docs/budget-method.md, count 0
-where nobody stamped them)
+where nobody stamped them; an edge no complete request stamped has no figures and reads `unobserved`)
 
 so for the mean the terms' shares of client TTFT sum to 1. Percentiles of the parts do not add up
 to the percentile of the whole; the p50/p99 shares are ratios. Beside the TTFT terms: KV bytes,
@@ -24,7 +24,7 @@ from rich.console import Group
 from rich.table import Table
 
 from phaselens.analysis.budget.latency_budget import AnalysisError, ComponentBudget, Stat, _clean
-from phaselens.analysis.queries import ESTIMATED
+from phaselens.analysis.queries import ESTIMATED, UNOBSERVED
 from phaselens.analysis.queries.dialect import CliDialect, QueryError
 from phaselens.analysis.queries.pd_queries import ADDED_BY_DISAGG, SIDE, TTFT_TERMS, pd_summary
 from phaselens.analysis.schema import span_models
@@ -89,6 +89,12 @@ def _ms(x: float | None) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
+def _label(c: ComponentBudget) -> str:
+    if c.ms.mean is None:  # no complete request stamped it (an edge), or none is complete
+        return f"{c.name} {UNOBSERVED}"
+    return f"{c.name} (estimate)" if c.estimated else c.name
+
+
 def to_rich(report: PdBudget) -> Group:
     table = Table(
         title=f"Disaggregated TTFT budget: {report.complete} complete of {report.requests} requests, "
@@ -99,7 +105,7 @@ def to_rich(report: PdBudget) -> Group:
         table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for c in report.terms:
         share = "–" if c.share.mean is None else f"{100 * c.share.mean:.1f}%"
-        table.add_row(f"{c.name} (estimate)" if c.estimated else c.name, *(_ms(v) for v in c.ms.values()), share)
+        table.add_row(_label(c), *(_ms(v) for v in c.ms.values()), share)
     table.add_row("client_ttft_ms", *(_ms(v) for v in report.side["client_ttft_ms"].values()), "100.0%")
     side = Table(title="Beside the budget", title_justify="left")
     for i, h in enumerate(("figure", "p50", "p90", "p99", "mean")):

@@ -7,7 +7,9 @@ A request counts when it went through both instances and every term is known (`c
 
     client TTFT = inbound_ms + client_ms + client_late_est_ms + residual_ms + Σ PD_TERMS
 (each term a duration on one clock; analysis.schema.pd_schema; the edges, docs/budget-method.md, count 0
-where nobody stamped them), so the mean row adds up to the mean client TTFT.
+where nobody stamped them), so the mean row adds up to the mean client TTFT. An edge no complete request
+of the selection stamped (its witness, the edge's column over the complete requests, has a NULL mean)
+is NULL at every statistic: unobserved, never 0.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from phaselens.analysis.schema.schema import REQUESTS_VIEW
 # coalescing hid), the residual, then PD_TERMS (analysis/terms.py)
 TTFT_TERMS = tuple(t.name for t in terms.REGISTRY.pd_terms())
 _TERM_SQL = {t.name: t.sql for t in terms.REGISTRY.pd_terms()}
+# the edges counted 0 where unstamped → the column whose mean over the complete requests witnesses them
+_WITNESS = {t.name: t.column for t in terms.REGISTRY.pd_gated()}
 SIDE = ("client_ttft_ms", "kv_bytes", "kv_bytes_received", "decode_itl_p99_ms", "decode_stall_ms", "kv_receive_ms")
 # every term but an edge nobody stamped (it counts 0), and the client's TTFT
 _REQUIRED = (*(t.name for t in terms.REGISTRY.pd_terms() if t.sql == t.column), "client_ttft_ms")
@@ -37,18 +41,31 @@ def _value(column: str) -> str:
     return _TERM_SQL.get(column, column)
 
 
+def _observed(term: str, stats: str, witness_mean: str, unobserved: str = "NULL") -> str:
+    """`stats` of a term, or `unobserved` where the term is an edge no request of the read stamped
+    (`witness_mean` of its _WITNESS column is NULL)."""
+    return stats if term not in _WITNESS else f"if({witness_mean} IS NULL, {unobserved}, {stats})"
+
+
 def _selection(d: Dialect) -> str:
     """The disaggregated requests of the time range and model, with their `complete` flag."""
     where = f"prefill_instance IS NOT NULL AND {d.time_filter('server_start_time')} AND {d.match('model', 'model')}"
     return f"SELECT *, {COMPLETE} AS complete FROM {d.table(REQUESTS_VIEW)} WHERE {where}"
 
 
+def _summary_stats(c: str) -> str:
+    """`{c}_q` (p50, p90, p99) and `{c}_mean` over the complete requests; NULL where unobserved."""
+    witness = f"avgIf({_WITNESS.get(c)}, complete)"
+    qs = f"quantilesExactInclusiveIf(0.5, 0.9, 0.99)({_value(c)}, complete)"
+    return (
+        f"{_observed(c, qs, witness, '[NULL, NULL, NULL]')} AS {c}_q, "
+        f"{_observed(c, f'avgIf({_value(c)}, complete)', witness)} AS {c}_mean"
+    )
+
+
 def pd_summary(d: Dialect) -> str:
     """One row: counts, then each term's p50/p90/p99 and mean over the complete requests."""
-    stats = ",\n    ".join(
-        f"quantilesExactInclusiveIf(0.5, 0.9, 0.99)({_value(c)}, complete) AS {c}_q, avgIf({_value(c)}, complete) AS {c}_mean"
-        for c in (*TTFT_TERMS, *SIDE)
-    )
+    stats = ",\n    ".join(_summary_stats(c) for c in (*TTFT_TERMS, *SIDE))
     return (
         f"SELECT count() AS requests, countIf(complete) AS complete_requests, countIf(status = 'error') AS errors,\n"
         "    uniqExact(prefill_instance) AS prefill_instances, uniqExactIf(decode_instance, decode_instance IS NOT NULL)"
@@ -64,7 +81,13 @@ def pd_budget_stack(d: Dialect) -> str:
     """The TTFT terms of the complete disaggregated requests at p50/p90/p99 (each its own percentile)
     and the mean (whose terms add up to the mean client TTFT): one row per statistic."""
     arrays = ", ".join(
-        f"arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)({_value(t)}), avg({_value(t)}))" for t in TTFT_TERMS
+        _observed(
+            t,
+            f"arrayPushBack(quantilesExactInclusive(0.5, 0.9, 0.99)({_value(t)}), avg({_value(t)}))",
+            f"avg({_WITNESS.get(t)})",
+            "[NULL, NULL, NULL, NULL]",
+        )
+        for t in TTFT_TERMS
     )
     cols = ", ".join(f"tupleElement(row, {i + 2}) AS {t}" for i, t in enumerate(TTFT_TERMS))
     return (
@@ -75,17 +98,29 @@ def pd_budget_stack(d: Dialect) -> str:
 
 
 # The rollup's P/D state columns (analysis.rollup.rollup): DDSketch and mean states of each of TTFT_TERMS
-# (positions in that order: append-only, as the rollup's own terms) over the complete requests.
+# (positions in that order), then of each edge's witness (`pd_witness_position`), over the complete
+# requests; append-only, as the rollup's own terms.
 PD_QUANTILES_COLUMN, PD_MEANS_COLUMN = "pd_terms_qs", "pd_terms_avg"
 # a request that went router -> prefill -> decode with every term known (one column: its condition
 # written once per term cost the rollup's passes more analysis than the rest of their query)
 PD_COMPLETE = f"prefill_instance IS NOT NULL AND {COMPLETE}"
 
 
+# term → its slot, and an edge's → its witness's slot (analysis/terms.py checks they run 1..n)
+_AT = {t.name: t.pd_position for t in terms.REGISTRY.pd_terms() if t.pd_position is not None}
+_WITNESS_AT = {t.name: t.pd_witness_position for t in terms.REGISTRY.pd_gated() if t.pd_witness_position is not None}
+
+
 def pd_rollup_terms() -> list[str]:
-    """Each TTFT term of a request whose `pd_complete` column (PD_COMPLETE) is true, NULL for any
-    other (the rollup's states skip it)."""
-    return [f"if(pd_complete, {_value(t)}, NULL)" for t in TTFT_TERMS]
+    """By slot: each TTFT term's value, or an edge's witness column (_WITNESS), of a request whose
+    `pd_complete` column (PD_COMPLETE) is true, NULL for any other (the rollup's states skip it)."""
+    slots = {**{_AT[t]: _value(t) for t in TTFT_TERMS}, **{_WITNESS_AT[t]: c for t, c in _WITNESS.items()}}
+    return [f"if(pd_complete, {slots[i]}, NULL)" for i in sorted(slots)]
+
+
+def _rolled_up_stats(position: int) -> list[str]:
+    """p50, p90, p99 (sketch) and mean of the P/D rollup's slot `position`."""
+    return [*(sk.quantile_at(position, level, "pd_q") for level in sk.LEVELS), f"pd_mean[{position}]"]
 
 
 def pd_budget_stack_rollup(d: Dialect) -> str:
@@ -94,8 +129,8 @@ def pd_budget_stack_rollup(d: Dialect) -> str:
     start, filtered by model (not service, as the exact query)."""
     merged = f"{sk.merged_quantiles(PD_QUANTILES_COLUMN)} AS pd_q, avgForEachMerge({PD_MEANS_COLUMN}) AS pd_mean"
     arrays = ", ".join(
-        f"[{', '.join(sk.quantile_at(i, level, 'pd_q') for level in sk.LEVELS)}, pd_mean[{i}]]"
-        for i in range(1, len(TTFT_TERMS) + 1)
+        f"[{', '.join(_observed(t, s, f'pd_mean[{_WITNESS_AT.get(t)}]') for s in _rolled_up_stats(_AT[t]))}]"
+        for t in TTFT_TERMS
     )
     cols = ", ".join(f"tupleElement(row, {i + 2}) AS {t}" for i, t in enumerate(TTFT_TERMS))
     return (

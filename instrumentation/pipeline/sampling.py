@@ -7,7 +7,7 @@ attribute), so counts and percentiles cover every request whatever the sampler s
     full = head         the head sampler (OTEL_TRACES_SAMPLER/_ARG) sampled the trace;
          = tail_error   else when the request failed;
          = tail_slo     else when its TTFT or TPOT (ms, the emitter's own view) exceeds the tail
-                        threshold (PHASELENS_TAIL_SLO, `ttft:MS,tpot:MS`; default the SLO; off: none);
+                        threshold (PHASELENS_TAIL_SLO, `ttft:MS,tpot:MS`; default the SLO; off: no threshold — a failed request keeps its tree all the same);
          = none         else: the compact record alone.
 
 The head decision comes first, so the trees marked `head` stay an unbiased sample.
@@ -59,7 +59,7 @@ class TailRule:
     @classmethod
     def from_env(cls) -> TailRule:
         """PHASELENS_TAIL_SLO (`slo.parse_slo` syntax, ttft and tpot; a key left out takes the
-        default SLO's; `off`: no tail rule); unset: the default SLO. ValueError when malformed."""
+        default SLO's; `off`: no threshold, failures still kept); unset: the default SLO. ValueError when malformed."""
         text = os.environ.get(names.ENV_TAIL_SLO, "").strip()
         if text.lower() == TAIL_OFF:
             return cls()
