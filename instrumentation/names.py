@@ -17,6 +17,9 @@ SPAN_ENGINE_STEP = "llm.engine_step"
 # Disaggregated prefill/decode (docs/disaggregation.md): each on the clock of the instance that emits it
 SPAN_KV_TRANSFER = "llm.kv_transfer"  # prefill instance: send start → the decode instance's acknowledgement
 SPAN_KV_RECEIVE = "llm.kv_receive"  # decode instance: connection accepted → KV written into its pool, ack sent
+# a vLLM instance's KV connector, timed by the plugin (integrations/vllm/kv_connector.py), child of its SERVER span
+SPAN_KV_SAVE = "llm.kv_save"  # prefill instance: the connector's first save call → its last (inside llm.prefill)
+SPAN_KV_LOAD = "llm.kv_load"  # decode instance: the connector's first load call → its last (inside llm.prefill)
 SPAN_PD_PREFILL_CALL = "pd.prefill_call"  # router, CLIENT: request to the prefill instance → its answer
 SPAN_PD_DECODE_CALL = "pd.decode_call"  # router, CLIENT: request to the decode instance → its stream's end
 
@@ -182,12 +185,16 @@ PL_RESPONDED_WALL_NS = "phaselens.server.responded_wall_ns"
 PL_PD_ROLE = "phaselens.pd.role"  # resource: router | prefill | decode
 PL_PD_INSTANCE = "phaselens.pd.instance"  # resource: the instance's URL as the router knows it
 PL_PD_TRANSFER_ID = "phaselens.pd.transfer_id"
+# what a P/D router speaks to its instances (`serve --role router --pd-protocol`): phaselens's, or vLLM's
+PD_PROTOCOL_PHASELENS, PD_PROTOCOL_VLLM = "phaselens", "vllm"
 PL_KV_BYTES = "phaselens.kv.bytes"  # llm.kv_transfer: bytes sent; llm.kv_receive: bytes received
 PL_KV_ACKED_BYTES = "phaselens.kv.acked_bytes"  # llm.kv_transfer: bytes the receiver's ack reports
 PL_KV_TRANSFER_MS = "phaselens.kv.transfer_ms"  # send start → acknowledgement (prefill clock)
 PL_KV_WAIT_MS = "phaselens.kv.wait_ms"  # first token → send start (prefill clock)
 PL_KV_READ_MS = "phaselens.kv.read_ms"  # llm.kv_receive: accepted → bytes read (decode clock)
 PL_KV_STAGE_MS = "phaselens.kv.stage_ms"  # llm.kv_receive: bytes read → written into the pool (decode clock)
+PL_KV_SAVE_MS = "phaselens.kv.save_ms"  # llm.kv_save: time inside the connector's save calls (prefill clock)
+PL_KV_LOAD_MS = "phaselens.kv.load_ms"  # llm.kv_load: time inside the connector's load calls (decode clock)
 PL_KV_PEER = "phaselens.kv.peer"  # the other instance's KV address
 PL_PD_PREFILL_ANSWER_MS = "phaselens.pd.prefill_answer_ms"  # llm.kv_transfer: received → answer built (prefill clock)
 PL_ROUTER_INGRESS_MS = "phaselens.router.ingress_ms"  # received → request sent to the prefill instance

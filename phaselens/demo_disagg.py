@@ -1,6 +1,8 @@
 """`phaselens demo --disagg`: the demo's workload twice on one pipeline, colocated (one instance)
 and disaggregated (one prefill + one decode instance behind the router), and both budgets side by
-side (docs/disaggregation.md#prove-the-lever-demo---disagg).
+side (docs/disaggregation.md#prove-the-lever-demo---disagg). With `--server vllm` the instances are
+vLLM with the plugin (colocated: as `demo --server vllm`; disaggregated: integrations/vllm/pd.py,
+the router speaking vLLM's protocol).
 
 Each run has its own time window (the colocated server stops before the instances start), so the
 budgets of a run read only its requests. What disaggregation removed: decode steps that carried
@@ -18,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -27,7 +30,22 @@ from phaselens.demo import DemoOptions, LoadRun, run_load, wait_for_spans
 from phaselens.pd_stack import PdStack
 from phaselens.stack import Stack, StackError
 
+if TYPE_CHECKING:
+    from phaselens.integrations.vllm.pd import VllmInstances
+
 PD_WAIT_S = 60.0
+
+
+def vllm_instances(data_dir: Path) -> VllmInstances:
+    """vLLM prefill and decode instances on the tiny model in `data_dir` (StackError without vLLM)."""
+    from phaselens.integrations.vllm.launcher import default_python
+    from phaselens.integrations.vllm.pd import VllmInstances
+    from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+
+    python = default_python()
+    if python is None:
+        raise StackError("no vLLM found: run ./setup.sh --vllm, or set PHASELENS_VLLM_PYTHON to a python with vLLM")
+    return VllmInstances(python, save_tiny_llama(data_dir / "tiny-llama"), data_dir / "kv")
 
 
 @dataclass(slots=True)
@@ -41,10 +59,12 @@ class RunBudget:
 def run(opts: DemoOptions, console: Console) -> int:
     """Both runs and the comparison; every child stops on return, Ctrl-C or an error."""
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="phaselens-disagg-")
-    stack = Stack(data_dir, model=opts.model, device=opts.device)
+    stack = Stack(data_dir, model=opts.model, device=opts.device, server_kind=opts.server)
     pd = PdStack(stack)
     code = 1
     try:
+        if opts.server == "vllm":
+            pd.instances = vllm_instances(Path(data_dir))
         colocated, disagg = _session(stack, pd, opts, console)
         console.print(compare(colocated, disagg))
         console.print(verdict(colocated, disagg))

@@ -33,6 +33,7 @@ from phaselens.common.ports import bind_reusable
 from phaselens.common.tls import ServerTls
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath import enable_kernel_stamps
+from phaselens.instrumentation.pipeline import tag_pd_resource
 from phaselens.instrumentation.server import inbound_protocol
 from phaselens.reference_server.engine.config import EngineConfig
 from phaselens.reference_server.engine.engine import Engine
@@ -45,6 +46,7 @@ from phaselens.reference_server.pd.pd_api import (
     PrefillRoutes,
     kv_handler,
 )
+from phaselens.reference_server.pd.pd_protocol import PROTOCOL_PHASELENS
 from phaselens.reference_server.pd.pd_spans import PdSpans
 from phaselens.reference_server.process.engine_client import EngineClient
 from phaselens.reference_server.serving.api import ApiSettings, create_app
@@ -78,6 +80,7 @@ class RouterOptions:
     auth_token: str | None = None
     insecure: bool = False
     telemetry: bool = True
+    pd_protocol: str = PROTOCOL_PHASELENS  # reference_server.pd_protocol
 
 
 def model_names(options: ServeOptions, loaded_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -176,9 +179,7 @@ def _url(sock: socket.socket) -> str:
 def _pd_resource(role: str, url: str) -> None:
     """Tag every span of this process (and of its span-builder child, which reads the same
     environment) with its role and URL."""
-    ours = f"{names.PL_PD_ROLE}={role},{names.PL_PD_INSTANCE}={url}"
-    given = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    os.environ["OTEL_RESOURCE_ATTRIBUTES"] = f"{given},{ours}" if given else ours
+    tag_pd_resource(os.environ, role, url)
 
 
 def serve_router(options: RouterOptions) -> int:
@@ -192,7 +193,13 @@ def serve_router(options: RouterOptions) -> int:
     providers = configure(names.SERVER_SERVICE_NAME) if options.telemetry else None
     provider = providers.tracer_provider if providers is not None else None
     spans = StampedSpans(provider)
-    router = Router(list(options.prefill), list(options.decode), RouterSpans(spans), options.auth_token)
+    router = Router(
+        list(options.prefill),
+        list(options.decode),
+        RouterSpans(spans),
+        options.auth_token,
+        pd_protocol=options.pd_protocol,
+    )
     try:
         asyncio.run(_run(router.app(), sock, None))
     finally:

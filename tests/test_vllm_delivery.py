@@ -50,6 +50,8 @@ TEXT = {"choices": [{"index": 0, "text": "é"}]}
         (sse(CHAT_REASONING), True),
         (sse(TEXT), True),
         (sse(ROLE_ONLY, CHAT_CONTENT), True),
+        # a whole answer (not streamed), even one whose only token renders no text: a P/D prefill half
+        ({"type": "http.response.body", "body": json.dumps(EMPTY_TEXT).encode()}, True),
     ],
 )
 def test_which_sse_chunks_carry_output(message, carries):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from phaselens.instrumentation.hotpath.records import (
     HttpFacts,
+    KvStamps,
     RequestInfo,
     RequestOutcome,
     RequestRecord,
@@ -39,8 +40,8 @@ def ids() -> st.SearchStrategy[SpanIds]:
 
 
 REQUESTS = st.builds(
-    lambda root, parent, stamps, visible, reason, timelines, info, outcome, http: RequestRecord(
-        root, parent, *stamps, visible, reason, *timelines, info, outcome, http
+    lambda root, parent, stamps, visible, reason, timelines, info, outcome, http, kv: RequestRecord(
+        root, parent, *stamps, visible, reason, *timelines, info, outcome, http, kv
     ),
     ids(),
     st.none() | ids(),
@@ -54,6 +55,7 @@ REQUESTS = st.builds(
     ),
     st.builds(RequestOutcome, SCALARS, SCALARS, SCALARS, SCALARS, st.none() | TEXT, SCALARS, SCALARS),
     st.builds(HttpFacts, TEXT, TEXT, st.none() | TEXT, SCALARS, SCALARS, st.booleans(), SCALARS, SCALARS),
+    st.none() | st.builds(KvStamps, INTS, INTS, INTS, st.none() | INTS, INTS, INTS, INTS, st.none() | INTS),
 )
 STEPS = st.builds(lambda stats, links: StepRecord(*stats, links), st.lists(INTS, min_size=10, max_size=10), LINKS)
 

@@ -14,6 +14,17 @@ duration on ONE clock; a hop between hosts is a residual of two durations, never
                          (prefill clock: the acknowledgement → the answer built: the engine loop
                          taking the release, the event loop taking the final output)
 
+For vLLM instances with the plugin and a timed KV connector (integrations/vllm/kv_connector.py) the
+KV moves inside the engine steps: the save (`llm.kv_save`, prefill clock) inside the prefill's
+forward pass, the load (`llm.kv_load`, decode clock) inside the decode instance's first step. They
+are taken out of those terms and make the transfer:
+
+    kv_transfer_ms         = save + load                     (each on its own clock)
+    prefill_compute_ms     = prefill − save                  (prefill clock)
+    decode_first_token_ms  = prefill + first_token − load    (decode clock)
+    kv_wait_ms             = 0 (nothing between the first token and a save that ran before it)
+    prefill_answer         = the prefill instance's server TTFC (its whole JSON answer handed to `send`)
+
 Each callee duration ends where its bytes are handed on (an answer built, a chunk handed to `send`),
 not where `send` returned: the caller may read them before the callee's coroutine resumes, and a
 hop would then come out negative.
@@ -59,6 +70,11 @@ def _role_any(column: str, role: str, key: str) -> Part:
 
 def _span_attr(column: str, span: str, key: str) -> Part:
     return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, SpanName = '{span}')")
+
+
+def _role_span_attr(column: str, role: str, span: str, key: str) -> Part:
+    """A numeric attribute of the role's span `span` (a decode instance's connector may also save)."""
+    return Part(column, "max", "Nullable(Float64)", f"maxIf({num(key)}, {ROLE} = '{role}' AND SpanName = '{span}')")
 
 
 def _instance(column: str, role: str) -> Part:
@@ -217,12 +233,17 @@ PD_PARTS: tuple[Part, ...] = (
     *(_role_attr(col, "router", key) for col, key in _ROUTER_TERMS.items()),
     *(_role_attr(f"{role[0]}_{phase}", role, key) for role in INSTANCE_ROLES for phase, key in _PHASES),
     _span_attr("p_answer", n.SPAN_KV_TRANSFER, n.PL_PD_PREFILL_ANSWER_MS),
+    _role_attr("d_held_back", "decode", n.PL_HELD_BACK_MS),
     _role_any("d_itl_p99", "decode", n.PL_ITL_P99_MS),
     _role_any("d_stall", "decode", n.PL_STALL_MS),
     _span_attr("kv_wait", n.SPAN_KV_TRANSFER, n.PL_KV_WAIT_MS),
     _span_attr("kv_transfer", n.SPAN_KV_TRANSFER, n.PL_KV_TRANSFER_MS),
     _span_attr("kv_sent_bytes", n.SPAN_KV_TRANSFER, n.PL_KV_BYTES),
     _span_attr("kv_recv_bytes", n.SPAN_KV_RECEIVE, n.PL_KV_BYTES),
+    _role_span_attr("kv_save", "prefill", n.SPAN_KV_SAVE, n.PL_KV_SAVE_MS),
+    _role_span_attr("kv_load", "decode", n.SPAN_KV_LOAD, n.PL_KV_LOAD_MS),
+    _role_span_attr("kv_save_bytes", "prefill", n.SPAN_KV_SAVE, n.PL_KV_BYTES),
+    _role_span_attr("kv_load_bytes", "decode", n.SPAN_KV_LOAD, n.PL_KV_BYTES),
     Part("kv_recv_ns", "max", "Nullable(UInt64)", f"maxIf(toNullable(Duration), SpanName = '{n.SPAN_KV_RECEIVE}')"),
     Part("pd_error", "max", "UInt8", "max(StatusCode IN ('Error', 'STATUS_CODE_ERROR'))"),
     *(_sg_instance(role) for role in n.SGLANG_PD_ROLES),
@@ -254,42 +275,53 @@ _PD_SPAN_MODEL = (
     f"sg_p_instance IS NOT NULL OR sg_d_instance IS NOT NULL, '{n.SPAN_MODEL_SGLANG}', "
     f"dy_p_instance IS NOT NULL OR dy_d_instance IS NOT NULL OR dw_p_instance IS NOT NULL, '{n.SPAN_MODEL_DYNAMO}', NULL)"
 )
+# vLLM's KV connector (llm.kv_save / llm.kv_load, the plugin's): the save runs inside the forward pass
+# that makes the first token, so no wait follows the first token (0, observed by construction); the
+# answer is the prefill half's whole JSON answer handed to `send` (its server TTFC)
+_VLLM_KV_WAIT = "if(kv_save IS NULL, NULL, 0)"
+_P_ANSWER = "coalesce(p_answer, p_ttfc)"
+_REFERENCE_RESPOND = "p_answer - (p_ingress + p_queue + p_prefill + p_first_token + kv_wait + kv_transfer)"
+_VLLM_RESPOND = "p_ttfc - (p_ingress + p_queue + p_prefill + p_first_token)"
 # (column, expression over the merged parts), in the order `phaselens_requests` appends them
 PD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("prefill_instance", "coalesce(p_instance, sg_p_instance, dy_p_instance, dw_p_instance)"),
     ("decode_instance", f"coalesce(d_instance, sg_d_instance, dy_d_instance, {_dw('dw_d_instance')})"),
-    ("kv_transfer_ms", f"coalesce(kv_transfer, {_sg('prefill', 'sg_kv_transfer')})"),
-    ("kv_bytes", "CAST(kv_sent_bytes AS Nullable(UInt64))"),
-    ("kv_bytes_received", "CAST(kv_recv_bytes AS Nullable(UInt64))"),
-    ("kv_wait_ms", "kv_wait"),
+    ("kv_transfer_ms", f"coalesce(kv_transfer, {_sg('prefill', 'sg_kv_transfer')}, kv_save + kv_load)"),
+    ("kv_bytes", "CAST(coalesce(kv_sent_bytes, kv_save_bytes) AS Nullable(UInt64))"),
+    ("kv_bytes_received", "CAST(coalesce(kv_recv_bytes, kv_load_bytes) AS Nullable(UInt64))"),
+    ("kv_wait_ms", f"coalesce(kv_wait, {_VLLM_KV_WAIT})"),
     ("kv_receive_ms", "kv_recv_ns / 1e6"),
     ("router_ingress_ms", "r_ingress"),
     ("router_gap_ms", "r_gap"),
     ("router_relay_ms", "r_relay"),
     ("router_ttfc_ms", "r_ttfc"),
-    ("prefill_hop_ms", "r_prefill_call - p_answer"),
+    ("prefill_hop_ms", f"r_prefill_call - {_P_ANSWER}"),
     ("decode_hop_ms", "r_decode_first_chunk - d_ttfc"),
     ("prefill_ingress_ms", f"coalesce(p_ingress, {_sg('prefill', 'sg_p_ingress + sg_p_prepare')})"),
     ("prefill_queue_ms", f"coalesce(p_queue, {_sg('prefill', 'sg_p_queue')}, v_p_queue)"),
-    ("prefill_compute_ms", f"coalesce(p_prefill, {_sg('prefill', 'sg_p_forward')}, v_p_prefill)"),
+    (
+        "prefill_compute_ms",
+        f"coalesce(p_prefill - coalesce(kv_save, 0), {_sg('prefill', 'sg_p_forward')}, v_p_prefill)",
+    ),
     ("prefill_first_token_ms", "p_first_token"),
     (
         "prefill_respond_ms",
-        "p_answer - (p_ingress + p_queue + p_prefill + p_first_token + kv_wait + kv_transfer)",
+        f"coalesce({_REFERENCE_RESPOND}, {_VLLM_RESPOND})",
     ),
     ("decode_ingress_ms", f"coalesce(d_ingress, {_sg('decode', 'sg_d_ingress + sg_d_prepare')})"),
     ("decode_queue_ms", f"coalesce(d_queue, {_sg('decode', 'sg_d_queue')})"),
     # no prefill on a decode instance: d_prefill = 0
     (
         "decode_first_token_ms",
-        f"coalesce(d_prefill + d_first_token, {_sg('decode', 'sg_d_first_token')}, v_d_first_token)",
+        f"coalesce(d_prefill + d_first_token - coalesce(kv_load, 0), {_sg('decode', 'sg_d_first_token')}, v_d_first_token)",
     ),
-    ("decode_first_chunk_ms", "d_first_chunk"),
+    # the decode steps whose tokens rendered no text (vLLM's byte-level tokens) come before the first chunk
+    ("decode_first_chunk_ms", "d_first_chunk + ifNull(d_held_back, 0)"),
     ("decode_itl_p99_ms", "coalesce(d_itl_p99, dy_d_itl_p99)"),
     ("decode_stall_ms", "d_stall"),
     ("prefill_bootstrap_ms", _sg("prefill", "sg_p_bootstrap")),
     ("decode_bootstrap_ms", _sg("decode", "sg_d_bootstrap")),
-    ("decode_kv_wait_ms", _sg("decode", "sg_d_transferred")),
+    ("decode_kv_wait_ms", f"coalesce({_sg('decode', 'sg_d_transferred')}, kv_load)"),
     ("prefill_engine_ttft_ms", "dy_p_engine_ttft"),
     ("decode_engine_ttft_ms", "dy_d_engine_ttft"),
     ("frontend_dispatch_ms", _dw(DYNAMO_DISPATCH_MS)),

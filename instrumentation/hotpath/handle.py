@@ -21,6 +21,7 @@ from phaselens.instrumentation.hotpath.ids import span_context
 from phaselens.instrumentation.hotpath.records import (
     NO_OUTCOME,
     HttpFacts,
+    KvStamps,
     RequestInfo,
     RequestOutcome,
     RequestRecord,
@@ -81,6 +82,7 @@ class ServerRequest(RequestTimeline):
         "context",
         "http",
         "info",
+        "kv",
         "managed",
         "outcome",
         "output_pending",
@@ -112,6 +114,7 @@ class ServerRequest(RequestTimeline):
         self.info: RequestInfo | None = None
         self.outcome = NO_OUTCOME
         self.http = http
+        self.kv: KvStamps | None = None
         self.managed = managed  # True: the middleware closes it when the response ends
         self.capture_content = capture_content
         self.output_pending = False  # output_ready() was called; the next body chunk carries it
@@ -186,6 +189,20 @@ class ServerRequest(RequestTimeline):
             self.first_chunk_sent_ts = self.clock_ns()
         self.output_pending = False
 
+    def kv_moved(self, save: bool, start_ts: MonoTs, end_ts: MonoTs, busy_ns: int, nbytes: int | None) -> None:
+        """A KV connector saved (`save`) or loaded this request's KV in one engine step, from
+        `start_ts` to `end_ts`, `busy_ns` of it inside its calls; steps add up (a chunked prefill
+        saves in each of its steps)."""
+        kv = self.kv or KvStamps()
+        first, last, busy, moved = kv[0:4] if save else kv[4:8]
+        first = min(first, start_ts) if first else start_ts
+        if busy:  # an earlier step's: the total is known only while every step's is
+            moved = None if moved is None or nbytes is None else moved + nbytes
+        else:
+            moved = nbytes
+        stamps = (first, max(last, end_ts), busy + busy_ns, moved)
+        self.kv = KvStamps(*stamps, *kv[4:8]) if save else KvStamps(*kv[0:4], *stamps)
+
     def note_http(self, **facts: Any) -> None:
         """The middleware's view of the exchange (HttpFacts fields)."""
         self.http = self.http._replace(**facts)
@@ -224,4 +241,5 @@ class ServerRequest(RequestTimeline):
             self.info,
             self.outcome,
             self.http,
+            self.kv,
         )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from typing import Any, NamedTuple
 
-from phaselens.common.clocks import MonoTs
+from phaselens.common.clocks import NOT_STAMPED, MonoTs
 
 Int64s = memoryview  # format "q", read-only
 
@@ -87,6 +87,22 @@ class HttpFacts(NamedTuple):
     x_request_id: str | None = None  # the X-Request-ID header, cut at names.X_REQUEST_ID_MAX_CHARS
 
 
+class KvStamps(NamedTuple):
+    """A KV connector's work for the request on this server (a vLLM instance's connector, timed by
+    `integrations/vllm/kv_connector.py`): per direction, its first call's start → last call's end
+    (monotonic ns of this host), the time spent inside the calls (ns; a per-layer save interleaves
+    with the forward pass, so this is less than end − start) and the bytes moved (None: not known)."""
+
+    save_start_ts: MonoTs = NOT_STAMPED
+    save_end_ts: MonoTs = NOT_STAMPED
+    save_ns: int = 0
+    save_bytes: int | None = None
+    load_start_ts: MonoTs = NOT_STAMPED
+    load_end_ts: MonoTs = NOT_STAMPED
+    load_ns: int = 0
+    load_bytes: int | None = None
+
+
 NO_OUTCOME = RequestOutcome()
 NO_HTTP = HttpFacts()
 
@@ -96,7 +112,8 @@ class RequestRecord(NamedTuple):
     remote parent (None: a root trace), the timeline (monotonic ns of the serving process; layout
     in `timeline`; the four stamps of the response's content chunks in `handle.ServerRequest`, the inbound
     edge's two in `inbound`), and
-    what the API layer and the middleware reported."""
+    what the API layer and the middleware reported; `kv` what a KV connector moved for it (None:
+    nothing)."""
 
     root: SpanIds
     parent: SpanIds | None
@@ -121,6 +138,7 @@ class RequestRecord(NamedTuple):
     info: RequestInfo | None
     outcome: RequestOutcome
     http: HttpFacts
+    kv: KvStamps | None = None
 
     @property
     def sampled(self) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -51,6 +51,8 @@ from phaselens.instrumentation.pipeline.otlp_fast import (
 from phaselens.instrumentation.pipeline.sampling import check_sampler_env
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor, ExportCounts
 from phaselens.instrumentation.pipeline.spans import SpanBackend
+
+RESOURCE_ATTRIBUTES_ENV = "OTEL_RESOURCE_ATTRIBUTES"
 
 T = TypeVar("T")
 
@@ -256,3 +258,12 @@ def configure(
         metrics.set_meter_provider(meter_provider)
     histogram_readers = cast("list[HistogramReader]", readers) if owned and histogram_readers_usable(readers) else None
     return Providers(tracer_provider, meter_provider, encoded, histogram_readers)
+
+
+def tag_pd_resource(env: MutableMapping[str, str], role: str, url: str) -> None:
+    """Tag a disaggregated-serving process's spans with its role and URL (`phaselens.pd.role`,
+    `phaselens.pd.instance`): appended to OTEL_RESOURCE_ATTRIBUTES in `env` (os.environ, or a child's
+    environment), which every OTel SDK process reads, the span-builder child too."""
+    ours = f"{names.PL_PD_ROLE}={role},{names.PL_PD_INSTANCE}={url}"
+    given = env.get(RESOURCE_ATTRIBUTES_ENV, "")
+    env[RESOURCE_ATTRIBUTES_ENV] = f"{given},{ours}" if given else ours

@@ -48,6 +48,7 @@ from phaselens.instrumentation.pipeline.spans import (
     decode_description,
     emit_request_spans,
     emit_step_span,
+    kv_spans,
     phase_stamps,
     root_span,
     samples_every_root,
@@ -149,7 +150,8 @@ class FastEmitter:
             PHASE_KEYS,
             self.limits,
         )
-        encoded += encode_spans((root_span(anchor, record, phases, full),), self.limits)
+        root = root_span(anchor, record, phases, full)
+        encoded += encode_spans((*kv_spans(self.ids, anchor, record), root), self.limits)
         self.emitted += len(encoded)
         for processor in self.processors:
             processor.offer(encoded)

@@ -454,7 +454,27 @@ def request_spans(
     if decode is not None:
         attributes, events = decode_description(anchor, record, phases, token_events)
         tree.leaf(names.SPAN_DECODE, phases.first_token_ts, phases.last_token_ts, attributes, None, decode, events)
+    tree.spans += kv_spans(ids, anchor, record)
     tree.spans.append(root_span(anchor, record, phases, full))
+    return tree.spans
+
+
+def kv_spans(ids: IdGenerator, anchor: ClockAnchor, record: RequestRecord) -> list[SpanData]:
+    """llm.kv_save / llm.kv_load, children of the SERVER span, for a request a KV connector moved
+    (`record.kv`; none otherwise): each its calls' span, the time inside them, the bytes where known."""
+    kv = record.kv
+    if kv is None:
+        return []
+    tree = _Tree(ids, anchor, record)
+    for name, key, (start, end, busy_ns, nbytes) in (
+        (names.SPAN_KV_SAVE, names.PL_KV_SAVE_MS, kv[0:4]),
+        (names.SPAN_KV_LOAD, names.PL_KV_LOAD_MS, kv[4:8]),
+    ):
+        if start:
+            attributes: dict[str, Any] = {key: _ms(busy_ns)}
+            if nbytes is not None:
+                attributes[names.PL_KV_BYTES] = nbytes
+            tree.leaf(name, start, end, attributes)
     return tree.spans
 
 

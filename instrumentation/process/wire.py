@@ -26,6 +26,7 @@ from typing import Any
 
 from phaselens.instrumentation.hotpath.records import (
     HttpFacts,
+    KvStamps,
     RequestInfo,
     RequestOutcome,
     RequestRecord,
@@ -40,7 +41,7 @@ HEADER = struct.Struct("<IB")
 # version 2: no back-references (3+ look every object written up in a table: more instructions per frame)
 MARSHAL_VERSION = 2
 KIND_HELLO, KIND_REQUEST, KIND_STEP, KIND_FLUSH = 1, 2, 3, 4
-_TIMELINES = RequestRecord._fields.index("waits")  # a request's fields from `waits` on: 5 timelines, 3 records
+_TIMELINES = RequestRecord._fields.index("waits")  # a request's fields from `waits` on: 5 timelines, 4 records
 _STEP_FIELDS = len(PackedStep._fields)
 
 
@@ -55,8 +56,9 @@ def _plain(record: Any) -> tuple[Any, ...] | None:
 
 
 def encode_request(record: RequestRecord) -> bytes:
-    root, parent, *timeline, info, outcome, http = record
-    return frame(KIND_REQUEST, (tuple(root), _plain(parent), *timeline, _plain(info), tuple(outcome), tuple(http)))
+    root, parent, *timeline, info, outcome, http, kv = record
+    fields = (tuple(root), _plain(parent), *timeline, _plain(info), tuple(outcome), tuple(http), _plain(kv))
+    return frame(KIND_REQUEST, fields)
 
 
 def encode_step(step: StepRecord) -> bytes:
@@ -89,8 +91,8 @@ _new_tuple = tuple.__new__
 
 def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
     """Each record type made with tuple.__new__ from the full field tuple `encode_request` wrote
-    (no NamedTuple __new__ frame: five a request); a tuple of another length is a ValueError."""
-    waits, chunks, token_ts, token_n, sends, info, outcome, http = fields[_TIMELINES:]
+    (no NamedTuple __new__ frame: five or six a request); a tuple of another length is a ValueError."""
+    waits, chunks, token_ts, token_n, sends, info, outcome, http, kv = fields[_TIMELINES:]
     parent = fields[1]
     ids = (_new_tuple(SpanIds, fields[0]), _new_tuple(SpanIds, parent) if parent is not None else None)
     rest = (
@@ -102,6 +104,7 @@ def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
         _new_tuple(RequestInfo, info) if info is not None else None,
         _new_tuple(RequestOutcome, outcome),
         _new_tuple(HttpFacts, http),
+        _new_tuple(KvStamps, kv) if kv is not None else None,
     )
     # concatenated, the stamps sliced: ~15 % faster than a starred display (a list built, then copied)
     return _new_tuple(RequestRecord, ids + fields[2:_TIMELINES] + rest)

@@ -60,9 +60,13 @@ SSE_DATA, SSE_DONE = b"data: ", b"data: [DONE]"
 def sse_carries_content(message: Message) -> bool:
     """Whether an SSE body chunk of vLLM's completions or chat stream carries output: a choice with
     non-empty `text`, or a delta with content, reasoning or tool calls (not a role-only chunk, not
-    the empty-text chunk of a token that renders no text yet). Called only between `output_ready`
-    and the first such chunk: once or twice per request."""
-    for line in (message.get("body") or b"").split(b"\n"):
+    the empty-text chunk of a token that renders no text yet); a whole JSON answer (not streamed)
+    always does: it is the output. Called only between `output_ready` and the first such chunk:
+    once or twice per request."""
+    body = message.get("body") or b""
+    if body.startswith(b"{"):
+        return True
+    for line in body.split(b"\n"):
         if not line.startswith(SSE_DATA) or line.startswith(SSE_DONE):
             continue
         try:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Self
 
 from phaselens.common.process import LOOPBACK, free_port, on_fresh_ports
+from phaselens.instrumentation.pipeline import tag_pd_resource
 
 # vLLM binds its port before it loads the model (vllm.entrypoints.launchers.launcher.setup_server):
 # a port taken since it was picked ends that run within seconds, the OSError's text in its log.
@@ -80,6 +81,8 @@ class VllmServer:
     max_model_len: int = 512
     bsp_delay_ms: int = 100
     middleware: tuple[str, ...] = ()  # vLLM's --middleware, each an ASGI middleware's import path
+    extra_args: tuple[str, ...] = ()  # more `vllm serve` flags (e.g. --kv-transfer-config)
+    pd_role: str = ""  # prefill | decode: its spans tagged with the role and its URL (docs/disaggregation.md)
     port: int = 0
     proc: subprocess.Popen | None = None
     log_offset: int = 0  # where this run's output starts in the log
@@ -110,7 +113,7 @@ class VllmServer:
             args += ["--otlp-traces-endpoint", self.otlp_endpoint]
         for path in self.middleware:
             args += ["--middleware", path]
-        return args
+        return [*args, *self.extra_args]
 
     def start(self, timeout_s: float = 240.0) -> VllmServer:
         """Spawn and wait for /health. vLLM's `--port` must be known before it starts, so a port left
@@ -132,6 +135,8 @@ class VllmServer:
         env = vllm_env(
             {"OTEL_BSP_SCHEDULE_DELAY": str(self.bsp_delay_ms), TRACES_PROTOCOL: self.otlp_protocol, **self.env}
         )
+        if self.pd_role:  # known once the port is: a retry on a fresh port tags the new URL
+            tag_pd_resource(env, self.pd_role, self.url)
         with open(self.log_path, "ab") as log:
             self.log_offset = log.tell()
             self.proc = subprocess.Popen(

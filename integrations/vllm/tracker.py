@@ -17,6 +17,8 @@ EngineCore both read `time.monotonic()`, one system-wide clock):
     first_token  the API server handed the first token to the request's stream (right after
                  `process_outputs` put it in the request's queue)
     token        the same, for each later output of the request
+    kv_save, kv_load      the KV connector's calls for the request (a `Phaselens<Name>` connector,
+                 `kv_connector.py`): records in the batch's KV-connector stats, the worker's clock
     finished, responded   the output processor finished the request (`do_tracing`); vLLM's
                  streaming of the last bytes is not observed, so delivery ends here
 
@@ -32,6 +34,8 @@ from typing import Any
 from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs
 from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, RequestInfo, StepStats
 from phaselens.instrumentation import names as n
+
+from .kv_timing import SAVE, records_of
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 # vLLM's FinishReason names → the observer's reasons
@@ -56,6 +60,7 @@ class VllmTracker:
     __slots__ = (
         "_abandoned",
         "_claimed",
+        "_finished_now",
         "_idle_reason",
         "_open",
         "_prev_step_end_ts",
@@ -80,6 +85,8 @@ class VllmTracker:
         self._claimed: dict[str, Any] = {}  # vLLM request id → the HTTP request's handle, before its first output
         self._states_of: dict[str, Any] = {}  # vLLM request id → vLLM's RequestState, kept for aborts
         self._abandoned: set[str] = set()  # closed with their HTTP request while vLLM still runs them
+        # finished in the current output batch: its KV records come after (update_scheduler_stats)
+        self._finished_now: dict[str, Any] = {}
         self._states: dict | None = None  # the output processor's live requests (its own dict)
         self._step_handles: list = []
         self._step_first_tokens = 0
@@ -173,6 +180,7 @@ class VllmTracker:
         self._abandoned.discard(req_state.request_id)  # its handle was closed when its client left
         if handle is None:
             return
+        self._finished_now[req_state.request_id] = handle
         reason = str(getattr(finish_reason, "name", finish_reason) or "").lower()
         self._settle(handle, req_state, FINISH_REASONS.get(reason, reason))
         handle.complete(
@@ -224,6 +232,7 @@ class VllmTracker:
         (the engine was busy since the previous batch, or idle until it scheduled the new request);
         `prefill_tokens` are the prompt tokens of the requests whose prefill ended in this step;
         `decode_tokens` = generated tokens − first tokens."""
+        self._kv_moved(records_of(getattr(scheduler_stats, "kv_connector_stats", None)))
         end_s, iteration_stats = self._step_end_s, self._step_iteration
         self._step_end_s = self._step_iteration = None
         members, self._step_handles = self._step_handles, []
@@ -250,6 +259,16 @@ class VllmTracker:
             queue_depth=getattr(scheduler_stats, "num_waiting_reqs", 0),
         )
         self.telemetry.step_observer.step(stats, members)
+
+    def _kv_moved(self, records: list[list[Any]]) -> None:
+        """The KV connector's records of this batch's step (`kv_timing.py`) into the requests' handles:
+        open, claimed, or finished in this batch (its record arrives after `do_tracing`; the handle
+        is the delivery middleware's, closed only when the response ends)."""
+        finished, self._finished_now = self._finished_now, {}
+        for req_id, op, start_ts, end_ts, busy_ns, nbytes in records:
+            handle = self._open.get(req_id) or self._claimed.get(req_id) or finished.get(req_id)
+            if handle is not None:
+                handle.kv_moved(op == SAVE, MonoTs(start_ts), MonoTs(end_ts), busy_ns, nbytes)
 
     def _close_vanished(self) -> None:
         """Requests aborted before finishing never reach `do_tracing`: close them as aborted."""
@@ -286,6 +305,8 @@ def output_taken(handle: Any, output: Any) -> None:
     that renders text is `output_ready`: the first time with the tokens handed to the stream so far
     (so the decode steps of tokens that rendered none are `held_back`); every time, so that the
     middleware stamps each content chunk's `send` (the last one ends `server_last_chunk`)."""
-    if not handle.first_token_ts or not any(completion.text for completion in getattr(output, "outputs", ())):
+    text = any(completion.text for completion in getattr(output, "outputs", ()))
+    # a finished output is the answer even with no text (one token that renders none: a P/D prefill half)
+    if not handle.first_token_ts or not (text or (getattr(output, "finished", False) and not handle.output_ready_ts)):
         return
     handle.output_ready(0 if handle.output_ready_ts else 1 + sum(handle.token_n))

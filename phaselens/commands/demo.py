@@ -66,8 +66,8 @@ def register(subparsers) -> None:
         "--disagg",
         action="store_true",
         help="run the workload colocated and as 1 prefill + 1 decode instance behind a router, and compare "
-        "both budgets (docs/disaggregation.md; reference server, one ClickHouse node); with --server dynamo: "
-        "one Dynamo prefill and one decode worker",
+        "both budgets (docs/disaggregation.md; the reference server, or --server vllm: vLLM instances with "
+        "a KV connector; one ClickHouse node); with --server dynamo: one Dynamo prefill and one decode worker",
     )
     p.set_defaults(func=run, _parser=p)
 
@@ -88,8 +88,13 @@ def run(args) -> int:
     )
     try:
         opts.validate()
-        if args.disagg and (opts.server not in ("reference", "dynamo") or opts.shards != 1 or opts.keep_running):
-            raise ValueError("--disagg runs the reference server or Dynamo on one node, without --keep-running")
+        if args.disagg and (
+            opts.server not in ("reference", "vllm", "dynamo") or opts.shards != 1 or opts.keep_running
+        ):
+            raise ValueError(
+                "--disagg runs the reference server, vLLM with the plugin (--server vllm) or Dynamo on one node, "
+                "without --keep-running"
+            )
         if opts.server == "dynamo" and (opts.shards != 1 or opts.keep_running or given(args, "report")):
             raise ValueError(
                 "--server dynamo runs on one ClickHouse node, without --keep-running, and writes no report"

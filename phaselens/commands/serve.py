@@ -7,6 +7,7 @@ import sys
 
 from phaselens.commands._flags import given, refuse
 from phaselens.reference_server.engine.config import DEVICES, DTYPES, POLICIES, EngineConfig
+from phaselens.reference_server.pd.pd_protocol import PROTOCOL_PHASELENS, PROTOCOLS
 
 
 def register(subparsers) -> None:
@@ -68,6 +69,13 @@ def register(subparsers) -> None:
     p.add_argument("--kv-port", type=int, default=0, help="decode role: the KV-transfer port (0 picks a free one)")
     p.add_argument("--prefill", nargs="+", default=(), metavar="URL", help="router role: the prefill instances")
     p.add_argument("--decode", nargs="+", default=(), metavar="URL", help="router role: the decode instances")
+    p.add_argument(
+        "--pd-protocol",
+        choices=PROTOCOLS,
+        default=PROTOCOL_PHASELENS,
+        help="router role: what the instances speak: phaselens (reference servers) or vllm (vLLM instances "
+        "with a KV connector: prefill with max_tokens 1 and kv_transfer_params; docs/disaggregation.md)",
+    )
     p.set_defaults(func=run, _parser=p)
 
 
@@ -100,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
             args._parser.error(str(exc))
     if args.role != "decode":
         refuse(args, given(args, "kv_port"), "is the decode instance's KV-transfer port: give --role decode")
+    if args.role != "router":
+        refuse(args, given(args, "pd_protocol"), "is the router's: give --role router")
     if args.role == "router":
         refuse(args, given(args, *_ENGINE_FLAGS), "configure a model server; the router runs no model")
         refuse(args, given(args, "tls_cert", "tls_key"), "are not served by the router (plain HTTP only)")
@@ -161,6 +171,7 @@ def _router(args: argparse.Namespace) -> int:
         auth_token=args.auth_token,
         insecure=args.insecure,
         telemetry=not args.no_telemetry,
+        pd_protocol=args.pd_protocol,
     )
     try:
         return serve_router(options)

@@ -3,14 +3,16 @@
 The client talks OpenAI to the router; per request the router picks the least-loaded prefill and
 decode instances (fewest requests in flight from this router, then fewest picks), and:
 
-    1. POST the body to the prefill instance, not streamed, with
-       kv_transfer_params = {decode_kv: the decode instance's KV port, transfer_id}; it runs the
-       prompt, sends the KV and the first token to the decode instance, answers once acknowledged;
-    2. POST the body to the decode instance with kv_transfer_params = {transfer_id}, as the client
-       asked (streamed or not), and relay its answer.
+    1. POST the body to the prefill instance, not streamed, with what the protocol adds
+       (reference_server.pd_protocol; phaselens's own: kv_transfer_params = {decode_kv: the decode
+       instance's KV port, transfer_id}: it runs the prompt, sends the KV and the first token to
+       the decode instance, answers once acknowledged; vLLM's: max_tokens 1, do_remote_decode);
+    2. POST the body to the decode instance with what the protocol takes from the prefill's answer
+       (the transfer id; vLLM's kv_transfer_params), as the client asked (streamed or not), and
+       relay its answer.
 
-A prefill answer that is not "transferred" (the first token ended the request) is the whole
-answer. A failure on either side gives the client an OpenAI-shaped error: before the stream
+Both halves carry the hop's `traceparent` and one X-Request-ID. A prefill answer that is the whole
+answer (phaselens: not "transferred", the first token ended the request) is relayed as it is. A failure on either side gives the client an OpenAI-shaped error: before the stream
 (HTTP 502 naming the instance, or the instance's own error status), or as an SSE `error` event
 when the decode instance dies mid-stream; the stream then ends without `[DONE]`. An instance that
 failed is passed over for DOWN_S seconds (unless every instance of its kind did).
@@ -34,7 +36,8 @@ from fastapi.responses import JSONResponse, Response
 
 from phaselens.common.clocks import NOT_STAMPED, MonoTs, monotonic_ts
 from phaselens.common.exposure import authorized
-from phaselens.reference_server.engine.disagg import FINISH_TRANSFERRED
+from phaselens.instrumentation import names
+from phaselens.reference_server.pd.pd_protocol import PROTOCOL_PHASELENS, PdProtocol, protocol
 from phaselens.reference_server.pd.router_spans import RouterRecord, RouterSpans
 from phaselens.reference_server.serving.api import _NO_FASTAPI_TELEMETRY, EventStreamResponse, error_response
 from phaselens.reference_server.serving.protocol import ApiError, bad
@@ -121,12 +124,14 @@ class Router:
         auth_token: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_body_bytes: int = 1 << 20,
+        pd_protocol: str = PROTOCOL_PHASELENS,
     ) -> None:
         if not prefill or not decode:
             raise ValueError("a router needs at least one --prefill and one --decode instance")
         self.prefill = Pool([Instance(u.rstrip("/")) for u in prefill])
         self.decode = Pool([Instance(u.rstrip("/")) for u in decode])
         self.spans = spans
+        self.protocol: PdProtocol = protocol(pd_protocol)
         self.auth_token = auth_token
         self.max_body_bytes = max_body_bytes
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
@@ -171,14 +176,15 @@ class Router:
                 )
             body = await self._read_json(request)
             rec.model, rec.stream = str(body.get("model", "")), bool(body.get("stream"))
+            rec.request_id = request.headers.get(names.X_REQUEST_ID_HEADER) or uuid.uuid4().hex
             prefill_answer = await self._prefill(request, path, body, rec)
         except ApiError as error:
             rec.fail(error.code or error.type, error.status)
             self.spans.close(rec)
             return error_response(error)
-        if prefill_answer is not None:  # the prefill instance finished the request itself
+        if self.protocol.whole(prefill_answer):  # the prefill instance finished the request itself
             return self._whole(prefill_answer, rec)
-        return await self._decode(request, path, body, rec)
+        return await self._decode(request, path, body, rec, prefill_answer)
 
     async def _read_json(self, request: Request) -> dict[str, Any]:
         """The body as a JSON object, read only up to `max_body_bytes` (413 beyond)."""
@@ -199,8 +205,13 @@ class Router:
             raise bad("the request body must be a JSON object")
         return body
 
-    def _forward_headers(self, request: Request, traceparent: str) -> dict[str, str]:
+    def _forward_headers(self, request: Request, traceparent: str, request_id: str = "") -> dict[str, str]:
+        """The headers an instance gets: the client's authorization, the hop's trace context, and one
+        X-Request-ID for both halves (the client's, else the router's; vLLM's connectors pair the
+        halves by request id)."""
         headers = {"content-type": "application/json"}
+        if request_id:
+            headers[names.X_REQUEST_ID_HEADER] = request_id
         if request.headers.get("authorization"):
             headers["authorization"] = request.headers["authorization"]
         if traceparent:
@@ -218,13 +229,13 @@ class Router:
             instance.kv_address = health["kv_address"]
         return instance.kv_address
 
-    async def _prefill(self, request: Request, path: str, body: dict[str, Any], rec: RouterRecord) -> Any:
-        """Step 1; returns the prefill instance's answer when it is the whole answer, else None."""
+    async def _prefill(self, request: Request, path: str, body: dict[str, Any], rec: RouterRecord) -> dict[str, Any]:
+        """Step 1; returns the prefill instance's answer."""
         prefill, decode = self.prefill.pick(), self.decode.pick()
         rec.prefill_url, rec.decode_url, rec.transfer_id = prefill.url, decode.url, uuid.uuid4().hex
-        kv = {"decode_kv": await self._kv_address(decode), "transfer_id": rec.transfer_id}
-        half = {k: v for k, v in body.items() if k != "stream_options"} | {"stream": False, "kv_transfer_params": kv}
-        headers = self._forward_headers(request, self.spans.prefill_traceparent(rec))
+        kv_address = await self._kv_address(decode) if self.protocol.needs_kv_address else ""
+        half = self.protocol.prefill_half(body, rec.transfer_id, kv_address)
+        headers = self._forward_headers(request, self.spans.prefill_traceparent(rec), rec.request_id)
         prefill.inflight += 1
         rec.prefill_start_ts = monotonic_ts()
         try:
@@ -240,7 +251,7 @@ class Router:
             if error.code == "kv_transfer_failed":  # the decode instance's KV port failed
                 decode.mark_down()
             raise error
-        return None if data["choices"][0].get("finish_reason") == FINISH_TRANSFERRED else data
+        return data
 
     def _whole(self, data: dict[str, Any], rec: RouterRecord) -> Response:
         rec.first_chunk_ts = rec.relayed_ts = rec.done_ts = monotonic_ts()
@@ -249,10 +260,12 @@ class Router:
             return JSONResponse(data)
         return EventStreamResponse(_iterate(_whole_as_stream(data, rec.chat)), media_type="text/event-stream")
 
-    async def _decode(self, request: Request, path: str, body: dict[str, Any], rec: RouterRecord) -> Response:
+    async def _decode(
+        self, request: Request, path: str, body: dict[str, Any], rec: RouterRecord, prefill_answer: dict[str, Any]
+    ) -> Response:
         decode = next(i for i in self.decode.instances if i.url == rec.decode_url)
-        half = body | {"kv_transfer_params": {"transfer_id": rec.transfer_id}}
-        headers = self._forward_headers(request, self.spans.decode_traceparent(rec))
+        half = self.protocol.decode_half(body, rec.transfer_id, prefill_answer)
+        headers = self._forward_headers(request, self.spans.decode_traceparent(rec), rec.request_id)
         decode.inflight += 1
         rec.decode_start_ts = monotonic_ts()
         try:
@@ -336,7 +349,7 @@ def _error_fields(data: Any) -> dict[str, Any]:
         "message": str(error.get("message", "")),
         "param": error.get("param"),
         "type_": str(error.get("type", "server_error")),
-        "code": error.get("code"),
+        "code": None if error.get("code") is None else str(error["code"]),  # vLLM's is the HTTP status, an int
     }
 
 

@@ -38,6 +38,7 @@ class RouterRecord:
     model: str = ""
     stream: bool = False
     transfer_id: str = ""
+    request_id: str = ""  # the X-Request-ID both instances got (the client's, else the router's)
     prefill_url: str = ""
     decode_url: str = ""
     prefill_start_ts: MonoTs = NOT_STAMPED
@@ -110,6 +111,8 @@ class RouterSpans:
             names.PL_ROUTER_DECODE: rec.decode_url,
             **rec.terms_ms(),
         }
+        if rec.request_id:
+            attrs[names.HTTP_REQUEST_HEADER_X_REQUEST_ID] = [rec.request_id[: names.X_REQUEST_ID_MAX_CHARS]]
         if rec.error_type:
             attrs[names.ERROR_TYPE] = rec.error_type
         parent = span_context(rec.parent, is_remote=True) if rec.parent else None
