@@ -19,6 +19,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -163,30 +164,49 @@ def _raise_interrupt(*_):
 
 
 def run(opts: DemoOptions, console: Console) -> int:
-    """The demo; returns the exit code. Every child stops on return, Ctrl-C, SIGTERM or an error.
-    A temporary data directory is removed afterwards, unless something failed (its logs/ tell why)."""
+    """The demo; returns the exit code (see `run_guarded`)."""
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="phaselens-demo-")
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     stack = Stack(data_dir, model=opts.model, device=opts.device, server_kind=opts.server, shards=opts.shards)
-    code = 1
-    try:
-        code = 0 if _session(stack, opts, console) else 1
+
+    def session() -> bool:
+        ok = _session(stack, opts, console)
         if opts.keep_running:
             _print_howto(stack, console)
             _sleep_until_interrupted()
+        return ok
+
+    return run_guarded(session, stack.stop, stack.log_dir, data_dir, opts.data_dir is None, console)
+
+
+def run_guarded(
+    session: Callable[[], bool],
+    stop: Callable[[], object],
+    log_dir: Path,
+    data_dir: str,
+    temporary: bool,
+    console: Console,
+) -> int:
+    """Every demo's frame: `session` (True: every request of the run queryable) → exit 0, else 1;
+    Ctrl-C or SIGTERM → 130; a stack or analysis error → 1, printed with the logs' folder. `stop`
+    always runs, uninterrupted; a `temporary` data folder is removed unless something failed (its
+    logs/ tell why)."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    code = 1
+    try:
+        code = 0 if session() else 1
     except KeyboardInterrupt:
         console.print("interrupted: stopping")
         code = 130
     except (StackError, AnalysisError, RuntimeError, OSError) as e:
-        console.print(f"[red]error:[/] {e}\nlogs: {stack.log_dir}")
+        console.print(f"[red]error:[/] {e}\nlogs: {log_dir}")
     finally:
         stopping = time.monotonic()
         for sig in (signal.SIGTERM, signal.SIGINT):  # a second Ctrl-C must not cut the ordered stop short
             signal.signal(sig, signal.SIG_IGN)
         with console.status("stopping…"):
-            stack.stop()
+            stop()
         console.print(f"stopped in {time.monotonic() - stopping:.1f} s")
-        if opts.data_dir is None and code in (0, 130):
+        if temporary and code in (0, 130):
             shutil.rmtree(data_dir, ignore_errors=True)
     return code
 

@@ -15,7 +15,6 @@ TPOT p99 and a client TTFT p99 no higher; otherwise it did not pay, on this work
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,8 +24,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from phaselens.analysis.budget import AnalysisError, BudgetReport, PdBudget, budget, pd_budget
-from phaselens.demo import DemoOptions, LoadRun, run_load, wait_for_spans
+from phaselens.analysis.budget import BudgetReport, PdBudget, budget, pd_budget
+from phaselens.demo import DemoOptions, LoadRun, run_guarded, run_load, wait_for_spans
 from phaselens.pd_stack import PdStack
 from phaselens.stack import Stack, StackError
 
@@ -61,25 +60,16 @@ def run(opts: DemoOptions, console: Console) -> int:
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="phaselens-disagg-")
     stack = Stack(data_dir, model=opts.model, device=opts.device, server_kind=opts.server)
     pd = PdStack(stack)
-    code = 1
-    try:
+
+    def session() -> bool:
         if opts.server == "vllm":
             pd.instances = vllm_instances(Path(data_dir))
         colocated, disagg = _session(stack, pd, opts, console)
         console.print(compare(colocated, disagg))
         console.print(verdict(colocated, disagg))
-        code = 0
-    except KeyboardInterrupt:
-        console.print("interrupted: stopping")
-        code = 130
-    except (StackError, AnalysisError, RuntimeError, OSError) as e:
-        console.print(f"[red]error:[/] {e}\nlogs: {stack.log_dir}")
-    finally:
-        with console.status("stopping…"):
-            pd.stop()
-        if opts.data_dir is None and code in (0, 130):
-            shutil.rmtree(data_dir, ignore_errors=True)
-    return code
+        return True
+
+    return run_guarded(session, pd.stop, stack.log_dir, data_dir, opts.data_dir is None, console)
 
 
 def _session(stack: Stack, pd: PdStack, opts: DemoOptions, console: Console) -> tuple[RunBudget, RunBudget]:

@@ -8,17 +8,16 @@ each worker's busy and idle time.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
 
-from phaselens.analysis.budget import AnalysisError, budget, budget_format, dynamo_budget
-from phaselens.demo import DemoOptions, run_load, wait_for_spans
+from phaselens.analysis.budget import budget, budget_format, dynamo_budget
+from phaselens.demo import DemoOptions, run_guarded, run_load, wait_for_spans
 from phaselens.dynamo_stack import DynamoStack
-from phaselens.stack import Stack, StackError
+from phaselens.stack import Stack
 
 
 def run(opts: DemoOptions, console: Console, disagg: bool) -> int:
@@ -26,20 +25,14 @@ def run(opts: DemoOptions, console: Console, disagg: bool) -> int:
     Dynamo's model folder and state) is removed afterwards unless something failed."""
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="phaselens-dynamo-")
     served = DynamoStack(Stack(data_dir), disagg=disagg)
-    code = 1
-    try:
-        code = 0 if _session(served, opts, console) else 1
-    except KeyboardInterrupt:
-        console.print("interrupted: stopping")
-        code = 130
-    except (StackError, AnalysisError, RuntimeError, OSError) as e:
-        console.print(f"[red]error:[/] {e}\nlogs: {served.stack.log_dir}")
-    finally:
-        with console.status("stopping…"):
-            served.stop()
-        if opts.data_dir is None and code in (0, 130):
-            shutil.rmtree(data_dir, ignore_errors=True)
-    return code
+    return run_guarded(
+        lambda: _session(served, opts, console),
+        served.stop,
+        served.stack.log_dir,
+        data_dir,
+        opts.data_dir is None,
+        console,
+    )
 
 
 def _session(served: DynamoStack, opts: DemoOptions, console: Console) -> bool:
