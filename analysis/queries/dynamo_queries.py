@@ -3,7 +3,8 @@ rows of `phaselens_requests` built from Dynamo's own spans (`span_model` dynamo-
 range on the frontend's `http-request` start (`server_start_time`).
 
     client TTFT     = client_ms + client_late_est_ms + residual_ms + server_ttft_ms
-                      (client clock; the edges count 0 where nobody stamped them, as in every budget)
+                      (client clock; an edge counts 0 in a request that lacks it, and is NULL —
+                      unobserved — when no request of the selection was stamped with it)
     server_ttft_ms  = Dynamo's frontend TTFT
                     = frontend_dispatch_ms + prefill_call_ms + kv_transfer_est_ms   (frontend clock, P/D)
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from phaselens.analysis import terms
 from phaselens.analysis.queries.dialect import Dialect
+from phaselens.analysis.queries.facts import STAMPED_BY
 from phaselens.analysis.schema.schema import REQUESTS_VIEW
 from phaselens.instrumentation import names as n
 
@@ -37,10 +39,7 @@ def dynamo_summary(d: Dialect) -> str:
     """One row: counts, then p50/p90/p99 and mean of each term and figure over the successful requests."""
     ok = "status = 'ok'"
     exprs = [(name, sql) for name, sql, _ in TERMS] + [(name, name) for name in SIDE]
-    stats = ",\n    ".join(
-        f"quantilesExactInclusiveIf(0.5, 0.9, 0.99)({sql}, {ok}) AS {name}_q, avgIf({sql}, {ok}) AS {name}_mean"
-        for name, sql in exprs
-    )
+    stats = ",\n    ".join(_stat(name, sql, ok) for name, sql in exprs)
     where = (
         f"span_model = '{n.SPAN_MODEL_DYNAMO}' AND {d.time_filter('server_start_time')} AND {d.match('model', 'model')}"
     )
@@ -48,4 +47,15 @@ def dynamo_summary(d: Dialect) -> str:
         "SELECT count() AS requests, countIf(status = 'error') AS errors,\n"
         "    countIf(prefill_instance IS NOT NULL) AS disaggregated,\n"
         f"    {stats}\nFROM {d.table(REQUESTS_VIEW)}\nWHERE {where}"
+    )
+
+
+def _stat(name: str, sql: str, ok: str) -> str:
+    """p50/p90/p99 and mean of one term over the successful requests; NULL at each when no such
+    request was stamped with it (STAMPED_BY): unobserved, never 0."""
+    stamped = STAMPED_BY.get(name)
+    cond = ok if stamped is None else f"{ok} AND {stamped} IS NOT NULL"
+    return (
+        f"if(countIf({cond}) = 0, [], quantilesExactInclusiveIf(0.5, 0.9, 0.99)({sql}, {ok})) AS {name}_q, "
+        f"if(countIf({cond}) = 0, NULL, avgIf({sql}, {ok})) AS {name}_mean"
     )
