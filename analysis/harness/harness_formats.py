@@ -74,7 +74,7 @@ def aiperf_record(line: str) -> ClientRecord | None:
         error_type = str(error.get("type") or error.get("code") or "error")
     return ClientRecord(
         request_id=str(request_id),
-        start_wall_ns=int(meta["request_start_ns"]),
+        start_wall_ts=int(meta["request_start_ns"]),
         itl_ms=tuple(gaps) if isinstance(gaps, list) else (gaps,),
         error_type=error_type,
         **figures,

@@ -144,10 +144,10 @@ def client_attributes(run: HarnessRun, record: ClientRecord, model: str | None) 
         n.PL_CLIENT_INPUT_TOKENS: record.input_tokens,
         n.PL_CLIENT_OUTPUT_TOKENS: record.output_tokens,
         n.ERROR_TYPE: record.error_type,
-        n.PL_CLIENT_SENT_WALL_NS: record.start_wall_ns,
+        n.PL_CLIENT_SENT_WALL_NS: record.start_wall_ts,
     }
     if record.e2e_ms is not None:
-        attributes[n.PL_CLIENT_DONE_WALL_NS] = record.start_wall_ns + _ms_to_ns(record.e2e_ms)
+        attributes[n.PL_CLIENT_DONE_WALL_NS] = record.start_wall_ts + _ms_to_ns(record.e2e_ms)
     attributes.update(_server_address(run.server_url))
     return {k: v for k, v in attributes.items() if v is not None}
 
@@ -170,7 +170,7 @@ def client_span(run: HarnessRun, record: ClientRecord, match: ServerMatch, resou
     start = the harness's wall clock at send, end = start + e2e; events at start + TTFT / TTFO / e2e."""
     trace_id = int(match.trace_id, 16)
     context = SpanContext(trace_id, span_id_for(run.harness, record.request_id, match.trace_id), False, TraceFlags(1))
-    start = record.start_wall_ns
+    start = record.start_wall_ts
     offsets = ((n.EVENT_FIRST_CHUNK, record.ttft_ms), (n.EVENT_FIRST_OUTPUT, record.ttfo_ms))
     events = [Event(name, {}, start + _ms_to_ns(ms)) for name, ms in offsets if ms is not None]
     end = start + _ms_to_ns(record.e2e_ms) if record.e2e_ms is not None else start

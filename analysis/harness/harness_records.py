@@ -1,7 +1,7 @@
 """A harness's per-request records as phaselens reads them: what `phaselens import` turns into client views.
 
 Every figure is a duration the harness computed on its own clock, kept exactly as it wrote it
-(ms); `start_wall_ns` is the harness's wall clock and only places the client span on a timeline.
+(ms); `start_wall_ts` is the harness's wall clock and only places the client span on a timeline.
 Nothing here is ever subtracted from a server timestamp.
 """
 
@@ -20,7 +20,7 @@ class ClientRecord:
     `itl_ms` its inter-chunk gaps, in order; a failed request has `error_type`."""
 
     request_id: str
-    start_wall_ns: int
+    start_wall_ts: int
     e2e_ms: float | None = None
     ttft_ms: float | None = None
     ttfo_ms: float | None = None

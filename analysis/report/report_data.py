@@ -29,13 +29,13 @@ class RequestPoint:
 
 @dataclass(slots=True)
 class TraceSpan:
-    """One stored span; `start_ns` counts from the first span of the same service and P/D instance (that
+    """One stored span; `start_ts` (an instant, ns) counts from the first span of the same service and P/D instance (that
     process's own clock: never compared across processes), `duration_ns` is the span's own duration."""
 
     name: str
     kind: str
     service: str
-    start_ns: int
+    start_ts: int
     duration_ns: int
     span_id: str
     parent_span_id: str

@@ -192,7 +192,7 @@ def layout_trace(spans: list[TraceSpan], hops_ms: dict[str, float] | None = None
             lanes.append(
                 charts.Lane(
                     label,
-                    offset + (s.start_ns - server.start_ns) / 1e6,
+                    offset + (s.start_ts - server.start_ts) / 1e6,
                     s.duration_ns / 1e6,
                     color,
                     depth + (1 if client else 0),

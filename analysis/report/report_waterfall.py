@@ -44,7 +44,7 @@ def tree_order(spans: list[TraceSpan], root: TraceSpan) -> list[tuple[TraceSpan,
             continue
         seen.add(span.span_id)
         out.append((span, depth))
-        kids = sorted(children.get(span.span_id, []), key=lambda s: s.start_ns, reverse=True)
+        kids = sorted(children.get(span.span_id, []), key=lambda s: s.start_ts, reverse=True)
         stack.extend((k, depth + 1) for k in kids)
     return out
 
@@ -60,13 +60,13 @@ def _processes(spans: list[TraceSpan]) -> list[list[TraceSpan]]:
     for s in spans:
         if s.role in ROLES:
             by_process.setdefault((s.service, s.instance), []).append(s)
-    return sorted(by_process.values(), key=lambda p: (ROLES.index(p[0].role), min(s.start_ns for s in p)))
+    return sorted(by_process.values(), key=lambda p: (ROLES.index(p[0].role), min(s.start_ts for s in p)))
 
 
 def _root(process: list[TraceSpan]) -> TraceSpan:
     """The process's SERVER span (its request), else its earliest span."""
     servers = [s for s in process if s.kind.lower().endswith("server")]
-    return min(servers or process, key=lambda s: s.start_ns)
+    return min(servers or process, key=lambda s: s.start_ts)
 
 
 def _process_lanes(
@@ -79,12 +79,12 @@ def _process_lanes(
     ids = {s.span_id for s in process}
     tops = [
         root,
-        *sorted((s for s in process if s is not root and s.parent_span_id not in ids), key=lambda s: s.start_ns),
+        *sorted((s for s in process if s is not root and s.parent_span_id not in ids), key=lambda s: s.start_ts),
     ]
     out: list[tuple[TraceSpan, charts.Lane]] = []
     for top in tops:
         for s, d in tree_order(process, top):
-            start = anchor_ms + (s.start_ns - root.start_ns) / 1e6
+            start = anchor_ms + (s.start_ts - root.start_ts) / 1e6
             if s is root:
                 label, fill = f"{s.role} · {s.instance or s.service} ({s.role} clock)", ROLE_COLORS[s.role]
             else:
