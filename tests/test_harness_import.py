@@ -300,7 +300,7 @@ def test_aiperf_records_read_as_aiperf_wrote_them():
     assert len(run.records) == 18 and run.bad_lines == () and run.without_id == 0
     assert run.records[0] == ClientRecord(
         request_id=first["metadata"]["x_request_id"],
-        start_wall_ns=first["metadata"]["request_start_ns"],
+        start_wall_ts=first["metadata"]["request_start_ns"],
         e2e_ms=m["request_latency"]["value"],
         ttft_ms=m["time_to_first_token"]["value"],
         ttfo_ms=m["time_to_first_output_token"]["value"],
