@@ -15,8 +15,9 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.records import SpanIds
 from phaselens.reference_server.engine import kv_transfer
-from phaselens.reference_server.engine.disagg import FINISH_TRANSFERRED, KvHandoff, ReceivedKv
+from phaselens.reference_server.engine.disagg import KvHandoff, ReceivedKv
 from phaselens.reference_server.engine.kv_transfer import KvReceiver
+from phaselens.reference_server.engine.sequence import FINISH_TRANSFERRED
 from phaselens.reference_server.pd.pd_spans import PdSpans
 from tests.server_fixtures import Collected, greedy, make_engine
 

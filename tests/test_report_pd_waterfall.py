@@ -89,7 +89,7 @@ def test_the_page_draws_the_instances_and_a_colocated_trace_is_unchanged():
     client, router = trace(0, 0)[:2]
     colocated = [
         client,
-        D.TraceSpan(router.name, router.kind, router.service, router.start_ns, router.duration_ns, "r", "c"),
+        D.TraceSpan(router.name, router.kind, router.service, router.start_ts, router.duration_ns, "r", "c"),
     ]
     lanes, _ = P.layout_trace(colocated)  # no P/D role: the colocated layout, as before
     assert lanes[1].label == "server · text_completion tiny" and lanes[1].start_ms == pytest.approx(5)

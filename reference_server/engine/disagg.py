@@ -33,7 +33,6 @@ from phaselens.reference_server.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-FINISH_TRANSFERRED = "transferred"  # prefill instance: the request goes on at a decode instance
 DEFAULT_SEND_TIMEOUT_S = 30.0
 DEFAULT_STAGE_TIMEOUT_S = 60.0
 

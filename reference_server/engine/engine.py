@@ -45,7 +45,6 @@ from phaselens.reference_server.engine.config import EngineConfig
 from phaselens.reference_server.engine.detokenizer import TextTracker
 from phaselens.reference_server.engine.disagg import (
     DEFAULT_STAGE_TIMEOUT_S,
-    FINISH_TRANSFERRED,
     KvHandoff,
     KvSender,
     ReceivedKv,
@@ -53,7 +52,15 @@ from phaselens.reference_server.engine.disagg import (
 )
 from phaselens.reference_server.engine.model_runner import ModelRunner
 from phaselens.reference_server.engine.scheduler import Batch, Scheduler
-from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput, SeqStatus, Sequence, Sink, _drop
+from phaselens.reference_server.engine.sequence import (
+    FINISH_TRANSFERRED,
+    SamplingParams,
+    SeqOutput,
+    SeqStatus,
+    Sequence,
+    Sink,
+    _drop,
+)
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # torch loads with the model runner, not with the request boo
     import torch
 
 
+FINISH_TRANSFERRED = "transferred"  # prefill instance: the request goes on at a decode instance
 FAULT_ID = -1  # a sampled id that failed (reference_server.engine.sampler): its request fails alone
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phaselens.instrumentation import names
-from phaselens.reference_server.engine.disagg import FINISH_TRANSFERRED
+from phaselens.reference_server.engine.sequence import FINISH_TRANSFERRED  # torch-free: the CLI imports this
 
 PROTOCOL_PHASELENS, PROTOCOL_VLLM = names.PD_PROTOCOL_PHASELENS, names.PD_PROTOCOL_VLLM
 PROTOCOLS = (PROTOCOL_PHASELENS, PROTOCOL_VLLM)

@@ -28,8 +28,7 @@ from dataclasses import fields
 from typing import Any
 
 from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
-from phaselens.reference_server.engine.disagg import FINISH_TRANSFERRED
-from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput
+from phaselens.reference_server.engine.sequence import FINISH_TRANSFERRED, SamplingParams, SeqOutput
 
 CONFIG, ADD, ABORT, STOP = "config", "add", "abort", "stop"
 READY, FAILED, OUTPUTS = "ready", "failed", "outputs"
