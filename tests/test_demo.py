@@ -109,7 +109,7 @@ def test_demo_rejects_bad_options_before_starting_anything(capsys):
         (["--slo", "p99:5"], "--slo: bad SLO 'p99:5': use ttft:MS, tpot:MS"),
         (["--server", "dynamo", "--shards", "2"], "--server dynamo runs on one ClickHouse node"),
         (["--server", "dynamo", "--report", "r.html"], "--server dynamo runs on one ClickHouse node"),
-        (["--server", "vllm", "--disagg"], "--disagg runs the reference server or Dynamo on one node"),
+        (["--server", "vllm-native", "--disagg"], "--disagg runs the reference server, vLLM with the plugin"),
     ):
         assert cli.main(["demo", *argv]) == 2
         assert message in capsys.readouterr().err
