@@ -18,6 +18,7 @@ from pathlib import Path
 
 import clickhouse_connect
 import pytest
+from rich.console import Console
 
 from phaselens.analysis.budget import dynamo_budget as dyn
 from phaselens.analysis.sql import ddl
@@ -175,6 +176,10 @@ def test_phaselens_budget_prints_the_dynamo_budget_of_both_modes(pipeline, aggre
     # our client takes no read stamps behind the first chunk here: the late-client estimate is
     # unobserved at every statistic, never 0
     assert dataclasses.astuple(report.terms["client_late_est_ms"]) == (None, None, None, None)
+    printed_table = Console(width=200, record=True)
+    printed_table.print(dyn.to_rich(report))
+    row = next(line for line in printed_table.export_text().splitlines() if "client_late_est_ms" in line)
+    assert "client_late_est_ms (estimate) unobserved" in row and "0.00" not in row, row
     ttft = sum(mean[t] or 0 for t in ("client_ms", "client_late_est_ms", "residual_ms", "server_ttft_ms"))
     assert ttft == pytest.approx(report.side["client_ttft_ms"].mean, rel=1e-9)
     # the P/D terms: means over the P/D requests only (an aggregated request's are NULL, not 0)

@@ -29,6 +29,7 @@ from rich.table import Table
 from phaselens.analysis.budget.latency_budget import AnalysisError, Stat, _clean
 from phaselens.analysis.queries.dialect import CliDialect, QueryError
 from phaselens.analysis.queries.dynamo_queries import SIDE, TERMS, dynamo_summary
+from phaselens.analysis.queries.facts import UNOBSERVED
 
 
 @dataclass(slots=True)
@@ -70,7 +71,7 @@ def dynamo_budget(
 
 
 def _ms(x: float | None) -> str:
-    return "unobserved" if x is None else f"{x:.2f}"
+    return "–" if x is None else f"{x:.2f}"
 
 
 def to_rich(report: DynamoBudget) -> Group:
@@ -84,6 +85,8 @@ def to_rich(report: DynamoBudget) -> Group:
     estimated = {name for name, _, est in TERMS if est}
     for name, stat in (*report.terms.items(), *report.side.items()):
         label = f"{name} (estimate)" if name in estimated else name
+        if all(v is None for v in stat.values()):  # as the budget table says it: never 0.00
+            label = f"{label} {UNOBSERVED}"
         table.add_row(label, *(_ms(v) for v in stat.values()))
     note = (
         "client TTFT = client + client_late_est + residual + server_ttft (Dynamo's frontend TTFT) = ... + "
