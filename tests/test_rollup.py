@@ -13,6 +13,7 @@ import pytest
 
 from phaselens.analysis import queries as Q
 from phaselens.analysis.budget import latency_budget as B
+from phaselens.analysis.queries import rollups as QR
 from phaselens.analysis.queries import sketch
 from phaselens.analysis.rollup import rollup
 from phaselens.analysis.schema import schema as S
@@ -224,14 +225,15 @@ def test_a_new_term_is_one_line_and_upgrades_in_place(clickhouse, client, monkey
     w = spangen.generate(20, seed=8)
     spangen.emit(w, clickhouse.url, database, transport="insert")
     rollup.seal_now(client, database)
-    monkeypatch.setattr(Q, "ROLLUP_TERMS", (*Q.ROLLUP_TERMS, ("double_ingress_ms", "ingress_ms * 2")))
-    monkeypatch.setattr(Q, "ROLLUP_POSITIONS", (*Q.ROLLUP_POSITIONS, "double_ingress_ms"))
+    # the rollup's SQL reads the lists where they are defined (queries.rollups), not the package's re-export
+    monkeypatch.setattr(QR, "ROLLUP_TERMS", (*QR.ROLLUP_TERMS, ("double_ingress_ms", "ingress_ms * 2")))
+    monkeypatch.setattr(QR, "ROLLUP_POSITIONS", (*QR.ROLLUP_POSITIONS, "double_ingress_ms"))
     CS.apply(client, rollup.statements(database))
     rollup.stop_refreshes(client, database)
     spangen.emit(spangen.generate(20, seed=9), clickhouse.url, database, transport="insert", seed=9)
     rollup.seal_now(client, database)
     mean, rows = client.query(
-        f"SELECT avgForEachMerge({sketch.MEANS_COLUMN})[{len(Q.ROLLUP_POSITIONS)}], sum(requests) "
+        f"SELECT avgForEachMerge({sketch.MEANS_COLUMN})[{len(QR.ROLLUP_POSITIONS)}], sum(requests) "
         f"FROM {database}.{sketch.ROLLUP_TABLE}"
     ).result_rows[0]
     newer = spangen.generate(20, seed=9).requests
