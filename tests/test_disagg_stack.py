@@ -28,6 +28,7 @@ from phaselens.analysis.schema.pd_schema import PD_TERMS
 from phaselens.pd_stack import PdStack, faketime_library
 from phaselens.stack import Stack, StackError
 from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql
+from tests.pd_clocks import assert_instances_skewed
 from tests.server_fixtures import Collected, greedy, make_engine
 
 REQUESTS = 12
@@ -95,14 +96,7 @@ def test_budget_across_three_clocks_sums_to_client_ttft_with_no_negative_term(ro
 def test_wall_clocks_really_disagree_by_an_hour(pd, rows):
     """The span timestamps show the skew: the prefill instance's spans start ~1 h before the
     router's, the decode instance's ~1 h after (what a budget from wall stamps would subtract)."""
-    sql = (
-        f"SELECT ResourceAttributes['phaselens.pd.role'] AS role, min(toUnixTimestamp64Nano(Timestamp)) AS t "
-        f"FROM {pd.stack.database}.otel_traces WHERE TraceId = {{t:String}} GROUP BY role"
-    )
-    with pd.stack.client() as ch:
-        starts = dict(ch.query(sql, parameters={"t": rows[0]["trace_id"]}).result_rows)
-    assert (starts["prefill"] - starts["router"]) / 1e9 == pytest.approx(-SKEW_S, abs=60)
-    assert (starts["decode"] - starts["router"]) / 1e9 == pytest.approx(SKEW_S, abs=60)
+    assert_instances_skewed(pd.stack, rows[0]["trace_id"], SKEW_S)
 
 
 def test_kv_bytes_received_equal_kv_bytes_sent(rows):

@@ -28,6 +28,7 @@ from phaselens.integrations.vllm.tiny_model import save_tiny_llama
 from phaselens.pd_stack import PdStack, faketime_library
 from phaselens.stack import Stack, StackError
 from tests.delay_proxy import DOWN, UP, DelayProxy
+from tests.pd_clocks import assert_instances_skewed
 from tests.source_tree import ROOT
 
 VLLM_PYTHON = default_python(ROOT)
@@ -122,14 +123,7 @@ def test_the_prefill_hop_holds_what_the_proxy_held_both_ways(rows, proxy):
 
 
 def test_the_instances_wall_clocks_really_disagree_by_an_hour(pd, rows):
-    sql = (
-        f"SELECT ResourceAttributes['phaselens.pd.role'] AS role, min(toUnixTimestamp64Nano(Timestamp)) AS t "
-        f"FROM {pd.stack.database}.otel_traces WHERE TraceId = {{t:String}} GROUP BY role"
-    )
-    with pd.stack.client() as ch:
-        starts = dict(ch.query(sql, parameters={"t": rows[0]["trace_id"]}).result_rows)
-    assert (starts["prefill"] - starts["router"]) / 1e9 == pytest.approx(-SKEW_S, abs=60)
-    assert (starts["decode"] - starts["router"]) / 1e9 == pytest.approx(SKEW_S, abs=60)
+    assert_instances_skewed(pd.stack, rows[0]["trace_id"], SKEW_S)
 
 
 def test_a_decode_instance_killed_mid_request_fails_the_request_and_nothing_hangs(pd, rows):
