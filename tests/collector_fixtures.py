@@ -19,6 +19,19 @@ from phaselens.collectors import schema
 from phaselens.collectors.service import Collector
 
 
+def otel_env(endpoint: str, service: str) -> dict[str, str]:
+    """This environment with a process's OTel SDK exporting traces alone to `endpoint` over gRPC,
+    flushed every 200 ms (the SDK's 5 s default would make tests wait)."""
+    return os.environ | {
+        "OTEL_SERVICE_NAME": service,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{endpoint}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+
+
 def wait_rows(ch_client, database: str, expected: int, timeout_s: float = 15.0, table: str = "otel_traces") -> int:
     """Polls until `expected` rows of `table` are visible (or the timeout); returns the last count."""
     deadline = time.monotonic() + timeout_s

@@ -27,23 +27,12 @@ from phaselens.collectors import schema
 from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.collectors.service import Collector
 from phaselens.faults import suite
-from tests.collector_fixtures import wait_rows
+from tests.collector_fixtures import otel_env, wait_rows
 from tests.collector_payloads import export_request
 from tests.otlp_tee import EXPORT_METHOD, OtlpTee
 from tests.restart_bounds import cold_start_s, restart_bound_s
 
 REQUESTS = 12
-
-
-def _otel_env(endpoint: str, service: str) -> dict[str, str]:
-    return os.environ | {
-        "OTEL_SERVICE_NAME": service,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{endpoint}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-    }
 
 
 def _numbers_equal(ours, theirs, path: str = "") -> None:
@@ -66,7 +55,7 @@ def _run_bench(url: str, endpoint: str) -> None:
     bench = subprocess.run(
         [sys.executable, "-m", "phaselens", "bench", "--url", url, "--model", "tiny", "--concurrency", "4",
          "--requests", str(REQUESTS), "--input-len", "24", "--output-len", "8", "--ignore-eos", "--quiet"],
-        check=False, env=_otel_env(endpoint, "phaselens-loadgen"), capture_output=True, text=True, timeout=180,
+        check=False, env=otel_env(endpoint, "phaselens-loadgen"), capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert bench.returncode == 0, bench.stderr[-2000:]
 
@@ -83,7 +72,7 @@ def test_budget_through_rotel_equals_budget_through_our_collector(clickhouse, ch
     tee = OtlpTee([collector.grpc_endpoint, rotel.grpc_endpoint])
     serve = subprocess.Popen(
         [sys.executable, "-m", "phaselens", "serve", "--port", "0", "--max-num-seqs", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_otel_env(tee.endpoint, "phaselens-server"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=otel_env(tee.endpoint, "phaselens-server"),
     )  # fmt: skip
     try:
         line = serve.stdout.readline()

@@ -35,6 +35,7 @@ from phaselens.collectors.rotel_agent import RotelAgent
 from phaselens.collectors.service import Collector
 from phaselens.instrumentation import names
 from tests.analysis_fixtures import client, new_database
+from tests.collector_fixtures import otel_env
 from tests.otlp_tee import OtlpTee
 
 # 1 % of 100 is one tree: with Binomial(100, 0.05) head trees, P(none) = 0.95^100 = 0.6 % and
@@ -55,13 +56,7 @@ ROWS_WAIT_S = 120.0
 
 
 def _env(endpoint: str, service: str, sampler: str, tail: str) -> dict[str, str]:
-    return os.environ | {
-        "OTEL_SERVICE_NAME": service,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{endpoint}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-        "OTEL_METRICS_EXPORTER": "none",
-        "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    return otel_env(endpoint, service) | {
         names.ENV_TRACES_SAMPLER: sampler,
         names.ENV_TRACES_SAMPLER_ARG: str(RATIO),
         names.ENV_TAIL_SLO: tail,
