@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from phaselens.analysis.queries import sketch as sk
 from phaselens.analysis.queries.dialect import Dialect
-from phaselens.analysis.queries.facts import COMPONENTS, ERROR, STAMPED_BY, from_requests, series
+from phaselens.analysis.queries.facts import COMPONENTS, ERROR, from_requests, series, unless_unstamped
 from phaselens.analysis.queries.rollups import states
 from phaselens.analysis.queries.traces import one_trace
 from phaselens.analysis.schema.schema import (
@@ -20,8 +20,7 @@ TTFT_P50_P99 = (
 
 def _model_mean(name: str, expr: str) -> str:
     """A component's mean over a model's requests; NULL where none of them was stamped with it."""
-    stamp = STAMPED_BY.get(name)
-    return f"avg({expr})" if stamp is None else f"if(countIf({stamp} IS NOT NULL) = 0, NULL, avg({expr}))"
+    return unless_unstamped(name, f"avg({expr})", "NULL")
 
 
 def budget_by_model(d: Dialect) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from phaselens.analysis import terms
 from phaselens.analysis.queries.dialect import Dialect
-from phaselens.analysis.queries.facts import STAMPED_BY
+from phaselens.analysis.queries.facts import unless_unstamped
 from phaselens.analysis.schema.schema import REQUESTS_VIEW
 from phaselens.instrumentation import names as n
 
@@ -53,9 +53,5 @@ def dynamo_summary(d: Dialect) -> str:
 def _stat(name: str, sql: str, ok: str) -> str:
     """p50/p90/p99 and mean of one term over the successful requests; NULL at each when no such
     request was stamped with it (STAMPED_BY): unobserved, never 0."""
-    stamped = STAMPED_BY.get(name)
-    cond = ok if stamped is None else f"{ok} AND {stamped} IS NOT NULL"
-    return (
-        f"if(countIf({cond}) = 0, [], quantilesExactInclusiveIf(0.5, 0.9, 0.99)({sql}, {ok})) AS {name}_q, "
-        f"if(countIf({cond}) = 0, NULL, avgIf({sql}, {ok})) AS {name}_mean"
-    )
+    quantiles = unless_unstamped(name, f"quantilesExactInclusiveIf(0.5, 0.9, 0.99)({sql}, {ok})", "[]", ok)
+    return f"{quantiles} AS {name}_q, {unless_unstamped(name, f'avgIf({sql}, {ok})', 'NULL', ok)} AS {name}_mean"

@@ -66,6 +66,18 @@ OBSERVED_BY = terms.REGISTRY.observed_by()
 # ...and the facts column whose NULL says one request was not stamped with the component
 UNOBSERVED = "unobserved"  # the word every surface shows for such a term (never 0)
 STAMPED_BY = {name: dict(DISTRIBUTIONS)[witness] for name, witness in OBSERVED_BY.items()}
+
+
+def unless_unstamped(name: str, aggregate: str, empty: str, where: str = "") -> str:
+    """`aggregate` of component `name`, or `empty` (NULL, []) when no request (of those `where` keeps)
+    was stamped with it: unobserved, never the 0 ms it counts as in each row."""
+    stamp = STAMPED_BY.get(name)
+    if stamp is None:
+        return aggregate
+    stamped = f"{where} AND {stamp} IS NOT NULL" if where else f"{stamp} IS NOT NULL"
+    return f"if(countIf({stamped}) = 0, {empty}, {aggregate})"
+
+
 ERROR = "status = 'error'"
 # completed, seen by a client, and no content chunk reached it: no client TTFT, not an error
 NO_OUTPUT = "status = 'ok' AND has_client AND client_ttft_ms IS NULL"
