@@ -333,7 +333,7 @@ class _Routes:
                 if out.reasoning or out.content:
                     text.append(out.content)
                     handle.output_ready(out.output_tokens)  # the middleware stamps this chunk's send (first_chunk)
-                    yield encode_event(envelope.chunk(out.reasoning, out.content))
+                    yield envelope.delta_event(out.reasoning, out.content)
                 if out.finish_reason:
                     break
             yield encode_event(envelope.chunk(finish_reason=out.finish_reason))
