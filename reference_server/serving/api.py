@@ -319,7 +319,8 @@ class _Routes:
         return self.engine.submit(job.prompt_ids, job.params, observer=handle, sink=stream.sink)
 
     async def _events(self, job: Job, stream: OutputStream, handle: RequestHandle, seq_id: int) -> AsyncIterator[bytes]:
-        """SSE body: role chunk (chat), deltas, finish chunk, usage chunk (if asked), [DONE]."""
+        """SSE body: role chunk (chat), deltas, finish chunk, usage chunk (if asked), [DONE]. The
+        last delta and what follows it are one write (each write is a send on the socket)."""
         envelope, finished, text = job.envelope, False, []
         try:
             if envelope.chat:
@@ -330,18 +331,21 @@ class _Routes:
                     finished = True
                     yield encode_event(self._engine_failure(out, handle).body())
                     return
+                delta = b""
                 if out.reasoning or out.content:
                     text.append(out.content)
                     handle.output_ready(out.output_tokens)  # the middleware stamps this chunk's send (first_chunk)
-                    yield envelope.delta_event(out.reasoning, out.content)
+                    delta = envelope.delta_event(out.reasoning, out.content)
                 if out.finish_reason:
                     break
-            yield encode_event(envelope.chunk(finish_reason=out.finish_reason))
+                if delta:
+                    yield delta
+            tail = [delta, encode_event(envelope.chunk(finish_reason=out.finish_reason))]
             if job.parsed.include_usage:
-                yield encode_event(envelope.usage_chunk(out))
+                tail.append(encode_event(envelope.usage_chunk(out)))
             finished = True
             self._complete(handle, out, "".join(text))
-            yield DONE_EVENT
+            yield b"".join((*tail, DONE_EVENT))
         finally:
             if not finished:
                 self.engine.abort(seq_id)
