@@ -53,6 +53,8 @@ from phaselens.stack import project_env, spawn, spawn_logged
 START_TIMEOUT_S = 300.0
 BENCH_TIMEOUT_S = 600.0
 WARMUP_REQUESTS = 8
+TRANSFORMERS_KV_BLOCKS = 256  # of 256 tokens (its default page): 65,536 tokens, our default pool
+MAX_BATCH_TOKENS = 512  # tokens a step, our default
 SERVERS = ("phaselens", "phaselens-process", "vllm", "transformers")
 
 
@@ -94,6 +96,9 @@ def start_transformers(model_dir: Path, log_dir: Path) -> Peer:
     port = free_port()
     cli = Path(sys.executable).with_name("transformers")
     argv = [str(cli), "serve", str(folder), "--continuous-batching", "--device", "cpu"]
+    # its KV pool and step budget as ours (65,536 and 512 tokens); unset, its worker sized them from
+    # free memory: 14 GB resident on this 24 GB machine (0.65 GB so)
+    argv += ["--cb-num-blocks", str(TRANSFORMERS_KV_BLOCKS), "--cb-max-batch-tokens", str(MAX_BATCH_TOKENS)]
     argv += ["--host", LOOPBACK, "--port", str(port), "--log-level", "warning"]
     child = spawn_logged("transformers", argv, log_dir / "transformers.log", {**project_env(), "HF_HUB_OFFLINE": "1"})
     url = f"http://{LOOPBACK}:{port}"
