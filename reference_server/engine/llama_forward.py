@@ -26,6 +26,7 @@ transformers forward: `LlamaForward.for_model` returns None for them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.functional import embedding, linear, silu
@@ -63,7 +64,7 @@ class LlamaForward:
     scaling: float
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, max_positions: int) -> LlamaForward | None:
+    def for_model(cls, model: Any, max_positions: int) -> LlamaForward | None:
         """The lean forward of `model`, or None when it is not a plain Llama (module docstring)."""
         from transformers import LlamaForCausalLM
 
@@ -114,7 +115,7 @@ class LlamaForward:
         return linear(rms_norm(h[keep], self.w_norm, self.eps), self.head)
 
 
-def layer_weights(layer: torch.nn.Module) -> LayerWeights:
+def layer_weights(layer: Any) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     return LayerWeights(
         w_in=layer.input_layernorm.weight,
@@ -129,7 +130,7 @@ def layer_weights(layer: torch.nn.Module) -> LayerWeights:
     )
 
 
-def rotary_table(rotary: torch.nn.Module, max_positions: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_table(rotary: Any, max_positions: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin `[max_positions, D]` from the model's own rotary module (elementwise per position,
     so a row is what the module gives for that position in any batch)."""
     with torch.inference_mode():
