@@ -61,9 +61,7 @@ def _stop_in_turns(pid: int, done: threading.Event) -> None:
 def _connected(port: int) -> bool:
     """Some loopback TCP connection to `port` is established (/proc/net/tcp: remote address, state 01)."""
     with open("/proc/net/tcp") as f:
-        return any(
-            fields[2].endswith(f":{port:04X}") and fields[3] == "01" for fields in (line.split() for line in f)
-        )
+        return any(fields[2].endswith(f":{port:04X}") and fields[3] == "01" for fields in (line.split() for line in f))
 
 
 def _run_bench(stack: Stack, url: str, out: str, late: bool) -> tuple[str, list[dict]]:
