@@ -26,9 +26,6 @@ from phaselens.faults.parts import wait_until
 from phaselens.stack import Stack, spawn
 from tests.cli_fixtures import bench_argv
 
-# one worker runs the whole module under xdist: its module fixture is the expensive part
-pytestmark = pytest.mark.xdist_group("late_client")
-
 REQUESTS = 16
 # stopped for longer than a whole response takes (16 tokens: ~50–130 ms here), running 10 ms between:
 # most responses arrive whole while the load generator is stopped, and it reads them in one read

@@ -10,9 +10,6 @@ from phaselens.faults import collector_faults, suite
 from phaselens.faults.params import Params
 from tests.restart_bounds import restart_bound_s
 
-# one worker runs the whole module under xdist: its module fixture is the expensive part
-pytestmark = pytest.mark.xdist_group("faults")
-
 # floors: recover_bound_s scales two of them by measures of the same run
 RECOVER_BOUND_S = {
     "collector_sigkill": 5.0,
