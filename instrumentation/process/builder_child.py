@@ -278,7 +278,8 @@ def serve(process: SpanProcess, reader: FrameReader, parent_pid: int) -> None:
     pidfd = _parent_watch(poller, parent_pid)
     if os.getppid() != parent_pid:  # died before the watch began
         return
-    due: float | None = None  # when the records read since the last checkpoint must be exported
+    # when the records read since the last checkpoint must be exported (the hello's read may hold some)
+    due = time.monotonic() + REPORT_INTERVAL_S if process.unreported() else None
     early_s = REPORT_INTERVAL_S * CHECKPOINT_EARLY
     while not terminated:
         ready = {fd for fd, _ in poller.poll(_poll_ms(due, pidfd))}
