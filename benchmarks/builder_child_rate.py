@@ -3,9 +3,10 @@ Prints ONE JSON object.
 
 In vLLM (`vllm_plugin_overhead.py`: 4 in flight, 64 output tokens, 6-13 requests a second) the
 child's fixed costs a second (reads, exports, reports) are shared by few requests. This feeds the
-child as the shipper does: the hello, then one write a second of `--rate` requests' frames (the null
-engine's records, B = 4, L = 64: 16 step records a request), for `--seconds`, then nothing for
-`--seconds`. The child exports OTLP/HTTP to a loopback sink (metrics off, as in vLLM's benchmark).
+child as the shipper does: the hello, then one write every `--ship-every` seconds of that many
+seconds of `--rate` requests' frames (the null engine's records, B = 4, L = 64: 16 step records a
+request), for `--seconds`, then (3 s later: the last read's checkpoint) nothing for `--seconds`.
+The child exports OTLP/HTTP to a loopback sink (metrics off, as in vLLM's benchmark).
 Read from /proc/<child>/task/*/schedstat over each phase: CPU ns (first field, the scheduler's
 clock) and times scheduled in (third field: wake-ups, every thread of the child), and the report
 lines it wrote. Figures: µs of CPU per request loaded, µs per second and wake-ups per second idle.
@@ -42,10 +43,11 @@ from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.records import RequestRecord
 from phaselens.instrumentation.process import wire
 from phaselens.instrumentation.process.process_sink import _F_SETPIPE_SZ as F_SETPIPE_SZ
-from phaselens.instrumentation.process.process_sink import PIPE_BYTES
+from phaselens.instrumentation.process.process_sink import PIPE_BYTES, SHIP_INTERVAL_S
 
 BATCH, LIFE = 4, 64  # vLLM's benchmark: 4 in flight, 64 output tokens (one step record a token)
 WARM_UP_S = 3
+SETTLE_S = 3  # past the child's checkpoint interval (2 s)
 
 
 def seconds_of_frames(rate: int, seconds: int) -> tuple[bytes, list[bytes]]:
@@ -147,7 +149,9 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=10, help="requests a second")
     parser.add_argument("--seconds", type=int, default=10, help="of each phase")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--ship-every", type=int, default=1, help="seconds between writes (the shipper's interval)")
+    parser.add_argument(
+        "--ship-every", type=int, default=int(SHIP_INTERVAL_S), help="seconds between writes (the shipper's interval)"
+    )
     args = parser.parse_args()
     every_s = args.ship_every
     hello, chunks = seconds_of_frames(args.rate * every_s, args.seconds // every_s)
@@ -159,6 +163,7 @@ def main() -> int:
         loaded, idle = [], []
         for _ in range(args.rounds):
             loaded.append(child.phase(chunks, args.seconds, every_s))
+            time.sleep(SETTLE_S)  # the last read's checkpoint, outside the idle phase
             idle.append(child.phase([], args.seconds))
         child.stop()
     finally:
