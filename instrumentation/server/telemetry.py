@@ -28,7 +28,7 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from opentelemetry import metrics, propagate, trace
+from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import TracerProvider
@@ -50,19 +50,11 @@ from phaselens.instrumentation.pipeline.sampling import TailRule, check_sampler_
 from phaselens.instrumentation.pipeline.sink import Sink, ThreadSink, wait_until
 from phaselens.instrumentation.process.process_sink import ProcessSink
 from phaselens.instrumentation.server.inbound import InboundStamps
+from phaselens.instrumentation.server.incoming import IncomingExtractor
 
 SCOPE_KEY = "phaselens.request"  # where the middleware leaves the handle in the ASGI scope
 DEFAULT_QUEUE_CAPACITY = 8192
 BUILDER_THREAD, BUILDER_PROCESS = "thread", "process"
-
-
-def _headers(scope: MutableMapping[str, Any]) -> dict[str, str]:
-    """ASGI headers as a carrier for the propagator (lower-case names; repeated ones joined)."""
-    carrier: dict[str, str] = {}
-    for raw_name, raw_value in scope.get("headers") or ():
-        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-        carrier[name] = f"{carrier[name]},{value}" if name in carrier else value
-    return carrier
 
 
 class ServerTelemetry:
@@ -110,6 +102,7 @@ class ServerTelemetry:
         self._roots, self._sink = make_sink(service_name, token_events, queue_capacity, poll_interval_s)
         self._closer = Closer(self._sink.submit, clock_ns, int(engine_grace_s * 1e9))
         self.step_observer = StepRecorder(self._sink.submit)
+        self._incoming = IncomingExtractor()
         self.inbound = InboundStamps(clock_ns)  # filled by an `inbound.InboundProtocol` when the server has one
         self._owns_providers = owns_providers
         self._shut_down = False
@@ -177,8 +170,7 @@ class ServerTelemetry:
         """Stamp `received`, decide the request's ids and sampling (child of an incoming
         traceparent) and leave the handle in the scope."""
         received_ts = self.clock_ns() if received_ts is None else received_ts
-        headers = _headers(scope)
-        incoming = propagate.extract(headers)
+        headers, incoming = self._incoming.extract(scope)
         method = scope.get("method", "")
         root, parent = self._roots.decide(incoming, method or "request")
         server = scope.get("server") or (None, None)
