@@ -52,7 +52,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
-from phaselens.instrumentation.hotpath.ids import child_flags
+from phaselens.instrumentation.hotpath.ids import child_flags, state_header
 from phaselens.instrumentation.hotpath.observer import FINISH_ERROR
 from phaselens.instrumentation.hotpath.records import LINK, Int64s, RequestRecord, StepRecord, unpack_link
 from phaselens.instrumentation.hotpath.timeline import CHUNK_FIELDS
@@ -685,7 +685,7 @@ def step_span(ids: IdGenerator, sampler: Sampler, anchor: ClockAnchor, step: Pac
         if not result.decision.is_recording():  # type: ignore[no-untyped-call]
             return None
         sampled = result.decision.is_sampled()  # type: ignore[no-untyped-call]
-        trace_state = result.trace_state.to_header() if result.trace_state is not None else ""
+        trace_state = state_header(result.trace_state)
         attributes = dict(result.attributes) if result.attributes is not None else {}
     return _new_tuple(
         SpanData,
