@@ -10,8 +10,25 @@ import pytest
 from phaselens.collectors.schema import ident
 from phaselens.storage.embedded import EmbeddedClickHouse
 
+# the session's shared vLLMs: one fixture definition for every module (a fixture imported into two
+# test modules would be two definitions, each with its own session instance)
+pytest_plugins = ["tests.vllm_fixtures"]
 _db_counter = itertools.count()
 _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A serial run keeps each xdist_group's tests together, where its first test is (as `-n` runs a
+    group on one worker): a group's shared servers (tests/vllm_fixtures.py) then live only while
+    their tests run, not idle through the modules between."""
+    first: dict[str, int] = {}
+
+    def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int]:
+        i, item = indexed
+        mark = item.get_closest_marker("xdist_group")
+        return (first.setdefault(mark.args[0], i) if mark else i), i
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 
 
 @pytest.fixture(scope="session")
