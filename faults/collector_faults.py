@@ -1,7 +1,7 @@
 """Fault scenarios of the trace pipeline, each under steady SDK load (faults/load.py):
 
 - collector_sigkill: the collector SIGKILLed, restarted at once on the same ports and spool;
-  recover_s = kill → the new process answers /health.
+  recover_s = kill → the new process answers /health; `cold_start_s` its first start (spawn → serving).
 - clickhouse_outage: ClickHouse SIGKILLed for `outage_s`, then restarted on its data and ports;
   recover_s = ClickHouse back → every span acknowledged so far is stored.
 - clickhouse_slow: inserts pass a SlowLink (stand-in) delaying each 64 KiB by `slow_delay_s` for
@@ -130,17 +130,20 @@ def _finish(
 @contextmanager
 def _loaded_collector(
     pipeline: Pipeline, name: str, params: Params, rotel: bool = False, **kwargs
-) -> Iterator[tuple[CollectorProcess | RotelAgent, SpanLoad]]:
-    """A serving collector (Rotel with `rotel`) under `params.warm_s` of load. The scenario ends
+) -> Iterator[tuple[CollectorProcess | RotelAgent, SpanLoad, float]]:
+    """A serving collector (Rotel with `rotel`) under `params.warm_s` of load, with the seconds its
+    cold start took (spawn → serving, on fresh ports: a restart's same-run yardstick). The scenario ends
     both (_finish); when it fails instead, they are ended here (the collector would hold its ports
     and spool otherwise)."""
     collector = pipeline.rotel(name) if rotel else pipeline.collector(name, **kwargs)
+    started = time.monotonic()
     collector.start_serving()
+    cold_start_s = time.monotonic() - started
     load = None
     try:
         load = SpanLoad(collector.grpc_endpoint, f"faults-{name}", params.load_spans_per_s).start()
         time.sleep(params.warm_s)
-        yield collector, load
+        yield collector, load, cold_start_s
     except BaseException:
         if load is not None:
             load.stop(flush_timeout_s=1.0)
@@ -150,7 +153,7 @@ def _loaded_collector(
 
 def no_fault(pipeline: Pipeline, params: Params) -> Outcome:
     """The same-run baseline: the same load, nothing broken."""
-    with _loaded_collector(pipeline, "no_fault", params) as (collector, load):
+    with _loaded_collector(pipeline, "no_fault", params) as (collector, load, _):
         time.sleep(params.after_s)
         return _finish(pipeline, "no_fault", load, collector, 0.0)
 
@@ -172,7 +175,7 @@ def rotel_clickhouse_outage(pipeline: Pipeline, params: Params) -> Outcome:
 
 
 def _sigkill(pipeline: Pipeline, params: Params, name: str, rotel: bool) -> Outcome:
-    with _loaded_collector(pipeline, name, params, rotel=rotel) as (collector, load):
+    with _loaded_collector(pipeline, name, params, rotel=rotel) as (collector, load, cold_start_s):
         acked_before = len(_snapshot(load.ledger))
         collector.kill()
         killed_at = time.monotonic()
@@ -188,11 +191,12 @@ def _sigkill(pipeline: Pipeline, params: Params, name: str, rotel: bool) -> Outc
             recover_s,
             acknowledged_before_kill=acked_before,
             restart_exit=collector.exit_code(),
+            cold_start_s=round(cold_start_s, 2),
         )
 
 
 def _outage(pipeline: Pipeline, params: Params, name: str, rotel: bool) -> Outcome:
-    with _loaded_collector(pipeline, name, params, rotel=rotel) as (collector, load):
+    with _loaded_collector(pipeline, name, params, rotel=rotel) as (collector, load, _):
         os.kill(pipeline.clickhouse.pid, signal.SIGKILL)
         pipeline.clickhouse.stop()  # reaps it
         time.sleep(params.outage_s)
@@ -205,7 +209,7 @@ def _outage(pipeline: Pipeline, params: Params, name: str, rotel: bool) -> Outco
 def clickhouse_slow(pipeline: Pipeline, params: Params) -> Outcome:
     link = SlowLink(pipeline.clickhouse.http_port, params.slow_delay_s).start()
     try:
-        with _loaded_collector(pipeline, "clickhouse_slow", params, clickhouse_url=link.url) as (collector, load):
+        with _loaded_collector(pipeline, "clickhouse_slow", params, clickhouse_url=link.url) as (collector, load, _):
             time.sleep(params.slow_s)
             link.delay_s = 0.0
             recover_s = pipeline.wait_stored(load.service, _snapshot(load.ledger))
@@ -229,7 +233,7 @@ def spool_full(pipeline: Pipeline, params: Params) -> Outcome:
     try:
         with _loaded_collector(
             pipeline, "spool_full", params, clickhouse_url=link.url, max_spool_bytes=params.spool_cap_bytes
-        ) as (collector, load):
+        ) as (collector, load, _):
             link.delay_s = 30.0  # inserts stall: the backlog reaches the cap
             time.sleep(params.full_s)
             link.delay_s = 0.0

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real embedded ClickHouse server for the whole session (loopback only)."""
+"""Shared fixtures: one real embedded ClickHouse server for each worker's session (loopback only), and
+how the suite is split between pytest-xdist's workers (pyproject's addopts: `-n 2 --dist loadgroup`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,41 @@ from phaselens.storage.embedded import EmbeddedClickHouse
 pytest_plugins = ["tests.vllm_fixtures"]
 _db_counter = itertools.count()
 _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
+
+# Modules that take longest (from `--durations`), sent to the workers first so that no worker is
+# left alone with a long module at the end; the rest keep their collection order.
+LONGEST_FIRST = (
+    "test_harness_import",
+    "test_vllm_pd",
+    "test_vllm",
+    "test_cluster",
+    "test_faults",
+    "test_budget_late_client",
+    "test_diagnose",
+    "test_disagg_stack",
+    "test_rotel",
+    "test_instrumentation_process",
+    "test_rollup",
+    "test_rollup_backfill",
+    "test_demo_cluster",
+    "test_demo",
+    "test_sampling",
+    "test_analysis",
+    "test_packaging",
+    "test_engine_process",
+    "test_dynamo",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each module is one unit of work for xdist, so its module-scoped servers start once, on one
+    worker; modules that share a session-scoped server name the same `xdist_group` themselves."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -21,6 +22,7 @@ from phaselens.analysis.budget.latency_budget import budget
 from phaselens.analysis.diagnose.diagnosis import diagnose
 from phaselens.common.quantile import quantile
 from phaselens.common.slo import parse_slo
+from phaselens.faults.parts import wait_until
 from phaselens.stack import Stack, spawn
 from tests.cli_fixtures import bench_argv
 
@@ -56,14 +58,23 @@ def _stop_in_turns(pid: int, done: threading.Event) -> None:
             pass
 
 
+def _connected(port: int) -> bool:
+    """Some loopback TCP connection to `port` is established (/proc/net/tcp: remote address, state 01)."""
+    with open("/proc/net/tcp") as f:
+        return any(fields[2].endswith(f":{port:04X}") and fields[3] == "01" for fields in (line.split() for line in f))
+
+
 def _run_bench(stack: Stack, url: str, out: str, late: bool) -> tuple[str, list[dict]]:
-    """bench's stdout and its --per-request lines; `late`: stopped in turns while it runs."""
+    """bench's stdout and its --per-request lines; `late`: stopped in turns once it has connected to
+    the server (its start-up, stopped in turns too, would run at ~4 % speed)."""
     proc = subprocess.Popen(
         _bench_argv(url, out), env=stack.otel_env("bench"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     done = threading.Event()
     stopper = threading.Thread(target=_stop_in_turns, args=(proc.pid, done), daemon=True)
     if late:
+        port = urlsplit(url).port
+        assert wait_until(lambda: _connected(port) or proc.poll() is not None, 120) is not None
         stopper.start()
     try:
         output, _ = proc.communicate(timeout=300)

@@ -22,6 +22,7 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.client.traced_client import TracedClient
+from phaselens.instrumentation.client.transport import _Connection
 from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper, enable_kernel_stamps
 from phaselens.instrumentation.server.inbound import inbound_protocol
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
@@ -76,6 +77,44 @@ def test_the_kernel_stamp_dates_the_pending_bytes_without_consuming_them():
         stamper.close()
         for s in (sender, receiver, listener):
             s.close()
+
+
+def test_a_client_read_takes_only_the_bytes_its_kernel_stamp_dates():
+    """Bytes that arrive between the client's peek (`get_buffer`) and the event loop's recv are not
+    in that read: it would date them with the earlier packet's stamp, and the late-client estimate
+    would then name a later chunk's send gap as a wait the client never had. Driven as asyncio's
+    selector transport drives a buffered protocol: get_buffer, recv_into, buffer_updated."""
+    listener, sender, receiver = _pair()
+    conn = _Connection(("http", "127.0.0.1", 0), time.monotonic_ns, memoryview(bytearray(1 << 16)))
+    try:
+        conn.connection_made(_SocketOnly(receiver))
+        assert _stamping_on(sender, receiver, conn._stamper), "the kernel gave no receive stamp"
+        sender.sendall(b"first content chunk")
+        time.sleep(0.02)
+        buf = conn.get_buffer(-1)
+        peeked_at = time.monotonic_ns()
+        sender.sendall(b"a later chunk")  # after the peek, before the loop's recv
+        conn.buffer_updated(receiver.recv_into(buf))
+        _, first, first_arrived = conn.pop(None)
+        assert first == b"first content chunk"
+        conn.buffer_updated(receiver.recv_into(conn.get_buffer(-1)))
+        _, second, second_arrived = conn.pop(None)
+        assert second == b"a later chunk"
+        assert first_arrived < peeked_at <= second_arrived  # each read dated by its own packet
+    finally:
+        conn._stamper.close()
+        for s in (sender, receiver, listener):
+            s.close()
+
+
+class _SocketOnly:
+    """The one thing `_Connection.connection_made` asks of its transport: the socket, over plain TCP."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._extra = {"socket": sock, "sslcontext": None}
+
+    def get_extra_info(self, name: str):
+        return self._extra[name]
 
 
 async def _answer_ok(send) -> None:

@@ -13,7 +13,9 @@ no proxies, no protocol upgrades (101 is an error).
 Every network read is stamped (`clock_ns`) in `buffer_updated`, when the event loop hands the bytes
 over, before any other task's work can delay it; on a plain TCP connection also with the kernel's
 receive stamp of its bytes, peeked in `get_buffer` just before the loop reads them (`kernel_stamps`;
-0 when the kernel gave none, or over TLS, where the socket's bytes are not yet the payload's). The
+0 when the kernel gave none, or over TLS, where the socket's bytes are not yet the payload's); the
+read then takes only the bytes the peek saw, so bytes arriving in between get a read and a stamp of
+their own. The
 response carries its body stream under `extensions[RECEIPTS]`; `stream.stamped()` yields (receive
 stamp, payload) per network read, and `stream.arrived_ts` is the kernel stamp of the last one;
 `stream.written_ts` is when the request's first bytes were handed to the transport (asyncio sends
@@ -79,9 +81,14 @@ class _Connection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # asyncio's default recv() allocates max_size (256 KiB) per read; a reused buffer does not
-        stamper = self._stamper
-        self._arrived_ts = stamper.arrived_ts() if stamper is not None else NOT_STAMPED
-        return self._recv
+        if self._stamper is None:
+            self._arrived_ts = NOT_STAMPED
+            return self._recv
+        self._arrived_ts, peeked = self._stamper.pending()
+        # the read takes only the bytes its stamp dates: bytes that arrive between the peek and the
+        # loop's recv wait for the next read and its own stamp (a later chunk read with an earlier
+        # chunk's stamp would make client_late_est name a wait the client never had)
+        return self._recv[:peeked] if self._arrived_ts and peeked else self._recv
 
     def buffer_updated(self, nbytes: int) -> None:
         self._pieces.append((self._clock_ns(), bytes(self._recv[:nbytes]), self._arrived_ts))

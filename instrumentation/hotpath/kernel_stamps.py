@@ -73,20 +73,26 @@ class KernelStamper:
     def arrived_ts(self) -> MonoTs:
         """When the oldest unread bytes (`latest`: the newest) reached the kernel, on `clock_ns`; 0
         when not known."""
+        return self.pending()[0]
+
+    def pending(self) -> tuple[MonoTs, int]:
+        """(`arrived_ts()`, the bytes the peek saw): the stamp dates those bytes and no later ones,
+        so a reader that takes more in its next read (bytes that arrived after the peek) would date
+        them too early; (0, 0) when nothing is pending or the connection is gone."""
         sock = self._sock
         if sock is None:
-            return NOT_STAMPED
+            return NOT_STAMPED, 0
         try:
-            _, ancillary, _, _ = sock.recvmsg_into([self._peek], _CMSG_BYTES, socket.MSG_PEEK)
+            peeked, ancillary, _, _ = sock.recvmsg_into([self._peek], _CMSG_BYTES, socket.MSG_PEEK)
         except OSError:  # nothing pending (EAGAIN), or the connection is gone
-            return NOT_STAMPED
+            return NOT_STAMPED, 0
         now_real, now = time.clock_gettime_ns(time.CLOCK_REALTIME), self._clock_ns()
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack_from(data)
                 waited = now_real - (sec * 1_000_000_000 + nsec)
-                return MonoTs(now - waited) if 0 <= waited < _MAX_WAIT_NS else NOT_STAMPED
-        return NOT_STAMPED
+                return (MonoTs(now - waited) if 0 <= waited < _MAX_WAIT_NS else NOT_STAMPED), peeked
+        return NOT_STAMPED, peeked
 
     def close(self) -> None:
         if self._sock is not None:
