@@ -20,9 +20,9 @@ _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a 
 # Modules that take longest (from `--durations`), sent to the workers first so that no worker is
 # left alone with a long module at the end; the rest keep their collection order.
 LONGEST_FIRST = (
-    "test_harness_import",
-    "test_vllm_pd",
-    "test_vllm",
+    "test_harness_import",  # these three: xdist_group "vllm" (tests/vllm_fixtures.py), in this order:
+    "test_vllm",  # the shared vLLMs start in the first and serve the second,
+    "test_vllm_pd",  # which stops them before starting its own two
     "test_cluster",
     "test_faults",
     "test_budget_late_client",
@@ -51,20 +51,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A serial run keeps each xdist_group's tests together, where its first test is (as `-n` runs a
-    group on one worker): a group's shared servers (tests/vllm_fixtures.py) then live only while
-    their tests run, not idle through the modules between."""
-    first: dict[str, int] = {}
-
-    def key(indexed: tuple[int, pytest.Item]) -> tuple[int, int]:
-        i, item = indexed
-        mark = item.get_closest_marker("xdist_group")
-        return (first.setdefault(mark.args[0], i) if mark else i), i
-
-    items[:] = [item for _, item in sorted(enumerate(items), key=key)]
 
 
 @pytest.fixture(scope="session")
