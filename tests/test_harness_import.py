@@ -33,12 +33,10 @@ from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
 from phaselens.stack import Stack
 from tests.cli_fixtures import run_command
-from tests.vllm_fixtures import VLLM_PYTHON, XDIST_GROUP, ServedVllm
+from tests.vllm_fixtures import VLLM_PYTHON, ServedVllm
 
 FIXTURE = Path(__file__).parent / "fixtures" / "aiperf"
 ROOT = Path(__file__).parent.parent
-# the live AIPerf runs against vLLM use the session's shared vLLMs, as tests/test_vllm.py does
-pytestmark = pytest.mark.xdist_group(XDIST_GROUP)
 
 
 @pytest.fixture(scope="module")

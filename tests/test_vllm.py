@@ -21,11 +21,10 @@ from phaselens.analysis.budget.latency_budget import budget
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
 from tests.cli_fixtures import bench_argv
-from tests.vllm_fixtures import SERVICE, UNKNOWN_RANGE, XDIST_GROUP, ServedVllm, needs_vllm
+from tests.vllm_fixtures import SERVICE, UNKNOWN_RANGE, ServedVllm, needs_vllm
 
 pytestmark = [
     needs_vllm,
-    pytest.mark.xdist_group(XDIST_GROUP),
     # the first test's setup may start both shared servers: two start-ups' worth of pytest's 300 s (at
     # load 36 here the two at once took longer than 300 s)
     pytest.mark.timeout(600),

@@ -29,11 +29,10 @@ from phaselens.pd_stack import PdStack, faketime_library
 from phaselens.stack import Stack, StackError
 from tests.delay_proxy import DOWN, UP, DelayProxy
 from tests.pd_clocks import assert_instances_skewed
-from tests.vllm_fixtures import VLLM_PYTHON, XDIST_GROUP, needs_vllm
+from tests.vllm_fixtures import VLLM_PYTHON, needs_vllm
 
 pytestmark = [
     needs_vllm,
-    pytest.mark.xdist_group(XDIST_GROUP),
     # the first test's setup starts both vLLMs together: ~5 min at load 25 on two cores
     pytest.mark.timeout(1200),
 ]

@@ -5,9 +5,9 @@ start together when a test first asks (~45 s each alone on two cores, ~3 GB each
 a database of its own through a collector of its own, exported as `phaselens.stack` exports them
 (`launcher.trace_export`: the plugin over OTLP/HTTP, vLLM's own spans over gRPC).
 
-A module using them carries `pytestmark = pytest.mark.xdist_group(XDIST_GROUP)` (one pytest-xdist
-worker holds them); so does a module starting vLLMs of its own (test_vllm_pd), which stops the
-shared ones first (`SharedVllms.release`): never more than two vLLMs of ours at once.
+The modules using them, and test_vllm_pd, which starts vLLMs of its own and stops the shared ones
+first (`SharedVllms.release`), are one pytest-xdist unit of work (tests/conftest.py's
+`SHARED_UNITS`), run on one worker: never more than two vLLMs of ours at once.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from phaselens.storage.clickhouse_url import connect
 from tests.source_tree import ROOT
 
 VLLM_PYTHON = default_python(ROOT)
-XDIST_GROUP = "vllm"
 SERVICE = "vllm"
 UNKNOWN_RANGE = ">=0.31,<0.32"  # a supported range that excludes the installed 0.32
 MAX_MODEL_LEN = 2048  # room for test_vllm's abandoned requests' long generations (the tiny model's 2,048 positions)
