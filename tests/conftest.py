@@ -11,6 +11,10 @@ import pytest
 from phaselens.collectors.schema import ident
 from phaselens.storage.embedded import EmbeddedClickHouse
 
+# fixtures that several modules share at session scope: registered here once (a fixture imported into
+# two modules is two fixtures, each started once per module)
+pytest_plugins = ("tests.stack_fixtures",)
+
 _db_counter = itertools.count()
 _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
 
