@@ -21,13 +21,16 @@ _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a 
 # Modules that take longest (from `--durations`), sent to the workers first so that no worker is
 # left alone with a long module at the end; the rest keep their collection order.
 LONGEST_FIRST = (
+    # one unit of work, four modules together (xdist group "stack", tests/stack_fixtures.py)
+    "test_diagnose",
+    "test_budget_late_client",
+    "test_budget_delivery",
+    "test_budget_network",
     "test_harness_import",
     "test_vllm_pd",
     "test_vllm",
     "test_cluster",
     "test_faults",
-    "test_budget_late_client",
-    "test_diagnose",
     "test_disagg_stack",
     "test_rotel",
     "test_instrumentation_process",
