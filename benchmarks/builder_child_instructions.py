@@ -17,7 +17,7 @@ between runs.
 a `functools.reduce` call that callgrind counts alone, per request): reading the frames
 (`wire.split_frames`), decoding them, `compute_phases`, the GenAI histograms, the request's spans
 (`FastEmitter.emit_request`; inside it llm.decode's description, the SERVER span's description and
-its attributes, the SERVER span's encoding), the step spans (`emit_step`, 2 a request) and the whole
+its attributes, the SERVER span's encoding), the step spans (`emit_steps`, 2 a request) and the whole
 builder (`SpanBuilder.build` over every record), as the child's fast backend runs them, the exports
 discarded (`instrumentation_overhead.builder_run`'s setting). Each part runs once uncounted first.
 
@@ -148,7 +148,7 @@ def part_runs(hello: bytes, data: bytes) -> dict[str, Any]:
         "request_spans.root_span": lambda: [spans.root_span(anchor, r, p) for r, p in requests],
         "request_spans.root_span.request_attributes": lambda: [spans.request_attributes(r, p, anchor) for r, p in requests],
         "request_spans.root_encoding": lambda: [encode_spans((root,), limits) for root in roots],
-        "step_spans": lambda: ([emitter.emit_step(anchor, s) for s in steps], processor._queue.clear()),
+        "step_spans": lambda: (emitter.emit_steps(anchor, steps), processor._queue.clear()),
         "whole_builder": lambda: ([builder.build(r) for r in records], processor._queue.clear()),
     }  # fmt: skip
 

@@ -11,8 +11,10 @@ included; other processes on a shared machine do not count):
     (sampler.sample, its host sync included), postprocess (scheduler.postprocess: stop checks and
     detokenization), other (the rest of step(): stamps, hand-out, step record)
 
-The best of `--repeats` runs counts (the least disturbed). Prints ONE JSON object, with the load
-average beside the figures.
+The best of `--repeats` runs counts (the least disturbed). Runs alternate between the lean Llama
+forward (reference_server.engine.llama_forward, what the engine uses) and transformers' own forward
+of the same model, the same-run baseline. Prints ONE JSON object, with the load average beside the
+figures.
 
     python -m benchmarks.engine_token_cost [--model folder|tiny] [--repeats 3]
 """
@@ -96,20 +98,29 @@ def main() -> None:
     jobs = [[rng.randrange(2, vocab) for _ in range(args.input_len)] for _ in range(args.requests)]
     drain(engine, jobs[:8], args.output_len)  # warm-up
     load_before = os.getloadavg()
-    runs = [one_run(engine, jobs, args.output_len) for _ in range(args.repeats)]
-    best = min(runs, key=lambda r: r["cpu_us_per_output_token"])
+    lean = engine.runner.lean
+    runs: dict[str, list[dict]] = {"lean": [], "transformers": []}
+    for _ in range(args.repeats):
+        for name, forward in (("lean", lean), ("transformers", None)):
+            engine.runner.lean = forward
+            runs[name].append(one_run(engine, jobs, args.output_len))
     print(
         json.dumps(
             {
                 "benchmark": "engine_token_cost",
                 "model": args.model,
                 "workload": {k: getattr(args, k) for k in ("requests", "concurrency", "input_len", "output_len")},
-                **best,
-                "runs_cpu_us_per_output_token": [r["cpu_us_per_output_token"] for r in runs],
+                **{name: best(rs) for name, rs in runs.items()},
                 "load_average_before_after": [round(x, 1) for x in (*load_before, *os.getloadavg())],
             }
         )
     )
+
+
+def best(runs: list[dict]) -> dict:
+    """The least disturbed run, beside every run's total."""
+    least = min(runs, key=lambda r: r["cpu_us_per_output_token"])
+    return {**least, "runs_cpu_us_per_output_token": [r["cpu_us_per_output_token"] for r in runs]}
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 serve --continuous-batching`, the same tiny model and the same client.
 
 One byte-level tiny Llama is saved once (integrations.vllm.tiny_model) and each server is started
-once on it, on loopback, each start bounded in time: ours with telemetry off, vLLM in its own
+once on it, on loopback, each start bounded in time: ours with telemetry off, its engine a thread
+beside the API's event loop (`phaselens`) and in its own process (`phaselens-process`: the API side
+and the engine not under one GIL, vLLM's API-server / EngineCore split), vLLM in its own
 virtualenv ($PHASELENS_VLLM_PYTHON), `transformers serve` from this one. Then `--rounds` rounds,
 each running the same bounded closed-loop `phaselens bench` (streaming completions, concurrency 8,
 64 prompt tokens counted in the model's tokenizer, 32 output tokens, EOS ignored, 64 requests
@@ -17,7 +19,8 @@ Per server: the median over rounds of output tokens/s and of client TTFT p50, th
 
     cpu_ms_per_output_token = Δ CPU ns of the tree / 1e6 / output tokens served
 
-Ratios are of medians: output tokens/s ours / theirs, CPU per token theirs / ours. A round a
+Ratios are of medians, for each of our two configurations against each peer: output tokens/s
+ours / theirs, TTFT p50 ours / theirs, CPU per token theirs / ours. A round a
 server fails (its bench exits non-zero) is listed with its error and left out of the medians. The load average before and
 after is printed beside them (the machine is shared). Prints ONE JSON object.
 
@@ -50,6 +53,9 @@ from phaselens.stack import project_env, spawn, spawn_logged
 START_TIMEOUT_S = 300.0
 BENCH_TIMEOUT_S = 600.0
 WARMUP_REQUESTS = 8
+TRANSFORMERS_KV_BLOCKS = 256  # of 256 tokens (its default page): 65,536 tokens, our default pool
+MAX_BATCH_TOKENS = 512  # tokens a step, our default
+SERVERS = ("phaselens", "phaselens-process", "vllm", "transformers")
 
 
 @dataclass(slots=True)
@@ -64,16 +70,18 @@ class Peer:
     ignore_eos: bool = True  # takes the field; else it must hold lengths itself (no_eos_copy)
 
 
-def start_ours(model_dir: Path, log_dir: Path) -> Peer:
-    """`phaselens serve` on the folder, telemetry off; the engine's defaults otherwise."""
+def start_ours(model_dir: Path, log_dir: Path, engine: str) -> Peer:
+    """`phaselens serve` on the folder, telemetry off, the engine as a thread beside the API's
+    event loop or in its own process; the engine's defaults otherwise."""
     argv = ["serve", "--model", str(model_dir), "--served-model-name", "tiny", "--port", "0", "--no-telemetry"]
-    child = spawn("phaselens", argv, log_dir, project_env())
+    child = spawn(f"phaselens-{engine}", [*argv, "--engine", engine], log_dir, project_env())
     try:
         url = child.wait_ready(START_TIMEOUT_S)
     except Exception:
         child.stop(10)
         raise
-    return Peer("phaselens", url, "tiny", child.proc.pid, lambda: child.stop(30))
+    name = "phaselens" if engine == "thread" else f"phaselens-{engine}"
+    return Peer(name, url, "tiny", child.proc.pid, lambda: child.stop(30))
 
 
 def start_vllm(python: Path, model_dir: Path, log_dir: Path) -> Peer:
@@ -88,6 +96,9 @@ def start_transformers(model_dir: Path, log_dir: Path) -> Peer:
     port = free_port()
     cli = Path(sys.executable).with_name("transformers")
     argv = [str(cli), "serve", str(folder), "--continuous-batching", "--device", "cpu"]
+    # its KV pool and step budget as ours (65,536 and 512 tokens); unset, its worker sized them from
+    # free memory: 14 GB resident on this 24 GB machine (0.65 GB so)
+    argv += ["--cb-num-blocks", str(TRANSFORMERS_KV_BLOCKS), "--cb-max-batch-tokens", str(MAX_BATCH_TOKENS)]
     argv += ["--host", LOOPBACK, "--port", str(port), "--log-level", "warning"]
     child = spawn_logged("transformers", argv, log_dir / "transformers.log", {**project_env(), "HF_HUB_OFFLINE": "1"})
     url = f"http://{LOOPBACK}:{port}"
@@ -175,7 +186,8 @@ def result(runs: list[dict], names: list[str], args: argparse.Namespace, load: l
         }
         for name in names
     }
-    others = [name for name in names if name != "phaselens"]
+    ours = [name for name in names if name.startswith("phaselens")]
+    others = [name for name in names if name not in ours]
     return {
         "benchmark": "peers",
         "workload": {
@@ -189,10 +201,9 @@ def result(runs: list[dict], names: list[str], args: argparse.Namespace, load: l
         "rounds": args.rounds,
         "load_average_before_after": load,
         "servers": per,
-        "ratio_tokens_per_s": {f"phaselens/{n}": ratio(per, "output_tokens_per_s", "phaselens", n) for n in others},
-        "ratio_cpu_per_token": {
-            f"{n}/phaselens": ratio(per, "cpu_ms_per_output_token", n, "phaselens") for n in others
-        },
+        "ratio_tokens_per_s": {f"{o}/{n}": ratio(per, "output_tokens_per_s", o, n) for o in ours for n in others},
+        "ratio_ttft_p50": {f"{o}/{n}": ratio(per, "ttft_p50_ms", o, n) for o in ours for n in others},
+        "ratio_cpu_per_token": {f"{n}/{o}": ratio(per, "cpu_ms_per_output_token", n, o) for o in ours for n in others},
         "runs": runs,
     }
 
@@ -204,7 +215,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--servers", nargs="+", default=["phaselens", "vllm", "transformers"])
+    p.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     args = p.parse_args()
     python = default_python()
     if "vllm" in args.servers and python is None:
@@ -216,7 +227,8 @@ def main() -> None:
         tmp_path = Path(tmp)
         model_dir = save_tiny_llama(tmp_path / "model")
         starters = {
-            "phaselens": lambda: start_ours(model_dir, tmp_path),
+            "phaselens": lambda: start_ours(model_dir, tmp_path, "thread"),
+            "phaselens-process": lambda: start_ours(model_dir, tmp_path, "process"),
             "vllm": lambda: start_vllm(python, model_dir, tmp_path),
             "transformers": lambda: start_transformers(model_dir, tmp_path),
         }

@@ -21,9 +21,12 @@ vLLM's own tracing's = its API server − off's. The same for the EngineCore, wh
 (~300 ms a request) hides any difference. Also: output tokens/s per configuration (the noise: spread
 between runs of one configuration), and the SERVER spans each configuration stored (0 would mean its
 export failed). The event-loop thread runs vLLM and the plugin's hooks and middleware alike, so its
-delta is noise-sized; `--profile-api PY_SPY` samples it with py-spy (250 Hz, not stopping it) in the
-plugin's windows and takes phaselens's share of its samples (the innermost frame of phaselens's
-source or of an installed package owns a sample) × its CPU: a figure of one run, no subtraction. Each run's line is appended to `--runs-out` as it ends; ONE JSON object at the end.
+delta is noise-sized; `--profile-api PY_SPY` samples the API server with py-spy (250 Hz, not stopping
+it) in the traced configurations' windows and takes phaselens's and OpenTelemetry's shares of the
+event-loop thread's samples (the innermost frame of phaselens's source or of an installed package owns
+a sample) × its CPU: figures of one run, no subtraction; with the API server's other threads against
+`off`'s (~0.3 ms a request there) and the child, `own_total`, for the plugin and vLLM's tracing alike.
+vLLM's batch span processor runs on the SDK's default schedule (5 s), as users run it. Each run's line is appended to `--runs-out` as it ends; ONE JSON object at the end.
 
     python benchmarks/vllm_plugin_overhead.py [--rounds 3] [--windows 1] [--requests 64] [--profile-api PY_SPY]
 """
@@ -60,7 +63,13 @@ DEFAULT_CONFIGS = "off,vllm_tracing,plugin,plugin_grpc"
 WARMUP_REQUESTS = 4
 READY_TIMEOUT_S = 900.0  # a vLLM start on 2 loaded cores took over 240 s
 ROOT = str(Path(__file__).resolve().parent.parent) + "/"  # phaselens's source (an editable install)
-PARTS = ("api_server", "api_main", "api_phaselens", "span_builder", "engine")
+PARTS = ("api_server", "api_main", "api_threads", "api_phaselens", "span_builder", "engine")
+OWNERS = ("phaselens", "opentelemetry", "other")
+SAMPLE_HZ = 250
+# vLLM's batch span processor's schedule: the SDK's default, as users run it (the launcher's 100 ms
+# is for tests that wait for vLLM's spans; in the plugin's configuration that idle processor woke
+# 10 times a second in the API server)
+BSP_DELAY_MS = 5000
 
 
 def bench_argv(url: str, model_dir: Path, args: argparse.Namespace) -> list[str]:
@@ -123,13 +132,19 @@ def _descendants(root: int) -> set[int]:
     return tree - {root}
 
 
-def _tree_cpu_ns(root: int) -> dict[str, int]:
+def _tree_cpu_ns(root: int) -> dict:
     """CPU ns of vLLM's process tree by PARTS: the API server (`root`) whole, its event-loop thread,
-    phaselens's threads in it; the span-builder child; the rest (EngineCore and its workers)."""
+    its other threads, phaselens's threads among them; the span-builder child; the rest (EngineCore
+    and its workers); and `api_thread_names`: the API server's other threads' CPU ns by OS name."""
     api = _threads_cpu_ns(root)
     cpu = dict.fromkeys(PARTS, 0)
+    names = cpu["api_thread_names"] = {}
+    for tid, (name, ns) in api.items():
+        if tid != root:
+            names[name] = names.get(name, 0) + ns
     cpu["api_server"] = sum(ns for _, ns in api.values())
     cpu["api_main"] = api.get(root, ("", 0))[1]
+    cpu["api_threads"] = cpu["api_server"] - cpu["api_main"]
     cpu["api_phaselens"] = sum(ns for name, ns in api.values() if name.startswith(THREAD_PREFIX))
     for pid in _descendants(root):
         try:
@@ -143,44 +158,47 @@ def _tree_cpu_ns(root: int) -> dict[str, int]:
 
 def _owner(frames: list[str]) -> str:
     """Whose code a sample's time is: the innermost frame in phaselens's source or in an installed
-    package decides (the standard library's frames count for their caller)."""
+    package decides (the standard library's frames count for their caller): "phaselens",
+    "opentelemetry" (the OTel SDK and exporters: vLLM's own tracing) or "other"."""
     for frame in reversed(frames):
         path = frame[frame.rfind("(") + 1 : frame.rfind(":")]
         if path.startswith(ROOT) and "/.venv" not in path:
             return "phaselens"
+        if "site-packages/opentelemetry/" in path:
+            return "opentelemetry"
         if "site-packages" in path:
             return "other"
     return "other"
 
 
-def _phaselens_share(raw: Path) -> float | None:
-    """The share of the event-loop thread's samples (py-spy's raw format: `frame;frame... count`;
-    other threads start in threading's `Thread._bootstrap`) whose time is phaselens's."""
-    main = ours = 0
+def _shares(raw: Path) -> dict[str, float]:
+    """Each owner's share of the event-loop thread's samples (py-spy's raw format: `frame;frame...
+    count`; other threads start in threading's `Thread._bootstrap`); {} without samples."""
+    counts = dict.fromkeys(OWNERS, 0)
     for line in raw.read_text().splitlines() if raw.exists() else ():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
         if frames[0].split(" (")[0].endswith("_bootstrap"):  # `Thread._bootstrap`: another thread
             continue
-        main += int(count)
-        ours += int(count) if _owner(frames) == "phaselens" else 0
-    return ours / main if main else None
+        counts[_owner(frames)] += int(count)
+    main = sum(counts.values())
+    return {owner: counts[owner] / main for owner in OWNERS if owner != "other"} if main else {}
 
 
 def _sampler(py_spy: str | None, pid: int, out: Path) -> subprocess.Popen | None:
-    """py-spy sampling `pid` 250 times a second without stopping it, until SIGINT."""
+    """py-spy sampling `pid` SAMPLE_HZ times a second without stopping it, until SIGINT."""
     if py_spy is None:
         return None
-    argv = [py_spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--nonblocking"]
+    argv = [py_spy, "record", "--pid", str(pid), "--rate", str(SAMPLE_HZ), "--format", "raw", "--nonblocking"]
     return subprocess.Popen([*argv, "--full-filenames", "-o", str(out)], stdout=DEVNULL, stderr=DEVNULL)
 
 
-def _stop_sampler(sampler: subprocess.Popen | None, out: Path) -> float | None:
+def _stop_sampler(sampler: subprocess.Popen | None, out: Path) -> dict[str, float]:
     if sampler is None:
-        return None
+        return {}
     sampler.send_signal(signal.SIGINT)  # py-spy writes its file and exits
     sampler.wait(60)
-    return _phaselens_share(out)
+    return _shares(out)
 
 
 def _server(name: str, python: Path, model_dir: Path, log: Path, stack: Stack) -> VllmServer:
@@ -196,6 +214,7 @@ def _server(name: str, python: Path, model_dir: Path, log: Path, stack: Stack) -
         otlp_protocol=chosen,
         env={"OTEL_SERVICE_NAME": f"vllm-{name}", "OTEL_METRICS_EXPORTER": "none", **env},
         middleware=(MIDDLEWARE_PATH,) if plugin else (),
+        bsp_delay_ms=BSP_DELAY_MS,
     )
 
 
@@ -209,15 +228,18 @@ def _run(name: str, round_index: int, python: Path, model_dir: Path, tmp: Path, 
         _bench(server.url, model_dir, tmp / f"warm-{name}-{round_index}.json", warm_up)
         for window in range(args.windows):
             samples = tmp / f"{name}-{round_index}-{window}.raw"
-            sampler = _sampler(args.profile_api if CONFIGS[name][2] else None, server.proc.pid, samples)
+            sampler = _sampler(args.profile_api if CONFIGS[name][1] else None, server.proc.pid, samples)
             before = _tree_cpu_ns(server.proc.pid)
             figures = _bench(server.url, model_dir, tmp / f"{name}-{round_index}-{window}.json", args)
             after = _tree_cpu_ns(server.proc.pid)
             cpu = {f"{k}_cpu_us_per_request": (after[k] - before[k]) / served / 1000 for k in PARTS}
-            share = _stop_sampler(sampler, samples)
-            if share is not None:
-                cpu["api_main_phaselens_share"] = share
-                cpu["api_main_phaselens_cpu_us_per_request"] = share * cpu["api_main_cpu_us_per_request"]
+            cpu["api_thread_names_cpu_us_per_request"] = {
+                thread: (ns - before["api_thread_names"].get(thread, 0)) / served / 1000
+                for thread, ns in after["api_thread_names"].items()
+            }
+            for owner, share in _stop_sampler(sampler, samples).items():
+                cpu[f"api_main_{owner}_share"] = share
+                cpu[f"api_main_{owner}_cpu_us_per_request"] = share * cpu["api_main_cpu_us_per_request"]
             load = os.getloadavg()[0]
             runs.append(
                 {"config": name, "round": round_index, "window": window, "load_average_1m": load, **figures, **cpu}
@@ -321,8 +343,11 @@ def _added(runs: list[dict], off: list[dict]) -> dict:
     """What a configuration adds to `off`, per request: the API server's and the EngineCore's delta per
     round (against the same round's `off`), the child, and their sum (API delta + child, medians) as a
     % of off's API-server CPU per request (a figure of the API server: the EngineCore's is not added).
-    With `--profile-api`, also `own_total`: phaselens's share of the event-loop thread's samples ×
-    that thread's CPU, + phaselens's threads in the API server + the child (medians), no subtraction."""
+    With `--profile-api`, also `own_total`: tracing's share of the event-loop thread's samples
+    (phaselens's and OTel's frames) × that thread's CPU, + the API server's other threads (phaselens's
+    `pl-*`, vLLM's span processor and exporter, vLLM's own: ~0.3 ms a request without tracing) less
+    off's (a difference, of a small part; 0 if negative) + the child (medians); and that as a % of
+    off's API-server CPU."""
 
     def deltas(part: str) -> list[float]:
         key = f"{part}_cpu_us_per_request"
@@ -331,17 +356,23 @@ def _added(runs: list[dict], off: list[dict]) -> dict:
     api, child = _spread(deltas("api_server")), _spread([r["span_builder_cpu_us_per_request"] for r in runs])
     off_api = statistics.median(o["api_server_cpu_us_per_request"] for o in off)
     total = api["median"] + child["median"]
-    sampled = [r["api_main_phaselens_cpu_us_per_request"] for r in runs if "api_main_phaselens_share" in r]
-    own = (
-        {
-            "api_main_phaselens_sampled": _spread(sampled),
-            "own_total": statistics.median(sampled)
-            + statistics.median(r["api_phaselens_cpu_us_per_request"] for r in runs)
-            + child["median"],
+    sampled = [r for r in runs if "api_main_phaselens_share" in r]
+    own = {}
+    if sampled:
+        main = [
+            r["api_main_phaselens_cpu_us_per_request"] + r["api_main_opentelemetry_cpu_us_per_request"] for r in sampled
+        ]
+        threads = _spread(deltas("api_threads"))
+        own_total = statistics.median(main) + max(0.0, threads["median"]) + child["median"]
+        own = {
+            "api_main_phaselens_sampled": _spread([r["api_main_phaselens_cpu_us_per_request"] for r in sampled]),
+            "api_main_opentelemetry_sampled": _spread(
+                [r["api_main_opentelemetry_cpu_us_per_request"] for r in sampled]
+            ),
+            "api_threads_delta": threads,
+            "own_total": own_total,
+            "own_total_pct_of_off_api_server": own_total / off_api * 100,
         }
-        if sampled
-        else {}
-    )
     return {
         **own,
         "api_server_delta": api,

@@ -1,7 +1,7 @@
 """The span-builder process over real pipes: its FrameReader (whole frames from each read, a frame
 cut across reads kept for the next, a frame longer than a read, EOF), and its report lines around
 exports (a checkpoint's exports reported by its report alone; a full batch between checkpoints at
-once)."""
+once), its timed checkpoint, and its idleness (no wake-up)."""
 
 from __future__ import annotations
 
@@ -50,20 +50,25 @@ def test_a_frame_longer_than_a_read_comes_whole(monkeypatch):
     assert got == [(wire.KIND_HELLO, big), (wire.KIND_FLUSH, (1,))]
 
 
-def child_report_lines(records: list, batch_size: int) -> list[dict]:
-    """The report lines of a span-builder process sent the hello and a FLUSH (ack 1), then, once it
-    acknowledged it, `records` in two writes 0.5 s apart (two reads: it waits in poll), the second
-    closed by a FLUSH (ack 2), then EOF."""
+def start_child(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """A span-builder process on the fast backend (its stdin a pipe), and the fd of its reports."""
     read_fd, write_fd = os.pipe()
-    env = {**os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": str(batch_size), names.ENV_SPAN_BACKEND: "fast"}
     child = subprocess.Popen(
         [sys.executable, "-m", "phaselens.instrumentation.process.builder_child", str(write_fd), str(os.getpid())],
         stdin=subprocess.PIPE,
         pass_fds=(write_fd,),
-        env=env,
+        env={**os.environ, **env, names.ENV_SPAN_BACKEND: "fast"},
     )
     os.close(write_fd)
     assert child.stdin is not None
+    return child, read_fd
+
+
+def child_report_lines(records: list, batch_size: int) -> list[dict]:
+    """The report lines of a span-builder process sent the hello and a FLUSH (ack 1), then, once it
+    acknowledged it, `records` in two writes 0.5 s apart (two reads: it waits in poll), the second
+    closed by a FLUSH (ack 2), then EOF."""
+    child, read_fd = start_child({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": str(batch_size)})
     child.stdin.write(wire.frame(wire.KIND_HELLO, ("test", 0, WALL_BASE_NS, False)) + wire.frame(wire.KIND_FLUSH, (1,)))
     child.stdin.flush()
     with os.fdopen(read_fd) as reports:
@@ -136,3 +141,29 @@ def test_a_long_read_reports_its_records_safe_as_its_full_batches_go(monkeypatch
     assert alone == sorted(alone) and alone[-1] < len(records)  # the read's last spans wait for a checkpoint
     assert all(n % builder_child.MARK_RECORDS == 0 for n in alone), alone
     assert lines[-1]["final"] and lines[-1]["records_safe"] == len(records) == 48
+
+
+def _wakeups(pid: int) -> int:
+    """How many times any thread of `pid` was scheduled in (schedstat's third field, summed)."""
+    tasks = os.listdir(f"/proc/{pid}/task")
+    return sum(int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[2]) for tid in tasks)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux's schedstat")
+def test_records_without_a_flush_are_exported_by_a_timed_checkpoint_then_the_idle_child_never_wakes(records):
+    child, read_fd = start_child({})
+    hello = wire.frame(wire.KIND_HELLO, ("test", 0, WALL_BASE_NS, False))
+    child.stdin.write(hello + b"".join(wire.encode_request(r) for r in records))  # no FLUSH
+    child.stdin.flush()
+    with os.fdopen(read_fd) as reports:
+        report = json.loads(reports.readline())  # the checkpoint's, REPORT_INTERVAL_S after the read
+        assert report["records_safe"] == len(records) == 6 and report["export_exported"] > 0
+        time.sleep(0.5)  # past the report's write: the child back in its poll
+        before = _wakeups(child.pid)
+        time.sleep(3 * builder_child.REPORT_INTERVAL_S)
+        idle = _wakeups(child.pid) - before  # a timer (checkpoints, a look at the parent) would wake it
+        child.stdin.close()
+        lines = [json.loads(line) for line in reports]
+    assert child.wait(30) == 0
+    assert idle == 0
+    assert len(lines) == 1 and lines[0]["final"]  # idle, it wrote nothing until its exit

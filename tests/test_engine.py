@@ -302,3 +302,32 @@ def test_tokenizer_decoder_keeps_the_wrapper_where_it_cleans_up_spaces(tmp_path)
     tokenizer.clean_up_tokenization_spaces = True
     tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
     assert tokenizer_decoder(tokenizer)(ids_) == "the token, is."  # the wrapper's clean-up, kept
+
+
+@pytest.mark.parametrize(("model", "dtype"), [("tiny", "float32"), ("tiny", "bfloat16"), ("folder", "float32")])
+def test_lean_llama_forward_gives_the_models_own_logits_bitwise(tmp_path, model, dtype):
+    """Each step (chunked prefills beside decodes) runs transformers' forward and the lean one on
+    the same inputs: the logits are the same bits, so greedy outputs cannot drift between them."""
+    from phaselens.integrations.vllm.tiny_model import save_tiny_llama
+
+    name = str(save_tiny_llama(tmp_path / "model")) if model == "folder" else model
+    engine = make_engine(model=name, dtype=dtype, max_num_seqs=4, max_num_batched_tokens=40)
+    runner, lean = engine.runner, engine.runner.lean
+    assert lean is not None
+    steps = []
+
+    def both(input_ids, positions, keep, layout):
+        runner.lean = None
+        theirs = type(runner).forward(runner, input_ids, positions, keep, layout)
+        runner.lean = lean
+        ours = lean(input_ids, positions, keep, runner.cache, layout)
+        steps.append((bool(layout.prefills), bool(layout.decodes), torch.equal(ours, theirs)))
+        return ours
+
+    runner.forward = both
+    prompts = [[5 + i % 90 for i in range(n)] for n in (5, 37, 70)]
+    for prompt in prompts:
+        engine.submit(prompt, greedy(6, ignore_eos=True))
+    run_until_idle(engine)
+    assert (True, True, True) in steps  # a step that mixed a prefill chunk with decodes
+    assert [equal for _, _, equal in steps] == [True] * len(steps)

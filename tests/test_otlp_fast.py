@@ -580,6 +580,32 @@ def test_a_description_that_fails_to_encode_is_counted_in_build_errors():
     assert counts["build_errors"] == 1 and counts["requests_built"] == 1 and processor.counts.exported == 12
 
 
+def test_a_run_of_steps_exports_as_one_at_a_time_and_a_step_that_fails_costs_only_itself():
+    """The span-builder process builds a run of step frames in one call (one offer): the same export
+    requests and counts as step by step; a failing step counted once, its neighbours built."""
+    step = next(r for r in scripted_records() if not isinstance(r, RequestRecord) and r.links)
+    run = [step._replace(step_index=i) for i in range(3)]
+
+    def built(feed) -> tuple[list[bytes], dict]:
+        tracer_provider = provider()
+        kept = RequestsKept(request_encoder(tracer_provider))
+        processor = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
+        emitter = FastEmitter(tracer_provider, [processor])
+        builder = SpanBuilder(
+            emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True
+        )
+        feed(builder)
+        processor.shutdown()
+        return kept.requests, {**builder.counters(), **vars_of(processor.counts)}
+
+    together = built(lambda builder: builder.build_steps(run))
+    assert together == built(lambda builder: [builder.build_steps((s,)) for s in run])
+    assert together[1]["steps_built"] == 3 and together[1]["processor_exported"] == 3
+    run[1] = step._replace(step_index=object())  # not an int: its encoding raises
+    _, counts = built(lambda builder: builder.build_steps(run))
+    assert counts["build_errors"] == 1 and counts["steps_built"] == counts["processor_exported"] == 2
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

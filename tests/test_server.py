@@ -270,3 +270,17 @@ def test_bearer_token_is_required_when_configured():
         )
         assert ok.usage.completion_tokens >= 1
         assert httpx.get(f"{live.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_pre_encoded_content_event_is_the_chunk_byte_for_byte(chat):
+    """The per-token event built from encoded-once bytes equals encoding the chunk whole, for text
+    that JSON must escape, and with the stand-in character inside the client's model name."""
+    from phaselens.reference_server.serving.responses import Envelope
+    from phaselens.reference_server.serving.sse import encode_event
+
+    envelope = Envelope("cmpl-1", 'tiny "\x00" model', chat, prompt_tokens=3)
+    for text in ("a", ' "quoted"\n', "é ü 😀", "\x00", "\\"):
+        assert envelope.delta_event("", text) == encode_event(envelope.chunk(content=text))
+        assert json.loads(envelope.delta_event("", text)[6:])["model"] == 'tiny "\x00" model'
+    assert envelope.delta_event("thinking", "x") == encode_event(envelope.chunk("thinking", "x"))

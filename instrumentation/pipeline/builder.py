@@ -14,6 +14,7 @@ spans go to, so a sink's counters are the whole story of its records.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry.trace import TraceFlags
@@ -65,7 +66,7 @@ class SpanBuilder:
         if isinstance(record, RequestRecord):
             self.build_request(record)
         else:
-            self.build_step(record)
+            self.build_steps((record,))
 
     def build_request(self, record: RequestRecord) -> None:
         """`build` for a request (the span-builder process knows the kind from the frame: no check)."""
@@ -96,16 +97,25 @@ class SpanBuilder:
         tpot_ms = None if tpot is None else tpot / NS_PER_MS
         return self._tail.full(record.sampled, error_type(record) is not None, ttft_ms, tpot_ms)
 
-    def build_step(self, step: PackedStep) -> None:
-        """`build` for a step, from the thread sink or from the span-builder process's pipe."""
+    def build_steps(self, steps: Sequence[PackedStep]) -> None:
+        """`build` for steps, from the thread sink or a run of step frames in the span-builder
+        process's pipe. A failure builds them again one at a time: each lost one counted once, as
+        alone (nothing was offered before it: the run's spans are offered together)."""
+        emitter = self._emitter
+        if emitter is None:
+            self._counts["steps_unsampled"] += len(steps)
+            return
         try:
-            emitter = self._emitter
-            if emitter is None:
-                self._counts["steps_unsampled"] += 1
-                return
-            self._counts["steps_built" if emitter.emit_step(self._anchor, step) else "steps_unsampled"] += 1
+            built = emitter.emit_steps(self._anchor, steps)
         except Exception:  # noqa: BLE001 — as in build_request
-            self._failed()
+            if len(steps) == 1:
+                self._failed()
+                return
+            for step in steps:
+                self.build_steps((step,))
+            return
+        self._counts["steps_built"] += built
+        self._counts["steps_unsampled"] += len(steps) - built
 
     def _failed(self) -> None:
         self._counts["build_errors"] += 1

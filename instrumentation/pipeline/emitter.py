@@ -162,6 +162,6 @@ class SpanEmitter:
         """A sampled request's spans, described and emitted."""
         emit_request_spans(self, anchor, record, phases, token_events, full)
 
-    def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool:
-        """An engine step's span, described and emitted; False when it is not built."""
-        return emit_step_span(self, anchor, step)
+    def emit_steps(self, anchor: ClockAnchor, steps: Sequence[PackedStep]) -> int:
+        """Engine steps' spans, each described and emitted; how many are built."""
+        return sum(emit_step_span(self, anchor, step) for step in steps)

@@ -156,32 +156,35 @@ class FastEmitter:
         for processor in self.processors:
             processor.offer(encoded)
 
-    def emit_step(self, anchor: ClockAnchor, step: PackedStep) -> bool:
-        """An engine step's span encoded straight from the PackedStep (`encode_step`: the bytes of
+    def emit_steps(self, anchor: ClockAnchor, steps: Sequence[PackedStep]) -> int:
+        """Engine steps' spans encoded straight from the PackedSteps (`encode_step`: the bytes of
         `step_span`'s description, ~2/3 fewer instructions) where the sampler records and samples
-        every root as given; else described and emitted. False when it is not built."""
+        every root as given, offered once for all of them (an offer, ~1.5 us, was most of a step's
+        cost); else described and emitted. How many are built (a step with no sampled member is not)."""
         if not self._every_root:
-            return emit_step_span(self, anchor, step)
-        if not step.links:
-            return False
-        trace_id, span_id = self._step_ids()
+            return sum(emit_step_span(self, anchor, step) for step in steps)
         offset_ns = anchor.wall_offset_ns  # wall = mono + offset: one call for both ends
-        encoded = [
-            encode_step(
-                step,
-                trace_id,
-                span_id,
-                step.start_ts + offset_ns,
-                step.end_ts + offset_ns,
-                names.SPAN_ENGINE_STEP,
-                STEP_KEYS,
-                self.limits,
-            )
-        ]
-        self.emitted += 1
-        for processor in self.processors:
-            processor.offer(encoded)
-        return True
+        encoded = []
+        for step in steps:
+            if step.links:
+                trace_id, span_id = self._step_ids()
+                encoded.append(
+                    encode_step(
+                        step,
+                        trace_id,
+                        span_id,
+                        step.start_ts + offset_ns,
+                        step.end_ts + offset_ns,
+                        names.SPAN_ENGINE_STEP,
+                        STEP_KEYS,
+                        self.limits,
+                    )
+                )
+        if encoded:
+            self.emitted += len(encoded)
+            for processor in self.processors:
+                processor.offer(encoded)
+        return len(encoded)
 
     def _step_ids(self) -> tuple[int, int]:
         """A step's trace id, then its span id, as step_span draws them; from the SDK's default

@@ -5,8 +5,8 @@ It reads frames (`phaselens.instrumentation.process.wire`) on stdin, all the pip
 wake-up in one read, decodes each into its record and builds it at once with the same `SpanBuilder`
 as the thread sink (so nothing waits here: while it builds, the pipe holds the rest), with its own
 providers from the OTEL_* environment (`otel_setup.configure`). The records carry every id the serving process chose. Counters go back
-as one JSON line on REPORT_FD every `REPORT_INTERVAL_S`, after each FLUSH (with `ack`) and at exit
-(`final`).
+as one JSON line on REPORT_FD at each checkpoint (within `REPORT_INTERVAL_S` of a read that brought
+records; none while idle), after each FLUSH (with `ack`) and at exit (`final`).
 
 `records_safe` (in every report, and alone in a line as soon as an export moves it) = how many records, in arrival order, are out of this process's hands: built,
 and every span they queued exported (or counted lost here: `export_failed` once the exporter's own
@@ -15,10 +15,10 @@ After each read, and every `MARK_RECORDS` records within it, the builder notes e
 processor's `queued` position; the records done by then are safe once each processor's `settled`
 position (FIFO: spans leave the queue's front in order) has passed it (one mark a read made a
 whole read's exported records wait for its last spans' export, at the next checkpoint: a read holds
-up to a second of the shipper's records). The serving process keeps every frame until it is reported safe and replays the rest to
+up to `process_sink.SHIP_INTERVAL_S` of the shipper's records). The serving process keeps every frame until it is reported safe and replays the rest to
 this process's replacement, so spans exported but not yet reported are exported again. To keep that
-window small, exports happen at checkpoints (every `REPORT_INTERVAL_S`: force_flush, then the
-report, between reads) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, exported by the thread
+window small, exports happen at checkpoints (force_flush, then the report, after a read or at a
+timed wake-up, see `serve`) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, exported by the thread
 that filled it: `otel_setup.export_on_caller`), not on the processor's own schedule
 (OTEL_BSP_SCHEDULE_DELAY is set off here, `CHECKPOINT_ONLY_DELAY_MS`); after each export the
 progress line is written at once (`otel_setup.notify_settled`), and a kill between an export's
@@ -28,8 +28,9 @@ processor's workers sleep), and none hands it the GIL back. A repeated request's
 has the same span id (decided at receipt); its other spans and the engine-step spans get fresh ids.
 
 It ends on EOF (the serving process closed the pipe or died), on SIGTERM (between reads: a record
-is never left half built), or when it is orphaned (seen at a checkpoint's time): in each case it
-shuts its providers down (exporting what it built) and exits 0.
+is never left half built), or when it is orphaned (its pidfd of the serving process turns readable;
+without pidfds, seen at a wake-up at least every `REPORT_INTERVAL_S`): in each case it shuts its
+providers down (exporting what it built) and exits 0.
 """
 
 from __future__ import annotations
@@ -61,10 +62,14 @@ from phaselens.instrumentation.pipeline.otel_setup import (
 from phaselens.instrumentation.pipeline.sink import NICE
 from phaselens.instrumentation.process import wire
 
-# also the checkpoint interval: spans wait at most this long to be exported (the SDK's default
-# schedule: 5 s). Each checkpoint costs ~0.5 ms of CPU (an export, a report): at 0.25 s that was
-# ~20 us per request at 100 requests/s; at 1 s, ~5 (a full batch is exported at once regardless)
-REPORT_INTERVAL_S = 1.0
+# the checkpoint interval: a read's spans wait at most this long to be exported (the SDK's default
+# schedule: 5 s). A checkpoint costs ~0.3-0.5 ms of CPU in cold caches (an export, a report), which
+# at vLLM's ~10 requests a second was most of the child's fixed cost: 1 s → 2 s measured 169 → 145 us
+# a request (benchmarks/builder_child_rate.py); a full batch is exported at once regardless
+REPORT_INTERVAL_S = 2.0
+# a read this early (share of the interval) before the checkpoint is due carries it: the shipper's
+# reads come every SHIP_INTERVAL_S, so a due time just after one would cost a wake-up of its own
+CHECKPOINT_EARLY = 0.25
 CHECKPOINT_ONLY_DELAY_MS = 3_600_000  # the batch processor's schedule, off: the checkpoints export
 MARK_RECORDS = 16  # a kill repeats at most ~this many records exported since the last mark
 READ_BYTES = 1 << 20  # one read takes what the pipe holds (its size: process_sink.PIPE_BYTES)
@@ -118,13 +123,11 @@ class SpanProcess:
             provider,
             token_events,
         )
-        self.paths: dict[int, Path] = {
-            wire.KIND_REQUEST: (wire.decode_request, self.builder.build_request),
-            wire.KIND_STEP: (wire.decode_step, self.builder.build_step),
-        }
+        self.paths: dict[int, Path] = {wire.KIND_REQUEST: (wire.decode_request, self.builder.build_request)}
         self.report_out = os.fdopen(report_fd, "w", buffering=1)
         self.report_lock = threading.Lock()
         self.received = self.decode_errors = self.done = self.safe = 0
+        self.reported = 0  # `received` at the last report
         self.marked = 0  # `done` at the last mark
         self.checkpointing = False  # its report follows its exports: no records_safe line of their own
         self.positions = export_positions(provider)
@@ -134,10 +137,22 @@ class SpanProcess:
         notify_settled(provider, self.report_settled)
 
     def handle(self, frames: list[tuple[int, Any]]) -> None:
-        """A read's frames, in order; a FLUSH exports and reports what came before it. A record is
-        decoded and built here, by its frame's kind (one call level a frame: ~3 a request)."""
-        paths = self.paths
+        """A read's frames, in order; a FLUSH exports and reports what came before it. A request is
+        decoded and built here, by its frame's kind (one call level a frame); a run of step frames
+        (~16 a request in vLLM, ~2 at B = 64) is decoded, then built in one call (one offer)."""
+        paths, steps = self.paths, []
         for kind, fields in frames:
+            if kind == wire.KIND_STEP:
+                self.received += 1
+                try:
+                    steps.append(wire.decode_step(fields))
+                except Exception:  # noqa: BLE001 — as below
+                    self.decode_errors += 1
+                    self.done += 1
+                continue
+            if steps:
+                self.build_steps(steps)
+                steps = []
             if kind == wire.KIND_FLUSH:
                 self.mark()
                 self.checkpoint(ack=fields[0])
@@ -153,7 +168,15 @@ class SpanProcess:
             self.done += 1  # after its spans went to the processors
             if self.done - self.marked >= MARK_RECORDS:
                 self.mark()
+        if steps:
+            self.build_steps(steps)
         self.mark()
+
+    def build_steps(self, steps: list[Any]) -> None:
+        self.builder.build_steps(steps)
+        self.done += len(steps)  # after their spans went to the processors
+        if self.done - self.marked >= MARK_RECORDS:
+            self.mark()
 
     def mark(self) -> None:
         """The records done so far are safe once each processor has settled what it holds now."""
@@ -196,7 +219,12 @@ class SpanProcess:
         if not self.checkpointing and self.progress():
             self.write({"records_safe": self.safe})
 
+    def unreported(self) -> bool:
+        """Records received since the last report (the last checkpoint's, or a FLUSH's)."""
+        return self.received != self.reported
+
     def report(self, **extra: int) -> None:
+        self.reported = self.received
         self.write({**self.counters(), "child_cpu_ns": time.process_time_ns(), **extra})
 
     def write(self, report: dict[str, int]) -> None:
@@ -215,9 +243,30 @@ class SpanProcess:
         self.report(final=True)
 
 
+def _parent_watch(poller: select.poll, parent_pid: int) -> int | None:
+    """A pidfd of the serving process, registered in `poller` (readable once it has exited), so no
+    timer has to look for its death; None where pidfds are missing (not Linux 5.3+)."""
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except (AttributeError, OSError):
+        return None
+    poller.register(pidfd, select.POLLIN)
+    return pidfd
+
+
+def _poll_ms(due: float | None, pidfd: int | None) -> int | None:
+    """How long a poll may sleep: until a checkpoint is due; with nothing waiting, until an fd is
+    ready (a pidfd tells the parent's death) or, without a pidfd, `REPORT_INTERVAL_S` (to look)."""
+    if due is None:
+        return None if pidfd is not None else int(REPORT_INTERVAL_S * 1000)
+    return math.ceil(max(0.0, due - time.monotonic()) * 1000)
+
+
 def serve(process: SpanProcess, reader: FrameReader, parent_pid: int) -> None:
-    """Reads and builds until EOF, SIGTERM or the serving process's death, with a checkpoint every
-    `REPORT_INTERVAL_S` between reads (skipped while idle: nothing to export or tell)."""
+    """Reads and builds until EOF, SIGTERM or the serving process's death. The records of a read
+    are exported within `REPORT_INTERVAL_S` of it: by the checkpoint after the first read that comes
+    `CHECKPOINT_EARLY` of the interval before that (the shipper writes once a second: the reads'
+    wake-ups carry the checkpoints), or by a timed wake-up when no read does. Idle, nothing wakes it."""
     terminated: list[int] = []
     wake_read, wake_write = os.pipe()  # a signal's byte wakes the poll below
     os.set_blocking(wake_write, False)
@@ -226,21 +275,28 @@ def serve(process: SpanProcess, reader: FrameReader, parent_pid: int) -> None:
     poller = select.poll()
     poller.register(reader.fd, select.POLLIN)
     poller.register(wake_read, select.POLLIN)
-    due, reported = time.monotonic() + REPORT_INTERVAL_S, None
+    pidfd = _parent_watch(poller, parent_pid)
+    if os.getppid() != parent_pid:  # died before the watch began
+        return
+    # when the records read since the last checkpoint must be exported (the hello's read may hold some)
+    due = time.monotonic() + REPORT_INTERVAL_S if process.unreported() else None
+    early_s = REPORT_INTERVAL_S * CHECKPOINT_EARLY
     while not terminated:
-        ready = poller.poll(math.ceil(max(0.0, due - time.monotonic()) * 1000))
-        if any(fd == reader.fd for fd, _ in ready):
+        ready = {fd for fd, _ in poller.poll(_poll_ms(due, pidfd))}
+        if pidfd in ready or (pidfd is None and os.getppid() != parent_pid):  # orphaned: wind down
+            return
+        if reader.fd in ready:
             frames = reader.read()
             if frames is None:
                 return
             process.handle(frames)
-        if time.monotonic() >= due:
-            if os.getppid() != parent_pid:  # orphaned (the serving process died): wind down
-                return
-            if (process.received, process.safe) != reported:
-                process.checkpoint()
-                reported = (process.received, process.safe)
-            due = time.monotonic() + REPORT_INTERVAL_S
+            if not process.unreported():  # a FLUSH among them checkpointed
+                due = None
+            elif due is None:
+                due = time.monotonic() + REPORT_INTERVAL_S
+        if due is not None and time.monotonic() >= due - early_s:
+            process.checkpoint()
+            due = None
 
 
 def main(argv: list[str]) -> int:

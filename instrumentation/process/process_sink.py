@@ -3,7 +3,7 @@
 Building spans costs ~1 ms of Python per request (spans, step links, metrics, OTLP encoding);
 in-process that runs under the serving loop's GIL. This sink keeps the records and ships them as
 bytes (`wire`) to a child process (`python -m phaselens.instrumentation.process.builder_child`) that runs the
-same `SpanBuilder` and exporters: a thread wakes once a second (`SHIP_INTERVAL_S`), drains the
+same `SpanBuilder` and exporters: a thread wakes every `SHIP_INTERVAL_S`, drains the
 hand-offs, packs the drain's records into frames in C (`wire.pack`, `PACK_RECORDS` a call) and writes
 them to the child's stdin in one `os.write` per drain (the write runs without the GIL; a backlog is
 written a slice at a time, the GIL left to the serving loop between slices).
@@ -46,8 +46,10 @@ PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~200 requests' frames while the c
 # one drain and write per interval: a wake-up costs ~100 µs of this process's CPU whatever it ships
 # (the timed wait's sleep and wake in the kernel ~40 µs, the Python, the empty drain's checks; the
 # eighth and twelfth passes in docs/span-backends.md); 20 ms → 0.25 s cut the shipper's CPU per
-# request ~4x, 0.25 → 1 s by another ~30 % (and the child's bursts cost less); flush() and stop() wake it at once
-SHIP_INTERVAL_S = 1.0
+# request ~4x, 0.25 → 1 s by another ~30 % (and the child's bursts cost less); 1 → 2 s cut the child's
+# CPU a request at vLLM's ~10 requests a second 146 → 121 us (its reads and their cold caches,
+# benchmarks/builder_child_rate.py --ship-every); flush() and stop() wake it at once
+SHIP_INTERVAL_S = 2.0
 # records packed per wire.pack call: a drain holds the GIL (C, no release) for ~1 ms a slice at most
 # (~3 µs a record, cold); a backlog's slices are written one by one, the GIL given up between them
 PACK_RECORDS = 256

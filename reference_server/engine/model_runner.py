@@ -1,7 +1,7 @@
 """Runs one scheduled batch through the model as a single packed forward and samples.
 
 Inputs of a step (built on the host from plain lists, one transfer each):
-    input_ids, positions  [1, N]   the new tokens of every scheduled sequence, back to back
+    input_ids, positions  [N]      the new tokens of every scheduled sequence, back to back
     slot_mapping          [N]      slot = block_table[pos // block_size] · block_size + pos % block_size
     logits_to_keep        [B_s]    packed index of the last token of each sequence that samples
 """
@@ -13,6 +13,7 @@ import torch
 from phaselens.reference_server.engine import kv_cache, model_loader
 from phaselens.reference_server.engine.config import EngineConfig
 from phaselens.reference_server.engine.kv_cache import DecodeGroup, PagedKVCache, PrefillSpan, StepLayout
+from phaselens.reference_server.engine.llama_forward import LlamaForward
 from phaselens.reference_server.engine.sampler import Sampler
 from phaselens.reference_server.engine.scheduler import Batch
 
@@ -55,6 +56,7 @@ class ModelRunner:
             self.device,
         )
         self.sampler = Sampler(self.loaded.suppressed_ids, self.device, config.seed)
+        self.lean = LlamaForward.for_model(model, self.max_model_len)
         self.fault_token_id = config.fault_token_id
 
     @property
@@ -68,16 +70,24 @@ class ModelRunner:
     def run(self, batch: Batch) -> list[int]:
         """Forward the batch; return the sampled ids of the sequences that sample, in batch order."""
         input_ids, positions, keep, layout = self._prepare(batch)
+        logits = self.forward(input_ids, positions, keep, layout)
+        return self.sampler.sample(logits, [i.seq for i in batch.items if i.samples])
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, layout: StepLayout):
+        """Logits `[B, vocab]` of the `keep` rows: the lean forward where the model has one
+        (llama_forward), else the model's own with the paged attention plugged in."""
+        if self.lean is not None:
+            return self.lean(input_ids, positions, keep, self.cache, layout)
         self.cache.layout = layout
         out = self.model(
-            input_ids=input_ids,
-            position_ids=positions,
+            input_ids=input_ids[None],
+            position_ids=positions[None],
             cache=self.cache,
             logits_to_keep=keep,
             **{kv_cache.LAYOUT_KWARG: layout},
         )
         self.cache.layout = None
-        return self.sampler.sample(out.logits[0], [i.seq for i in batch.items if i.samples])
+        return out.logits[0]
 
     def _prepare(self, batch: Batch):
         bs = self.block_size
@@ -106,7 +116,7 @@ class ModelRunner:
         layout.decodes = [
             self._decode_group(decodes[i : i + DECODE_GROUP]) for i in range(0, len(decodes), DECODE_GROUP)
         ]
-        return self._tensor(ids)[None], self._tensor(positions)[None], self._tensor(keep), layout
+        return self._tensor(ids), self._tensor(positions), self._tensor(keep), layout
 
     def _prefill_span(self, row: int, start: int, end: int, block_table: list[int]) -> PrefillSpan:
         """Chunk queries at positions [start, end) see keys at positions ≤ their own."""

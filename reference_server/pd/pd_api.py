@@ -27,7 +27,7 @@ from phaselens.reference_server.engine.engine import Engine
 from phaselens.reference_server.engine.kv_transfer import Transfer
 from phaselens.reference_server.engine.sequence import SeqOutput
 from phaselens.reference_server.pd.pd_spans import PdSpans
-from phaselens.reference_server.serving.api import Job, OutputStream, _Routes
+from phaselens.reference_server.serving.api import Job, OutputStream, Routes
 from phaselens.reference_server.serving.protocol import ApiError, bad
 
 ROLE_PREFILL, ROLE_DECODE, ROLE_ROUTER = "prefill", "decode", "router"
@@ -40,7 +40,7 @@ def parse_address(value: str, param: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class PrefillRoutes(_Routes):
+class PrefillRoutes(Routes):
     engine: Engine  # P/D instances run the thread engine
 
     def __init__(self, engine: Engine, settings: Any, telemetry: Any, spans: PdSpans) -> None:
@@ -81,7 +81,7 @@ class PrefillRoutes(_Routes):
         return error
 
 
-class DecodeRoutes(_Routes):
+class DecodeRoutes(Routes):
     engine: Engine
 
     def __init__(self, engine: Engine, settings: Any, telemetry: Any, kv_address: tuple[str, int]) -> None:

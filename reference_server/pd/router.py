@@ -39,7 +39,7 @@ from phaselens.common.exposure import authorized
 from phaselens.instrumentation import names
 from phaselens.reference_server.pd.pd_protocol import PROTOCOL_PHASELENS, PdProtocol, protocol
 from phaselens.reference_server.pd.router_spans import RouterRecord, RouterSpans
-from phaselens.reference_server.serving.api import _NO_FASTAPI_TELEMETRY, EventStreamResponse, error_response
+from phaselens.reference_server.serving.api import NO_FASTAPI_TELEMETRY, EventStreamResponse, error_response
 from phaselens.reference_server.serving.protocol import ApiError, bad
 from phaselens.reference_server.serving.sse import DONE_EVENT, encode_event
 
@@ -137,9 +137,7 @@ class Router:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0))
 
     def app(self) -> FastAPI:
-        app = FastAPI(
-            title="phaselens router", docs_url=None, redoc_url=None, openapi_url=None, **_NO_FASTAPI_TELEMETRY
-        )
+        app = FastAPI(title="phaselens router", docs_url=None, redoc_url=None, openapi_url=None, **NO_FASTAPI_TELEMETRY)
         app.add_api_route(COMPLETIONS, self.completions, methods=["POST"])
         app.add_api_route(CHAT, self.chat, methods=["POST"])
         app.add_api_route("/health", self.health, methods=["GET"])

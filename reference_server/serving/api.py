@@ -131,7 +131,7 @@ def error_response(error: ApiError) -> JSONResponse:
 # FastAPI ≥ 0.165 traces, meters and logs every request by itself once a global provider is set:
 # a second SERVER span per request (a sibling of ours, from the same traceparent) and its operation
 # spans, all built on the event loop. The phaselens middleware is this server's telemetry.
-_NO_FASTAPI_TELEMETRY: dict[str, Any] = (  # FastAPI keyword arguments: which exist depends on its version
+NO_FASTAPI_TELEMETRY: dict[str, Any] = (  # FastAPI keyword arguments: which exist depends on its version
     {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
     if "telemetry" in inspect.signature(FastAPI).parameters
     else {}
@@ -142,11 +142,11 @@ def create_app(
     engine: ServingEngine, settings: ApiSettings, telemetry: Any = None, routes_class: Callable[..., Any] | None = None
 ):
     """The ASGI app; wrapped in the telemetry ingress middleware when `telemetry` is given.
-    `routes_class`: a `_Routes` subclass (a disaggregated instance's, reference_server.pd.pd_api)."""
+    `routes_class`: a `Routes` subclass (a disaggregated instance's, reference_server.pd.pd_api)."""
     app = FastAPI(
-        title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None, **_NO_FASTAPI_TELEMETRY
+        title="phaselens reference server", docs_url=None, redoc_url=None, openapi_url=None, **NO_FASTAPI_TELEMETRY
     )
-    routes = (routes_class or _Routes)(engine, settings, telemetry)
+    routes = (routes_class or Routes)(engine, settings, telemetry)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -167,7 +167,9 @@ def create_app(
     return telemetry.asgi(app) if telemetry is not None else app
 
 
-class _Routes:
+class Routes:
+    """The endpoints of one instance, bound to its engine; a disaggregated instance subclasses it."""
+
     def __init__(self, engine: ServingEngine, settings: ApiSettings, telemetry: Any) -> None:
         self.engine, self.settings, self.telemetry = engine, settings, telemetry
 
@@ -319,7 +321,8 @@ class _Routes:
         return self.engine.submit(job.prompt_ids, job.params, observer=handle, sink=stream.sink)
 
     async def _events(self, job: Job, stream: OutputStream, handle: RequestHandle, seq_id: int) -> AsyncIterator[bytes]:
-        """SSE body: role chunk (chat), deltas, finish chunk, usage chunk (if asked), [DONE]."""
+        """SSE body: role chunk (chat), deltas, finish chunk, usage chunk (if asked), [DONE]. The
+        last delta and what follows it are one write (each write is a send on the socket)."""
         envelope, finished, text = job.envelope, False, []
         try:
             if envelope.chat:
@@ -330,18 +333,21 @@ class _Routes:
                     finished = True
                     yield encode_event(self._engine_failure(out, handle).body())
                     return
+                delta = b""
                 if out.reasoning or out.content:
                     text.append(out.content)
                     handle.output_ready(out.output_tokens)  # the middleware stamps this chunk's send (first_chunk)
-                    yield encode_event(envelope.chunk(out.reasoning, out.content))
+                    delta = envelope.delta_event(out.reasoning, out.content)
                 if out.finish_reason:
                     break
-            yield encode_event(envelope.chunk(finish_reason=out.finish_reason))
+                if delta:
+                    yield delta
+            tail = [delta, encode_event(envelope.chunk(finish_reason=out.finish_reason))]
             if job.parsed.include_usage:
-                yield encode_event(envelope.usage_chunk(out))
+                tail.append(encode_event(envelope.usage_chunk(out)))
             finished = True
             self._complete(handle, out, "".join(text))
-            yield DONE_EVENT
+            yield b"".join((*tail, DONE_EVENT))
         finally:
             if not finished:
                 self.engine.abort(seq_id)

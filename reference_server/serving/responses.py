@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from phaselens.reference_server.engine.sequence import SeqOutput
+from phaselens.reference_server.serving.sse import TextEvent, encode_event
 
 
 @dataclass(slots=True)
@@ -17,9 +18,18 @@ class Envelope:
     chat: bool
     prompt_tokens: int
     created: int = 0
+    content_event: TextEvent = field(init=False)  # a content-only chunk's event, encoded per token
 
     def __post_init__(self) -> None:
         self.created = int(time.time())
+        self.content_event = TextEvent.of(lambda text: self.chunk(content=text))
+
+    def delta_event(self, reasoning: str, content: str) -> bytes:
+        """The SSE event of one delta: `encode_event(self.chunk(reasoning, content))`, pre-encoded
+        when it carries content alone (every token of a model without reasoning)."""
+        if reasoning or not content:
+            return encode_event(self.chunk(reasoning, content))
+        return self.content_event(content)
 
     def _base(self, obj: str) -> dict:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
