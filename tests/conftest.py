@@ -12,9 +12,9 @@ import pytest
 from phaselens.collectors.schema import ident
 from phaselens.storage.embedded import EmbeddedClickHouse
 
-# the session's shared vLLMs: one fixture definition for every module (a fixture imported into two
-# test modules would be two definitions, each with its own session instance)
-pytest_plugins = ["tests.vllm_fixtures"]
+# fixtures that several modules share at session scope, registered here once (a fixture imported into
+# two modules is two fixtures, each started once per module): the vLLMs and the stack pipeline
+pytest_plugins = ("tests.vllm_fixtures", "tests.stack_fixtures")
 _db_counter = itertools.count()
 _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
 
@@ -24,10 +24,12 @@ LONGEST_FIRST = (
     "test_harness_import",  # these three: one unit of work (SHARED_UNITS), in this order:
     "test_vllm",  # the shared vLLMs start in the first and serve the second,
     "test_vllm_pd",  # which stops them before starting its own two
+    "test_diagnose",  # these four: one unit of work (SHARED_UNITS), tests/stack_fixtures.py's pipeline
+    "test_budget_late_client",
+    "test_budget_delivery",
+    "test_budget_network",
     "test_cluster",
     "test_faults",
-    "test_budget_late_client",
-    "test_diagnose",
     "test_disagg_stack",
     "test_rotel",
     "test_instrumentation_process",
@@ -44,7 +46,12 @@ LONGEST_FIRST = (
 
 
 # Modules that share a session-scoped server: one unit of work (so one worker) together.
-SHARED_UNITS = dict.fromkeys(("test_harness_import", "test_vllm", "test_vllm_pd"), "vllm")
+SHARED_UNITS = {
+    **dict.fromkeys(("test_harness_import", "test_vllm", "test_vllm_pd"), "vllm"),
+    **dict.fromkeys(
+        ("test_diagnose", "test_budget_late_client", "test_budget_delivery", "test_budget_network"), "stack"
+    ),
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
