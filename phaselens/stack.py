@@ -213,9 +213,10 @@ class Stack:
 
     def _start_storage(self, on_phase) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        on_phase("clickhouse")
-        self.storage = make_storage(Path(self.data_dir), self.log_dir, self.shards)
-        self.storage.start()
+        if self.storage is None:  # one set before the start is already running (a test session's)
+            on_phase("clickhouse")
+            self.storage = make_storage(Path(self.data_dir), self.log_dir, self.shards)
+            self.storage.start()
         on_phase("schema")
         self.apply_schema()
 

@@ -4,6 +4,7 @@ how the suite is split between pytest-xdist's workers (pyproject's addopts: `-n 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import clickhouse_connect
 import pytest
@@ -11,19 +12,24 @@ import pytest
 from phaselens.collectors.schema import ident
 from phaselens.storage.embedded import EmbeddedClickHouse
 
+# fixtures that several modules share at session scope, registered here once (a fixture imported into
+# two modules is two fixtures, each started once per module): the vLLMs and the stack pipeline
+pytest_plugins = ("tests.vllm_fixtures", "tests.stack_fixtures")
 _db_counter = itertools.count()
 _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
 
 # Modules that take longest (from `--durations`), sent to the workers first so that no worker is
 # left alone with a long module at the end; the rest keep their collection order.
 LONGEST_FIRST = (
-    "test_harness_import",
-    "test_vllm_pd",
-    "test_vllm",
+    "test_harness_import",  # these three: one unit of work (SHARED_UNITS), in this order:
+    "test_vllm",  # the shared vLLMs start in the first and serve the second,
+    "test_vllm_pd",  # which stops them before starting its own two
+    "test_diagnose",  # these four: one unit of work (SHARED_UNITS), tests/stack_fixtures.py's pipeline
+    "test_budget_late_client",
+    "test_budget_delivery",
+    "test_budget_network",
     "test_cluster",
     "test_faults",
-    "test_budget_late_client",
-    "test_diagnose",
     "test_disagg_stack",
     "test_rotel",
     "test_instrumentation_process",
@@ -39,15 +45,38 @@ LONGEST_FIRST = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+# Modules that share a session-scoped server: one unit of work (so one worker) together.
+SHARED_UNITS = {
+    **dict.fromkeys(("test_harness_import", "test_vllm", "test_vllm_pd"), "vllm"),
+    **dict.fromkeys(
+        ("test_diagnose", "test_budget_late_client", "test_budget_delivery", "test_budget_network"), "stack"
+    ),
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each module is one unit of work for xdist, so its module-scoped servers start once, on one
-    worker; modules that share a session-scoped server name the same `xdist_group` themselves."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    """`LONGEST_FIRST` first, the rest in collection order (`--no-loadscope-reorder` keeps it)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: `-p no:xdist` runs without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup` as this suite means it: each module one unit of work for xdist, so its
+    module-scoped servers start once, on one worker; `SHARED_UNITS` several modules one unit. Read
+    from the test ids here: pytest-xdist 3.8 groups by an `@group` suffix it writes into
+    `Item._nodeid`, which pytest 9.2's `nodeid` no longer reads, so its `xdist_group` marks group
+    nothing (every test was its own unit)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_UNITS.get(Path(path).stem, path)
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import pytest
 
 from phaselens.analysis.budget.latency_budget import budget
 from phaselens.common.quantile import quantile
-from phaselens.stack import Stack, spawn
+from phaselens.stack import Stack
+from tests.stack_fixtures import serve, wait_stored
 
 REQUESTS = 48
 
@@ -54,29 +55,26 @@ def _bench(stack: Stack, url: str, streams: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    """One pipeline; a server per stream count (its service.name selects the run), both started at once
-    (their start-up is most of the time), each stopped (flushing its spans) after its load alone."""
-    stack = Stack(str(tmp_path_factory.mktemp("stack"))).start_pipeline()
+def reports(pipeline):
+    """A server per stream count (its service.name selects the run), both started at once (their
+    start-up is most of the time), each stopped (flushing its spans) after its load alone."""
+    servers = {
+        streams: serve(pipeline, f"server-{streams}", service(streams), "--max-num-seqs", "16") for streams in STREAMS
+    }
     try:
-        servers = {
-            streams: spawn(
-                f"server-{streams}",
-                ["serve", "--model", "tiny", "--port", "0", "--max-num-seqs", "16"],
-                stack.log_dir,
-                stack.otel_env(f"server-{streams}"),
-            )
-            for streams in STREAMS
-        }
         for streams, server in servers.items():
-            _bench(stack, server.wait_ready(180), streams)
+            _bench(pipeline, server.wait_ready(180), streams)
             assert server.stop(30) == 0
-        assert stack.collector.stop(30) == 0  # drains its spool into ClickHouse
-        stack.collector = None
-        with stack.client() as ch:
-            yield {streams: _report(ch, stack.database, f"server-{streams}") for streams in STREAMS}
     finally:
-        stack.stop()
+        for server in servers.values():
+            server.stop(30)
+    wait_stored(pipeline)
+    with pipeline.client() as ch:
+        return {streams: _report(ch, pipeline.database, service(streams)) for streams in STREAMS}
+
+
+def service(streams: int) -> str:
+    return f"delivery-{streams}"
 
 
 def _report(ch, database: str, service: str):

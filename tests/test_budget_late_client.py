@@ -23,8 +23,9 @@ from phaselens.analysis.diagnose.diagnosis import diagnose
 from phaselens.common.quantile import quantile
 from phaselens.common.slo import parse_slo
 from phaselens.faults.parts import wait_until
-from phaselens.stack import Stack, spawn
+from phaselens.stack import Stack
 from tests.cli_fixtures import bench_argv
+from tests.stack_fixtures import serve, wait_stored
 
 REQUESTS = 16
 # stopped for longer than a whole response takes (16 tokens: ~50–130 ms here), running 10 ms between:
@@ -99,35 +100,32 @@ def _facts(ch, database: str, lines: list[dict]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(pipeline, tmp_path_factory):
     """One server per run (its service.name selects the run), both started at once (their start-up is
     most of the time), each stopped (flushing its spans) after its load; then the budget, facts and
     verdict of each."""
-    stack = Stack(str(tmp_path_factory.mktemp("stack"))).start_pipeline()
+    runs = {"prompt": False, "late": True}
+    servers = {name: serve(pipeline, f"server-{name}", service(name)) for name in runs}
     try:
-        runs = {"prompt": False, "late": True}
-        servers = {
-            name: spawn(
-                f"server-{name}", ["serve", "--model", "tiny", "--port", "0"], stack.log_dir, stack.otel_env(name)
-            )
-            for name in runs
-        }
         results = {}
         for name, late in runs.items():
             out = str(tmp_path_factory.mktemp(name) / "requests.jsonl")
-            results[name] = _run_bench(stack, servers[name].wait_ready(180), out, late)
+            results[name] = _run_bench(pipeline, servers[name].wait_ready(180), out, late)
             assert servers[name].stop(30) == 0
-        assert stack.collector.stop(30) == 0  # drains its spool into ClickHouse
-        stack.collector = None
-        with stack.client() as ch:
-            facts = {name: _facts(ch, stack.database, lines) for name, (_, lines) in results.items()}
-            reports = {name: budget(ch, database=stack.database, service=name, since=None) for name in results}
-            verdicts = {
-                name: diagnose(ch, database=stack.database, service=name, since=None, slo=SLO) for name in results
-            }
-        yield results, facts, reports, verdicts
     finally:
-        stack.stop()
+        for server in servers.values():
+            server.stop(30)
+    wait_stored(pipeline)
+    db = pipeline.database
+    with pipeline.client() as ch:
+        facts = {name: _facts(ch, db, lines) for name, (_, lines) in results.items()}
+        reports = {name: budget(ch, database=db, service=service(name), since=None) for name in results}
+        verdicts = {name: diagnose(ch, database=db, service=service(name), since=None, slo=SLO) for name in results}
+    return results, facts, reports, verdicts
+
+
+def service(run: str) -> str:
+    return f"late-client-{run}"
 
 
 def _p(values: list[float], level: float) -> float:

@@ -18,6 +18,7 @@ from phaselens.common.quantile import quantile
 from phaselens.stack import Stack
 from tests.cli_fixtures import bench_argv
 from tests.delay_proxy import DOWN, UP, DelayProxy
+from tests.stack_fixtures import serve, wait_stored
 
 # 0: straight to the server. The smallest D is 50: a tenth of its round trip (10 ms) is well above the
 # run-to-run noise of a loaded machine (6 ms, below), where a tenth of 2 × 20 ms was not
@@ -50,35 +51,40 @@ def _bench(stack: Stack, url: str, out: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def medians(tmp_path_factory):
+def medians(pipeline, tmp_path_factory):
     """{D: {term: p50}} over each run's requests, and the proxy's real round trip as `held_ms`."""
-    with Stack(str(tmp_path_factory.mktemp("stack"))) as stack:
-        host, port = stack.server_url.removeprefix("http://").rsplit(":", 1)
+    server = serve(pipeline, "server-network", "budget-network")
+    try:
+        url = server.wait_ready(180)
+        host, port = url.removeprefix("http://").rsplit(":", 1)
         runs, held = {}, {0: 0.0}
         for delay in DELAYS_MS:
             out = str(tmp_path_factory.mktemp("bench") / "requests.jsonl")
             if delay:
                 with DelayProxy(host, int(port), delay) as proxy:
-                    runs[delay] = _bench(stack, proxy.url, out)
+                    runs[delay] = _bench(pipeline, proxy.url, out)
                 held[delay] = sum(quantile(sorted(proxy.held_ms[d]), 0.5) for d in (UP, DOWN))
             else:
-                runs[delay] = _bench(stack, stack.server_url, out)
-        assert stack.server.stop(30) == 0 and stack.collector.stop(30) == 0  # flush, then drain
-        result = {}
-        with stack.client() as ch:
-            for delay, trace_ids in runs.items():
-                rows = list(
-                    ch.query(
-                        f"SELECT {', '.join(TERMS)} FROM {stack.database}.phaselens_request_facts "
-                        "WHERE trace_id IN {ids:Array(String)}",
-                        parameters={"ids": trace_ids},
-                    ).named_results()
-                )
-                assert len(rows) == REQUESTS
-                # a term not observed counts 0, as in the budget
-                result[delay] = {t: quantile(sorted(r[t] or 0.0 for r in rows), 0.5) for t in TERMS}
-                result[delay]["held_ms"] = held[delay]
-        yield result
+                runs[delay] = _bench(pipeline, url, out)
+    finally:
+        stopped = server.stop(30)  # flushes its spans
+    assert stopped == 0
+    wait_stored(pipeline)
+    result = {}
+    with pipeline.client() as ch:
+        for delay, trace_ids in runs.items():
+            rows = list(
+                ch.query(
+                    f"SELECT {', '.join(TERMS)} FROM {pipeline.database}.phaselens_request_facts "
+                    "WHERE trace_id IN {ids:Array(String)}",
+                    parameters={"ids": trace_ids},
+                ).named_results()
+            )
+            assert len(rows) == REQUESTS
+            # a term not observed counts 0, as in the budget
+            result[delay] = {t: quantile(sorted(r[t] or 0.0 for r in rows), 0.5) for t in TERMS}
+            result[delay]["held_ms"] = held[delay]
+    return result
 
 
 @pytest.mark.parametrize("delay", DELAYS_MS[1:])

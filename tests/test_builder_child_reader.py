@@ -50,20 +50,25 @@ def test_a_frame_longer_than_a_read_comes_whole(monkeypatch):
     assert got == [(wire.KIND_HELLO, big), (wire.KIND_FLUSH, (1,))]
 
 
-def child_report_lines(records: list, batch_size: int) -> list[dict]:
-    """The report lines of a span-builder process sent the hello and a FLUSH (ack 1), then, once it
-    acknowledged it, `records` in two writes 0.5 s apart (two reads: it waits in poll), the second
-    closed by a FLUSH (ack 2), then EOF."""
+def start_child(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """A span-builder process on the fast backend (its stdin a pipe), and the fd of its reports."""
     read_fd, write_fd = os.pipe()
-    env = {**os.environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": str(batch_size), names.ENV_SPAN_BACKEND: "fast"}
     child = subprocess.Popen(
         [sys.executable, "-m", "phaselens.instrumentation.process.builder_child", str(write_fd), str(os.getpid())],
         stdin=subprocess.PIPE,
         pass_fds=(write_fd,),
-        env=env,
+        env={**os.environ, **env, names.ENV_SPAN_BACKEND: "fast"},
     )
     os.close(write_fd)
     assert child.stdin is not None
+    return child, read_fd
+
+
+def child_report_lines(records: list, batch_size: int) -> list[dict]:
+    """The report lines of a span-builder process sent the hello and a FLUSH (ack 1), then, once it
+    acknowledged it, `records` in two writes 0.5 s apart (two reads: it waits in poll), the second
+    closed by a FLUSH (ack 2), then EOF."""
+    child, read_fd = start_child({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": str(batch_size)})
     child.stdin.write(wire.frame(wire.KIND_HELLO, ("test", 0, WALL_BASE_NS, False)) + wire.frame(wire.KIND_FLUSH, (1,)))
     child.stdin.flush()
     with os.fdopen(read_fd) as reports:
@@ -146,16 +151,7 @@ def _wakeups(pid: int) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux's schedstat")
 def test_records_without_a_flush_are_exported_by_a_timed_checkpoint_then_the_idle_child_never_wakes(records):
-    read_fd, write_fd = os.pipe()
-    env = {**os.environ, names.ENV_SPAN_BACKEND: "fast"}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "phaselens.instrumentation.process.builder_child", str(write_fd), str(os.getpid())],
-        stdin=subprocess.PIPE,
-        pass_fds=(write_fd,),
-        env=env,
-    )
-    os.close(write_fd)
-    assert child.stdin is not None
+    child, read_fd = start_child({})
     hello = wire.frame(wire.KIND_HELLO, ("test", 0, WALL_BASE_NS, False))
     child.stdin.write(hello + b"".join(wire.encode_request(r) for r in records))  # no FLUSH
     child.stdin.flush()

@@ -1,6 +1,7 @@
 """`phaselens diagnose` on real runs: the reference server (tiny model) under `phaselens bench`,
 through the collector into embedded ClickHouse. Five scenarios, one server each (its own
-service.name selects it), one ClickHouse and collector for all; each load lasts a few seconds.
+service.name selects it), the session's ClickHouse and collector for all (tests/stack_fixtures.py);
+each load lasts a few seconds.
 
 Each scenario states the SLO it is judged against: a verdict is always relative to a contract. The
 SLOs are chosen so that CPU contention can only move a figure further from the margin line
@@ -30,9 +31,9 @@ from phaselens.analysis.report.report import write_report
 from phaselens.commands import diagnose as diagnose_command
 from phaselens.common.slo import parse_slo
 from phaselens.loadgen.workloads import words
-from phaselens.stack import Stack, spawn
 from tests.cli_fixtures import bench_argv
 from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql
+from tests.stack_fixtures import serve, wait_stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,25 +91,16 @@ def service(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """ClickHouse + collector; every scenario's server started at once (their start-up is most of
-    the time), then each load run alone, its server stopped (flushing its spans) before the next."""
-    stack = Stack(str(tmp_path_factory.mktemp("diagnose"))).start_pipeline()
+def stack(pipeline):
+    """The session's pipeline; every scenario's server started at once (their start-up is most of the
+    time), then each load run alone, its server stopped (flushing its spans) before the next."""
+    servers = {name: serve(pipeline, f"server-{name}", service(name), *s.server_args) for name, s in SCENARIOS.items()}
     try:
-        servers = {
-            name: spawn(
-                f"server-{name}",
-                ["serve", "--model", "tiny", "--port", "0", *s.server_args],
-                stack.log_dir,
-                stack.otel_env(service(name)),
-            )
-            for name, s in SCENARIOS.items()
-        }
         for name, s in SCENARIOS.items():
             url = servers[name].wait_ready(180)
             bench = subprocess.run(
                 bench_argv(url, "--quiet", "--ignore-eos", *s.bench_args),
-                env=stack.otel_env(f"{service(name)}-client"),
+                env=pipeline.otel_env(f"{service(name)}-client"),
                 capture_output=True,
                 text=True,
                 timeout=300,
@@ -116,11 +108,11 @@ def stack(tmp_path_factory):
             )
             assert bench.returncode == 0, bench.stderr[-2000:]
             assert servers[name].stop(30) == 0
-        assert stack.collector.stop(30) == 0  # drains its spool into ClickHouse
-        stack.collector = None
-        yield stack
     finally:
-        stack.stop()
+        for server in servers.values():
+            server.stop(30)
+    wait_stored(pipeline)
+    return pipeline
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +195,8 @@ def test_the_cli_formats_say_the_same_verdict(stack, verdicts, capsys):
     argv = (
         "--clickhouse",
         stack.clickhouse_url,
+        "--database",
+        stack.database,
         "--service",
         service("overload"),
         "--since",
@@ -228,11 +222,12 @@ def test_cli_errors_are_one_line(capsys):
 
 
 def test_an_empty_selection_is_an_error_not_a_verdict(stack, capsys):
-    rc, out, err = _cli(capsys, "--clickhouse", stack.clickhouse_url, "--service", "no-such-service", "--since", "all")
+    where = ("--clickhouse", stack.clickhouse_url, "--database", stack.database)
+    rc, out, err = _cli(capsys, *where, "--service", "no-such-service", "--since", "all")
     assert (rc, out) == (1, "")
     assert (
         err
-        == "error: no requests in the selection (database otel, all time, service no-such-service): nothing to diagnose\n"
+        == "error: no requests in the selection (database stack, all time, service no-such-service): nothing to diagnose\n"
     )
 
 

@@ -33,6 +33,7 @@ from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
 from phaselens.stack import Stack
 from tests.cli_fixtures import run_command
+from tests.vllm_fixtures import VLLM_PYTHON, ServedVllm
 
 FIXTURE = Path(__file__).parent / "fixtures" / "aiperf"
 ROOT = Path(__file__).parent.parent
@@ -55,7 +56,7 @@ def send(url: str, request_id: str | None, max_tokens: int = 4) -> None:
         r.read()
 
 
-def wait_joinable(stack: Stack, ids: list[str], timeout_s: float = 60) -> None:
+def wait_joinable(stack: Stack | ServedVllm, ids: list[str], timeout_s: float = 60) -> None:
     """Until every id names a stored server request (the spans travel through the collector)."""
     deadline = time.monotonic() + timeout_s
     with stack.client() as ch:
@@ -77,7 +78,7 @@ def export_copy(tmp_path: Path, prefix: str) -> tuple[Path, list[dict]]:
     return out, records
 
 
-def facts(stack: Stack, ids: list[str]) -> dict[str, dict]:
+def facts(stack: Stack | ServedVllm, ids: list[str]) -> dict[str, dict]:
     sql = (
         "SELECT x_request_id, client_harness, client_harness_version, client_ttft_ms, client_ttfo_ms, "
         "client_tpot_ms, client_e2e_ms, client_itl_p99_ms, residual_ms, has_server, span_model "
@@ -316,7 +317,7 @@ def _aiperf() -> str | None:
     return found if Path(found).is_file() else None
 
 
-def _profile(stack: Stack, tokenizer: Path, artifacts: Path, requests: int) -> list[str]:
+def _profile(stack: Stack | ServedVllm, tokenizer: Path, artifacts: Path, requests: int) -> list[str]:
     """`aiperf profile` against the stack's server (chat, streamed, 2 in flight); the ids it sent,
     once every one names a stored server request."""
     argv = [_aiperf(), "profile", "--model", "tiny", "--url", stack.server_url, "--endpoint-type", "chat"]
@@ -373,35 +374,29 @@ def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
         assert want in out and "client views measured by: aiperf 0.13.0\n" in out, out
 
 
-def _vllm_python() -> Path | None:
-    from phaselens.integrations.vllm.launcher import default_python
-
-    return default_python(ROOT)
-
-
 @pytest.mark.skipif(
-    _aiperf() is None or _vllm_python() is None,
+    _aiperf() is None or VLLM_PYTHON is None,
     reason="needs AIPerf (./setup.sh --aiperf) and vLLM (./setup.sh --vllm)",
 )
-@pytest.mark.parametrize("server_kind", ["vllm-native", "vllm"])
-def test_live_aiperf_run_against_vllm_joins_every_request(tmp_path, capsys, server_kind):
+@pytest.mark.timeout(600)  # the first of them may start both shared vLLMs
+@pytest.mark.parametrize("server", ["native", "plugin"])
+def test_live_aiperf_run_against_vllm_joins_every_request(vllm_servers, tmp_path, capsys, server):
     """A real vLLM 0.32 (CPU) on the tiny model: with its own `llm_request` spans, the header reaches
     the view only through vLLM's request id (`chatcmpl-{X-Request-Id}`); with the phaselens plugin
-    (service `vllm`), likewise. Every AIPerf request is joined and its residual ≥ 0."""
+    (service `vllm`), likewise. Every AIPerf request is joined and its residual ≥ 0. The session's
+    shared vLLMs (tests/vllm_fixtures.py), each with a database of its own."""
     requests = 6
-    with Stack(str(tmp_path / "stack"), server_kind=server_kind, ready_timeout_s=300) as s:
-        artifacts = tmp_path / "artifacts"
-        ids = _profile(s, tmp_path / "stack" / "tiny-llama", artifacts, requests)
-        assert (
-            run_command(harness_import.register, "import", "aiperf", str(artifacts), "--clickhouse", s.clickhouse_url)
-            == 0
-        )
-        assert f"imported {requests} client spans, 0 already stored" in capsys.readouterr().out
-        rows = facts(s, ids)
-        assert sorted(rows) == sorted(ids)
-        if server_kind == "vllm-native":
-            assert {r["span_model"] for r in rows.values()} == {"vllm-native"}
-        assert all(r["residual_ms"] >= 0 and r["client_harness"] == "aiperf" for r in rows.values()), rows
+    served = vllm_servers[server]
+    artifacts = tmp_path / "artifacts"
+    ids = _profile(served, served.model_dir, artifacts, requests)
+    argv = ["import", "aiperf", str(artifacts), "--clickhouse", served.clickhouse_url, "--database", served.database]
+    assert run_command(harness_import.register, *argv) == 0
+    assert f"imported {requests} client spans, 0 already stored" in capsys.readouterr().out
+    rows = facts(served, ids)
+    assert sorted(rows) == sorted(ids)
+    if server == "native":
+        assert {r["span_model"] for r in rows.values()} == {"vllm-native"}
+    assert all(r["residual_ms"] >= 0 and r["client_harness"] == "aiperf" for r in rows.values()), rows
 
 
 def test_on_a_cluster_each_client_span_lands_on_its_server_requests_shard(tmp_path):

@@ -16,48 +16,6 @@ from phaselens.common.exposure import authorized, check_exposure
 from phaselens.reference_server.engine.config import EngineConfig
 
 
-def test_serve_prints_ready_serves_and_exits_cleanly_on_sigterm():
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "phaselens",
-            "serve",
-            "--model",
-            "tiny",
-            "--port",
-            "0",
-            "--max-num-seqs",
-            "8",
-            "--kv-cache-tokens",
-            "2048",
-            "--policy",
-            "prefill-first",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("READY server http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
-        url = line.split()[-1]
-        reply = httpx.post(
-            f"{url}/v1/completions",
-            json={"model": "tiny", "prompt": "hi", "max_tokens": 3, "ignore_eos": True},
-            timeout=30,
-        )
-        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
     proc = subprocess.Popen(
@@ -68,14 +26,15 @@ def _serve(*args: str) -> tuple[subprocess.Popen, str]:
         env=env,
     )
     line = proc.stdout.readline()
-    if not line.startswith("READY server "):
+    if not line.startswith("READY server http://127.0.0.1:"):
         proc.kill()
         raise AssertionError((line, proc.stderr.read()))
     return proc, line.split()[-1]
 
 
 def _complete(url: str, model: str) -> httpx.Response:
-    return httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2}, timeout=30)
+    body = {"model": model, "prompt": "hi", "max_tokens": 3, "ignore_eos": True}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +49,13 @@ def model_folder(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("served", [(), ("team/llama-x", "llama")])
-def test_model_names_follow_vllm(model_folder, served):
-    """Default: `--model` exactly as given (a path, as harnesses send it back) and its base name;
-    with `--served-model-name`, those names only. /v1/models lists the served names."""
+def test_serve_answers_to_the_model_names_vllm_would_and_exits_cleanly_on_sigterm(model_folder, served):
+    """READY, then the names. Default: `--model` exactly as given (a path, as harnesses send it back)
+    and its base name; with `--served-model-name`, those names only. /v1/models lists the served
+    names. The engine's flags are taken, and SIGTERM ends the process with exit 0."""
     flags = ("--served-model-name", *served) if served else ()
-    proc, url = _serve("--model", model_folder, *flags)
+    engine = ("--max-num-seqs", "8", "--kv-cache-tokens", "2048", "--policy", "prefill-first")
+    proc, url = _serve("--model", model_folder, *flags, *engine)
     try:
         listed = [card["id"] for card in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
         assert listed == (list(served) or [model_folder])
@@ -102,12 +63,16 @@ def test_model_names_follow_vllm(model_folder, served):
         for name in accepted:
             reply = _complete(url, name)
             assert reply.status_code == 200 and reply.json()["model"] == name, reply.text
+            assert reply.json()["usage"]["completion_tokens"] == 3
         for name in {"tiny", "tiny-llama", model_folder} - set(accepted):
             reply = _complete(url, name)
             assert reply.status_code == 400 and reply.json()["error"]["code"] == "model_not_found"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize(

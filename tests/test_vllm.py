@@ -2,8 +2,9 @@
 → budget rows, the plugin's span tree and step links, and a vLLM the plugin does not know.
 
 vLLM runs from its own virtualenv (`./setup.sh --vllm` makes `.venv-vllm`; or $PHASELENS_VLLM_PYTHON):
-these tests are skipped, saying so, only when there is none. Two vLLM servers start at once (~45 s
-each alone on two cores, ~3 GB each); each serves one bounded `phaselens bench` run, then stops.
+these tests are skipped, saying so, only when there is none. The two vLLM servers are the session's
+shared ones (tests/vllm_fixtures.py: `native`, `plugin`, each with a database of its own, which other
+modules' requests may share); each serves one bounded `phaselens bench` run here.
 """
 
 from __future__ import annotations
@@ -11,39 +12,24 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import clickhouse_connect
 import pytest
 
 from phaselens.analysis.budget.latency_budget import budget
-from phaselens.analysis.schema import schema as analysis_schema
-from phaselens.analysis.sql import ddl
-from phaselens.collectors import schema as collector_schema
-from phaselens.collectors.service import Collector
-from phaselens.common.process import LOOPBACK
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
-from phaselens.integrations.vllm.delivery import MIDDLEWARE_PATH
-from phaselens.integrations.vllm.launcher import VllmServer, default_python
-from phaselens.integrations.vllm.tiny_model import save_tiny_llama
 from tests.cli_fixtures import bench_argv
-from tests.source_tree import ROOT
+from tests.vllm_fixtures import SERVICE, UNKNOWN_RANGE, ServedVllm, needs_vllm
 
-VLLM_PYTHON = default_python(ROOT)
 pytestmark = [
-    pytest.mark.skipif(
-        VLLM_PYTHON is None,
-        reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
-    ),
-    # the first test's setup starts both servers: two start-ups' worth of pytest's 300 s (at load 36
-    # here the two at once took longer than 300 s)
+    needs_vllm,
+    # the first test's setup may start both shared servers: two start-ups' worth of pytest's 300 s (at
+    # load 36 here the two at once took longer than 300 s)
     pytest.mark.timeout(600),
 ]
 REQUESTS, OUTPUT_TOKENS, PROMPT_TOKENS = 16, 16, 40
-UNKNOWN_RANGE = ">=0.31,<0.32"  # a supported range that excludes the installed 0.32
 PHASE_TREE = [
     n.SPAN_INGRESS,
     n.SPAN_QUEUE,
@@ -53,26 +39,6 @@ PHASE_TREE = [
     n.SPAN_DECODE,
     n.SPAN_DELIVERY,
 ]
-
-
-@pytest.fixture(scope="module")
-def pipeline(clickhouse, tmp_path_factory):
-    """A database with the whole schema, a collector writing into it, and a client of it."""
-    db = "vllm_live"
-    client = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
-    client.command(f"DROP DATABASE IF EXISTS {db}")
-    collector_schema.apply(client, ddl.all_statements(db))
-    collector = Collector(
-        clickhouse.url, database=db, spool_dir=str(tmp_path_factory.mktemp("spool")), flush_interval_s=0.05
-    ).start()
-    yield db, client, f"http://{LOOPBACK}:{collector.grpc_port}"
-    collector.stop()
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _otel_env(endpoint: str, service: str) -> dict[str, str]:
@@ -86,13 +52,21 @@ def _otel_env(endpoint: str, service: str) -> dict[str, str]:
     }
 
 
-def _bench(url: str, model_dir: Path, endpoint: str, out: Path, *args: str) -> list[dict]:
-    """One bounded `phaselens bench` run (client spans to the collector); its per-request lines."""
+def _bench(served: ServedVllm, out: Path, *args: str) -> list[dict]:
+    """One bounded `phaselens bench` run (client spans to the server's collector); its per-request lines."""
     subprocess.run(
         bench_argv(
-            url, "--tokenizer", str(model_dir), "--concurrency", "2", "--quiet", "--per-request", str(out), *args
+            served.server_url,
+            "--tokenizer",
+            str(served.model_dir),
+            "--concurrency",
+            "2",
+            "--quiet",
+            "--per-request",
+            str(out),
+            *args,
         ),
-        env={**os.environ, **_otel_env(endpoint, "phaselens-loadgen")},
+        env={**os.environ, **_otel_env(served.otlp_grpc_endpoint, "phaselens-loadgen")},
         capture_output=True,
         text=True,
         timeout=240,
@@ -101,118 +75,69 @@ def _bench(url: str, model_dir: Path, endpoint: str, out: Path, *args: str) -> l
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def _server(tmp: Path, model_dir: Path, endpoint: str, env: dict[str, str], middleware: tuple[str, ...] = ()):
-    """A vLLM tracing to the collector, not started yet."""
-    return VllmServer(
-        VLLM_PYTHON,
-        model_dir,
-        tmp / "vllm.log",
-        otlp_endpoint=endpoint,
-        env={**_otel_env(endpoint, "vllm"), **env},
-        max_model_len=2048,  # room for the abandoned requests' long generations (the tiny model's 2,048 positions)
-        middleware=middleware,
-    )
-
-
-@pytest.fixture(scope="module")
-def servers(pipeline, model_dir, tmp_path_factory):
-    """Both vLLM servers, started at once (their start-up is most of the module's time); each run's
-    fixture stops its own server once its load is done."""
-    _db, _client, endpoint = pipeline
-    made = {
-        # the plugin installed and allowed (VLLM_PLUGINS unset) but told 0.32 is unknown
-        "native": _server(
-            tmp_path_factory.mktemp("native"), model_dir, endpoint, {"PHASELENS_VLLM_SUPPORTED": UNKNOWN_RANGE}
-        ),
-        "plugin": _server(
-            tmp_path_factory.mktemp("plugin"), model_dir, endpoint, {"VLLM_PLUGINS": "phaselens"}, (MIDDLEWARE_PATH,)
-        ),
-    }
-    try:
-        # spawned from this thread: a child's PDEATHSIG follows the thread that forked it, not the process
-        for server in made.values():
-            server.spawn()
-        for server in made.values():
-            _wait_ready(server)
-        yield made
-    finally:
-        for server in made.values():
-            server.stop()
-
-
-def _wait_ready(server: VllmServer) -> None:
-    """Until it serves; a vLLM whose picked port another process took first starts again on fresh ones."""
-    try:
-        server.wait_ready(240)
-    except RuntimeError:
-        if not server.lost_port():
-            raise
-        server.port = 0
-        server.start()
-
-
-def _bench_and_stop(
-    server: VllmServer, model_dir: Path, endpoint: str, input_len: str, then: tuple[str, ...] = ()
+def _bench_runs(
+    served: ServedVllm, tmp: Path, input_len: str, then: tuple[str, ...] = ()
 ) -> tuple[list[dict], str, list[dict]]:
     """One bounded bench against a started vLLM (then, when given, a second one with the arguments
-    `then`, and a third plain one so that vLLM steps on), then stop it; returns the first bench's
-    per-request lines, vLLM's log and the second bench's lines."""
-    tmp = server.log_path.parent
+    `then`, and a third plain one so that vLLM steps on); returns the first bench's per-request
+    lines, vLLM's log and the second bench's lines. The tests poll for the spans they read."""
     common = ("--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--timeout", "60")
     second: list[dict] = []
-    try:
-        results = _bench(server.url, model_dir, endpoint, tmp / "requests.jsonl", "--requests", str(REQUESTS), *common)
-        if then:
-            second = _bench(server.url, model_dir, endpoint, tmp / "then.jsonl", *then)
-            _bench(
-                server.url,
-                model_dir,
-                endpoint,
-                tmp / "after.jsonl",
-                "--requests",
-                "2",
-                "--input-len",
-                input_len,
-                "--output-len",
-                "48",
-                "--ignore-eos",
-            )
-        time.sleep(0.5)  # vLLM's and phaselens's batch processors export every 0.1 s
-    finally:
-        server.stop()
-    return results, server.log_tail(200_000), second
+    results = _bench(served, tmp / "requests.jsonl", "--requests", str(REQUESTS), *common)
+    if then:
+        second = _bench(served, tmp / "then.jsonl", *then)
+        after = ("--requests", "2", "--input-len", input_len, "--output-len", "48", "--ignore-eos")
+        _bench(served, tmp / "after.jsonl", *after)
+    return results, served.server.log_tail(200_000), second
 
 
-def _wait_requests(client, db: str, trace_ids: list[str], where: str, timeout_s: float = 30.0) -> list[dict]:
+def _poll(client, sql: str, parameters: dict, enough, timeout_s: float = 30.0) -> list[dict]:
+    """The rows of `sql` once `enough(rows)` (the spans travel through the batch processors and the
+    collector), or the last ones read when `timeout_s` ran out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = list(client.query(sql, parameters=parameters).named_results())
+        if enough(rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
+def _wait_requests(client, db: str, trace_ids: list[str], where: str) -> list[dict]:
     """The per-request rows of these traces once each has a client and a server view (and `where`)."""
     sql = (
         f"SELECT * FROM {db}.phaselens_request_facts WHERE trace_id IN {{ids:Array(String)}} "
         f"AND has_client AND has_server AND {where}"
     )
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rows = list(client.query(sql, parameters={"ids": trace_ids}).named_results())
-        if len(rows) == len(trace_ids) or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.2)
+    return _poll(client, sql, {"ids": trace_ids}, lambda rows: len(rows) == len(trace_ids))
 
 
 @pytest.fixture(scope="module")
-def unknown_version_run(pipeline, model_dir, servers):
-    _db, _client, endpoint = pipeline
-    results, log, _ = _bench_and_stop(servers["native"], model_dir, endpoint, "uniform:16:64")
+def native(vllm_servers):
+    served = vllm_servers["native"]
+    with served.client() as client:
+        yield served, client
+
+
+@pytest.fixture(scope="module")
+def plugin(vllm_servers):
+    served = vllm_servers["plugin"]
+    with served.client() as client:
+        yield served, client
+
+
+@pytest.fixture(scope="module")
+def unknown_version_run(native, tmp_path_factory):
+    results, log, _ = _bench_runs(native[0], tmp_path_factory.mktemp("native"), "uniform:16:64")
     return results, log
 
 
 @pytest.fixture(scope="module")
-def plugin_run(pipeline, model_dir, servers):
-    _db, _client, endpoint = pipeline
+def plugin_run(plugin, tmp_path_factory):
     # then: two requests whose client gives up mid-decode (vLLM aborts them, never finishing them):
     # 2,000 tokens, so vLLM cannot finish them before it sees the closed connection
-    return _bench_and_stop(
-        servers["plugin"],
-        model_dir,
-        endpoint,
+    return _bench_runs(
+        plugin[0],
+        tmp_path_factory.mktemp("plugin"),
         str(PROMPT_TOKENS),
         then=("--requests", "2", "--input-len", "16", "--output-len", "2000", "--ignore-eos", "--timeout", "0.5"),
     )
@@ -232,8 +157,8 @@ def test_unknown_vllm_version_logs_one_clear_line_and_vllm_serves_untouched(unkn
     assert 1 <= len(ours) <= 3 and all(x.endswith(line) for x in ours), ours
 
 
-def test_native_llm_request_spans_become_budget_rows_under_the_client_span(pipeline, unknown_version_run):
-    db, client, _ = pipeline
+def test_native_llm_request_spans_become_budget_rows_under_the_client_span(native, unknown_version_run):
+    db, client = native[0].database, native[1]
     results, _ = unknown_version_run
     trace_ids = [r["trace_id"] for r in results]
     rows = _wait_requests(client, db, trace_ids, f"span_model = '{n.SPAN_MODEL_VLLM}'")
@@ -265,26 +190,24 @@ def test_native_llm_request_spans_become_budget_rows_under_the_client_span(pipel
         # e2e and TTFT are API-server stamps, decode EngineCore ones: e2e − TTFT differs from decode by
         # the difference of the first and the last token's hops back to the API server
         assert row["server_ttft_ms"] < row["server_e2e_ms"] and row["decode_ms"] < row["server_e2e_ms"]
-    report = budget(client, database=db, since=None, service="vllm")
+    report = budget(client, database=db, since=None, service=SERVICE)
     assert report.span_models == [n.SPAN_MODEL_VLLM] and report.requests >= REQUESTS
     assert len(report.unseparated) == 1 and "before_engine_ms" in report.unseparated[0]
 
 
-def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(pipeline, plugin_run):
-    db, client, _ = pipeline
+def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(plugin, plugin_run):
+    db, client = plugin[0].database, plugin[1]
     results, log, _ = plugin_run
     assert [r["error"] for r in results] == [None] * REQUESTS
     assert "phaselens: vLLM 0.32.0 plugin installed" in log
     trace_ids = [r["trace_id"] for r in results]
     rows = _wait_requests(client, db, trace_ids, f"span_model = '{n.SPAN_MODEL_PHASELENS}'")
     assert len(rows) == REQUESTS
-    spans = list(
-        client.query(
-            f"SELECT TraceId, SpanId, SpanName, SpanKind, ParentSpanId, ServiceName, Duration FROM {db}.otel_traces "
-            "WHERE TraceId IN {ids:Array(String)} AND ServiceName = 'vllm'",
-            parameters={"ids": trace_ids},
-        ).named_results()
+    sql = (
+        f"SELECT TraceId, SpanId, SpanName, SpanKind, ParentSpanId, ServiceName, Duration FROM {db}.otel_traces "
+        "WHERE TraceId IN {ids:Array(String)} AND ServiceName = 'vllm'"
     )
+    spans = _poll(client, sql, {"ids": trace_ids}, lambda spans: len(spans) >= REQUESTS * (1 + len(PHASE_TREE)))
     client_span = {r["trace_id"]: r["span_id"] for r in results}
     server_ids = {}
     for trace_id in trace_ids:
@@ -304,10 +227,16 @@ def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(pipeli
         assert row["output_tokens"] == OUTPUT_TOKENS and row["before_engine_ms"] is None
         assert row["input_tokens"] == PROMPT_TOKENS  # exact: --input-len in the model's tokens
         assert row["request_id"].startswith("cmpl-")
-    links = client.query(
+    sql = (
         f"SELECT SpanAttributes, arrayJoin(Links.SpanId) AS linked FROM {db}.otel_traces "
         f"WHERE SpanName = '{n.SPAN_ENGINE_STEP}' AND ServiceName = 'vllm'"
-    ).named_results()
+    )
+
+    def all_linked(steps: list[dict]) -> bool:
+        linked = [s["linked"] for s in steps]
+        return all(linked.count(span_id) >= OUTPUT_TOKENS for span_id in server_ids.values())
+
+    links = _poll(client, sql, {}, all_linked)
     linked_steps: dict[str, int] = {}
     kv_used = []
     for step in links:
@@ -321,23 +250,16 @@ def test_plugin_gives_every_request_the_phase_tree_and_steps_linked_to_it(pipeli
     assert all(linked_steps.get(span_id, 0) == OUTPUT_TOKENS for span_id in server_ids.values()), linked_steps
 
 
-def test_plugin_closes_requests_vllm_aborted_as_client_disconnected(pipeline, plugin_run):
-    db, client, _ = pipeline
+def test_plugin_closes_requests_vllm_aborted_as_client_disconnected(plugin, plugin_run):
+    db, client = plugin[0].database, plugin[1]
     _, _, abandoned = plugin_run
     assert [r["error"] is not None for r in abandoned] == [True, True]  # the client timed out mid-stream
     trace_ids = [r["trace_id"] for r in abandoned]
-    deadline = time.monotonic() + 30
-    while True:
-        spans = list(
-            client.query(
-                f"SELECT SpanName, SpanAttributes FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}} "
-                "AND SpanKind = 'Server' AND ServiceName = 'vllm'",
-                parameters={"ids": trace_ids},
-            ).named_results()
-        )
-        if len(spans) == 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    sql = (
+        f"SELECT SpanName, SpanAttributes FROM {db}.otel_traces WHERE TraceId IN {{ids:Array(String)}} "
+        "AND SpanKind = 'Server' AND ServiceName = 'vllm'"
+    )
+    spans = _poll(client, sql, {"ids": trace_ids}, lambda spans: len(spans) == 2)
     # on failure, the spans' whole attributes say which path closed the request (a str: pytest cuts a repr)
     shown = "\n".join(json.dumps(s["SpanAttributes"], sort_keys=True) for s in spans)
     assert [s["SpanAttributes"].get(n.ERROR_TYPE) for s in spans] == [n.ERROR_CLIENT_DISCONNECTED] * 2, shown
@@ -349,7 +271,7 @@ def test_plugin_closes_requests_vllm_aborted_as_client_disconnected(pipeline, pl
     assert all(ttft is None or float(ttft) > 0 for ttft in ttfts), ttfts
 
 
-def test_plugin_rows_name_the_first_chunk_and_leave_a_loopback_sized_residual(pipeline, plugin_run):
+def test_plugin_rows_name_the_first_chunk_and_leave_a_loopback_sized_residual(plugin, plugin_run):
     """With the delivery middleware (`--middleware`), every streamed request has `first_chunk_ms`:
     vLLM's API server from the request's task taking the first output that renders text to the SSE
     chunk carrying it handed to uvicorn's `send`; the decode steps of tokens that rendered no text
@@ -359,7 +281,7 @@ def test_plugin_rows_name_the_first_chunk_and_leave_a_loopback_sized_residual(pi
     (docs/vllm.md); with them, the late load generator's wait that TCP hid when it coalesced the
     first-chunk read (most reads here) stayed in it until `client_late_est` named it (5.0 / 38 ms
     p50 / p90 in benchmarks/vllm_residual.py)."""
-    db, client, _ = pipeline
+    db, client = plugin[0].database, plugin[1]
     results, log, _ = plugin_run
     assert "first chunk's delivery is not observed" not in log
     rows = _wait_requests(client, db, [r["trace_id"] for r in results], f"span_model = '{n.SPAN_MODEL_PHASELENS}'")

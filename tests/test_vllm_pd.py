@@ -7,7 +7,8 @@ instance through a proxy that holds every chunk DELAY_MS each way (tests/delay_p
 hop's ground truth. Every request's budget must hold on its own clocks, with a KV term.
 
 Skipped, saying why, only without a vLLM virtualenv (`./setup.sh --vllm`). One stack for the module
-(two vLLM instances, ~3 GB each); the last test kills the decode instance.
+(two vLLM instances, ~3 GB each, started once the session's shared vLLMs are stopped: they share a
+pytest-xdist worker); the last test kills the decode instance.
 """
 
 from __future__ import annotations
@@ -22,21 +23,16 @@ import httpx
 import pytest
 
 from phaselens.analysis.schema.pd_schema import PD_TERMS
-from phaselens.integrations.vllm.launcher import default_python
 from phaselens.integrations.vllm.pd import VllmInstances
 from phaselens.integrations.vllm.tiny_model import save_tiny_llama
 from phaselens.pd_stack import PdStack, faketime_library
 from phaselens.stack import Stack, StackError
 from tests.delay_proxy import DOWN, UP, DelayProxy
 from tests.pd_clocks import assert_instances_skewed
-from tests.source_tree import ROOT
+from tests.vllm_fixtures import VLLM_PYTHON, needs_vllm
 
-VLLM_PYTHON = default_python(ROOT)
 pytestmark = [
-    pytest.mark.skipif(
-        VLLM_PYTHON is None,
-        reason="no vLLM virtualenv: run ./setup.sh --vllm (or set PHASELENS_VLLM_PYTHON to a python with vLLM installed)",
-    ),
+    needs_vllm,
     # the first test's setup starts both vLLMs together: ~5 min at load 25 on two cores
     pytest.mark.timeout(1200),
 ]
@@ -48,7 +44,8 @@ CLIENT_TRACE = "5a4be5e1e0b9c6b2a0f1d2c3b4a59687"
 
 
 @pytest.fixture(scope="module")
-def pd(tmp_path_factory):
+def pd(tmp_path_factory, vllm_shared):
+    vllm_shared.release()  # their memory for these two
     try:
         faketime_library()
     except StackError as e:
