@@ -17,11 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 
-from benchmarks.instrumentation_overhead import _total_ir
+from benchmarks.instrumentation_overhead import reduce_instructions
 from phaselens.instrumentation.server.incoming import IncomingExtractor, headers_carrier
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 
@@ -75,20 +71,10 @@ def callgrind_child(calls: int, telemetry: ServerTelemetry) -> None:
 
 
 def callgrind_counts(calls: int) -> dict:
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
+    counted = reduce_instructions(__file__, ["--calls", str(calls)])
+    if counted is None:
         return {"skipped": "valgrind is not installed"}
-    with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "callgrind.out")
-        command = [valgrind, "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
-                   "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
-                   "--callgrind-child", "--calls", str(calls)]  # fmt: skip
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=env)
-        dumps = sorted(
-            (p for p in os.listdir(folder) if p.startswith("callgrind.out.")), key=lambda p: int(p.rsplit(".", 1)[1])
-        )
-        counts = [_total_ir(os.path.join(folder, p)) for p in dumps]
+    counts, _ = counted
     names = ("before", "after", "open_request")  # paths()' order
     return {f"{name}_instructions_per_call": round(n / calls) for name, n in zip(names, counts, strict=True)}
 

@@ -546,22 +546,12 @@ def callgrind_child(args) -> None:
 
 def callgrind_counts(args) -> dict:
     """Instructions per unit of work, from one callgrind run of `callgrind_child` (see there)."""
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
+    child_args = ["--steps", str(args.callgrind_steps), "--batch", str(args.batch), "--life", str(args.life)]
+    counted = reduce_instructions(__file__, child_args)
+    if counted is None:
         return {"skipped": "valgrind is not installed"}
-    with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "callgrind.out")
-        command = [valgrind, "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
-                   "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
-                   "--callgrind-child", "--steps", str(args.callgrind_steps), "--batch", str(args.batch),
-                   "--life", str(args.life)]  # fmt: skip
-        env = {**os.environ, "PYTHONHASHSEED": "0"}  # dict layouts, hence the counts, the same every run
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=env)
-        shape = json.loads(done.stdout.strip().splitlines()[-1])
-        dumps = sorted(
-            (p for p in os.listdir(folder) if p.startswith("callgrind.out.")), key=lambda p: int(p.rsplit(".", 1)[1])
-        )
-        counts = [_total_ir(os.path.join(folder, p)) for p in dumps]
+    counts, stdout = counted
+    shape = json.loads(stdout.strip().splitlines()[-1])
     if len(counts) != 5:
         return {"skipped": f"expected 5 callgrind dumps, got {len(counts)}"}
     off, on, fast, sdk, ship = counts
@@ -573,6 +563,26 @@ def callgrind_counts(args) -> dict:
         "shipper_encode_instructions_per_request": ship / requests,
         "workload": {"steps": args.callgrind_steps, "batch": args.batch, "life": args.life, **shape},
     }
+
+
+def reduce_instructions(script: str, child_args: list[str]) -> tuple[list[int], str] | None:
+    """`python script --callgrind-child *child_args` under callgrind, counting only inside each
+    `functools.reduce` call (one dump each): their instruction counts in call order and the child's
+    stdout; None without valgrind. PYTHONHASHSEED fixed: dict layouts, hence the counts, the same every run."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        command = [valgrind, "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
+                   "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, script,
+                   "--callgrind-child", *child_args]  # fmt: skip
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=env)
+        dumps = sorted(
+            (p for p in os.listdir(folder) if p.startswith("callgrind.out.")), key=lambda p: int(p.rsplit(".", 1)[1])
+        )
+        return [_total_ir(os.path.join(folder, p)) for p in dumps], done.stdout
 
 
 def _total_ir(path: str) -> int:
