@@ -116,20 +116,23 @@ def _rows(client, trace_ids: list[str], want: int, timeout_s: float = 60) -> dic
         time.sleep(0.5)
 
 
+def _served_rows(client, endpoint: str, url: str, folder, want: int) -> dict[str, dict]:
+    """REQUESTS through `url`, every one answered; their rows once each has `want` worker spans."""
+    lines = _requests(url, endpoint, folder / "requests.jsonl")
+    assert [r["error_type"] for r in lines] == [None] * REQUESTS
+    return _rows(client, [r["trace_id"] for r in lines], want=want)
+
+
 @pytest.fixture(scope="module")
 def aggregated_rows(pipeline, aggregated, tmp_path_factory):
     client, endpoint, _ = pipeline
-    lines = _requests(aggregated.url, endpoint, tmp_path_factory.mktemp("agg") / "requests.jsonl")
-    assert [r["error_type"] for r in lines] == [None] * REQUESTS
-    return _rows(client, [r["trace_id"] for r in lines], want=1)
+    return _served_rows(client, endpoint, aggregated.url, tmp_path_factory.mktemp("agg"), want=1)
 
 
 @pytest.fixture(scope="module")
 def disaggregated_rows(pipeline, disaggregated, tmp_path_factory):
     client, endpoint, _ = pipeline
-    lines = _requests(disaggregated.url, endpoint, tmp_path_factory.mktemp("pd") / "requests.jsonl")
-    assert [r["error_type"] for r in lines] == [None] * REQUESTS
-    return _rows(client, [r["trace_id"] for r in lines], want=2)
+    return _served_rows(client, endpoint, disaggregated.url, tmp_path_factory.mktemp("pd"), want=2)
 
 
 def _joined_to_the_client(rows: dict[str, dict]) -> None:

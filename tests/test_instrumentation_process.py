@@ -384,12 +384,8 @@ def test_the_retention_keeps_packed_frames_and_cuts_them_at_frame_bounds():
     assert (kept.frames, kept.size_bytes, kept.sent, [bytes(p) for p in kept.unsent()]) == (2, 8, 0, [b"eeeeee", b"ff"])
 
 
-def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch):
-    monkeypatch.setenv(names.ENV_SPAN_BUILDER, "process")
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")  # only the shutdown exports
-    telemetry = ServerTelemetry.from_env("process-test")
-    assert telemetry.builder == "process"
-    pid = telemetry.span_builder_pid
+def serve_two_tokens(telemetry: ServerTelemetry) -> None:
+    """One traced request through every phase, two output tokens: seven spans."""
     req = telemetry.request(http_scope(traceparent=TRACEPARENT))
     req.enqueued()
     req.scheduled()
@@ -397,6 +393,15 @@ def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch
     req.token()
     req.finished(FINISH_LENGTH)
     req.complete(2, FINISH_LENGTH)
+
+
+def test_shutdown_exports_everything_and_leaves_no_process(receiver, monkeypatch):
+    monkeypatch.setenv(names.ENV_SPAN_BUILDER, "process")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")  # only the shutdown exports
+    telemetry = ServerTelemetry.from_env("process-test")
+    assert telemetry.builder == "process"
+    pid = telemetry.span_builder_pid
+    serve_two_tokens(telemetry)
     telemetry.shutdown()
     assert gone(pid, timeout_s=0.5)
     assert sum(s.name == "POST" for s in receiver.spans) == 1 and len(receiver.spans) == 7  # not described
@@ -413,13 +418,7 @@ def test_private_providers_export_only_from_the_child(receiver, monkeypatch):
         assert telemetry.tracer_provider is not trace.get_tracer_provider()
         assert telemetry.tracer_provider._active_span_processor._span_processors == ()
         assert telemetry.meter_provider._metric_readers == []
-        req = telemetry.request(http_scope(traceparent=TRACEPARENT))
-        req.enqueued()
-        req.scheduled()
-        req.first_token()
-        req.token()
-        req.finished(FINISH_LENGTH)
-        req.complete(2, FINISH_LENGTH)
+        serve_two_tokens(telemetry)
     finally:
         telemetry.shutdown()
     assert len(receiver.spans) == 7 and telemetry.stats().export_exported == 7
