@@ -22,21 +22,18 @@ lost = acknowledged − stored, duplicated = stored rows − distinct stored spa
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from phaselens.collectors.rotel_agent import RotelAgent
-from phaselens.common.process import LOOPBACK
 from phaselens.faults.load import Ledger, SpanLoad
 from phaselens.faults.outcome import Outcome
 from phaselens.faults.params import Params
-from phaselens.faults.parts import CollectorProcess, SlowLink, wait_until
+from phaselens.faults.parts import CollectorProcess, SlowLink, collector_counters, wait_until
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse
 
@@ -94,17 +91,7 @@ def _snapshot(ledger: Ledger) -> set[str]:
 
 def _counters(collector: CollectorProcess | RotelAgent) -> dict[str, int]:
     """phaselens's /metrics counters ({} for Rotel, whose HTTP port serves OTLP only)."""
-    if isinstance(collector, RotelAgent):
-        return {}
-    try:
-        with urllib.request.urlopen(f"http://{LOOPBACK}:{collector.http_port}/metrics", timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
-    return {
-        m[1]: int(float(m[2]))
-        for m in re.finditer(r"^phaselens_collector_(\w+?)(?:_total)? ([\d.e+]+)$", text, re.MULTILINE)
-    }
+    return {} if isinstance(collector, RotelAgent) else collector_counters(collector.http_port)
 
 
 def _finish(

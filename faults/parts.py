@@ -4,6 +4,7 @@ the same ports and spool), and a loopback link that delays what goes through it.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import socket
 import threading
@@ -24,6 +25,20 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.02) -> float |
             return time.monotonic() - started
         time.sleep(interval_s)
     return None
+
+
+def collector_counters(http_port: int) -> dict[str, int]:
+    """A phaselens collector's /metrics by name, less the `phaselens_collector_` prefix and any
+    `_total` suffix ({} when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{http_port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    return {
+        m[1]: int(float(m[2]))
+        for m in re.finditer(r"^phaselens_collector_(\w+?)(?:_total)? ([\d.e+]+)$", text, re.MULTILINE)
+    }
 
 
 def http_ok(url: str) -> bool:

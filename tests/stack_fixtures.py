@@ -6,16 +6,13 @@ reference servers with service names (or trace ids) no other module uses, and wa
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from phaselens.faults.parts import wait_until
+from phaselens.faults.parts import collector_counters, wait_until
 from phaselens.stack import Child, Stack, spawn
 from phaselens.stack_storage import SingleNode
-
-_METRICS = "phaselens_collector_"
 
 
 @pytest.fixture(scope="session")
@@ -39,12 +36,11 @@ def serve(stack: Stack, name: str, service: str, *server_args: str) -> Child:
 
 def _drained(stack: Stack) -> bool:
     """Every span and metric point the collector accepted is in ClickHouse (its spool is empty)."""
-    url = stack.otlp_http_traces_endpoint.removesuffix("/v1/traces") + "/metrics"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        values = dict(line.rsplit(" ", 1) for line in r.read().decode().splitlines() if line.startswith(_METRICS))
-    count = {name.removeprefix(_METRICS): int(value) for name, value in values.items()}
-    return count["spool_bytes"] == 0 and all(
-        count[f"{item}_received_total"] == count[f"{item}_written_total"] for item in ("spans", "metric_points")
+    count = collector_counters(stack.http_port)
+    return (
+        bool(count)
+        and count["spool_bytes"] == 0
+        and all(count[f"{item}_received"] == count[f"{item}_written"] for item in ("spans", "metric_points"))
     )
 
 
