@@ -123,7 +123,7 @@ class SpanProcess:
             provider,
             token_events,
         )
-        self.paths: dict[int, Path] = {wire.KIND_REQUEST: (wire.decode_request, self.builder.build_request)}
+        self.request_path: Path = (wire.decode_request, self.builder.build_request)
         self.report_out = os.fdopen(report_fd, "w", buffering=1)
         self.report_lock = threading.Lock()
         self.received = self.decode_errors = self.done = self.safe = 0
@@ -140,7 +140,7 @@ class SpanProcess:
         """A read's frames, in order; a FLUSH exports and reports what came before it. A request is
         decoded and built here, by its frame's kind (one call level a frame); a run of step frames
         (~16 a request in vLLM, ~2 at B = 64) is decoded, then built in one call (one offer)."""
-        paths, steps = self.paths, []
+        request_path, steps = self.request_path, []
         for kind, fields in frames:
             if kind == wire.KIND_STEP:
                 self.received += 1
@@ -158,23 +158,25 @@ class SpanProcess:
                 self.checkpoint(ack=fields[0])
                 continue
             self.received += 1
-            decode, build = paths.get(kind, _NOT_A_RECORD)
+            decode, build = request_path if kind == wire.KIND_REQUEST else _NOT_A_RECORD
             try:
                 record = decode(fields)
             except Exception:  # noqa: BLE001 — a malformed record is counted, the rest still get built
                 self.decode_errors += 1
             else:
                 build(record)
-            self.done += 1  # after its spans went to the processors
-            if self.done - self.marked >= MARK_RECORDS:
-                self.mark()
+            self.count_done(1)
         if steps:
             self.build_steps(steps)
         self.mark()
 
     def build_steps(self, steps: list[Any]) -> None:
         self.builder.build_steps(steps)
-        self.done += len(steps)  # after their spans went to the processors
+        self.count_done(len(steps))
+
+    def count_done(self, records: int) -> None:
+        """`records` more done (after their spans went to the processors); a mark every MARK_RECORDS."""
+        self.done += records
         if self.done - self.marked >= MARK_RECORDS:
             self.mark()
 
