@@ -1,9 +1,22 @@
-"""The live P/D tests' check that each instance really ran on its own skewed wall clock (libfaketime):
-what a budget built from wall stamps would subtract, and ours never does."""
+"""The live P/D tests' skewed wall clocks (libfaketime): the sleep shim their instances preload, and
+the check that each instance really ran on its own clock (what a budget built from wall stamps would
+subtract, and ours never does)."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
+
+
+def sleep_shim(folder: Path) -> Path:
+    """tests/faketime_sleep_shim.c built into `folder`, for the instances to preload beside libfaketime."""
+    shim = folder / "faketime_sleep_shim.so"
+    source = Path(__file__).with_name("faketime_sleep_shim.c")
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(source), "-ldl"], check=True)
+    return shim
+
 
 _STARTS = (
     "SELECT ResourceAttributes['phaselens.pd.role'] AS role, min(toUnixTimestamp64Nano(Timestamp)) AS t "

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -28,7 +27,7 @@ from phaselens.analysis.schema.pd_schema import PD_TERMS
 from phaselens.pd_stack import PdStack, faketime_library
 from phaselens.stack import Stack, StackError
 from tests.dashboards_fixtures import ALL, GrafanaQueryContext, expand_grafana_sql
-from tests.pd_clocks import assert_instances_skewed
+from tests.pd_clocks import assert_instances_skewed, sleep_shim
 from tests.server_fixtures import Collected, greedy, make_engine
 
 REQUESTS = 12
@@ -50,9 +49,7 @@ def pd(tmp_path_factory):
     if not _faketime_present():
         pytest.fail("libfaketime is missing: ./setup.sh --test installs it (apt-get install faketime)")
     data = tmp_path_factory.mktemp("pd")
-    shim = data / "faketime_sleep_shim.so"
-    source = Path(__file__).with_name("faketime_sleep_shim.c")
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(source), "-ldl"], check=True)
+    shim = sleep_shim(data)
     stack = Stack(str(data), stop_timeout_s=20)
     skews = {"prefill": "-1h", "decode": "+1h"}
     with PdStack(stack, decode_count=2, skews=skews, preload=(str(shim),)) as pd:

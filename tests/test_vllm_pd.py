@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -28,7 +26,7 @@ from phaselens.integrations.vllm.tiny_model import save_tiny_llama
 from phaselens.pd_stack import PdStack, faketime_library
 from phaselens.stack import Stack, StackError
 from tests.delay_proxy import DOWN, UP, DelayProxy
-from tests.pd_clocks import assert_instances_skewed
+from tests.pd_clocks import assert_instances_skewed, sleep_shim
 from tests.vllm_fixtures import VLLM_PYTHON, needs_vllm
 
 pytestmark = [
@@ -51,9 +49,7 @@ def pd(tmp_path_factory, vllm_shared):
     except StackError as e:
         pytest.fail(str(e))
     data = tmp_path_factory.mktemp("vllm-pd")
-    shim = data / "faketime_sleep_shim.so"
-    source = Path(__file__).with_name("faketime_sleep_shim.c")
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(shim), str(source), "-ldl"], check=True)
+    shim = sleep_shim(data)
     assert VLLM_PYTHON is not None  # the module is skipped otherwise
     instances = VllmInstances(VLLM_PYTHON, save_tiny_llama(data / "tiny-llama"), data / "kv")
     stack = Stack(str(data), stop_timeout_s=30, ready_timeout_s=600)
