@@ -88,6 +88,18 @@ def facts(stack: Stack | ServedVllm, ids: list[str]) -> dict[str, dict]:
         return {r["x_request_id"]: r for r in ch.query(sql, parameters={"ids": ids}).named_results()}
 
 
+def settled_facts(stack: Stack | ServedVllm, ids: list[str], timeout_s: float = 60) -> dict[str, dict]:
+    """`facts` once every id has its row and its residual (the server's terms can land in a later
+    export than the span that made the request joinable); as they are at the deadline otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = facts(stack, ids)
+        settled = len(rows) == len(ids) and all(r["residual_ms"] is not None for r in rows.values())
+        if settled or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.3)
+
+
 def queries_rows(ch, name: str, database: str) -> list[dict]:
     from phaselens.analysis.budget.latency_budget import query_rows
 
@@ -392,7 +404,7 @@ def test_live_aiperf_run_against_vllm_joins_every_request(vllm_servers, tmp_path
     argv = ["import", "aiperf", str(artifacts), "--clickhouse", served.clickhouse_url, "--database", served.database]
     assert run_command(harness_import.register, *argv) == 0
     assert f"imported {requests} client spans, 0 already stored" in capsys.readouterr().out
-    rows = facts(served, ids)
+    rows = settled_facts(served, ids)
     assert sorted(rows) == sorted(ids)
     if server == "native":
         assert {r["span_model"] for r in rows.values()} == {"vllm-native"}
