@@ -21,6 +21,7 @@ Per server: the median over rounds of output tokens/s and of client TTFT p50, th
 /proc/*/task/*/schedstat over the bench, warm-up included):
 
     cpu_ms_per_output_token = Δ CPU ns of the tree / 1e6 / output tokens served
+    cores_busy = cpu_ms_per_output_token × output tokens/s / 1e3   (cores the tree kept busy)
 
 Ratios are of medians, for each of our two configurations against each peer: output tokens/s
 ours / theirs, TTFT p50 ours / theirs, CPU per token theirs / ours. A round a
@@ -156,12 +157,15 @@ def bench(peer: Peer, tokenizer_dir: Path, out: Path, args: argparse.Namespace) 
     cpu_ns = tree_cpu_ns(peer.pid) - before
     summary = json.loads(out.read_text())["summary"]
     served = summary["tokens"]["output"] * (args.requests + WARMUP_REQUESTS) / args.requests
+    cpu_ms_per_token = cpu_ns / 1e6 / served
+    tokens_per_s = summary["throughput"]["output_tokens_per_s"]
     return {
-        "output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
+        "output_tokens_per_s": tokens_per_s,
         "ttft_p50_ms": summary["latency_ms"]["ttft"]["percentiles"]["p50"],
         "output_tokens": summary["tokens"]["output"],
         "failed": summary["requests"]["failed"],
-        "cpu_ms_per_output_token": round(cpu_ns / 1e6 / served, 4),
+        "cpu_ms_per_output_token": round(cpu_ms_per_token, 4),
+        "cores_busy": round(cpu_ms_per_token * tokens_per_s / 1e3, 3),
     }
 
 
@@ -218,7 +222,7 @@ def result(runs: list[dict], names: list[str], args: argparse.Namespace, load: l
     per = {
         name: {
             key: spread([r[key] for r in runs if r["server"] == name and "error" not in r])
-            for key in ("output_tokens_per_s", "ttft_p50_ms", "cpu_ms_per_output_token")
+            for key in ("output_tokens_per_s", "ttft_p50_ms", "cpu_ms_per_output_token", "cores_busy")
         }
         for name in names
     }
