@@ -111,7 +111,9 @@ def main() -> None:
             {
                 "benchmark": "engine_token_cost",
                 "model": args.model,
-                "workload": {k: getattr(args, k) for k in ("requests", "concurrency", "input_len", "output_len", "temperature")},
+                "workload": {
+                    k: getattr(args, k) for k in ("requests", "concurrency", "input_len", "output_len", "temperature")
+                },
                 **{name: best(rs) for name, rs in runs.items()},
                 "load_average_before_after": [round(x, 1) for x in (*load_before, *os.getloadavg())],
             }

@@ -172,7 +172,10 @@ def test_sampling_seed_reproduces_and_filters_apply():
 
 def _plain_rows(temperatures: list[float]) -> list:
     """Sequences as the sampler sees them: unseeded, no top-k or top-p (one batched draw)."""
-    return [Sequence(i, [5], 1, SamplingParams(temperature=t), TextTracker(lambda ids: "")) for i, t in enumerate(temperatures)]
+    return [
+        Sequence(i, [5], 1, SamplingParams(temperature=t), TextTracker(lambda ids: ""))
+        for i, t in enumerate(temperatures)
+    ]
 
 
 def test_unseeded_rows_are_drawn_together_by_each_rows_softmax():

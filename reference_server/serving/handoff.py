@@ -21,7 +21,7 @@ _mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = weak
 class Mailbox:
     """Calls `fn(arg)` on `loop` for each `post(fn, arg)` from other threads, in order."""
 
-    __slots__ = ("loop", "_lock", "_pending", "__weakref__")
+    __slots__ = ("__weakref__", "_lock", "_pending", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
