@@ -12,7 +12,9 @@ after a warm-up) against every server in turn, the order rotating per round, so 
 from other processes spreads over all of them. While one server is measured the others' process
 trees are stopped (SIGSTOP, SIGCONT after): an idle vLLM's EngineCore busy-loops a core, and on a
 2-core machine that core is taken from whichever server is measured (`--no-pause` keeps them all
-running). `transformers serve` has no `ignore_eos`: it serves a
+running). Each server runs in a session of its own, which autogroup scheduling weighs as one group
+against every other session whatever its processes' nice, so each server's group is given this
+process's nice (`nice -n -10 python -m benchmarks.peers` reaches them). `transformers serve` has no `ignore_eos`: it serves a
 copy of the folder whose generation config names no EOS, so it too produces exactly 32 tokens (and
 is sent no `ignore_eos`, which it refuses with 422).
 
@@ -185,6 +187,19 @@ def others_paused(peers: list[Peer], measured: Peer, pause: bool) -> Iterator[No
                 _signal(pid, signal.SIGCONT)
 
 
+def give_our_nice(pid: int) -> None:
+    """With autogroup scheduling (kernel.sched_autogroup_enabled), each session is scheduled as one
+    group against the others and a process's nice acts only inside its own: a server started in its
+    own session would ignore `nice -n -10 peers.py`. Its group gets this process's nice instead."""
+    path = Path(f"/proc/{pid}/autogroup")
+    if not path.exists():  # no autogroup: the server inherited our nice with its processes
+        return
+    try:
+        path.write_text(str(os.nice(0)))
+    except OSError as exc:  # lowering a nice needs CAP_SYS_NICE: the run goes on at the group's own
+        print(f"peers: the server {pid} keeps its session's nice: {exc}", file=sys.stderr)
+
+
 def _signal(pid: int, signum: int) -> None:
     try:
         os.kill(pid, signum)
@@ -281,6 +296,7 @@ def main() -> None:
         try:
             for name in args.servers:
                 peers.append(starters[name]())
+                give_our_nice(peers[-1].pid)
             for round_index in range(args.rounds):
                 shift = round_index % len(peers)
                 for peer in peers[shift:] + peers[:shift]:
