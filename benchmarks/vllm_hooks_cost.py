@@ -34,6 +34,7 @@ import asyncio
 import functools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -255,6 +256,92 @@ def warm_up(runs: dict[str, Replay], loop, groups: int) -> None:
             loop.run_until_complete(replay.run_group(g))
 
 
+def _zmq_io_tids(before: set[int]) -> list[int]:
+    """This process's ZMQ I/O threads (libzmq's OS name `ZMQbg/IO/N`) started since `before`: the
+    first that shows up (a new thread takes its name a moment after it starts)."""
+    for _ in range(100):
+        tids = [
+            int(task.name)
+            for task in Path("/proc/self/task").iterdir()
+            if int(task.name) not in before and (task / "comm").read_text().startswith("ZMQbg/IO")
+        ]
+        if tids:
+            return tids
+        time.sleep(0.01)
+    raise RuntimeError("no ZMQ I/O thread showed up")
+
+
+def _thread_cpu_ns(tids: list[int]) -> int:
+    return sum(int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]) for tid in tids)
+
+
+def zmq_window(frames: list, folder: str, gap_s: float) -> tuple[int, int]:
+    """`frames` (one engine step each) sent as the EngineCore sends them (PUSH, `send_multipart`,
+    no copy) to a PULL socket as vLLM's API server reads them (`recv_multipart`, no copy), over IPC,
+    both made by vLLM's `make_zmq_socket`, one step every `gap_s`; each side's own context: (the
+    receiver's I/O thread CPU ns, the sender's) over the window."""
+    import threading
+
+    import zmq
+    from vllm.utils.network_utils import make_zmq_socket
+
+    address = f"ipc://{folder}/outputs"
+    known = {int(t.name) for t in Path("/proc/self/task").iterdir()}
+    receiver_ctx = zmq.Context(io_threads=1)
+    pull = make_zmq_socket(receiver_ctx, address, zmq.PULL, bind=True)
+    receiver_io = _zmq_io_tids(known)
+    known |= set(receiver_io)
+    sender_ctx = zmq.Context(io_threads=1)
+    push = make_zmq_socket(sender_ctx, address, zmq.PUSH, bind=False, linger=4000)
+    sender_io = _zmq_io_tids(known)
+
+    def send_all() -> None:
+        for frame in frames:
+            push.send_multipart(frame, copy=False)
+            time.sleep(gap_s)
+
+    push.send_multipart([b"warm-up"])
+    pull.recv_multipart()
+    start = _thread_cpu_ns(receiver_io), _thread_cpu_ns(sender_io)
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    for _ in frames:
+        pull.recv_multipart(copy=False)
+    sender.join()
+    used = _thread_cpu_ns(receiver_io) - start[0], _thread_cpu_ns(sender_io) - start[1]
+    for sock in (push, pull):
+        sock.close(linger=0)
+    for ctx in (sender_ctx, receiver_ctx):
+        ctx.term()
+    return used
+
+
+def zmq_io_cpu_us(runs: dict[str, Replay], groups: int, rounds: int, gap_s: float) -> dict:
+    """Each configuration's steps through a ZMQ pair (`zmq_window`), alternated over `rounds`: the
+    I/O threads' CPU per request, median [min, max], and the steps' bytes per request."""
+    per_request: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(rounds):
+            for name, replay in runs.items():
+                frames = [frame for g in range(groups) for frame in replay.frames[g]]
+                used = zmq_window(frames, folder, gap_s)
+                per_request[name].append(tuple(ns / (groups * BATCH) / 1000 for ns in used))
+    result = {}
+    for name, values in per_request.items():
+        for side, index in (("receiver", 0), ("sender", 1)):
+            side_values = sorted(v[index] for v in values)
+            result[f"{name}_zmq_{side}_io_cpu_us_per_request"] = [
+                round(statistics.median(side_values), 1),
+                round(side_values[0], 1),
+                round(side_values[-1], 1),
+            ]
+        frames = [frame for g in range(groups) for frame in runs[name].frames[g]]
+        result[f"{name}_step_bytes_per_request"] = round(
+            sum(len(part) for frame in frames for part in frame) / (groups * BATCH)
+        )
+    return result
+
+
 def callgrind_child(groups: int) -> None:
     """Under callgrind: a warm-up pass, then per configuration one counted `functools.reduce`."""
     runs = replays(groups)
@@ -298,6 +385,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=24, help="groups of 4 requests per measurement")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rate", type=float, default=10.0, help="requests a second of the paced run")
+    parser.add_argument("--zmq-rounds", type=int, default=5, help="alternated windows of the ZMQ pair (0: none)")
+    parser.add_argument("--zmq-gap-ms", type=float, default=2.0, help="time between two steps' messages")
     parser.add_argument("--callgrind", action="store_true")
     parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -322,6 +411,8 @@ def main() -> None:
         )
         result |= paced_threads_us(runs["plugin"], loop, args.groups, args.rate)
         result |= plugin_counters()
+        if args.zmq_rounds:
+            result |= zmq_io_cpu_us(runs, args.groups, args.zmq_rounds, args.zmq_gap_ms / 1000)
         print(json.dumps(result))
 
 
