@@ -102,7 +102,7 @@ def _failed(what: str) -> None:
 
 def _guard(what: str, fn: Callable, *args: Any) -> Any:
     """Run phaselens's part; on an exception log it once per hook and go on serving. (The hooks run
-    per output inline the same `try`: one Python call less there, each output of each request.)"""
+    per output or step inline the same `try`: one Python call less there, many times a request.)"""
     try:
         return fn(*args)
     except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
@@ -149,7 +149,10 @@ def _update_scheduler_stats(original: Callable) -> Callable:
     def update_scheduler_stats(self, scheduler_stats):
         result = original(self, scheduler_stats)
         if self.tracing_enabled:
-            _guard("update_scheduler_stats", tracker().step_done, scheduler_stats)
+            try:
+                tracker().step_done(scheduler_stats)
+            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
+                _failed("update_scheduler_stats")
         return result
 
     return update_scheduler_stats

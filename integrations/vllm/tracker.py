@@ -234,7 +234,9 @@ class VllmTracker:
         (the engine was busy since the previous batch, or idle until it scheduled the new request);
         `prefill_tokens` are the prompt tokens of the requests whose prefill ended in this step;
         `decode_tokens` = generated tokens − first tokens."""
-        self._kv_moved(records_of(getattr(scheduler_stats, "kv_connector_stats", None)))
+        kv_stats = getattr(scheduler_stats, "kv_connector_stats", None)
+        if kv_stats is not None or self._finished_now:  # most steps have neither: two calls less
+            self._kv_moved(records_of(kv_stats))
         end_s, iteration_stats = self._step_end_s, self._step_iteration
         self._step_end_s = self._step_iteration = None
         members, self._step_handles = self._step_handles, []
@@ -250,15 +252,15 @@ class VllmTracker:
         generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
         prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
         usage = getattr(scheduler_stats, "kv_cache_usage", None)
-        stats = StepStats(
+        stats = StepStats(  # positional (start, end, prefill, decode, kv used, kv total, preemptions, queue)
             start_ts,
             end_ts,
-            prefill_tokens=prompt,
-            decode_tokens=max(0, generated - first_tokens),
-            kv_blocks_used=round(usage * KV_SCALE) if usage is not None else 0,
-            kv_blocks_total=KV_SCALE if usage is not None else 0,
-            preemptions=iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
-            queue_depth=getattr(scheduler_stats, "num_waiting_reqs", 0),
+            prompt,
+            max(0, generated - first_tokens),
+            round(usage * KV_SCALE) if usage is not None else 0,
+            KV_SCALE if usage is not None else 0,
+            iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
+            getattr(scheduler_stats, "num_waiting_reqs", 0),
         )
         self.telemetry.step_observer.step(stats, members)
 
