@@ -23,6 +23,10 @@ Not replayed: vLLM's HTTP server and serving code, the inbound protocol's reads,
 Otherwise CPU per request: the loop thread's CPU over the groups (best of `--repeats`, the two
 configurations alternated), and, for the plugin, its `pl-*` threads' CPU over a run paced at
 `--rate` requests a second (the shipper wakes every 2 s: its cost a request depends on the rate).
+Then (`--zmq-rounds`) each configuration's steps, as encoded, through a ZMQ PUSH → PULL pair over
+IPC made by vLLM's `make_zmq_socket`, one step every `--zmq-gap-ms`: the CPU per request of the two
+contexts' I/O threads (libzmq's `ZMQbg/IO`, what vLLM's API server and EngineCore each run), and
+the steps' bytes per request (the trace headers vLLM echoes in every output when nothing drops them).
 
     .venv-vllm/bin/python benchmarks/vllm_hooks_cost.py [--groups 24] [--repeats 5] [--rate 10] [--callgrind]
 """
