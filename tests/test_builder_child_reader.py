@@ -10,12 +10,14 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.records import RequestRecord
-from phaselens.instrumentation.process import builder_child, wire
+from phaselens.instrumentation.pipeline.spans import PackedStep
+from phaselens.instrumentation.process import _wire_pack, builder_child, wire
 from tests.instrumentation_fixtures import WALL_BASE_NS, OtlpReceiver, make_rig, process_env, script_request
 
 
@@ -167,3 +169,93 @@ def test_records_without_a_flush_are_exported_by_a_timed_checkpoint_then_the_idl
     assert child.wait(30) == 0
     assert idle == 0
     assert len(lines) == 1 and lines[0]["final"]  # idle, it wrote nothing until its exit
+
+
+def _step_fields(index: int, links: bytes = b"l" * 25) -> tuple:
+    return (index, 1_000 + index, 2_000 + index, 0, 4, 10, 100, 0, 0, 4, links)
+
+
+# the frames a read may hold: steps (a run, broken by other kinds), steps decode_step refuses (a
+# short tuple, links not bytes, a list, not a sequence), a list of 11 it takes, requests' stand-ins
+FRAMES = [
+    wire.frame(wire.KIND_HELLO, ("s", 1, 2, True)),
+    wire.frame(wire.KIND_STEP, _step_fields(0)),
+    wire.frame(wire.KIND_STEP, _step_fields(1, b"")),
+    wire.frame(wire.KIND_STEP, _step_fields(2)[:10]),
+    wire.frame(wire.KIND_STEP, (*_step_fields(3)[:10], "links")),
+    wire.frame(wire.KIND_STEP, _step_fields(4)),
+    wire.frame(wire.KIND_REQUEST, (1, 2, 3)),
+    wire.frame(wire.KIND_STEP, 7),
+    wire.frame(wire.KIND_STEP, list(_step_fields(5))),
+    wire.frame(wire.KIND_FLUSH, (1,)),
+    wire.frame(wire.KIND_STEP, (2**70, -(2**40), 2**62, None, 1.5, "x", b"", (), 0, -1, b"m" * 50)),
+    wire.frame(9, ("another kind",)),
+]
+
+
+def runs_of(frames: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """`split_frames`'s frames with each run of step frames as one item: (KIND_STEP, (the
+    decode_step of each, how many it refused)), what `split_runs` reads."""
+    items: list[tuple[int, Any]] = []
+    for kind, fields in frames:
+        if kind != wire.KIND_STEP:
+            items.append((kind, fields))
+            continue
+        if not items or items[-1][0] != wire.KIND_STEP:
+            items.append((wire.KIND_STEP, ([], 0)))
+        steps, undecoded = items[-1][1]
+        try:
+            steps.append(wire.decode_step(fields))
+        except Exception:  # noqa: BLE001 — refused: counted
+            items[-1] = (wire.KIND_STEP, (steps, undecoded + 1))
+    return items
+
+
+def test_split_runs_reads_the_frames_split_frames_reads_with_step_runs_as_one_item():
+    data = b"".join(FRAMES)
+    for cut in range(len(data) + 1):
+        got, used = wire.split_runs(data[:cut])
+        frames, expected_used = wire.split_frames(data[:cut])
+        assert (got, used) == (runs_of(frames), expected_used)
+        assert all(type(step) is PackedStep for kind, fields in got if kind == wire.KIND_STEP for step in fields[0])
+    got, _ = wire.split_runs(data)
+    assert [(kind, len(fields[0]), fields[1]) for kind, fields in got if kind == wire.KIND_STEP] == [
+        (wire.KIND_STEP, 3, 2),  # 0, 1 (no links: still a step) and 4; two refused
+        (wire.KIND_STEP, 1, 1),  # the list of 11; the int refused
+        (wire.KIND_STEP, 1, 0),
+    ]
+
+
+def test_split_runs_fails_on_a_broken_frame_as_split_frames_fails():
+    broken = wire.HEADER.pack(3, wire.KIND_STEP) + b"\xff\x00\x01"  # not marshal data
+    for data in (broken, FRAMES[1] + broken, FRAMES[0] + broken + FRAMES[1]):
+        with pytest.raises(ValueError) as expected:
+            wire.split_frames(data)
+        with pytest.raises(ValueError) as got:
+            wire.split_runs(data)
+        assert str(got.value) == str(expected.value)
+    with pytest.raises(TypeError, match="split_runs"):
+        _wire_pack.split_runs(bytearray(FRAMES[1]), PackedStep, wire.decode_step)
+
+
+def test_a_reads_step_runs_are_counted_as_their_frames_would_be(monkeypatch):
+    """Refused step frames are decode errors, every step frame received and, once stopped, safe."""
+    receiver = OtlpReceiver()
+    process_env(monkeypatch, receiver)
+    monkeypatch.setenv(names.ENV_SPAN_BACKEND, "fast")
+    read_fd, write_fd = os.pipe()
+    process = builder_child.SpanProcess(("test", 0, WALL_BASE_NS, False), write_fd)
+    try:
+        frames, _ = wire.split_runs(b"".join(FRAMES[1:9]))  # the flush left out: no checkpoint
+        process.handle(frames)
+        counters = process.counters()
+        process.stop()
+    finally:
+        process.report_out.close()
+        receiver.close()
+    with os.fdopen(read_fd) as reports:
+        final = [json.loads(line) for line in reports][-1]
+    step_frames = sum(1 for frame in FRAMES[1:9] if frame[4] == wire.KIND_STEP)
+    assert (counters["records_received"], counters["decode_errors"]) == (step_frames + 1, 3 + 1)  # + the request
+    assert (counters["steps_built"], counters["steps_unsampled"]) == (3, 1)
+    assert final["records_safe"] == final["records_received"] == step_frames + 1
