@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.records import RequestRecord
@@ -259,3 +262,82 @@ def test_a_reads_step_runs_are_counted_as_their_frames_would_be(monkeypatch):
     assert (counters["records_received"], counters["decode_errors"]) == (step_frames + 1, 3 + 1)  # + the request
     assert (counters["steps_built"], counters["steps_unsampled"]) == (3, 1)
     assert final["records_safe"] == final["records_received"] == step_frames + 1
+
+
+VALUE = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**63), 2**63),  # past int32: marshal's long form, up to 4 digits read here, more by marshal
+    st.sampled_from([2**31, -(2**31) - 1, 2**60 - 1, -(2**60) + 1, 2**60, 2**45]),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.binary(max_size=8),
+    st.text(max_size=4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(*[VALUE] * 10, st.binary(max_size=60)),  # the usual shape
+            st.lists(VALUE, min_size=9, max_size=12).map(tuple),
+        ),
+        max_size=5,
+    ),
+    cut=st.integers(0, 2**16),
+)
+def test_split_runs_reads_any_step_frame_as_marshal_and_decode_step_do(steps, cut):
+    """Step frames of the usual form (read without marshal) and of any other (ints of every size,
+    other types, other lengths): `split_runs` equals `split_frames` then `decode_step`, wherever the
+    read ends."""
+    data = b"".join(wire.frame(wire.KIND_STEP, fields) for fields in steps) + FRAMES[6]
+    data = data[: cut % (len(data) + 1)]
+    got, used = wire.split_runs(data)
+    frames, expected_used = wire.split_frames(data)
+    assert (typed(got), used) == (typed(runs_of(frames)), expected_used)
+
+
+def typed(items: list[tuple[int, Any]]) -> list:
+    """Each step's fields with their types (1 == 1.0 == True: the types are compared too)."""
+    return [
+        (kind, [[(type(v), v) for v in step] for step in fields[0]], fields[1])
+        if kind == wire.KIND_STEP
+        else (kind, fields)
+        for kind, fields in items
+    ]
+
+
+def _long_frame(digits: list[int], negative: bool = False) -> bytes:
+    """A step frame whose start_ts is marshal's long form with these 15-bit digits, as given."""
+    good = wire.frame(wire.KIND_STEP, _step_fields(0))[wire.HEADER.size :]
+    head = good[:10]  # '(' and the count, then step_index as TYPE_INT
+    rest = good[15:]  # past start_ts's TYPE_INT
+    count = -len(digits) if negative else len(digits)
+    long = b"l" + count.to_bytes(4, "little", signed=True) + b"".join(d.to_bytes(2, "little") for d in digits)
+    payload = head + long + rest
+    return wire.HEADER.pack(len(payload), wire.KIND_STEP) + payload
+
+
+@pytest.mark.parametrize(
+    "digits, negative",
+    [
+        ([1, 2, 3], False),
+        ([1, 2, 3], True),
+        ([0x7FFF, 0x7FFF, 0x7FFF, 0x7FFF], False),
+        ([5], False),  # a long form for a small value: marshal reads it too
+        ([1, 0x8000], False),  # a digit marshal takes (its bound is inclusive)
+        ([1, 0], False),  # unnormalised: marshal refuses it
+        ([0xFFFF], False),  # a negative digit: refused
+        ([1, 2, 3, 4, 5], False),  # more digits than read here
+    ],
+)
+def test_a_step_frames_long_ints_read_as_marshal_reads_them(digits, negative):
+    data = _long_frame(digits, negative)
+    try:
+        expected = runs_of(wire.split_frames(data)[0])
+    except ValueError as error:
+        with pytest.raises(ValueError, match=re.escape(str(error))):
+            wire.split_runs(data)
+        return
+    got, _ = wire.split_runs(data)
+    assert typed(got) == typed(expected) and got[0][1][0]

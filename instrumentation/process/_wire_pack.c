@@ -19,8 +19,9 @@
  *   ((kind, fields), marshal's own reader, the same errors), and how many bytes they take, except
  *   that each run of consecutive step frames is one item (KIND_STEP, (steps, undecoded)): each
  *   frame's fields as `decode_step` makes them (a `step_type` made here for the usual 11-tuple, no
- *   call), and how many it refused. Why C: per step frame (~16 a request in vLLM) the Python loop,
- *   the decode and the handling were ~2/3 of reading it, marshal the rest.
+ *   call), and how many it refused. A step frame of the usual form (`usual_step`) is read here
+ *   straight into its `step_type`, others by marshal. Why C: per step frame (~16 a request in
+ *   vLLM) the Python loop, the decode and the handling were ~2/3 of reading it, marshal the rest.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -292,6 +293,66 @@ static PyObject *step_of(PyObject *fields, PyTypeObject *step_type, PyObject *de
     return step;
 }
 
+/* marshal (format 2) as marshal.c reads it, for a step frame's usual payload only: the 11-tuple
+ * of ints (TYPE_INT, or TYPE_LONG of up to 4 15-bit digits: |value| < 2**60, a monotonic stamp in
+ * ns up to 36 years) and the links' bytes last, each object written once (no references in 2). */
+#define MARSHAL_LONG_DIGITS 4
+
+static int32_t le32(const unsigned char *p) { return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24); }
+
+/* An int item at *p (advanced past it) as a new int; NULL without an error: not the usual form. */
+static PyObject *usual_int(const unsigned char **p, const unsigned char *end) {
+    const unsigned char *q = *p;
+    if (end - q >= 5 && q[0] == 'i') {
+        *p = q + 5;
+        return PyLong_FromLong(le32(q + 1));
+    }
+    if (end - q < 5 || q[0] != 'l')
+        return NULL;
+    int32_t n = le32(q + 1), size = n < 0 ? -n : n;
+    if (size < 1 || size > MARSHAL_LONG_DIGITS || end - q < 5 + 2 * size)
+        return NULL;
+    uint64_t value = 0;
+    for (int32_t i = size - 1; i >= 0; i--) {
+        unsigned digit = (unsigned)q[5 + 2 * i] | (unsigned)q[6 + 2 * i] << 8;
+        if (digit > 0x7fff || (i == size - 1 && digit == 0)) /* marshal refuses these: its error, not ours */
+            return NULL;
+        value = value << 15 | digit;
+    }
+    *p = q + 5 + 2 * size;
+    return PyLong_FromLongLong(n < 0 ? -(long long)value : (long long)value);
+}
+
+/* A step frame's payload as a `step_type` when it has the usual form (else NULL, no error: read it
+ * with marshal); NULL with an error when out of memory. No fields tuple is made. */
+static PyObject *usual_step(const unsigned char *p, Py_ssize_t length, PyTypeObject *step_type) {
+    const unsigned char *end = p + length;
+    if (length < 5 || p[0] != '(' || le32(p + 1) != STEP_FIELDS)
+        return NULL;
+    p += 5;
+    PyObject *step = step_type->tp_alloc(step_type, STEP_FIELDS);
+    for (Py_ssize_t i = 0; step && i < STEP_FIELDS - 1; i++) {
+        PyObject *value = usual_int(&p, end);
+        if (!value) {
+            Py_DECREF(step);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(step, i, value);
+    }
+    int32_t size = end - p >= 5 && p[0] == 's' ? le32(p + 1) : -1;
+    PyObject *links = size >= 0 && end - p - 5 >= size ? PyBytes_FromStringAndSize((const char *)p + 5, size) : NULL;
+    if (!links) {
+        Py_XDECREF(step);
+        return NULL;
+    }
+    if (!step) {
+        Py_DECREF(links);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(step, STEP_FIELDS - 1, links);
+    return step;
+}
+
 /* (KIND_STEP, (steps, undecoded)) appended to `items`; the run's list is handed over. */
 static int end_run(PyObject *items, PyObject **run, Py_ssize_t *undecoded) {
     PyObject *item = *run ? Py_BuildValue("(i(Nn))", KIND_STEP, *run, *undecoded) : NULL;
@@ -319,17 +380,24 @@ static PyObject *split_runs(PyObject *Py_UNUSED(self), PyObject *const *args, Py
         int kind = data[offset + 4];
         if ((Py_ssize_t)length > end - offset - HEADER_BYTES)
             break; /* cut at the read's end: the next read brings the rest */
-        PyObject *fields = PyMarshal_ReadObjectFromString((const char *)data + offset + HEADER_BYTES, length);
-        if (!fields)
+        const unsigned char *payload = data + offset + HEADER_BYTES;
+        PyObject *step = kind == KIND_STEP ? usual_step(payload, length, (PyTypeObject *)args[1]) : NULL;
+        if (!step && PyErr_Occurred())
+            goto error;
+        PyObject *fields = step ? NULL : PyMarshal_ReadObjectFromString((const char *)payload, length);
+        if (!step && !fields)
             goto error;
         offset += HEADER_BYTES + (Py_ssize_t)length;
         if (kind == KIND_STEP) {
             if (!run && !(run = PyList_New(0))) {
-                Py_DECREF(fields);
+                Py_XDECREF(step);
+                Py_XDECREF(fields);
                 goto error;
             }
-            PyObject *step = step_of(fields, (PyTypeObject *)args[1], args[2]);
-            Py_DECREF(fields);
+            if (!step) {
+                step = step_of(fields, (PyTypeObject *)args[1], args[2]);
+                Py_DECREF(fields);
+            }
             if (step) {
                 int r = PyList_Append(run, step);
                 Py_DECREF(step);
