@@ -14,7 +14,7 @@ from phaselens.storage.embedded import EmbeddedClickHouse
 
 # fixtures that several modules share at session scope, registered here once (a fixture imported into
 # two modules is two fixtures, each started once per module): the vLLMs and the stack pipeline
-pytest_plugins = ("tests.vllm_fixtures", "tests.stack_fixtures")
+pytest_plugins = ("tests.vllm_fixtures", "tests.stack_fixtures", "tests.module_cpu")
 _db_counter = itertools.count()
 _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
 
@@ -97,9 +97,14 @@ def _refreshes_stopped_after_the_module():
     yield
     for server in _session_servers:
         with clickhouse_connect.get_client(host=server.host, port=server.http_port) as client:
-            running = client.query("SELECT database, view FROM system.view_refreshes WHERE status != 'Disabled'")
-            for database, view in running.result_rows:
-                client.command(f"SYSTEM STOP VIEW {ident(database)}.{ident(view)}")
+            stop_running_views(client)
+
+
+def stop_running_views(client) -> None:
+    """`SYSTEM STOP VIEW` for every refreshable view of the server that still refreshes on its own."""
+    running = client.query("SELECT database, view FROM system.view_refreshes WHERE status != 'Disabled'")
+    for database, view in running.result_rows:
+        client.command(f"SYSTEM STOP VIEW {ident(database)}.{ident(view)}")
 
 
 @pytest.fixture()

@@ -37,6 +37,7 @@ from tests import spangen
 from tests import test_pd_native_spans as pd_spans
 from tests.cli_fixtures import run_command
 from tests.collector_payloads import export_request
+from tests.conftest import stop_running_views
 
 CLUSTER = "phaselens"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -69,6 +70,15 @@ def clients(cluster):
     yield out
     for c in out:
         c.close()
+
+
+@pytest.fixture(autouse=True)
+def _views_stopped_after_each_test(clients):
+    """A database's views refresh every 10 s on each node (~5 % of a core each, docs/development.md):
+    nine databases on two nodes ran for the whole module, though each test reads only its own."""
+    yield
+    for client in clients:
+        stop_running_views(client)
 
 
 def _tables(client, database: str) -> dict[str, str]:
@@ -159,6 +169,7 @@ def single(clickhouse, spans, tmp_path_factory) -> str:
     assert c.metrics.snapshot()["spans_written"] == len(spans)
     one = connect(clickhouse.url)
     rollup.refresh_now(one, "single")  # the views run: the live states as of now
+    rollup.stop_refreshes(one, "single")  # and stop: the tests read these states, not new passes
     one.close()
     return "single"
 
