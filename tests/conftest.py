@@ -21,7 +21,7 @@ _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a 
 # Modules that take longest (from `--durations`), sent to the workers first so that no worker is
 # left alone with a long module at the end; the rest keep their collection order.
 LONGEST_FIRST = (
-    "test_harness_import",  # these three: one unit of work (SHARED_UNITS), in this order:
+    "test_harness_vllm",  # these three: one unit of work (SHARED_UNITS), in this order:
     "test_vllm",  # the shared vLLMs start in the first and serve the second,
     "test_vllm_pd",  # which stops them before starting its own two
     "test_diagnose",  # these four: one unit of work (SHARED_UNITS), tests/stack_fixtures.py's pipeline
@@ -47,7 +47,7 @@ LONGEST_FIRST = (
 
 # Modules that share a session-scoped server: one unit of work (so one worker) together.
 SHARED_UNITS = {
-    **dict.fromkeys(("test_harness_import", "test_vllm", "test_vllm_pd"), "vllm"),
+    **dict.fromkeys(("test_harness_vllm", "test_vllm", "test_vllm_pd"), "vllm"),
     **dict.fromkeys(
         ("test_diagnose", "test_budget_late_client", "test_budget_delivery", "test_budget_network"), "stack"
     ),
