@@ -18,8 +18,8 @@ pytest_plugins = ("tests.vllm_fixtures", "tests.stack_fixtures", "tests.module_c
 _db_counter = itertools.count()
 _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
 
-# Modules that take longest (from `--durations`), sent to the workers first so that no worker is
-# left alone with a long module at the end; the rest keep their collection order.
+# Units of work that take longest (wall time; `--module-cpu`, docs/development.md), sent to the workers
+# first so that no worker is left alone with a long one at the end; the rest keep their collection order.
 LONGEST_FIRST = (
     "test_harness_vllm",  # these three: one unit of work (SHARED_UNITS), in this order:
     "test_vllm",  # the shared vLLMs start in the first and serve the second,
@@ -29,18 +29,19 @@ LONGEST_FIRST = (
     "test_budget_delivery",
     "test_budget_network",
     "test_cluster",
-    "test_faults",
-    "test_disagg_stack",
+    "test_harness_import",
+    "test_engine_process",
+    "test_packaging",
     "test_rotel",
-    "test_instrumentation_process",
-    "test_rollup",
+    "test_disagg_stack",
     "test_rollup_backfill",
+    "test_rollup",
+    "test_instrumentation_process",
     "test_demo_cluster",
     "test_demo",
+    "test_faults",
     "test_sampling",
     "test_analysis",
-    "test_packaging",
-    "test_engine_process",
     "test_dynamo",
 )
 
