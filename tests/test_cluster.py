@@ -81,6 +81,14 @@ def _views_stopped_after_each_test(clients):
         stop_running_views(client)
 
 
+@pytest.fixture(scope="module")
+def own_rows_db(cluster) -> str:
+    """One database for the tests that read only their own rows (by service or trace id): a schema
+    apply costs ~2.5 s of CPU on each node."""
+    assert _apply(cluster.urls[0], "own_rows", "--ddl", "per-node") == 0
+    return "own_rows"
+
+
 def _tables(client, database: str) -> dict[str, str]:
     rows = client.query(
         "SELECT name, engine FROM system.tables WHERE database = {db:String}", parameters={"db": database}
@@ -303,11 +311,10 @@ def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
         _assert_budget_equals_one_nodes(url, db, clickhouse.url, single, capsys)
 
 
-def test_pd_columns_on_a_cluster_from_either_node(cluster, clients, tmp_path):
+def test_pd_columns_on_a_cluster_from_either_node(cluster, clients, own_rows_db, tmp_path):
     """SGLang's P/D spans (tests/native_pd_spans.py) through the collector's sharded insert: every
     node's `phaselens_requests` reads the P/D columns of every request, whichever shard holds it."""
-    db = "shard_pd"
-    assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
+    db = own_rows_db
     for client in clients:
         assert _tables(client, db)["phaselens_pd_parts_distributed"] == "Distributed"
     with Collector(cluster.urls[0], database=db, cluster=CLUSTER, spool_dir=str(tmp_path / "spool")) as c:
@@ -429,18 +436,18 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
 
 
 @pytest.mark.parametrize("insert", ["direct", "distributed"])
-def test_a_replayed_batch_is_dropped_by_every_shard(cluster, clients, insert):
+def test_a_replayed_batch_is_dropped_by_every_shard(cluster, clients, own_rows_db, insert):
     """The collector's retry after a partial success: the same rows, the same token, again."""
-    db = f"replay_{insert}"
-    assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
-    body = export_request(40, time.time_ns(), service="replay").SerializeToString()
+    db, service = own_rows_db, f"replay-{insert}"
+    body = export_request(40, time.time_ns(), service=service).SerializeToString()
     sink = make_sink(cluster.urls[0], db, CLUSTER, insert)
     try:
         for _ in range(2):
-            sink.insert([sink.render(body)], "replay-token-1")
+            sink.insert([sink.render(body)], f"replay-token-{insert}")
     finally:
         sink.close()
-    per_shard = [c.query(f"SELECT count() FROM {db}.otel_traces").result_rows[0][0] for c in clients]
+    count = f"SELECT count() FROM {db}.otel_traces WHERE ServiceName = {{s:String}}"
+    per_shard = [c.query(count, parameters={"s": service}).result_rows[0][0] for c in clients]
     assert sum(per_shard) == 40 and min(per_shard) > 0
 
 
