@@ -9,7 +9,10 @@ virtualenv ($PHASELENS_VLLM_PYTHON), `transformers serve` from this one. Then `-
 each running the same bounded closed-loop `phaselens bench` (streaming completions, concurrency 8,
 64 prompt tokens counted in the model's tokenizer, 32 output tokens, EOS ignored, 64 requests
 after a warm-up) against every server in turn, the order rotating per round, so a burst of load
-from other processes spreads over all three. `transformers serve` has no `ignore_eos`: it serves a
+from other processes spreads over all of them. While one server is measured the others' process
+trees are stopped (SIGSTOP, SIGCONT after): an idle vLLM's EngineCore busy-loops a core, and on a
+2-core machine that core is taken from whichever server is measured (`--no-pause` keeps them all
+running). `transformers serve` has no `ignore_eos`: it serves a
 copy of the folder whose generation config names no EOS, so it too produces exactly 32 tokens (and
 is sent no `ignore_eos`, which it refuses with 422).
 
@@ -30,9 +33,11 @@ after is printed beside them (the machine is shared). Prints ONE JSON object.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,11 +45,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.vllm_plugin_overhead import _tree_cpu_ns, bench_argv
+from benchmarks.vllm_plugin_overhead import _descendants, _tree_cpu_ns, bench_argv
 from phaselens.common.process import LOOPBACK, free_port, terminate
 from phaselens.integrations.vllm.launcher import VllmServer, default_python
 from phaselens.integrations.vllm.tiny_model import save_tiny_llama
@@ -143,11 +149,11 @@ def bench(peer: Peer, tokenizer_dir: Path, out: Path, args: argparse.Namespace) 
     if not peer.ignore_eos:
         argv.remove("--ignore-eos")
     env = {**project_env(), "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
-    before = sum(_tree_cpu_ns(peer.pid).values())
+    before = tree_cpu_ns(peer.pid)
     done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
     if done.returncode:  # a server that failed a round: recorded, the other rounds' figures kept
         return {"error": f"bench exited {done.returncode}: {done.stdout[-1500:]}{done.stderr[-500:]}"}
-    cpu_ns = sum(_tree_cpu_ns(peer.pid).values()) - before
+    cpu_ns = tree_cpu_ns(peer.pid) - before
     summary = json.loads(out.read_text())["summary"]
     served = summary["tokens"]["output"] * (args.requests + WARMUP_REQUESTS) / args.requests
     return {
@@ -157,6 +163,36 @@ def bench(peer: Peer, tokenizer_dir: Path, out: Path, args: argparse.Namespace) 
         "failed": summary["requests"]["failed"],
         "cpu_ms_per_output_token": round(cpu_ns / 1e6 / served, 4),
     }
+
+
+@contextmanager
+def others_paused(peers: list[Peer], measured: Peer, pause: bool) -> Iterator[None]:
+    """Every other server's process tree stopped while `measured` runs (children first, so none
+    sees its parent stop before it does), continued after, parents first."""
+    trees = [[*_descendants(peer.pid), peer.pid] for peer in peers if pause and peer is not measured]
+    for tree in trees:
+        for pid in tree:
+            _signal(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for tree in trees:
+            for pid in reversed(tree):
+                _signal(pid, signal.SIGCONT)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:  # gone meanwhile: its server's bench will say so
+        pass
+
+
+def tree_cpu_ns(pid: int) -> int:
+    """CPU ns of the server's process tree: its root process and every descendant, once each (the
+    root's parts overlap: its event loop and other threads are in `api_server` too)."""
+    parts = _tree_cpu_ns(pid)
+    return parts["api_server"] + parts["span_builder"] + parts["engine"]
 
 
 def spread(values: list[float]) -> dict | None:
@@ -199,6 +235,7 @@ def result(runs: list[dict], names: list[str], args: argparse.Namespace, load: l
             "warmup": WARMUP_REQUESTS,
         },
         "rounds": args.rounds,
+        "others_paused": not args.no_pause,
         "load_average_before_after": load,
         "servers": per,
         "ratio_tokens_per_s": {f"{o}/{n}": ratio(per, "output_tokens_per_s", o, n) for o in ours for n in others},
@@ -216,10 +253,15 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    p.add_argument("--no-pause", action="store_true", help="keep the other servers running during a bench")
     args = p.parse_args()
     python = default_python()
     if "vllm" in args.servers and python is None:
         sys.exit("no vLLM virtualenv: ./setup.sh --vllm (or PHASELENS_VLLM_PYTHON), or --servers without vllm")
+    if "transformers" in args.servers and importlib.util.find_spec("accelerate") is None:
+        sys.exit(
+            "`transformers serve` needs accelerate: .venv/bin/pip install accelerate, or --servers without transformers"
+        )
     load = [os.getloadavg()]
     peers: list[Peer] = []
     runs: list[dict] = []
@@ -239,7 +281,9 @@ def main() -> None:
                 shift = round_index % len(peers)
                 for peer in peers[shift:] + peers[:shift]:
                     out = tmp_path / f"{peer.name}-{round_index}.json"
-                    runs.append({"server": peer.name, "round": round_index, **bench(peer, model_dir, out, args)})
+                    with others_paused(peers, peer, not args.no_pause):
+                        figures = bench(peer, model_dir, out, args)
+                    runs.append({"server": peer.name, "round": round_index, **figures})
         finally:
             for peer in peers:
                 peer.stop()
