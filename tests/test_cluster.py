@@ -285,7 +285,7 @@ def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
     rollup.flush_copies(clients[0], db)  # sent now rather than at the queue's next retry
     assert clients[1].query(others).result_rows[0][0] == sealed
     assert clients[0].query(queued).result_rows[0][0] == 0
-    rollup.stop_refreshes(clients[1], db)  # the restarted node's views run again
+    stop_running_views(clients[1])  # the restarted node's views run again, every database's
     for url in cluster.urls:
         _assert_budget_equals_one_nodes(url, db, clickhouse.url, single, capsys)
     complete = [_own_rows(c, db) for c in clients]
@@ -416,6 +416,7 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
             assert _wait_for(lambda: c.metrics.snapshot()["insert_retries"] >= 2 and len(refused) > refused_before)
             assert set(refused) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
             victim.start()
+            stop_running_views(clients[1])  # a restart starts every database's views again
             sender.join(60)
         finally:
             stop.set()
