@@ -7,7 +7,8 @@ and its whole process tree over the module (servers, vLLMs, subprocesses, the se
     cpu_s = Δ(worker's utime + stime + cutime + cstime + Σ over live descendants of the same four)
 
 A child that exits and is reaped moves its time from the live sum into the worker's cutime, so it
-counts once. A session fixture is charged to the module that first asks for it.
+counts once; an orphan reparented away from the tree (its parent died first) is missed. A session
+fixture is charged to the module that first asks for it.
 `sort -rn FILE` ranks the modules.
 """
 
