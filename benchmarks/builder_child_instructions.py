@@ -21,7 +21,11 @@ its attributes, the SERVER span's encoding), the step spans (`emit_steps`, 2 a r
 builder (`SpanBuilder.build` over every record), as the child's fast backend runs them, the exports
 discarded (`instrumentation_overhead.builder_run`'s setting). Each part runs once uncounted first.
 
-    .venv/bin/python benchmarks/builder_child_instructions.py [--steps 512] [--keep DIR] [--parts]
+`--vllm`: vLLM's shape instead (B = 4, L = 64: 16 step records a request; a FLUSH every 20
+requests, as the live child's checkpoint every 2 s at ~10 requests a second; metrics off, as in
+`vllm_plugin_overhead.py`).
+
+    .venv/bin/python benchmarks/builder_child_instructions.py [--steps 512] [--keep DIR] [--parts] [--vllm]
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,17 +74,30 @@ from phaselens.instrumentation.pipeline.phases import compute_phases
 from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
 from phaselens.instrumentation.process import wire
 
-BATCH, LIFE, FLUSH_EVERY = 64, 128, 100
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The null engine's batch B and decode steps L a request, and requests between FLUSHes."""
+
+    batch: int
+    life: int
+    flush_every: int
 
 
-def stream(steps: int) -> tuple[bytes, bytes, int, int]:
+REFERENCE = Shape(64, 128, 100)
+# vLLM's benchmark (4 in flight, 64 output tokens: 16 step records a request); a FLUSH every 20
+# requests, as the live child's checkpoint every 2 s at ~10 requests a second
+VLLM = Shape(4, 64, 20)
+
+
+def stream(steps: int, shape: Shape = REFERENCE) -> tuple[bytes, bytes, int, int]:
     """(hello, the records' frames with their FLUSHes, requests, step records)."""
-    paused = paused_telemetry(4 * steps * BATCH, "thread")
-    shape = (BATCH, steps, LIFE)
+    paused = paused_telemetry(4 * steps * shape.batch, "thread")
+    engine = (shape.batch, steps, shape.life)
     open_request = lambda: paused.request(dict(SCOPE))  # noqa: E731
-    close = lambda req: req.complete(LIFE, FINISH_LENGTH)  # noqa: E731
-    opened = open_requests(open_request, *shape)
-    run_engine(open_request, close, lambda req: req.token(), paused.step_observer, *shape, ModelStandIn(0), opened)
+    close = lambda req: req.complete(shape.life, FINISH_LENGTH)  # noqa: E731
+    opened = open_requests(open_request, *engine)
+    run_engine(open_request, close, lambda req: req.token(), paused.step_observer, *engine, ModelStandIn(0), opened)
     paused._closer.expire(force=True)  # a benchmark's look at the records the loop closed
     records = paused._sink._handoffs.take()
     anchor = paused.anchor
@@ -88,7 +106,7 @@ def stream(steps: int) -> tuple[bytes, bytes, int, int]:
         if isinstance(record, RequestRecord):
             frames.append(wire.encode_request(record))
             requests += 1
-            if requests % FLUSH_EVERY == 0:
+            if requests % shape.flush_every == 0:
                 frames.append(wire.frame(wire.KIND_FLUSH, (requests,)))
         else:
             frames.append(wire.encode_step(record))
@@ -153,9 +171,9 @@ def part_runs(hello: bytes, data: bytes) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def parts_child(steps: int) -> None:
+def parts_child(steps: int, shape: Shape) -> None:
     """Runs under callgrind (`--parts`): each part once uncounted, then once in a functools.reduce call."""
-    hello, data, requests, _ = stream(steps)
+    hello, data, requests, _ = stream(steps, shape)
     runs = part_runs(hello, data)
     for run in runs.values():
         run()
@@ -163,20 +181,20 @@ def parts_child(steps: int) -> None:
     print(json.dumps({"parts": list(runs), "requests": requests}))
 
 
-def parts_instructions(valgrind: str, folder: str, steps: int) -> dict[str, float]:
+def parts_instructions(valgrind: str, folder: str, steps: int, vllm: bool) -> dict[str, float]:
     """Instructions per request of each part (`parts_child` under callgrind, one dump a part)."""
     out = os.path.join(folder, "parts.callgrind")
     command = [valgrind, "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
                "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
-               "--parts-child", "--steps", str(steps)]  # fmt: skip
+               "--parts-child", "--steps", str(steps), *(["--vllm"] if vllm else [])]  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=True, env=env)
-    shape = json.loads(done.stdout.strip().splitlines()[-1])
+    ran = json.loads(done.stdout.strip().splitlines()[-1])
     dumps = sorted(
         (p for p in os.listdir(folder) if p.startswith("parts.callgrind.")), key=lambda p: int(p.rsplit(".", 1)[1])
     )
     counts = [_total_ir(os.path.join(folder, p)) for p in dumps]
-    return {part: count / shape["requests"] for part, count in zip(shape["parts"], counts, strict=True)}
+    return {part: count / ran["requests"] for part, count in zip(ran["parts"], counts, strict=True)}
 
 
 def main() -> int:
@@ -186,33 +204,40 @@ def main() -> int:
         "--keep", metavar="DIR", help="keep the callgrind files there (for `callgrind_annotate --inclusive=yes`)"
     )
     parser.add_argument("--parts", action="store_true", help="the builder's parts in-process (module doc)")
+    parser.add_argument(
+        "--vllm", action="store_true", help="vLLM's shape (B = 4, L = 64, a FLUSH every 20), no metrics"
+    )
     parser.add_argument("--parts-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.parts_child:
-        parts_child(args.steps)
+        parts_child(args.steps, VLLM if args.vllm else REFERENCE)
         return 0
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         print(json.dumps({"benchmark": "builder_child_instructions", "skipped": "valgrind is not installed"}))
         return 0
-    config = {"batch": BATCH, "steps": args.steps, "decode_steps_per_request": LIFE, "flush_every": FLUSH_EVERY}
+    shape = VLLM if args.vllm else REFERENCE
+    config = {"batch": shape.batch, "steps": args.steps, "decode_steps_per_request": shape.life,
+              "flush_every": shape.flush_every}  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or scratch
         os.makedirs(folder, exist_ok=True)
         if args.parts:
-            result = {"parts_instructions_per_request": parts_instructions(valgrind, folder, args.steps)}
+            result = {"parts_instructions_per_request": parts_instructions(valgrind, folder, args.steps, args.vllm)}
         else:
-            result = whole_child(valgrind, folder, args.steps)
+            result = whole_child(valgrind, folder, args.steps, shape, metrics=not args.vllm)
     print(json.dumps({"benchmark": "builder_child_instructions", "config": config, **result}, indent=2))
     return 0
 
 
-def whole_child(valgrind: str, folder: str, steps: int) -> dict[str, Any]:
+def whole_child(valgrind: str, folder: str, steps: int, shape: Shape, metrics: bool) -> dict[str, Any]:
     """The whole child's instructions per request: fed the records − fed only the hello."""
-    hello, records, requests, step_records = stream(steps)
+    hello, records, requests, step_records = stream(steps, shape)
     sink, endpoint = start_otlp_sink()
     try:
         process_builder_env(endpoint)
+        if not metrics:  # as vLLM's benchmark runs the child
+            os.environ["OTEL_METRICS_EXPORTER"] = "none"
         idle = child_instructions(valgrind, folder, "hello", hello)
         work = child_instructions(valgrind, folder, "records", hello + records)
     finally:

@@ -12,7 +12,11 @@ clock) and times scheduled in (third field: wake-ups, every thread of the child)
 lines it wrote. Figures: µs of CPU per request loaded, µs per second and wake-ups per second idle.
 Each phase is run `--rounds` times on the same child; medians with [min, max].
 
-    .venv/bin/python benchmarks/builder_child_rate.py [--rate 10] [--seconds 10] [--rounds 3]
+`--child-tree DIR`: the child runs from DIR (PYTHONPATH and working directory), where DIR/phaselens
+holds another commit's packages (its top-level folders linked under it, C extensions built), for
+alternated pairs against it; the frames are this tree's (the wire format is the same).
+
+    .venv/bin/python benchmarks/builder_child_rate.py [--rate 10] [--seconds 10] [--rounds 3] [--child-tree DIR]
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def schedstat(pid: int) -> tuple[int, int]:
 class Child:
     """The span-builder process, its stdin written by the caller, its report lines counted."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, tree: str | None = None) -> None:
         env = {
             **os.environ,
             "OTEL_TRACES_EXPORTER": "otlp",
@@ -97,10 +101,16 @@ class Child:
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{endpoint}/v1/traces",
             names.ENV_SPAN_BACKEND: names.SPAN_BACKEND_FAST,
         }
+        if tree is not None:  # its `phaselens` first: run from there, so the working tree's is not found first
+            env["PYTHONPATH"] = tree
         report_read, report_write = os.pipe()
         command = [sys.executable, "-m", "phaselens.instrumentation.process.builder_child"]
         self.proc = subprocess.Popen(
-            [*command, str(report_write), str(os.getpid())], stdin=subprocess.PIPE, pass_fds=(report_write,), env=env
+            [*command, str(report_write), str(os.getpid())],
+            stdin=subprocess.PIPE,
+            pass_fds=(report_write,),
+            env=env,
+            cwd=tree,
         )
         os.close(report_write)
         assert self.proc.stdin is not None
@@ -152,11 +162,16 @@ def main() -> int:
     parser.add_argument(
         "--ship-every", type=int, default=int(SHIP_INTERVAL_S), help="seconds between writes (the shipper's interval)"
     )
+    parser.add_argument(
+        "--child-tree",
+        metavar="DIR",
+        help="run the child from DIR/phaselens (another commit's packages, e.g. to compare in alternated pairs)",
+    )
     args = parser.parse_args()
     every_s = args.ship_every
     hello, chunks = seconds_of_frames(args.rate * every_s, args.seconds // every_s)
     sink, endpoint = start_otlp_sink()
-    child = Child(endpoint)
+    child = Child(endpoint, args.child_tree)
     try:
         child.write(hello)
         child.phase(chunks, WARM_UP_S * every_s, every_s)
@@ -174,6 +189,7 @@ def main() -> int:
         json.dumps(
             {
                 "benchmark": "builder_child_rate",
+                "child_tree": args.child_tree,
                 "requests_per_s": args.rate,
                 "ship_every_s": every_s,
                 "step_records_per_request": LIFE // BATCH,

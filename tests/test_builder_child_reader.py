@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.records import RequestRecord
-from phaselens.instrumentation.process import builder_child, wire
+from phaselens.instrumentation.pipeline.spans import PackedStep
+from phaselens.instrumentation.process import _wire_pack, builder_child, wire
 from tests.instrumentation_fixtures import WALL_BASE_NS, OtlpReceiver, make_rig, process_env, script_request
 
 
@@ -167,3 +172,172 @@ def test_records_without_a_flush_are_exported_by_a_timed_checkpoint_then_the_idl
     assert child.wait(30) == 0
     assert idle == 0
     assert len(lines) == 1 and lines[0]["final"]  # idle, it wrote nothing until its exit
+
+
+def _step_fields(index: int, links: bytes = b"l" * 25) -> tuple:
+    return (index, 1_000 + index, 2_000 + index, 0, 4, 10, 100, 0, 0, 4, links)
+
+
+# the frames a read may hold: steps (a run, broken by other kinds), steps decode_step refuses (a
+# short tuple, links not bytes, a list, not a sequence), a list of 11 it takes, requests' stand-ins
+FRAMES = [
+    wire.frame(wire.KIND_HELLO, ("s", 1, 2, True)),
+    wire.frame(wire.KIND_STEP, _step_fields(0)),
+    wire.frame(wire.KIND_STEP, _step_fields(1, b"")),
+    wire.frame(wire.KIND_STEP, _step_fields(2)[:10]),
+    wire.frame(wire.KIND_STEP, (*_step_fields(3)[:10], "links")),
+    wire.frame(wire.KIND_STEP, _step_fields(4)),
+    wire.frame(wire.KIND_REQUEST, (1, 2, 3)),
+    wire.frame(wire.KIND_STEP, 7),
+    wire.frame(wire.KIND_STEP, list(_step_fields(5))),
+    wire.frame(wire.KIND_FLUSH, (1,)),
+    wire.frame(wire.KIND_STEP, (2**70, -(2**40), 2**62, None, 1.5, "x", b"", (), 0, -1, b"m" * 50)),
+    wire.frame(9, ("another kind",)),
+]
+
+
+def runs_of(frames: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """`split_frames`'s frames with each run of step frames as one item: (KIND_STEP, (the
+    decode_step of each, how many it refused)), what `split_runs` reads."""
+    items: list[tuple[int, Any]] = []
+    for kind, fields in frames:
+        if kind != wire.KIND_STEP:
+            items.append((kind, fields))
+            continue
+        if not items or items[-1][0] != wire.KIND_STEP:
+            items.append((wire.KIND_STEP, ([], 0)))
+        steps, undecoded = items[-1][1]
+        try:
+            steps.append(wire.decode_step(fields))
+        except Exception:  # noqa: BLE001 — refused: counted
+            items[-1] = (wire.KIND_STEP, (steps, undecoded + 1))
+    return items
+
+
+def test_split_runs_reads_the_frames_split_frames_reads_with_step_runs_as_one_item():
+    data = b"".join(FRAMES)
+    for cut in range(len(data) + 1):
+        got, used = wire.split_runs(data[:cut])
+        frames, expected_used = wire.split_frames(data[:cut])
+        assert (got, used) == (runs_of(frames), expected_used)
+        assert all(type(step) is PackedStep for kind, fields in got if kind == wire.KIND_STEP for step in fields[0])
+    got, _ = wire.split_runs(data)
+    assert [(kind, len(fields[0]), fields[1]) for kind, fields in got if kind == wire.KIND_STEP] == [
+        (wire.KIND_STEP, 3, 2),  # 0, 1 (no links: still a step) and 4; two refused
+        (wire.KIND_STEP, 1, 1),  # the list of 11; the int refused
+        (wire.KIND_STEP, 1, 0),
+    ]
+
+
+def test_split_runs_fails_on_a_broken_frame_as_split_frames_fails():
+    broken = wire.HEADER.pack(3, wire.KIND_STEP) + b"\xff\x00\x01"  # not marshal data
+    for data in (broken, FRAMES[1] + broken, FRAMES[0] + broken + FRAMES[1]):
+        with pytest.raises(ValueError) as expected:
+            wire.split_frames(data)
+        with pytest.raises(ValueError) as got:
+            wire.split_runs(data)
+        assert str(got.value) == str(expected.value)
+    with pytest.raises(TypeError, match="split_runs"):
+        _wire_pack.split_runs(bytearray(FRAMES[1]), PackedStep, wire.decode_step)
+
+
+def test_a_reads_step_runs_are_counted_as_their_frames_would_be(monkeypatch):
+    """Refused step frames are decode errors, every step frame received and, once stopped, safe."""
+    receiver = OtlpReceiver()
+    process_env(monkeypatch, receiver)
+    monkeypatch.setenv(names.ENV_SPAN_BACKEND, "fast")
+    read_fd, write_fd = os.pipe()
+    process = builder_child.SpanProcess(("test", 0, WALL_BASE_NS, False), write_fd)
+    try:
+        frames, _ = wire.split_runs(b"".join(FRAMES[1:9]))  # the flush left out: no checkpoint
+        process.handle(frames)
+        counters = process.counters()
+        process.stop()
+    finally:
+        process.report_out.close()
+        receiver.close()
+    with os.fdopen(read_fd) as reports:
+        final = [json.loads(line) for line in reports][-1]
+    step_frames = sum(1 for frame in FRAMES[1:9] if frame[4] == wire.KIND_STEP)
+    assert (counters["records_received"], counters["decode_errors"]) == (step_frames + 1, 3 + 1)  # + the request
+    assert (counters["steps_built"], counters["steps_unsampled"]) == (3, 1)
+    assert final["records_safe"] == final["records_received"] == step_frames + 1
+
+
+VALUE = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(-(2**63), 2**63),  # past int32: marshal's long form, up to 4 digits read here, more by marshal
+    st.sampled_from([2**31, -(2**31) - 1, 2**60 - 1, -(2**60) + 1, 2**60, 2**45]),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.binary(max_size=8),
+    st.text(max_size=4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(*[VALUE] * 10, st.binary(max_size=60)),  # the usual shape
+            st.lists(VALUE, min_size=9, max_size=12).map(tuple),
+        ),
+        max_size=5,
+    ),
+    cut=st.integers(0, 2**16),
+)
+def test_split_runs_reads_any_step_frame_as_marshal_and_decode_step_do(steps, cut):
+    """Step frames of the usual form (read without marshal) and of any other (ints of every size,
+    other types, other lengths): `split_runs` equals `split_frames` then `decode_step`, wherever the
+    read ends."""
+    data = b"".join(wire.frame(wire.KIND_STEP, fields) for fields in steps) + FRAMES[6]
+    data = data[: cut % (len(data) + 1)]
+    got, used = wire.split_runs(data)
+    frames, expected_used = wire.split_frames(data)
+    assert (typed(got), used) == (typed(runs_of(frames)), expected_used)
+
+
+def typed(items: list[tuple[int, Any]]) -> list:
+    """Each step's fields with their types (1 == 1.0 == True: the types are compared too)."""
+    return [
+        (kind, [[(type(v), v) for v in step] for step in fields[0]], fields[1])
+        if kind == wire.KIND_STEP
+        else (kind, fields)
+        for kind, fields in items
+    ]
+
+
+def _long_frame(digits: list[int], negative: bool = False) -> bytes:
+    """A step frame whose start_ts is marshal's long form with these 15-bit digits, as given."""
+    good = wire.frame(wire.KIND_STEP, _step_fields(0))[wire.HEADER.size :]
+    head = good[:10]  # '(' and the count, then step_index as TYPE_INT
+    rest = good[15:]  # past start_ts's TYPE_INT
+    count = -len(digits) if negative else len(digits)
+    long = b"l" + count.to_bytes(4, "little", signed=True) + b"".join(d.to_bytes(2, "little") for d in digits)
+    payload = head + long + rest
+    return wire.HEADER.pack(len(payload), wire.KIND_STEP) + payload
+
+
+@pytest.mark.parametrize(
+    "digits, negative",
+    [
+        ([1, 2, 3], False),
+        ([1, 2, 3], True),
+        ([0x7FFF, 0x7FFF, 0x7FFF, 0x7FFF], False),
+        ([5], False),  # a long form for a small value: marshal reads it too
+        ([1, 0x8000], False),  # a digit marshal takes (its bound is inclusive)
+        ([1, 0], False),  # unnormalised: marshal refuses it
+        ([0xFFFF], False),  # a negative digit: refused
+        ([1, 2, 3, 4, 5], False),  # more digits than read here
+    ],
+)
+def test_a_step_frames_long_ints_read_as_marshal_reads_them(digits, negative):
+    data = _long_frame(digits, negative)
+    try:
+        expected = runs_of(wire.split_frames(data)[0])
+    except ValueError as error:
+        with pytest.raises(ValueError, match=re.escape(str(error))):
+            wire.split_runs(data)
+        return
+    got, _ = wire.split_runs(data)
+    assert typed(got) == typed(expected) and got[0][1][0]

@@ -33,7 +33,7 @@ from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
 from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats, int64s
 from phaselens.instrumentation.pipeline import otel_setup
-from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_spans, encode_step
+from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_spans, encode_step, encode_steps
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
@@ -453,6 +453,142 @@ def test_bad_steps_are_clear_errors_not_crashes():
         encode_step(step, *args[:-1])  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="name must be a str and keys a tuple"):
         encode_step(step, *args[:4], b"name", *args[5:])  # type: ignore[arg-type]
+
+
+def steps_one_at_a_time(steps, random_bits, new_ids, offset_ns: int, limits) -> list[bytes]:
+    """The per-step path `encode_steps` replaces: a step with a sampled member (links) gets
+    getrandbits(192)'s low 128 bits as its trace id and high 64 as its span id (`new_ids()` without
+    `random_bits`, or for a 0), its ends on the wall clock, then `encode_step`."""
+    encoded = []
+    for step in steps:
+        if not step.links:
+            continue
+        bits = random_bits(192) if random_bits is not None else 0
+        trace_id, span_id = bits & ((1 << 128) - 1), bits >> 128
+        if not (trace_id and span_id):
+            trace_id, span_id = new_ids()
+        start_ns, end_ns = step.start_ts + offset_ns, step.end_ts + offset_ns
+        encoded.append(
+            encode_step(step, trace_id, span_id, start_ns, end_ns, names.SPAN_ENGINE_STEP, STEP_KEYS, limits)
+        )
+    return encoded
+
+
+STEP = st.builds(
+    lambda stats, start_ts, duration_ns, links: PackedStep(
+        stats[0], start_ts, start_ts + duration_ns, *stats[1:], b"".join(links)
+    ),
+    stats=st.lists(st.one_of(INT64, st.integers(2**63, 2**70)), min_size=8, max_size=8),
+    start_ts=st.integers(-(2**62), 2**62),
+    duration_ns=st.integers(-(2**62), 2**62 - 1),
+    links=st.lists(st.binary(min_size=25, max_size=25), max_size=6),  # none: no sampled member, not built
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(STEP, max_size=6),
+    seed=st.integers(0, 2**32),
+    offset_ns=st.one_of(st.integers(0, 2**62), st.integers(-(2**63), 2**63 - 1)),
+    attribute_limit=LIMIT,
+    link_limit=LIMIT,
+    drawn=st.booleans(),
+)
+def test_encode_steps_writes_the_bytes_of_encode_step_one_step_at_a_time(
+    steps, seed, offset_ns, attribute_limit, link_limit, drawn
+):
+    """Any run of steps (unsampled ones, ints past int64, wall times outside uint64), any limits,
+    ids drawn or from `new_ids`: `encode_steps` equals `encode_step` step by step with the ids
+    drawn one step at a time, byte for byte; where one fails, both fail."""
+    limits = limits_tuple(SpanLimits(max_span_attributes=attribute_limit, max_links=link_limit))
+    made = []
+
+    def run(encode, rng: random.Random) -> tuple:
+        ids = SeededIds()
+        new_ids = lambda: (ids.generate_trace_id(), ids.generate_span_id())  # noqa: E731
+        bits = rng.getrandbits if drawn else None
+        result = outcome(encode, steps, bits, new_ids, offset_ns, limits)
+        made.append(rng.getrandbits(64))  # the generator's state after the run
+        return result if result[0] == "ok" else (result[0],)
+
+    together = run(
+        lambda *args: encode_steps(*args[:4], names.SPAN_ENGINE_STEP, STEP_KEYS, args[4]), random.Random(seed)
+    )
+    assert together == run(steps_one_at_a_time, random.Random(seed))
+    if together[0] == "ok":
+        assert len(together[1]) == sum(1 for step in steps if step.links)
+        assert made[0] == made[1] or not drawn  # as many bits drawn
+
+
+def test_encode_steps_takes_new_ids_where_a_drawn_id_is_0():
+    step = PackedStep(1, 10, 20, 0, 1, 2, 3, 0, 0, 1, b"l" * 25)
+    limits = limits_tuple(SpanLimits())
+    zero_span = lambda bits: 5 if bits == 384 else 0  # noqa: E731 — the first step's span id 0, the second's all
+    encoded = encode_steps([step, step], zero_span, lambda: (7, 9), 100, names.SPAN_ENGINE_STEP, STEP_KEYS, limits)
+    expected = encode_step(step, 7, 9, 110, 120, names.SPAN_ENGINE_STEP, STEP_KEYS, limits)
+    assert encoded == [expected, expected]
+
+
+def test_bad_step_runs_are_clear_errors_not_crashes():
+    limits = limits_tuple(SpanLimits())
+    step = PackedStep(1, 10, 20, 0, 1, 2, 3, 0, 0, 1, b"l" * 25)
+    ids = lambda: (1, 2)  # noqa: E731
+    args = (random.getrandbits, ids, 0, names.SPAN_ENGINE_STEP, STEP_KEYS, limits)
+    assert len(encode_steps([step, step._replace(links=b"")], *args)) == 1
+    assert encode_steps([], *args) == []
+    with pytest.raises(TypeError, match="expected a PackedStep"):
+        encode_steps([step, step[:-1]], *args)
+    with pytest.raises(TypeError, match="steps: expected a sequence"):
+        encode_steps(3, *args)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="end_ts \\+ offset_ns: expected an int64 with a sum in"):
+        encode_steps([step._replace(end_ts=2**63)], *args)
+    with pytest.raises(ValueError, match="start_ts \\+ offset_ns"):
+        encode_steps([step], *args[:2], -11, *args[3:])
+    with pytest.raises(TypeError, match="attribute value of type object"):
+        encode_steps([step, step._replace(queue_depth=object())], *args)
+    with pytest.raises(ValueError, match="random_bits: expected an int of 192 bits a step"):
+        encode_steps([step], lambda bits: -1, *args[1:])
+    with pytest.raises(ValueError, match="random_bits: expected an int of 192 bits a step"):
+        encode_steps([step], lambda bits: 1 << 192, *args[1:])
+    with pytest.raises(TypeError, match="new_ids: expected \\(trace_id, span_id\\)"):
+        encode_steps([step], None, lambda: 3, *args[2:])
+    with pytest.raises(ValueError, match="trace_id: not an unsigned 128-bit int"):
+        encode_steps([step], None, lambda: (-1, 2), *args[2:])
+    with pytest.raises(TypeError, match="random_bits None or a callable"):
+        encode_steps([step], 3, *args[1:])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expected 9 attribute keys"):
+        encode_steps([step], *args[:4], STEP_KEYS[:-1], limits)
+    with pytest.raises(TypeError, match="expected 7 arguments, got 6"):
+        encode_steps([step], *args[:-1])  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_run_of_steps_draws_the_ids_of_its_steps_built_one_at_a_time(seed):
+    """The SDK's default generator: a run of step frames built in one call (its ids of one draw)
+    exports what its steps built one at a time export (a draw each), ids included."""
+    step = next(r for r in scripted_records() if not isinstance(r, RequestRecord) and r.links)
+    run = [step._replace(step_index=i, links=step.links * (i % 3)) for i in range(7)]  # i % 3 == 0: unsampled
+
+    def built(feed) -> tuple[list[dict], dict]:
+        random.seed(seed)
+        tracer_provider = provider(ids=RandomIdGenerator())
+        kept = RequestsKept(request_encoder(tracer_provider))
+        processor = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
+        builder = SpanBuilder(
+            FastEmitter(tracer_provider, [processor]),
+            GenAiServerMetrics(MeterProvider(), dict),
+            make_rig().anchor,
+            tracer_provider,
+            True,
+        )
+        feed(builder)
+        processor.shutdown()
+        return [s for r in kept.requests for s in fields_of(r)], builder.counters()
+
+    together = built(lambda builder: builder.build_steps(run))
+    assert together == built(lambda builder: [builder.build_steps((s,)) for s in run])
+    assert together[1]["steps_built"] == 4 and together[1]["steps_unsampled"] == 3
+    assert len({s["ids"][:2] for s in together[0]}) == 4
 
 
 @settings(max_examples=400, deadline=None)

@@ -14,6 +14,8 @@
  *   strings (also inside arrays and maps) cut to the length in characters.
  * encode_step(step, trace_id, span_id, start_ns, end_ns, name, keys, limits) -> bytes: one entry as
  *   encode_spans makes it, for an engine step's span straight from its `spans.PackedStep`.
+ * encode_steps(steps, random_bits, new_ids, offset_ns, name, keys, limits) -> list[bytes]: those
+ *   entries for a run of steps (the ones with a sampled member), ids drawn for all in one call.
  * encode_request(resource_attributes, scope_name, scope_version, spans) -> bytes: an
  *   ExportTraceServiceRequest holding one ResourceSpans with one ScopeSpans of `spans` (entries
  *   from encode_spans).
@@ -639,6 +641,56 @@ static int put_step_attributes(Buf *b, PyObject **step, PyObject *keys, const Li
            put_dropped(b, 10, first);
 }
 
+static int int64_of(PyObject *v, long long *out, const char *what) {
+    int overflow = 0;
+    *out = PyLong_Check(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : -1;
+    if (!PyLong_Check(v) || overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: expected an int64", what);
+        return -1;
+    }
+    return 0;
+}
+
+static int step_args_ok(PyObject *name, PyObject *keys, const char *who) {
+    if (!PyUnicode_Check(name) || !PyTuple_Check(keys)) {
+        PyErr_Format(PyExc_TypeError, "%s: name must be a str and keys a tuple", who);
+        return 0;
+    }
+    if (PyTuple_GET_SIZE(keys) != STEP_ATTRIBUTES) {
+        PyErr_Format(PyExc_TypeError, "keys: expected %d attribute keys", STEP_ATTRIBUTES);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < STEP_ATTRIBUTES; i++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(keys, i)) || PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(keys, i)) == 0) {
+            PyErr_SetString(PyExc_TypeError, "keys: expected non-empty str");
+            return 0;
+        }
+    return 1;
+}
+
+static int is_packed_step(PyObject *step) {
+    if (PyTuple_Check(step) && PyTuple_GET_SIZE(step) == STEP_FIELDS && PyBytes_Check(PyTuple_GET_ITEM(step, STEP_FIELDS - 1)))
+        return 1;
+    PyErr_Format(PyExc_TypeError, "step: expected a PackedStep (%d items, the last bytes)", STEP_FIELDS);
+    return 0;
+}
+
+/* One step's entry: ids big-endian, times on the wall clock (ns). */
+static PyObject *step_entry(Buf *b, PyObject *step, const uint8_t *trace, const uint8_t *span, uint64_t start,
+                            uint64_t end, PyObject *name, PyObject *keys, const Limits *limits) {
+    PyObject **f = &PyTuple_GET_ITEM(step, 0);
+    Py_ssize_t dropped;
+    begin_entry(b);
+    if (put_bytes(b, 1, trace, 16) || put_bytes(b, 2, span, 8) || put_str_field(b, 5, name, "name") ||
+        put_tag(b, 6, VARINT) || put_varint(b, 1 /* INTERNAL */) || (start && put_fixed(b, 7, start, 8)) ||
+        (end && put_fixed(b, 8, end, 8)) || put_step_attributes(b, f, keys, limits) ||
+        put_links(b, f[STEP_FIELDS - 1], limits, &dropped) || put_dropped(b, 14, dropped) ||
+        put(b, LOCAL_SPAN_TAIL, sizeof LOCAL_SPAN_TAIL))
+        return NULL;
+    return entry_bytes(b);
+}
+
 /* METH_FASTCALL: PyArg_ParseTuple was ~1k of its ~8k instructions a step. */
 static PyObject *encode_step(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     Limits limits;
@@ -646,42 +698,136 @@ static PyObject *encode_step(PyObject *Py_UNUSED(self), PyObject *const *args, P
         PyErr_Format(PyExc_TypeError, "encode_step: expected 8 arguments, got %zd", nargs);
         return NULL;
     }
-    PyObject *step = args[0], *trace_id = args[1], *span_id = args[2], *start_ns = args[3], *end_ns = args[4],
-             *name = args[5], *keys = args[6];
-    if (limits_of(args[7], &limits))
+    PyObject *step = args[0];
+    if (limits_of(args[7], &limits) || !step_args_ok(args[5], args[6], "encode_step") || !is_packed_step(step))
         return NULL;
-    if (!PyUnicode_Check(name) || !PyTuple_Check(keys)) {
-        PyErr_SetString(PyExc_TypeError, "encode_step: name must be a str and keys a tuple");
+    uint8_t trace[16], span[8];
+    uint64_t start, end;
+    if (id_of(args[1], 16, trace, "trace_id") || id_of(args[2], 8, span, "span_id") ||
+        u64_of(args[3], &start, "start_ns") || u64_of(args[4], &end, "end_ns"))
         return NULL;
-    }
-    if (!PyTuple_Check(step) || PyTuple_GET_SIZE(step) != STEP_FIELDS ||
-        !PyBytes_Check(PyTuple_GET_ITEM(step, STEP_FIELDS - 1))) {
-        PyErr_Format(PyExc_TypeError, "step: expected a PackedStep (%d items, the last bytes)", STEP_FIELDS);
-        return NULL;
-    }
-    if (PyTuple_GET_SIZE(keys) != STEP_ATTRIBUTES) {
-        PyErr_Format(PyExc_TypeError, "keys: expected %d attribute keys", STEP_ATTRIBUTES);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < STEP_ATTRIBUTES; i++)
-        if (!PyUnicode_Check(PyTuple_GET_ITEM(keys, i)) || PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(keys, i)) == 0) {
-            PyErr_SetString(PyExc_TypeError, "keys: expected non-empty str");
-            return NULL;
-        }
-    PyObject **f = &PyTuple_GET_ITEM(step, 0), *out = NULL;
     Buf b;
     buf_init(&b);
-    begin_entry(&b);
-    uint64_t start, end;
-    Py_ssize_t dropped;
-    if (!(put_id(&b, 1, trace_id, 16, "trace_id") || put_id(&b, 2, span_id, 8, "span_id") ||
-          put_str_field(&b, 5, name, "name") || put_tag(&b, 6, VARINT) || put_varint(&b, 1 /* INTERNAL */) ||
-          u64_of(start_ns, &start, "start_ns") || u64_of(end_ns, &end, "end_ns") ||
-          (start && put_fixed(&b, 7, start, 8)) || (end && put_fixed(&b, 8, end, 8)) ||
-          put_step_attributes(&b, f, keys, &limits) || put_links(&b, f[STEP_FIELDS - 1], &limits, &dropped) ||
-          put_dropped(&b, 14, dropped) || put(&b, LOCAL_SPAN_TAIL, sizeof LOCAL_SPAN_TAIL)))
-        out = entry_bytes(&b);
+    PyObject *out = step_entry(&b, step, trace, span, start, end, args[5], args[6], &limits);
     buf_free(&b);
+    return out;
+}
+
+/* A step's wall time: its monotonic stamp (an int64) + offset_ns, in [0, 2**64). */
+static int step_wall_ns(PyObject *mono, long long offset_ns, uint64_t *out, const char *what) {
+    int overflow;
+    long long ts = PyLong_Check(mono) ? PyLong_AsLongLongAndOverflow(mono, &overflow) : 0;
+    __int128 wall = (__int128)ts + offset_ns;
+    if (!PyLong_Check(mono) || overflow || (ts == -1 && PyErr_Occurred()) || wall < 0 ||
+        wall > (__int128)UINT64_MAX) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s + offset_ns: expected an int64 with a sum in [0, 2**64)", what);
+        return -1;
+    }
+    *out = (uint64_t)wall;
+    return 0;
+}
+
+/* The drawn ids of `n` steps: random_bits(192 * n) is n getrandbits(192) in a row, the first the
+ * lowest bits, each a step's trace id (its low 128 bits) then span id (as step ids are drawn one
+ * step at a time); little-endian bytes, 24 a step, in a new buffer (PyMem_Free), NULL on error. */
+static uint8_t *draw_step_ids(PyObject *random_bits, Py_ssize_t n) {
+    uint8_t *pool = PyMem_Malloc((size_t)n * 24 + 1);
+    PyObject *bits = pool ? PyObject_CallFunction(random_bits, "n", n * 192) : NULL;
+    int bad = !bits || !PyLong_Check(bits) ||
+              _PyLong_AsByteArray((PyLongObject *)bits, pool, (size_t)n * 24, 1, 0) == -1;
+    Py_XDECREF(bits);
+    if (bad) {
+        PyMem_Free(pool);
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "random_bits: expected an int of 192 bits a step");
+        }
+        return NULL;
+    }
+    return pool;
+}
+
+static int all_zero(const uint8_t *p, int n) {
+    for (int i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+/* A step's ids, big-endian: from its 24 drawn bytes, or (no draw, or a 0 id drawn: p = 2**-64) from
+ * `new_ids()` -> (trace_id, span_id), as the id generator makes them. */
+static int step_ids(const uint8_t *drawn, PyObject *new_ids, uint8_t *trace, uint8_t *span) {
+    if (drawn && !all_zero(drawn, 16) && !all_zero(drawn + 16, 8)) {
+        for (int i = 0; i < 16; i++)
+            trace[i] = drawn[15 - i];
+        for (int i = 0; i < 8; i++)
+            span[i] = drawn[23 - i];
+        return 0;
+    }
+    PyObject *ids = PyObject_CallNoArgs(new_ids);
+    int r = !ids || !PyTuple_Check(ids) || PyTuple_GET_SIZE(ids) != 2;
+    if (!r)
+        r = id_of(PyTuple_GET_ITEM(ids, 0), 16, trace, "trace_id") || id_of(PyTuple_GET_ITEM(ids, 1), 8, span, "span_id");
+    else if (ids)
+        PyErr_SetString(PyExc_TypeError, "new_ids: expected (trace_id, span_id)");
+    Py_XDECREF(ids);
+    return r ? -1 : 0;
+}
+
+static Py_ssize_t sampled_steps(PyObject *seq) {
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *step = PySequence_Fast_GET_ITEM(seq, i);
+        if (!is_packed_step(step))
+            return -1;
+        n += PyBytes_GET_SIZE(PyTuple_GET_ITEM(step, STEP_FIELDS - 1)) > 0;
+    }
+    return n;
+}
+
+/* encode_steps(steps, random_bits, new_ids, offset_ns, name, keys, limits) -> list[bytes]; METH_FASTCALL.
+ * The entries encode_step makes, one per step with a sampled member (links), in order: ids drawn
+ * (draw_step_ids, or new_ids() per step where random_bits is None), wall = mono + offset_ns. */
+static PyObject *encode_steps(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "encode_steps: expected 7 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *random_bits = args[1], *new_ids = args[2], *name = args[4], *keys = args[5];
+    Limits limits;
+    long long offset_ns;
+    if (limits_of(args[6], &limits) || !step_args_ok(name, keys, "encode_steps") ||
+        int64_of(args[3], &offset_ns, "offset_ns"))
+        return NULL;
+    if (!PyCallable_Check(new_ids) || (random_bits != Py_None && !PyCallable_Check(random_bits))) {
+        PyErr_SetString(PyExc_TypeError, "encode_steps: random_bits None or a callable, new_ids a callable");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "steps: expected a sequence");
+    Py_ssize_t n = seq ? sampled_steps(seq) : -1;
+    uint8_t *pool = n > 0 && random_bits != Py_None ? draw_step_ids(random_bits, n) : NULL;
+    PyObject *out = n >= 0 && (pool || random_bits == Py_None || !n) ? PyList_New(n) : NULL;
+    Buf b;
+    buf_init(&b);
+    for (Py_ssize_t i = 0, j = 0; out && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *step = PySequence_Fast_GET_ITEM(seq, i), *entry = NULL;
+        if (!PyBytes_GET_SIZE(PyTuple_GET_ITEM(step, STEP_FIELDS - 1)))
+            continue;
+        uint8_t trace[16], span[8];
+        uint64_t start, end;
+        if (!step_ids(pool ? pool + 24 * j : NULL, new_ids, trace, span) &&
+            !step_wall_ns(PyTuple_GET_ITEM(step, 1), offset_ns, &start, "start_ts") &&
+            !step_wall_ns(PyTuple_GET_ITEM(step, 2), offset_ns, &end, "end_ts"))
+            entry = step_entry(&b, step, trace, span, start, end, name, keys, &limits);
+        if (!entry)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, j++, entry);
+    }
+    buf_free(&b);
+    PyMem_Free(pool);
+    Py_XDECREF(seq);
     return out;
 }
 
@@ -716,16 +862,6 @@ typedef struct {
     Buf b;
 } Tree;
 
-static int int64_of(PyObject *v, long long *out, const char *what) {
-    int overflow = 0;
-    *out = PyLong_Check(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : -1;
-    if (!PyLong_Check(v) || overflow || (*out == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s: expected an int64", what);
-        return -1;
-    }
-    return 0;
-}
 
 static int wall_ns(const Tree *t, long long mono_ns, uint64_t *out) {
     long long wall;
@@ -1062,6 +1198,8 @@ static PyMethodDef methods[] = {
      "encode_spans(spans, limits) -> list[bytes]: one ScopeSpans.spans entry per SpanData."},
     {"encode_step", (PyCFunction)(void (*)(void))encode_step, METH_FASTCALL,
      "encode_step(step, trace_id, span_id, start_ns, end_ns, name, keys, limits) -> bytes: an engine step's span."},
+    {"encode_steps", (PyCFunction)(void (*)(void))encode_steps, METH_FASTCALL,
+     "encode_steps(steps, random_bits, new_ids, offset_ns, name, keys, limits) -> list[bytes]: engine steps' spans."},
     {"encode_phases", (PyCFunction)(void (*)(void))encode_phases, METH_FASTCALL,
      "encode_phases(new_span_id, random_bits, root, offset_ns, stamps, waits, chunks, decode, names, keys, limits) -> "
      "list[bytes]: "

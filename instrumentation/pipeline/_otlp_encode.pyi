@@ -14,6 +14,15 @@ def encode_step(
     keys: tuple[str, ...],
     limits: tuple[int, ...],
 ) -> bytes: ...
+def encode_steps(
+    steps: Sequence[tuple[Any, ...]],
+    random_bits: Callable[[int], int] | None,
+    new_ids: Callable[[], tuple[int, int]],
+    offset_ns: int,
+    name: str,
+    keys: tuple[str, ...],
+    limits: tuple[int, ...],
+) -> list[bytes]: ...
 def encode_phases(
     new_span_id: Callable[[], int],
     random_bits: Callable[[int], int] | None,

@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace.sampling import Sampler
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import RequestRecord
-from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_request, encode_spans, encode_step
+from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_request, encode_spans, encode_steps
 from phaselens.instrumentation.pipeline.phases import Phases
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor
 from phaselens.instrumentation.pipeline.spans import (
@@ -60,7 +60,6 @@ _EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 _CREDENTIAL_PROVIDER = "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER"
 _TRACES_CREDENTIAL_PROVIDER = "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER"
 
-_LOW128 = (1 << 128) - 1
 RequestEncoder = Callable[[Sequence[bytes]], bytes]
 
 
@@ -105,7 +104,8 @@ class FastEmitter:
     ) -> None:
         self.ids: IdGenerator = tracer_provider.id_generator
         # the SDK's default generator draws random.getrandbits(64) per id: the encoder draws the same
-        # bits 8 ids at a time (`encode_phases`); any other generator is called per id
+        # bits 8 ids at a time (`encode_phases`), a run of steps' at once (`encode_steps`); any other
+        # generator is called per id
         self._random_bits = random.getrandbits if type(self.ids) is RandomIdGenerator else None
         self.sampler: Sampler = tracer_provider.sampler
         self.limits = limits_tuple(limits or SpanLimits())
@@ -157,43 +157,31 @@ class FastEmitter:
             processor.offer(encoded)
 
     def emit_steps(self, anchor: ClockAnchor, steps: Sequence[PackedStep]) -> int:
-        """Engine steps' spans encoded straight from the PackedSteps (`encode_step`: the bytes of
-        `step_span`'s description, ~2/3 fewer instructions) where the sampler records and samples
-        every root as given, offered once for all of them (an offer, ~1.5 us, was most of a step's
-        cost); else described and emitted. How many are built (a step with no sampled member is not)."""
+        """Engine steps' spans encoded straight from the PackedSteps in one C call (`encode_steps`:
+        the bytes of `step_span`'s descriptions, the ids of one draw for all, ~1/2 of a per-step
+        Python loop's instructions) where the sampler records and samples every root as given,
+        offered once for all of them (an offer, ~1.5 us, was most of a step's cost); else described
+        and emitted. How many are built (a step with no sampled member is not)."""
         if not self._every_root:
             return sum(emit_step_span(self, anchor, step) for step in steps)
-        offset_ns = anchor.wall_offset_ns  # wall = mono + offset: one call for both ends
-        encoded = []
-        for step in steps:
-            if step.links:
-                trace_id, span_id = self._step_ids()
-                encoded.append(
-                    encode_step(
-                        step,
-                        trace_id,
-                        span_id,
-                        step.start_ts + offset_ns,
-                        step.end_ts + offset_ns,
-                        names.SPAN_ENGINE_STEP,
-                        STEP_KEYS,
-                        self.limits,
-                    )
-                )
+        encoded = encode_steps(
+            steps,
+            self._random_bits,
+            self._generated_ids,
+            anchor.wall_offset_ns,
+            names.SPAN_ENGINE_STEP,
+            STEP_KEYS,
+            self.limits,
+        )
         if encoded:
             self.emitted += len(encoded)
             for processor in self.processors:
                 processor.offer(encoded)
         return len(encoded)
 
-    def _step_ids(self) -> tuple[int, int]:
-        """A step's trace id, then its span id, as step_span draws them; from the SDK's default
-        generator one getrandbits(192): the bits of getrandbits(128) then getrandbits(64)."""
-        if self._random_bits is not None:
-            bits = self._random_bits(192)
-            trace_id, span_id = bits & _LOW128, bits >> 128
-            if trace_id and span_id:  # else (p = 2**-64) drawn again by the generator: never 0
-                return trace_id, span_id
+    def _generated_ids(self) -> tuple[int, int]:
+        """A step's trace id, then its span id, from the generator (as step_span draws them): where
+        the SDK's default generator's bits are not drawn, or drew a 0 (p = 2**-64)."""
         return self.ids.generate_trace_id(), self.ids.generate_span_id()
 
 

@@ -14,6 +14,9 @@ The shipper writes a drain's records with `pack` (C, `_wire_pack.c`): the same b
 `encode_request` / `encode_step` (the layout's reference, `tests/test_wire_pack.py`), all frames in
 one bytes.
 
+The span-builder process reads them with `split_runs` (C): `split_frames`'s frames, a run of step
+frames decoded as one item.
+
 The child answers on its own pipe with one JSON line of counters per report (see builder_child).
 """
 
@@ -130,3 +133,10 @@ def split_frames(data: bytes) -> tuple[list[tuple[int, tuple[Any, ...]]], int]:
         frames.append((kind, loads(view[offset + size : stop])))
         offset = stop
     return frames, offset
+
+
+def split_runs(data: bytes) -> tuple[list[tuple[int, Any]], int]:
+    """`split_frames` for the span-builder process (C, `_wire_pack.split_runs`): the same frames
+    and bytes used, except that each run of consecutive step frames is one item (KIND_STEP,
+    (steps, undecoded)): its frames' `decode_step`s, and how many of them it refused."""
+    return _wire_pack.split_runs(data, PackedStep, decode_step)
