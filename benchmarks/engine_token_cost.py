@@ -1,7 +1,7 @@
 """CPU per output token of the engine loop alone (no HTTP), split by the step's phases.
 
-The peers workload (benchmarks/peers.py: 8 seats, 64-token prompts, 32 greedy output tokens, EOS
-ignored) is submitted in one go and `Engine.step()` is called until it drains, in this process, on
+The peers workload (benchmarks/peers.py: 8 seats, 64-token prompts, 32 output tokens, EOS
+ignored; greedy, or sampled at `--temperature`: the peers' client sends none, so 1.0) is submitted in one go and `Engine.step()` is called until it drains, in this process, on
 the byte-level tiny Llama saved as a folder (the model the peers serve) or the built-in `tiny`.
 Each phase is timed by wrapping its method, in process CPU time (torch's intra-op threads
 included; other processes on a shared machine do not count):
@@ -16,7 +16,7 @@ forward (reference_server.engine.llama_forward, what the engine uses) and transf
 of the same model, the same-run baseline. Prints ONE JSON object, with the load average beside the
 figures.
 
-    python -m benchmarks.engine_token_cost [--model folder|tiny] [--repeats 3]
+    python -m benchmarks.engine_token_cost [--model folder|tiny] [--repeats 3] [--temperature 1]
 """
 
 from __future__ import annotations
@@ -55,18 +55,18 @@ def instrument(engine: Engine, totals: dict[str, int]) -> None:
     engine.runner.sampler.sample = timed(engine.runner.sampler.sample, totals, "sample")  # type: ignore[method-assign]
 
 
-def drain(engine: Engine, jobs: list[list[int]], output_len: int) -> None:
+def drain(engine: Engine, jobs: list[list[int]], output_len: int, temperature: float) -> None:
     for prompt in jobs:
-        engine.submit(prompt, SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True))
+        engine.submit(prompt, SamplingParams(max_tokens=output_len, temperature=temperature, ignore_eos=True))
     while engine.scheduler.has_work() or engine.num_waiting:
         engine.step()
 
 
-def one_run(engine: Engine, jobs: list[list[int]], output_len: int) -> dict:
+def one_run(engine: Engine, jobs: list[list[int]], output_len: int, temperature: float) -> dict:
     totals = dict.fromkeys(PHASES, 0)
     instrument(engine, totals)
     start = time.process_time_ns()
-    drain(engine, jobs, output_len)
+    drain(engine, jobs, output_len, temperature)
     total = time.process_time_ns() - start
     for name in ("schedule", "postprocess"):
         delattr(engine.scheduler, name)
@@ -89,6 +89,8 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
+    # 0: greedy; 1.0 is what the peers' client gets (it sends none: OpenAI's default)
+    p.add_argument("--temperature", type=float, default=0.0)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = str(save_tiny_llama(Path(tmp) / "model")) if args.model == "folder" else "tiny"
@@ -96,20 +98,22 @@ def main() -> None:
         vocab = engine.vocab_size
     rng = random.Random(0)
     jobs = [[rng.randrange(2, vocab) for _ in range(args.input_len)] for _ in range(args.requests)]
-    drain(engine, jobs[:8], args.output_len)  # warm-up
+    drain(engine, jobs[:8], args.output_len, args.temperature)  # warm-up
     load_before = os.getloadavg()
     lean = engine.runner.lean
     runs: dict[str, list[dict]] = {"lean": [], "transformers": []}
     for _ in range(args.repeats):
         for name, forward in (("lean", lean), ("transformers", None)):
             engine.runner.lean = forward
-            runs[name].append(one_run(engine, jobs, args.output_len))
+            runs[name].append(one_run(engine, jobs, args.output_len, args.temperature))
     print(
         json.dumps(
             {
                 "benchmark": "engine_token_cost",
                 "model": args.model,
-                "workload": {k: getattr(args, k) for k in ("requests", "concurrency", "input_len", "output_len")},
+                "workload": {
+                    k: getattr(args, k) for k in ("requests", "concurrency", "input_len", "output_len", "temperature")
+                },
                 **{name: best(rs) for name, rs in runs.items()},
                 "load_average_before_after": [round(x, 1) for x in (*load_before, *os.getloadavg())],
             }

@@ -12,7 +12,9 @@ after a warm-up) against every server in turn, the order rotating per round, so 
 from other processes spreads over all of them. While one server is measured the others' process
 trees are stopped (SIGSTOP, SIGCONT after): an idle vLLM's EngineCore busy-loops a core, and on a
 2-core machine that core is taken from whichever server is measured (`--no-pause` keeps them all
-running). `transformers serve` has no `ignore_eos`: it serves a
+running). Each server runs in a session of its own, which autogroup scheduling weighs as one group
+against every other session whatever its processes' nice, so each server's group is given this
+process's nice (`nice -n -10 python -m benchmarks.peers` reaches them). `transformers serve` has no `ignore_eos`: it serves a
 copy of the folder whose generation config names no EOS, so it too produces exactly 32 tokens (and
 is sent no `ignore_eos`, which it refuses with 422).
 
@@ -21,6 +23,7 @@ Per server: the median over rounds of output tokens/s and of client TTFT p50, th
 /proc/*/task/*/schedstat over the bench, warm-up included):
 
     cpu_ms_per_output_token = Δ CPU ns of the tree / 1e6 / output tokens served
+    cores_busy = cpu_ms_per_output_token × output tokens/s / 1e3   (cores the tree kept busy)
 
 Ratios are of medians, for each of our two configurations against each peer: output tokens/s
 ours / theirs, TTFT p50 ours / theirs, CPU per token theirs / ours. A round a
@@ -156,12 +159,15 @@ def bench(peer: Peer, tokenizer_dir: Path, out: Path, args: argparse.Namespace) 
     cpu_ns = tree_cpu_ns(peer.pid) - before
     summary = json.loads(out.read_text())["summary"]
     served = summary["tokens"]["output"] * (args.requests + WARMUP_REQUESTS) / args.requests
+    cpu_ms_per_token = cpu_ns / 1e6 / served
+    tokens_per_s = summary["throughput"]["output_tokens_per_s"]
     return {
-        "output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
+        "output_tokens_per_s": tokens_per_s,
         "ttft_p50_ms": summary["latency_ms"]["ttft"]["percentiles"]["p50"],
         "output_tokens": summary["tokens"]["output"],
         "failed": summary["requests"]["failed"],
-        "cpu_ms_per_output_token": round(cpu_ns / 1e6 / served, 4),
+        "cpu_ms_per_output_token": round(cpu_ms_per_token, 4),
+        "cores_busy": round(cpu_ms_per_token * tokens_per_s / 1e3, 3),
     }
 
 
@@ -179,6 +185,19 @@ def others_paused(peers: list[Peer], measured: Peer, pause: bool) -> Iterator[No
         for tree in trees:
             for pid in reversed(tree):
                 _signal(pid, signal.SIGCONT)
+
+
+def give_our_nice(pid: int) -> None:
+    """With autogroup scheduling (kernel.sched_autogroup_enabled), each session is scheduled as one
+    group against the others and a process's nice acts only inside its own: a server started in its
+    own session would ignore `nice -n -10 peers.py`. Its group gets this process's nice instead."""
+    path = Path(f"/proc/{pid}/autogroup")
+    if not path.exists():  # no autogroup: the server inherited our nice with its processes
+        return
+    try:
+        path.write_text(str(os.nice(0)))
+    except OSError as exc:  # lowering a nice needs CAP_SYS_NICE: the run goes on at the group's own
+        print(f"peers: the server {pid} keeps its session's nice: {exc}", file=sys.stderr)
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -218,7 +237,7 @@ def result(runs: list[dict], names: list[str], args: argparse.Namespace, load: l
     per = {
         name: {
             key: spread([r[key] for r in runs if r["server"] == name and "error" not in r])
-            for key in ("output_tokens_per_s", "ttft_p50_ms", "cpu_ms_per_output_token")
+            for key in ("output_tokens_per_s", "ttft_p50_ms", "cpu_ms_per_output_token", "cores_busy")
         }
         for name in names
     }
@@ -277,6 +296,7 @@ def main() -> None:
         try:
             for name in args.servers:
                 peers.append(starters[name]())
+                give_our_nice(peers[-1].pid)
             for round_index in range(args.rounds):
                 shift = round_index % len(peers)
                 for peer in peers[shift:] + peers[:shift]:

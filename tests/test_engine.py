@@ -11,6 +11,9 @@ from transformers import ByT5Tokenizer
 from phaselens.instrumentation.hotpath.observer import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP
 from phaselens.reference_server import QueueFullError, SamplingParams
 from phaselens.reference_server.engine.config import POLICY_PREFILL_FIRST
+from phaselens.reference_server.engine.detokenizer import TextTracker
+from phaselens.reference_server.engine.sampler import Sampler
+from phaselens.reference_server.engine.sequence import FAULT_ID, Sequence
 
 TOK = ByT5Tokenizer()
 PROMPTS = [
@@ -165,6 +168,33 @@ def test_sampling_seed_reproduces_and_filters_apply():
     greedy_text = sample(temperature=0.0)
     assert sample(temperature=1.5, top_k=1, seed=3) == greedy_text
     assert sample(temperature=1.5, top_p=1e-6, seed=3) == greedy_text
+
+
+def _plain_rows(temperatures: list[float]) -> list:
+    """Sequences as the sampler sees them: unseeded, no top-k or top-p (one batched draw)."""
+    return [
+        Sequence(i, [5], 1, SamplingParams(temperature=t), TextTracker(lambda ids: ""))
+        for i, t in enumerate(temperatures)
+    ]
+
+
+def test_unseeded_rows_are_drawn_together_by_each_rows_softmax():
+    """4,000 draws of each row from fixed logits: the frequencies are softmax(logits / T) of that
+    row's own temperature (a draw that ignored T, or drew one row for all, is 0.1+ off)."""
+    sampler = Sampler((), torch.device("cpu"), seed=0)
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]] * 2))
+    counts = torch.zeros(2, 3)
+    rows = _plain_rows([1.0, 0.5])
+    for _ in range(4000):
+        counts[torch.arange(2), torch.tensor(sampler.sample(logits.clone(), rows))] += 1
+    expected = torch.stack([logits[0].softmax(-1), (logits[1] / 0.5).softmax(-1)])
+    assert torch.allclose(counts / 4000, expected, atol=0.025), counts / 4000
+
+
+def test_a_nan_row_fails_alone_in_the_batched_draw():
+    sampler = Sampler((), torch.device("cpu"), seed=0)
+    logits = torch.tensor([[0.0, 50.0, 0.0], [float("nan")] * 3, [50.0, 0.0, 0.0]])
+    assert sampler.sample(logits, _plain_rows([1.0, 1.0, 1.0])) == [1, FAULT_ID, 0]
 
 
 def test_reasoning_tokens_split_the_stream():

@@ -65,3 +65,18 @@ def test_other_servers_are_stopped_while_one_is_measured_and_run_after(spinning_
         before = tree_cpu_ns(spinning_tree.pid)
         time.sleep(0.3)
         assert tree_cpu_ns(spinning_tree.pid) > before  # --no-pause: left running
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling here")
+def test_a_server_in_its_own_session_gets_the_benchmarks_nice_for_its_group():
+    """A new session is a new autogroup at nice 0, whatever its processes' nice; a benchmark at
+    nice 3 (a raise needs no privilege) gives it 3."""
+    server = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    group = Path(f"/proc/{server.pid}/autogroup")
+    try:
+        assert group.read_text().split()[-1] == "0"
+        code = f"import os; from benchmarks.peers import give_our_nice; os.nice(3); give_our_nice({server.pid})"
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1], timeout=60)
+        assert group.read_text().split()[-1] == "3"
+    finally:
+        terminate(server, 5)

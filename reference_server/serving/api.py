@@ -40,6 +40,7 @@ from phaselens.instrumentation import (
 from phaselens.reference_server.engine.engine import EngineDeadError, QueueFullError
 from phaselens.reference_server.engine.sequence import SamplingParams, SeqOutput, Sink
 from phaselens.reference_server.serving import chat_template
+from phaselens.reference_server.serving.handoff import Mailbox
 from phaselens.reference_server.serving.protocol import ApiError, ParsedRequest, bad, parse_chat, parse_completion
 from phaselens.reference_server.serving.responses import Envelope
 from phaselens.reference_server.serving.sse import DONE_EVENT, encode_event
@@ -78,13 +79,13 @@ class ServingEngine(Protocol):
 
 
 class OutputStream:
-    """Engine → this event loop, for one request: from the engine thread, or on the loop itself
-    (the engine process's outputs are read there)."""
+    """Engine → this event loop, for one request: from the engine thread (through the loop's
+    mailbox: one wake-up a step), or on the loop itself (the engine process's outputs are read there)."""
 
-    __slots__ = ("loop", "queue", "thread")
+    __slots__ = ("mailbox", "queue", "thread")
 
     def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        self.mailbox = Mailbox.of(asyncio.get_running_loop())
         self.queue: asyncio.Queue[SeqOutput] = asyncio.Queue()
         self.thread = threading.get_ident()
 
@@ -93,7 +94,7 @@ class OutputStream:
             if threading.get_ident() == self.thread:
                 self.queue.put_nowait(out)
             else:
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+                self.mailbox.post(self.queue.put_nowait, out)
         except RuntimeError:  # the event loop is closed: the server is gone, nobody listens
             pass
 
