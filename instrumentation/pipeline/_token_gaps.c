@@ -25,7 +25,7 @@
  * at the range's top byte (~3 passes for a request's gaps) and a pass whose digit is the same for
  * every key is skipped: no compare to mispredict (the shellsort it replaced was ~19k instructions
  * for a request's ~128 gaps, about a third of `compute_phases`). Below MERGE_MAX values a pass's
- * 256 buckets cost more than the values: runs of RUN insertion-sorted, then merged (~1/3 of the
+ * 256 buckets cost more than the values: runs of RUN insertion-sorted, then merged (~2/5 of the
  * radix sort's instructions for 63 gaps); insertion sort alone below SMALL_SORT. */
 #define RADIX_BITS 8
 #define RADIX (1 << RADIX_BITS)
