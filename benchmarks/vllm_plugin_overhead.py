@@ -26,7 +26,9 @@ it) in the traced configurations' windows and takes phaselens's and OpenTelemetr
 event-loop thread's samples (the innermost frame of phaselens's source or of an installed package owns
 a sample) × its CPU: figures of one run, no subtraction; with the API server's other threads against
 `off`'s (~0.3 ms a request there) and the child, `own_total`, for the plugin and vLLM's tracing alike.
-vLLM's batch span processor runs on the SDK's default schedule (5 s), as users run it. Each run's line is appended to `--runs-out` as it ends; ONE JSON object at the end.
+Also the EngineCore output batches per request (vLLM's Prometheus `vllm:iteration_tokens_total`
+count: one ZMQ message each, what vLLM's `ZMQbg/IO` thread's CPU follows; `vllm_hooks_cost.py`
+measures that thread per message). vLLM's batch span processor runs on the SDK's default schedule (5 s), as users run it. Each run's line is appended to `--runs-out` as it ends; ONE JSON object at the end.
 
     python benchmarks/vllm_plugin_overhead.py [--rounds 3] [--windows 1] [--requests 64] [--profile-api PY_SPY]
 """
@@ -41,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from subprocess import DEVNULL
 
@@ -66,6 +69,7 @@ ROOT = str(Path(__file__).resolve().parent.parent) + "/"  # phaselens's source (
 PARTS = ("api_server", "api_main", "api_threads", "api_phaselens", "span_builder", "engine")
 OWNERS = ("phaselens", "opentelemetry", "other")
 SAMPLE_HZ = 250
+BATCHES_METRIC = "vllm:iteration_tokens_total_count"
 # vLLM's batch span processor's schedule: the SDK's default, as users run it (the launcher's 100 ms
 # is for tests that wait for vLLM's spans; in the plugin's configuration that idle processor woke
 # 10 times a second in the API server)
@@ -156,6 +160,14 @@ def _tree_cpu_ns(root: int) -> dict:
     return cpu
 
 
+def _output_batches(url: str) -> float:
+    """The EngineCore output batches vLLM's API server has processed (its Prometheus histogram
+    `vllm:iteration_tokens_total`, observed once per batch: one ZMQ message from the EngineCore)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(BATCHES_METRIC))
+
+
 def _owner(frames: list[str]) -> str:
     """Whose code a sample's time is: the innermost frame in phaselens's source or in an installed
     package decides (the standard library's frames count for their caller): "phaselens",
@@ -229,10 +241,12 @@ def _run(name: str, round_index: int, python: Path, model_dir: Path, tmp: Path, 
         for window in range(args.windows):
             samples = tmp / f"{name}-{round_index}-{window}.raw"
             sampler = _sampler(args.profile_api if CONFIGS[name][1] else None, server.proc.pid, samples)
-            before = _tree_cpu_ns(server.proc.pid)
+            before, batches = _tree_cpu_ns(server.proc.pid), _output_batches(server.url)
             figures = _bench(server.url, model_dir, tmp / f"{name}-{round_index}-{window}.json", args)
             after = _tree_cpu_ns(server.proc.pid)
             cpu = {f"{k}_cpu_us_per_request": (after[k] - before[k]) / served / 1000 for k in PARTS}
+            # the ZMQ I/O thread's work goes with these (one message each), not with the plugin's bytes
+            cpu["output_batches_per_request"] = (_output_batches(server.url) - batches) / served
             cpu["api_thread_names_cpu_us_per_request"] = {
                 thread: (ns - before["api_thread_names"].get(thread, 0)) / served / 1000
                 for thread, ns in after["api_thread_names"].items()
@@ -335,6 +349,9 @@ def _result(runs: list[dict], configs: list[str], args, load_start: float, store
         "added_cpu_us_per_request": {name: _added(of[name], of["off"]) for name in configs if name != "off"}
         if "off" in configs
         else None,
+        "output_batches_per_request": {
+            name: _spread([r["output_batches_per_request"] for r in of[name]]) for name in configs
+        },
         "server_spans_stored": {name: stored.get(f"vllm-{name}", 0) for name in configs},
     }
 

@@ -14,14 +14,14 @@ from phaselens.storage.embedded import EmbeddedClickHouse
 
 # fixtures that several modules share at session scope, registered here once (a fixture imported into
 # two modules is two fixtures, each started once per module): the vLLMs and the stack pipeline
-pytest_plugins = ("tests.vllm_fixtures", "tests.stack_fixtures")
+pytest_plugins = ("tests.vllm_fixtures", "tests.stack_fixtures", "tests.module_cpu")
 _db_counter = itertools.count()
 _session_servers: list[EmbeddedClickHouse] = []  # the session's server, once a test started it
 
-# Modules that take longest (from `--durations`), sent to the workers first so that no worker is
-# left alone with a long module at the end; the rest keep their collection order.
+# Units of work that take longest (wall time; `--module-cpu`, docs/development.md), sent to the workers
+# first so that no worker is left alone with a long one at the end; the rest keep their collection order.
 LONGEST_FIRST = (
-    "test_harness_import",  # these three: one unit of work (SHARED_UNITS), in this order:
+    "test_harness_vllm",  # these three: one unit of work (SHARED_UNITS), in this order:
     "test_vllm",  # the shared vLLMs start in the first and serve the second,
     "test_vllm_pd",  # which stops them before starting its own two
     "test_diagnose",  # these four: one unit of work (SHARED_UNITS), tests/stack_fixtures.py's pipeline
@@ -29,25 +29,26 @@ LONGEST_FIRST = (
     "test_budget_delivery",
     "test_budget_network",
     "test_cluster",
-    "test_faults",
-    "test_disagg_stack",
+    "test_harness_import",
+    "test_engine_process",
+    "test_packaging",
     "test_rotel",
-    "test_instrumentation_process",
-    "test_rollup",
+    "test_disagg_stack",
     "test_rollup_backfill",
+    "test_rollup",
+    "test_instrumentation_process",
     "test_demo_cluster",
     "test_demo",
+    "test_faults",
     "test_sampling",
     "test_analysis",
-    "test_packaging",
-    "test_engine_process",
     "test_dynamo",
 )
 
 
 # Modules that share a session-scoped server: one unit of work (so one worker) together.
 SHARED_UNITS = {
-    **dict.fromkeys(("test_harness_import", "test_vllm", "test_vllm_pd"), "vllm"),
+    **dict.fromkeys(("test_harness_vllm", "test_vllm", "test_vllm_pd"), "vllm"),
     **dict.fromkeys(
         ("test_diagnose", "test_budget_late_client", "test_budget_delivery", "test_budget_network"), "stack"
     ),
@@ -97,9 +98,14 @@ def _refreshes_stopped_after_the_module():
     yield
     for server in _session_servers:
         with clickhouse_connect.get_client(host=server.host, port=server.http_port) as client:
-            running = client.query("SELECT database, view FROM system.view_refreshes WHERE status != 'Disabled'")
-            for database, view in running.result_rows:
-                client.command(f"SYSTEM STOP VIEW {ident(database)}.{ident(view)}")
+            stop_running_views(client)
+
+
+def stop_running_views(client) -> None:
+    """`SYSTEM STOP VIEW` for every refreshable view of the server that still refreshes on its own."""
+    running = client.query("SELECT database, view FROM system.view_refreshes WHERE status != 'Disabled'")
+    for database, view in running.result_rows:
+        client.command(f"SYSTEM STOP VIEW {ident(database)}.{ident(view)}")
 
 
 @pytest.fixture()

@@ -37,6 +37,7 @@ from tests import spangen
 from tests import test_pd_native_spans as pd_spans
 from tests.cli_fixtures import run_command
 from tests.collector_payloads import export_request
+from tests.conftest import stop_running_views
 
 CLUSTER = "phaselens"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -69,6 +70,23 @@ def clients(cluster):
     yield out
     for c in out:
         c.close()
+
+
+@pytest.fixture(autouse=True)
+def _views_stopped_after_each_test(clients):
+    """A database's views refresh every 10 s on each node (~5 % of a core each, docs/development.md):
+    nine databases on two nodes ran for the whole module, though each test reads only its own."""
+    yield
+    for client in clients:
+        stop_running_views(client)
+
+
+@pytest.fixture(scope="module")
+def own_rows_db(cluster) -> str:
+    """One database for the tests that read only their own rows (by service or trace id): a schema
+    apply costs ~2.5 s of CPU on each node."""
+    assert _apply(cluster.urls[0], "own_rows", "--ddl", "per-node") == 0
+    return "own_rows"
 
 
 def _tables(client, database: str) -> dict[str, str]:
@@ -159,6 +177,7 @@ def single(clickhouse, spans, tmp_path_factory) -> str:
     assert c.metrics.snapshot()["spans_written"] == len(spans)
     one = connect(clickhouse.url)
     rollup.refresh_now(one, "single")  # the views run: the live states as of now
+    rollup.stop_refreshes(one, "single")  # and stop: the tests read these states, not new passes
     one.close()
     return "single"
 
@@ -266,7 +285,7 @@ def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
     rollup.flush_copies(clients[0], db)  # sent now rather than at the queue's next retry
     assert clients[1].query(others).result_rows[0][0] == sealed
     assert clients[0].query(queued).result_rows[0][0] == 0
-    rollup.stop_refreshes(clients[1], db)  # the restarted node's views run again
+    stop_running_views(clients[1])  # the restarted node's views run again, every database's
     for url in cluster.urls:
         _assert_budget_equals_one_nodes(url, db, clickhouse.url, single, capsys)
     complete = [_own_rows(c, db) for c in clients]
@@ -292,11 +311,10 @@ def test_a_stopped_shard_catches_up_and_the_upgrade_push_is_idempotent(
         _assert_budget_equals_one_nodes(url, db, clickhouse.url, single, capsys)
 
 
-def test_pd_columns_on_a_cluster_from_either_node(cluster, clients, tmp_path):
+def test_pd_columns_on_a_cluster_from_either_node(cluster, clients, own_rows_db, tmp_path):
     """SGLang's P/D spans (tests/native_pd_spans.py) through the collector's sharded insert: every
     node's `phaselens_requests` reads the P/D columns of every request, whichever shard holds it."""
-    db = "shard_pd"
-    assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
+    db = own_rows_db
     for client in clients:
         assert _tables(client, db)["phaselens_pd_parts_distributed"] == "Distributed"
     with Collector(cluster.urls[0], database=db, cluster=CLUSTER, spool_dir=str(tmp_path / "spool")) as c:
@@ -398,6 +416,7 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
             assert _wait_for(lambda: c.metrics.snapshot()["insert_retries"] >= 2 and len(refused) > refused_before)
             assert set(refused) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
             victim.start()
+            stop_running_views(clients[1])  # a restart starts every database's views again
             sender.join(60)
         finally:
             stop.set()
@@ -418,18 +437,18 @@ def test_a_shard_sigkilled_mid_ingest_loses_and_duplicates_nothing(cluster, clie
 
 
 @pytest.mark.parametrize("insert", ["direct", "distributed"])
-def test_a_replayed_batch_is_dropped_by_every_shard(cluster, clients, insert):
+def test_a_replayed_batch_is_dropped_by_every_shard(cluster, clients, own_rows_db, insert):
     """The collector's retry after a partial success: the same rows, the same token, again."""
-    db = f"replay_{insert}"
-    assert _apply(cluster.urls[0], db, "--ddl", "per-node") == 0
-    body = export_request(40, time.time_ns(), service="replay").SerializeToString()
+    db, service = own_rows_db, f"replay-{insert}"
+    body = export_request(40, time.time_ns(), service=service).SerializeToString()
     sink = make_sink(cluster.urls[0], db, CLUSTER, insert)
     try:
         for _ in range(2):
-            sink.insert([sink.render(body)], "replay-token-1")
+            sink.insert([sink.render(body)], f"replay-token-{insert}")
     finally:
         sink.close()
-    per_shard = [c.query(f"SELECT count() FROM {db}.otel_traces").result_rows[0][0] for c in clients]
+    count = f"SELECT count() FROM {db}.otel_traces WHERE ServiceName = {{s:String}}"
+    per_shard = [c.query(count, parameters={"s": service}).result_rows[0][0] for c in clients]
     assert sum(per_shard) == 40 and min(per_shard) > 0
 
 

@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 
 from phaselens.analysis.budget import dynamo_budget as dyn
+from phaselens.analysis.rollup import rollup
 from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.service import Collector
@@ -52,6 +53,7 @@ def pipeline(clickhouse, tmp_path_factory):
     client = clickhouse_connect.get_client(host=clickhouse.host, port=clickhouse.http_port)
     client.command(f"DROP DATABASE IF EXISTS {DB}")
     collector_schema.apply(client, ddl.all_statements(DB))
+    rollup.stop_refreshes(client, DB)  # the tests read the requests view: no rollup passes meanwhile
     spool = str(tmp_path_factory.mktemp("spool"))
     collector = Collector(clickhouse.url, database=DB, spool_dir=spool, flush_interval_s=0.05).start()
     yield client, f"http://{LOOPBACK}:{collector.grpc_port}", clickhouse.url

@@ -4,7 +4,8 @@ on a real stack (embedded ClickHouse, collector, the reference server with the t
 The records are a real AIPerf 0.13.0 run's export (tests/fixtures/aiperf: 2 warm-up + 16 requests
 against the reference server), with each request id given a per-test prefix; the test sends the
 server one real streamed request per id it wants joined. The live test runs AIPerf itself, when
-`./setup.sh --aiperf` made .venv-aiperf (or PHASELENS_AIPERF names an `aiperf`).
+`./setup.sh --aiperf` made .venv-aiperf (or PHASELENS_AIPERF names an `aiperf`); against the
+session's vLLMs, in tests/test_harness_vllm.py.
 """
 
 from __future__ import annotations
@@ -32,16 +33,17 @@ from phaselens.commands import harness_import
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
 from phaselens.stack import Stack
+from tests.aiperf_live import aiperf, facts, profile, wait_joinable
 from tests.cli_fixtures import run_command
-from tests.vllm_fixtures import VLLM_PYTHON, ServedVllm
 
 FIXTURE = Path(__file__).parent / "fixtures" / "aiperf"
-ROOT = Path(__file__).parent.parent
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     with Stack(str(tmp_path_factory.mktemp("stack"))) as s:
+        with s.client() as ch:  # the import recomputes the sealed rollups it touches; the tests read the views
+            rollup.stop_refreshes(ch, s.database)
         yield s
 
 
@@ -56,15 +58,6 @@ def send(url: str, request_id: str | None, max_tokens: int = 4) -> None:
         r.read()
 
 
-def wait_joinable(stack: Stack | ServedVllm, ids: list[str], timeout_s: float = 60) -> None:
-    """Until every id names a stored server request (the spans travel through the collector)."""
-    deadline = time.monotonic() + timeout_s
-    with stack.client() as ch:
-        while len(lookup(ch, stack.database, ids)) < len(ids):
-            assert time.monotonic() < deadline, "server spans did not arrive"
-            time.sleep(0.3)
-
-
 def export_copy(tmp_path: Path, prefix: str) -> tuple[Path, list[dict]]:
     """The fixture with every x_request_id prefixed (so each test owns its ids); its records as dicts."""
     lines = (FIXTURE / "profile_export.jsonl").read_text().splitlines()
@@ -76,28 +69,6 @@ def export_copy(tmp_path: Path, prefix: str) -> tuple[Path, list[dict]]:
     (out / "profile_export.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     shutil.copy(FIXTURE / "profile_export_aiperf.json", out)
     return out, records
-
-
-def facts(stack: Stack | ServedVllm, ids: list[str]) -> dict[str, dict]:
-    sql = (
-        "SELECT x_request_id, client_harness, client_harness_version, client_ttft_ms, client_ttfo_ms, "
-        "client_tpot_ms, client_e2e_ms, client_itl_p99_ms, residual_ms, has_server, span_model "
-        f"FROM {stack.database}.phaselens_request_facts WHERE x_request_id IN {{ids:Array(String)}}"
-    )
-    with stack.client() as ch:
-        return {r["x_request_id"]: r for r in ch.query(sql, parameters={"ids": ids}).named_results()}
-
-
-def settled_facts(stack: Stack | ServedVllm, ids: list[str], timeout_s: float = 60) -> dict[str, dict]:
-    """`facts` once every id has its row and its residual (the server's terms can land in a later
-    export than the span that made the request joinable); as they are at the deadline otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rows = facts(stack, ids)
-        settled = len(rows) == len(ids) and all(r["residual_ms"] is not None for r in rows.values())
-        if settled or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.3)
 
 
 def queries_rows(ch, name: str, database: str) -> list[dict]:
@@ -324,31 +295,7 @@ def test_aiperf_records_read_as_aiperf_wrote_them():
     )
 
 
-def _aiperf() -> str | None:
-    found = os.environ.get("PHASELENS_AIPERF") or str(ROOT / ".venv-aiperf" / "bin" / "aiperf")
-    return found if Path(found).is_file() else None
-
-
-def _profile(stack: Stack | ServedVllm, tokenizer: Path, artifacts: Path, requests: int) -> list[str]:
-    """`aiperf profile` against the stack's server (chat, streamed, 2 in flight); the ids it sent,
-    once every one names a stored server request."""
-    argv = [_aiperf(), "profile", "--model", "tiny", "--url", stack.server_url, "--endpoint-type", "chat"]
-    argv += ["--streaming", "--tokenizer", str(tokenizer), "--request-count", str(requests)]
-    argv += ["--concurrency", "2", "--synthetic-input-tokens-mean", "24", "--output-tokens-mean", "12"]
-    argv += ["--artifact-dir", str(artifacts), "--ui-type", "none"]
-    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=300)
-    log = artifacts / "logs" / "aiperf.log"
-    assert done.returncode == 0, (done.stderr or done.stdout)[-2000:] + (
-        log.read_text()[-2000:] if log.exists() else ""
-    )
-    run = read_aiperf(artifacts)
-    ids = [r.request_id for r in run.records]
-    assert len(ids) == requests and not run.bad_lines
-    wait_joinable(stack, ids, timeout_s=120)
-    return ids
-
-
-@pytest.mark.skipif(_aiperf() is None, reason="no AIPerf: ./setup.sh --aiperf makes .venv-aiperf (1.2 GB)")
+@pytest.mark.skipif(aiperf() is None, reason="no AIPerf: ./setup.sh --aiperf makes .venv-aiperf (1.2 GB)")
 def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
     """aiperf profile → phaselens import aiperf → the budget, against the reference server: every
     request joined, every residual ≥ 0 and loopback-sized."""
@@ -359,7 +306,7 @@ def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
     with Stack(str(tmp_path / "stack")) as s:
         send(s.server_url, None)  # the first forward pass builds the model's kernels: not AIPerf's to wait for
         artifacts = tmp_path / "artifacts"
-        ids = _profile(s, tokenizer, artifacts, requests)
+        ids = profile(s, tokenizer, artifacts, requests)
 
         assert (
             run_command(harness_import.register, "import", "aiperf", str(artifacts), "--clickhouse", s.clickhouse_url)
@@ -384,31 +331,6 @@ def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
             with s.client() as ch:
                 rollup.refresh_now(ch, s.database)
         assert want in out and "client views measured by: aiperf 0.13.0\n" in out, out
-
-
-@pytest.mark.skipif(
-    _aiperf() is None or VLLM_PYTHON is None,
-    reason="needs AIPerf (./setup.sh --aiperf) and vLLM (./setup.sh --vllm)",
-)
-@pytest.mark.timeout(600)  # the first of them may start both shared vLLMs
-@pytest.mark.parametrize("server", ["native", "plugin"])
-def test_live_aiperf_run_against_vllm_joins_every_request(vllm_servers, tmp_path, capsys, server):
-    """A real vLLM 0.32 (CPU) on the tiny model: with its own `llm_request` spans, the header reaches
-    the view only through vLLM's request id (`chatcmpl-{X-Request-Id}`); with the phaselens plugin
-    (service `vllm`), likewise. Every AIPerf request is joined and its residual ≥ 0. The session's
-    shared vLLMs (tests/vllm_fixtures.py), each with a database of its own."""
-    requests = 6
-    served = vllm_servers[server]
-    artifacts = tmp_path / "artifacts"
-    ids = _profile(served, served.model_dir, artifacts, requests)
-    argv = ["import", "aiperf", str(artifacts), "--clickhouse", served.clickhouse_url, "--database", served.database]
-    assert run_command(harness_import.register, *argv) == 0
-    assert f"imported {requests} client spans, 0 already stored" in capsys.readouterr().out
-    rows = settled_facts(served, ids)
-    assert sorted(rows) == sorted(ids)
-    if server == "native":
-        assert {r["span_model"] for r in rows.values()} == {"vllm-native"}
-    assert all(r["residual_ms"] >= 0 and r["client_harness"] == "aiperf" for r in rows.values()), rows
 
 
 def test_on_a_cluster_each_client_span_lands_on_its_server_requests_shard(tmp_path):

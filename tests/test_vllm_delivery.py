@@ -18,7 +18,9 @@ from phaselens.instrumentation.hotpath.kernel_stamps import KernelStamper
 from phaselens.instrumentation.hotpath.records import RequestInfo
 from phaselens.instrumentation.server.asgi import IngressMiddleware
 from phaselens.instrumentation.server.telemetry import SCOPE_KEY
+from phaselens.integrations.vllm import hooks
 from phaselens.integrations.vllm.delivery import FirstChunkMiddleware, keep_kernel_stamps, sse_carries_content
+from phaselens.integrations.vllm.http_request import HTTP_REQUEST
 from phaselens.integrations.vllm.tracker import VllmTracker
 from tests.instrumentation_fixtures import http_scope, make_rig
 
@@ -207,3 +209,55 @@ def test_a_request_whose_client_left_before_its_first_output_is_client_disconnec
     assert root.attributes[names.ERROR_TYPE] == names.ERROR_CLIENT_DISCONNECTED
     assert root.attributes[names.PL_FINISH_REASON] == "abort"
     assert root.attributes[names.GEN_AI_REQUEST_MAX_TOKENS] == 2000  # described from vLLM's state
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_request_the_middleware_claimed_goes_to_the_engine_core_without_its_trace_headers(monkeypatch):
+    """The middleware's handle holds the request's trace context, so the vLLM request it claims in
+    `add_request` goes on to the EngineCore without trace headers (vLLM echoes them in every output
+    of the request). One it does not claim keeps them, and its first output opens its handle from
+    them: an n > 1 request's later children, a request run without the middleware. All three are
+    children of the client's span."""
+    rig = make_rig()
+    tracker = VllmTracker(rig.telemetry, "tiny")
+    monkeypatch.setattr(hooks, "tracker", lambda: tracker)
+
+    class Processor:  # vLLM 0.32's OutputProcessor as the wrapper sees it (vLLM is not importable here)
+        tracing_enabled = True
+
+        def __init__(self) -> None:
+            self.request_states: dict = {}
+
+        def add_request(self, request, prompt=None):
+            self.request_states[request.request_id] = request_state(request.request_id, queued_s=time.monotonic())
+
+    Processor.add_request = hooks.WRAPPERS["add_request"](Processor.add_request)
+    processor = Processor()
+    headers = {"traceparent": TRACEPARENT}
+    requests = [SimpleNamespace(request_id=f"r{i}", trace_headers=dict(headers)) for i in range(3)]
+    handle = rig.telemetry.open_request(http_scope(traceparent=TRACEPARENT), managed=True)
+    token = HTTP_REQUEST.set(handle)
+    try:
+        for request in requests[:2]:  # n = 2: the first child claims the handle
+            processor.add_request(request)
+    finally:
+        HTTP_REQUEST.reset(token)
+    processor.add_request(requests[2])  # not the middleware's request
+    assert [r.trace_headers for r in requests] == [None, headers, headers]
+
+    outputs = [
+        SimpleNamespace(request_id=r.request_id, new_token_ids=[5], trace_headers=r.trace_headers) for r in requests
+    ]
+    tracker.after_outputs(tracker.before_outputs(processor, outputs, time.monotonic(), None))
+    tracker.step_done(None)
+    for request in requests:
+        tracker.finished(processor.request_states.pop(request.request_id), "length")
+    handle.close()
+    rig.telemetry.flush()
+    roots = [s for s in rig.spans() if s.kind == SpanKind.SERVER]
+    _, trace_id, parent_id, _ = TRACEPARENT.split("-")
+    assert len(roots) == 3
+    assert {(s.context.trace_id, s.parent.span_id) for s in roots} == {(int(trace_id, 16), int(parent_id, 16))}
+    assert handle.root.span_id in {s.context.span_id for s in roots}  # the claimed one is the middleware's

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from phaselens.analysis.rollup import rollup
 from phaselens.analysis.sql import ddl
 from phaselens.collectors import schema as collector_schema
 from phaselens.collectors.service import Collector
@@ -111,6 +112,7 @@ def _served(name: str, clickhouse_url: str, model_dir: Path, folder: Path) -> Se
     with connect(clickhouse_url) as client:
         client.command(f"DROP DATABASE IF EXISTS {database}")
         collector_schema.apply(client, ddl.all_statements(database))
+        rollup.stop_refreshes(client, database)  # read through the views: no passes during the vLLMs' start
     folder.mkdir(parents=True, exist_ok=True)
     collector = Collector(clickhouse_url, database=database, spool_dir=str(folder / "spool"), flush_interval_s=0.05)
     collector.start()

@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan
 
-from phaselens.common.clocks import MonoClock, MonoTs, monotonic_ts
+from phaselens.common.clocks import NOT_STAMPED, MonoClock, MonoTs, monotonic_ts
 from phaselens.instrumentation.hotpath.ids import span_context
 from phaselens.instrumentation.hotpath.records import (
     NO_OUTCOME,
@@ -168,19 +168,23 @@ class ServerRequest(RequestTimeline):
 
     def chunk_sending(self) -> None:
         """The middleware hands a body chunk carrying output to the server's `send`."""
-        t = self.clock_ns()
-        if not self.first_chunk_ts:
-            self.first_chunk_ts = t
-        self.last_chunk_ts = t
+        self.body_sending(0, True)
 
-    def body_sending(self, nbytes: int) -> None:
-        """The middleware hands `nbytes` of response body to `send` (after `chunk_sending` for a
-        chunk carrying output): from the first content chunk on, the first FIRST_SENDS_MAX non-empty
-        ones are stamped with the body bytes through them (timeline `sends`)."""
+    def body_sending(self, nbytes: int, carries_output: bool = False) -> None:
+        """The middleware hands `nbytes` of response body to `send`, a chunk carrying output when
+        `carries_output` (`first_chunk` / `last_chunk` stamped: one call a chunk, one clock read):
+        from the first content chunk on, the first FIRST_SENDS_MAX non-empty ones are stamped with
+        the body bytes through them (timeline `sends`)."""
+        t = NOT_STAMPED
+        if carries_output:
+            t = self.clock_ns()
+            if not self.first_chunk_ts:
+                self.first_chunk_ts = t
+            self.last_chunk_ts = t
         self.body_bytes += nbytes
         sends = self.sends
         if nbytes and self.first_chunk_ts and len(sends) < _SENDS_FIELDS:
-            sends.append(self.clock_ns())
+            sends.append(t or self.clock_ns())
             sends.append(self.body_bytes)
 
     def chunk_sent(self) -> None:

@@ -84,10 +84,8 @@ class IngressMiddleware:
                 and kind == "http.response.body"
                 and (carries_content is None or bool(handle.first_chunk_ts) or carries_content(message))
             )
-            if carries_output:
-                handle.chunk_sending()
             if kind == "http.response.body":
-                handle.body_sending(len(message.get("body") or b""))
+                handle.body_sending(len(message.get("body") or b""), carries_output)
             try:
                 await send(message)
             except Exception:  # the server could not write: the client is gone

@@ -1,6 +1,7 @@
 """The wrappers around vLLM's `OutputProcessor` and `RequestOutputCollector` (API-server process)
-and the one tracker they feed. Each wrapper calls vLLM's own method unchanged (except `do_tracing`, below) and only
-adds integer stamps; a failure in phaselens's part is logged once and never reaches vLLM.
+and the one tracker they feed. Each wrapper calls vLLM's own method unchanged (except `do_tracing`,
+below) and only adds integer stamps (and drops a claimed request's trace headers, below); a failure
+in phaselens's part is logged once and never reaches vLLM.
 
     process_outputs(outputs, timestamp, iteration_stats)  before: which requests are in the batch;
                                                            after: first-token / token stamps
@@ -12,7 +13,10 @@ adds integer stamps; a failure in phaselens's part is logged once and never reac
     update_scheduler_stats(scheduler_stats)                once per EngineCore output batch: one step
     add_request(request, ...)                              in the HTTP request's task: the delivery
                                                            middleware's handle (`delivery.py`) becomes
-                                                           the request's
+                                                           the request's, and the request goes on to
+                                                           the EngineCore without its trace headers
+                                                           (the handle holds the context; vLLM would
+                                                           send them back with every output)
     RequestOutputCollector.get / get_nowait                the request's task took output: output
                                                            that renders text stamps `output_ready`
 """
@@ -89,14 +93,20 @@ def _warn_once(key: str, message: str) -> None:
         _logger.warning(message)
 
 
+def _failed(what: str) -> None:
+    """Phaselens's part of hook `what` raised (called in its `except`): logged once, vLLM goes on."""
+    if what not in _warned:
+        _warned.add(what)
+        _logger.exception("phaselens: the %s hook failed; vLLM keeps serving (logged once)", what)
+
+
 def _guard(what: str, fn: Callable, *args: Any) -> Any:
-    """Run phaselens's part; on an exception log it once per hook and go on serving."""
+    """Run phaselens's part; on an exception log it once per hook and go on serving. (The hooks run
+    per output or step inline the same `try`: one Python call less there, many times a request.)"""
     try:
         return fn(*args)
-    except Exception:
-        if what not in _warned:
-            _warned.add(what)
-            _logger.exception("phaselens: the %s hook failed; vLLM keeps serving (logged once)", what)
+    except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
+        _failed(what)
         return None
 
 
@@ -110,15 +120,17 @@ def _process_outputs(original: Callable) -> Callable:
             )
             return original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
         t = tracker()
-        seen = (
-            _guard(
-                "process_outputs", t.before_outputs, self, engine_core_outputs, engine_core_timestamp, iteration_stats
-            )
-            or []
-        )
+        try:
+            seen = t.before_outputs(self, engine_core_outputs, engine_core_timestamp, iteration_stats)
+        except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
+            _failed("process_outputs")
+            seen = None
         result = original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
         if seen:
-            _guard("process_outputs", t.after_outputs, seen)
+            try:
+                t.after_outputs(seen)
+            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
+                _failed("process_outputs")
         return result
 
     return process_outputs
@@ -137,7 +149,10 @@ def _update_scheduler_stats(original: Callable) -> Callable:
     def update_scheduler_stats(self, scheduler_stats):
         result = original(self, scheduler_stats)
         if self.tracing_enabled:
-            _guard("update_scheduler_stats", tracker().step_done, scheduler_stats)
+            try:
+                tracker().step_done(scheduler_stats)
+            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
+                _failed("update_scheduler_stats")
         return result
 
     return update_scheduler_stats
@@ -153,8 +168,11 @@ def _add_request(original: Callable) -> Callable:
     def add_request(self, request, *args, **kwargs):
         result = original(self, request, *args, **kwargs)
         handle = HTTP_REQUEST.get()
-        if handle is not None and self.tracing_enabled:
-            _guard("add_request", tracker().claim, request.request_id, handle, self.request_states)
+        claimed = handle is not None and self.tracing_enabled
+        if claimed and _guard("add_request", tracker().claim, request.request_id, handle, self.request_states):
+            # the handle has the trace context: without this the EngineCore echoes the headers in
+            # every output of the request (msgpack both ways, a dict decoded per output here)
+            request.trace_headers = None
         return result
 
     return add_request
@@ -166,7 +184,10 @@ def _collector_get(original: Callable) -> Callable:
         output = await original(self)
         handle = HTTP_REQUEST.get()
         if handle is not None:
-            _guard("output_ready", output_taken, handle, output)
+            try:
+                output_taken(handle, output)
+            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
+                _failed("output_ready")
         return output
 
     return get
@@ -176,9 +197,14 @@ def _collector_get_nowait(original: Callable) -> Callable:
     @functools.wraps(original)
     def get_nowait(self):
         output = original(self)
+        if output is None:  # vLLM tries it before each `await get()`: mostly nothing there
+            return None
         handle = HTTP_REQUEST.get()
-        if handle is not None and output is not None:
-            _guard("output_ready", output_taken, handle, output)
+        if handle is not None:
+            try:
+                output_taken(handle, output)
+            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
+                _failed("output_ready")
         return output
 
     return get_nowait

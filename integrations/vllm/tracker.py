@@ -147,14 +147,16 @@ class VllmTracker:
                 handle.token_at(now, tokens)
             self._step_handles.append(handle)
 
-    def claim(self, req_id: str, handle: Any, states: dict) -> None:
+    def claim(self, req_id: str, handle: Any, states: dict) -> bool:
         """vLLM added request `req_id` (its state in the output processor's `states`) while running
         the HTTP request of `handle` (opened by the delivery middleware): that handle becomes the
-        request's. With n > 1 the first child takes it."""
+        request's, True. With n > 1 the first child takes it (False for the others)."""
         self._states = states
-        if all(h is not handle for h in self._claimed.values()) and all(h is not handle for h in self._open.values()):
-            self._claimed[req_id] = handle
-            self._states_of[req_id] = states.get(req_id)
+        if any(h is handle for h in self._claimed.values()) or any(h is handle for h in self._open.values()):
+            return False
+        self._claimed[req_id] = handle
+        self._states_of[req_id] = states.get(req_id)
+        return True
 
     def _open_handle(self, req_id: str, state: Any, trace_headers: Any) -> Any:
         """The delivery middleware's handle for this request, else one opened now (received =
@@ -232,7 +234,9 @@ class VllmTracker:
         (the engine was busy since the previous batch, or idle until it scheduled the new request);
         `prefill_tokens` are the prompt tokens of the requests whose prefill ended in this step;
         `decode_tokens` = generated tokens − first tokens."""
-        self._kv_moved(records_of(getattr(scheduler_stats, "kv_connector_stats", None)))
+        kv_stats = getattr(scheduler_stats, "kv_connector_stats", None)
+        if kv_stats is not None or self._finished_now:  # most steps have neither: two calls less
+            self._kv_moved(records_of(kv_stats))
         end_s, iteration_stats = self._step_end_s, self._step_iteration
         self._step_end_s = self._step_iteration = None
         members, self._step_handles = self._step_handles, []
@@ -248,15 +252,15 @@ class VllmTracker:
         generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
         prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
         usage = getattr(scheduler_stats, "kv_cache_usage", None)
-        stats = StepStats(
+        stats = StepStats(  # positional (start, end, prefill, decode, kv used, kv total, preemptions, queue)
             start_ts,
             end_ts,
-            prefill_tokens=prompt,
-            decode_tokens=max(0, generated - first_tokens),
-            kv_blocks_used=round(usage * KV_SCALE) if usage is not None else 0,
-            kv_blocks_total=KV_SCALE if usage is not None else 0,
-            preemptions=iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
-            queue_depth=getattr(scheduler_stats, "num_waiting_reqs", 0),
+            prompt,
+            max(0, generated - first_tokens),
+            round(usage * KV_SCALE) if usage is not None else 0,
+            KV_SCALE if usage is not None else 0,
+            iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
+            getattr(scheduler_stats, "num_waiting_reqs", 0),
         )
         self.telemetry.step_observer.step(stats, members)
 
@@ -305,8 +309,12 @@ def output_taken(handle: Any, output: Any) -> None:
     that renders text is `output_ready`: the first time with the tokens handed to the stream so far
     (so the decode steps of tokens that rendered none are `held_back`); every time, so that the
     middleware stamps each content chunk's `send` (the last one ends `server_last_chunk`)."""
-    text = any(completion.text for completion in getattr(output, "outputs", ()))
-    # a finished output is the answer even with no text (one token that renders none: a P/D prefill half)
-    if not handle.first_token_ts or not (text or (getattr(output, "finished", False) and not handle.output_ready_ts)):
+    if not handle.first_token_ts:
         return
+    for completion in getattr(output, "outputs", ()):  # a loop, not any(): no generator made per output
+        if completion.text:
+            break
+    else:  # no text: a finished output is the answer still (one token that renders none: a P/D prefill half)
+        if handle.output_ready_ts or not getattr(output, "finished", False):
+            return
     handle.output_ready(0 if handle.output_ready_ts else 1 + sum(handle.token_n))
