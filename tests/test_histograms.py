@@ -194,6 +194,21 @@ def test_span_builder_configuration_owns_the_histograms(monkeypatch) -> None:
         providers.shutdown()
 
 
+def test_metrics_off_the_builder_records_nothing(monkeypatch) -> None:
+    """OTEL_METRICS_EXPORTER=none in the span-builder process: owned histograms with no reader, so
+    `record` returns before reading the request (a record it cannot read passes); with a reader it reads it."""
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    providers = otel_setup.configure("svc", set_global=False, encoded_spans=True)
+    assert providers.histogram_readers == []
+    GenAiServerMetrics(providers.meter_provider, dict, providers.histogram_readers).record(None, None)  # type: ignore[arg-type]
+    scope = InstrumentationScope(names.SERVER_SCOPE)
+    reader = HistogramReader(Kept(AggregationTemporality.CUMULATIVE), RESOURCE, scope, export_interval_millis=NEVER_MS)
+    with pytest.raises(AttributeError):
+        GenAiServerMetrics(MeterProvider(metric_readers=[reader]), dict, [reader]).record(None, None)  # type: ignore[arg-type]
+    providers.shutdown()
+
+
 def test_span_builder_histograms_reach_an_otlp_receiver(monkeypatch) -> None:
     """The owned histograms through the real OTLP/HTTP metric exporter: one request, the counter's
     scope, each histogram's count, sum and buckets as recorded."""

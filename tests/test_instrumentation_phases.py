@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import random
 import struct
 from array import array
 
@@ -175,3 +176,12 @@ def test_token_gaps_sort_any_int64_gaps(first_ns, stamps) -> None:
 def test_token_gaps_refuse_a_buffer_that_is_not_int64s() -> None:
     with pytest.raises(ValueError, match="int64"):
         token_gaps(0, b"\0" * 12, b"")
+
+
+@pytest.mark.parametrize("n", [*range(0, 70), 127, 128, 129, 255, 256, 257, 300])
+def test_token_gaps_sort_at_every_size_around_the_sorts_bounds(n) -> None:
+    """Insertion (< 16), runs merged (≤ 256), radix (above): ties, both signs, any width."""
+    rng = random.Random(n)
+    stamps = array("q", [rng.choice((rng.randint(-50, 50), rng.randint(-(2**61), 2**61))) for _ in range(n)])
+    _, packed = token_gaps(7, stamps, array("q"))
+    assert int64s(packed).tolist() == sorted(b - a for a, b in zip([7, *stamps], stamps, strict=False))

@@ -1,6 +1,9 @@
 # Types of the C extension _token_gaps.c (see its header comment).
 
+from typing import Any
+
 from typing_extensions import Buffer
 
 def token_gaps(first_token_ts: int, token_ts: Buffer, token_n: Buffer) -> tuple[int, bytes]: ...
 def itl_ms(gaps: Buffer, /) -> tuple[float, float, float, float]: ...
+def phase_terms(timeline: object, /) -> tuple[Any, ...]: ...

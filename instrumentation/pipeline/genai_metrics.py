@@ -53,7 +53,7 @@ class GenAiServerMetrics:
     provider phaselens made (`otel_setup.Providers.histogram_readers`), which then aggregate the
     histograms; None: the SDK's instruments."""
 
-    __slots__ = ("_drop_counts", "_histograms")
+    __slots__ = ("_drop_counts", "_histograms", "_recorded")
 
     def __init__(
         self,
@@ -65,6 +65,7 @@ class GenAiServerMetrics:
         self._histograms: SdkHistograms | OwnedHistograms = (
             OwnedHistograms(owned, HISTOGRAMS) if owned is not None else SdkHistograms(meter)
         )
+        self._recorded = owned is None or len(owned) > 0  # owned, no reader (metrics off): nothing to record into
         self._drop_counts = drop_counts
         meter.create_observable_counter(
             names.METRIC_TELEMETRY_DROPPED,
@@ -81,7 +82,9 @@ class GenAiServerMetrics:
 
     def record(self, record: RequestRecord, phases: Phases) -> None:
         """TTFT and TPOT (when there was a first token, and for TPOT a second), and the duration
-        (with `error.type` when the request failed)."""
+        (with `error.type` when the request failed); nothing where no reader would export them."""
+        if not self._recorded:
+            return
         attributes = metric_attributes(record)
         failure = error_type(record)
         ttft = tpot = None
