@@ -22,7 +22,8 @@ vLLM's own tracing's = its API server − off's. The same for the EngineCore, wh
 between runs of one configuration), and the SERVER spans each configuration stored (0 would mean its
 export failed). The event-loop thread runs vLLM and the plugin's hooks and middleware alike, so its
 delta is noise-sized; `--profile-api PY_SPY` samples the API server with py-spy (250 Hz, not stopping
-it) in the traced configurations' windows and takes phaselens's and OpenTelemetry's shares of the
+it) in every configuration's windows (the sampler's own CPU then weighs on all alike: sampling the
+traced ones alone halved their tokens/s against `off`'s on 2 cores) and takes phaselens's and OpenTelemetry's shares of the
 event-loop thread's samples (the innermost frame of phaselens's source or of an installed package owns
 a sample) × its CPU: figures of one run, no subtraction; with the API server's other threads against
 `off`'s (~0.3 ms a request there) and the child, `own_total`, for the plugin and vLLM's tracing alike.
@@ -240,7 +241,7 @@ def _run(name: str, round_index: int, python: Path, model_dir: Path, tmp: Path, 
         _bench(server.url, model_dir, tmp / f"warm-{name}-{round_index}.json", warm_up)
         for window in range(args.windows):
             samples = tmp / f"{name}-{round_index}-{window}.raw"
-            sampler = _sampler(args.profile_api if CONFIGS[name][1] else None, server.proc.pid, samples)
+            sampler = _sampler(args.profile_api, server.proc.pid, samples)
             before, batches = _tree_cpu_ns(server.proc.pid), _output_batches(server.url)
             figures = _bench(server.url, model_dir, tmp / f"{name}-{round_index}-{window}.json", args)
             after = _tree_cpu_ns(server.proc.pid)
