@@ -93,6 +93,11 @@ def provider(service: str = "phaselens-test", ids: IdGenerator | None = None) ->
     return TracerProvider(resource=resource, id_generator=ids or CountingIds())
 
 
+def fast_builder(emitter, tracer_provider: TracerProvider) -> SpanBuilder:
+    """A SpanBuilder over `emitter`, metrics to a provider nobody reads, token events on."""
+    return SpanBuilder(emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True)
+
+
 def scripted_records() -> list:
     """A traced request (remote parent with trace state, chunked prefill, a preemption, token
     events), a failed one, and steps with a sampled and an unsampled member, as the sink gets them."""
@@ -574,13 +579,7 @@ def test_a_run_of_steps_draws_the_ids_of_its_steps_built_one_at_a_time(seed):
         tracer_provider = provider(ids=RandomIdGenerator())
         kept = RequestsKept(request_encoder(tracer_provider))
         processor = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
-        builder = SpanBuilder(
-            FastEmitter(tracer_provider, [processor]),
-            GenAiServerMetrics(MeterProvider(), dict),
-            make_rig().anchor,
-            tracer_provider,
-            True,
-        )
+        builder = fast_builder(FastEmitter(tracer_provider, [processor]), tracer_provider)
         feed(builder)
         processor.shutdown()
         return [s for r in kept.requests for s in fields_of(r)], builder.counters()
@@ -683,9 +682,7 @@ def test_a_ratio_sampler_keeps_the_described_step_path():
             emitter: Any = SpanEmitter(tracer_provider.get_tracer(names.SERVER_SCOPE), SpanLimits())
         else:
             emitter = FastEmitter(tracer_provider, [processor])
-        builder = SpanBuilder(
-            emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True
-        )
+        builder = fast_builder(emitter, tracer_provider)
         for _ in range(8):
             for record in records:
                 builder.build(record)
@@ -701,13 +698,7 @@ def test_a_description_that_fails_to_encode_is_counted_in_build_errors():
     records = scripted_records()
     tracer_provider = provider()
     processor = CountingBatchSpanProcessor(RequestsKept(request_encoder(tracer_provider)))
-    builder = SpanBuilder(
-        FastEmitter(tracer_provider, [processor]),
-        GenAiServerMetrics(MeterProvider(), dict),
-        make_rig().anchor,
-        tracer_provider,
-        True,
-    )
+    builder = fast_builder(FastEmitter(tracer_provider, [processor]), tracer_provider)
     request = next(r for r in records if isinstance(r, RequestRecord))
     builder.build(request._replace(info=request.info._replace(seed=object())))  # no attribute type
     builder.build(request)
@@ -727,9 +718,7 @@ def test_a_run_of_steps_exports_as_one_at_a_time_and_a_step_that_fails_costs_onl
         kept = RequestsKept(request_encoder(tracer_provider))
         processor = CountingBatchSpanProcessor(kept, BatchSettings(4096, 4096, 3_600_000))
         emitter = FastEmitter(tracer_provider, [processor])
-        builder = SpanBuilder(
-            emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True
-        )
+        builder = fast_builder(emitter, tracer_provider)
         feed(builder)
         processor.shutdown()
         return kept.requests, {**builder.counters(), **vars_of(processor.counts)}
@@ -792,9 +781,7 @@ def test_fast_path_rows_in_clickhouse_equal_the_sdk_paths(collector, ch_client, 
         else:
             processor = CountingBatchSpanProcessor(bytes_exporter(protocol, request_encoder(tracer_provider)))
             emitter = FastEmitter(tracer_provider, [processor])
-        builder = SpanBuilder(
-            emitter, GenAiServerMetrics(MeterProvider(), dict), make_rig().anchor, tracer_provider, True
-        )
+        builder = fast_builder(emitter, tracer_provider)
         for record in records:
             builder.build(record)
         processor.shutdown()
