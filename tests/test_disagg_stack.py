@@ -58,13 +58,15 @@ def pd(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rows(pd):
-    """One bench run through the router (2 streams), then the per-request rows once all are in."""
+    """One bench run through the router (2 streams), then the per-request rows once all are in (a
+    request's spans land in several exports: a row is read once it has every view the tests use)."""
     argv = f"--model tiny --concurrency 2 --requests {REQUESTS} --input-len 40 --output-len 12 --ignore-eos --quiet"
     pd.bench(argv.split(), timeout_s=300)
     sql = (
         f"SELECT * FROM {pd.stack.database}.phaselens_requests "
         "WHERE client_ttft_ms IS NOT NULL AND kv_bytes_received IS NOT NULL AND router_ttfc_ms IS NOT NULL "
-        "AND decode_first_chunk_ms IS NOT NULL AND kv_transfer_ms IS NOT NULL ORDER BY server_start_time"
+        "AND decode_first_chunk_ms IS NOT NULL AND kv_transfer_ms IS NOT NULL AND residual_ms IS NOT NULL "
+        "ORDER BY server_start_time"
     )
     deadline = time.monotonic() + 60
     with pd.stack.client() as ch:

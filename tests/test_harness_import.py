@@ -33,7 +33,7 @@ from phaselens.commands import harness_import
 from phaselens.common.quantile import quantile
 from phaselens.instrumentation import names as n
 from phaselens.stack import Stack
-from tests.aiperf_live import aiperf, facts, profile, wait_joinable
+from tests.aiperf_live import aiperf, facts, profile, settled_facts, wait_joinable
 from tests.cli_fixtures import run_command
 
 FIXTURE = Path(__file__).parent / "fixtures" / "aiperf"
@@ -313,7 +313,7 @@ def test_live_aiperf_run_gives_the_full_budget(tmp_path, capsys):
             == 0
         )
         assert f"imported {requests} client spans" in capsys.readouterr().out
-        rows = facts(s, ids)
+        rows = settled_facts(s, ids)
         residuals = [rows[i]["residual_ms"] for i in ids]
         assert all(r is not None and r >= 0 for r in residuals), residuals
         assert statistics.median(residuals) < 100, residuals  # loopback + AIPerf's own client
