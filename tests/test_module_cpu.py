@@ -32,6 +32,7 @@ def test_a_grandchilds_cpu_counts_while_it_lives_and_once_reaped():
     finally:
         child.kill()
     reaped_s = tree_cpu_s(os.getpid()) - before  # now in this process's cutime, through the child's
-    assert live_s >= BURN_S
+    # /proc's times are sampled at the clock tick: a few ticks short of the burn under load (0.49999 seen)
+    assert live_s >= 0.8 * BURN_S, live_s
     # counted twice would add another BURN_S; the interpreters' exits cost far less
     assert reaped_s - live_s < BURN_S / 2, (live_s, reaped_s)
