@@ -34,12 +34,17 @@ class Sampler:
             logits[:, self._suppressed] = float("-inf")
         ids = logits.argmax(dim=-1)
         vocab = logits.shape[-1]
-        plain = [row for row, seq in enumerate(seqs) if _plain(seq, vocab)]
+        plain: list[int] = []
+        filtered: list[int] = []  # seeded, top-k or top-p: one row at a time
+        for row, seq in enumerate(seqs):
+            if _plain(seq, vocab):
+                plain.append(row)
+            elif not seq.params.greedy:
+                filtered.append(row)
         if plain:
             self._sample_plain(logits, ids, plain, seqs)
-        for row, seq in enumerate(seqs):
-            if not seq.params.greedy and not _plain(seq, vocab):
-                self._sample_one(logits, ids, row, seq)
+        for row in filtered:
+            self._sample_one(logits, ids, row, seqs[row])
         sampled = ids.tolist()
         if sampled and (min(sampled) < 0 or max(sampled) >= vocab):
             return [i if 0 <= i < vocab else FAULT_ID for i in sampled]
