@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import itertools
 import random
-import socket
 import threading
 import time
 from array import array
@@ -56,6 +55,7 @@ from phaselens.instrumentation.pipeline.spans import (
 )
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.collector_fixtures import rows, wait_rows
+from tests.dead_collectors import closed_port
 from tests.fuzz_encode import DrawnIds, FixedIds, WordIds, phase_arguments, phase_case, phase_spans, word_bits
 from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
 
@@ -729,12 +729,6 @@ def test_a_run_of_steps_exports_as_one_at_a_time_and_a_step_that_fails_costs_onl
     run[1] = step._replace(step_index=object())  # not an int: its encoding raises
     _, counts = built(lambda builder: builder.build_steps(run))
     assert counts["build_errors"] == 1 and counts["steps_built"] == counts["processor_exported"] == 2
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
