@@ -1,6 +1,7 @@
 """The C extensions: the collector's OTLP → RowBinary decoder (collectors/render.py), the timeline's
 per-token stamps (instrumentation/hotpath/timeline.py), the span builder's OTLP encoder (instrumentation/pipeline/otlp_fast.py) and its token gaps (phases.py), the
-span shipper's frame packer (instrumentation/process/wire.py); they
+span shipper's frame packer (instrumentation/process/wire.py), the ingress middleware's send guard
+(instrumentation/server/asgi.py), the vLLM plugin's per-output hooks (integrations/vllm/hooks.py); they
 need a C compiler and the Python headers. Everything else is in pyproject.toml; the extensions are declared here because pyproject's `[tool.setuptools] ext-modules` is still experimental.
 
 `phaselens.faults` (the fault-injection harness of tests/test_faults.py and benchmarks/faults.py) is
@@ -44,6 +45,16 @@ setup(
         Extension(
             "phaselens.instrumentation.pipeline._token_gaps",
             ["instrumentation/pipeline/_token_gaps.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        ),
+        Extension(
+            "phaselens.instrumentation.server._send_guard",
+            ["instrumentation/server/_send_guard.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        ),
+        Extension(
+            "phaselens.integrations.vllm._outputs",
+            ["integrations/vllm/_outputs.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(

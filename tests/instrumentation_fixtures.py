@@ -110,7 +110,7 @@ def _send_chunk(req, clock, ready_ns: int, send_ns: int, sent_ns: int) -> None:
     clock.now_ns = ready_ns
     req.output_ready()
     clock.now_ns = send_ns
-    req.chunk_sending()
+    req.body_sending(0, True)
     clock.now_ns = sent_ns
     req.chunk_sent()
 

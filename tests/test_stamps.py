@@ -1,5 +1,6 @@
 """The serving loop's records in C (`hotpath/_stamps.c`) against their definitions: a timeline's
-per-token stamps against two lists, a step's packed links against each member's `link`."""
+per-token stamps against two lists, its content-chunk stamps against their Python definition, a
+step's packed links against each member's `link`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phaselens.instrumentation.hotpath._stamps import StepRecorderCore, TimelineCore
+from phaselens.instrumentation import names
+from phaselens.instrumentation.hotpath._stamps import FIRST_SENDS_MAX, StepRecorderCore, TimelineCore
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
 from phaselens.instrumentation.hotpath.records import LINK, SpanIds, StepRecord, StepStats, pack_link, unpack_link
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline, StepRecorder
@@ -260,3 +262,88 @@ def test_the_recorder_takes_a_callable_and_a_record_type() -> None:
     with pytest.raises(TypeError, match="callable"):
         recorder.submit = None  # type: ignore[assignment]
     assert recorder.submit is print
+
+
+class ContentChunks:
+    """The content-chunk stamps' definition (handle.ServerRequest's, as Python wrote them before they
+    moved to the C base): the model the C methods are held to."""
+
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.output_ready_ts = self.first_chunk_ts = self.first_chunk_sent_ts = self.last_chunk_ts = 0
+        self.visible_tokens = self.body_bytes = 0
+        self.output_pending = False
+        self.sends: list[int] = []
+
+    def output_ready(self, output_tokens: int = 0) -> None:
+        if not self.output_ready_ts:
+            self.output_ready_ts = self.clock()
+            self.visible_tokens = output_tokens
+        self.output_pending = True
+
+    def body_sending(self, nbytes: int, carries_output: bool = False) -> None:
+        t = 0
+        if carries_output:
+            t = self.clock()
+            if not self.first_chunk_ts:
+                self.first_chunk_ts = t
+            self.last_chunk_ts = t
+        self.body_bytes += nbytes
+        if nbytes and self.first_chunk_ts and len(self.sends) < 2 * names.FIRST_SENDS_MAX:
+            self.sends += [t or self.clock(), self.body_bytes]
+
+    def chunk_sent(self) -> None:
+        if not self.first_chunk_sent_ts:
+            self.first_chunk_sent_ts = self.clock()
+        self.output_pending = False
+
+
+CONTENT_CALLS = st.one_of(
+    st.tuples(st.just("output_ready"), st.integers(0, 99)),
+    st.tuples(st.just("body_sending"), st.integers(0, 4096), st.booleans()),
+    st.tuples(st.just("chunk_sent")),
+)
+CONTENT_FIELDS = ("output_ready_ts", "first_chunk_ts", "first_chunk_sent_ts", "last_chunk_ts", "visible_tokens")
+
+
+@given(st.lists(CONTENT_CALLS, max_size=120))
+def test_content_chunk_stamps_follow_their_definition(calls: list[tuple]) -> None:
+    """Any sequence of the API layer's and the middleware's calls, past FIRST_SENDS_MAX sends, on a
+    clock that ticks at every read: the same stamps, counts and sends as the definition."""
+    ticks, model_ticks = iter(range(1_000, 10**9, 7)), iter(range(1_000, 10**9, 7))
+    timeline, model = RequestTimeline(lambda: next(ticks), received_ts=1), ContentChunks(lambda: next(model_ticks))
+    for name, *args in calls:
+        getattr(timeline, name)(*args)
+        getattr(model, name)(*args)
+        assert timeline.output_pending is model.output_pending
+    for field in (*CONTENT_FIELDS, "body_bytes"):
+        assert getattr(timeline, field) == getattr(model, field), field
+    assert timeline.sends.tolist() == model.sends
+    assert timeline.sends.format == "q" and timeline.sends.readonly
+
+
+def test_the_sends_bound_is_the_names_one() -> None:
+    assert FIRST_SENDS_MAX == names.FIRST_SENDS_MAX
+
+
+def test_content_chunk_writers_refuse_bad_arguments_and_a_raising_clock_stamps_nothing() -> None:
+    timeline = RequestTimeline(lambda: 5)
+    for bad in BAD:
+        with pytest.raises((OverflowError, TypeError, ValueError)):
+            timeline.output_ready(bad)  # type: ignore[arg-type]
+        with pytest.raises((OverflowError, TypeError, ValueError)):
+            timeline.body_sending(bad, True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        timeline.body_sending()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        timeline.output_pending = 1  # type: ignore[assignment]
+
+    def broken() -> int:
+        raise RuntimeError("clock")
+
+    timeline.clock_ns = broken
+    for call in (timeline.output_ready, lambda: timeline.body_sending(3, True), timeline.chunk_sent):
+        with pytest.raises(RuntimeError):
+            call()
+    assert [getattr(timeline, f) for f in CONTENT_FIELDS] == [0] * len(CONTENT_FIELDS)
+    assert not timeline.output_pending and timeline.sends.tolist() == []

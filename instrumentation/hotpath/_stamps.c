@@ -22,6 +22,15 @@
  * (format "q", as a frozen `records.RequestRecord` holds them), so a reader on another thread never
  * holds a view of the buffer the loop grows.
  *
+ * The response's content-chunk stamps live in the struct too (`handle.ServerRequest`'s, written on the
+ * event loop once per output and per body chunk): `first_token_ts`, `output_ready_ts`,
+ * `first_chunk_ts`, `first_chunk_sent_ts`, `last_chunk_ts` (monotonic ns, 0 = not stamped),
+ * `visible_tokens`, `body_bytes`, `output_pending`, read and written from Python as plain attributes,
+ * and the three methods that write them per output and per chunk, `output_ready(output_tokens=0)`,
+ * `body_sending(nbytes, carries_output=False)` and `chunk_sent()` (one C call each, no Python frame;
+ * the clock read as `token()` reads it). `sends` (flat [stamp, body bytes through it, ...], at most
+ * FIRST_SENDS_MAX pairs) is held inline and read as a copy, like `token_ts`.
+ *
  * `link`: what an engine step links, the request's SERVER span ids packed (`records.pack_link`,
  * set at receipt), kept in the struct beside the stamps (a step reads the lines its members'
  * token stamps have just brought in) and copied from there into the step's packed links: no link
@@ -32,9 +41,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
 #include <time.h>
 
-#define LINK_BYTES 25 /* records.LINK: trace id (high, low), span id, trace flags */
+#define LINK_BYTES 25     /* records.LINK: trace id (high, low), span id, trace flags */
+#define FIRST_SENDS_MAX 32 /* names.FIRST_SENDS_MAX (tests/test_stamps.py holds them equal) */
 
 typedef struct {
     PyObject_HEAD
@@ -42,6 +53,11 @@ typedef struct {
     Py_ssize_t size;      /* pairs stored */
     Py_ssize_t allocated; /* pairs room */
     PyObject *clock_ns;   /* never NULL */
+    int64_t first_token_ts, output_ready_ts, first_chunk_ts, first_chunk_sent_ts, last_chunk_ts;
+    int64_t visible_tokens, body_bytes;
+    int64_t sends[2 * FIRST_SENDS_MAX]; /* (stamp, body bytes through it) pairs */
+    Py_ssize_t sends_size;              /* int64s stored */
+    char output_pending;                /* output_ready() was called; the next body chunk carries it */
     unsigned char linked; /* link holds this request's SERVER span ids (sampled and ours) */
     unsigned char link[LINK_BYTES];
 } TimelineCore;
@@ -187,21 +203,95 @@ static PyTypeObject Int64BlockType = {
     .tp_as_buffer = &block_as_buffer,
 };
 
-/* one column of the pairs (0: stamps, 1: counts) as a read-only int64 memoryview of its own copy */
-static PyObject *column(TimelineCore *self, Py_ssize_t which) {
-    Int64Block *block = PyObject_NewVar(Int64Block, &Int64BlockType, self->size);
+/* n int64s, every `stride`-th from `items`, as a read-only int64 memoryview of their own copy */
+static PyObject *int64_view(const int64_t *items, Py_ssize_t n, Py_ssize_t stride) {
+    Int64Block *block = PyObject_NewVar(Int64Block, &Int64BlockType, n);
     if (block == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < self->size; i++)
-        block->items[i] = self->tokens[2 * i + which];
+    for (Py_ssize_t i = 0; i < n; i++)
+        block->items[i] = items[stride * i];
     PyObject *view = PyMemoryView_FromObject((PyObject *)block);
     Py_DECREF(block);
     return view;
 }
 
-static PyObject *core_token_ts(TimelineCore *self, void *Py_UNUSED(closure)) { return column(self, 0); }
+static PyObject *core_token_ts(TimelineCore *self, void *Py_UNUSED(closure)) {
+    return int64_view(self->tokens, self->size, 2);
+}
 
-static PyObject *core_token_n(TimelineCore *self, void *Py_UNUSED(closure)) { return column(self, 1); }
+static PyObject *core_token_n(TimelineCore *self, void *Py_UNUSED(closure)) {
+    return int64_view(self->tokens + 1, self->size, 2);
+}
+
+static PyObject *core_sends(TimelineCore *self, void *Py_UNUSED(closure)) {
+    return int64_view(self->sends, self->sends_size, 1);
+}
+
+/* output_ready(output_tokens=0): observer.RequestHandle.output_ready; the first call stamps
+ * output_ready_ts and visible_tokens, every call marks the next body chunk as carrying output */
+static PyObject *core_output_ready(TimelineCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    int64_t tokens = 0;
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "output_ready() takes at most 1 argument (output_tokens), %zd given", nargs);
+        return NULL;
+    }
+    if (nargs == 1 && (tokens = as_stamp(args[0])) == -1)
+        return NULL;
+    if (!self->output_ready_ts) {
+        int64_t t = read_clock(self->clock_ns);
+        if (t == -1)
+            return NULL;
+        self->output_ready_ts = t;
+        self->visible_tokens = tokens;
+    }
+    self->output_pending = 1;
+    Py_RETURN_NONE;
+}
+
+/* body_sending(nbytes, carries_output=False): `nbytes` of response body handed to `send`, a chunk
+ * carrying output when `carries_output` (first_chunk / last_chunk stamped, one clock read); from the
+ * first content chunk on, the first FIRST_SENDS_MAX non-empty ones are stamped with the body bytes
+ * through them */
+static PyObject *core_body_sending(TimelineCore *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "body_sending() takes 1 or 2 arguments (nbytes, carries_output), %zd given",
+                     nargs);
+        return NULL;
+    }
+    int64_t nbytes = as_stamp(args[0]), t = 0;
+    if (nbytes == -1)
+        return NULL;
+    int carries = nargs == 2 ? PyObject_IsTrue(args[1]) : 0;
+    if (carries < 0)
+        return NULL;
+    if (carries) {
+        if ((t = read_clock(self->clock_ns)) == -1)
+            return NULL;
+        if (!self->first_chunk_ts)
+            self->first_chunk_ts = t;
+        self->last_chunk_ts = t;
+    }
+    self->body_bytes += nbytes;
+    if (nbytes && self->first_chunk_ts && self->sends_size < 2 * FIRST_SENDS_MAX) {
+        if (!t && (t = read_clock(self->clock_ns)) == -1)
+            return NULL;
+        self->sends[self->sends_size++] = t;
+        self->sends[self->sends_size++] = self->body_bytes;
+    }
+    Py_RETURN_NONE;
+}
+
+/* chunk_sent(): that `send` returned (its bytes written, or queued behind a full socket buffer) */
+static PyObject *core_chunk_sent(TimelineCore *self, PyObject *Py_UNUSED(ignored)) {
+    if (!self->first_chunk_sent_ts) {
+        int64_t t = read_clock(self->clock_ns);
+        if (t == -1)
+            return NULL;
+        self->first_chunk_sent_ts = t;
+    }
+    self->output_pending = 0;
+    Py_RETURN_NONE;
+}
 
 static PyObject *core_get_clock(TimelineCore *self, void *Py_UNUSED(closure)) { return Py_NewRef(self->clock_ns); }
 
@@ -239,12 +329,32 @@ static PyMethodDef core_methods[] = {
      "token(n=1): a decode step gave n tokens; stamped clock_ns() now."},
     {"token_at", (PyCFunction)(void (*)(void))core_token_at, METH_FASTCALL,
      "token_at(t, n): a decode step gave n tokens, stamped t (monotonic ns) by the caller."},
+    {"output_ready", (PyCFunction)(void (*)(void))core_output_ready, METH_FASTCALL,
+     "output_ready(output_tokens=0): the API layer took output that renders text (observer.RequestHandle)."},
+    {"body_sending", (PyCFunction)(void (*)(void))core_body_sending, METH_FASTCALL,
+     "body_sending(nbytes, carries_output=False): nbytes of response body handed to the server's send."},
+    {"chunk_sent", (PyCFunction)core_chunk_sent, METH_NOARGS, "chunk_sent(): that send returned."},
     {NULL, NULL, 0, NULL},
+};
+
+#define STAMP(name, doc) {#name, T_LONGLONG, offsetof(TimelineCore, name), 0, doc}
+static PyMemberDef core_members[] = {
+    STAMP(first_token_ts, "The first token was handed to the request's stream (monotonic ns, 0: not yet)."),
+    STAMP(output_ready_ts, "The API layer took the first output that renders text."),
+    STAMP(first_chunk_ts, "The first body chunk carrying output was handed to the server's send."),
+    STAMP(first_chunk_sent_ts, "That send returned."),
+    STAMP(last_chunk_ts, "The last body chunk carrying output so far was handed to send."),
+    STAMP(visible_tokens, "Output tokens handed to the stream when the first text reached the API layer (0: unknown)."),
+    STAMP(body_bytes, "Response body bytes handed to send so far."),
+    {"output_pending", T_BOOL, offsetof(TimelineCore, output_pending), 0,
+     "output_ready() was called since the last body chunk carrying output."},
+    {NULL, 0, 0, 0, NULL},
 };
 
 static PyGetSetDef core_getset[] = {
     {"token_ts", (getter)core_token_ts, NULL, "One stamp per decode step that gave tokens (a copy).", NULL},
     {"token_n", (getter)core_token_n, NULL, "The tokens each of those steps gave (a copy).", NULL},
+    {"sends", (getter)core_sends, NULL, "Flat [stamp, body bytes through it, ...] of the first sends (a copy).", NULL},
     {"clock_ns", (getter)core_get_clock, (setter)core_set_clock, "The clock stamps are read from.", NULL},
     {"link", (getter)core_get_link, (setter)core_set_link,
      "What an engine step links: the SERVER span's ids packed (records.pack_link), None when not sampled.", NULL},
@@ -261,6 +371,7 @@ static PyTypeObject TimelineCoreType = {
     .tp_traverse = (traverseproc)core_traverse,
     .tp_clear = (inquiry)core_clear,
     .tp_methods = core_methods,
+    .tp_members = core_members,
     .tp_getset = core_getset,
 };
 
@@ -480,7 +591,8 @@ PyMODINIT_FUNC PyInit__stamps(void) {
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "TimelineCore", (PyObject *)&TimelineCoreType) < 0 ||
-        PyModule_AddObjectRef(module, "StepRecorderCore", (PyObject *)&StepRecorderCoreType) < 0) {
+        PyModule_AddObjectRef(module, "StepRecorderCore", (PyObject *)&StepRecorderCoreType) < 0 ||
+        PyModule_AddIntConstant(module, "FIRST_SENDS_MAX", FIRST_SENDS_MAX) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan
 
-from phaselens.common.clocks import NOT_STAMPED, MonoClock, MonoTs, monotonic_ts
+from phaselens.common.clocks import MonoClock, MonoTs, monotonic_ts
 from phaselens.instrumentation.hotpath.ids import span_context
 from phaselens.instrumentation.hotpath.records import (
     NO_OUTCOME,
@@ -30,9 +30,6 @@ from phaselens.instrumentation.hotpath.records import (
     pack_link,
 )
 from phaselens.instrumentation.hotpath.timeline import RequestTimeline
-from phaselens.instrumentation.names import FIRST_SENDS_MAX
-
-_SENDS_FIELDS = 2 * FIRST_SENDS_MAX  # stamp, body bytes
 
 
 class Closer:
@@ -72,12 +69,16 @@ class Closer:
 
 class ServerRequest(RequestTimeline):
     """observer.RequestHandle for one request of this server. The timeline's content-chunk stamps
-    are written here, on the event loop: by the API layer (`output_ready`) and the middleware."""
+    are written on the event loop by the C base's methods: `output_ready(output_tokens=0)` (the API
+    layer took output that renders text: see observer.RequestHandle.output_ready),
+    `body_sending(nbytes, carries_output=False)` (the middleware hands `nbytes` of response body to
+    `send`, a chunk carrying output when `carries_output`: `first_chunk` / `last_chunk` stamped,
+    and from the first content chunk on the first FIRST_SENDS_MAX non-empty ones with the body
+    bytes through them, timeline `sends`) and `chunk_sent()` (that `send` returned)."""
 
     __slots__ = (
         "_closed",
         "_closer",
-        "body_bytes",
         "capture_content",
         "context",
         "http",
@@ -85,7 +86,6 @@ class ServerRequest(RequestTimeline):
         "kv",
         "managed",
         "outcome",
-        "output_pending",
         "parent",
         "root",
         "span",
@@ -117,8 +117,6 @@ class ServerRequest(RequestTimeline):
         self.kv: KvStamps | None = None
         self.managed = managed  # True: the middleware closes it when the response ends
         self.capture_content = capture_content
-        self.output_pending = False  # output_ready() was called; the next body chunk carries it
-        self.body_bytes = 0  # response body bytes handed to `send` so far
         self._closer = closer
         self._closed = False
 
@@ -158,40 +156,6 @@ class ServerRequest(RequestTimeline):
         self.outcome = self.outcome._replace(error_type=error_type, status_code=status_code)
         if not self.managed:
             self.close()
-
-    def output_ready(self, output_tokens: int = 0) -> None:
-        """See observer.RequestHandle.output_ready."""
-        if not self.output_ready_ts:
-            self.output_ready_ts = self.clock_ns()
-            self.visible_tokens = output_tokens
-        self.output_pending = True
-
-    def chunk_sending(self) -> None:
-        """The middleware hands a body chunk carrying output to the server's `send`."""
-        self.body_sending(0, True)
-
-    def body_sending(self, nbytes: int, carries_output: bool = False) -> None:
-        """The middleware hands `nbytes` of response body to `send`, a chunk carrying output when
-        `carries_output` (`first_chunk` / `last_chunk` stamped: one call a chunk, one clock read):
-        from the first content chunk on, the first FIRST_SENDS_MAX non-empty ones are stamped with
-        the body bytes through them (timeline `sends`)."""
-        t = NOT_STAMPED
-        if carries_output:
-            t = self.clock_ns()
-            if not self.first_chunk_ts:
-                self.first_chunk_ts = t
-            self.last_chunk_ts = t
-        self.body_bytes += nbytes
-        sends = self.sends
-        if nbytes and self.first_chunk_ts and len(sends) < _SENDS_FIELDS:
-            sends.append(t or self.clock_ns())
-            sends.append(self.body_bytes)
-
-    def chunk_sent(self) -> None:
-        """That `send` returned (its bytes written, or queued behind a full socket buffer)."""
-        if not self.first_chunk_sent_ts:
-            self.first_chunk_sent_ts = self.clock_ns()
-        self.output_pending = False
 
     def kv_moved(self, save: bool, start_ts: MonoTs, end_ts: MonoTs, busy_ns: int, nbytes: int | None) -> None:
         """A KV connector saved (`save`) or loaded this request's KV in one engine step, from
@@ -241,7 +205,7 @@ class ServerRequest(RequestTimeline):
             int64s(self.chunks.tobytes()),
             self.token_ts,  # already read-only int64 copies
             self.token_n,
-            int64s(self.sends.tobytes()),
+            self.sends,  # a read-only int64 copy, as token_ts
             self.info,
             self.outcome,
             self.http,

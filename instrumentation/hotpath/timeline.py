@@ -12,6 +12,8 @@ Layout of a request timeline (all monotonic ns, 0 = not stamped):
                chunks, stamped on the event loop (`handle.ServerRequest`): the API layer took the
                first output carrying content off the engine's stream; its body chunk handed to the
                server's `send`; that `send` returned; the last content chunk handed to `send`
+               (held in the C base with `first_token_ts`, written by its `output_ready`,
+               `body_sending` and `chunk_sent`: one C call per output and per body chunk)
     visible_tokens   the output tokens so far when the first content reached the API layer
     arrived_ts, read_ts   the request's first bytes reached the server's kernel; the event loop
                handed them to the HTTP protocol (`inbound`; 0 = not observed)
@@ -23,7 +25,8 @@ Layout of a request timeline (all monotonic ns, 0 = not stamped):
                them as read-only int64 memoryviews (copies), as a frozen record holds them
     sends      flat [stamp, body_bytes, …]  the body chunks handed to the server's `send` from the
                first content chunk on (at most names.FIRST_SENDS_MAX): the stamp just before the
-               call, the response body bytes handed over through that chunk
+               call, the response body bytes handed over through that chunk (the C base's, read as
+               a read-only int64 copy like token_ts)
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class RequestTimeline(TimelineCore):
     """Per-request phase stamps (observer.RequestObserver). Written by the loop thread only.
 
     `token(n=1)` (a decode step gave n tokens, stamped now) and `token_at(t, n)` (stamped t by the
-    caller) are the C base's: one call, no Python frame, a token's stamp and count stored together."""
+    caller) are the C base's: one call, no Python frame, a token's stamp and count stored together.
+    So are the content-chunk stamps and their writers (module docstring)."""
 
     __slots__ = (
         "arrived_ts",
@@ -55,43 +59,28 @@ class RequestTimeline(TimelineCore):
         "enqueued_ts",
         "finish_reason",
         "finished_ts",
-        "first_chunk_sent_ts",
-        "first_chunk_ts",
-        "first_token_ts",
-        "last_chunk_ts",
-        "output_ready_ts",
         "read_ts",
         "received_ts",
         "responded_ts",
-        "sends",
-        "visible_tokens",
         "waits",
     )
 
-    # the stamps (class-level annotations only: the slots hold them)
+    # the stamps (class-level annotations only: the slots hold them; the C base the others)
     received_ts: MonoTs
     enqueued_ts: MonoTs
-    first_token_ts: MonoTs
     finished_ts: MonoTs
     responded_ts: MonoTs
-    output_ready_ts: MonoTs
-    first_chunk_ts: MonoTs
-    first_chunk_sent_ts: MonoTs
-    last_chunk_ts: MonoTs
     arrived_ts: MonoTs
     read_ts: MonoTs
 
     def __init__(self, clock_ns: MonoClock = monotonic_ts, received_ts: MonoTs | None = None) -> None:
         self.clock_ns = clock_ns
         self.received_ts = clock_ns() if received_ts is None else received_ts
-        self.enqueued_ts = self.first_token_ts = self.finished_ts = self.responded_ts = NOT_STAMPED
-        self.output_ready_ts = self.first_chunk_ts = self.first_chunk_sent_ts = self.last_chunk_ts = NOT_STAMPED
+        self.enqueued_ts = self.finished_ts = self.responded_ts = NOT_STAMPED
         self.arrived_ts = self.read_ts = NOT_STAMPED
-        self.visible_tokens = 0  # the first content came with this many output tokens (0: not known)
         self.finish_reason = ""
         self.waits = array(INT64)
         self.chunks = array(INT64)
-        self.sends = array(INT64)
 
     def enqueued(self) -> None:
         t = self.clock_ns()

@@ -20,12 +20,14 @@ builder) when the app returns or raises.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from opentelemetry import context
 
 from phaselens.common.clocks import NOT_STAMPED, MonoTs
 from phaselens.instrumentation.hotpath.handle import ServerRequest
+from phaselens.instrumentation.server._send_guard import SendGuard
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -49,14 +51,27 @@ class IngressMiddleware:
     when given, tells whether a body chunk sent after `output_ready()` carries the output (a server
     whose API layer also sends chunks without it after that call, such as vLLM's role-only chat
     chunk or its empty-text completion chunks); by default each such chunk does. It is asked only until
-    the first chunk that carries output: vLLM sends those chunks before its first text."""
+    the first chunk that carries output: vLLM sends those chunks before its first text.
+
+    For a host that joins its own work to the request (the vLLM plugin): `current`, a ContextVar
+    that holds the handle while the app runs, and `ended(handle)`, called when the app returned or
+    raised, before the handle is closed. (In this middleware's own frame: a wrapper around the app
+    would be one more coroutine frame resumed at every await of the request.)"""
 
     def __init__(
-        self, app: Any, telemetry: RequestOpener, carries_content: Callable[[Message], bool] | None = None
+        self,
+        app: Any,
+        telemetry: RequestOpener,
+        carries_content: Callable[[Message], bool] | None = None,
+        *,
+        current: ContextVar[Any] | None = None,
+        ended: Callable[[ServerRequest], Any] | None = None,
     ) -> None:
         self.app = app
         self.telemetry = telemetry
         self.carries_content = carries_content
+        self.current = current
+        self.ended = ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
@@ -74,7 +89,7 @@ class IngressMiddleware:
                 handle.note_http(client_disconnected=True)
             return message
 
-        async def send_stamped(message: Message) -> None:
+        async def send_tracked(message: Message) -> None:
             nonlocal responded_ts
             kind = message.get("type")
             if kind == "http.response.start":
@@ -97,7 +112,24 @@ class IngressMiddleware:
             if kind == "http.response.body" and not message.get("more_body", False):
                 responded_ts = clock_ns()
 
+        def client_gone() -> None:  # the server could not write a body chunk before the last one
+            handle.note_http(client_disconnected=True)
+
+        def send_stamped(message: Message) -> Awaitable[None]:
+            """A body chunk after the first content chunk's `send` returned, not the last: stamped here
+            and nothing after `send` (`output_pending` is cleared now: only the request's task sets it),
+            so `send` is awaited through a C guard, no coroutine of ours (most chunks of a stream).
+            Any other message goes through `send_tracked`."""
+            if handle.first_chunk_sent_ts and message.get("more_body") and message.get("type") == "http.response.body":
+                carries_output = handle.output_pending
+                handle.body_sending(len(message.get("body") or b""), carries_output)
+                handle.output_pending = False
+                return SendGuard(send(message), client_gone)
+            return send_tracked(message)
+
         token = context.attach(handle.context)
+        current = self.current
+        current_token = current.set(handle) if current is not None else None
         try:
             await self.app(scope, receive_stamped, send_stamped)
         except BaseException as exc:
@@ -107,5 +139,9 @@ class IngressMiddleware:
                 handle.note_http(status_code=500)  # what the server answers for an app that raised
             raise
         finally:
+            if current is not None and current_token is not None:
+                current.reset(current_token)
+            if self.ended is not None:
+                self.ended(handle)
             context.detach(token)
             handle.close(responded_ts or None)

@@ -31,6 +31,7 @@ import asyncio
 import json
 import os
 import socket
+from collections.abc import Awaitable
 from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -38,7 +39,6 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from phaselens.instrumentation import ServerTelemetry
 from phaselens.instrumentation.hotpath import enable_kernel_stamps
 from phaselens.instrumentation.server import (
-    SCOPE_KEY,
     InboundProtocol,
     IngressMiddleware,
     Message,
@@ -91,35 +91,31 @@ def traced_telemetry() -> ServerTelemetry | None:
 
 
 class FirstChunkMiddleware:
-    """The ASGI middleware vLLM's `--middleware` instantiates with the app (module docstring)."""
+    """The ASGI middleware vLLM's `--middleware` instantiates with the app (module docstring).
+
+    A call returns the awaitable that serves the request (vLLM's app's, or the ingress middleware's
+    around it), not a coroutine of its own: a coroutine here would be one more frame resumed at every
+    await of the request (each output it waits for). The ingress middleware holds the handle in
+    `HTTP_REQUEST` while vLLM's app runs and calls `hooks.http_done` when it ends."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self._ingress: IngressMiddleware | None = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        telemetry = traced_telemetry() if scope.get("type") == "http" else None
-        if telemetry is None:
-            await self.app(scope, receive, send)
-            return
-        if scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
-            telemetry.inbound.discard(scope.get("client"))  # its read is not a generation request's
-            await self.app(scope, receive, send)
-            return
-        if self._ingress is None:
-            self._ingress = IngressMiddleware(self._run_app, telemetry, sse_carries_content)
-        await self._ingress(scope, receive, send)
-
-    async def _run_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         from . import hooks
 
-        handle = scope[SCOPE_KEY]
-        token = HTTP_REQUEST.set(handle)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            HTTP_REQUEST.reset(token)
-            hooks.http_done(handle)
+        telemetry = traced_telemetry() if scope.get("type") == "http" else None
+        if telemetry is None:
+            return self.app(scope, receive, send)
+        if scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
+            telemetry.inbound.discard(scope.get("client"))  # its read is not a generation request's
+            return self.app(scope, receive, send)
+        if self._ingress is None:
+            self._ingress = IngressMiddleware(
+                self.app, telemetry, sse_carries_content, current=HTTP_REQUEST, ended=hooks.http_done
+            )
+        return self._ingress(scope, receive, send)
 
 
 class VllmInboundProtocol(InboundProtocol):

@@ -19,6 +19,9 @@ in phaselens's part is logged once and never reaches vLLM.
                                                            send them back with every output)
     RequestOutputCollector.get / get_nowait                the request's task took output: output
                                                            that renders text stamps `output_ready`
+                                                           (`_outputs.c`: `get` returns vLLM's coroutine
+                                                           wrapped in a C awaitable, no coroutine of
+                                                           ours per output)
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from typing import Any
 
 from phaselens.instrumentation import names
 
+from ._outputs import CollectorHook
 from .http_request import HTTP_REQUEST, MIDDLEWARE_PATH
-from .tracker import VllmTracker, output_taken
+from .tracker import VllmTracker
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 MARK = "__phaselens_wrapped__"
@@ -93,11 +97,18 @@ def _warn_once(key: str, message: str) -> None:
         _logger.warning(message)
 
 
-def _failed(what: str) -> None:
-    """Phaselens's part of hook `what` raised (called in its `except`): logged once, vLLM goes on."""
+def _failed(what: str, exc: BaseException | None = None) -> None:
+    """Phaselens's part of hook `what` raised `exc` (None: called in its `except`): logged once, vLLM
+    goes on."""
     if what not in _warned:
         _warned.add(what)
-        _logger.exception("phaselens: the %s hook failed; vLLM keeps serving (logged once)", what)
+        _logger.error(
+            "phaselens: the %s hook failed; vLLM keeps serving (logged once)", what, exc_info=exc or True
+        )
+
+
+def _output_ready_failed(exc: BaseException) -> None:
+    _failed("output_ready", exc)
 
 
 def _guard(what: str, fn: Callable, *args: Any) -> Any:
@@ -179,35 +190,16 @@ def _add_request(original: Callable) -> Callable:
 
 
 def _collector_get(original: Callable) -> Callable:
-    @functools.wraps(original)
-    async def get(self):
-        output = await original(self)
-        handle = HTTP_REQUEST.get()
-        if handle is not None:
-            try:
-                output_taken(handle, output)
-            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
-                _failed("output_ready")
-        return output
-
-    return get
+    """vLLM's `get`, its coroutine awaited through `Taking` in an HTTP request the middleware opened:
+    the output it returns is `output_taken` (the context is the request's task's, before and after
+    the await alike). A C method descriptor (`_outputs.CollectorHook`): no frame of ours per call."""
+    return CollectorHook(original, HTTP_REQUEST, _output_ready_failed, True)
 
 
 def _collector_get_nowait(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def get_nowait(self):
-        output = original(self)
-        if output is None:  # vLLM tries it before each `await get()`: mostly nothing there
-            return None
-        handle = HTTP_REQUEST.get()
-        if handle is not None:
-            try:
-                output_taken(handle, output)
-            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
-                _failed("output_ready")
-        return output
-
-    return get_nowait
+    """vLLM's `get_nowait`; output it returns in an HTTP request the middleware opened is
+    `output_taken` (vLLM tries it before each `await get()`: mostly nothing there, passed at once)."""
+    return CollectorHook(original, HTTP_REQUEST, _output_ready_failed, False)
 
 
 WRAPPERS = {

@@ -35,6 +35,7 @@ from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs
 from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, RequestInfo, StepStats
 from phaselens.instrumentation import names as n
 
+from ._outputs import open_outputs, stamp_tokens
 from .kv_timing import SAVE, records_of
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
@@ -42,6 +43,7 @@ _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its
 FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "abort": FINISH_ABORT, "error": FINISH_ERROR}
 KV_SCALE = 1_000_000  # vLLM gives the API server KV use as a fraction: written as used/total per million
 SWEEP_EVERY_STEPS = 32  # how often requests that vanished without finishing (aborts) are closed
+_new_tuple = tuple.__new__
 
 
 def _mono_ts(seconds: float) -> MonoTs:
@@ -109,14 +111,21 @@ class VllmTracker:
 
     # --- per output batch (process_outputs) -----------------------------------------------------
     def before_outputs(self, processor: Any, outputs: list, timestamp_s: float | None, iteration_stats: Any) -> list:
-        """Before vLLM processes (a slice of) a batch: (handle, new tokens, stats on a first sight, else
-        None) per output of a known request. `timestamp_s`, the EngineCore's monotonic stamp of the
-        batch, is the step's end."""
+        """Before vLLM processes (a slice of) a batch: flat (handle, new tokens, stats on a first sight,
+        else None) triples, one per output of a known request (`_outputs.open_outputs` when every
+        output's request is open, the usual batch). `timestamp_s`, the EngineCore's monotonic stamp
+        of the batch, is the step's end."""
         if self._idle_reason is not None:
             return []
         self._step_end_s, self._step_iteration = timestamp_s, iteration_stats
-        states, opened, seen = processor.request_states, self._open, []
-        self._states = states
+        self._states = states = processor.request_states
+        seen = open_outputs(outputs, self._open)
+        return seen if seen is not None else self._first_sights(states, outputs)
+
+    def _first_sights(self, states: dict, outputs: list) -> list:
+        """`before_outputs` for a batch in which some request has no open handle yet: opened here
+        (or skipped: not vLLM's any more, or abandoned)."""
+        opened, seen = self._open, []
         for output in outputs:
             req_id = output.request_id
             handle = opened.get(req_id)
@@ -129,14 +138,18 @@ class VllmTracker:
                     self.idle("vLLM runs with --disable-log-stats, so it keeps no per-request timestamps")
                     return []
                 handle, stats = self._open_handle(req_id, state, output.trace_headers), state.stats
-            seen.append((handle, len(output.new_token_ids), stats))
+            seen += (handle, len(output.new_token_ids), stats)
         return seen
 
     def after_outputs(self, seen: list) -> None:
         """The batch is in the requests' streams: stamp first token / tokens, remember the step's
-        members and, from a request first scheduled in it, when the step started."""
+        members and, from a request first scheduled in it, when the step started (in C,
+        `_outputs.stamp_tokens`, unless a request was first seen in it)."""
         now = self.clock_ns()
-        for handle, tokens, first_stats in seen:
+        if stamp_tokens(seen, now, self._step_handles):
+            return
+        triples = iter(seen)
+        for handle, tokens, first_stats in zip(triples, triples, triples, strict=True):
             if first_stats is not None:
                 handle.first_token_ts = now
                 self._step_first_tokens += 1
@@ -249,18 +262,25 @@ class VllmTracker:
         end_ts = _mono_ts(end_s) if end_s else self.clock_ns()
         start_ts = max(self._prev_step_end_ts, self._step_scheduled_ts) or end_ts
         self._prev_step_end_ts, self._step_scheduled_ts = end_ts, NOT_STAMPED
-        generated = iteration_stats.num_generation_tokens if iteration_stats is not None else 0
-        prompt = iteration_stats.num_prompt_tokens if iteration_stats is not None else 0
+        generated = prompt = preempted = 0
+        if iteration_stats is not None:
+            generated, prompt = iteration_stats.num_generation_tokens, iteration_stats.num_prompt_tokens
+            preempted = iteration_stats.num_preempted_reqs
         usage = getattr(scheduler_stats, "kv_cache_usage", None)
-        stats = StepStats(  # positional (start, end, prefill, decode, kv used, kv total, preemptions, queue)
-            start_ts,
-            end_ts,
-            prompt,
-            max(0, generated - first_tokens),
-            round(usage * KV_SCALE) if usage is not None else 0,
-            KV_SCALE if usage is not None else 0,
-            iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
-            getattr(scheduler_stats, "num_waiting_reqs", 0),
+        # (start, end, prefill, decode, kv used, kv total, preemptions, queue), made by tuple.__new__:
+        # StepStats' own __new__ is a Python function (its defaults), one frame more a step
+        stats = _new_tuple(
+            StepStats,
+            (
+                start_ts,
+                end_ts,
+                prompt,
+                max(0, generated - first_tokens),
+                round(usage * KV_SCALE) if usage is not None else 0,
+                KV_SCALE if usage is not None else 0,
+                preempted,
+                getattr(scheduler_stats, "num_waiting_reqs", 0),
+            ),
         )
         self.telemetry.step_observer.step(stats, members)
 
@@ -303,18 +323,3 @@ class VllmTracker:
             self._settle(handle, state, FINISH_ABORT)
         handle.fail(n.ERROR_CLIENT_DISCONNECTED)  # closes the handle (the middleware's: at the response's end)
 
-
-def output_taken(handle: Any, output: Any) -> None:
-    """The HTTP request's task took `output` (a RequestOutput) off vLLM's per-request stream. Output
-    that renders text is `output_ready`: the first time with the tokens handed to the stream so far
-    (so the decode steps of tokens that rendered none are `held_back`); every time, so that the
-    middleware stamps each content chunk's `send` (the last one ends `server_last_chunk`)."""
-    if not handle.first_token_ts:
-        return
-    for completion in getattr(output, "outputs", ()):  # a loop, not any(): no generator made per output
-        if completion.text:
-            break
-    else:  # no text: a finished output is the answer still (one token that renders none: a P/D prefill half)
-        if handle.output_ready_ts or not getattr(output, "finished", False):
-            return
-    handle.output_ready(0 if handle.output_ready_ts else 1 + sum(handle.token_n))

@@ -1,0 +1,537 @@
+/* vLLM's outputs on its API-server event loop, the plugin's per-output work in C (hooks.py,
+ * tracker.py): the output batch's token stamps, and the request's task taking its output.
+ *
+ * Why C: this runs once per output of every request. In Python each output cost loop iterations
+ * in `before_outputs` / `after_outputs`, and each take a coroutine and frame of the `get` wrapper
+ * (each resume going through both) and a call of `output_taken`.
+ *
+ * `open_outputs(outputs, open)`: before vLLM processes a batch, [handle, new tokens, None, ...]
+ * (flat triples) for its outputs when every output's request has an open handle in `open` (vLLM
+ * request id → handle), else None: a batch with a request seen for the first time goes through the
+ * tracker's Python (its handle opened, its stats read), which gives the same triples with the stats.
+ * `stamp_tokens(seen, now, members)`: after it, each handle's tokens stamped `now` (`token_at`, none
+ * for 0 tokens) and the handles appended to `members` (the step's, in the batch's order), when no
+ * triple holds stats: True; else False, nothing done (the tracker's Python does a first sight's).
+ *
+ * `output_taken(handle, output)`: output (a vLLM RequestOutput: `outputs`, each with `text`, and
+ * `finished`) that renders text is `output_ready`: the first time with the tokens handed to the
+ * stream so far (1 + sum(token_n): the first token and the later ones), so the decode steps of
+ * tokens that rendered none are `held_back`; every time, so that the middleware stamps each content
+ * chunk's `send`. A finished output without text is the answer still (one token that renders none:
+ * a P/D prefill half). Nothing before the first token (`first_token_ts` 0: not this request's yet).
+ * The handle is read and written through its attributes and methods (C members and C methods of a
+ * `ServerRequest`).
+ *
+ * `CollectorHook(original, current, on_error, awaits)`: the `get` / `get_nowait` wrappers themselves
+ * (C method descriptors: no frame of ours per call), below.
+ *
+ * `Taking(awaitable, handle, on_error)`: what the `get` wrapper returns, vLLM's coroutine awaited
+ * (`am_send`, the protocol `await` uses; `send` / `throw` / `close` for everything else) and, when
+ * it returns output, `output_taken` run: no frame of ours per output. A failure there never reaches
+ * vLLM: `on_error(exception)` is called (hooks.py logs it once) and the output goes on.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+static PyObject *str_first_token_ts, *str_output_ready_ts, *str_outputs, *str_text, *str_finished, *str_token_n,
+    *str_output_ready, *str_throw, *str_close, *str_request_id, *str_new_token_ids, *str_token_at;
+
+#if PY_VERSION_HEX < 0x030D0000
+#define PyObject_GetOptionalAttr _PyObject_LookupAttr
+#endif
+
+/* the attribute's truth: 1, 0, or -1 with an exception set; `missing` when it has none */
+static int attr_true(PyObject *obj, PyObject *name, int missing) {
+    PyObject *value;
+    if (PyObject_GetOptionalAttr(obj, name, &value) < 0)
+        return -1;
+    if (value == NULL)
+        return missing;
+    int truth = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return truth;
+}
+
+/* whether any of output.outputs has non-empty text: 1, 0, -1 with an exception set */
+static int renders_text(PyObject *output) {
+    PyObject *outputs;
+    if (PyObject_GetOptionalAttr(output, str_outputs, &outputs) < 0)
+        return -1;
+    if (outputs == NULL)
+        return 0;
+    PyObject *seq = PySequence_Fast(outputs, "RequestOutput.outputs must be a sequence");
+    Py_DECREF(outputs);
+    if (seq == NULL)
+        return -1;
+    int found = 0;
+    for (Py_ssize_t i = 0; found == 0 && i < PySequence_Fast_GET_SIZE(seq); i++)
+        found = attr_true(PySequence_Fast_GET_ITEM(seq, i), str_text, 0);
+    Py_DECREF(seq);
+    return found;
+}
+
+/* 1 + the tokens of the handle's token stamps (token_n): the tokens handed to the stream so far */
+static PyObject *tokens_handed(PyObject *handle) {
+    PyObject *counts = PyObject_GetAttr(handle, str_token_n);
+    if (counts == NULL)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(counts, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(counts);
+        return NULL;
+    }
+    long long total = 1;
+    int int64s = view.itemsize == 8 && view.format != NULL && (view.format[0] == 'q' || view.format[0] == 'l');
+    for (Py_ssize_t i = 0; int64s && i < view.len / 8; i++)
+        total += ((const int64_t *)view.buf)[i];
+    PyBuffer_Release(&view);
+    Py_DECREF(counts);
+    if (!int64s) {
+        PyErr_SetString(PyExc_TypeError, "token_n must read as int64s");
+        return NULL;
+    }
+    return PyLong_FromLongLong(total);
+}
+
+/* open_outputs(outputs, open) (module comment) */
+static PyObject *open_outputs(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "open_outputs(outputs, open: dict)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "open_outputs(): outputs must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *seen = PyList_New(3 * n);
+    /* an output's attribute may run Python code that changes the list: its size is read again */
+    for (Py_ssize_t i = 0; seen != NULL && i < n; i++) {
+        if (i >= PySequence_Fast_GET_SIZE(seq)) { /* shrunk: the tracker's Python reads it */
+            Py_CLEAR(seen);
+            break;
+        }
+        PyObject *output = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i)), *handle = NULL, *tokens = NULL;
+        PyObject *req_id = PyObject_GetAttr(output, str_request_id);
+        if (req_id != NULL) {
+            handle = Py_XNewRef(PyDict_GetItemWithError(args[1], req_id));
+            Py_DECREF(req_id);
+        }
+        PyObject *ids = handle != NULL ? PyObject_GetAttr(output, str_new_token_ids) : NULL;
+        if (ids != NULL) {
+            Py_ssize_t count = PyObject_Length(ids);
+            Py_DECREF(ids);
+            tokens = count < 0 ? NULL : PyLong_FromSsize_t(count);
+        }
+        Py_DECREF(output);
+        if (tokens == NULL) { /* an error, or a request without an open handle: None */
+            Py_XDECREF(handle);
+            Py_CLEAR(seen);
+            break;
+        }
+        PyList_SET_ITEM(seen, 3 * i, handle);
+        PyList_SET_ITEM(seen, 3 * i + 1, tokens);
+        PyList_SET_ITEM(seen, 3 * i + 2, Py_NewRef(Py_None));
+    }
+    Py_DECREF(seq);
+    if (seen == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return seen;
+}
+
+/* stamp_tokens(seen, now, members) (module comment) */
+static PyObject *stamp_tokens(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyList_Check(args[2]) || PyList_GET_SIZE(args[0]) % 3) {
+        PyErr_SetString(PyExc_TypeError, "stamp_tokens(seen: list of triples, now, members: list)");
+        return NULL;
+    }
+    PyObject *seen = args[0], *now = args[1], *members = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(seen);
+    for (Py_ssize_t i = 2; i < n; i += 3)
+        if (PyList_GET_ITEM(seen, i) != Py_None)
+            Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i + 2 < PyList_GET_SIZE(seen); i += 3) {
+        PyObject *handle = Py_NewRef(PyList_GET_ITEM(seen, i)), *tokens = Py_NewRef(PyList_GET_ITEM(seen, i + 1));
+        int some = PyObject_IsTrue(tokens), failed = some < 0;
+        if (some > 0) {
+            PyObject *call[] = {handle, now, tokens};
+            PyObject *done = PyObject_VectorcallMethod(str_token_at, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            failed = done == NULL;
+            Py_XDECREF(done);
+        }
+        failed = failed || PyList_Append(members, handle) < 0;
+        Py_DECREF(handle);
+        Py_DECREF(tokens);
+        if (failed)
+            return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* output_taken(handle, output) (module comment); 0, or -1 with an exception set */
+static int taken(PyObject *handle, PyObject *output) {
+    int started = attr_true(handle, str_first_token_ts, 0);
+    if (started <= 0)
+        return started;
+    int text = renders_text(output);
+    if (text < 0)
+        return -1;
+    int ready = attr_true(handle, str_output_ready_ts, 0);
+    if (ready < 0)
+        return -1;
+    if (!text) {
+        int finished = ready ? 0 : attr_true(output, str_finished, 0);
+        if (finished <= 0)
+            return finished;
+    }
+    PyObject *tokens = ready ? PyLong_FromLong(0) : tokens_handed(handle);
+    if (tokens == NULL)
+        return -1;
+    PyObject *args[] = {handle, tokens};
+    PyObject *done = PyObject_VectorcallMethod(str_output_ready, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(tokens);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+static PyObject *output_taken(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "output_taken() takes 2 arguments (handle, output), %zd given", nargs);
+        return NULL;
+    }
+    if (taken(args[0], args[1]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Taking(awaitable, handle, on_error): awaits `awaitable`; the output it returns is `taken` by
+ * `handle` before it is handed on */
+typedef struct {
+    PyObject_HEAD
+    PyObject *inner; /* the awaitable's iterator (a coroutine is its own) */
+    PyObject *handle;
+    PyObject *on_error;
+} Taking;
+
+static PyTypeObject TakingType;
+
+static PyObject *taking_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *awaitable, *handle, *on_error;
+    if (!_PyArg_NoKeywords("Taking", kwargs) || !PyArg_UnpackTuple(args, "Taking", 3, 3, &awaitable, &handle, &on_error))
+        return NULL;
+    if (!PyCallable_Check(on_error)) {
+        PyErr_SetString(PyExc_TypeError, "Taking(awaitable, handle, on_error): on_error must be callable");
+        return NULL;
+    }
+    PyObject *inner;
+    if (PyCoro_CheckExact(awaitable)) {
+        inner = Py_NewRef(awaitable);
+    } else {
+        unaryfunc await = Py_TYPE(awaitable)->tp_as_async ? Py_TYPE(awaitable)->tp_as_async->am_await : NULL;
+        if (await == NULL) {
+            PyErr_Format(PyExc_TypeError, "Taking(): %.100s is not awaitable", Py_TYPE(awaitable)->tp_name);
+            return NULL;
+        }
+        if ((inner = await(awaitable)) == NULL)
+            return NULL;
+    }
+    Taking *self = (Taking *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(inner);
+        return NULL;
+    }
+    self->inner = inner;
+    self->handle = Py_NewRef(handle);
+    self->on_error = Py_NewRef(on_error);
+    return (PyObject *)self;
+}
+
+static int taking_traverse(Taking *self, visitproc visit, void *arg) {
+    Py_VISIT(self->inner);
+    Py_VISIT(self->handle);
+    Py_VISIT(self->on_error);
+    return 0;
+}
+
+static int taking_clear(Taking *self) {
+    Py_CLEAR(self->inner);
+    Py_CLEAR(self->handle);
+    Py_CLEAR(self->on_error);
+    return 0;
+}
+
+static void taking_dealloc(Taking *self) {
+    PyObject_GC_UnTrack(self);
+    taking_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* the exception set, handed to on_error(exception) and cleared: it goes no further */
+static void report(PyObject *on_error) {
+    PyObject *type, *exc, *traceback;
+    PyErr_Fetch(&type, &exc, &traceback);
+    PyErr_NormalizeException(&type, &exc, &traceback);
+    if (traceback != NULL)
+        PyException_SetTraceback(exc, traceback);
+    PyObject *logged = PyObject_CallOneArg(on_error, exc);
+    Py_XDECREF(type);
+    Py_XDECREF(exc);
+    Py_XDECREF(traceback);
+    if (logged == NULL)
+        PyErr_WriteUnraisable(on_error);
+    Py_XDECREF(logged);
+}
+
+/* the awaitable returned `output`: taken by the handle; a failure goes to on_error, never on */
+static void returned(Taking *self, PyObject *output) {
+    if (self->handle != NULL && taken(self->handle, output) < 0)
+        report(self->on_error);
+}
+
+static PySendResult taking_am_send(Taking *self, PyObject *arg, PyObject **result) {
+    if (self->inner == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited Taking");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    PySendResult status = PyIter_Send(self->inner, arg, result);
+    if (status == PYGEN_RETURN)
+        returned(self, *result);
+    return status;
+}
+
+/* a PySendResult as a Python-level call's result: the yielded value, or NULL with StopIteration(the
+ * returned value) or the error set */
+static PyObject *as_call_result(PySendResult status, PyObject *result) {
+    if (status != PYGEN_RETURN)
+        return result;
+    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, result);
+    Py_DECREF(result);
+    if (stop != NULL) {
+        PyErr_SetObject(PyExc_StopIteration, stop);
+        Py_DECREF(stop);
+    }
+    return NULL;
+}
+
+static PyObject *taking_iternext(Taking *self) {
+    PyObject *result;
+    PySendResult status = taking_am_send(self, Py_None, &result);
+    return as_call_result(status, result);
+}
+
+static PyObject *taking_send(Taking *self, PyObject *value) {
+    PyObject *result;
+    PySendResult status = taking_am_send(self, value, &result);
+    return as_call_result(status, result);
+}
+
+/* throw(...) into the awaitable: what it yields, or its return (taken), or its error */
+static PyObject *taking_throw(Taking *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (self->inner == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited Taking");
+        return NULL;
+    }
+    PyObject *throw = PyObject_GetAttr(self->inner, str_throw);
+    if (throw == NULL)
+        return NULL;
+    PyObject *result = PyObject_Vectorcall(throw, args, nargs, NULL);
+    Py_DECREF(throw);
+    if (result != NULL)
+        return result;
+    PyObject *value;
+    if (!PyErr_ExceptionMatches(PyExc_StopIteration) || _PyGen_FetchStopIterationValue(&value) < 0)
+        return NULL;
+    returned(self, value);
+    return as_call_result(PYGEN_RETURN, value);
+}
+
+static PyObject *taking_close(Taking *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->inner == NULL)
+        Py_RETURN_NONE;
+    return PyObject_CallMethodNoArgs(self->inner, str_close);
+}
+
+static PyObject *taking_await(Taking *self) { return Py_NewRef(self); }
+
+static PyAsyncMethods taking_async = {
+    .am_await = (unaryfunc)taking_await,
+    .am_send = (sendfunc)taking_am_send,
+};
+
+static PyMethodDef taking_methods[] = {
+    {"send", (PyCFunction)taking_send, METH_O, "send(value): into the awaitable."},
+    {"throw", (PyCFunction)(void (*)(void))taking_throw, METH_FASTCALL, "throw(...): into the awaitable."},
+    {"close", (PyCFunction)taking_close, METH_NOARGS, "close(): the awaitable."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TakingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "phaselens.integrations.vllm._outputs.Taking",
+    .tp_basicsize = sizeof(Taking),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Taking(awaitable, handle, on_error): awaits it; its output taken by the handle (module comment).",
+    .tp_new = taking_new,
+    .tp_dealloc = (destructor)taking_dealloc,
+    .tp_traverse = (traverseproc)taking_traverse,
+    .tp_clear = (inquiry)taking_clear,
+    .tp_as_async = &taking_async,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)taking_iternext,
+    .tp_methods = taking_methods,
+};
+
+/* CollectorHook(original, current, on_error, awaits): `RequestOutputCollector.get` (awaits true) or
+ * `get_nowait` wrapped, as a method of the class (a method descriptor: `q.get()` calls it with no
+ * bound method made). vLLM's `original` is called as it was; where `current` (a ContextVar) holds a
+ * handle, `get`'s coroutine is returned inside a `Taking`, and `get_nowait`'s output is taken at once
+ * (a failure to `on_error`, the output handed on). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *original;
+    PyObject *current;
+    PyObject *on_error;
+    int awaits;
+    vectorcallfunc vectorcall;
+} CollectorHook;
+
+static PyTypeObject CollectorHookType;
+
+static PyObject *hook_call(CollectorHook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (result == NULL || result == Py_None)
+        return result;
+    PyObject *handle;
+    if (PyContextVar_Get(self->current, NULL, &handle) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    if (handle == NULL || handle == Py_None) {
+        Py_XDECREF(handle);
+        return result;
+    }
+    if (self->awaits) {
+        Taking *taking = (Taking *)TakingType.tp_alloc(&TakingType, 0);
+        if (taking != NULL) {
+            taking->inner = result; /* vLLM's coroutine (an `async def`) */
+            taking->handle = handle;
+            taking->on_error = Py_NewRef(self->on_error);
+            return (PyObject *)taking;
+        }
+        Py_DECREF(result);
+        Py_DECREF(handle);
+        return NULL;
+    }
+    if (taken(handle, result) < 0)
+        report(self->on_error);
+    Py_DECREF(handle);
+    return result;
+}
+
+static PyObject *hook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *original, *current, *on_error;
+    int awaits;
+    if (!_PyArg_NoKeywords("CollectorHook", kwargs) ||
+        !PyArg_ParseTuple(args, "OOOp:CollectorHook", &original, &current, &on_error, &awaits))
+        return NULL;
+    if (!PyCallable_Check(original) || !PyContextVar_CheckExact(current) || !PyCallable_Check(on_error)) {
+        PyErr_SetString(PyExc_TypeError, "CollectorHook(original: callable, current: ContextVar, on_error: callable, awaits)");
+        return NULL;
+    }
+    CollectorHook *self = (CollectorHook *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->original = Py_NewRef(original);
+    self->current = Py_NewRef(current);
+    self->on_error = Py_NewRef(on_error);
+    self->awaits = awaits;
+    self->vectorcall = (vectorcallfunc)hook_call;
+    return (PyObject *)self;
+}
+
+static int hook_traverse(CollectorHook *self, visitproc visit, void *arg) {
+    Py_VISIT(self->original);
+    Py_VISIT(self->current);
+    Py_VISIT(self->on_error);
+    return 0;
+}
+
+static int hook_clear(CollectorHook *self) {
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->current);
+    Py_CLEAR(self->on_error);
+    return 0;
+}
+
+static void hook_dealloc(CollectorHook *self) {
+    PyObject_GC_UnTrack(self);
+    hook_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *hook_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type)) {
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyMemberDef hook_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(CollectorHook, original), READONLY, "vLLM's method."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CollectorHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "phaselens.integrations.vllm._outputs.CollectorHook",
+    .tp_basicsize = sizeof(CollectorHook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_METHOD_DESCRIPTOR | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "CollectorHook(original, current, on_error, awaits): vLLM's collector method wrapped (see above).",
+    .tp_new = hook_new,
+    .tp_dealloc = (destructor)hook_dealloc,
+    .tp_traverse = (traverseproc)hook_traverse,
+    .tp_clear = (inquiry)hook_clear,
+    .tp_vectorcall_offset = offsetof(CollectorHook, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = hook_get,
+    .tp_members = hook_members,
+};
+
+static PyMethodDef module_methods[] = {
+    {"open_outputs", (PyCFunction)(void (*)(void))open_outputs, METH_FASTCALL,
+     "open_outputs(outputs, open): the batch's [handle, tokens, None, ...], or None (module comment)."},
+    {"stamp_tokens", (PyCFunction)(void (*)(void))stamp_tokens, METH_FASTCALL,
+     "stamp_tokens(seen, now, members): the batch's token stamps; False for a first sight (module comment)."},
+    {"output_taken", (PyCFunction)(void (*)(void))output_taken, METH_FASTCALL,
+     "output_taken(handle, output): the request's task took output (module comment)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef taken_module = {
+    PyModuleDef_HEAD_INIT, "_outputs", "vLLM's outputs on the API server's event loop: a batch's token stamps, the task's take.", -1,
+    module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__outputs(void) {
+    struct {
+        PyObject **name;
+        const char *text;
+    } names[] = {
+        {&str_first_token_ts, "first_token_ts"}, {&str_output_ready_ts, "output_ready_ts"}, {&str_outputs, "outputs"},
+        {&str_text, "text"}, {&str_finished, "finished"}, {&str_token_n, "token_n"},
+        {&str_output_ready, "output_ready"}, {&str_throw, "throw"}, {&str_close, "close"},
+        {&str_request_id, "request_id"}, {&str_new_token_ids, "new_token_ids"}, {&str_token_at, "token_at"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if ((*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
+            return NULL;
+    if (PyType_Ready(&TakingType) < 0 || PyType_Ready(&CollectorHookType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&taken_module);
+    if (module == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(module, "Taking", (PyObject *)&TakingType) < 0 ||
+        PyModule_AddObjectRef(module, "CollectorHook", (PyObject *)&CollectorHookType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
