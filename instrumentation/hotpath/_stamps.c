@@ -44,27 +44,9 @@
 #include <structmember.h>
 #include <time.h>
 
-#define LINK_BYTES 25     /* records.LINK: trace id (high, low), span id, trace flags */
-#define FIRST_SENDS_MAX 32 /* names.FIRST_SENDS_MAX (tests/test_stamps.py holds them equal) */
+#include "_timeline_core.h"
 
-typedef struct {
-    PyObject_HEAD
-    int64_t *tokens;      /* (stamp, count) pairs */
-    Py_ssize_t size;      /* pairs stored */
-    Py_ssize_t allocated; /* pairs room */
-    PyObject *clock_ns;   /* never NULL */
-    int64_t first_token_ts, output_ready_ts, first_chunk_ts, first_chunk_sent_ts, last_chunk_ts;
-    int64_t visible_tokens, body_bytes;
-    int64_t sends[2 * FIRST_SENDS_MAX]; /* (stamp, body bytes through it) pairs */
-    Py_ssize_t sends_size;              /* int64s stored */
-    char output_pending;                /* output_ready() was called; the next body chunk carries it */
-    unsigned char linked; /* link holds this request's SERVER span ids (sampled and ours) */
-    unsigned char link[LINK_BYTES];
-} TimelineCore;
 
-#define INITIAL_PAIRS 16 /* a request's first 16 decode steps without a realloc */
-
-static PyObject *monotonic_ns; /* time.monotonic_ns, fetched at import */
 static PyTypeObject TimelineCoreType;
 
 static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -98,52 +80,6 @@ static void core_dealloc(TimelineCore *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* the int as a non-negative int64; -1 with an exception set when it is not one */
-static int64_t as_stamp(PyObject *value) {
-    int64_t v;
-#if LONG_MAX == INT64_MAX
-    v = PyLong_AsLong(value); /* PyLong_AsLongLong goes through _PyLong_AsByteArray past 30 bits */
-#else
-    v = PyLong_AsLongLong(value);
-#endif
-    if (v < 0 && !PyErr_Occurred())
-        PyErr_Format(PyExc_ValueError, "a token stamp or count must not be negative, got %lld", (long long)v);
-    return v < 0 ? -1 : v;
-}
-
-/* clock_ns(), read directly where it is CLOCK_MONOTONIC's reader; -1 with an exception set */
-static int64_t read_clock(PyObject *clock_ns) {
-#ifdef __linux__
-    struct timespec ts;
-    if (clock_ns == monotonic_ns && clock_gettime(CLOCK_MONOTONIC, &ts) == 0)
-        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-#endif
-    PyObject *stamp = PyObject_CallNoArgs(clock_ns);
-    if (stamp == NULL)
-        return -1;
-    int64_t t = as_stamp(stamp);
-    Py_DECREF(stamp);
-    return t;
-}
-
-/* append the pair (t, n); NULL with an exception set when there is no room */
-static PyObject *append(TimelineCore *self, int64_t t, int64_t n) {
-    if (self->size == self->allocated) {
-        Py_ssize_t allocated = self->allocated ? 2 * self->allocated : INITIAL_PAIRS;
-        int64_t *tokens = allocated > PY_SSIZE_T_MAX / (Py_ssize_t)(2 * sizeof(int64_t))
-                              ? NULL
-                              : PyMem_Realloc(self->tokens, (size_t)allocated * 2 * sizeof(int64_t));
-        if (tokens == NULL)
-            return PyErr_NoMemory();
-        self->tokens = tokens;
-        self->allocated = allocated;
-    }
-    int64_t *pair = self->tokens + 2 * self->size++;
-    pair[0] = t;
-    pair[1] = n;
-    Py_RETURN_NONE;
-}
-
 static PyObject *core_token(TimelineCore *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t n = 1;
     if (nargs > 1) {
@@ -153,7 +89,7 @@ static PyObject *core_token(TimelineCore *self, PyObject *const *args, Py_ssize_
     if (nargs == 1 && (n = as_stamp(args[0])) == -1)
         return NULL;
     int64_t t = read_clock(self->clock_ns);
-    return t == -1 ? NULL : append(self, t, n);
+    return t == -1 || timeline_append(self, t, n) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 static PyObject *core_token_at(TimelineCore *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -165,7 +101,7 @@ static PyObject *core_token_at(TimelineCore *self, PyObject *const *args, Py_ssi
     if (t == -1)
         return NULL;
     int64_t n = as_stamp(args[1]);
-    return n == -1 ? NULL : append(self, t, n);
+    return n == -1 || timeline_append(self, t, n) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 /* Int64Block: a column's copy, immutable, read through a memoryview of format "q" (the type is
@@ -227,8 +163,7 @@ static PyObject *core_sends(TimelineCore *self, void *Py_UNUSED(closure)) {
     return int64_view(self->sends, self->sends_size, 1);
 }
 
-/* output_ready(output_tokens=0): observer.RequestHandle.output_ready; the first call stamps
- * output_ready_ts and visible_tokens, every call marks the next body chunk as carrying output */
+/* output_ready(output_tokens=0): observer.RequestHandle.output_ready (timeline_output_ready) */
 static PyObject *core_output_ready(TimelineCore *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t tokens = 0;
     if (nargs > 1) {
@@ -237,47 +172,24 @@ static PyObject *core_output_ready(TimelineCore *self, PyObject *const *args, Py
     }
     if (nargs == 1 && (tokens = as_stamp(args[0])) == -1)
         return NULL;
-    if (!self->output_ready_ts) {
-        int64_t t = read_clock(self->clock_ns);
-        if (t == -1)
-            return NULL;
-        self->output_ready_ts = t;
-        self->visible_tokens = tokens;
-    }
-    self->output_pending = 1;
+    if (timeline_output_ready(self, tokens) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
-/* body_sending(nbytes, carries_output=False): `nbytes` of response body handed to `send`, a chunk
- * carrying output when `carries_output` (first_chunk / last_chunk stamped, one clock read); from the
- * first content chunk on, the first FIRST_SENDS_MAX non-empty ones are stamped with the body bytes
- * through them */
+/* body_sending(nbytes, carries_output=False) (timeline_body_sending) */
 static PyObject *core_body_sending(TimelineCore *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
         PyErr_Format(PyExc_TypeError, "body_sending() takes 1 or 2 arguments (nbytes, carries_output), %zd given",
                      nargs);
         return NULL;
     }
-    int64_t nbytes = as_stamp(args[0]), t = 0;
+    int64_t nbytes = as_stamp(args[0]);
     if (nbytes == -1)
         return NULL;
     int carries = nargs == 2 ? PyObject_IsTrue(args[1]) : 0;
-    if (carries < 0)
+    if (carries < 0 || timeline_body_sending(self, nbytes, carries) < 0)
         return NULL;
-    if (carries) {
-        if ((t = read_clock(self->clock_ns)) == -1)
-            return NULL;
-        if (!self->first_chunk_ts)
-            self->first_chunk_ts = t;
-        self->last_chunk_ts = t;
-    }
-    self->body_bytes += nbytes;
-    if (nbytes && self->first_chunk_ts && self->sends_size < 2 * FIRST_SENDS_MAX) {
-        if (!t && (t = read_clock(self->clock_ns)) == -1)
-            return NULL;
-        self->sends[self->sends_size++] = t;
-        self->sends[self->sends_size++] = self->body_bytes;
-    }
     Py_RETURN_NONE;
 }
 

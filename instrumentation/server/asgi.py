@@ -27,7 +27,7 @@ from opentelemetry import context
 
 from phaselens.common.clocks import NOT_STAMPED, MonoTs
 from phaselens.instrumentation.hotpath.handle import ServerRequest
-from phaselens.instrumentation.server._send_guard import SendGuard
+from phaselens.instrumentation.server._send_guard import BodySender
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -115,17 +115,10 @@ class IngressMiddleware:
         def client_gone() -> None:  # the server could not write a body chunk before the last one
             handle.note_http(client_disconnected=True)
 
-        def send_stamped(message: Message) -> Awaitable[None]:
-            """A body chunk after the first content chunk's `send` returned, not the last: stamped here
-            and nothing after `send` (`output_pending` is cleared now: only the request's task sets it),
-            so `send` is awaited through a C guard, no coroutine of ours (most chunks of a stream).
-            Any other message goes through `send_tracked`."""
-            if handle.first_chunk_sent_ts and message.get("more_body") and message.get("type") == "http.response.body":
-                carries_output = handle.output_pending
-                handle.body_sending(len(message.get("body") or b""), carries_output)
-                handle.output_pending = False
-                return SendGuard(send(message), client_gone)
-            return send_tracked(message)
+        # the body chunks after the first content chunk's `send` returned, but the last, are stamped
+        # in C and their `send` awaited through a C guard (no coroutine of ours: most chunks of a
+        # stream); every other message goes through `send_tracked` (_send_guard.c)
+        send_stamped = BodySender(handle, send, send_tracked, client_gone)
 
         token = context.attach(handle.context)
         current = self.current

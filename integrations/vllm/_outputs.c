@@ -9,9 +9,10 @@
  * (flat triples) for its outputs when every output's request has an open handle in `open` (vLLM
  * request id → handle), else None: a batch with a request seen for the first time goes through the
  * tracker's Python (its handle opened, its stats read), which gives the same triples with the stats.
- * `stamp_tokens(seen, now, members)`: after it, each handle's tokens stamped `now` (`token_at`, none
- * for 0 tokens) and the handles appended to `members` (the step's, in the batch's order), when no
- * triple holds stats: True; else False, nothing done (the tracker's Python does a first sight's).
+ * `stamp_tokens(seen, now, members)`: after it, each handle's tokens stamped `now` (as `token_at`,
+ * none for 0 tokens) and the handles appended to `members` (the step's, in the batch's order), when
+ * no triple holds stats and every handle is a request timeline: True; else False, nothing done (the
+ * tracker's Python does a first sight's).
  *
  * `output_taken(handle, output)`: output (a vLLM RequestOutput: `outputs`, each with `text`, and
  * `finished`) that renders text is `output_ready`: the first time with the tokens handed to the
@@ -19,8 +20,8 @@
  * tokens that rendered none are `held_back`; every time, so that the middleware stamps each content
  * chunk's `send`. A finished output without text is the answer still (one token that renders none:
  * a P/D prefill half). Nothing before the first token (`first_token_ts` 0: not this request's yet).
- * The handle is read and written through its attributes and methods (C members and C methods of a
- * `ServerRequest`).
+ * The handle is a request timeline (`ServerRequest`): its C struct is read and written directly
+ * (`instrumentation/hotpath/_timeline_core.h`).
  *
  * `CollectorHook(original, current, on_error, awaits)`: the `get` / `get_nowait` wrappers themselves
  * (C method descriptors: no frame of ours per call), below.
@@ -32,10 +33,13 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <structmember.h>
 
-static PyObject *str_first_token_ts, *str_output_ready_ts, *str_outputs, *str_text, *str_finished, *str_token_n,
-    *str_output_ready, *str_throw, *str_close, *str_request_id, *str_new_token_ids, *str_token_at;
+#include "../../instrumentation/hotpath/_timeline_core.h"
+
+static PyObject *str_outputs, *str_text, *str_finished, *str_throw, *str_close, *str_request_id, *str_new_token_ids;
+static PyTypeObject *timeline_type; /* _stamps.TimelineCore */
 
 #if PY_VERSION_HEX < 0x030D0000
 #define PyObject_GetOptionalAttr _PyObject_LookupAttr
@@ -69,29 +73,6 @@ static int renders_text(PyObject *output) {
         found = attr_true(PySequence_Fast_GET_ITEM(seq, i), str_text, 0);
     Py_DECREF(seq);
     return found;
-}
-
-/* 1 + the tokens of the handle's token stamps (token_n): the tokens handed to the stream so far */
-static PyObject *tokens_handed(PyObject *handle) {
-    PyObject *counts = PyObject_GetAttr(handle, str_token_n);
-    if (counts == NULL)
-        return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(counts, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
-        Py_DECREF(counts);
-        return NULL;
-    }
-    long long total = 1;
-    int int64s = view.itemsize == 8 && view.format != NULL && (view.format[0] == 'q' || view.format[0] == 'l');
-    for (Py_ssize_t i = 0; int64s && i < view.len / 8; i++)
-        total += ((const int64_t *)view.buf)[i];
-    PyBuffer_Release(&view);
-    Py_DECREF(counts);
-    if (!int64s) {
-        PyErr_SetString(PyExc_TypeError, "token_n must read as int64s");
-        return NULL;
-    }
-    return PyLong_FromLongLong(total);
 }
 
 /* open_outputs(outputs, open) (module comment) */
@@ -145,24 +126,19 @@ static PyObject *stamp_tokens(PyObject *Py_UNUSED(module), PyObject *const *args
         PyErr_SetString(PyExc_TypeError, "stamp_tokens(seen: list of triples, now, members: list)");
         return NULL;
     }
-    PyObject *seen = args[0], *now = args[1], *members = args[2];
+    PyObject *seen = args[0], *members = args[2];
+    int64_t now = as_stamp(args[1]);
+    if (now == -1)
+        return NULL;
     Py_ssize_t n = PyList_GET_SIZE(seen);
-    for (Py_ssize_t i = 2; i < n; i += 3)
-        if (PyList_GET_ITEM(seen, i) != Py_None)
+    for (Py_ssize_t i = 0; i < n; i += 3)
+        if (PyList_GET_ITEM(seen, i + 2) != Py_None || !PyObject_TypeCheck(PyList_GET_ITEM(seen, i), timeline_type))
             Py_RETURN_FALSE;
-    for (Py_ssize_t i = 0; i + 2 < PyList_GET_SIZE(seen); i += 3) {
-        PyObject *handle = Py_NewRef(PyList_GET_ITEM(seen, i)), *tokens = Py_NewRef(PyList_GET_ITEM(seen, i + 1));
-        int some = PyObject_IsTrue(tokens), failed = some < 0;
-        if (some > 0) {
-            PyObject *call[] = {handle, now, tokens};
-            PyObject *done = PyObject_VectorcallMethod(str_token_at, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            failed = done == NULL;
-            Py_XDECREF(done);
-        }
-        failed = failed || PyList_Append(members, handle) < 0;
-        Py_DECREF(handle);
-        Py_DECREF(tokens);
-        if (failed)
+    for (Py_ssize_t i = 0; i < n; i += 3) { /* nothing below runs Python code: the list stays as it is */
+        TimelineCore *handle = (TimelineCore *)PyList_GET_ITEM(seen, i);
+        int64_t tokens = as_stamp(PyList_GET_ITEM(seen, i + 1));
+        if (tokens == -1 || (tokens && timeline_append(handle, now, tokens) < 0) ||
+            PyList_Append(members, (PyObject *)handle) < 0)
             return NULL;
     }
     Py_RETURN_TRUE;
@@ -170,28 +146,22 @@ static PyObject *stamp_tokens(PyObject *Py_UNUSED(module), PyObject *const *args
 
 /* output_taken(handle, output) (module comment); 0, or -1 with an exception set */
 static int taken(PyObject *handle, PyObject *output) {
-    int started = attr_true(handle, str_first_token_ts, 0);
-    if (started <= 0)
-        return started;
+    if (!PyObject_TypeCheck(handle, timeline_type)) {
+        PyErr_Format(PyExc_TypeError, "output_taken(): a request timeline expected, not %.100s", Py_TYPE(handle)->tp_name);
+        return -1;
+    }
+    TimelineCore *timeline = (TimelineCore *)handle;
+    if (!timeline->first_token_ts)
+        return 0;
     int text = renders_text(output);
     if (text < 0)
         return -1;
-    int ready = attr_true(handle, str_output_ready_ts, 0);
-    if (ready < 0)
-        return -1;
     if (!text) {
-        int finished = ready ? 0 : attr_true(output, str_finished, 0);
+        int finished = timeline->output_ready_ts ? 0 : attr_true(output, str_finished, 0);
         if (finished <= 0)
             return finished;
     }
-    PyObject *tokens = ready ? PyLong_FromLong(0) : tokens_handed(handle);
-    if (tokens == NULL)
-        return -1;
-    PyObject *args[] = {handle, tokens};
-    PyObject *done = PyObject_VectorcallMethod(str_output_ready, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    Py_DECREF(tokens);
-    Py_XDECREF(done);
-    return done == NULL ? -1 : 0;
+    return timeline_output_ready(timeline, timeline->output_ready_ts ? 0 : timeline_tokens_handed(timeline));
 }
 
 static PyObject *output_taken(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
@@ -515,15 +485,15 @@ PyMODINIT_FUNC PyInit__outputs(void) {
         PyObject **name;
         const char *text;
     } names[] = {
-        {&str_first_token_ts, "first_token_ts"}, {&str_output_ready_ts, "output_ready_ts"}, {&str_outputs, "outputs"},
-        {&str_text, "text"}, {&str_finished, "finished"}, {&str_token_n, "token_n"},
-        {&str_output_ready, "output_ready"}, {&str_throw, "throw"}, {&str_close, "close"},
-        {&str_request_id, "request_id"}, {&str_new_token_ids, "new_token_ids"}, {&str_token_at, "token_at"},
+        {&str_outputs, "outputs"}, {&str_text, "text"}, {&str_finished, "finished"}, {&str_throw, "throw"},
+        {&str_close, "close"},
+        {&str_request_id, "request_id"}, {&str_new_token_ids, "new_token_ids"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
-    if (PyType_Ready(&TakingType) < 0 || PyType_Ready(&CollectorHookType) < 0)
+    if ((timeline_type = timeline_import()) == NULL || PyType_Ready(&TakingType) < 0 ||
+        PyType_Ready(&CollectorHookType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&taken_module);
     if (module == NULL)
