@@ -40,6 +40,7 @@ setup(
         Extension(
             "phaselens.instrumentation.hotpath._stamps",
             ["instrumentation/hotpath/_stamps.c"],
+            depends=["instrumentation/hotpath/_timeline_core.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(
@@ -50,11 +51,13 @@ setup(
         Extension(
             "phaselens.instrumentation.server._send_guard",
             ["instrumentation/server/_send_guard.c"],
+            depends=["instrumentation/hotpath/_timeline_core.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(
             "phaselens.integrations.vllm._outputs",
             ["integrations/vllm/_outputs.c"],
+            depends=["instrumentation/hotpath/_timeline_core.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(

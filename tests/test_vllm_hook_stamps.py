@@ -133,7 +133,9 @@ def run(monkeypatch):
             seen["taken"][request_id].append(clock())
             clock.advance(SEND_NS)
             event = {"choices": [{"index": 0, "text": output.outputs[0].text}]}
-            await send({"type": "http.response.body", "body": f"data: {json.dumps(event)}\n\n".encode(), "more_body": True})
+            await send(
+                {"type": "http.response.body", "body": f"data: {json.dumps(event)}\n\n".encode(), "more_body": True}
+            )
             if output.finished:
                 return
 
@@ -174,9 +176,15 @@ def run(monkeypatch):
                 for r, n, f in batch
             ]
             seen["steps"].append(clock())
-            processor.process_outputs(outputs, 1.0 + step * 0.001, SimpleNamespace(
-                num_generation_tokens=sum(n for _, n, _ in batch), num_prompt_tokens=16 if step < 2 else 0,
-                num_preempted_reqs=0))
+            processor.process_outputs(
+                outputs,
+                1.0 + step * 0.001,
+                SimpleNamespace(
+                    num_generation_tokens=sum(n for _, n, _ in batch),
+                    num_prompt_tokens=16 if step < 2 else 0,
+                    num_preempted_reqs=0,
+                ),
+            )
             for request_id, _, _ in batch:
                 seen["handles"].setdefault(request_id, tracker._open.get(request_id))
             processor.update_scheduler_stats(SimpleNamespace(kv_cache_usage=0.25, num_waiting_reqs=3))
@@ -223,7 +231,7 @@ def test_the_middleware_stamps_the_content_chunks_send_and_their_bytes(run):
     assert c.last_chunk_ts == took[2] + SEND_NS
     sends = list(c.sends)
     assert sends[0::2] == [took[1] + SEND_NS, took[2] + SEND_NS, run["sent"][-1]]
-    bodies = [len(f'data: {json.dumps({"choices": [{"index": 0, "text": t}]})}\n\n') for t in TEXTS["c"]]
+    bodies = [len(f"data: {json.dumps({'choices': [{'index': 0, 'text': t}]})}\n\n") for t in TEXTS["c"]]
     done = len(b"data: [DONE]\n\n")
     assert sends[1::2] == [sum(bodies[:2]), sum(bodies), sum(bodies) + done]
     assert c.body_bytes == sum(bodies) + done

@@ -7,6 +7,8 @@ SERVER span's context is the current span (with the incoming baggage), so the ap
 under it.
 
 `responded` is stamped when the last body chunk (`more_body` false) has been handed to the server.
+(A stream's body chunks after the first content chunk's `send` returned, but the last, are stamped
+and handed to `send` in C, `_send_guard.BodySender`: no coroutine of ours per chunk.)
 A body chunk sent after the app called `output_ready()` carries output: the middleware stamps
 around its `send` (the `first_chunk` budget term and its loop-wait / encode / write split, in
 `phases`); from it on, the first few non-empty body chunks are stamped with the body bytes

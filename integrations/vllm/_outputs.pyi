@@ -16,7 +16,12 @@ def output_taken(handle: Any, output: Any, /) -> None: ...
 class CollectorHook:
     __wrapped__: Callable[..., Any]
     def __init__(
-        self, original: Callable[..., Any], current: ContextVar[Any], on_error: Callable[[BaseException], Any], awaits: bool, /
+        self,
+        original: Callable[..., Any],
+        current: ContextVar[Any],
+        on_error: Callable[[BaseException], Any],
+        awaits: bool,
+        /,
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def __get__(self, obj: Any, owner: type | None = None) -> Any: ...

@@ -102,9 +102,7 @@ def _failed(what: str, exc: BaseException | None = None) -> None:
     goes on."""
     if what not in _warned:
         _warned.add(what)
-        _logger.error(
-            "phaselens: the %s hook failed; vLLM keeps serving (logged once)", what, exc_info=exc or True
-        )
+        _logger.error("phaselens: the %s hook failed; vLLM keeps serving (logged once)", what, exc_info=exc or True)
 
 
 def _output_ready_failed(exc: BaseException) -> None:

@@ -125,7 +125,8 @@ class VllmTracker:
     def _first_sights(self, states: dict, outputs: list) -> list:
         """`before_outputs` for a batch in which some request has no open handle yet: opened here
         (or skipped: not vLLM's any more, or abandoned)."""
-        opened, seen = self._open, []
+        opened = self._open
+        seen: list[Any] = []
         for output in outputs:
             req_id = output.request_id
             handle = opened.get(req_id)
@@ -322,4 +323,3 @@ class VllmTracker:
         if state is not None:
             self._settle(handle, state, FINISH_ABORT)
         handle.fail(n.ERROR_CLIENT_DISCONNECTED)  # closes the handle (the middleware's: at the response's end)
-
