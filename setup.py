@@ -51,13 +51,13 @@ setup(
         Extension(
             "phaselens.instrumentation.server._send_guard",
             ["instrumentation/server/_send_guard.c"],
-            depends=["instrumentation/hotpath/_timeline_core.h"],
+            depends=["instrumentation/hotpath/_timeline_core.h", "instrumentation/hotpath/_awaiting.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(
             "phaselens.integrations.vllm._outputs",
             ["integrations/vllm/_outputs.c"],
-            depends=["instrumentation/hotpath/_timeline_core.h"],
+            depends=["instrumentation/hotpath/_timeline_core.h", "instrumentation/hotpath/_awaiting.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(

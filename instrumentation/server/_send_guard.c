@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <stddef.h>
 
+#include "../hotpath/_awaiting.h"
 #include "../hotpath/_timeline_core.h"
 
 typedef struct {
@@ -29,24 +30,15 @@ typedef struct {
     PyObject *on_raise;
 } SendGuard;
 
-static PyObject *str_throw, *str_close, *str_type, *str_more_body, *str_body, *str_body_type;
+static PyObject *str_type, *str_more_body, *str_body, *str_body_type;
 static PyTypeObject *timeline_type; /* _stamps.TimelineCore */
 static PyTypeObject SendGuardType;
 
 /* a SendGuard awaiting `awaitable` (a new reference); NULL with an exception set */
 static PyObject *make_guard(PyTypeObject *type, PyObject *awaitable, PyObject *on_raise) {
-    PyObject *inner;
-    if (PyCoro_CheckExact(awaitable)) {
-        inner = Py_NewRef(awaitable);
-    } else {
-        unaryfunc await = Py_TYPE(awaitable)->tp_as_async ? Py_TYPE(awaitable)->tp_as_async->am_await : NULL;
-        if (await == NULL) {
-            PyErr_Format(PyExc_TypeError, "SendGuard(): %.100s is not awaitable", Py_TYPE(awaitable)->tp_name);
-            return NULL;
-        }
-        if ((inner = await(awaitable)) == NULL)
-            return NULL;
-    }
+    PyObject *inner = awaiting_iter(awaitable);
+    if (inner == NULL)
+        return NULL;
     SendGuard *self = (SendGuard *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(inner);
@@ -116,52 +108,26 @@ static PySendResult guard_am_send(SendGuard *self, PyObject *arg, PyObject **res
     return status;
 }
 
-/* a PySendResult as a Python-level call's result: the yielded value, or NULL with StopIteration(the
- * returned value) or the error set */
-static PyObject *as_call_result(PySendResult status, PyObject *result) {
-    if (status != PYGEN_RETURN)
-        return result;
-    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, result);
-    Py_DECREF(result);
-    if (stop != NULL) {
-        PyErr_SetObject(PyExc_StopIteration, stop);
-        Py_DECREF(stop);
-    }
-    return NULL;
-}
-
 static PyObject *guard_iternext(SendGuard *self) {
     PyObject *result;
     PySendResult status = guard_am_send(self, Py_None, &result);
-    return as_call_result(status, result);
+    return awaiting_call_result(status, result);
 }
 
 static PyObject *guard_send(SendGuard *self, PyObject *value) {
     PyObject *result;
     PySendResult status = guard_am_send(self, value, &result);
-    return as_call_result(status, result);
+    return awaiting_call_result(status, result);
 }
 
 static PyObject *guard_throw(SendGuard *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (self->inner == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited SendGuard");
-        return NULL;
-    }
-    PyObject *throw = PyObject_GetAttr(self->inner, str_throw);
-    if (throw == NULL)
-        return NULL;
-    PyObject *result = PyObject_Vectorcall(throw, args, nargs, NULL);
-    Py_DECREF(throw);
+    PyObject *result = awaiting_throw(self->inner, args, nargs);
     if (result == NULL && !PyErr_ExceptionMatches(PyExc_StopIteration))
         raised(self);
     return result;
 }
 
-static PyObject *guard_close(SendGuard *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->inner == NULL)
-        Py_RETURN_NONE;
-    return PyObject_CallMethodNoArgs(self->inner, str_close);
-}
+static PyObject *guard_close(SendGuard *self, PyObject *Py_UNUSED(ignored)) { return awaiting_close(self->inner); }
 
 static PyObject *guard_await(SendGuard *self) { return Py_NewRef(self); }
 
@@ -303,8 +269,7 @@ PyMODINIT_FUNC PyInit__send_guard(void) {
         PyObject **name;
         const char *text;
     } names[] = {
-        {&str_throw, "throw"}, {&str_close, "close"}, {&str_type, "type"},
-        {&str_more_body, "more_body"}, {&str_body, "body"}, {&str_body_type, "http.response.body"},
+        {&str_type, "type"}, {&str_more_body, "more_body"}, {&str_body, "body"}, {&str_body_type, "http.response.body"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)

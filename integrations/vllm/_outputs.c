@@ -36,9 +36,10 @@
 #include <stddef.h>
 #include <structmember.h>
 
+#include "../../instrumentation/hotpath/_awaiting.h"
 #include "../../instrumentation/hotpath/_timeline_core.h"
 
-static PyObject *str_outputs, *str_text, *str_finished, *str_throw, *str_close, *str_request_id, *str_new_token_ids;
+static PyObject *str_outputs, *str_text, *str_finished, *str_request_id, *str_new_token_ids;
 static PyTypeObject *timeline_type; /* _stamps.TimelineCore */
 
 #if PY_VERSION_HEX < 0x030D0000
@@ -193,18 +194,9 @@ static PyObject *taking_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         PyErr_SetString(PyExc_TypeError, "Taking(awaitable, handle, on_error): on_error must be callable");
         return NULL;
     }
-    PyObject *inner;
-    if (PyCoro_CheckExact(awaitable)) {
-        inner = Py_NewRef(awaitable);
-    } else {
-        unaryfunc await = Py_TYPE(awaitable)->tp_as_async ? Py_TYPE(awaitable)->tp_as_async->am_await : NULL;
-        if (await == NULL) {
-            PyErr_Format(PyExc_TypeError, "Taking(): %.100s is not awaitable", Py_TYPE(awaitable)->tp_name);
-            return NULL;
-        }
-        if ((inner = await(awaitable)) == NULL)
-            return NULL;
-    }
+    PyObject *inner = awaiting_iter(awaitable);
+    if (inner == NULL)
+        return NULL;
     Taking *self = (Taking *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(inner);
@@ -270,57 +262,28 @@ static PySendResult taking_am_send(Taking *self, PyObject *arg, PyObject **resul
     return status;
 }
 
-/* a PySendResult as a Python-level call's result: the yielded value, or NULL with StopIteration(the
- * returned value) or the error set */
-static PyObject *as_call_result(PySendResult status, PyObject *result) {
-    if (status != PYGEN_RETURN)
-        return result;
-    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, result);
-    Py_DECREF(result);
-    if (stop != NULL) {
-        PyErr_SetObject(PyExc_StopIteration, stop);
-        Py_DECREF(stop);
-    }
-    return NULL;
-}
-
 static PyObject *taking_iternext(Taking *self) {
     PyObject *result;
     PySendResult status = taking_am_send(self, Py_None, &result);
-    return as_call_result(status, result);
+    return awaiting_call_result(status, result);
 }
 
 static PyObject *taking_send(Taking *self, PyObject *value) {
     PyObject *result;
     PySendResult status = taking_am_send(self, value, &result);
-    return as_call_result(status, result);
+    return awaiting_call_result(status, result);
 }
 
 /* throw(...) into the awaitable: what it yields, or its return (taken), or its error */
 static PyObject *taking_throw(Taking *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (self->inner == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited Taking");
-        return NULL;
-    }
-    PyObject *throw = PyObject_GetAttr(self->inner, str_throw);
-    if (throw == NULL)
-        return NULL;
-    PyObject *result = PyObject_Vectorcall(throw, args, nargs, NULL);
-    Py_DECREF(throw);
-    if (result != NULL)
+    PyObject *result = awaiting_throw(self->inner, args, nargs), *value;
+    if (result != NULL || !PyErr_ExceptionMatches(PyExc_StopIteration) || _PyGen_FetchStopIterationValue(&value) < 0)
         return result;
-    PyObject *value;
-    if (!PyErr_ExceptionMatches(PyExc_StopIteration) || _PyGen_FetchStopIterationValue(&value) < 0)
-        return NULL;
     returned(self, value);
-    return as_call_result(PYGEN_RETURN, value);
+    return awaiting_call_result(PYGEN_RETURN, value);
 }
 
-static PyObject *taking_close(Taking *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->inner == NULL)
-        Py_RETURN_NONE;
-    return PyObject_CallMethodNoArgs(self->inner, str_close);
-}
+static PyObject *taking_close(Taking *self, PyObject *Py_UNUSED(ignored)) { return awaiting_close(self->inner); }
 
 static PyObject *taking_await(Taking *self) { return Py_NewRef(self); }
 
@@ -485,8 +448,7 @@ PyMODINIT_FUNC PyInit__outputs(void) {
         PyObject **name;
         const char *text;
     } names[] = {
-        {&str_outputs, "outputs"}, {&str_text, "text"}, {&str_finished, "finished"}, {&str_throw, "throw"},
-        {&str_close, "close"},
+        {&str_outputs, "outputs"}, {&str_text, "text"}, {&str_finished, "finished"},
         {&str_request_id, "request_id"}, {&str_new_token_ids, "new_token_ids"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
