@@ -1,7 +1,7 @@
-"""The collector hook's C part (`integrations/vllm/_outputs.c`): `output_taken` on a request's handle,
-and `Taking`, the awaitable the `get` wrapper returns around vLLM's coroutine: the output it returns
+"""The vLLM hooks' C part (`integrations/vllm/_outputs.c`): `output_taken` on a request's handle;
+`Taking`, the awaitable the `get` wrapper returns around vLLM's coroutine: the output it returns
 taken, everything else (what it yields, a cancellation, an error, `send` / `throw` / `close` driven
-by hand) passed through as by the coroutine itself."""
+by hand) passed through as by the coroutine itself; `engine_step`'s record against its formulas."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from phaselens.integrations.vllm._outputs import Taking, output_taken
+from phaselens.instrumentation.hotpath.records import StepStats
+from phaselens.integrations.vllm._outputs import KV_SCALE, Taking, engine_step, output_taken
 from tests.instrumentation_fixtures import http_scope, make_rig
 
 
@@ -197,3 +198,61 @@ def test_taking_under_a_tracer_goes_through_send_and_throw(rig):
     finally:
         sys.settrace(None)
     assert handle.output_pending is True
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.steps: list = []
+
+    def step(self, stats, members) -> None:
+        self.steps.append((stats, members))
+
+
+@pytest.mark.parametrize(
+    ("end_s", "floor_ts", "iteration", "scheduler", "expected"),
+    [
+        # the batch's stamp, a floor, vLLM's stats: decode = generated − first tokens
+        (
+            1.5,
+            7,
+            SimpleNamespace(num_prompt_tokens=16, num_generation_tokens=5, num_preempted_reqs=1),
+            SimpleNamespace(kv_cache_usage=0.0000025, num_waiting_reqs=3),
+            (7, 1_500_000_000, 16, 3, 2, KV_SCALE, 1, 3),
+        ),
+        # no stamp: now; no floor: start = end; more first tokens than generated: decode 0; 2.5 rounds to even
+        (
+            None,
+            0,
+            SimpleNamespace(num_prompt_tokens=0, num_generation_tokens=1, num_preempted_reqs=0),
+            SimpleNamespace(kv_cache_usage=0.0000035),
+            (900, 900, 0, 0, 4, KV_SCALE, 0, 0),
+        ),
+        # no iteration stats, no scheduler stats (a test's None)
+        (0.0, 0, None, None, (900, 900, 0, 0, 0, 0, 0, 0)),
+        # an int usage (a whole cache)
+        (
+            2.0,
+            0,
+            None,
+            SimpleNamespace(kv_cache_usage=1, num_waiting_reqs=0),
+            (2 * 10**9,) * 2 + (0, 0, KV_SCALE, KV_SCALE, 0, 0),
+        ),
+    ],
+)
+def test_an_engine_step_is_recorded_by_its_formulas(end_s, floor_ts, iteration, scheduler, expected):
+    observer, members = Observer(), [object()]
+    end = engine_step(observer, members, scheduler, iteration, end_s, floor_ts, 2, lambda: 900)
+    ((stats, got_members),) = observer.steps
+    assert type(stats) is StepStats and tuple(stats) == expected
+    assert got_members is members and end == stats.end_ts
+
+
+def test_an_engine_step_that_cannot_be_read_records_nothing():
+    observer = Observer()
+    with pytest.raises(AttributeError):
+        engine_step(observer, [], None, SimpleNamespace(num_prompt_tokens=1), 1.0, 0, 0, lambda: 1)
+    with pytest.raises(TypeError):
+        engine_step(observer, [], None, None, "soon", 0, 0, lambda: 1)
+    with pytest.raises(ValueError):
+        engine_step(observer, [], None, None, 1.0, -1, 0, lambda: 1)
+    assert observer.steps == []

@@ -14,6 +14,17 @@
  * no triple holds stats and every handle is a request timeline: True; else False, nothing done (the
  * tracker's Python does a first sight's).
  *
+ * `engine_step(observer, members, scheduler_stats, iteration_stats, end_s, start_floor_ts,
+ * first_tokens, clock_ns)`: the step hook's record of one output batch (tracker.py's `step_done`
+ * computes the floor and keeps the state), handed to `observer.step(stats, members)`, its end_ts
+ * returned. On the EngineCore's clock (ns):
+ *     end = int(end_s × 1e9) (its stamp of the batch; without one, clock_ns() now)
+ *     start = start_floor_ts or end        (the floor: max(previous batch's end, latest first scheduling))
+ *     prefill = num_prompt_tokens, decode = max(0, num_generation_tokens − first_tokens),
+ *     preemptions = num_preempted_reqs     (of vLLM's IterationStats; 0 without)
+ *     kv used, total = round(kv_cache_usage × KV_SCALE), KV_SCALE   (0, 0 without a usage)
+ *     queue = num_waiting_reqs (0 without)
+ *
  * `output_taken(handle, output)`: output (a vLLM RequestOutput: `outputs`, each with `text`, and
  * `finished`) that renders text is `output_ready`: the first time with the tokens handed to the
  * stream so far (1 + sum(token_n): the first token and the later ones), so the decode steps of
@@ -39,7 +50,11 @@
 #include "../../instrumentation/hotpath/_awaiting.h"
 #include "../../instrumentation/hotpath/_timeline_core.h"
 
-static PyObject *str_outputs, *str_text, *str_finished, *str_request_id, *str_new_token_ids;
+static PyObject *str_outputs, *str_text, *str_finished, *str_request_id, *str_new_token_ids, *str_num_prompt_tokens,
+    *str_num_generation_tokens, *str_num_preempted_reqs, *str_kv_cache_usage, *str_num_waiting_reqs, *str_step;
+static PyObject *kv_scale, *builtin_round; /* KV_SCALE as an int; builtins.round */
+static PyTypeObject *step_stats_type;      /* records.StepStats */
+#define KV_SCALE 1000000 /* vLLM gives KV use as a fraction: written as used/total per million */
 static PyTypeObject *timeline_type; /* _stamps.TimelineCore */
 
 #if PY_VERSION_HEX < 0x030D0000
@@ -143,6 +158,82 @@ static PyObject *stamp_tokens(PyObject *Py_UNUSED(module), PyObject *const *args
             return NULL;
     }
     Py_RETURN_TRUE;
+}
+
+/* engine_step(observer, members, scheduler_stats, iteration_stats, end_s, start_floor_ts, first_tokens,
+ * clock_ns) (module comment): one output batch's StepStats, handed to observer.step(stats, members);
+ * its end_ts (ns) returned */
+static PyObject *engine_step(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "engine_step() takes 8 arguments, %zd given", nargs);
+        return NULL;
+    }
+    PyObject *observer = args[0], *members = args[1], *scheduler_stats = args[2], *iteration = args[3];
+    PyObject *end_s = args[4];
+    int64_t floor_ts = as_stamp(args[5]), first_tokens = as_stamp(args[6]), end_ts;
+    if (floor_ts == -1 || first_tokens == -1)
+        return NULL;
+    int timed = PyObject_IsTrue(end_s);
+    if (timed < 0)
+        return NULL;
+    if (timed) {
+        double seconds = PyFloat_AsDouble(end_s);
+        if (seconds == -1.0 && PyErr_Occurred())
+            return NULL;
+        end_ts = (int64_t)(seconds * 1e9); /* int(seconds * 1e9), as `_mono_ts` */
+    } else if ((end_ts = read_clock(args[7])) == -1) {
+        return NULL;
+    }
+    PyObject *items[8] = {NULL};
+    items[0] = PyLong_FromLongLong(floor_ts ? floor_ts : end_ts);
+    items[1] = PyLong_FromLongLong(end_ts);
+    if (iteration == Py_None) {
+        items[2] = PyLong_FromLong(0);
+        items[3] = PyLong_FromLong(0);
+        items[6] = PyLong_FromLong(0);
+    } else {
+        items[2] = PyObject_GetAttr(iteration, str_num_prompt_tokens);
+        PyObject *generated = PyObject_GetAttr(iteration, str_num_generation_tokens);
+        long long produced = generated ? PyLong_AsLongLong(generated) : -1;
+        Py_XDECREF(generated);
+        if (!(produced == -1 && PyErr_Occurred())) /* max(0, generated − first tokens) */
+            items[3] = PyLong_FromLongLong(produced - first_tokens > 0 ? produced - first_tokens : 0);
+        items[6] = PyObject_GetAttr(iteration, str_num_preempted_reqs);
+    }
+    PyObject *usage = NULL;
+    if (PyObject_GetOptionalAttr(scheduler_stats, str_kv_cache_usage, &usage) >= 0) {
+        if (usage == NULL || usage == Py_None) {
+            items[4] = PyLong_FromLong(0);
+            items[5] = PyLong_FromLong(0);
+        } else { /* round(usage × KV_SCALE): used per KV_SCALE of the cache */
+            PyObject *scaled = PyNumber_Multiply(usage, kv_scale);
+            items[4] = scaled ? PyObject_CallOneArg(builtin_round, scaled) : NULL;
+            Py_XDECREF(scaled);
+            items[5] = Py_NewRef(kv_scale);
+        }
+        Py_XDECREF(usage);
+    }
+    if (PyObject_GetOptionalAttr(scheduler_stats, str_num_waiting_reqs, &items[7]) >= 0 && items[7] == NULL)
+        items[7] = PyLong_FromLong(0);
+    PyObject *stats = NULL;
+    int complete = 1;
+    for (int i = 0; i < 8; i++)
+        complete &= items[i] != NULL;
+    if (complete && (stats = step_stats_type->tp_alloc(step_stats_type, 8)) != NULL) {
+        for (int i = 0; i < 8; i++)
+            PyTuple_SET_ITEM(stats, i, items[i]); /* the references move into the record */
+    } else {
+        for (int i = 0; i < 8; i++)
+            Py_XDECREF(items[i]);
+        return NULL;
+    }
+    PyObject *call[] = {observer, stats, members};
+    PyObject *done = PyObject_VectorcallMethod(str_step, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(stats);
+    if (done == NULL)
+        return NULL;
+    Py_DECREF(done);
+    return PyLong_FromLongLong(end_ts);
 }
 
 /* output_taken(handle, output) (module comment); 0, or -1 with an exception set */
@@ -429,6 +520,9 @@ static PyTypeObject CollectorHookType = {
 };
 
 static PyMethodDef module_methods[] = {
+    {"engine_step", (PyCFunction)(void (*)(void))engine_step, METH_FASTCALL,
+     "engine_step(observer, members, scheduler_stats, iteration_stats, end_s, start_floor_ts, first_tokens, clock_ns)"
+     ": one output batch's engine step recorded; its end (ns) (module comment)."},
     {"open_outputs", (PyCFunction)(void (*)(void))open_outputs, METH_FASTCALL,
      "open_outputs(outputs, open): the batch's [handle, tokens, None, ...], or None (module comment)."},
     {"stamp_tokens", (PyCFunction)(void (*)(void))stamp_tokens, METH_FASTCALL,
@@ -449,19 +543,35 @@ PyMODINIT_FUNC PyInit__outputs(void) {
         const char *text;
     } names[] = {
         {&str_outputs, "outputs"}, {&str_text, "text"}, {&str_finished, "finished"},
+        {&str_num_prompt_tokens, "num_prompt_tokens"}, {&str_num_generation_tokens, "num_generation_tokens"},
+        {&str_num_preempted_reqs, "num_preempted_reqs"}, {&str_kv_cache_usage, "kv_cache_usage"},
+        {&str_num_waiting_reqs, "num_waiting_reqs"}, {&str_step, "step"},
         {&str_request_id, "request_id"}, {&str_new_token_ids, "new_token_ids"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     if ((timeline_type = timeline_import()) == NULL || PyType_Ready(&TakingType) < 0 ||
-        PyType_Ready(&CollectorHookType) < 0)
+        PyType_Ready(&CollectorHookType) < 0 || (kv_scale = PyLong_FromLong(KV_SCALE)) == NULL)
         return NULL;
+    PyObject *builtins = PyImport_ImportModule("builtins");
+    builtin_round = builtins ? PyObject_GetAttrString(builtins, "round") : NULL;
+    Py_XDECREF(builtins);
+    PyObject *records = builtin_round ? PyImport_ImportModule("phaselens.instrumentation.hotpath.records") : NULL;
+    step_stats_type = records ? (PyTypeObject *)PyObject_GetAttrString(records, "StepStats") : NULL;
+    Py_XDECREF(records);
+    if (step_stats_type == NULL)
+        return NULL;
+    if (!PyType_Check(step_stats_type) || !PyType_IsSubtype(step_stats_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "records.StepStats is not a tuple type");
+        return NULL;
+    }
     PyObject *module = PyModule_Create(&taken_module);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "Taking", (PyObject *)&TakingType) < 0 ||
-        PyModule_AddObjectRef(module, "CollectorHook", (PyObject *)&CollectorHookType) < 0) {
+        PyModule_AddObjectRef(module, "CollectorHook", (PyObject *)&CollectorHookType) < 0 ||
+        PyModule_AddIntConstant(module, "KV_SCALE", KV_SCALE) < 0) {
         Py_DECREF(module);
         return NULL;
     }

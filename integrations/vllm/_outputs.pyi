@@ -28,3 +28,17 @@ class CollectorHook:
 
 def open_outputs(outputs: Sequence[Any], open: dict[str, Any], /) -> list[Any] | None: ...
 def stamp_tokens(seen: list[Any], now: int, members: list[Any], /) -> bool: ...
+
+KV_SCALE: int
+
+def engine_step(
+    observer: Any,
+    members: list[Any],
+    scheduler_stats: Any,
+    iteration_stats: Any,
+    end_s: float | None,
+    start_floor_ts: int,
+    first_tokens: int,
+    clock_ns: Callable[[], int],
+    /,
+) -> int: ...

@@ -32,18 +32,16 @@ import logging
 from typing import Any
 
 from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs
-from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, RequestInfo, StepStats
+from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, RequestInfo
 from phaselens.instrumentation import names as n
 
-from ._outputs import open_outputs, stamp_tokens
+from ._outputs import KV_SCALE, engine_step, open_outputs, stamp_tokens
 from .kv_timing import SAVE, records_of
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 # vLLM's FinishReason names → the observer's reasons
 FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "abort": FINISH_ABORT, "error": FINISH_ERROR}
-KV_SCALE = 1_000_000  # vLLM gives the API server KV use as a fraction: written as used/total per million
 SWEEP_EVERY_STEPS = 32  # how often requests that vanished without finishing (aborts) are closed
-_new_tuple = tuple.__new__
 
 
 def _mono_ts(seconds: float) -> MonoTs:
@@ -247,7 +245,8 @@ class VllmTracker:
             start = max(end of the previous output batch, first scheduling of a request new in this one)
         (the engine was busy since the previous batch, or idle until it scheduled the new request);
         `prefill_tokens` are the prompt tokens of the requests whose prefill ended in this step;
-        `decode_tokens` = generated tokens − first tokens."""
+        `decode_tokens` = max(0, generated tokens − first tokens); KV use = round(kv_cache_usage ×
+        KV_SCALE) per KV_SCALE; end = the batch's EngineCore stamp (now, without one)."""
         kv_stats = getattr(scheduler_stats, "kv_connector_stats", None)
         if kv_stats is not None or self._finished_now:  # most steps have neither: two calls less
             self._kv_moved(records_of(kv_stats))
@@ -260,30 +259,19 @@ class VllmTracker:
             self._close_vanished()
         if not members or self._idle_reason is not None:
             return
-        end_ts = _mono_ts(end_s) if end_s else self.clock_ns()
-        start_ts = max(self._prev_step_end_ts, self._step_scheduled_ts) or end_ts
-        self._prev_step_end_ts, self._step_scheduled_ts = end_ts, NOT_STAMPED
-        generated = prompt = preempted = 0
-        if iteration_stats is not None:
-            generated, prompt = iteration_stats.num_generation_tokens, iteration_stats.num_prompt_tokens
-            preempted = iteration_stats.num_preempted_reqs
-        usage = getattr(scheduler_stats, "kv_cache_usage", None)
-        # (start, end, prefill, decode, kv used, kv total, preemptions, queue), made by tuple.__new__:
-        # StepStats' own __new__ is a Python function (its defaults), one frame more a step
-        stats = _new_tuple(
-            StepStats,
-            (
-                start_ts,
-                end_ts,
-                prompt,
-                max(0, generated - first_tokens),
-                round(usage * KV_SCALE) if usage is not None else 0,
-                KV_SCALE if usage is not None else 0,
-                preempted,
-                getattr(scheduler_stats, "num_waiting_reqs", 0),
-            ),
+        # the record made and handed on in C, by the formulas above (`_outputs.engine_step`)
+        floor_ts = max(self._prev_step_end_ts, self._step_scheduled_ts)
+        self._prev_step_end_ts = engine_step(
+            self.telemetry.step_observer,
+            members,
+            scheduler_stats,
+            iteration_stats,
+            end_s,
+            floor_ts,
+            first_tokens,
+            self.clock_ns,
         )
-        self.telemetry.step_observer.step(stats, members)
+        self._step_scheduled_ts = NOT_STAMPED
 
     def _kv_moved(self, records: list[list[Any]]) -> None:
         """The KV connector's records of this batch's step (`kv_timing.py`) into the requests' handles:
