@@ -17,9 +17,10 @@ from phaselens.instrumentation.hotpath.records import LINK, StepRecord, pack_lin
 from phaselens.instrumentation.server.asgi import IngressMiddleware
 from phaselens.instrumentation.server.telemetry import SCOPE_KEY
 from phaselens.integrations.vllm import hooks
+from phaselens.integrations.vllm._outputs import KV_SCALE
 from phaselens.integrations.vllm.delivery import sse_carries_content
 from phaselens.integrations.vllm.http_request import HTTP_REQUEST
-from phaselens.integrations.vllm.tracker import KV_SCALE, VllmTracker
+from phaselens.integrations.vllm.tracker import VllmTracker
 from tests.instrumentation_fixtures import http_scope, make_rig
 from tests.test_vllm_delivery import TRACEPARENT, request_state
 

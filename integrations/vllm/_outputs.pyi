@@ -4,6 +4,8 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from phaselens.common.clocks import MonoTs
+
 class Taking:
     def __init__(self, awaitable: Awaitable[Any], handle: Any, on_error: Callable[[BaseException], Any], /) -> None: ...
     def __await__(self) -> Generator[Any, Any, Any]: ...
@@ -41,4 +43,4 @@ def engine_step(
     first_tokens: int,
     clock_ns: Callable[[], int],
     /,
-) -> int: ...
+) -> MonoTs: ...

@@ -35,7 +35,7 @@ from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs
 from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, RequestInfo
 from phaselens.instrumentation import names as n
 
-from ._outputs import KV_SCALE, engine_step, open_outputs, stamp_tokens
+from ._outputs import engine_step, open_outputs, stamp_tokens
 from .kv_timing import SAVE, records_of
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
