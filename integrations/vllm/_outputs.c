@@ -160,6 +160,52 @@ static PyObject *stamp_tokens(PyObject *Py_UNUSED(module), PyObject *const *args
     Py_RETURN_TRUE;
 }
 
+/* items[2], [3], [6] of a step (prefill, decode, preemptions) from vLLM's IterationStats (0 without);
+ * 0, or -1 with an exception set */
+static int step_iteration(PyObject *iteration, int64_t first_tokens, PyObject **items) {
+    if (iteration == Py_None) {
+        items[2] = PyLong_FromLong(0);
+        items[3] = PyLong_FromLong(0);
+        items[6] = PyLong_FromLong(0);
+        return items[2] && items[3] && items[6] ? 0 : -1;
+    }
+    if ((items[2] = PyObject_GetAttr(iteration, str_num_prompt_tokens)) == NULL)
+        return -1;
+    PyObject *generated = PyObject_GetAttr(iteration, str_num_generation_tokens);
+    if (generated == NULL)
+        return -1;
+    long long produced = PyLong_AsLongLong(generated);
+    Py_DECREF(generated);
+    if (produced == -1 && PyErr_Occurred())
+        return -1;
+    /* max(0, generated − first tokens) */
+    if ((items[3] = PyLong_FromLongLong(produced > first_tokens ? produced - first_tokens : 0)) == NULL)
+        return -1;
+    return (items[6] = PyObject_GetAttr(iteration, str_num_preempted_reqs)) == NULL ? -1 : 0;
+}
+
+/* items[4], [5] of a step: round(kv_cache_usage × KV_SCALE), KV_SCALE (0, 0 without a usage); 0, or -1
+ * with an exception set */
+static int step_kv(PyObject *scheduler_stats, PyObject **items) {
+    PyObject *usage;
+    if (PyObject_GetOptionalAttr(scheduler_stats, str_kv_cache_usage, &usage) < 0)
+        return -1;
+    if (usage == NULL || usage == Py_None) {
+        Py_XDECREF(usage);
+        items[4] = PyLong_FromLong(0);
+        items[5] = PyLong_FromLong(0);
+        return items[4] && items[5] ? 0 : -1;
+    }
+    PyObject *scaled = PyNumber_Multiply(usage, kv_scale);
+    Py_DECREF(usage);
+    items[4] = scaled ? PyObject_CallOneArg(builtin_round, scaled) : NULL;
+    Py_XDECREF(scaled);
+    if (items[4] == NULL)
+        return -1;
+    items[5] = Py_NewRef(kv_scale);
+    return 0;
+}
+
 /* engine_step(observer, members, scheduler_stats, iteration_stats, end_s, start_floor_ts, first_tokens,
  * clock_ns) (module comment): one output batch's StepStats, handed to observer.step(stats, members);
  * its end_ts (ns) returned */
@@ -184,49 +230,20 @@ static PyObject *engine_step(PyObject *Py_UNUSED(module), PyObject *const *args,
     } else if ((end_ts = read_clock(args[7])) == -1) {
         return NULL;
     }
-    PyObject *items[8] = {NULL};
-    items[0] = PyLong_FromLongLong(floor_ts ? floor_ts : end_ts);
-    items[1] = PyLong_FromLongLong(end_ts);
-    if (iteration == Py_None) {
-        items[2] = PyLong_FromLong(0);
-        items[3] = PyLong_FromLong(0);
-        items[6] = PyLong_FromLong(0);
-    } else {
-        items[2] = PyObject_GetAttr(iteration, str_num_prompt_tokens);
-        PyObject *generated = PyObject_GetAttr(iteration, str_num_generation_tokens);
-        long long produced = generated ? PyLong_AsLongLong(generated) : -1;
-        Py_XDECREF(generated);
-        if (!(produced == -1 && PyErr_Occurred())) /* max(0, generated − first tokens) */
-            items[3] = PyLong_FromLongLong(produced - first_tokens > 0 ? produced - first_tokens : 0);
-        items[6] = PyObject_GetAttr(iteration, str_num_preempted_reqs);
-    }
-    PyObject *usage = NULL;
-    if (PyObject_GetOptionalAttr(scheduler_stats, str_kv_cache_usage, &usage) >= 0) {
-        if (usage == NULL || usage == Py_None) {
-            items[4] = PyLong_FromLong(0);
-            items[5] = PyLong_FromLong(0);
-        } else { /* round(usage × KV_SCALE): used per KV_SCALE of the cache */
-            PyObject *scaled = PyNumber_Multiply(usage, kv_scale);
-            items[4] = scaled ? PyObject_CallOneArg(builtin_round, scaled) : NULL;
-            Py_XDECREF(scaled);
-            items[5] = Py_NewRef(kv_scale);
-        }
-        Py_XDECREF(usage);
-    }
-    if (PyObject_GetOptionalAttr(scheduler_stats, str_num_waiting_reqs, &items[7]) >= 0 && items[7] == NULL)
-        items[7] = PyLong_FromLong(0);
-    PyObject *stats = NULL;
-    int complete = 1;
-    for (int i = 0; i < 8; i++)
-        complete &= items[i] != NULL;
-    if (complete && (stats = step_stats_type->tp_alloc(step_stats_type, 8)) != NULL) {
-        for (int i = 0; i < 8; i++)
-            PyTuple_SET_ITEM(stats, i, items[i]); /* the references move into the record */
-    } else {
+    /* (start, end, prefill, decode, kv used, kv total, preemptions, queue); the first failure ends it */
+    PyObject *items[8] = {NULL}, *stats = NULL;
+    if ((items[0] = PyLong_FromLongLong(floor_ts ? floor_ts : end_ts)) == NULL ||
+        (items[1] = PyLong_FromLongLong(end_ts)) == NULL || step_iteration(iteration, first_tokens, items) < 0 ||
+        step_kv(scheduler_stats, items) < 0 ||
+        PyObject_GetOptionalAttr(scheduler_stats, str_num_waiting_reqs, &items[7]) < 0 ||
+        (items[7] == NULL && (items[7] = PyLong_FromLong(0)) == NULL) ||
+        (stats = step_stats_type->tp_alloc(step_stats_type, 8)) == NULL) {
         for (int i = 0; i < 8; i++)
             Py_XDECREF(items[i]);
         return NULL;
     }
+    for (int i = 0; i < 8; i++)
+        PyTuple_SET_ITEM(stats, i, items[i]); /* the references move into the record */
     PyObject *call[] = {observer, stats, members};
     PyObject *done = PyObject_VectorcallMethod(str_step, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_DECREF(stats);
