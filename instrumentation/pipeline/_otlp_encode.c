@@ -202,7 +202,8 @@ static int put_str_field(Buf *b, uint32_t field, PyObject *s, const char *what) 
 }
 
 /* An unsigned id of `bytes` bytes into `be`, big-endian, as int.to_bytes(bytes, "big") writes it
- * (a span id through PyLong_AsUnsignedLongLong: a third of the byte-array conversion's instructions). */
+ * (a span id range-checked, then masked from its digits: not through the byte-array conversion that
+ * PyLong_AsUnsignedLongLong takes for its 3 digits). */
 static int id_of(PyObject *v, int bytes, uint8_t *be, const char *what) {
     if (!PyLong_Check(v)) {
         PyErr_Format(PyExc_TypeError, "%s: expected int", what);
@@ -210,8 +211,9 @@ static int id_of(PyObject *v, int bytes, uint8_t *be, const char *what) {
     }
     int bad;
     if (bytes == 8) {
-        uint64_t x = PyLong_AsUnsignedLongLong(v);
-        bad = x == (uint64_t)-1 && PyErr_Occurred();
+        /* checked, then masked: AsUnsignedLongLong takes an id's 3 digits through _PyLong_AsByteArray */
+        bad = _PyLong_Sign(v) < 0 || _PyLong_NumBits(v) > 64;
+        uint64_t x = bad ? 0 : PyLong_AsUnsignedLongLongMask(v);
         for (int i = 0; i < 8; i++)
             be[i] = (uint8_t)(x >> (56 - 8 * i));
     } else {
@@ -279,13 +281,10 @@ typedef struct {
 
 /* A KeyValue (as entry `field`) of a str key and a scalar, its lengths known up front (the bytes of
  * the generic path below at ~1/3 of its instructions); SKIP when the key has no UTF-8 form. */
-static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Scalar *v) {
-    Py_ssize_t n;
-    const char *p = PyUnicode_AsUTF8AndSize(key, &n);
-    if (!p) {
-        PyErr_Clear();
-        return SKIP;
-    }
+static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Scalar *v);
+
+/* put_scalar_key_value of a key given as UTF-8. */
+static int put_scalar_utf8(Buf *b, uint32_t field, const char *p, Py_ssize_t n, const Scalar *v) {
     size_t any = v->type == V_DOUBLE ? 9 : 1 + varint_len((uint64_t)v->i);
     size_t kv = (n ? 1 + varint_len((size_t)n) + (size_t)n : 0) + 1 + varint_len(any) + any;
     if (reserve(b, 15 + kv)) /* written in place: one reservation, no call per field */
@@ -310,6 +309,16 @@ static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Sca
     }
     b->len = (size_t)(o - b->data);
     return 0;
+}
+
+static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Scalar *v) {
+    Py_ssize_t n;
+    const char *p = PyUnicode_AsUTF8AndSize(key, &n);
+    if (!p) {
+        PyErr_Clear();
+        return SKIP;
+    }
+    return put_scalar_utf8(b, field, p, n, v);
 }
 
 /* An int64, float or bool value as a Scalar; 0 for any other value (an int past int64 too). */
@@ -623,23 +632,51 @@ static int limits_of(PyObject *t, Limits *l) {
 #define STEP_ATTRIBUTES 9
 static const int STEP_ORDER[STEP_ATTRIBUTES - 1] = {0, 9, 3, 4, 5, 6, 7, 8}; /* index, seqs, prefill, decode, kv used, kv total, preemptions, queue */
 
-static int put_step_attributes(Buf *b, PyObject **step, PyObject *keys, const Limits *limits) {
-    long long start = PyLong_Check(step[1]) ? PyLong_AsLongLong(step[1]) : 0;
-    long long end = PyLong_Check(step[2]) ? PyLong_AsLongLong(step[2]) : 0, span;
-    if (PyErr_Occurred() || !PyLong_Check(step[1]) || !PyLong_Check(step[2]) || __builtin_sub_overflow(end, start, &span)) {
+/* The step keys (a tuple of STEP_ATTRIBUTES non-empty str) and their UTF-8, looked up once a call (a
+ * lookup per attribute was ~1/6 of a step's instructions); NULL: no UTF-8 form (put_key_value's SKIP). */
+typedef struct {
+    PyObject *keys;
+    const char *utf8[STEP_ATTRIBUTES];
+    Py_ssize_t len[STEP_ATTRIBUTES];
+} StepKeys;
+
+static void step_keys_of(PyObject *keys, StepKeys *k) {
+    k->keys = keys;
+    for (int i = 0; i < STEP_ATTRIBUTES; i++)
+        if (!(k->utf8[i] = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, i), &k->len[i])))
+            PyErr_Clear();
+}
+
+/* A step value as put_key_value writes it: an exact int of int64 (every usual one) straight from its
+ * key's UTF-8, anything else through put_key_value. */
+static int put_step_value(Buf *b, const StepKeys *k, int i, PyObject *value, const Limits *limits) {
+    int overflow = 0;
+    long long x = PyLong_CheckExact(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : 0;
+    if (!PyLong_CheckExact(value) || overflow || !k->utf8[i] || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return put_key_value(b, 9, PyTuple_GET_ITEM(k->keys, i), value, limits->attribute_length);
+    }
+    Scalar v = {V_INT, x, 0};
+    return put_scalar_utf8(b, 9, k->utf8[i], k->len[i], &v);
+}
+
+static int put_step_attributes(Buf *b, PyObject **step, const StepKeys *k, const Limits *limits) {
+    int overflow[2] = {0, 0};
+    long long start = PyLong_Check(step[1]) ? PyLong_AsLongLongAndOverflow(step[1], &overflow[0]) : 0;
+    long long end = PyLong_Check(step[2]) ? PyLong_AsLongLongAndOverflow(step[2], &overflow[1]) : 0, span;
+    if (PyErr_Occurred() || overflow[0] || overflow[1] || !PyLong_Check(step[1]) || !PyLong_Check(step[2]) ||
+        __builtin_sub_overflow(end, start, &span)) {
         PyErr_Clear();
         PyErr_SetString(PyExc_ValueError, "step: start_ts and end_ts must be int64 with an int64 difference");
         return -1;
     }
     Scalar duration_ms = {V_DOUBLE, 0, (double)span / 1e6};
     Py_ssize_t max = limits->attributes, first = (max >= 0 && max < STEP_ATTRIBUTES) ? STEP_ATTRIBUTES - max : 0;
-    int r = 0;
-    for (Py_ssize_t i = first; i < STEP_ATTRIBUTES - 1 && !r; i++)
-        r = put_key_value(b, 9, PyTuple_GET_ITEM(keys, i), step[STEP_ORDER[i]], limits->attribute_length);
-    /* SKIP (a key with no UTF-8 form): left out, as put_key_value leaves it */
-    return r ||
-           (first < STEP_ATTRIBUTES &&
-            put_scalar_key_value(b, 9, PyTuple_GET_ITEM(keys, STEP_ATTRIBUTES - 1), &duration_ms) == -1) ||
+    int r = 0, last = STEP_ATTRIBUTES - 1;
+    for (Py_ssize_t i = first; i < last && !r; i++)
+        r = put_step_value(b, k, (int)i, step[STEP_ORDER[i]], limits);
+    /* a key with no UTF-8 form: left out, as put_key_value leaves it */
+    return r || (first < STEP_ATTRIBUTES && k->utf8[last] && put_scalar_utf8(b, 9, k->utf8[last], k->len[last], &duration_ms)) ||
            put_dropped(b, 10, first);
 }
 
@@ -680,7 +717,7 @@ static int is_packed_step(PyObject *step) {
 
 /* One step's entry: ids big-endian, times on the wall clock (ns). */
 static PyObject *step_entry(Buf *b, PyObject *step, const uint8_t *trace, const uint8_t *span, uint64_t start,
-                            uint64_t end, PyObject *name, PyObject *keys, const Limits *limits) {
+                            uint64_t end, PyObject *name, const StepKeys *keys, const Limits *limits) {
     PyObject **f = &PyTuple_GET_ITEM(step, 0);
     Py_ssize_t dropped;
     begin_entry(b);
@@ -708,9 +745,11 @@ static PyObject *encode_step(PyObject *Py_UNUSED(self), PyObject *const *args, P
     if (id_of(args[1], 16, trace, "trace_id") || id_of(args[2], 8, span, "span_id") ||
         u64_of(args[3], &start, "start_ns") || u64_of(args[4], &end, "end_ns"))
         return NULL;
+    StepKeys keys;
+    step_keys_of(args[6], &keys);
     Buf b;
     buf_init(&b);
-    PyObject *out = step_entry(&b, step, trace, span, start, end, args[5], args[6], &limits);
+    PyObject *out = step_entry(&b, step, trace, span, start, end, args[5], &keys, &limits);
     buf_free(&b);
     return out;
 }
@@ -810,6 +849,8 @@ static PyObject *encode_steps(PyObject *Py_UNUSED(self), PyObject *const *args, 
     Py_ssize_t n = seq ? sampled_steps(seq) : -1;
     uint8_t *pool = n > 0 && random_bits != Py_None ? draw_step_ids(random_bits, n) : NULL;
     PyObject *out = n >= 0 && (pool || random_bits == Py_None || !n) ? PyList_New(n) : NULL;
+    StepKeys step_keys;
+    step_keys_of(keys, &step_keys);
     Buf b;
     buf_init(&b);
     for (Py_ssize_t i = 0, j = 0; out && i < PySequence_Fast_GET_SIZE(seq); i++) {
@@ -821,7 +862,7 @@ static PyObject *encode_steps(PyObject *Py_UNUSED(self), PyObject *const *args, 
         if (!step_ids(pool ? pool + 24 * j : NULL, new_ids, trace, span) &&
             !step_wall_ns(PyTuple_GET_ITEM(step, 1), offset_ns, &start, "start_ts") &&
             !step_wall_ns(PyTuple_GET_ITEM(step, 2), offset_ns, &end, "end_ts"))
-            entry = step_entry(&b, step, trace, span, start, end, name, keys, &limits);
+            entry = step_entry(&b, step, trace, span, start, end, name, &step_keys, &limits);
         if (!entry)
             Py_CLEAR(out);
         else
