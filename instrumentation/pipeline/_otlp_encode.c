@@ -33,6 +33,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <structmember.h> /* T_OBJECT_EX: a __slots__ member */
 #include <string.h>
 
 enum { VARINT = 0, I64 = 1, LEN = 2, I32 = 5 };
@@ -1159,15 +1160,39 @@ enum { RR_ROOT, RR_PARENT, RR_FINISH_REASON = 14, RR_CHUNKS = 16, RR_SENDS = 19,
 enum { O_OUTPUT_TOKENS, O_FINISH_REASON, O_CACHED, O_REASONING, O_COMPLETION, O_ERROR_TYPE, O_STATUS, O_FIELDS };
 enum { H_METHOD, H_PATH, H_ADDRESS, H_PORT, H_STATUS, H_DISCONNECTED, H_EXCEPTION, H_X_REQUEST_ID, H_FIELDS };
 enum { T_NAME, T_PROVIDER, T_ERROR_TYPE, T_FULL, T_INPUT_MESSAGES, T_OUTPUT_MESSAGES, TEXTS };
-/* the Phases fields read, as ints (P_*), and the ones passed on as they are */
-static const char *const PHASE_INT_NAMES[] = {
+/* the Phases fields read: as ints (P_* before PHASE_INTS), then as they are */
+static const char *const PHASE_FIELD_NAMES[] = {
     "received_ts", "end_ts", "arrived_ts", "read_ts", "kernel_wait_ns", "dispatch_ns", "first_token_ts", "ingress_ns",
     "queue_ns", "prefill_ns", "first_token_phase_ns", "first_chunk_ts", "last_chunk_ts", "first_chunk_phase_ns",
-    "held_back_ns", "loop_wait_ns", "encode_ns", "write_ns", "decode_ns", "delivery_ns", "decode_tokens"};
+    "held_back_ns", "loop_wait_ns", "encode_ns", "write_ns", "decode_ns", "delivery_ns", "decode_tokens", "waits",
+    "held_back_known", "held_back_tokens"};
 enum { P_RECEIVED, P_END, P_ARRIVED, P_READ, P_KERNEL_WAIT, P_DISPATCH, P_FIRST_TOKEN, P_INGRESS, P_QUEUE, P_PREFILL,
        P_FIRST_TOKEN_PHASE, P_FIRST_CHUNK, P_LAST_CHUNK, P_FIRST_CHUNK_PHASE, P_HELD_BACK, P_LOOP_WAIT, P_ENCODE,
-       P_WRITE, P_DECODE, P_DELIVERY, P_DECODE_TOKENS, PHASE_INTS };
-static PyObject *phase_int_names[PHASE_INTS], *s_waits, *s_held_back_known, *s_held_back_tokens;
+       P_WRITE, P_DECODE, P_DELIVERY, P_DECODE_TOKENS, PHASE_INTS, P_WAITS = PHASE_INTS, P_HELD_BACK_KNOWN,
+       P_HELD_BACK_TOKENS, PHASE_FIELDS };
+static PyObject *phase_names[PHASE_FIELDS];
+
+/* Where a Phases' fields live: a slotted class's instances hold each at an offset its member
+ * descriptor gives (`phases.Phases`: read there, ~10 instructions a field where PyObject_GetAttr
+ * took ~270); found once for the last type seen (held), -1 for a field read by name (any other object). */
+static PyObject *offsets_type;
+static Py_ssize_t offsets[PHASE_FIELDS];
+
+static void find_offsets(PyTypeObject *type) {
+    Py_XSETREF(offsets_type, Py_NewRef((PyObject *)type));
+    for (int i = 0; i < PHASE_FIELDS; i++) {
+        PyObject *d = _PyType_Lookup(type, phase_names[i]);
+        int slot = type->tp_getattro == PyObject_GenericGetAttr && d && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                   ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        offsets[i] = slot ? ((PyMemberDescrObject *)d)->d_member->offset : -1;
+    }
+}
+
+/* A field of `phases` (a new reference; NULL with an AttributeError when missing). */
+static PyObject *phase_field(PyObject *phases, int i) {
+    PyObject *v = offsets[i] >= 0 ? *(PyObject **)((char *)phases + offsets[i]) : NULL;
+    return v ? Py_NewRef(v) : PyObject_GetAttr(phases, phase_names[i]); /* unset slot: its AttributeError */
+}
 
 typedef struct {
     int key;       /* R_*, or -1: `name` */
@@ -1385,14 +1410,14 @@ static int add_more_values(RootAttrs *r, PyObject **rec, PyObject *phases, const
     add_obj(r, R_OUTPUT_MESSAGES, texts[T_OUTPUT_MESSAGES]);
     if (p[P_FIRST_CHUNK]) {
         add_ms(r, R_FIRST_CHUNK_MS, p[P_FIRST_CHUNK_PHASE]);
-        PyObject *known = PyObject_GetAttr(phases, s_held_back_known);
+        PyObject *known = phase_field(phases, P_HELD_BACK_KNOWN);
         int is_known = known ? PyObject_IsTrue(known) : -1;
         Py_XDECREF(known);
         if (is_known < 0)
             return -1;
         if (is_known) {
             add_ms(r, R_HELD_BACK_MS, p[P_HELD_BACK]);
-            if (add_new(r, R_HELD_BACK_TOKENS, PyObject_GetAttr(phases, s_held_back_tokens)))
+            if (add_new(r, R_HELD_BACK_TOKENS, phase_field(phases, P_HELD_BACK_TOKENS)))
                 return -1;
         }
         long long ttfc, last_chunk;
@@ -1472,14 +1497,16 @@ static PyObject *root_entry(Buf *b, PyObject **rec, const RootAttrs *r, const lo
 }
 
 static int phase_ints(PyObject *phases, long long *p, Py_ssize_t *waits) {
+    if ((PyObject *)Py_TYPE(phases) != offsets_type)
+        find_offsets(Py_TYPE(phases));
     for (int i = 0; i < PHASE_INTS; i++) {
-        PyObject *v = PyObject_GetAttr(phases, phase_int_names[i]);
-        int r = !v || int64_of(v, &p[i], PHASE_INT_NAMES[i]);
+        PyObject *v = phase_field(phases, i);
+        int r = !v || int64_of(v, &p[i], PHASE_FIELD_NAMES[i]);
         Py_XDECREF(v);
         if (r)
             return -1;
     }
-    PyObject *w = PyObject_GetAttr(phases, s_waits);
+    PyObject *w = phase_field(phases, P_WAITS);
     *waits = w ? PyObject_Length(w) : -1;
     Py_XDECREF(w);
     return *waits < 0 ? -1 : 0;
@@ -1652,12 +1679,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_otlp_encode", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__otlp_encode(void) {
-    for (int i = 0; i < PHASE_INTS; i++)
-        if (!(phase_int_names[i] = PyUnicode_InternFromString(PHASE_INT_NAMES[i])))
+    for (int i = 0; i < PHASE_FIELDS; i++)
+        if (!(phase_names[i] = PyUnicode_InternFromString(PHASE_FIELD_NAMES[i])))
             return NULL;
-    if (!(s_waits = PyUnicode_InternFromString("waits")) ||
-        !(s_held_back_known = PyUnicode_InternFromString("held_back_known")) ||
-        !(s_held_back_tokens = PyUnicode_InternFromString("held_back_tokens")))
-        return NULL;
     return PyModule_Create(&module);
 }
