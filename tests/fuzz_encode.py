@@ -9,7 +9,8 @@ to the bytes of its `step_span` description and parse with protobuf; a broken on
 TypeError or ValueError. Then a request's phases (`phase_case`), valid or with one argument or
 stamp broken, through `encode_phases`: valid ones must encode to the bytes of `request_spans`'s
 descriptions; broken ones encode (an odd value that is never read) or raise TypeError or
-ValueError. Prints one JSON object.
+ValueError. Then a request's SERVER span (`root_case`) through `encode_root` alike, against
+`root_span`'s description. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -262,6 +263,31 @@ def _phases_round(rng: random.Random, limits: tuple[int, ...]) -> bool:
     return True
 
 
+def _root_round(rng: random.Random, limits: tuple[int, ...]) -> bool:
+    """One request's SERVER span through `encode_root`, valid or with one argument or record field
+    replaced by an odd value; True when it encoded."""
+    from phaselens.instrumentation.hotpath.clock import ClockAnchor
+    from phaselens.instrumentation.pipeline._otlp_encode import encode_root
+
+    record, phases, full, summary = root_case(rng)
+    anchor, broken = ClockAnchor(mono_ts=0, wall_ts=rng.randrange(2**62)), rng.random() < 0.5
+    arguments = root_arguments(anchor, record, phases, full, summary, limits)
+    if broken:
+        odd = rng.choice((*ODD, 2**63, -(2**63)))
+        if rng.random() < 0.5:
+            arguments[rng.randrange(len(arguments))] = odd
+        else:
+            arguments[0] = record._replace(**{rng.choice(record._fields): odd})
+    try:
+        encoded = encode_root(*arguments)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        assert broken, arguments
+        return False
+    if not broken:
+        assert encoded == root_reference(anchor, record, phases, full, summary, limits)
+    return True
+
+
 def _limits(rng: random.Random) -> tuple[int, ...]:
     return tuple(rng.choice((-1, 0, 1, 2, 5, 64, 200)) for _ in range(7))
 
@@ -276,7 +302,8 @@ def main() -> None:
     from phaselens.instrumentation.pipeline._otlp_encode import encode_request, encode_spans, encode_step
     from phaselens.instrumentation.pipeline.spans import STEP_KEYS, PackedStep, step_span
 
-    rng, accepted, phases_accepted, sampler = random.Random(args.seed), 0, 0, TracerProvider().sampler
+    rng, accepted, phases_accepted, roots_accepted = random.Random(args.seed), 0, 0, 0
+    sampler = TracerProvider().sampler
     anchor = ClockAnchor(mono_ts=0, wall_ts=2**62)
     for _ in range(args.iterations):
         fields, limits, broken = _step(rng), _limits(rng), rng.random() < 0.5
@@ -299,10 +326,17 @@ def main() -> None:
         accepted += 1
     for _ in range(args.iterations // 4):  # ~4x a step's work each
         phases_accepted += _phases_round(rng, _limits(rng))
+        roots_accepted += _root_round(rng, _limits(rng))
     module = sys.modules[MODULE].__file__
     print(
         json.dumps(
-            {"iterations": args.iterations, "accepted": accepted, "phases_accepted": phases_accepted, "module": module}
+            {
+                "iterations": args.iterations,
+                "accepted": accepted,
+                "phases_accepted": phases_accepted,
+                "roots_accepted": roots_accepted,
+                "module": module,
+            }
         )
     )
 

@@ -1183,7 +1183,7 @@ static void find_offsets(PyTypeObject *type) {
     for (int i = 0; i < PHASE_FIELDS; i++) {
         PyObject *d = _PyType_Lookup(type, phase_names[i]);
         int slot = type->tp_getattro == PyObject_GenericGetAttr && d && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                   ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+                   PyType_IsSubtype(type, PyDescr_TYPE(d)) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
         offsets[i] = slot ? ((PyMemberDescrObject *)d)->d_member->offset : -1;
     }
 }
