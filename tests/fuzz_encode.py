@@ -163,9 +163,10 @@ def root_case(rng: random.Random) -> tuple[Any, Any, str, Any]:
 
 def root_arguments(anchor: Any, record: Any, phases: Any, full: str, summary: Any, limits: Any) -> list[Any]:
     """`encode_root`'s arguments, as `otlp_fast.FastEmitter` makes them."""
-    from phaselens.instrumentation.pipeline.spans import ROOT_SPAN_KEYS, root_texts
+    from phaselens.instrumentation.pipeline.spans import ROOT_SPAN_CONSTANTS, ROOT_SPAN_KEYS, root_texts
 
-    return [record, phases, anchor.wall_offset_ns, root_texts(record, full), summary, ROOT_SPAN_KEYS, limits]
+    texts = root_texts(record, full)
+    return [record, phases, anchor.wall_offset_ns, texts, summary, ROOT_SPAN_KEYS, ROOT_SPAN_CONSTANTS, limits]
 
 
 def root_reference(anchor: Any, record: Any, phases: Any, full: str, summary: Any, limits: Any) -> bytes:

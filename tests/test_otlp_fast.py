@@ -30,7 +30,7 @@ from phaselens.collectors.service import Collector
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
-from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats, int64s
+from phaselens.instrumentation.hotpath.records import NO_OUTCOME, RequestInfo, RequestRecord, StepStats, int64s
 from phaselens.instrumentation.pipeline import otel_setup
 from phaselens.instrumentation.pipeline._otlp_encode import (
     encode_phases,
@@ -742,6 +742,8 @@ def test_bad_roots_are_clear_errors_not_crashes():
     def bad(index: int, value: Any) -> list[Any]:
         return [*good[:index], value, *good[index + 1 :]]
 
+    unjudged = record.http._replace(client_disconnected=False, exception_type=None)
+
     def odd_phases(**fields: Any) -> Any:
         copy = SimpleNamespace(**{name: getattr(phases, name) for name in phases.__slots__})
         vars(copy).update(fields)
@@ -758,12 +760,14 @@ def test_bad_roots_are_clear_errors_not_crashes():
         (bad(1, odd_phases(decode_ns=1.5)), ValueError, "decode_ns: expected an int64"),
         (bad(1, odd_phases(end_ts=2**62, received_ts=-(2**62))), ValueError, "outside int64"),
         (bad(2, -(2**62)), ValueError, "before 1970"),
-        (bad(3, ("name",)), TypeError, "6 texts"),
+        (bad(0, record._replace(http=unjudged._replace(status_code="x"), outcome=NO_OUTCOME)), TypeError, ">="),
+        (bad(3, ("full",)), TypeError, "3 texts"),
         (bad(4, []), TypeError, "a dict or None"),
         (bad(4, {"": 1}), TypeError, "summary: expected non-empty str keys"),
         (bad(5, ROOT_SPAN_KEYS[:-1]), TypeError, "keys: expected a tuple of 59 non-empty str"),
-        (bad(6, (1, 2)), TypeError, "limits: expected a 7-tuple"),
-        (good[:-1], TypeError, "expected 7 arguments, got 6"),
+        (bad(6, ("phaselens",)), TypeError, "4 constants"),
+        (bad(7, (1, 2)), TypeError, "limits: expected a 7-tuple"),
+        (good[:-1], TypeError, "expected 8 arguments, got 7"),
     ]
     for arguments, error, message in cases:
         with pytest.raises(error, match=message):

@@ -16,7 +16,7 @@
  *   encode_spans makes it, for an engine step's span straight from its `spans.PackedStep`.
  * encode_steps(steps, random_bits, new_ids, offset_ns, name, keys, limits) -> list[bytes]: those
  *   entries for a run of steps (the ones with a sampled member), ids drawn for all in one call.
- * encode_root(record, phases, offset_ns, texts, summary, keys, limits) -> bytes: one entry as
+ * encode_root(record, phases, offset_ns, texts, summary, keys, constants, limits) -> bytes: one entry as
  *   encode_spans makes it, for a request's SERVER span straight from its record and `Phases`.
  * encode_request(resource_attributes, scope_name, scope_version, spans) -> bytes: an
  *   ExportTraceServiceRequest holding one ResourceSpans with one ScopeSpans of `spans` (entries
@@ -1180,9 +1180,9 @@ static PyObject *encode_phases(PyObject *Py_UNUSED(self), PyObject *const *args,
  * phaselens.trace.full and the compact record's summary), computed here from the record and its
  * `Phases`: the same bytes as encode_spans of that description (the same keys, order, presence and
  * limits), without the dict, its ~45 values made one at a time by the interpreter, and the SpanData.
- * Keys are `spans.ROOT_SPAN_KEYS` (R_*); the strings made in Python are `texts` (T_*). The record's
+ * Keys are `spans.ROOT_SPAN_KEYS` (R_*), the span's strings T_* (the name and error.type made here). The record's
  * fields are read by position (`records.py`'s order, which the wire format also relies on), the
- * Phases' by name. A value the dict path would write as an int or a float is computed as Python
+ * Phases' at their slots. A value the dict path would write as an int or a float is computed as Python
  * computes it: int64 arithmetic (a result past int64 is a ValueError: stamps of 292 years), an int
  * divided by 1e6 or 1e9 as a double, and TPOT's int / int correctly rounded. */
 enum { R_PROVIDER, R_METHOD, R_PATH, R_STATUS, R_ADDRESS, R_PORT, R_X_REQUEST_ID, R_ERROR_TYPE, R_INGRESS_MS,
@@ -1198,6 +1198,10 @@ enum { RR_ROOT, RR_PARENT, RR_FINISH_REASON = 14, RR_CHUNKS = 16, RR_SENDS = 19,
 enum { O_OUTPUT_TOKENS, O_FINISH_REASON, O_CACHED, O_REASONING, O_COMPLETION, O_ERROR_TYPE, O_STATUS, O_FIELDS };
 enum { H_METHOD, H_PATH, H_ADDRESS, H_PORT, H_STATUS, H_DISCONNECTED, H_EXCEPTION, H_X_REQUEST_ID, H_FIELDS };
 enum { T_NAME, T_PROVIDER, T_ERROR_TYPE, T_FULL, T_INPUT_MESSAGES, T_OUTPUT_MESSAGES, TEXTS };
+/* `spans.ROOT_SPAN_CONSTANTS`: the provider, error.type's client_disconnected and error, the name of a
+ * span without a RequestInfo or method */
+enum { C_PROVIDER, C_DISCONNECTED, C_FINISH_ERROR, C_UNNAMED, CONSTANTS };
+static PyObject *http_error_min; /* 400 */
 /* the Phases fields read: as ints (P_* before PHASE_INTS), then as they are */
 static const char *const PHASE_FIELD_NAMES[] = {
     "received_ts", "end_ts", "arrived_ts", "read_ts", "kernel_wait_ns", "dispatch_ns", "first_token_ts", "ingress_ns",
@@ -1494,6 +1498,40 @@ static int add_more_values(RootAttrs *r, PyObject **rec, PyObject *phases, const
     return 0;
 }
 
+/* `spans.error_type`: what the app said, else what the transport or engine saw; a new reference. */
+static PyObject *error_type_of(PyObject **rec, PyObject **o, PyObject **h, PyObject *const *c) {
+    PyObject *status = or_else(o[O_STATUS], h[H_STATUS]);
+    if (truthy(o[O_ERROR_TYPE]))
+        return Py_NewRef(o[O_ERROR_TYPE]);
+    if (truthy(h[H_DISCONNECTED]))
+        return Py_NewRef(c[C_DISCONNECTED]);
+    if (truthy(h[H_EXCEPTION]))
+        return Py_NewRef(h[H_EXCEPTION]);
+    int failed = status != Py_None ? PyObject_RichCompareBool(status, http_error_min, Py_GE) : 0;
+    if (failed)
+        return failed < 0 ? NULL : PyObject_Str(status);
+    int errored = PyObject_RichCompareBool(rec[RR_FINISH_REASON], c[C_FINISH_ERROR], Py_EQ);
+    return errored < 0 ? NULL : Py_NewRef(errored ? c[C_FINISH_ERROR] : Py_None);
+}
+
+/* `spans.root_name`: "{operation} {model}" (as an f-string formats them), else the method or
+ * C_UNNAMED; a new reference. */
+static PyObject *root_name_of(PyObject **rec, PyObject **h, PyObject *const *c) {
+    PyObject *info = rec[RR_INFO];
+    if (info == Py_None)
+        return Py_NewRef(or_else(h[H_METHOD], c[C_UNNAMED]));
+    if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) < 10) {
+        PyErr_SetString(PyExc_TypeError, "record.info: expected a RequestInfo");
+        return NULL;
+    }
+    PyObject *operation = PyObject_Format(PyTuple_GET_ITEM(info, 0), NULL);
+    PyObject *model = operation ? PyObject_Format(PyTuple_GET_ITEM(info, 1), NULL) : NULL;
+    PyObject *name = model ? PyUnicode_FromFormat("%U %U", operation, model) : NULL;
+    Py_XDECREF(operation);
+    Py_XDECREF(model);
+    return name;
+}
+
 /* The attributes, the last `limits->attributes` of them kept (as put_attributes keeps a dict's). */
 static int put_root_attributes(Buf *b, const RootAttrs *r, PyObject *keys, const Limits *limits) {
     Py_ssize_t max = limits->attributes, first = (max >= 0 && r->n > max) ? r->n - max : 0;
@@ -1550,21 +1588,26 @@ static int phase_ints(PyObject *phases, long long *p, Py_ssize_t *waits) {
     return *waits < 0 ? -1 : 0;
 }
 
-/* encode_root(record, phases, offset_ns, texts, summary, keys, limits) -> bytes; METH_FASTCALL. */
+/* encode_root(record, phases, offset_ns, texts, summary, keys, constants, limits) -> bytes; METH_FASTCALL.
+ * texts: (phaselens.trace.full, gen_ai.input.messages, gen_ai.output.messages), the messages None
+ * unless captured; constants: `spans.ROOT_SPAN_CONSTANTS`. */
 static PyObject *encode_root(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "encode_root: expected 7 arguments, got %zd", nargs);
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "encode_root: expected 8 arguments, got %zd", nargs);
         return NULL;
     }
-    PyObject *record = args[0], *texts = args[3], *summary = args[4], *keys = args[5];
+    PyObject *record = args[0], *given = args[3], *summary = args[4], *keys = args[5], *constants = args[6];
     Limits limits;
     long long offset_ns, p[PHASE_INTS];
     Py_ssize_t waits;
-    if (limits_of(args[6], &limits) || str_tuple(keys, ROOT_KEYS, "keys") || int64_of(args[2], &offset_ns, "offset_ns"))
+    if (limits_of(args[7], &limits) || str_tuple(keys, ROOT_KEYS, "keys") || int64_of(args[2], &offset_ns, "offset_ns"))
         return NULL;
-    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < RR_FIELDS || !PyTuple_Check(texts) ||
-        PyTuple_GET_SIZE(texts) != TEXTS || (summary != Py_None && !PyDict_Check(summary))) {
-        PyErr_Format(PyExc_TypeError, "encode_root: expected a RequestRecord, %d texts and a dict or None", TEXTS);
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < RR_FIELDS || !PyTuple_Check(given) ||
+        PyTuple_GET_SIZE(given) != 3 || (summary != Py_None && !PyDict_Check(summary)) ||
+        str_tuple(constants, CONSTANTS, "constants")) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "encode_root: expected a RequestRecord, 3 texts, a dict or None and %d constants",
+                     CONSTANTS);
         return NULL;
     }
     PyObject **rec = &PyTuple_GET_ITEM(record, 0), *outcome = rec[RR_OUTCOME], *http = rec[RR_HTTP];
@@ -1575,13 +1618,16 @@ static PyObject *encode_root(PyObject *Py_UNUSED(self), PyObject *const *args, P
     }
     if (phase_ints(args[1], p, &waits))
         return NULL;
+    PyObject **o = &PyTuple_GET_ITEM(outcome, 0), **h = &PyTuple_GET_ITEM(http, 0), *const *c = &PyTuple_GET_ITEM(constants, 0);
+    PyObject *name = root_name_of(rec, h, c), *failure = name ? error_type_of(rec, o, h, c) : NULL;
+    PyObject *t[TEXTS] = {name, c[C_PROVIDER], failure, PyTuple_GET_ITEM(given, 0), PyTuple_GET_ITEM(given, 1),
+                          PyTuple_GET_ITEM(given, 2)};
     Py_ssize_t most = ROOT_KEYS + (summary != Py_None ? PyDict_GET_SIZE(summary) : 0);
-    RootAttrs r = {PyMem_New(RootAttr, most), 0};
-    PyObject *out = NULL, *const *t = &PyTuple_GET_ITEM(texts, 0);
-    if (!r.a)
-        return PyErr_NoMemory();
-    if (!add_request_values(&r, rec, &PyTuple_GET_ITEM(outcome, 0), &PyTuple_GET_ITEM(http, 0), p, waits, t, offset_ns) &&
-        !add_more_values(&r, rec, args[1], p, t, summary)) {
+    RootAttrs r = {failure ? PyMem_New(RootAttr, most) : NULL, 0};
+    PyObject *out = NULL;
+    if (!r.a && !PyErr_Occurred())
+        PyErr_NoMemory();
+    if (r.a && !add_request_values(&r, rec, o, h, p, waits, t, offset_ns) && !add_more_values(&r, rec, args[1], p, t, summary)) {
         Buf b;
         buf_init(&b);
         out = root_entry(&b, rec, &r, p, offset_ns, t, keys, &limits);
@@ -1590,6 +1636,8 @@ static PyObject *encode_root(PyObject *Py_UNUSED(self), PyObject *const *args, P
     for (Py_ssize_t i = 0; i < r.n; i++)
         Py_XDECREF(r.a[i].obj);
     PyMem_Free(r.a);
+    Py_XDECREF(name);
+    Py_XDECREF(failure);
     return out;
 }
 
@@ -1706,7 +1754,7 @@ static PyMethodDef methods[] = {
      "list[bytes]: "
      "a request's phase spans."},
     {"encode_root", (PyCFunction)(void (*)(void))encode_root, METH_FASTCALL,
-     "encode_root(record, phases, offset_ns, texts, summary, keys, limits) -> bytes: a request's SERVER span."},
+     "encode_root(record, phases, offset_ns, texts, summary, keys, constants, limits) -> bytes: a request's SERVER span."},
     {"encode_request", encode_request, METH_VARARGS,
      "encode_request(resource_attributes, scope_name, scope_version, spans) -> ExportTraceServiceRequest bytes."},
     {"present", (PyCFunction)(void (*)(void))present, METH_FASTCALL,
@@ -1720,5 +1768,7 @@ PyMODINIT_FUNC PyInit__otlp_encode(void) {
     for (int i = 0; i < PHASE_FIELDS; i++)
         if (!(phase_names[i] = PyUnicode_InternFromString(PHASE_FIELD_NAMES[i])))
             return NULL;
+    if (!(http_error_min = PyLong_FromLong(400)))
+        return NULL;
     return PyModule_Create(&module);
 }

@@ -48,6 +48,7 @@ from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanP
 from phaselens.instrumentation.pipeline.spans import (
     PHASE_KEYS,
     PHASE_NAMES,
+    ROOT_SPAN_CONSTANTS,
     ROOT_SPAN_KEYS,
     STEP_KEYS,
     PackedStep,
@@ -178,7 +179,8 @@ class FastEmitter:
     ) -> bytes:
         """The SERVER span's entry (`encode_root`: the bytes of `spans.root_span`'s description)."""
         texts = root_texts(record, full)
-        return encode_root(record, phases, anchor.wall_offset_ns, texts, summary, ROOT_SPAN_KEYS, self.limits)
+        offset_ns = anchor.wall_offset_ns
+        return encode_root(record, phases, offset_ns, texts, summary, ROOT_SPAN_KEYS, ROOT_SPAN_CONSTANTS, self.limits)
 
     def emit_steps(self, anchor: ClockAnchor, steps: Sequence[PackedStep]) -> int:
         """Engine steps' spans encoded straight from the PackedSteps in one C call (`encode_steps`:

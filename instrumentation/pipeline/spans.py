@@ -609,9 +609,12 @@ def compact_summary(record: RequestRecord, phases: Phases) -> dict[str, Any]:
     return summary
 
 
+ROOT_UNNAMED = "request"  # the SERVER span's name without a RequestInfo or method
+
+
 def root_name(record: RequestRecord) -> str:
     info = record.info
-    return names.root_span_name(info.operation, info.model) if info is not None else record.http.method or "request"
+    return names.root_span_name(info.operation, info.model) if info is not None else record.http.method or ROOT_UNNAMED
 
 
 # every key the SERVER span may carry but a compact record's summary, in `_otlp_encode.encode_root`'s
@@ -638,10 +641,13 @@ ROOT_SPAN_KEYS = (
 )
 
 
+# the strings `encode_root` writes as they are (its C_*): the provider, error.type's values, a name
+ROOT_SPAN_CONSTANTS = (names.PROVIDER_PHASELENS, names.ERROR_CLIENT_DISCONNECTED, FINISH_ERROR, ROOT_UNNAMED)
+
+
 def root_texts(record: RequestRecord, full: str) -> tuple[str | None, ...]:
-    """The SERVER span's strings `encode_root` takes made (its T_*): name, provider, error.type,
-    phaselens.trace.full, the captured messages."""
-    return (root_name(record), names.PROVIDER_PHASELENS, error_type(record), full, *content_messages(record))
+    """The SERVER span's strings `encode_root` takes made: phaselens.trace.full, the captured messages."""
+    return (full, *content_messages(record))
 
 
 # An engine step as the builder takes it: the loop's record as it is (its stats, batch size and
