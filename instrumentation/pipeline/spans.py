@@ -30,11 +30,11 @@ provider's id generator.
 Two backends turn the descriptions into exported spans: `emitter.SpanEmitter` makes SDK
 ReadableSpans for a tracer provider's span processors (a provider the user brought, with their
 sampling and exporters), and `otlp_fast.FastEmitter` encodes OTLP protobuf bytes in C
-(`_otlp_encode`) where phaselens owns the provider. An attribute added to the SERVER span or
-llm.decode here reaches both with no other code; the other phase spans and llm.engine_step the
-fast backend writes from the stamps and the step (`encode_phases`, `encode_step`), so a change to
-them goes into `_otlp_encode.c` too (the byte-for-byte property tests in tests/test_otlp_fast.py
-fail until both agree). Times in a `SpanData` are wall-clock ns (the process anchor's), ids ints,
+(`_otlp_encode`) where phaselens owns the provider. An attribute added to llm.decode here reaches
+both with no other code; the SERVER span, the other phase spans and llm.engine_step the fast
+backend writes from the record, the stamps and the step (`encode_root`, `encode_phases`,
+`encode_step`), so a change to them goes into `_otlp_encode.c` too (the byte-for-byte property
+tests in tests/test_otlp_fast.py fail until both agree). Times in a `SpanData` are wall-clock ns (the process anchor's), ids ints,
 `kind` and `status_code` OTLP's numbers.
 """
 
