@@ -437,7 +437,7 @@ error:
 /* RequestRecord's fields (records.py; wire.encode_request writes them in this order) */
 enum { RQ_ROOT, RQ_PARENT, RQ_WAITS = 15, RQ_INFO = 20, RQ_OUTCOME, RQ_HTTP, RQ_KV, RQ_FIELDS };
 enum { TY_RECORD, TY_IDS, TY_INFO, TY_OUTCOME, TY_HTTP, TY_KV, TYPES };
-static PyObject *s_cast, *s_int64; /* "cast", "q" */
+static PyObject *s_cast, *s_int64, *empty_int64s; /* "cast", "q", records.int64s(b"") */
 
 /* tuple.__new__(type, items) for an exact tuple (no call); NULL without an error: not one. */
 static PyObject *tuple_as(PyObject *type, PyObject *items) {
@@ -456,6 +456,8 @@ static PyObject *record_field(PyObject *field, Py_ssize_t i, PyObject *const *ty
     if (i == RQ_ROOT || (i == RQ_PARENT && field != Py_None))
         return tuple_as(types[TY_IDS], field);
     if (i >= RQ_WAITS && i < RQ_INFO) {
+        if (PyBytes_CheckExact(field) && !PyBytes_GET_SIZE(field)) /* read-only and empty: one serves all */
+            return Py_NewRef(empty_int64s);
         PyObject *view = PyBytes_CheckExact(field) ? PyMemoryView_FromObject(field) : NULL;
         PyObject *cast = view ? PyObject_CallMethodOneArg(view, s_cast, s_int64) : NULL;
         Py_XDECREF(view);
@@ -512,6 +514,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_wire_pack", NULL, -
 
 PyMODINIT_FUNC PyInit__wire_pack(void) {
     if (!(s_cast = PyUnicode_InternFromString("cast")) || !(s_int64 = PyUnicode_InternFromString("q")))
+        return NULL;
+    PyObject *bytes = PyBytes_FromStringAndSize("", 0), *view = bytes ? PyMemoryView_FromObject(bytes) : NULL;
+    empty_int64s = view ? PyObject_CallMethodOneArg(view, s_cast, s_int64) : NULL;
+    Py_XDECREF(bytes);
+    Py_XDECREF(view);
+    if (!empty_int64s)
         return NULL;
     return PyModule_Create(&module);
 }
