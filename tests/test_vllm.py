@@ -30,6 +30,9 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 REQUESTS, OUTPUT_TOKENS, PROMPT_TOKENS = 16, 16, 40
+# a client whose timeout ended its request this much late had stood still (vLLM streams the abandoned
+# requests' 2,000 tokens in ~4 s: a second late still cuts them off mid-decode)
+STALL_MS = 1_000
 PHASE_TREE = [
     n.SPAN_INGRESS,
     n.SPAN_QUEUE,
@@ -79,16 +82,27 @@ def _bench_runs(
     served: ServedVllm, tmp: Path, input_len: str, then: tuple[str, ...] = ()
 ) -> tuple[list[dict], str, list[dict]]:
     """One bounded bench against a started vLLM (then, when given, a second one with the arguments
-    `then`, and a third plain one so that vLLM steps on); returns the first bench's per-request
+    `then`, again if its client stalled, and a third plain one so that vLLM steps on); returns the first bench's per-request
     lines, vLLM's log and the second bench's lines. The tests poll for the spans they read."""
     common = ("--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--timeout", "60")
     second: list[dict] = []
     results = _bench(served, tmp / "requests.jsonl", "--requests", str(REQUESTS), *common)
+    for attempt in range(3 if then else 0):
+        second = _bench(served, tmp / f"then-{attempt}.jsonl", *then)
+        if not _client_stalled(second, float(then[then.index("--timeout") + 1])):
+            break
     if then:
-        second = _bench(served, tmp / "then.jsonl", *then)
         after = ("--requests", "2", "--input-len", input_len, "--output-len", "48", "--ignore-eos")
         _bench(served, tmp / "after.jsonl", *after)
     return results, served.server.log_tail(200_000), second
+
+
+def _client_stalled(lines: list[dict], timeout_s: float) -> bool:
+    """Whether the load generator itself stood still past a request's timeout (its process not run:
+    one such stall lasted 3.8 s under three test workers), so that it closed the connection only
+    once vLLM had streamed the whole answer into the socket buffers: those requests were never cut
+    off, and the run is repeated rather than read as the plugin's doing."""
+    return any(line["elapsed_ms"] > timeout_s * 1e3 + STALL_MS for line in lines)
 
 
 def _poll(client, sql: str, parameters: dict, enough, timeout_s: float = 30.0) -> list[dict]:
