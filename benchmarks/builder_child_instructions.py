@@ -16,8 +16,7 @@ between runs.
 `--parts`: instead, the builder's parts one at a time in one process over the same records (each
 a `functools.reduce` call that callgrind counts alone, per request): reading the frames
 (`wire.split_frames`), decoding them, `compute_phases`, the GenAI histograms, the request's spans
-(`FastEmitter.emit_request`; inside it llm.decode's description, the SERVER span's description and
-its attributes, the SERVER span's encoding), the step spans (`emit_steps`, 2 a request) and the whole
+(`FastEmitter.emit_request`; inside it llm.decode's description and the SERVER span, `encode_root`), the step spans (`emit_steps`, 2 a request) and the whole
 builder (`SpanBuilder.build` over every record), as the child's fast backend runs them, the exports
 discarded (`instrumentation_overhead.builder_run`'s setting). Each part runs once uncounted first.
 
@@ -65,7 +64,6 @@ from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import RequestRecord
 from phaselens.instrumentation.pipeline import spans
-from phaselens.instrumentation.pipeline._otlp_encode import encode_spans
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
 from phaselens.instrumentation.pipeline.histograms import HistogramReader
@@ -153,9 +151,7 @@ def part_runs(hello: bytes, data: bytes) -> dict[str, Any]:
     frames = [(decoders[kind], fields) for kind, fields in wire.split_frames(data)[0] if kind in decoders]
     records = [decode(fields) for decode, fields in frames]
     requests = [(r, compute_phases(r)) for r in records if isinstance(r, RequestRecord)]
-    roots = [spans.root_span(anchor, r, p) for r, p in requests]
     steps = [r for r in records if not isinstance(r, RequestRecord)]
-    limits = emitter.limits
     return {
         "read_frames": lambda: wire.split_frames(data),
         "decode_frames": lambda: [decode(fields) for decode, fields in frames],
@@ -163,9 +159,7 @@ def part_runs(hello: bytes, data: bytes) -> dict[str, Any]:
         "genai_histograms": lambda: [metrics.record(r, p) for r, p in requests],
         "request_spans": lambda: ([emitter.emit_request(anchor, r, p, False) for r, p in requests], processor._queue.clear()),
         "request_spans.decode_description": lambda: [spans.decode_description(anchor, r, p, False) for r, p in requests],
-        "request_spans.root_span": lambda: [spans.root_span(anchor, r, p) for r, p in requests],
-        "request_spans.root_span.request_attributes": lambda: [spans.request_attributes(r, p, anchor) for r, p in requests],
-        "request_spans.root_encoding": lambda: [encode_spans((root,), limits) for root in roots],
+        "request_spans.root": lambda: [emitter._root(anchor, r, p, names.TRACE_FULL_HEAD, None) for r, p in requests],
         "step_spans": lambda: (emitter.emit_steps(anchor, steps), processor._queue.clear()),
         "whole_builder": lambda: ([builder.build(r) for r in records], processor._queue.clear()),
     }  # fmt: skip

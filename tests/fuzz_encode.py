@@ -9,7 +9,8 @@ to the bytes of its `step_span` description and parse with protobuf; a broken on
 TypeError or ValueError. Then a request's phases (`phase_case`), valid or with one argument or
 stamp broken, through `encode_phases`: valid ones must encode to the bytes of `request_spans`'s
 descriptions; broken ones encode (an odd value that is never read) or raise TypeError or
-ValueError. Prints one JSON object.
+ValueError. Then a request's SERVER span (`root_case`) through `encode_root` alike, against
+`root_span`'s description. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -108,6 +109,74 @@ def phase_case(rng: random.Random) -> tuple[Any, Any]:
     return record, phases
 
 
+def root_case(rng: random.Random) -> tuple[Any, Any, str, Any]:
+    """(RequestRecord, Phases, full, summary) for a SERVER span: `phase_case`'s, with any of the
+    record's optional facts (info, captured content, errors, status codes, a remote parent, sends, an
+    inbound edge, a first chunk, held-back tokens), odd values among them (long, non-ASCII or
+    unencodable strings, ints past int64), and a compact record's summary or none."""
+    from phaselens.instrumentation import names
+    from phaselens.instrumentation.hotpath.records import HttpFacts, RequestInfo, RequestOutcome, SpanIds, int64s
+    from phaselens.instrumentation.pipeline.spans import compact_summary
+
+    def pick(*values: Any) -> Any:
+        return rng.choice(values)
+
+    def text() -> Any:
+        return pick(None, "", "stop", "x" * rng.randrange(1, 40), "ünï\u20ac", "\ud800")
+
+    def ints(n: int) -> Any:
+        return int64s(array("q", (rng.randrange(2**40) for _ in range(n))).tobytes())
+
+    record, phases = phase_case(rng)
+    info = None
+    if rng.random() < 0.7:
+        prompt = pick(None, "hi", [{"role": "user", "content": "hi"}, {"content": "x"}])
+        optional = [pick(None, rng.randrange(2**20), 1.5, True, 2**70, text()) for _ in range(8)]
+        info = RequestInfo(pick("text_completion", "chat"), pick("tiny", "m\u00fc"), *optional, prompt=prompt)
+    outcome = RequestOutcome(
+        pick(None, 0, 1, 2, rng.randrange(2**20)),
+        pick(None, "", "stop", "length"),
+        pick(0, rng.randrange(2**20)),
+        pick(0, rng.randrange(2**20), None),
+        pick(None, "done"),
+        pick(None, "", "Boom"),
+        pick(None, 0, 200, 400, 503),
+    )
+    http = HttpFacts(
+        pick("", "POST"), pick("", "/v1/completions"), pick(None, "127.0.0.1"), pick(None, 8000, 2**70),
+        pick(None, 0, 200, 404, 599), pick(False, True), pick(None, "", "TimeoutError"), text(),
+    )  # fmt: skip
+    parent = pick(None, SpanIds(rng.getrandbits(128), rng.getrandbits(64), 1, pick("", "k=v")))
+    record = record._replace(
+        parent=parent, finish_reason=pick("", "length", "error"), chunks=ints(4 * rng.randrange(4)),
+        sends=ints(rng.randrange(6)), info=info, outcome=outcome, http=http,
+    )  # fmt: skip
+    for name in ("arrived_ts", "read_ts", "last_chunk_ts"):
+        setattr(phases, name, pick(0, rng.randrange(1, 2**40)))
+    for name in ("kernel_wait_ns", "dispatch_ns", "ingress_ns", "queue_ns", "prefill_ns", "first_token_phase_ns",
+                 "first_chunk_phase_ns", "held_back_ns", "delivery_ns", "decode_ns"):  # fmt: skip
+        setattr(phases, name, rng.randrange(-(2**40), 2**40))
+    phases.held_back_known, phases.held_back_tokens = pick(False, True), rng.randrange(5)
+    full = pick(names.TRACE_FULL_HEAD, names.TRACE_FULL_TAIL_SLO, names.TRACE_FULL_NONE)
+    return record, phases, full, compact_summary(record, phases) if full == names.TRACE_FULL_NONE else None
+
+
+def root_arguments(anchor: Any, record: Any, phases: Any, full: str, summary: Any, limits: Any) -> list[Any]:
+    """`encode_root`'s arguments, as `otlp_fast.FastEmitter` makes them."""
+    from phaselens.instrumentation.pipeline.spans import ROOT_SPAN_CONSTANTS, ROOT_SPAN_KEYS, root_texts
+
+    texts = root_texts(record, full)
+    return [record, phases, anchor.wall_offset_ns, texts, summary, ROOT_SPAN_KEYS, ROOT_SPAN_CONSTANTS, limits]
+
+
+def root_reference(anchor: Any, record: Any, phases: Any, full: str, summary: Any, limits: Any) -> bytes:
+    """The SERVER span `root_span` describes, encoded by `encode_spans`."""
+    from phaselens.instrumentation.pipeline._otlp_encode import encode_spans
+    from phaselens.instrumentation.pipeline.spans import root_span
+
+    return encode_spans([root_span(anchor, record, phases, full, summary)], limits)[0]
+
+
 def word_stream(seed: int) -> Any:
     """64-bit words from a seed, one in four 0 (INVALID_SPAN_ID)."""
     rng = random.Random(seed)
@@ -195,6 +264,31 @@ def _phases_round(rng: random.Random, limits: tuple[int, ...]) -> bool:
     return True
 
 
+def _root_round(rng: random.Random, limits: tuple[int, ...]) -> bool:
+    """One request's SERVER span through `encode_root`, valid or with one argument or record field
+    replaced by an odd value; True when it encoded."""
+    from phaselens.instrumentation.hotpath.clock import ClockAnchor
+    from phaselens.instrumentation.pipeline._otlp_encode import encode_root
+
+    record, phases, full, summary = root_case(rng)
+    anchor, broken = ClockAnchor(mono_ts=0, wall_ts=rng.randrange(2**62)), rng.random() < 0.5
+    arguments = root_arguments(anchor, record, phases, full, summary, limits)
+    if broken:
+        odd = rng.choice((*ODD, 2**63, -(2**63)))
+        if rng.random() < 0.5:
+            arguments[rng.randrange(len(arguments))] = odd
+        else:
+            arguments[0] = record._replace(**{rng.choice(record._fields): odd})
+    try:
+        encoded = encode_root(*arguments)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        assert broken, arguments
+        return False
+    if not broken:
+        assert encoded == root_reference(anchor, record, phases, full, summary, limits)
+    return True
+
+
 def _limits(rng: random.Random) -> tuple[int, ...]:
     return tuple(rng.choice((-1, 0, 1, 2, 5, 64, 200)) for _ in range(7))
 
@@ -209,7 +303,8 @@ def main() -> None:
     from phaselens.instrumentation.pipeline._otlp_encode import encode_request, encode_spans, encode_step
     from phaselens.instrumentation.pipeline.spans import STEP_KEYS, PackedStep, step_span
 
-    rng, accepted, phases_accepted, sampler = random.Random(args.seed), 0, 0, TracerProvider().sampler
+    rng, accepted, phases_accepted, roots_accepted = random.Random(args.seed), 0, 0, 0
+    sampler = TracerProvider().sampler
     anchor = ClockAnchor(mono_ts=0, wall_ts=2**62)
     for _ in range(args.iterations):
         fields, limits, broken = _step(rng), _limits(rng), rng.random() < 0.5
@@ -232,10 +327,17 @@ def main() -> None:
         accepted += 1
     for _ in range(args.iterations // 4):  # ~4x a step's work each
         phases_accepted += _phases_round(rng, _limits(rng))
+        roots_accepted += _root_round(rng, _limits(rng))
     module = sys.modules[MODULE].__file__
     print(
         json.dumps(
-            {"iterations": args.iterations, "accepted": accepted, "phases_accepted": phases_accepted, "module": module}
+            {
+                "iterations": args.iterations,
+                "accepted": accepted,
+                "phases_accepted": phases_accepted,
+                "roots_accepted": roots_accepted,
+                "module": module,
+            }
         )
     )
 

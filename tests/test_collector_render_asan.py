@@ -81,3 +81,4 @@ def test_c_module_is_clean_under_sanitizers(tmp_path, source, fuzzer, iterations
     assert 0 < result["accepted"] < result["iterations"]
     if fuzzer == "tests/fuzz_encode.py":  # and request phases, valid ones and broken ones
         assert 0 < result["phases_accepted"] < iterations // 4
+        assert 0 < result["roots_accepted"] < iterations // 4

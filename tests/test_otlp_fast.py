@@ -30,9 +30,15 @@ from phaselens.collectors.service import Collector
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
-from phaselens.instrumentation.hotpath.records import RequestInfo, RequestRecord, StepStats, int64s
+from phaselens.instrumentation.hotpath.records import NO_OUTCOME, RequestInfo, RequestRecord, StepStats, int64s
 from phaselens.instrumentation.pipeline import otel_setup
-from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_spans, encode_step, encode_steps
+from phaselens.instrumentation.pipeline._otlp_encode import (
+    encode_phases,
+    encode_root,
+    encode_spans,
+    encode_step,
+    encode_steps,
+)
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 from phaselens.instrumentation.pipeline.emitter import SpanEmitter
 from phaselens.instrumentation.pipeline.genai_metrics import GenAiServerMetrics
@@ -48,15 +54,28 @@ from phaselens.instrumentation.pipeline.spans import (
     KIND_INTERNAL,
     PHASE_KEYS,
     PHASE_NAMES,
+    ROOT_SPAN_KEYS,
     STEP_KEYS,
     PackedStep,
     SpanData,
+    compact_summary,
     step_span,
 )
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from tests.collector_fixtures import rows, wait_rows
 from tests.dead_collectors import closed_port
-from tests.fuzz_encode import DrawnIds, FixedIds, WordIds, phase_arguments, phase_case, phase_spans, word_bits
+from tests.fuzz_encode import (
+    DrawnIds,
+    FixedIds,
+    WordIds,
+    phase_arguments,
+    phase_case,
+    phase_spans,
+    root_arguments,
+    root_case,
+    root_reference,
+    word_bits,
+)
 from tests.instrumentation_fixtures import WALL_BASE_NS, ScriptedClock, http_scope, make_rig, script_request
 
 
@@ -213,6 +232,24 @@ def test_both_paths_export_the_same_spans_field_by_field():
     }
     assert fast == sdk  # and byte for byte: the SDK's encoder writes fields in the same order
     assert fast_counts == sdk_counts and fast_counts["processor_exported"] == 17
+
+
+@pytest.mark.parametrize("tail_slo", ["off", "ttft:0.001"])
+def test_sampled_out_requests_are_the_same_on_both_paths(monkeypatch, tail_slo):
+    """Requests the head sampler left out: the failed one kept whole by the tail rule (tail_error),
+    the other a compact record (`off`) or kept for its TTFT (tail_slo); both backends, byte for byte."""
+    monkeypatch.setenv(names.ENV_TAIL_SLO, tail_slo)
+    records = [
+        r._replace(root=r.root._replace(trace_flags=0)) if isinstance(r, RequestRecord) else r
+        for r in scripted_records()
+    ]
+    (sdk,), sdk_counts = build(records, "sdk")
+    (fast,), fast_counts = build(records, "fast")
+    assert fast == sdk and fast_counts == sdk_counts
+    roots = [dict(s["attributes"]) for s in fields_of(fast) if s["name"][1] == 2]
+    kept = "tail_slo" if tail_slo != "off" else "none"
+    assert sorted(r[names.PL_TRACE_FULL][1] for r in roots) == sorted(["tail_error", kept])
+    assert fast_counts["requests_tail"] == (2 if tail_slo != "off" else 1)
 
 
 def test_the_roots_optional_attributes_are_the_same_on_both_paths_and_in_order():
@@ -666,6 +703,75 @@ def test_bad_phases_are_clear_errors_not_crashes():
     for arguments, error, message in cases:
         with pytest.raises(error, match=message):
             encode_phases(*arguments)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    case=st.randoms(use_true_random=False),
+    wall_offset_ns=st.integers(0, 2**62),
+    attribute_limit=st.sampled_from([None, 0, 1, 7, 30, 45, 200]),
+    length_limit=st.sampled_from([None, 0, 3, 100]),
+)
+def test_encode_root_writes_the_bytes_of_the_server_spans_description(
+    case, wall_offset_ns, attribute_limit, length_limit
+):
+    """Any record and phases (every optional fact of the root present or not, odd values, a compact
+    record's summary, tail reasons) and any limits: `encode_root` equals `encode_spans` of
+    `root_span`'s description, byte for byte."""
+    record, phases, full, summary = root_case(case)
+    anchor = ClockAnchor(mono_ts=0, wall_ts=wall_offset_ns)
+    limits = limits_tuple(SpanLimits(max_span_attributes=attribute_limit, max_span_attribute_length=length_limit))
+    arguments = root_arguments(anchor, record, phases, full, summary, limits)
+    assert encode_root(*arguments) == root_reference(anchor, record, phases, full, summary, limits)
+
+
+def test_the_roots_keys_and_a_compact_summarys_are_distinct():
+    """encode_root appends the summary's items as a dict update would only where no key repeats."""
+    record, phases, _, _ = next(c for c in map(root_case, map(random.Random, itertools.count())) if c[3])
+    phases.scheduled_ts = phases.first_token_ts = 1
+    assert len(set(ROOT_SPAN_KEYS)) == len(ROOT_SPAN_KEYS)
+    assert not set(ROOT_SPAN_KEYS) & set(compact_summary(record, phases))
+
+
+def test_bad_roots_are_clear_errors_not_crashes():
+    record, phases, full, summary = root_case(random.Random(5))
+    anchor, limits = ClockAnchor(mono_ts=0, wall_ts=2**60), limits_tuple(SpanLimits())
+    good = root_arguments(anchor, record, phases, full, summary, limits)
+    assert encode_root(*good)
+
+    def bad(index: int, value: Any) -> list[Any]:
+        return [*good[:index], value, *good[index + 1 :]]
+
+    unjudged = record.http._replace(client_disconnected=False, exception_type=None)
+
+    def odd_phases(**fields: Any) -> Any:
+        copy = SimpleNamespace(**{name: getattr(phases, name) for name in phases.__slots__})
+        vars(copy).update(fields)
+        return copy
+
+    cases = [
+        (bad(0, (1, 2)), TypeError, "expected a RequestRecord"),
+        (bad(0, record._replace(outcome=None)), TypeError, "expected a RequestOutcome and HttpFacts"),
+        (bad(0, record._replace(root=(1, 2))), TypeError, "expected SpanIds"),
+        (bad(0, record._replace(info=(1,))), TypeError, "expected a RequestInfo"),
+        (bad(0, record._replace(outcome=record.outcome._replace(output_tokens=2**70))), ValueError, "output_tokens"),
+        (bad(0, record._replace(sends=(1, "x"))), ValueError, "timeline stamp: expected an int64"),
+        (bad(1, None), AttributeError, "received_ts"),
+        (bad(1, odd_phases(decode_ns=1.5)), ValueError, "decode_ns: expected an int64"),
+        (bad(1, odd_phases(end_ts=2**62, received_ts=-(2**62))), ValueError, "outside int64"),
+        (bad(2, -(2**62)), ValueError, "before 1970"),
+        (bad(0, record._replace(http=unjudged._replace(status_code="x"), outcome=NO_OUTCOME)), TypeError, ">="),
+        (bad(3, ("full",)), TypeError, "3 texts"),
+        (bad(4, []), TypeError, "a dict or None"),
+        (bad(4, {"": 1}), TypeError, "summary: expected non-empty str keys"),
+        (bad(5, ROOT_SPAN_KEYS[:-1]), TypeError, "keys: expected a tuple of 59 non-empty str"),
+        (bad(6, ("phaselens",)), TypeError, "4 constants"),
+        (bad(7, (1, 2)), TypeError, "limits: expected a 7-tuple"),
+        (good[:-1], TypeError, "expected 8 arguments, got 7"),
+    ]
+    for arguments, error, message in cases:
+        with pytest.raises(error, match=message):
+            encode_root(*arguments)
 
 
 def test_a_ratio_sampler_keeps_the_described_step_path():

@@ -129,3 +129,21 @@ def test_phase_terms_refuse_stamps_that_are_not_int64s() -> None:
     del timeline.received_ts
     with pytest.raises(AttributeError):
         phase_terms(timeline)
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_stamps())
+def test_phases_set_at_their_slots_equal_the_ones_phases_init_makes(timeline) -> None:
+    """compute_phases' Phases, its fields set at the slots' offsets, is the one `Phases(*terms)` makes."""
+    made = Phases(*phase_terms(timeline))
+    assert fields(phase_terms(timeline, Phases)) == fields(made) and phase_terms(timeline, Phases) == made
+
+
+def test_phase_terms_refuse_a_type_without_the_fields_as_slots() -> None:
+    timeline = SimpleNamespace(**dict.fromkeys(STAMPS, 0), visible_tokens=0, chunks=array("q"),
+                               token_ts=array("q"), token_n=array("q"), waits=array("q"))  # fmt: skip
+    for odd in (tuple, SimpleNamespace, type("Slotted", (), {"__slots__": ("a",)})):
+        with pytest.raises(TypeError, match="a slotted class of the 32 fields"):
+            phase_terms(timeline, odd)
+    with pytest.raises(TypeError, match=r"phase_terms\(timeline\[, type\]\)"):
+        phase_terms(timeline, 1)

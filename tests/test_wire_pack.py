@@ -109,3 +109,30 @@ def test_records_that_do_not_marshal_are_counted_and_the_others_kept():
     packed = wire.pack([unmarshallable, good, bad_link, "not a record", StepRecord(*range(9), 2, b"")])
     assert (packed.data, list(packed.ends)) == (wire.encode_step(good), [len(wire.encode_step(good))])
     assert (packed.unsampled, packed.errors) == (1, 3)
+
+
+def decoded(decode, fields) -> tuple:
+    """(the record with each nested record's type, or the error's type)."""
+    try:
+        record = decode(fields)
+    except Exception as exc:  # noqa: BLE001 — the error is what is compared
+        return ("error", type(exc))
+    return record, [type(field) for field in record]
+
+
+ODD_FIELDS = st.sampled_from([None, 1, "x", b"1234567", [1, 2], (1,), ()])
+
+
+@settings(max_examples=300, deadline=None)
+@given(REQUESTS, st.none() | st.tuples(st.integers(0, 23), ODD_FIELDS), st.integers(0, 2))
+def test_a_request_frame_decodes_in_c_as_in_python(request, odd, cut):
+    """Any request's frame fields, or one field replaced by an odd value, or the tuple cut: the C
+    decoder's record (or the Python one's where it gives the fields back) equals the Python
+    decoder's, nested types included, or both fail alike (then counted in decode_errors)."""
+    fields = marshal.loads(wire.encode_request(request)[wire.HEADER.size :])
+    if odd is not None:
+        fields = (*fields[: odd[0]], odd[1], *fields[odd[0] + 1 :])
+    fields = fields[: len(fields) - cut]
+    assert decoded(wire.decode_request, fields) == decoded(wire.decode_request_fields, fields)
+    if odd is None and not cut:
+        assert wire.decode_request(fields) == request

@@ -16,6 +16,8 @@
  *   encode_spans makes it, for an engine step's span straight from its `spans.PackedStep`.
  * encode_steps(steps, random_bits, new_ids, offset_ns, name, keys, limits) -> list[bytes]: those
  *   entries for a run of steps (the ones with a sampled member), ids drawn for all in one call.
+ * encode_root(record, phases, offset_ns, texts, summary, keys, constants, limits) -> bytes: one entry as
+ *   encode_spans makes it, for a request's SERVER span straight from its record and `Phases`.
  * encode_request(resource_attributes, scope_name, scope_version, spans) -> bytes: an
  *   ExportTraceServiceRequest holding one ResourceSpans with one ScopeSpans of `spans` (entries
  *   from encode_spans).
@@ -31,6 +33,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <structmember.h> /* T_OBJECT_EX: a __slots__ member */
 #include <string.h>
 
 enum { VARINT = 0, I64 = 1, LEN = 2, I32 = 5 };
@@ -200,7 +203,8 @@ static int put_str_field(Buf *b, uint32_t field, PyObject *s, const char *what) 
 }
 
 /* An unsigned id of `bytes` bytes into `be`, big-endian, as int.to_bytes(bytes, "big") writes it
- * (a span id through PyLong_AsUnsignedLongLong: a third of the byte-array conversion's instructions). */
+ * (a span id range-checked, then masked from its digits: not through the byte-array conversion that
+ * PyLong_AsUnsignedLongLong takes for its 3 digits). */
 static int id_of(PyObject *v, int bytes, uint8_t *be, const char *what) {
     if (!PyLong_Check(v)) {
         PyErr_Format(PyExc_TypeError, "%s: expected int", what);
@@ -208,8 +212,9 @@ static int id_of(PyObject *v, int bytes, uint8_t *be, const char *what) {
     }
     int bad;
     if (bytes == 8) {
-        uint64_t x = PyLong_AsUnsignedLongLong(v);
-        bad = x == (uint64_t)-1 && PyErr_Occurred();
+        /* checked, then masked: AsUnsignedLongLong takes an id's 3 digits through _PyLong_AsByteArray */
+        bad = _PyLong_Sign(v) < 0 || _PyLong_NumBits(v) > 64;
+        uint64_t x = bad ? 0 : PyLong_AsUnsignedLongLongMask(v);
         for (int i = 0; i < 8; i++)
             be[i] = (uint8_t)(x >> (56 - 8 * i));
     } else {
@@ -277,13 +282,10 @@ typedef struct {
 
 /* A KeyValue (as entry `field`) of a str key and a scalar, its lengths known up front (the bytes of
  * the generic path below at ~1/3 of its instructions); SKIP when the key has no UTF-8 form. */
-static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Scalar *v) {
-    Py_ssize_t n;
-    const char *p = PyUnicode_AsUTF8AndSize(key, &n);
-    if (!p) {
-        PyErr_Clear();
-        return SKIP;
-    }
+static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Scalar *v);
+
+/* put_scalar_key_value of a key given as UTF-8. */
+static int put_scalar_utf8(Buf *b, uint32_t field, const char *p, Py_ssize_t n, const Scalar *v) {
     size_t any = v->type == V_DOUBLE ? 9 : 1 + varint_len((uint64_t)v->i);
     size_t kv = (n ? 1 + varint_len((size_t)n) + (size_t)n : 0) + 1 + varint_len(any) + any;
     if (reserve(b, 15 + kv)) /* written in place: one reservation, no call per field */
@@ -308,6 +310,16 @@ static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Sca
     }
     b->len = (size_t)(o - b->data);
     return 0;
+}
+
+static int put_scalar_key_value(Buf *b, uint32_t field, PyObject *key, const Scalar *v) {
+    Py_ssize_t n;
+    const char *p = PyUnicode_AsUTF8AndSize(key, &n);
+    if (!p) {
+        PyErr_Clear();
+        return SKIP;
+    }
+    return put_scalar_utf8(b, field, p, n, v);
 }
 
 /* An int64, float or bool value as a Scalar; 0 for any other value (an int past int64 too). */
@@ -393,11 +405,49 @@ static int put_any_value(Buf *b, PyObject *v, Py_ssize_t limit) {
     return -1;
 }
 
+/* A KeyValue of a str key and a str value, its lengths known up front (the generic path's bytes, at
+ * ~1/2 of its instructions: a SERVER span has ~10 such); SKIP when either has no UTF-8 form. */
+static int put_str_key_value(Buf *b, uint32_t field, PyObject *key, PyObject *value, Py_ssize_t limit) {
+    Py_ssize_t kn, vn;
+    const char *k = PyUnicode_AsUTF8AndSize(key, &kn), *v;
+    PyObject *owner;
+    if (!k) {
+        PyErr_Clear();
+        return SKIP;
+    }
+    int r = utf8_of(value, limit, &v, &vn, &owner);
+    if (r)
+        return r;
+    size_t any = 1 + varint_len((size_t)vn) + (size_t)vn;
+    size_t kv = (kn ? 1 + varint_len((size_t)kn) + (size_t)kn : 0) + 1 + varint_len(any) + any;
+    if (!(r = reserve(b, 15 + kv))) {
+        uint8_t *o = write_varint(write_varint(b->data + b->len, ((uint64_t)field << 3) | LEN), kv);
+        if (kn) {
+            *o++ = 1 << 3 | LEN;
+            o = write_varint(o, (uint64_t)kn);
+            memcpy(o, k, (size_t)kn);
+            o += kn;
+        }
+        *o++ = 2 << 3 | LEN;
+        o = write_varint(o, any);
+        *o++ = 1 << 3 | LEN;
+        o = write_varint(o, (uint64_t)vn);
+        memcpy(o, v, (size_t)vn);
+        b->len = (size_t)(o + vn - b->data);
+    }
+    Py_XDECREF(owner);
+    return r;
+}
+
 static int put_key_value(Buf *b, uint32_t field, PyObject *key, PyObject *value, Py_ssize_t limit) {
     Scalar scalar;
     if (scalar_of(value, &scalar)) {
         int r = put_scalar_key_value(b, field, key, &scalar);
         return r == SKIP ? 0 : r; /* SKIP: as below, left out */
+    }
+    if (PyUnicode_Check(value)) {
+        int r = put_str_key_value(b, field, key, value, limit);
+        return r == SKIP ? 0 : r;
     }
     size_t start = b->len, kv, any;
     int r = open_message(b, field, &kv);
@@ -621,23 +671,51 @@ static int limits_of(PyObject *t, Limits *l) {
 #define STEP_ATTRIBUTES 9
 static const int STEP_ORDER[STEP_ATTRIBUTES - 1] = {0, 9, 3, 4, 5, 6, 7, 8}; /* index, seqs, prefill, decode, kv used, kv total, preemptions, queue */
 
-static int put_step_attributes(Buf *b, PyObject **step, PyObject *keys, const Limits *limits) {
-    long long start = PyLong_Check(step[1]) ? PyLong_AsLongLong(step[1]) : 0;
-    long long end = PyLong_Check(step[2]) ? PyLong_AsLongLong(step[2]) : 0, span;
-    if (PyErr_Occurred() || !PyLong_Check(step[1]) || !PyLong_Check(step[2]) || __builtin_sub_overflow(end, start, &span)) {
+/* The step keys (a tuple of STEP_ATTRIBUTES non-empty str) and their UTF-8, looked up once a call (a
+ * lookup per attribute was ~1/6 of a step's instructions); NULL: no UTF-8 form (put_key_value's SKIP). */
+typedef struct {
+    PyObject *keys;
+    const char *utf8[STEP_ATTRIBUTES];
+    Py_ssize_t len[STEP_ATTRIBUTES];
+} StepKeys;
+
+static void step_keys_of(PyObject *keys, StepKeys *k) {
+    k->keys = keys;
+    for (int i = 0; i < STEP_ATTRIBUTES; i++)
+        if (!(k->utf8[i] = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(keys, i), &k->len[i])))
+            PyErr_Clear();
+}
+
+/* A step value as put_key_value writes it: an exact int of int64 (every usual one) straight from its
+ * key's UTF-8, anything else through put_key_value. */
+static int put_step_value(Buf *b, const StepKeys *k, int i, PyObject *value, const Limits *limits) {
+    int overflow = 0;
+    long long x = PyLong_CheckExact(value) ? PyLong_AsLongLongAndOverflow(value, &overflow) : 0;
+    if (!PyLong_CheckExact(value) || overflow || !k->utf8[i] || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return put_key_value(b, 9, PyTuple_GET_ITEM(k->keys, i), value, limits->attribute_length);
+    }
+    Scalar v = {V_INT, x, 0};
+    return put_scalar_utf8(b, 9, k->utf8[i], k->len[i], &v);
+}
+
+static int put_step_attributes(Buf *b, PyObject **step, const StepKeys *k, const Limits *limits) {
+    int overflow[2] = {0, 0};
+    long long start = PyLong_Check(step[1]) ? PyLong_AsLongLongAndOverflow(step[1], &overflow[0]) : 0;
+    long long end = PyLong_Check(step[2]) ? PyLong_AsLongLongAndOverflow(step[2], &overflow[1]) : 0, span;
+    if (PyErr_Occurred() || overflow[0] || overflow[1] || !PyLong_Check(step[1]) || !PyLong_Check(step[2]) ||
+        __builtin_sub_overflow(end, start, &span)) {
         PyErr_Clear();
         PyErr_SetString(PyExc_ValueError, "step: start_ts and end_ts must be int64 with an int64 difference");
         return -1;
     }
     Scalar duration_ms = {V_DOUBLE, 0, (double)span / 1e6};
     Py_ssize_t max = limits->attributes, first = (max >= 0 && max < STEP_ATTRIBUTES) ? STEP_ATTRIBUTES - max : 0;
-    int r = 0;
-    for (Py_ssize_t i = first; i < STEP_ATTRIBUTES - 1 && !r; i++)
-        r = put_key_value(b, 9, PyTuple_GET_ITEM(keys, i), step[STEP_ORDER[i]], limits->attribute_length);
-    /* SKIP (a key with no UTF-8 form): left out, as put_key_value leaves it */
-    return r ||
-           (first < STEP_ATTRIBUTES &&
-            put_scalar_key_value(b, 9, PyTuple_GET_ITEM(keys, STEP_ATTRIBUTES - 1), &duration_ms) == -1) ||
+    int r = 0, last = STEP_ATTRIBUTES - 1;
+    for (Py_ssize_t i = first; i < last && !r; i++)
+        r = put_step_value(b, k, (int)i, step[STEP_ORDER[i]], limits);
+    /* a key with no UTF-8 form: left out, as put_key_value leaves it */
+    return r || (first < STEP_ATTRIBUTES && k->utf8[last] && put_scalar_utf8(b, 9, k->utf8[last], k->len[last], &duration_ms)) ||
            put_dropped(b, 10, first);
 }
 
@@ -678,7 +756,7 @@ static int is_packed_step(PyObject *step) {
 
 /* One step's entry: ids big-endian, times on the wall clock (ns). */
 static PyObject *step_entry(Buf *b, PyObject *step, const uint8_t *trace, const uint8_t *span, uint64_t start,
-                            uint64_t end, PyObject *name, PyObject *keys, const Limits *limits) {
+                            uint64_t end, PyObject *name, const StepKeys *keys, const Limits *limits) {
     PyObject **f = &PyTuple_GET_ITEM(step, 0);
     Py_ssize_t dropped;
     begin_entry(b);
@@ -706,9 +784,11 @@ static PyObject *encode_step(PyObject *Py_UNUSED(self), PyObject *const *args, P
     if (id_of(args[1], 16, trace, "trace_id") || id_of(args[2], 8, span, "span_id") ||
         u64_of(args[3], &start, "start_ns") || u64_of(args[4], &end, "end_ns"))
         return NULL;
+    StepKeys keys;
+    step_keys_of(args[6], &keys);
     Buf b;
     buf_init(&b);
-    PyObject *out = step_entry(&b, step, trace, span, start, end, args[5], args[6], &limits);
+    PyObject *out = step_entry(&b, step, trace, span, start, end, args[5], &keys, &limits);
     buf_free(&b);
     return out;
 }
@@ -808,6 +888,8 @@ static PyObject *encode_steps(PyObject *Py_UNUSED(self), PyObject *const *args, 
     Py_ssize_t n = seq ? sampled_steps(seq) : -1;
     uint8_t *pool = n > 0 && random_bits != Py_None ? draw_step_ids(random_bits, n) : NULL;
     PyObject *out = n >= 0 && (pool || random_bits == Py_None || !n) ? PyList_New(n) : NULL;
+    StepKeys step_keys;
+    step_keys_of(keys, &step_keys);
     Buf b;
     buf_init(&b);
     for (Py_ssize_t i = 0, j = 0; out && i < PySequence_Fast_GET_SIZE(seq); i++) {
@@ -819,7 +901,7 @@ static PyObject *encode_steps(PyObject *Py_UNUSED(self), PyObject *const *args, 
         if (!step_ids(pool ? pool + 24 * j : NULL, new_ids, trace, span) &&
             !step_wall_ns(PyTuple_GET_ITEM(step, 1), offset_ns, &start, "start_ts") &&
             !step_wall_ns(PyTuple_GET_ITEM(step, 2), offset_ns, &end, "end_ts"))
-            entry = step_entry(&b, step, trace, span, start, end, name, keys, &limits);
+            entry = step_entry(&b, step, trace, span, start, end, name, &step_keys, &limits);
         if (!entry)
             Py_CLEAR(out);
         else
@@ -1092,6 +1174,473 @@ static PyObject *encode_phases(PyObject *Py_UNUSED(self), PyObject *const *args,
     return t.out;
 }
 
+/* ---------- a request's SERVER span ---------- */
+
+/* The SERVER span `spans.root_span` describes (its attributes `spans.request_attributes`, then
+ * phaselens.trace.full and the compact record's summary), computed here from the record and its
+ * `Phases`: the same bytes as encode_spans of that description (the same keys, order, presence and
+ * limits), without the dict, its ~45 values made one at a time by the interpreter, and the SpanData.
+ * Keys are `spans.ROOT_SPAN_KEYS` (R_*), the span's strings T_* (the name and error.type made here). The record's
+ * fields are read by position (`records.py`'s order, which the wire format also relies on), the
+ * Phases' at their slots. A value the dict path would write as an int or a float is computed as Python
+ * computes it: int64 arithmetic (a result past int64 is a ValueError: stamps of 292 years), an int
+ * divided by 1e6 or 1e9 as a double, and TPOT's int / int correctly rounded. */
+enum { R_PROVIDER, R_METHOD, R_PATH, R_STATUS, R_ADDRESS, R_PORT, R_X_REQUEST_ID, R_ERROR_TYPE, R_INGRESS_MS,
+       R_QUEUE_MS, R_PREFILL_MS, R_FIRST_TOKEN_MS, R_DECODE_MS, R_DELIVERY_MS, R_TTFT_MS, R_TPOT_MS, R_PREEMPTIONS,
+       R_FINISH_REASON, R_DISCONNECTED, R_RECEIVED_WALL, R_RESPONDED_WALL, R_FINISH_REASONS, R_OUTPUT_TOKENS,
+       R_CACHE_READ, R_REASONING, R_LAT_QUEUE, R_LAT_TTFT, R_LAT_E2E, R_LAT_PREFILL, R_LAT_DECODE, R_LAT_INFERENCE,
+       R_INFO, /* the 12 keys of `spans._INFO_KEYS` */
+       R_INPUT_MESSAGES = R_INFO + 12, R_OUTPUT_MESSAGES, R_FIRST_CHUNK_MS, R_HELD_BACK_MS, R_HELD_BACK_TOKENS,
+       R_LOOP_WAIT_MS, R_ENCODE_MS, R_WRITE_MS, R_TTFC_MS, R_LAST_CHUNK_MS, R_SENDS_NS, R_SENDS_BYTES, R_DISPATCH_MS,
+       R_INBOUND_MS, R_KERNEL_WAIT_MS, R_TRACE_FULL, ROOT_KEYS };
+/* RequestRecord's, RequestOutcome's, HttpFacts' fields (records.py) */
+enum { RR_ROOT, RR_PARENT, RR_FINISH_REASON = 14, RR_CHUNKS = 16, RR_SENDS = 19, RR_INFO, RR_OUTCOME, RR_HTTP, RR_FIELDS };
+enum { O_OUTPUT_TOKENS, O_FINISH_REASON, O_CACHED, O_REASONING, O_COMPLETION, O_ERROR_TYPE, O_STATUS, O_FIELDS };
+enum { H_METHOD, H_PATH, H_ADDRESS, H_PORT, H_STATUS, H_DISCONNECTED, H_EXCEPTION, H_X_REQUEST_ID, H_FIELDS };
+enum { T_NAME, T_PROVIDER, T_ERROR_TYPE, T_FULL, T_INPUT_MESSAGES, T_OUTPUT_MESSAGES, TEXTS };
+/* `spans.ROOT_SPAN_CONSTANTS`: the provider, error.type's client_disconnected and error, the name of a
+ * span without a RequestInfo or method */
+enum { C_PROVIDER, C_DISCONNECTED, C_FINISH_ERROR, C_UNNAMED, CONSTANTS };
+static PyObject *http_error_min; /* 400 */
+/* the Phases fields read: as ints (P_* before PHASE_INTS), then as they are */
+static const char *const PHASE_FIELD_NAMES[] = {
+    "received_ts", "end_ts", "arrived_ts", "read_ts", "kernel_wait_ns", "dispatch_ns", "first_token_ts", "ingress_ns",
+    "queue_ns", "prefill_ns", "first_token_phase_ns", "first_chunk_ts", "last_chunk_ts", "first_chunk_phase_ns",
+    "held_back_ns", "loop_wait_ns", "encode_ns", "write_ns", "decode_ns", "delivery_ns", "decode_tokens", "waits",
+    "held_back_known", "held_back_tokens"};
+enum { P_RECEIVED, P_END, P_ARRIVED, P_READ, P_KERNEL_WAIT, P_DISPATCH, P_FIRST_TOKEN, P_INGRESS, P_QUEUE, P_PREFILL,
+       P_FIRST_TOKEN_PHASE, P_FIRST_CHUNK, P_LAST_CHUNK, P_FIRST_CHUNK_PHASE, P_HELD_BACK, P_LOOP_WAIT, P_ENCODE,
+       P_WRITE, P_DECODE, P_DELIVERY, P_DECODE_TOKENS, PHASE_INTS, P_WAITS = PHASE_INTS, P_HELD_BACK_KNOWN,
+       P_HELD_BACK_TOKENS, PHASE_FIELDS };
+static PyObject *phase_names[PHASE_FIELDS];
+
+/* Where a Phases' fields live: a slotted class's instances hold each at an offset its member
+ * descriptor gives (`phases.Phases`: read there, ~10 instructions a field where PyObject_GetAttr
+ * took ~270); found once for the last type seen (held), -1 for a field read by name (any other object). */
+static PyObject *offsets_type;
+static Py_ssize_t offsets[PHASE_FIELDS];
+
+static void find_offsets(PyTypeObject *type) {
+    Py_XSETREF(offsets_type, Py_NewRef((PyObject *)type));
+    for (int i = 0; i < PHASE_FIELDS; i++) {
+        PyObject *d = _PyType_Lookup(type, phase_names[i]);
+        int slot = type->tp_getattro == PyObject_GenericGetAttr && d && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                   PyType_IsSubtype(type, PyDescr_TYPE(d)) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+        offsets[i] = slot ? ((PyMemberDescrObject *)d)->d_member->offset : -1;
+    }
+}
+
+/* A field of `phases` (a new reference; NULL with an AttributeError when missing). */
+static PyObject *phase_field(PyObject *phases, int i) {
+    PyObject *v = offsets[i] >= 0 ? *(PyObject **)((char *)phases + offsets[i]) : NULL;
+    return v ? Py_NewRef(v) : PyObject_GetAttr(phases, phase_names[i]); /* unset slot: its AttributeError */
+}
+
+typedef struct {
+    int key;       /* R_*, or -1: `name` */
+    PyObject *name; /* a summary key (borrowed) */
+    PyObject *obj; /* a new reference; NULL: the scalar */
+    Scalar v;
+} RootAttr;
+
+typedef struct {
+    RootAttr *a;
+    Py_ssize_t n;
+} RootAttrs;
+
+static void add_scalar(RootAttrs *r, int key, Scalar v) { r->a[r->n++] = (RootAttr){key, NULL, NULL, v}; }
+static void add_ms(RootAttrs *r, int key, long long ns) { add_scalar(r, key, (Scalar){V_DOUBLE, 0, (double)ns / 1e6}); }
+static void add_int(RootAttrs *r, int key, long long i) { add_scalar(r, key, (Scalar){V_INT, i, 0}); }
+
+/* `obj` (borrowed) unless None, as `present` leaves None out. */
+static void add_obj(RootAttrs *r, int key, PyObject *obj) {
+    if (obj != Py_None)
+        r->a[r->n++] = (RootAttr){key, NULL, Py_NewRef(obj), {V_INT, 0, 0}};
+}
+
+/* A new object (NULL: an error, returned as -1). */
+static int add_new(RootAttrs *r, int key, PyObject *obj) {
+    if (!obj)
+        return -1;
+    r->a[r->n++] = (RootAttr){key, NULL, obj, {V_INT, 0, 0}};
+    return 0;
+}
+
+static int truthy(PyObject *v) { return v != Py_None && PyObject_IsTrue(v) > 0; }
+
+/* `a or b` */
+static PyObject *or_else(PyObject *a, PyObject *b) { return truthy(a) ? a : b; }
+
+/* int64 timelines (a buffer of int64s, or a sequence of ints) as a new array of n int64s. */
+static long long *int64_array(PyObject *obj, Py_ssize_t *n) {
+    Py_buffer view;
+    long long *out = NULL;
+    if (PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        *n = view.len / 8;
+        if ((out = PyMem_Malloc((size_t)*n * 8 + 8)))
+            memcpy(out, view.buf, (size_t)*n * 8);
+        PyBuffer_Release(&view);
+        return out ? out : (long long *)PyErr_NoMemory();
+    }
+    PyObject *seq = PySequence_Fast(obj, "timeline: expected int64s");
+    if (!seq)
+        return NULL;
+    *n = PySequence_Fast_GET_SIZE(seq);
+    if (!(out = PyMem_Malloc((size_t)*n * 8 + 8)))
+        PyErr_NoMemory();
+    for (Py_ssize_t i = 0; out && i < *n; i++)
+        if (int64_of(PySequence_Fast_GET_ITEM(seq, i), &out[i], "timeline stamp")) {
+            PyMem_Free(out);
+            out = NULL;
+        }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* a / b as Python's int / int (correctly rounded): one double division where both are exact. */
+static int true_div(long long a, long long b, double *out) {
+    if (a > -(1LL << 53) && a < (1LL << 53) && b > -(1LL << 53) && b < (1LL << 53)) {
+        *out = (double)a / (double)b;
+        return 0;
+    }
+    PyObject *x = PyLong_FromLongLong(a), *y = x ? PyLong_FromLongLong(b) : NULL;
+    PyObject *q = y ? PyNumber_TrueDivide(x, y) : NULL;
+    Py_XDECREF(x);
+    Py_XDECREF(y);
+    *out = q ? PyFloat_AsDouble(q) : -1;
+    Py_XDECREF(q);
+    return q ? 0 : -1;
+}
+
+static int sum_ok(long long a, long long b, long long *out) {
+    if (!__builtin_add_overflow(a, b, out))
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "root span: a sum of stamps or terms outside int64");
+    return -1;
+}
+
+static int diff_ok(long long a, long long b, long long *out) {
+    if (!__builtin_sub_overflow(a, b, out))
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "root span: a difference of stamps outside int64");
+    return -1;
+}
+
+/* `phaselens.first_chunk.sends_*` (`spans.add_first_sends`): each send's stamp - the first's, and
+ * the body bytes through it, as two tuples. */
+static int add_sends(RootAttrs *r, PyObject *sends) {
+    Py_ssize_t n;
+    long long *s = int64_array(sends, &n);
+    if (!s)
+        return -1;
+    PyObject *ns = n ? PyTuple_New((n + 1) / 2) : NULL, *bytes = ns ? PyTuple_New(n / 2) : NULL;
+    for (Py_ssize_t i = 0; bytes && i < n; i++) {
+        long long v = s[i];
+        if (i % 2 == 0 && __builtin_sub_overflow(s[i], s[0], &v)) {
+            PyErr_SetString(PyExc_ValueError, "sends: a difference outside int64");
+            Py_CLEAR(bytes);
+            break;
+        }
+        PyObject *item = PyLong_FromLongLong(v);
+        if (!item)
+            Py_CLEAR(bytes);
+        else
+            PyTuple_SET_ITEM(i % 2 ? bytes : ns, i / 2, item);
+    }
+    PyMem_Free(s);
+    if (!bytes) {
+        Py_XDECREF(ns);
+        return n ? -1 : 0;
+    }
+    return add_new(r, R_SENDS_NS, ns) || add_new(r, R_SENDS_BYTES, bytes);
+}
+
+/* The values of `_ROOT_KEYS`, in its order (`request_attributes`'s first `present`). */
+static int add_request_values(RootAttrs *r, PyObject **rec, PyObject **o, PyObject **h, const long long *p,
+                              Py_ssize_t waits, PyObject *const *texts, long long offset_ns) {
+    PyObject *status = or_else(o[O_STATUS], h[H_STATUS]);
+    PyObject *finish = or_else(or_else(o[O_FINISH_REASON], rec[RR_FINISH_REASON]), Py_None);
+    long long tokens, cached = 0, prefill_first, inference, received_wall, end_wall, e2e, ttft = 0;
+    int first = p[P_FIRST_TOKEN] != 0;
+    double tpot = 0;
+    if (o[O_OUTPUT_TOKENS] != Py_None ? int64_of(o[O_OUTPUT_TOKENS], &tokens, "output_tokens")
+                                      : sum_ok(first, first ? p[P_DECODE_TOKENS] : 0, &tokens))
+        return -1;
+    int has_tpot = first && tokens > 1; /* spans.tpot_ns */
+    if ((has_tpot && true_div(p[P_DECODE], tokens - 1, &tpot)) || (first && diff_ok(p[P_FIRST_TOKEN], p[P_RECEIVED], &ttft)) ||
+        sum_ok(p[P_PREFILL], p[P_FIRST_TOKEN_PHASE], &prefill_first) || sum_ok(prefill_first, p[P_DECODE], &inference) ||
+        sum_ok(p[P_RECEIVED], offset_ns, &received_wall) || sum_ok(p[P_END], offset_ns, &end_wall) ||
+        diff_ok(p[P_END], p[P_RECEIVED], &e2e))
+        return -1;
+    if (received_wall < 0 || end_wall < 0) {
+        PyErr_SetString(PyExc_ValueError, "root span: a wall-clock time before 1970");
+        return -1;
+    }
+    if (!truthy(o[O_CACHED])) {
+        Py_ssize_t n;
+        long long *chunks = int64_array(rec[RR_CHUNKS], &n);
+        if (!chunks)
+            return -1;
+        for (Py_ssize_t i = 3; i < n && !sum_ok(cached, chunks[i], &cached); i += 4)
+            ;
+        PyMem_Free(chunks);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    add_obj(r, R_PROVIDER, texts[T_PROVIDER]);
+    add_obj(r, R_METHOD, or_else(h[H_METHOD], Py_None));
+    add_obj(r, R_PATH, or_else(h[H_PATH], Py_None));
+    add_obj(r, R_STATUS, status);
+    add_obj(r, R_ADDRESS, h[H_ADDRESS]);
+    add_obj(r, R_PORT, h[H_PORT]);
+    if (truthy(h[H_X_REQUEST_ID]) && add_new(r, R_X_REQUEST_ID, PyTuple_Pack(1, h[H_X_REQUEST_ID])))
+        return -1;
+    add_obj(r, R_ERROR_TYPE, texts[T_ERROR_TYPE]);
+    add_ms(r, R_INGRESS_MS, p[P_INGRESS]);
+    add_ms(r, R_QUEUE_MS, p[P_QUEUE]);
+    add_ms(r, R_PREFILL_MS, p[P_PREFILL]);
+    add_ms(r, R_FIRST_TOKEN_MS, p[P_FIRST_TOKEN_PHASE]);
+    add_ms(r, R_DECODE_MS, p[P_DECODE]);
+    add_ms(r, R_DELIVERY_MS, p[P_DELIVERY]);
+    if (first)
+        add_ms(r, R_TTFT_MS, ttft);
+    if (has_tpot)
+        add_scalar(r, R_TPOT_MS, (Scalar){V_DOUBLE, 0, tpot / 1e6});
+    add_int(r, R_PREEMPTIONS, waits > 1 ? waits - 1 : 0);
+    add_obj(r, R_FINISH_REASON, finish);
+    add_obj(r, R_DISCONNECTED, h[H_DISCONNECTED]);
+    add_int(r, R_RECEIVED_WALL, received_wall);
+    add_int(r, R_RESPONDED_WALL, end_wall);
+    if (finish != Py_None && add_new(r, R_FINISH_REASONS, PyTuple_Pack(1, finish)))
+        return -1;
+    if (o[O_OUTPUT_TOKENS] != Py_None)
+        add_obj(r, R_OUTPUT_TOKENS, o[O_OUTPUT_TOKENS]);
+    else
+        add_int(r, R_OUTPUT_TOKENS, tokens);
+    if (truthy(o[O_CACHED]))
+        add_obj(r, R_CACHE_READ, o[O_CACHED]);
+    else
+        add_int(r, R_CACHE_READ, cached);
+    add_obj(r, R_REASONING, o[O_REASONING]);
+    add_scalar(r, R_LAT_QUEUE, (Scalar){V_DOUBLE, 0, (double)p[P_QUEUE] / 1e9});
+    if (first)
+        add_scalar(r, R_LAT_TTFT, (Scalar){V_DOUBLE, 0, (double)ttft / 1e9});
+    add_scalar(r, R_LAT_E2E, (Scalar){V_DOUBLE, 0, (double)e2e / 1e9});
+    add_scalar(r, R_LAT_PREFILL, (Scalar){V_DOUBLE, 0, (double)prefill_first / 1e9});
+    add_scalar(r, R_LAT_DECODE, (Scalar){V_DOUBLE, 0, (double)p[P_DECODE] / 1e9});
+    add_scalar(r, R_LAT_INFERENCE, (Scalar){V_DOUBLE, 0, (double)inference / 1e9});
+    return 0;
+}
+
+/* The rest of `request_attributes` (info, content, first chunk, sends, inbound), then
+ * phaselens.trace.full and the summary (a dict or None), in `root_span`'s order. */
+static int add_more_values(RootAttrs *r, PyObject **rec, PyObject *phases, const long long *p, PyObject *const *texts,
+                           PyObject *summary) {
+    PyObject *info = rec[RR_INFO];
+    if (info != Py_None) {
+        static const int INFO_ORDER[12] = {0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9}; /* RequestInfo's fields */
+        if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) < 10) {
+            PyErr_SetString(PyExc_TypeError, "record.info: expected a RequestInfo");
+            return -1;
+        }
+        for (int i = 0; i < 12; i++)
+            add_obj(r, R_INFO + i, PyTuple_GET_ITEM(info, INFO_ORDER[i]));
+    }
+    add_obj(r, R_INPUT_MESSAGES, texts[T_INPUT_MESSAGES]);
+    add_obj(r, R_OUTPUT_MESSAGES, texts[T_OUTPUT_MESSAGES]);
+    if (p[P_FIRST_CHUNK]) {
+        add_ms(r, R_FIRST_CHUNK_MS, p[P_FIRST_CHUNK_PHASE]);
+        PyObject *known = phase_field(phases, P_HELD_BACK_KNOWN);
+        int is_known = known ? PyObject_IsTrue(known) : -1;
+        Py_XDECREF(known);
+        if (is_known < 0)
+            return -1;
+        if (is_known) {
+            add_ms(r, R_HELD_BACK_MS, p[P_HELD_BACK]);
+            if (add_new(r, R_HELD_BACK_TOKENS, phase_field(phases, P_HELD_BACK_TOKENS)))
+                return -1;
+        }
+        long long ttfc, last_chunk;
+        add_ms(r, R_LOOP_WAIT_MS, p[P_LOOP_WAIT]);
+        add_ms(r, R_ENCODE_MS, p[P_ENCODE]);
+        add_ms(r, R_WRITE_MS, p[P_WRITE]);
+        if (diff_ok(p[P_FIRST_CHUNK], p[P_RECEIVED], &ttfc) || diff_ok(p[P_LAST_CHUNK], p[P_RECEIVED], &last_chunk))
+            return -1;
+        add_ms(r, R_TTFC_MS, ttfc);
+        add_ms(r, R_LAST_CHUNK_MS, last_chunk);
+    }
+    int has_sends = PyObject_IsTrue(rec[RR_SENDS]);
+    if (has_sends < 0 || (has_sends && add_sends(r, rec[RR_SENDS])))
+        return -1;
+    if (p[P_READ]) {
+        long long inbound;
+        add_ms(r, R_DISPATCH_MS, p[P_DISPATCH]);
+        if (p[P_ARRIVED]) {
+            if (diff_ok(p[P_RECEIVED], p[P_ARRIVED], &inbound))
+                return -1;
+            add_ms(r, R_INBOUND_MS, inbound);
+            add_ms(r, R_KERNEL_WAIT_MS, p[P_KERNEL_WAIT]);
+        }
+    }
+    if (add_new(r, R_TRACE_FULL, Py_NewRef(texts[T_FULL])))
+        return -1;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (summary != Py_None && PyDict_Next(summary, &pos, &key, &value)) {
+        if (!PyUnicode_Check(key) || !PyUnicode_GET_LENGTH(key)) {
+            PyErr_SetString(PyExc_TypeError, "summary: expected non-empty str keys");
+            return -1;
+        }
+        r->a[r->n++] = (RootAttr){-1, key, Py_NewRef(value), {V_INT, 0, 0}};
+    }
+    return 0;
+}
+
+/* `spans.error_type`: what the app said, else what the transport or engine saw; a new reference. */
+static PyObject *error_type_of(PyObject **rec, PyObject **o, PyObject **h, PyObject *const *c) {
+    PyObject *status = or_else(o[O_STATUS], h[H_STATUS]);
+    if (truthy(o[O_ERROR_TYPE]))
+        return Py_NewRef(o[O_ERROR_TYPE]);
+    if (truthy(h[H_DISCONNECTED]))
+        return Py_NewRef(c[C_DISCONNECTED]);
+    if (truthy(h[H_EXCEPTION]))
+        return Py_NewRef(h[H_EXCEPTION]);
+    int failed = status != Py_None ? PyObject_RichCompareBool(status, http_error_min, Py_GE) : 0;
+    if (failed)
+        return failed < 0 ? NULL : PyObject_Str(status);
+    int errored = PyObject_RichCompareBool(rec[RR_FINISH_REASON], c[C_FINISH_ERROR], Py_EQ);
+    return errored < 0 ? NULL : Py_NewRef(errored ? c[C_FINISH_ERROR] : Py_None);
+}
+
+/* `spans.root_name`: "{operation} {model}" (as an f-string formats them), else the method or
+ * C_UNNAMED; a new reference. */
+static PyObject *root_name_of(PyObject **rec, PyObject **h, PyObject *const *c) {
+    PyObject *info = rec[RR_INFO];
+    if (info == Py_None)
+        return Py_NewRef(or_else(h[H_METHOD], c[C_UNNAMED]));
+    if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) < 10) {
+        PyErr_SetString(PyExc_TypeError, "record.info: expected a RequestInfo");
+        return NULL;
+    }
+    PyObject *operation = PyObject_Format(PyTuple_GET_ITEM(info, 0), NULL);
+    PyObject *model = operation ? PyObject_Format(PyTuple_GET_ITEM(info, 1), NULL) : NULL;
+    PyObject *name = model ? PyUnicode_FromFormat("%U %U", operation, model) : NULL;
+    Py_XDECREF(operation);
+    Py_XDECREF(model);
+    return name;
+}
+
+/* The attributes, the last `limits->attributes` of them kept (as put_attributes keeps a dict's). */
+static int put_root_attributes(Buf *b, const RootAttrs *r, PyObject *keys, const Limits *limits) {
+    Py_ssize_t max = limits->attributes, first = (max >= 0 && r->n > max) ? r->n - max : 0;
+    for (Py_ssize_t i = first; i < r->n; i++) {
+        const RootAttr *a = &r->a[i];
+        PyObject *key = a->key >= 0 ? PyTuple_GET_ITEM(keys, a->key) : a->name;
+        int failed = a->obj ? put_key_value(b, 9, key, a->obj, limits->attribute_length)
+                            : put_scalar_key_value(b, 9, key, &a->v) == -1;
+        if (failed)
+            return -1;
+    }
+    return put_dropped(b, 10, first);
+}
+
+/* The span around them, as put_span writes the description (a SERVER span, no events or links). */
+static PyObject *root_entry(Buf *b, PyObject **rec, const RootAttrs *r, const long long *p, long long offset_ns,
+                            PyObject *const *texts, PyObject *keys, const Limits *limits) {
+    PyObject *root = rec[RR_ROOT], *parent = rec[RR_PARENT], *failure = texts[T_ERROR_TYPE];
+    if (!PyTuple_Check(root) || PyTuple_GET_SIZE(root) != 4 ||
+        (parent != Py_None && (!PyTuple_Check(parent) || PyTuple_GET_SIZE(parent) != 4))) {
+        PyErr_SetString(PyExc_TypeError, "record.root and record.parent: expected SpanIds");
+        return NULL;
+    }
+    int failed = truthy(failure);
+    uint64_t start = (uint64_t)(p[P_RECEIVED] + offset_ns), end = (uint64_t)(p[P_END] + offset_ns); /* in [0, 2**63): add_request_values */
+    size_t status;
+    begin_entry(b);
+    if (put_id(b, 1, PyTuple_GET_ITEM(root, 0), 16, "trace_id") || put_id(b, 2, PyTuple_GET_ITEM(root, 1), 8, "span_id") ||
+        put_str_field(b, 3, PyTuple_GET_ITEM(root, 3), "trace_state") ||
+        (parent != Py_None && put_id(b, 4, PyTuple_GET_ITEM(parent, 1), 8, "parent_id")) ||
+        put_str_field(b, 5, texts[T_NAME], "name") || put_tag(b, 6, VARINT) || put_varint(b, 2 /* SERVER */) ||
+        (start && put_fixed(b, 7, start, 8)) || (end && put_fixed(b, 8, end, 8)) ||
+        put_root_attributes(b, r, keys, limits) || open_message(b, 15, &status) ||
+        (failed && put_str_field(b, 2, failure, "status_message")) ||
+        (failed && (put_tag(b, 3, VARINT) || put_varint(b, 2 /* ERROR */))) || close_message(b, status) ||
+        put_fixed(b, 16, FLAGS_HAS_IS_REMOTE | (parent != Py_None ? FLAGS_IS_REMOTE : 0), 4))
+        return NULL;
+    return entry_bytes(b);
+}
+
+static int phase_ints(PyObject *phases, long long *p, Py_ssize_t *waits) {
+    if ((PyObject *)Py_TYPE(phases) != offsets_type)
+        find_offsets(Py_TYPE(phases));
+    for (int i = 0; i < PHASE_INTS; i++) {
+        PyObject *v = phase_field(phases, i);
+        int r = !v || int64_of(v, &p[i], PHASE_FIELD_NAMES[i]);
+        Py_XDECREF(v);
+        if (r)
+            return -1;
+    }
+    PyObject *w = phase_field(phases, P_WAITS);
+    *waits = w ? PyObject_Length(w) : -1;
+    Py_XDECREF(w);
+    return *waits < 0 ? -1 : 0;
+}
+
+/* encode_root(record, phases, offset_ns, texts, summary, keys, constants, limits) -> bytes; METH_FASTCALL.
+ * texts: (phaselens.trace.full, gen_ai.input.messages, gen_ai.output.messages), the messages None
+ * unless captured; constants: `spans.ROOT_SPAN_CONSTANTS`. */
+static PyObject *encode_root(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "encode_root: expected 8 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *record = args[0], *given = args[3], *summary = args[4], *keys = args[5], *constants = args[6];
+    Limits limits;
+    long long offset_ns, p[PHASE_INTS];
+    Py_ssize_t waits;
+    if (limits_of(args[7], &limits) || str_tuple(keys, ROOT_KEYS, "keys") || int64_of(args[2], &offset_ns, "offset_ns"))
+        return NULL;
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < RR_FIELDS || !PyTuple_Check(given) ||
+        PyTuple_GET_SIZE(given) != 3 || (summary != Py_None && !PyDict_Check(summary)) ||
+        str_tuple(constants, CONSTANTS, "constants")) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "encode_root: expected a RequestRecord, 3 texts, a dict or None and %d constants",
+                     CONSTANTS);
+        return NULL;
+    }
+    PyObject **rec = &PyTuple_GET_ITEM(record, 0), *outcome = rec[RR_OUTCOME], *http = rec[RR_HTTP];
+    if (!PyTuple_Check(outcome) || PyTuple_GET_SIZE(outcome) < O_FIELDS || !PyTuple_Check(http) ||
+        PyTuple_GET_SIZE(http) < H_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "record.outcome and record.http: expected a RequestOutcome and HttpFacts");
+        return NULL;
+    }
+    if (phase_ints(args[1], p, &waits))
+        return NULL;
+    PyObject **o = &PyTuple_GET_ITEM(outcome, 0), **h = &PyTuple_GET_ITEM(http, 0), *const *c = &PyTuple_GET_ITEM(constants, 0);
+    PyObject *name = root_name_of(rec, h, c), *failure = name ? error_type_of(rec, o, h, c) : NULL;
+    PyObject *t[TEXTS] = {name, c[C_PROVIDER], failure, PyTuple_GET_ITEM(given, 0), PyTuple_GET_ITEM(given, 1),
+                          PyTuple_GET_ITEM(given, 2)};
+    Py_ssize_t most = ROOT_KEYS + (summary != Py_None ? PyDict_GET_SIZE(summary) : 0);
+    RootAttrs r = {failure ? PyMem_New(RootAttr, most) : NULL, 0};
+    PyObject *out = NULL;
+    if (!r.a && !PyErr_Occurred())
+        PyErr_NoMemory();
+    if (r.a && !add_request_values(&r, rec, o, h, p, waits, t, offset_ns) && !add_more_values(&r, rec, args[1], p, t, summary)) {
+        Buf b;
+        buf_init(&b);
+        out = root_entry(&b, rec, &r, p, offset_ns, t, keys, &limits);
+        buf_free(&b);
+    }
+    for (Py_ssize_t i = 0; i < r.n; i++)
+        Py_XDECREF(r.a[i].obj);
+    PyMem_Free(r.a);
+    Py_XDECREF(name);
+    Py_XDECREF(failure);
+    return out;
+}
+
 static PyObject *encode_spans(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *spans, *limits_tuple;
     Limits limits;
@@ -1204,6 +1753,8 @@ static PyMethodDef methods[] = {
      "encode_phases(new_span_id, random_bits, root, offset_ns, stamps, waits, chunks, decode, names, keys, limits) -> "
      "list[bytes]: "
      "a request's phase spans."},
+    {"encode_root", (PyCFunction)(void (*)(void))encode_root, METH_FASTCALL,
+     "encode_root(record, phases, offset_ns, texts, summary, keys, constants, limits) -> bytes: a request's SERVER span."},
     {"encode_request", encode_request, METH_VARARGS,
      "encode_request(resource_attributes, scope_name, scope_version, spans) -> ExportTraceServiceRequest bytes."},
     {"present", (PyCFunction)(void (*)(void))present, METH_FASTCALL,
@@ -1213,4 +1764,11 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_otlp_encode", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__otlp_encode(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__otlp_encode(void) {
+    for (int i = 0; i < PHASE_FIELDS; i++)
+        if (!(phase_names[i] = PyUnicode_InternFromString(PHASE_FIELD_NAMES[i])))
+            return NULL;
+    if (!(http_error_min = PyLong_FromLong(400)))
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -36,6 +36,17 @@ def encode_phases(
     keys: tuple[str, ...],
     limits: tuple[int, ...],
 ) -> list[bytes]: ...
+def encode_root(
+    record: tuple[Any, ...],
+    phases: Any,
+    offset_ns: int,
+    texts: tuple[str | None, ...],
+    summary: dict[str, Any] | None,
+    keys: tuple[str, ...],
+    constants: tuple[str, ...],
+    limits: tuple[int, ...],
+    /,
+) -> bytes: ...
 def encode_request(
     resource_attributes: dict[str, Any], scope_name: str, scope_version: str, spans: Sequence[bytes]
 ) -> bytes: ...

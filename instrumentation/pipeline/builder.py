@@ -30,7 +30,6 @@ from phaselens.instrumentation.pipeline.spans import (
     NS_PER_MS,
     PackedStep,
     SpanBackend,
-    compact_span,
     error_type,
     output_tokens,
     tpot_ns,
@@ -81,7 +80,7 @@ class SpanBuilder:
             if not record.sampled:  # exported all the same: as the compact record, or kept by the tail rule
                 record = record._replace(root=record.root._replace(trace_flags=record.root.trace_flags | SAMPLED))
             if full == names.TRACE_FULL_NONE:
-                emitter.emit_data((compact_span(self._anchor, record, phases),))
+                emitter.emit_compact(self._anchor, record, phases)
                 self._counts["requests_unsampled"] += 1
                 return
             emitter.emit_request(self._anchor, record, phases, self._token_events, full)
@@ -92,6 +91,8 @@ class SpanBuilder:
 
     def _full(self, record: RequestRecord, phases: Phases) -> str:
         """Why the request keeps its full tree (`sampling.TailRule.full`), from the server's own TTFT and TPOT."""
+        if record.sampled:  # the head's decision comes first (TailRule.full): no value of the request is read
+            return names.TRACE_FULL_HEAD
         ttft_ms = phases.ttft_ns / NS_PER_MS if phases.first_token_ts else None
         tpot = tpot_ns(phases, output_tokens(record, phases))
         tpot_ms = None if tpot is None else tpot / NS_PER_MS

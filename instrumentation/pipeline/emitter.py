@@ -34,6 +34,7 @@ from phaselens.instrumentation.pipeline.spans import (
     LinkIds,
     PackedStep,
     SpanData,
+    compact_span,
     emit_request_spans,
     emit_step_span,
     packed_links,
@@ -161,6 +162,10 @@ class SpanEmitter:
     ) -> None:
         """A sampled request's spans, described and emitted."""
         emit_request_spans(self, anchor, record, phases, token_events, full)
+
+    def emit_compact(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> None:
+        """A request's compact record, described and emitted."""
+        self.emit_data((compact_span(anchor, record, phases),))
 
     def emit_steps(self, anchor: ClockAnchor, steps: Sequence[PackedStep]) -> int:
         """Engine steps' spans, each described and emitted; how many are built."""

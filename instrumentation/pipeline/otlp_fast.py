@@ -36,21 +36,30 @@ from opentelemetry.sdk.trace.sampling import Sampler
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import RequestRecord
-from phaselens.instrumentation.pipeline._otlp_encode import encode_phases, encode_request, encode_spans, encode_steps
+from phaselens.instrumentation.pipeline._otlp_encode import (
+    encode_phases,
+    encode_request,
+    encode_root,
+    encode_spans,
+    encode_steps,
+)
 from phaselens.instrumentation.pipeline.phases import Phases
 from phaselens.instrumentation.pipeline.span_processor import CountingBatchSpanProcessor
 from phaselens.instrumentation.pipeline.spans import (
     PHASE_KEYS,
     PHASE_NAMES,
+    ROOT_SPAN_CONSTANTS,
+    ROOT_SPAN_KEYS,
     STEP_KEYS,
     PackedStep,
     SpanData,
+    compact_summary,
     decode_description,
     emit_request_spans,
     emit_step_span,
     kv_spans,
     phase_stamps,
-    root_span,
+    root_texts,
     samples_every_root,
 )
 
@@ -131,7 +140,7 @@ class FastEmitter:
     ) -> None:
         """A sampled request's phase spans encoded straight from its phases (`encode_phases`: the
         bytes of `request_spans`'s descriptions, ids drawn in its order), then its SERVER span
-        described and encoded; no sampler is asked (the root's decision, taken at receipt, holds
+        encoded from its record (`encode_root`); no sampler is asked (the root's decision, taken at receipt, holds
         for the whole tree). An unsampled root (its spans counted, not exported) is described."""
         if not record.root.trace_flags & 1:
             emit_request_spans(self, anchor, record, phases, token_events, full)
@@ -150,11 +159,28 @@ class FastEmitter:
             PHASE_KEYS,
             self.limits,
         )
-        root = root_span(anchor, record, phases, full)
-        encoded += encode_spans((*kv_spans(self.ids, anchor, record), root), self.limits)
+        if record.kv is not None:
+            encoded += encode_spans(kv_spans(self.ids, anchor, record), self.limits)
+        encoded.append(self._root(anchor, record, phases, full, None))
         self.emitted += len(encoded)
         for processor in self.processors:
             processor.offer(encoded)
+
+    def emit_compact(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> None:
+        """A request's compact record (`spans.compact_span`), encoded from its record and phases."""
+        self.emitted += 1
+        if record.root.trace_flags & 1:
+            encoded = [self._root(anchor, record, phases, names.TRACE_FULL_NONE, compact_summary(record, phases))]
+            for processor in self.processors:
+                processor.offer(encoded)
+
+    def _root(
+        self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, full: str, summary: dict[str, Any] | None
+    ) -> bytes:
+        """The SERVER span's entry (`encode_root`: the bytes of `spans.root_span`'s description)."""
+        texts = root_texts(record, full)
+        offset_ns = anchor.wall_offset_ns
+        return encode_root(record, phases, offset_ns, texts, summary, ROOT_SPAN_KEYS, ROOT_SPAN_CONSTANTS, self.limits)
 
     def emit_steps(self, anchor: ClockAnchor, steps: Sequence[PackedStep]) -> int:
         """Engine steps' spans encoded straight from the PackedSteps in one C call (`encode_steps`:

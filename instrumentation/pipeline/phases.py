@@ -122,6 +122,7 @@ class Phases:
 
 def compute_phases(timeline: Timeline) -> Phases:
     """Phase boundaries and budget terms; the TTFT identity in the module docstring holds exactly.
-    In C (`_token_gaps.phase_terms`, every field from the timeline's stamps in one call): the same
-    steps in Python were ~54k instructions a request at vLLM's shape, most of them the interpreter's."""
-    return Phases(*phase_terms(timeline))
+    In C (`_token_gaps.phase_terms`, every field from the timeline's stamps in one call, set at the
+    Phases' slots): the same steps in Python were ~54k instructions a request at vLLM's shape, most
+    of them the interpreter's."""
+    return phase_terms(timeline, Phases)

@@ -30,11 +30,11 @@ provider's id generator.
 Two backends turn the descriptions into exported spans: `emitter.SpanEmitter` makes SDK
 ReadableSpans for a tracer provider's span processors (a provider the user brought, with their
 sampling and exporters), and `otlp_fast.FastEmitter` encodes OTLP protobuf bytes in C
-(`_otlp_encode`) where phaselens owns the provider. An attribute added to the SERVER span or
-llm.decode here reaches both with no other code; the other phase spans and llm.engine_step the
-fast backend writes from the stamps and the step (`encode_phases`, `encode_step`), so a change to
-them goes into `_otlp_encode.c` too (the byte-for-byte property tests in tests/test_otlp_fast.py
-fail until both agree). Times in a `SpanData` are wall-clock ns (the process anchor's), ids ints,
+(`_otlp_encode`) where phaselens owns the provider. An attribute added to llm.decode here reaches
+both with no other code; the SERVER span, the other phase spans and llm.engine_step the fast
+backend writes from the record, the stamps and the step (`encode_root`, `encode_phases`,
+`encode_step`), so a change to them goes into `_otlp_encode.c` too (the byte-for-byte property
+tests in tests/test_otlp_fast.py fail until both agree). Times in a `SpanData` are wall-clock ns (the process anchor's), ids ints,
 `kind` and `status_code` OTLP's numbers.
 """
 
@@ -109,6 +109,17 @@ def _messages(role: str, content: Any, finish_reason: str | None = None) -> str:
     return json.dumps(
         [{"role": m.get("role", role), "parts": [{"type": "text", "content": m.get("content")}]} for m in content],
         default=str,
+    )
+
+
+def content_messages(record: RequestRecord) -> tuple[str | None, str | None]:
+    """gen_ai.input.messages and gen_ai.output.messages (None: not captured)."""
+    info, outcome = record.info, record.outcome
+    prompt = info.prompt if info is not None else None
+    finish_reason = outcome.finish_reason or record.finish_reason or None
+    return (
+        _messages("user", prompt) if prompt is not None else None,
+        _messages("assistant", outcome.completion, finish_reason) if outcome.completion is not None else None,
     )
 
 
@@ -230,10 +241,11 @@ def request_attributes(record: RequestRecord, phases: Phases, anchor: ClockAncho
             ),
             attributes,
         )
-        if info.prompt is not None:
-            attributes[names.GEN_AI_INPUT_MESSAGES] = _messages("user", info.prompt)
-    if outcome.completion is not None:
-        attributes[names.GEN_AI_OUTPUT_MESSAGES] = _messages("assistant", outcome.completion, finish_reason)
+    input_messages, output_messages = content_messages(record)
+    if input_messages is not None:
+        attributes[names.GEN_AI_INPUT_MESSAGES] = input_messages
+    if output_messages is not None:
+        attributes[names.GEN_AI_OUTPUT_MESSAGES] = output_messages
     if phases.first_chunk_ts:  # a content chunk was streamed
         add_first_chunk(attributes, phases)
     if record.sends:
@@ -346,6 +358,7 @@ class SpanBackend(Protocol):
     def emit_request(
         self, anchor: ClockAnchor, record: RequestRecord, phases: Phases, token_events: bool, full: str = ...
     ) -> None: ...
+    def emit_compact(self, anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> None: ...
 
 
 _new_tuple = tuple.__new__  # SpanData from all its fields: no NamedTuple __new__ frame (~2k instructions a span)
@@ -555,13 +568,12 @@ def root_span(
     attributes[names.PL_TRACE_FULL] = full
     if summary:
         attributes.update(summary)
-    info, root, parent = record.info, record.root, record.parent
-    name = names.root_span_name(info.operation, info.model) if info is not None else record.http.method or "request"
+    root, parent = record.root, record.parent
     failure = attributes.get(names.ERROR_TYPE)
     return _new_tuple(
         SpanData,
         (
-            name,
+            root_name(record),
             KIND_SERVER,
             root.trace_id,
             root.span_id,
@@ -584,12 +596,58 @@ def compact_span(anchor: ClockAnchor, record: RequestRecord, phases: Phases) -> 
     """A request's compact record, for a request whose tree is not kept: its SERVER span alone,
     also carrying what its llm.prefill and llm.decode would (chunks, ITL, stall), with the root's
     flags as `record` has them (the builder marks it sampled: collectors may drop unsampled spans)."""
+    return root_span(anchor, record, phases, names.TRACE_FULL_NONE, compact_summary(record, phases))
+
+
+def compact_summary(record: RequestRecord, phases: Phases) -> dict[str, Any]:
+    """What a compact record carries of its llm.prefill and llm.decode."""
     summary: dict[str, Any] = {}
     if phases.scheduled_ts:
         summary.update(prefill_attributes(record, phases))
     if phases.first_token_ts:
         summary.update(decode_attributes(phases))
-    return root_span(anchor, record, phases, names.TRACE_FULL_NONE, summary)
+    return summary
+
+
+ROOT_UNNAMED = "request"  # the SERVER span's name without a RequestInfo or method
+
+
+def root_name(record: RequestRecord) -> str:
+    info = record.info
+    return names.root_span_name(info.operation, info.model) if info is not None else record.http.method or ROOT_UNNAMED
+
+
+# every key the SERVER span may carry but a compact record's summary, in `_otlp_encode.encode_root`'s
+# order (its R_*): `request_attributes`'s in the order they are added, then phaselens.trace.full
+ROOT_SPAN_KEYS = (
+    *_ROOT_KEYS,
+    *_INFO_KEYS,
+    names.GEN_AI_INPUT_MESSAGES,
+    names.GEN_AI_OUTPUT_MESSAGES,
+    names.PL_FIRST_CHUNK_MS,
+    names.PL_HELD_BACK_MS,
+    names.PL_HELD_BACK_TOKENS,
+    names.PL_FIRST_CHUNK_LOOP_WAIT_MS,
+    names.PL_FIRST_CHUNK_ENCODE_MS,
+    names.PL_FIRST_CHUNK_WRITE_MS,
+    names.PL_SERVER_TTFC_MS,
+    names.PL_SERVER_LAST_CHUNK_MS,
+    names.PL_FIRST_SENDS_NS,
+    names.PL_FIRST_SENDS_BODY_BYTES,
+    names.PL_INBOUND_DISPATCH_MS,
+    names.PL_INBOUND_MS,
+    names.PL_INBOUND_KERNEL_WAIT_MS,
+    names.PL_TRACE_FULL,
+)
+
+
+# the strings `encode_root` writes as they are (its C_*): the provider, error.type's values, a name
+ROOT_SPAN_CONSTANTS = (names.PROVIDER_PHASELENS, names.ERROR_CLIENT_DISCONNECTED, FINISH_ERROR, ROOT_UNNAMED)
+
+
+def root_texts(record: RequestRecord, full: str) -> tuple[str | None, ...]:
+    """The SERVER span's strings `encode_root` takes made: phaselens.trace.full, the captured messages."""
+    return (full, *content_messages(record))
 
 
 # An engine step as the builder takes it: the loop's record as it is (its stats, batch size and

@@ -14,6 +14,7 @@
  *   bools, exact ints of up to 64 bits, ASCII strs, bytes, memoryviews and tuples are written by
  *   marshal itself (PyMarshal_WriteObjectToString: same bytes, same errors).
  *
+ * decode_request(fields, types) -> RequestRecord | None: a request frame's record (`wire.decode_request`).
  * split_runs(data, step_type, decode_step) -> (items, used): the span-builder process's reader
  *   (`wire.split_runs`): the whole frames at the start of `data` as `wire.split_frames` reads them
  *   ((kind, fields), marshal's own reader, the same errors), and how many bytes they take, except
@@ -431,8 +432,79 @@ error:
     return NULL;
 }
 
+/* ---------- a request frame's record ---------- */
+
+/* RequestRecord's fields (records.py; wire.encode_request writes them in this order) */
+enum { RQ_ROOT, RQ_PARENT, RQ_WAITS = 15, RQ_INFO = 20, RQ_OUTCOME, RQ_HTTP, RQ_KV, RQ_FIELDS };
+enum { TY_RECORD, TY_IDS, TY_INFO, TY_OUTCOME, TY_HTTP, TY_KV, TYPES };
+static PyObject *s_cast, *s_int64, *empty_int64s; /* "cast", "q", records.int64s(b"") */
+
+/* tuple.__new__(type, items) for an exact tuple (no call); NULL without an error: not one. */
+static PyObject *tuple_as(PyObject *type, PyObject *items) {
+    if (!PyTuple_CheckExact(items))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *out = ((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, n);
+    for (Py_ssize_t i = 0; out && i < n; i++)
+        PyTuple_SET_ITEM(out, i, Py_NewRef(PyTuple_GET_ITEM(items, i)));
+    return out;
+}
+
+/* The record's field `i` from the frame's: a nested record as its type, a timeline (bytes) as
+ * records.int64s makes it; NULL without an error when it has another form. */
+static PyObject *record_field(PyObject *field, Py_ssize_t i, PyObject *const *types) {
+    if (i == RQ_ROOT || (i == RQ_PARENT && field != Py_None))
+        return tuple_as(types[TY_IDS], field);
+    if (i >= RQ_WAITS && i < RQ_INFO) {
+        if (PyBytes_CheckExact(field) && !PyBytes_GET_SIZE(field)) /* read-only and empty: one serves all */
+            return Py_NewRef(empty_int64s);
+        PyObject *view = PyBytes_CheckExact(field) ? PyMemoryView_FromObject(field) : NULL;
+        PyObject *cast = view ? PyObject_CallMethodOneArg(view, s_cast, s_int64) : NULL;
+        Py_XDECREF(view);
+        return cast;
+    }
+    if (i >= RQ_INFO && (field != Py_None || i == RQ_OUTCOME || i == RQ_HTTP))
+        return tuple_as(types[TY_INFO + (i - RQ_INFO)], field);
+    return Py_NewRef(field);
+}
+
+/* decode_request(fields, types) -> the record `wire.decode_request` makes from a request frame's
+ * fields of the usual form (24 items, nested records as tuples, timelines as bytes), or None for
+ * another form (the caller decodes it in Python: its record or its error). types: (RequestRecord,
+ * SpanIds, RequestInfo, RequestOutcome, HttpFacts, KvStamps). Why C: five int64 views and five tuple
+ * subclasses a request made in Python were ~20k instructions. */
+static PyObject *decode_request(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != TYPES) {
+        PyErr_SetString(PyExc_TypeError, "decode_request(fields, types: a tuple of 6 record types)");
+        return NULL;
+    }
+    PyObject *fields = args[0], *const *types = &PyTuple_GET_ITEM(args[1], 0);
+    for (int i = 0; i < TYPES; i++)
+        if (!PyType_Check(types[i]) || !PyType_IsSubtype((PyTypeObject *)types[i], &PyTuple_Type)) {
+            PyErr_SetString(PyExc_TypeError, "decode_request: types must be tuple types");
+            return NULL;
+        }
+    if (!PyTuple_CheckExact(fields) || PyTuple_GET_SIZE(fields) != RQ_FIELDS)
+        Py_RETURN_NONE;
+    PyObject *record = ((PyTypeObject *)types[TY_RECORD])->tp_alloc((PyTypeObject *)types[TY_RECORD], RQ_FIELDS);
+    for (Py_ssize_t i = 0; record && i < RQ_FIELDS; i++) {
+        PyObject *value = record_field(PyTuple_GET_ITEM(fields, i), i, types);
+        if (!value) {
+            Py_CLEAR(record);
+            if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError))
+                return NULL; /* out of memory */
+            PyErr_Clear(); /* another form (a timeline not a multiple of 8 bytes included): decoded in Python */
+            Py_RETURN_NONE;
+        }
+        PyTuple_SET_ITEM(record, i, value);
+    }
+    return record;
+}
+
 static PyMethodDef methods[] = {
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, "A drain's records as frames: (data, ends, unsampled, errors)."},
+    {"decode_request", (PyCFunction)(void (*)(void))decode_request, METH_FASTCALL,
+     "A request frame's record, or None where its fields have another form."},
     {"split_runs", (PyCFunction)(void (*)(void))split_runs, METH_FASTCALL,
      "The whole frames at the start of data: (items, bytes used), step frames in runs."},
     {NULL, NULL, 0, NULL},
@@ -440,4 +512,14 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_wire_pack", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__wire_pack(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__wire_pack(void) {
+    if (!(s_cast = PyUnicode_InternFromString("cast")) || !(s_int64 = PyUnicode_InternFromString("q")))
+        return NULL;
+    PyObject *bytes = PyBytes_FromStringAndSize("", 0), *view = bytes ? PyMemoryView_FromObject(bytes) : NULL;
+    empty_int64s = view ? PyObject_CallMethodOneArg(view, s_cast, s_int64) : NULL;
+    Py_XDECREF(bytes);
+    Py_XDECREF(view);
+    if (!empty_int64s)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -108,6 +108,23 @@ class FrameReader:
         self.tail = data[used:]
         return frames
 
+    def read_first(self) -> tuple[int, Any] | None:
+        """The first frame alone (the hello); None at EOF. What follows it stays in the pipe, so
+        startup's collection and freeze see startup's objects, not a first read's frames (up to
+        `READ_BYTES` of a replay's records)."""
+        header = self._exactly(wire.HEADER.size)
+        payload = self._exactly(wire.HEADER.unpack(header)[0]) if header is not None else None
+        return wire.split_frames(header + payload)[0][0] if header is not None and payload is not None else None
+
+    def _exactly(self, size: int) -> bytes | None:
+        data = b""
+        while len(data) < size:
+            more = os.read(self.fd, size - len(data))
+            if not more:
+                return None
+            data += more
+        return data
+
 
 class SpanProcess:
     def __init__(self, hello: tuple[Any, ...], report_fd: int) -> None:
@@ -280,8 +297,7 @@ def serve(process: SpanProcess, reader: FrameReader, parent_pid: int) -> None:
     pidfd = _parent_watch(poller, parent_pid)
     if os.getppid() != parent_pid:  # died before the watch began
         return
-    # when the records read since the last checkpoint must be exported (the hello's read may hold some)
-    due = time.monotonic() + REPORT_INTERVAL_S if process.unreported() else None
+    due: float | None = None  # when the records read since the last checkpoint must be exported
     early_s = REPORT_INTERVAL_S * CHECKPOINT_EARLY
     while not terminated:
         ready = {fd for fd, _ in poller.poll(_poll_ms(due, pidfd))}
@@ -306,18 +322,15 @@ def main(argv: list[str]) -> int:
     os.nice(NICE)  # as the thread sink's thread: on a busy machine the serving loop gets the CPU first
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C goes to the server; it closes our pipe
     reader = FrameReader(0)
-    frames: list[tuple[int, Any]] | None = []
-    while frames == []:  # SIGTERM before the hello: the default, nothing built yet
-        frames = reader.read()
-    if not frames or frames[0][0] != wire.KIND_HELLO:
+    hello = reader.read_first()  # SIGTERM before the hello: the default, nothing built yet
+    if hello is None or hello[0] != wire.KIND_HELLO:
         return 2
-    process = SpanProcess(frames[0][1], report_fd)
+    process = SpanProcess(hello[1], report_fd)
     # what startup made (modules, providers: ~all this process's objects) lives until exit: frozen, the
     # cyclic GC's collections no longer walk it (they were ~45 % of this process's CPU, perf)
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    process.handle(frames[1:])
     serve(process, reader, parent_pid)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # winding down already
     process.stop()

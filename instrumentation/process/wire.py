@@ -15,7 +15,8 @@ The shipper writes a drain's records with `pack` (C, `_wire_pack.c`): the same b
 one bytes.
 
 The span-builder process reads them with `split_runs` (C): `split_frames`'s frames, a run of step
-frames decoded as one item.
+frames decoded as one item; a request frame's record is made by `decode_request` (C for the usual
+form).
 
 The child answers on its own pipe with one JSON line of counters per report (see builder_child).
 """
@@ -92,7 +93,17 @@ def pack(records: list[Any]) -> Packed:
 _new_tuple = tuple.__new__
 
 
+_REQUEST_TYPES = (RequestRecord, SpanIds, RequestInfo, RequestOutcome, HttpFacts, KvStamps)
+
+
 def decode_request(fields: tuple[Any, ...]) -> RequestRecord:
+    """The record `encode_request` wrote: in C (`_wire_pack.decode_request`) for fields of the usual
+    form, else `decode_request_fields`."""
+    record = _wire_pack.decode_request(fields, _REQUEST_TYPES)
+    return record if record is not None else decode_request_fields(fields)
+
+
+def decode_request_fields(fields: tuple[Any, ...]) -> RequestRecord:
     """Each record type made with tuple.__new__ from the full field tuple `encode_request` wrote
     (no NamedTuple __new__ frame: five or six a request); a tuple of another length is a ValueError."""
     waits, chunks, token_ts, token_n, sends, info, outcome, http, kv = fields[_TIMELINES:]
