@@ -2,7 +2,7 @@
 D), the residual grows by the round trip the proxy added, 2·D (± 10 %), and the terms stamped at the
 edges (the server's inbound, the client's own time), the estimate of a late client's hidden wait
 (from the server's send gaps, which a delay moves alike) and the server's first-chunk delivery do
-not move. The proxy's threads wake late on a busy machine; it records what it really held each chunk
+not move (the client's two do not grow: they may fall in a run that leaves the client more CPU). The proxy's threads wake late on a busy machine; it records what it really held each chunk
 (kernel receive stamp → send), and that is the truth compared with. A real stack (embedded
 ClickHouse, collector, reference server, `phaselens bench`), one server for the three runs."""
 
@@ -29,6 +29,7 @@ REQUESTS = 16
 # 6 ms between two runs at the same D: its event loop's own lateness, not the network).
 EDGE_TOLERANCE_MS = 1.0
 TERMS = ("residual_ms", "inbound_ms", "client_ms", "client_late_est_ms", "first_chunk_ms")
+CLIENT_TERMS = ("client_ms", "client_late_est_ms")
 
 
 def _bench(stack: Stack, url: str, out: str) -> list[str]:
@@ -94,5 +95,9 @@ def test_the_residual_grows_by_the_round_trip_and_nothing_else_moves(medians, de
     assert 2 * delay <= truth < 2 * delay + 20, truth  # the proxy held at least what it was told
     assert 0.9 * truth <= grown <= 1.1 * truth, (delay, medians)
     for term in TERMS[1:]:
-        moved = abs(medians[delay][term] - medians[0][term])
+        moved = medians[delay][term] - medians[0][term]
+        # the client's own time is the load generator's lateness: it falls when the machine leaves
+        # it more CPU (one run without the proxy had a starved client, 11.6 ms at p50 against 0.4 ms
+        # through it, under three test workers); the round trip must not be counted into it: no growth
+        moved = moved if term in CLIENT_TERMS else abs(moved)
         assert moved < max(EDGE_TOLERANCE_MS, 0.1 * 2 * delay), (term, medians)
