@@ -159,7 +159,9 @@ def test_the_late_clients_hidden_wait_is_named_and_the_residual_stays_small(runs
 
 def test_diagnose_and_bench_both_name_the_late_client(runs):
     """The late run's verdict is `client`, and bench said so at its end. The prompt client is the
-    control at p50 only: at p99 a client on this shared 2-core machine is sometimes late for real."""
+    control, in the same run: its client signal is below the late one's at p50 (below the threshold
+    on a quiet machine; a client starved by the tests beside it is late for real: 0.70 once, against
+    the late run's 0.94, under three test workers)."""
     results, _, _, verdicts = runs
     late, prompt = verdicts["late"], verdicts["prompt"]
     why = {
@@ -171,7 +173,8 @@ def test_diagnose_and_bench_both_name_the_late_client(runs):
     }
     assert late.primary_cause == "client", why
     (late_signal,), (prompt_signal,) = ([s for s in d.signals if s.cause == "client"] for d in (late, prompt))
-    assert late_signal.p50_signal >= late_signal.threshold > prompt_signal.p50_signal, why
+    assert late_signal.p50_signal >= late_signal.threshold, why
+    assert late_signal.p50_signal > prompt_signal.p50_signal, why
     late_note = " ".join(results["late"][0].split())  # rich wraps the note
     assert "the client was a bottleneck" in late_note
     assert "first-chunk reads also held later chunks" in late_note
