@@ -123,6 +123,15 @@ def _valid(endpoint: str) -> dict:
     return {**body, "messages": [{"role": "user", "content": "hostile"}]}
 
 
+def _carries(value, token_id: int) -> bool:
+    """Whether a drawn JSON value holds the int `token_id` at any depth (a token-id prompt would carry
+    it to the forward: the engine's forced fault, which fails every request new to that step, the
+    good streams' too)."""
+    if isinstance(value, list):
+        return any(_carries(item, token_id) for item in value)
+    return type(value) is int and value == token_id
+
+
 @st.composite
 def hostile_bodies(draw) -> tuple[str, dict, str | None]:
     """(endpoint, body, the parameter a 400 must name; None: any answer but a 5xx)."""
@@ -140,6 +149,8 @@ def hostile_bodies(draw) -> tuple[str, dict, str | None]:
         return endpoint, {**body, name: draw(st.sampled_from([0, 1, "true", "yes", [True], float("nan")]))}, name
     extra = draw(st.dictionaries(st.sampled_from([*OUT_OF_RANGE, *BOOLEANS, "prompt", "stop", "x"]), JSON_VALUES))
     body.update(extra)
+    if _carries(body.get("prompt"), FAULT_ID):  # a valid token-id prompt with the test's own poison in it
+        body["prompt"] = "hostile"
     tokens = body.get("max_tokens")
     if tokens is None or (type(tokens) is int and 8 < tokens < 10**6):  # a valid random body must stay short
         body["max_tokens"] = 4
