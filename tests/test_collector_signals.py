@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from phaselens.collectors import schema
 from phaselens.collectors.rotel_agent import agent_path
 from phaselens.common.process import LOOPBACK, free_port
+from phaselens.faults.parts import wait_until
 from phaselens.instrumentation import names
 from tests.collector_fixtures import collector, killed_and_restarted, traces_db, wait_rows
 
@@ -93,6 +94,8 @@ def test_sdk_metrics_land_with_their_values(kind, collector, ch_client, traces_d
     (g,) = _query(ch_client, f"SELECT * FROM {traces_db}.otel_metrics_gauge")
     assert (g["MetricName"], g["Value"], g["Attributes"]) == ("queue_depth", 3.0, {"engine": "0"})
     assert g["TimeUnix"].timestamp() == pytest.approx(time.time(), abs=120)
+    # The writer counts a batch once its insert has returned: the rows can be visible a moment before.
+    assert wait_until(lambda: collector.metrics.snapshot()["metric_points_written"] >= 3, 15) is not None
     snapshot = collector.metrics.snapshot()
     assert snapshot["metrics_requests_received"] == 1
     assert snapshot["metric_points_received"] == snapshot["metric_points_written"] == 3
@@ -126,6 +129,7 @@ def test_sdk_logs_land_with_body_severity_attributes_and_ids(kind, collector, ch
         "",
     )
     assert first["TimestampTime"].timestamp() == pytest.approx(time.time(), abs=120)
+    assert wait_until(lambda: collector.metrics.snapshot()["log_records_written"] >= 2, 15) is not None
     snapshot = collector.metrics.snapshot()
     assert snapshot["log_records_received"] == snapshot["log_records_written"] == 2
 
