@@ -185,10 +185,11 @@ def test_the_report_draws_each_request_across_its_instances_on_their_own_clocks(
         assert [h.label for h in hops] == ["hop → prefill (residual)", "hop → decode (residual)"]
         assert "llm.kv_transfer" in labels and "llm.kv_receive" in labels
         client_ms = lanes[0].duration_ms
-        # every lane on the client's axis, no hour's offset (3.6e6 ms); a process's spans may end a few ms
-        # after the client's (the prefill root outlasts its answer; CI saw 168 ms drawn for 136)
+        # every lane on the client's axis, no hour's offset (3.6e6 ms). A process's spans may end after
+        # the client's (the prefill root outlasts its answer: 123 ms after a 465 ms request on a loaded
+        # machine), so the bound is far from what load shows and far below the hour
         ends = [(ln.label, round(ln.start_ms + ln.duration_ms, 1)) for ln in lanes]
-        assert 0.95 * client_ms <= total <= client_ms + 100, (client_ms, ends)
+        assert 0.95 * client_ms <= total <= client_ms + 60_000, (client_ms, ends)
         assert all(0.0 <= ln.start_ms <= total for ln in lanes), [(ln.label, ln.start_ms) for ln in lanes]
         row = by_trace[view.trace_id]  # the hops are the P/D budget's residuals, the KV lane its span
         assert [h.duration_ms for h in hops] == [
