@@ -71,6 +71,7 @@ from phaselens.instrumentation.pipeline.otlp_fast import FastEmitter, request_en
 from phaselens.instrumentation.pipeline.phases import compute_phases
 from phaselens.instrumentation.pipeline.span_processor import BatchSettings, CountingBatchSpanProcessor
 from phaselens.instrumentation.process import wire
+from phaselens.instrumentation.process.process_sink import SHIP_INTERVAL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,7 @@ def stream(steps: int, shape: Shape = REFERENCE) -> tuple[bytes, bytes, int, int
         else:
             frames.append(wire.encode_step(record))
     frames.append(wire.frame(wire.KIND_FLUSH, (requests + 1,)))
-    hello = wire.frame(wire.KIND_HELLO, ("bench", anchor.mono_ts, anchor.wall_ts, False))
+    hello = wire.hello("bench", anchor.mono_ts, anchor.wall_ts, False, SHIP_INTERVAL_S)
     return hello, b"".join(frames), requests, len(records) - requests
 
 

@@ -74,7 +74,7 @@ def seconds_of_frames(rate: int, seconds: int) -> tuple[bytes, list[bytes]]:
                 chunks.append(wire.pack(current).data)
                 current = []
     anchor = paused.anchor
-    return wire.frame(wire.KIND_HELLO, ("bench", anchor.mono_ts, anchor.wall_ts, False)), chunks[:seconds]
+    return wire.hello("bench", anchor.mono_ts, anchor.wall_ts, False, SHIP_INTERVAL_S), chunks[:seconds]
 
 
 def schedstat(pid: int) -> tuple[int, int]:

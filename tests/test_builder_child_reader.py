@@ -74,7 +74,7 @@ def child_report_lines(records: list, batch_size: int) -> list[dict]:
     acknowledged it, `records` in two writes 0.5 s apart (two reads: it waits in poll), the second
     closed by a FLUSH (ack 2), then EOF."""
     child, read_fd = start_child({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": str(batch_size)})
-    child.stdin.write(wire.frame(wire.KIND_HELLO, ("test", 0, WALL_BASE_NS, False)) + wire.frame(wire.KIND_FLUSH, (1,)))
+    child.stdin.write(wire.hello("test", 0, WALL_BASE_NS, False, 2.0) + wire.frame(wire.KIND_FLUSH, (1,)))
     child.stdin.flush()
     with os.fdopen(read_fd) as reports:
         lines = [json.loads(reports.readline())]
@@ -132,7 +132,7 @@ def test_a_long_read_reports_its_records_safe_as_its_full_batches_go(monkeypatch
     records = [r for r in rig.telemetry._sink._handoffs.take() if isinstance(r, RequestRecord)]
     frames, _ = wire.split_frames(b"".join(wire.encode_request(r) for r in records))
     read_fd, write_fd = os.pipe()
-    process = builder_child.SpanProcess(("test", 0, WALL_BASE_NS, False), write_fd)
+    process = builder_child.SpanProcess(("test", 0, WALL_BASE_NS, False, 2.0), write_fd)
     try:
         process.handle(frames)  # one read, no checkpoint
         process.stop()
@@ -157,15 +157,16 @@ def _wakeups(pid: int) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="needs Linux's schedstat")
 def test_records_without_a_flush_are_exported_by_a_timed_checkpoint_then_the_idle_child_never_wakes(records):
     child, read_fd = start_child({})
-    hello = wire.frame(wire.KIND_HELLO, ("test", 0, WALL_BASE_NS, False))
+    interval_s = 0.3
+    hello = wire.hello("test", 0, WALL_BASE_NS, False, interval_s)
     child.stdin.write(hello + b"".join(wire.encode_request(r) for r in records))  # no FLUSH
     child.stdin.flush()
     with os.fdopen(read_fd) as reports:
-        report = json.loads(reports.readline())  # the checkpoint's, REPORT_INTERVAL_S after the read
+        report = json.loads(reports.readline())  # the checkpoint's, an interval after the read
         assert report["records_safe"] == len(records) == 6 and report["export_exported"] > 0
         time.sleep(0.5)  # past the report's write: the child back in its poll
         before = _wakeups(child.pid)
-        time.sleep(3 * builder_child.REPORT_INTERVAL_S)
+        time.sleep(10 * interval_s)
         idle = _wakeups(child.pid) - before  # a timer (checkpoints, a look at the parent) would wake it
         child.stdin.close()
         lines = [json.loads(line) for line in reports]
@@ -181,7 +182,7 @@ def _step_fields(index: int, links: bytes = b"l" * 25) -> tuple:
 # the frames a read may hold: steps (a run, broken by other kinds), steps decode_step refuses (a
 # short tuple, links not bytes, a list, not a sequence), a list of 11 it takes, requests' stand-ins
 FRAMES = [
-    wire.frame(wire.KIND_HELLO, ("s", 1, 2, True)),
+    wire.hello("s", 1, 2, True, 2.0),
     wire.frame(wire.KIND_STEP, _step_fields(0)),
     wire.frame(wire.KIND_STEP, _step_fields(1, b"")),
     wire.frame(wire.KIND_STEP, _step_fields(2)[:10]),
@@ -247,7 +248,7 @@ def test_a_reads_step_runs_are_counted_as_their_frames_would_be(monkeypatch):
     process_env(monkeypatch, receiver)
     monkeypatch.setenv(names.ENV_SPAN_BACKEND, "fast")
     read_fd, write_fd = os.pipe()
-    process = builder_child.SpanProcess(("test", 0, WALL_BASE_NS, False), write_fd)
+    process = builder_child.SpanProcess(("test", 0, WALL_BASE_NS, False, 2.0), write_fd)
     try:
         frames, _ = wire.split_runs(b"".join(FRAMES[1:9]))  # the flush left out: no checkpoint
         process.handle(frames)

@@ -157,6 +157,29 @@ def _exported_roots(receiver) -> list[bytes]:
     return [span.span_id for span in receiver.spans if span.name == ROOT]
 
 
+@pytest.mark.parametrize(
+    ("delay", "wait_s"),
+    [(None, 2.0), ("5000", 2.0), ("200", 0.1), ("1", 0.01), ("0", 2.0), ("-5", 2.0), ("nan", 2.0), ("soon", 2.0)],
+)
+def test_the_shipper_and_checkpoint_waits_follow_the_schedule_delay_up_to_the_ship_interval(delay, wait_s):
+    environ = {} if delay is None else {"OTEL_BSP_SCHEDULE_DELAY": delay}
+    assert shipper.wait_interval_s(environ) == pytest.approx(wait_s)
+
+
+def test_without_a_flush_the_spans_leave_within_the_schedule_delay(receiver):
+    """OTEL_BSP_SCHEDULE_DELAY is 50 ms here (process_env): the shipper and the child's checkpoint
+    each wait 25 ms. With their 2 s a span waited 3.5-4 s; the bound is far from both."""
+    rig = make_rig(builder="process")
+    assert rig.telemetry.flush(20)  # the child is up: its start-up is not timed
+    handle = script_request(rig)
+    started = time.monotonic()
+    try:
+        assert wait_until(lambda: set(_exported_roots(receiver)) == _root_ids([handle]), 10)
+        assert time.monotonic() - started < shipper.SHIP_INTERVAL_S
+    finally:
+        rig.telemetry.shutdown()
+
+
 def _kill_child(rig) -> int:
     pid = rig.telemetry.span_builder_pid
     os.kill(pid, signal.SIGKILL)

@@ -5,8 +5,8 @@ It reads frames (`phaselens.instrumentation.process.wire`) on stdin, all the pip
 wake-up in one read, decodes each into its record and builds it at once with the same `SpanBuilder`
 as the thread sink (so nothing waits here: while it builds, the pipe holds the rest), with its own
 providers from the OTEL_* environment (`otel_setup.configure`). The records carry every id the serving process chose. Counters go back
-as one JSON line on REPORT_FD at each checkpoint (within `REPORT_INTERVAL_S` of a read that brought
-records; none while idle), after each FLUSH (with `ack`) and at exit (`final`).
+as one JSON line on REPORT_FD at each checkpoint (within the hello's interval, the shipper's
+`process_sink.wait_interval_s()`, of a read that brought records; none while idle), after each FLUSH (with `ack`) and at exit (`final`).
 
 `records_safe` (in every report, and alone in a line as soon as an export moves it) = how many records, in arrival order, are out of this process's hands: built,
 and every span they queued exported (or counted lost here: `export_failed` once the exporter's own
@@ -15,7 +15,7 @@ After each read, and every `MARK_RECORDS` records within it, the builder notes e
 processor's `queued` position; the records done by then are safe once each processor's `settled`
 position (FIFO: spans leave the queue's front in order) has passed it (one mark a read made a
 whole read's exported records wait for its last spans' export, at the next checkpoint: a read holds
-up to `process_sink.SHIP_INTERVAL_S` of the shipper's records). The serving process keeps every frame until it is reported safe and replays the rest to
+up to an interval of the shipper's records). The serving process keeps every frame until it is reported safe and replays the rest to
 this process's replacement, so spans exported but not yet reported are exported again. To keep that
 window small, exports happen at checkpoints (force_flush, then the report, after a read or at a
 timed wake-up, see `serve`) and on a full batch (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, exported by the thread
@@ -29,7 +29,7 @@ has the same span id (decided at receipt); its other spans and the engine-step s
 
 It ends on EOF (the serving process closed the pipe or died), on SIGTERM (between reads: a record
 is never left half built), or when it is orphaned (its pidfd of the serving process turns readable;
-without pidfds, seen at a wake-up at least every `REPORT_INTERVAL_S`): in each case it shuts its
+without pidfds, seen at a wake-up at least every interval): in each case it shuts its
 providers down (exporting what it built) and exits 0.
 """
 
@@ -62,13 +62,13 @@ from phaselens.instrumentation.pipeline.otel_setup import (
 from phaselens.instrumentation.pipeline.sink import NICE
 from phaselens.instrumentation.process import wire
 
-# the checkpoint interval: a read's spans wait at most this long to be exported (the SDK's default
-# schedule: 5 s). A checkpoint costs ~0.3-0.5 ms of CPU in cold caches (an export, a report), which
-# at vLLM's ~10 requests a second was most of the child's fixed cost: 1 s → 2 s measured 169 → 145 us
-# a request (benchmarks/builder_child_rate.py); a full batch is exported at once regardless
-REPORT_INTERVAL_S = 2.0
-# a read this early (share of the interval) before the checkpoint is due carries it: the shipper's
-# reads come every SHIP_INTERVAL_S, so a due time just after one would cost a wake-up of its own
+# The checkpoint interval is the hello's, the shipper's own (`process_sink.wait_interval_s`): a read's
+# spans wait at most that long to be exported. A checkpoint costs ~0.3-0.5 ms of CPU in cold caches
+# (an export, a report), which at vLLM's ~10 requests a second was most of the child's fixed cost:
+# 1 s → 2 s measured 169 → 145 us a request (benchmarks/builder_child_rate.py); a full batch is
+# exported at once regardless.
+# A read this early (share of the interval) before the checkpoint is due carries it: the shipper's
+# reads come once an interval, so a due time just after one would cost a wake-up of its own
 CHECKPOINT_EARLY = 0.25
 CHECKPOINT_ONLY_DELAY_MS = 3_600_000  # the batch processor's schedule, off: the checkpoints export
 MARK_RECORDS = 16  # a kill repeats at most ~this many records exported since the last mark
@@ -128,7 +128,7 @@ class FrameReader:
 
 class SpanProcess:
     def __init__(self, hello: tuple[Any, ...], report_fd: int) -> None:
-        service_name, anchor_mono_ts, anchor_wall_ts, token_events = hello
+        service_name, anchor_mono_ts, anchor_wall_ts, token_events, self.interval_s = hello
         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = str(CHECKPOINT_ONLY_DELAY_MS)  # this process's own environment
         self.providers = configure(service_name, set_global=False, encoded_spans=True)
         provider = self.providers.tracer_provider
@@ -273,18 +273,18 @@ def _parent_watch(poller: select.poll, parent_pid: int) -> int | None:
     return pidfd
 
 
-def _poll_ms(due: float | None, pidfd: int | None) -> int | None:
+def _poll_ms(due: float | None, pidfd: int | None, interval_s: float) -> int | None:
     """How long a poll may sleep: until a checkpoint is due; with nothing waiting, until an fd is
-    ready (a pidfd tells the parent's death) or, without a pidfd, `REPORT_INTERVAL_S` (to look)."""
+    ready (a pidfd tells the parent's death) or, without a pidfd, `interval_s` (to look)."""
     if due is None:
-        return None if pidfd is not None else int(REPORT_INTERVAL_S * 1000)
+        return None if pidfd is not None else math.ceil(interval_s * 1000)
     return math.ceil(max(0.0, due - time.monotonic()) * 1000)
 
 
 def serve(process: SpanProcess, reader: FrameReader, parent_pid: int) -> None:
     """Reads and builds until EOF, SIGTERM or the serving process's death. The records of a read
-    are exported within `REPORT_INTERVAL_S` of it: by the checkpoint after the first read that comes
-    `CHECKPOINT_EARLY` of the interval before that (the shipper writes once a second: the reads'
+    are exported within the hello's interval of it: by the checkpoint after the first read that comes
+    `CHECKPOINT_EARLY` of the interval before that (the shipper writes once an interval: the reads'
     wake-ups carry the checkpoints), or by a timed wake-up when no read does. Idle, nothing wakes it."""
     terminated: list[int] = []
     wake_read, wake_write = os.pipe()  # a signal's byte wakes the poll below
@@ -298,9 +298,10 @@ def serve(process: SpanProcess, reader: FrameReader, parent_pid: int) -> None:
     if os.getppid() != parent_pid:  # died before the watch began
         return
     due: float | None = None  # when the records read since the last checkpoint must be exported
-    early_s = REPORT_INTERVAL_S * CHECKPOINT_EARLY
+    interval_s = process.interval_s
+    early_s = interval_s * CHECKPOINT_EARLY
     while not terminated:
-        ready = {fd for fd, _ in poller.poll(_poll_ms(due, pidfd))}
+        ready = {fd for fd, _ in poller.poll(_poll_ms(due, pidfd, interval_s))}
         if pidfd in ready or (pidfd is None and os.getppid() != parent_pid):  # orphaned: wind down
             return
         if reader.fd in ready:
@@ -311,7 +312,7 @@ def serve(process: SpanProcess, reader: FrameReader, parent_pid: int) -> None:
             if not process.unreported():  # a FLUSH among them checkpointed
                 due = None
             elif due is None:
-                due = time.monotonic() + REPORT_INTERVAL_S
+                due = time.monotonic() + interval_s
         if due is not None and time.monotonic() >= due - early_s:
             process.checkpoint()
             due = None

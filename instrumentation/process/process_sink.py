@@ -3,7 +3,7 @@
 Building spans costs ~1 ms of Python per request (spans, step links, metrics, OTLP encoding);
 in-process that runs under the serving loop's GIL. This sink keeps the records and ships them as
 bytes (`wire`) to a child process (`python -m phaselens.instrumentation.process.builder_child`) that runs the
-same `SpanBuilder` and exporters: a thread wakes every `SHIP_INTERVAL_S`, drains the
+same `SpanBuilder` and exporters: a thread wakes every `wait_interval_s()`, drains the
 hand-offs, packs the drain's records into frames in C (`wire.pack`, `PACK_RECORDS` a call) and writes
 them to the child's stdin in one `os.write` per drain (the write runs without the GIL; a backlog is
 written a slice at a time, the GIL left to the serving loop between slices).
@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -48,8 +49,11 @@ PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~200 requests' frames while the c
 # eighth and twelfth passes in docs/span-backends.md); 20 ms → 0.25 s cut the shipper's CPU per
 # request ~4x, 0.25 → 1 s by another ~30 % (and the child's bursts cost less); 1 → 2 s cut the child's
 # CPU a request at vLLM's ~10 requests a second 146 → 121 us (its reads and their cold caches,
-# benchmarks/builder_child_rate.py --ship-every); flush() and stop() wake it at once
+# benchmarks/builder_child_rate.py --ship-every); flush() and stop() wake it at once. A shorter
+# OTEL_BSP_SCHEDULE_DELAY shortens it (`wait_interval_s`)
 SHIP_INTERVAL_S = 2.0
+MIN_INTERVAL_S = 0.01  # a schedule delay of a few ms must not make the shipper spin
+SDK_SCHEDULE_DELAY_MS = 5000.0  # the SDK's default OTEL_BSP_SCHEDULE_DELAY
 # records packed per wire.pack call: a drain holds the GIL (C, no release) for ~1 ms a slice at most
 # (~3 µs a record, cold); a backlog's slices are written one by one, the GIL given up between them
 PACK_RECORDS = 256
@@ -57,6 +61,23 @@ _F_SETPIPE_SZ = 1031
 RESTART_BACKOFF_S = 0.5  # the wait before a second restart; doubles per restart, up to the max
 RESTART_BACKOFF_MAX_S = 30.0
 _NOT_SUMMED = ("ack", "final")  # report fields that are not cumulative counts
+
+
+def wait_interval_s(environ: Mapping[str, str] = os.environ) -> float:
+    """The longest wait each of the shipper and the child's checkpoint adds before a span's export.
+
+        wait_s = clamp(OTEL_BSP_SCHEDULE_DELAY_ms / 2 / 1000, MIN_INTERVAL_S, SHIP_INTERVAL_S)
+
+    so a span is exported within the schedule delay the user asked of the SDK (its default 5 s, and
+    an unreadable or non-positive value reads as it), or within 2 × SHIP_INTERVAL_S if that is sooner:
+    the interval's cost is per wake-up, so it is not lengthened past what was measured."""
+    try:
+        delay_ms = float(environ.get("OTEL_BSP_SCHEDULE_DELAY", SDK_SCHEDULE_DELAY_MS))
+    except ValueError:
+        delay_ms = SDK_SCHEDULE_DELAY_MS
+    if not (math.isfinite(delay_ms) and delay_ms > 0):
+        delay_ms = SDK_SCHEDULE_DELAY_MS
+    return min(max(delay_ms / 2000, MIN_INTERVAL_S), SHIP_INTERVAL_S)
 
 
 @dataclass(slots=True)
@@ -98,12 +119,13 @@ class ProcessSink:
         self._handoffs = HandOffs(capacity)
         self.submit = self._handoffs.submit  # the hot path, one call level less
         self._tick = tick
-        self._interval_s = max(poll_interval_s, SHIP_INTERVAL_S)
+        wait_s = wait_interval_s()
+        self._interval_s = max(poll_interval_s, wait_s)
         # held while no wake-up is pending; `_nudge` releases it, the shipper's timed acquire takes it
         # back: one C call a wake-up (an Event's wait and clear were ~60 µs of Python and locks, cold)
         self._wake = threading.Lock()
         self._wake.acquire()
-        self._hello = wire.frame(wire.KIND_HELLO, (service_name, anchor.mono_ts, anchor.wall_ts, token_events))
+        self._hello = wire.hello(service_name, anchor.mono_ts, anchor.wall_ts, token_events, wait_s)
         self._counts = {
             "records_shipped": 0,
             "bytes_shipped": 0,

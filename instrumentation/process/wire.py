@@ -4,7 +4,7 @@ A stream of frames, each `<u32 payload length><u8 kind><payload>`; the payload i
 (format version 2) tuple of ints, strings, floats, None, bytes and tuples — a record's fields in
 declaration order, nested records as tuples of theirs, timelines as their int64 bytes:
 
-    HELLO    (service_name, anchor_mono_ts, anchor_wall_ts, token_events)    first frame, once
+    HELLO    (service_name, anchor_mono_ts, anchor_wall_ts, token_events, interval_s)    first, once
     REQUEST  record.RequestRecord
     STEP     records.StepRecord  (its stats, the batch size, and its sampled members' links,
                                  records.pack_link, 25 bytes each, in one bytes: packed by the loop)
@@ -52,6 +52,12 @@ _STEP_FIELDS = len(PackedStep._fields)
 def frame(kind: int, fields: tuple[Any, ...]) -> bytes:
     payload = marshal.dumps(fields, MARSHAL_VERSION)
     return HEADER.pack(len(payload), kind) + payload
+
+
+def hello(service_name: str, anchor_mono_ts: int, anchor_wall_ts: int, token_events: bool, interval_s: float) -> bytes:
+    """The first frame: `interval_s` is the shipper's (`process_sink.wait_interval_s`), the child's
+    checkpoints follow it."""
+    return frame(KIND_HELLO, (service_name, anchor_mono_ts, anchor_wall_ts, token_events, interval_s))
 
 
 def _plain(record: Any) -> tuple[Any, ...] | None:

@@ -214,7 +214,7 @@ class ServerTelemetry:
         backoff), `spawn_errors` (a replacement that could not be started, e.g. EMFILE: what it would
         get stays kept and the start is tried again after the backoff), `child_cpu_ns`, `records_received`, `records_safe` (built and exported, as the
         children reported), `decode_errors`, and the children's counters as of their last reports
-        (every `builder_child.REPORT_INTERVAL_S` and at each flush), summed over the children that died."""
+        (at every checkpoint and at each flush), summed over the children that died."""
         return Counters.total([self._sink.counters(), {"requests_pending": len(self._closer)}])
 
     def flush(self, timeout_s: float = 10.0) -> bool:
