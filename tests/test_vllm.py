@@ -85,18 +85,24 @@ def _bench_runs(served: ServedVllm, tmp: Path, input_len: str, abandon: int = 0)
     the spans they read."""
     common = ("--input-len", input_len, "--output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--timeout", "60")
     results = _bench(served, tmp / "requests.jsonl", "--requests", str(REQUESTS), *common)
-    abandoned = [_abandon_after_first_chunk(served.server_url) for _ in range(abandon)]
+    abandoned: list[str] = []
+    for _ in range(abandon + 3):  # a cut that came too late is not an abandoned request: another one
+        if len(abandoned) < abandon and (trace_id := _abandon_after_first_chunk(served.server_url)):
+            abandoned.append(trace_id)
+    assert len(abandoned) == abandon, "the test's client was too late to cut off its streams"
     if abandon:
         after = ("--requests", "2", "--input-len", input_len, "--output-len", "48", "--ignore-eos")
         _bench(served, tmp / "after.jsonl", *after)
     return results, served.server.log_tail(200_000), abandoned
 
 
-def _abandon_after_first_chunk(url: str) -> str:
+def _abandon_after_first_chunk(url: str) -> str | None:
     """A streamed completion of 2,000 tokens whose client resets the connection as soon as the first
     SSE chunk arrives (SO_LINGER 0: an RST, whatever is unread), from this process: the disconnect
     comes at once, however late a load generator's own timeout would fire on a loaded machine (one
-    stood still for 3-4 s past its 0.5 s timeout, until vLLM had finished). Its trace id (hex)."""
+    stood still for 3-4 s past its 0.5 s timeout, until vLLM had finished). Its trace id (hex), or
+    None when the stream had ended before the cut: this process too was once held back ~3.6 s on
+    a loaded machine, and the request it meant to abandon ran to its end."""
     trace_id = secrets.token_hex(16)
     body = json.dumps(
         {"model": "tiny", "prompt": "one two three four", "max_tokens": 2000, "stream": True, "ignore_eos": True}
@@ -113,8 +119,14 @@ def _abandon_after_first_chunk(url: str) -> str:
             piece = sock.recv(65536)
             assert piece, f"vLLM closed the stream before its first chunk: {received[:500]!r}"
             received += piece
+        sock.setblocking(False)
+        try:
+            while piece := sock.recv(1 << 20):  # what the kernel already holds: the whole stream, if late
+                received += piece
+        except BlockingIOError:
+            pass
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    return trace_id
+    return None if b"data: [DONE]" in received else trace_id
 
 
 def _poll(client, sql: str, parameters: dict, enough, timeout_s: float = 30.0) -> list[dict]:
