@@ -54,8 +54,9 @@ WARM_UP_S = 3
 SETTLE_S = 3  # past the child's checkpoint interval (2 s)
 
 
-def seconds_of_frames(rate: int, seconds: int) -> tuple[bytes, list[bytes]]:
-    """(hello, one bytes of frames a write: `rate` requests with the step records before each)."""
+def seconds_of_frames(rate: int, seconds: int, every_s: int) -> tuple[bytes, list[bytes]]:
+    """(hello, one bytes of frames a write: `rate` requests with the step records before each);
+    the hello sets the child's checkpoint interval to the writes' `every_s`, as the shipper's does."""
     steps = (seconds * rate + BATCH) * LIFE // BATCH
     paused = paused_telemetry(4 * steps * BATCH, "thread")
     shape = (BATCH, steps, LIFE)
@@ -74,7 +75,7 @@ def seconds_of_frames(rate: int, seconds: int) -> tuple[bytes, list[bytes]]:
                 chunks.append(wire.pack(current).data)
                 current = []
     anchor = paused.anchor
-    return wire.hello("bench", anchor.mono_ts, anchor.wall_ts, False, SHIP_INTERVAL_S), chunks[:seconds]
+    return wire.hello("bench", anchor.mono_ts, anchor.wall_ts, False, float(every_s)), chunks[:seconds]
 
 
 def schedstat(pid: int) -> tuple[int, int]:
@@ -160,7 +161,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=10, help="of each phase")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--ship-every", type=int, default=int(SHIP_INTERVAL_S), help="seconds between writes (the shipper's interval)"
+        "--ship-every",
+        type=int,
+        default=int(SHIP_INTERVAL_S),
+        help="seconds between writes and the child's checkpoint interval (the shipper's, rounded down)",
     )
     parser.add_argument(
         "--child-tree",
@@ -169,7 +173,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     every_s = args.ship_every
-    hello, chunks = seconds_of_frames(args.rate * every_s, args.seconds // every_s)
+    hello, chunks = seconds_of_frames(args.rate * every_s, args.seconds // every_s, every_s)
     sink, endpoint = start_otlp_sink()
     child = Child(endpoint, args.child_tree)
     try:

@@ -159,7 +159,7 @@ def _exported_roots(receiver) -> list[bytes]:
 
 @pytest.mark.parametrize(
     ("delay", "wait_s"),
-    [(None, 2.0), ("5000", 2.0), ("200", 0.1), ("1", 0.01), ("0", 2.0), ("-5", 2.0), ("nan", 2.0), ("soon", 2.0)],
+    [(None, 2.5), ("5000", 2.5), ("60000", 2.5), ("200", 0.1), ("1", 0.01), ("0", 2.5), ("nan", 2.5), ("soon", 2.5)],
 )
 def test_the_shipper_and_checkpoint_waits_follow_the_schedule_delay_up_to_the_ship_interval(delay, wait_s):
     environ = {} if delay is None else {"OTEL_BSP_SCHEDULE_DELAY": delay}
@@ -168,7 +168,7 @@ def test_the_shipper_and_checkpoint_waits_follow_the_schedule_delay_up_to_the_sh
 
 def test_without_a_flush_the_spans_leave_within_the_schedule_delay(receiver):
     """OTEL_BSP_SCHEDULE_DELAY is 50 ms here (process_env): the shipper and the child's checkpoint
-    each wait 25 ms. With their 2 s a span waited 3.5-4 s; the bound is far from both."""
+    each wait 25 ms. With a fixed 2 s a span waited 3.5-4 s; the bound is far from both."""
     rig = make_rig(builder="process")
     assert rig.telemetry.flush(20)  # the child is up: its start-up is not timed
     handle = script_request(rig)
