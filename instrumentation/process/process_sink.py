@@ -49,10 +49,9 @@ PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~200 requests' frames while the c
 # eighth and twelfth passes in docs/span-backends.md); 20 ms → 0.25 s cut the shipper's CPU per
 # request ~4x, 0.25 → 1 s by another ~30 % (and the child's bursts cost less); 1 → 2 s cut the child's
 # CPU a request at vLLM's ~10 requests a second 146 → 121 us (its reads and their cold caches,
-# benchmarks/builder_child_rate.py --ship-every); flush() and stop() wake it at once. 2.5 s is half
-# the SDK's default schedule delay: a span then leaves within the SDK's own 5 s (the shipper's wait,
-# then the child's checkpoint). A shorter OTEL_BSP_SCHEDULE_DELAY shortens it (`wait_interval_s`)
-SHIP_INTERVAL_S = 2.5
+# benchmarks/builder_child_rate.py --ship-every; 2.5 s cut nothing in vLLM, docs/history.md); flush()
+# and stop() wake it at once. A shorter OTEL_BSP_SCHEDULE_DELAY shortens it (`wait_interval_s`)
+SHIP_INTERVAL_S = 2.0
 MIN_INTERVAL_S = 0.01  # a schedule delay of a few ms must not make the shipper spin
 SDK_SCHEDULE_DELAY_MS = 5000.0  # the SDK's default OTEL_BSP_SCHEDULE_DELAY
 # records packed per wire.pack call: a drain holds the GIL (C, no release) for ~1 ms a slice at most
