@@ -1,5 +1,5 @@
 """Shared fixtures: one real embedded ClickHouse server for each worker's session (loopback only), and
-how the suite is split between pytest-xdist's workers (pyproject's addopts: `-n 2 --dist loadgroup`)."""
+how the suite is split between pytest-xdist's workers (pyproject's addopts: `-n 3 --dist loadgroup`)."""
 
 from __future__ import annotations
 
