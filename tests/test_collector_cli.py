@@ -56,9 +56,13 @@ def test_clickhouse_command_ready_persistent_and_port_taken(tmp_path):
         assert taken.wait(30) == 1 and f"{http_port}: the port is in use by pid " in taken.stderr.read()
     finally:
         assert _stop(proc) == 0
-    proc = _start("clickhouse", "--data", data, "--http-port", str(http_port), "--tcp-port", str(tcp_port))
+    # the data outlives the server; fresh ports, as the first two may have gone to another process's
+    # connections since (they are ephemeral ports: a run on three workers lost one so)
+    http_port = free_port()
+    proc = _start("clickhouse", "--data", data, "--http-port", str(http_port), "--tcp-port", str(free_port()))
     try:
-        assert proc.stdout.readline().startswith("READY clickhouse")
+        line = proc.stdout.readline()
+        assert line.startswith("READY clickhouse"), line or proc.communicate(timeout=30)[1]  # why it exited
         client = clickhouse_connect.get_client(host="127.0.0.1", port=http_port)
         assert client.command("EXISTS TABLE default.kept") == 1
         client.close()
