@@ -159,11 +159,21 @@ def _exported_roots(receiver) -> list[bytes]:
 
 @pytest.mark.parametrize(
     ("delay", "wait_s"),
-    [(None, 2.0), ("5000", 2.0), ("60000", 2.0), ("200", 0.1), ("1", 0.01), ("0", 2.0), ("nan", 2.0), ("soon", 2.0)],
+    [(None, 2.0), ("5000", 2.0), ("60000", 2.0), ("200", 0.1), ("1", 0.01), ("0", 2.0), ("-5", 2.0)],
 )
-def test_the_shipper_and_checkpoint_waits_follow_the_schedule_delay_up_to_the_ship_interval(delay, wait_s):
-    environ = {} if delay is None else {"OTEL_BSP_SCHEDULE_DELAY": delay}
-    assert shipper.wait_interval_s(environ) == pytest.approx(wait_s)
+def test_the_shipper_and_checkpoint_waits_follow_the_schedule_delay_up_to_the_ship_interval(delay, wait_s, monkeypatch):
+    if delay is None:
+        monkeypatch.delenv("OTEL_BSP_SCHEDULE_DELAY", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", delay)
+    assert shipper.wait_interval_s() == pytest.approx(wait_s)
+
+
+@pytest.mark.parametrize("delay", ["nan", "soon", "0.5"])
+def test_an_unreadable_schedule_delay_is_refused_naming_it_as_the_batch_processors_do(delay, monkeypatch):
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", delay)
+    with pytest.raises(ValueError, match=rf"OTEL_BSP_SCHEDULE_DELAY={delay!r}: expected an integer"):
+        shipper.wait_interval_s()
 
 
 def test_without_a_flush_the_spans_leave_within_the_schedule_delay(receiver):

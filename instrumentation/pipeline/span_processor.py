@@ -45,19 +45,28 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r}: expected an integer") from None
 
 
+SDK_SCHEDULE_DELAY_MS = 5000  # the SDK's default OTEL_BSP_SCHEDULE_DELAY
+
+
+def schedule_delay_ms() -> int:
+    """OTEL_BSP_SCHEDULE_DELAY (ms, the SDK's default when unset); ValueError naming it when it is not
+    an integer."""
+    return _env_int("OTEL_BSP_SCHEDULE_DELAY", SDK_SCHEDULE_DELAY_MS)
+
+
 @dataclass(slots=True)
 class BatchSettings:
     """OTEL_BSP_MAX_QUEUE_SIZE, _MAX_EXPORT_BATCH_SIZE, _SCHEDULE_DELAY (ms); SDK defaults."""
 
     max_queue_size: int = 2048
     max_export_batch_size: int = 512
-    schedule_delay_ms: int = 5000
+    schedule_delay_ms: int = SDK_SCHEDULE_DELAY_MS
 
     @classmethod
     def from_env(cls) -> BatchSettings:
         queue = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
         batch = min(queue, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
-        return cls(queue, batch, _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000))
+        return cls(queue, batch, schedule_delay_ms())
 
 
 @dataclass(slots=True)

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -41,6 +40,7 @@ from phaselens.common.threads import name_os_thread
 from phaselens.instrumentation.hotpath.clock import ClockAnchor
 from phaselens.instrumentation.hotpath.records import Record
 from phaselens.instrumentation.pipeline.sink import HandOffs, wait_until
+from phaselens.instrumentation.pipeline.span_processor import SDK_SCHEDULE_DELAY_MS, schedule_delay_ms
 from phaselens.instrumentation.process import retention, wire
 
 PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~200 requests' frames while the child is busy
@@ -53,7 +53,6 @@ PIPE_BYTES = 1 << 20  # F_SETPIPE_SZ: room for ~200 requests' frames while the c
 # and stop() wake it at once. A shorter OTEL_BSP_SCHEDULE_DELAY shortens it (`wait_interval_s`)
 SHIP_INTERVAL_S = 2.0
 MIN_INTERVAL_S = 0.01  # a schedule delay of a few ms must not make the shipper spin
-SDK_SCHEDULE_DELAY_MS = 5000.0  # the SDK's default OTEL_BSP_SCHEDULE_DELAY
 # records packed per wire.pack call: a drain holds the GIL (C, no release) for ~1 ms a slice at most
 # (~3 µs a record, cold); a backlog's slices are written one by one, the GIL given up between them
 PACK_RECORDS = 256
@@ -63,19 +62,17 @@ RESTART_BACKOFF_MAX_S = 30.0
 _NOT_SUMMED = ("ack", "final")  # report fields that are not cumulative counts
 
 
-def wait_interval_s(environ: Mapping[str, str] = os.environ) -> float:
+def wait_interval_s() -> float:
     """The longest wait each of the shipper and the child's checkpoint adds before a span's export.
 
         wait_s = clamp(OTEL_BSP_SCHEDULE_DELAY_ms / 2 / 1000, MIN_INTERVAL_S, SHIP_INTERVAL_S)
 
-    so a span is exported within the schedule delay the user asked of the SDK (its default 5 s, and
-    an unreadable or non-positive value reads as it), or within 2 × SHIP_INTERVAL_S if that is sooner:
-    a longer delay does not lengthen the interval, lest the hand-offs fill between two drains."""
-    try:
-        delay_ms = float(environ.get("OTEL_BSP_SCHEDULE_DELAY", SDK_SCHEDULE_DELAY_MS))
-    except ValueError:
-        delay_ms = SDK_SCHEDULE_DELAY_MS
-    if not (math.isfinite(delay_ms) and delay_ms > 0):
+    so a span is exported within the schedule delay the user asked of the SDK (read as the batch
+    processors read it, `span_processor.schedule_delay_ms`; a non-positive one reads as the SDK's
+    default 5 s), or within 2 × SHIP_INTERVAL_S if that is sooner: a longer delay does not lengthen
+    the interval, lest the hand-offs fill between two drains."""
+    delay_ms = schedule_delay_ms()
+    if delay_ms <= 0:
         delay_ms = SDK_SCHEDULE_DELAY_MS
     return min(max(delay_ms / 2000, MIN_INTERVAL_S), SHIP_INTERVAL_S)
 
