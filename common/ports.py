@@ -53,6 +53,12 @@ def listener_owner(port: int) -> str | None:
     return "a socket with no visible process"
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a socket listening on TCP `port`."""
+    inodes = _listening_inodes(port)
+    return bool(inodes) and _holds_any(str(pid), {f"socket:[{inode}]" for inode in inodes})
+
+
 def _listening_inodes(port: int) -> set[str]:
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

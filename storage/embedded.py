@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Self
 
 from phaselens.common.exposure import is_loopback
-from phaselens.common.ports import port_in_use_error
+from phaselens.common.ports import listens, port_in_use_error
 from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, die_with_parent, free_port, port_in_use, terminate
 
 _CONFIG = """<clickhouse>
@@ -146,10 +146,16 @@ class EmbeddedClickHouse:
             if self._proc.poll() is not None:
                 self._proc = None
                 return False
-            if ping(self.url):
+            if ping(self.url) and self._listens():
                 return True
             time.sleep(0.05)
         return False
+
+    def _listens(self) -> bool:
+        """Its own process listens on both ports: another server that took the HTTP port between the
+        check and the bind would answer the ping while this one fails to bind and exits."""
+        assert self._proc is not None
+        return all(listens(self._proc.pid, port) for port in (self.http_port, self.tcp_port))
 
     @property
     def pid(self) -> int | None:

@@ -1,6 +1,8 @@
 """The embedded ClickHouse server: real HTTP interface, persistence, clean stop, port conflicts."""
 
+import http.server
 import socket
+import threading
 from pathlib import Path
 
 import clickhouse_connect
@@ -56,3 +58,36 @@ def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(tmp_path
             assert "Address already in use" in (Path(tmp_path) / "clickhouse.log").read_text()
         finally:
             server.stop()
+
+
+def test_a_ping_answered_by_another_server_on_its_port_is_not_its_start(tmp_path, monkeypatch):
+    """The same race the other way: another server that answers /ping took the first HTTP port
+    picked after the check before the spawn (made certain: the check finds every port free). The
+    server fails to bind it and exits; the start does not take the other's answer for its own, and
+    serves on fresh ports."""
+
+    class Pong(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"Ok.\n")
+
+        def log_message(self, *args) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pong)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    taken = other.server_address[1]
+    picks = iter([taken])
+    monkeypatch.setattr(embedded, "free_port", lambda host: next(picks, 0) or free_port(host))
+    monkeypatch.setattr(embedded, "port_in_use", lambda port, host: False)
+    try:
+        server = EmbeddedClickHouse(str(tmp_path)).start()
+        try:
+            assert server.http_port != taken
+            assert clickhouse_connect.get_client(host="127.0.0.1", port=server.http_port).command("SELECT 1") == 1
+        finally:
+            server.stop()
+    finally:
+        other.shutdown()
+        other.server_close()
