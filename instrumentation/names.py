@@ -221,6 +221,7 @@ PL_CLIENT_TTFT_MS = "phaselens.client.ttft_ms"
 PL_CLIENT_TTFO_MS = "phaselens.client.ttfo_ms"
 PL_CLIENT_TPOT_MS = "phaselens.client.tpot_ms"
 PL_CLIENT_READ_MS = "phaselens.client.read_ms"  # first content bytes in the client's kernel → the client read them
+PL_CLIENT_END_READ_MS = "phaselens.client.end_read_ms"  # the same for the last content bytes
 # the read holding the first content chunk: later events came with it (TCP stamped it with their
 # packet), and the response body bytes received through that read's newest byte
 PL_CLIENT_READ_COALESCED = "phaselens.client.read_coalesced"

@@ -165,6 +165,7 @@ def request_row(index: int, r: StreamResult, start_ts: int) -> dict:
         "ttft_ms": r.ttft_ms,
         "client_send_ms": r.send_ms,
         "client_read_ms": r.read_ms,
+        "client_end_read_ms": r.end_read_ms,
         "client_read_coalesced": r.read_coalesced,
         "ttfo_ms": r.ttfo_ms,
         "tpot_ms": r.tpot_ms,

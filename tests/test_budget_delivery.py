@@ -79,7 +79,7 @@ def service(streams: int) -> str:
 
 def _report(ch, database: str, service: str):
     rows = ch.query(
-        "SELECT residual_ms, e2e_residual_ms, client_ttft_ms, client_e2e_ms, inbound_ms, client_ms "
+        "SELECT residual_ms, e2e_residual_ms, client_ttft_ms, client_e2e_ms, inbound_ms, client_ms, client_end_read_ms "
         f"FROM {database}.phaselens_request_facts WHERE service = {{service:String}} ORDER BY start_time",
         parameters={"service": service},
     ).named_results()
@@ -129,24 +129,21 @@ def test_the_residual_is_loopback_sized_and_every_edge_is_named(report):
     left 60–1,600 ms here: its bytes waited in the server's kernel while the event loop was busy
     (now `inbound`), and the client's own time before its bytes left and after the first chunk
     arrived (now `client`). A server socket without TCP_NODELAY put ~40 ms (the client's delayed
-    ACK) into most residuals: the p50 catches it. The end of the stream has no edge terms: its
-    residual (network + client) is checked once the streams run."""
+    ACK) into most residuals: the p50 catches it. At the stream's end the same edges and the
+    client's read of the last content bytes (`client_end_read`) are named too: before they were,
+    its residual was 1.2 ms at p50 on a quiet machine and 20–42 ms under two busy loops or in CI."""
     report, rows = report
     residual = quantiles([r["residual_ms"] for r in rows])
     ttft_p90 = quantiles([r["client_ttft_ms"] for r in rows])[1]
     assert min(r["residual_ms"] for r in rows) >= -0.1, residual  # nothing counted twice
     assert residual[1] <= max(5.0, 0.05 * ttft_p90), (residual, ttft_p90)
     assert all(r["inbound_ms"] is not None and r["client_ms"] is not None for r in rows)
-    e2e_residual = quantiles([r["e2e_residual_ms"] for r in rows[16:]])
-    e2e = quantiles([r["client_e2e_ms"] for r in rows[16:]])
-    # ~1.2–1.5 ms at p50 on a quiet machine; a clean CI run once saw 10.5 / 48.4 ms (p50 / p90), one at
-    # load 28 here 20.2 / 35.3 with e2e p90 at 13.6 s. The p50 bound is there for the delayed ACK (~40 ms
-    # in most requests): under 20 ms it catches it wherever e2e p50 is under 2 s (test_server_cli pins
-    # TCP_NODELAY itself); past that, the client's own lateness grows with the streams: 1 % of e2e p50.
-    # The p90 is the late client's, which no edge term names at the stream's end: a loaded run saw
-    # 354 ms against e2e p90 2.4 s (15 %), so its bound, a quarter of e2e p90, is for gross errors only
-    bounds = (max(20.0, 0.01 * e2e[0]), max(60.0, 0.25 * e2e[1]))
-    assert 0 <= e2e_residual[0] < bounds[0] and e2e_residual[1] < bounds[1], (e2e_residual, e2e, bounds)
+    # a read with no kernel stamp leaves the client's lateness in its row's residual: rare
+    assert sum(r["client_end_read_ms"] is not None for r in rows) >= 0.9 * len(rows)
+    e2e_residual = quantiles([r["e2e_residual_ms"] for r in rows])
+    e2e_p90 = quantiles([r["client_e2e_ms"] for r in rows])[1]
+    assert min(r["e2e_residual_ms"] for r in rows) >= -0.1, e2e_residual
+    assert e2e_residual[0] < 5.0 and e2e_residual[1] <= max(5.0, 0.05 * e2e_p90), (e2e_residual, e2e_p90)
     # the server's first-chunk time is its event loop getting round to the output, not the transport
     assert report.distributions["loop_wait_ms"].mean > report.distributions["write_ms"].mean
     assert {c.name: c.ms for c in report.components}["first_chunk_ms"].p50 > 0

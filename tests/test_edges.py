@@ -458,6 +458,41 @@ def test_the_clients_own_lateness_is_client_read_not_network():
     assert client_bottleneck_note({"client_bottleneck": quiet}) is None
 
 
+def test_the_clients_lateness_at_the_streams_end_is_client_end_read_not_network():
+    """The same at the stream's end: the last content chunk waits in the kernel while the client's
+    loop is busy (`end_read`), and only the wire's part stays in the end-to-end time beside it."""
+    first_chunk_ms, last_chunk_ms = 10, 60
+    url, stop, thread, _ = _stream_in_a_thread(
+        [
+            Step(first_chunk_ms, completion_chunk("Hi")),
+            Step(last_chunk_ms, completion_chunk("!", finish="stop") + usage_chunk(3, 2) + DONE_EVENT),
+        ]
+    )
+    body = {"model": "m", "prompt": "p", "max_tokens": 2}
+
+    async def blocked_client():
+        async with TracedClient(url, tracer_provider=TracerProvider()) as client:
+            task = asyncio.create_task(client.stream("completions", body))
+            await asyncio.sleep(0.04)  # the first chunk is read; the last one comes at ~70 ms
+            time.sleep(BLOCK_S)
+            return await task
+
+    async def idle_client():
+        async with TracedClient(url, tracer_provider=TracerProvider()) as client:
+            return await client.stream("completions", body)
+
+    try:
+        blocked, idle = asyncio.run(blocked_client()), asyncio.run(idle_client())
+    finally:
+        stop.set()
+        thread.join(10)
+    assert blocked.ok and idle.ok
+    assert blocked.ttft_ms < 0.5 * BLOCK_S * 1e3 and blocked.e2e_ms >= BLOCK_S * 1e3  # held between the two
+    assert blocked.end_read_ms >= 0.5 * BLOCK_S * 1e3
+    assert blocked.e2e_ms - blocked.end_read_ms >= first_chunk_ms + last_chunk_ms - 1  # the server's script
+    assert 0 <= idle.end_read_ms < idle.e2e_ms - (first_chunk_ms + last_chunk_ms) + 1
+
+
 def test_a_client_late_to_see_its_connect_done_counts_that_as_its_own_time():
     """The kernel completes a TCP handshake without the client; a client whose event loop is busy
     notices it late. Only the handshake's round trip (the kernel's TCP_INFO sample, µs on loopback)

@@ -28,6 +28,7 @@ ROLLUP_ORDER = (
     *("diag_tpot_ms", "diag_e2e_ms", "diag_input_tokens", "diag_output_tokens", "diag_prefill_ms"),
     *("diag_ingress_ms", "first_chunk_stamped_ms", "client_late_est_ms", "client_late_est_observed_ms"),
     "diag_client_ms",
+    "client_end_read_ms",
 )
 # The P/D rollup's positions (pd_terms_qs / pd_terms_avg), likewise append-only.
 PD_ORDER = (
@@ -144,7 +145,7 @@ _ONE_EDIT = """
 import json
 from phaselens.analysis import terms
 fake = terms.Term("warmup_ms", "warm-up", "#123456", "server", "`x`", "ifNull(ingress_ms, 0)", "ingress_ms",
-                  rollup_position=44, pd_position=24, pd_witness_position=25)
+                  rollup_position=45, pd_position=24, pd_witness_position=25)
 terms.DECLARED = (*terms.DECLARED, fake)
 terms.REGISTRY = terms.Registry(terms.DECLARED)
 from phaselens.analysis.sql import cookbook

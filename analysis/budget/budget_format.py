@@ -21,6 +21,7 @@ TPOT_ITL = (
     "client_e2e_ms",
     "server_e2e_ms",
     "e2e_residual_ms",
+    "client_end_read_ms",
     "stall_ms",
     "queue_all_waits_ms",
 )

@@ -51,6 +51,7 @@ DISTRIBUTIONS = (
     *CLIENT_SPLIT,
     *terms.REGISTRY.witnesses(),
     ("e2e_residual_ms", "e2e_residual_ms"),
+    ("client_end_read_ms", "client_end_read_ms"),
     ("client_tpot_ms", "client_tpot_ms"),
     ("server_tpot_ms", "server_tpot_ms"),
     ("client_itl_p99_ms", "client_itl_p99_ms"),

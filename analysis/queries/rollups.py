@@ -36,6 +36,7 @@ _SERIES_POSITIONS = {
     **{"server_e2e_ms": 31, "stall_ms": 32, "queue_all_waits_ms": 33, "diag_tpot_ms": 34, "diag_e2e_ms": 35},
     **{"diag_input_tokens": 36, "diag_output_tokens": 37, "diag_prefill_ms": 38, "diag_ingress_ms": 39},
     **{"first_chunk_stamped_ms": 40, "client_late_est_observed_ms": 42, "diag_client_ms": 43},
+    **{"client_end_read_ms": 44},
 }
 
 

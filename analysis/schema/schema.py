@@ -166,6 +166,7 @@ NUMERIC_ATTRS = {
     "a_dispatch_ms": n.PL_INBOUND_DISPATCH_MS,
     "a_client_read_ms": n.PL_CLIENT_READ_MS,
     "a_client_send_ms": n.PL_CLIENT_SEND_MS,
+    "a_client_end_read_ms": n.PL_CLIENT_END_READ_MS,
     "a_client_read_body_bytes": n.PL_CLIENT_READ_BODY_BYTES,
     "a_server_ttfc_ms": n.PL_SERVER_TTFC_MS,
     "a_server_last_chunk_ms": n.PL_SERVER_LAST_CHUNK_MS,
@@ -428,8 +429,15 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
             "- ifNull(client_late_est_ms, 0)"
         ),
     ),
-    # TGI: total_time ends as its last token reaches the router, before that event's SSE encoding
-    ("e2e_residual_ms", f"client_e2e_ms - coalesce(a_server_last_chunk_ms, {_tgi_ms('total')})"),
+    # the same at the stream's end, less the start's edges and the client's read of the last content
+    # bytes; TGI: total_time ends as its last token reaches the router, before that event's SSE encoding
+    (
+        "e2e_residual_ms",
+        (
+            f"client_e2e_ms - coalesce(a_server_last_chunk_ms, {_tgi_ms('total')}) - ifNull(inbound_ms, 0) "
+            "- ifNull(a_client_send_ms, 0) - ifNull(a_client_end_read_ms, 0)"
+        ),
+    ),
     ("clock_offset_estimate_ms", _wall_offset_ms()),
     ("span_model", _span_model()),
     ("before_engine_ms", _before_engine_ms()),
@@ -452,6 +460,7 @@ EXTRA_COLUMNS: tuple[tuple[str, str], ...] = (
     ("dispatch_ms", "a_dispatch_ms"),
     ("client_send_ms", "a_client_send_ms"),
     ("client_read_ms", "a_client_read_ms"),
+    ("client_end_read_ms", "a_client_end_read_ms"),
     ("has_client", "client_start IS NOT NULL"),
     ("has_server", "server_start IS NOT NULL"),
     ("finish_reason", "t_finish_reason"),

@@ -39,6 +39,7 @@ SELECT count() AS requests, countIf(has_client) AS with_client, countIf(status =
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_ms) AS client_observed_ms_q, avg(client_ms) AS client_observed_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_late_est_ms) AS client_late_est_observed_ms_q, avg(client_late_est_ms) AS client_late_est_observed_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(e2e_residual_ms) AS e2e_residual_ms_q, avg(e2e_residual_ms) AS e2e_residual_ms_mean,
+    quantilesExactInclusive(0.5, 0.9, 0.99)(client_end_read_ms) AS client_end_read_ms_q, avg(client_end_read_ms) AS client_end_read_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_tpot_ms) AS client_tpot_ms_q, avg(client_tpot_ms) AS client_tpot_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(server_tpot_ms) AS server_tpot_ms_q, avg(server_tpot_ms) AS server_tpot_ms_mean,
     quantilesExactInclusive(0.5, 0.9, 0.99)(client_itl_p99_ms) AS client_itl_p99_ms_q, avg(client_itl_p99_ms) AS client_itl_p99_ms_mean,

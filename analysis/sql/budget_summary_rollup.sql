@@ -39,6 +39,7 @@ SELECT quantilesDDForEachMerge(0.01, 0.5, 0.9, 0.99)(terms_qs) AS terms_q, avgFo
     arrayMap(v -> v / 1000000.0, terms_q[23]) AS client_observed_ms_q, terms_mean[23] AS client_observed_ms_mean,
     arrayMap(v -> v / 1000000.0, terms_q[42]) AS client_late_est_observed_ms_q, terms_mean[42] AS client_late_est_observed_ms_mean,
     arrayMap(v -> v / 1000000.0, terms_q[25]) AS e2e_residual_ms_q, terms_mean[25] AS e2e_residual_ms_mean,
+    arrayMap(v -> v / 1000000.0, terms_q[44]) AS client_end_read_ms_q, terms_mean[44] AS client_end_read_ms_mean,
     arrayMap(v -> v / 1000000.0, terms_q[26]) AS client_tpot_ms_q, terms_mean[26] AS client_tpot_ms_mean,
     arrayMap(v -> v / 1000000.0, terms_q[27]) AS server_tpot_ms_q, terms_mean[27] AS server_tpot_ms_mean,
     arrayMap(v -> v / 1000000.0, terms_q[28]) AS client_itl_p99_ms_q, terms_mean[28] AS client_itl_p99_ms_mean,

@@ -11,6 +11,8 @@ one anchor (`phaselens.instrumentation.hotpath.clock`). Formulas (docs/budget-me
     TTFT   = first content chunk − sent          (reasoning text counts: the model produced output)
     TTFO   = first non-reasoning content chunk − sent   (= TTFT for non-reasoning models)
     e2e    = last content chunk − sent
+    read, end_read = first, last content chunk − the kernel's receive stamp of its bytes (the
+             client's own lateness at either end of the stream; left out when not stamped)
     TPOT   = (e2e − TTFT) / (output_tokens − 1), output_tokens from `usage` when the server sent
              it, else the counted tokens; undefined for output_tokens ≤ 1
     ITL    = gaps between consecutive content chunks; per-token ITL = gap / k, k = tokens in the
@@ -99,6 +101,7 @@ class StreamResult:
     connect_ns: int = 0  # the network's part of the new connection's connect it waited for (its handshake)
     first_output_ts: MonoTs | None = None  # first non-reasoning content chunk (TTFO)
     last_chunk_ts: MonoTs | None = None  # last content chunk (e2e)
+    last_chunk_arrived_ts: MonoTs = NOT_STAMPED  # the kernel's receive stamp of its bytes (0: not observed)
     done_ts: MonoTs = NOT_STAMPED  # response closed (or failure seen)
     sent_wall_ts: WallTs = NOT_STAMPED_WALL
     done_wall_ts: WallTs = NOT_STAMPED_WALL
@@ -111,6 +114,7 @@ class StreamResult:
     error: str | None = None
     ttft_ms: float | None = None
     read_ms: float | None = None  # first content bytes in this host's kernel → this client read them
+    end_read_ms: float | None = None  # the same for the last content bytes (the stream's end)
     send_ms: float | None = None  # sent → the request's bytes handed to the kernel, less the handshake
     ttfo_ms: float | None = None
     tpot_ms: float | None = None
@@ -164,6 +168,8 @@ def compute_metrics(result: StreamResult) -> None:
         if sent + result.connect_ns <= result.written_ts <= result.first_chunk_ts:
             result.send_ms = (result.written_ts - sent - result.connect_ns) / 1e6
         result.e2e_ms = (result.last_chunk_ts - sent) / 1e6
+        if sent <= result.last_chunk_arrived_ts <= result.last_chunk_ts:
+            result.end_read_ms = (result.last_chunk_ts - result.last_chunk_arrived_ts) / 1e6
     if result.first_output_ts is not None:
         result.ttfo_ms = (result.first_output_ts - sent) / 1e6
     times, tokens = result.chunk_ts, result.chunk_tokens
@@ -245,7 +251,7 @@ class _ChunkReader:
             res.first_chunk_ts, res.first_chunk_arrived_ts = now_ts, self.arrived_ts
         if output and res.first_output_ts is None:
             res.first_output_ts = now_ts
-        res.last_chunk_ts = now_ts
+        res.last_chunk_ts, res.last_chunk_arrived_ts = now_ts, self.arrived_ts
         if self.keep_text:
             res.chunk_text.append(reasoning + output)
 
@@ -481,6 +487,7 @@ def _result_attributes(result: StreamResult) -> dict[str, AttributeValue]:
         N.PL_CLIENT_READ_BODY_BYTES: result.read_body_bytes if result.read_ms is not None else None,
         N.PL_CLIENT_TPOT_MS: result.tpot_ms,
         N.PL_CLIENT_E2E_MS: result.e2e_ms,
+        N.PL_CLIENT_END_READ_MS: result.end_read_ms,
         N.PL_CLIENT_ITL_P50_MS: quantile(itl, 0.5),
         N.PL_CLIENT_ITL_P99_MS: quantile(itl, 0.99),
         N.PL_CLIENT_ITL_MAX_MS: itl[-1] if itl else None,
