@@ -416,31 +416,37 @@ def _stream_in_a_thread(steps: list[Step]):
     return box["url"], stop, thread, box["requests"]
 
 
-def test_the_clients_own_lateness_is_client_read_not_network():
-    first_chunk_ms = 60
-    url, stop, thread, _ = _stream_in_a_thread(
-        [
-            Step(first_chunk_ms, completion_chunk("Hi")),
-            Step(5, completion_chunk("!", finish="stop") + usage_chunk(3, 2) + DONE_EVENT),
-        ]
-    )
+def _blocked_and_idle(steps: list[Step], block_after_s: float):
+    """One completions stream from a client whose event loop blocks for BLOCK_S `block_after_s`
+    after sending, then one from an idle client, against the same scripted server."""
+    url, stop, thread, _ = _stream_in_a_thread(steps)
+    body = {"model": "m", "prompt": "p", "max_tokens": 2}
 
     async def blocked_client():
         async with TracedClient(url, tracer_provider=TracerProvider()) as client:
-            task = asyncio.create_task(client.stream("completions", {"model": "m", "prompt": "p", "max_tokens": 2}))
-            await asyncio.sleep(0.02)  # the request is out; the first chunk comes at ~60 ms
-            time.sleep(BLOCK_S)  # this client's event loop is busy: the chunk waits in its kernel
+            task = asyncio.create_task(client.stream("completions", body))
+            await asyncio.sleep(block_after_s)
+            time.sleep(BLOCK_S)  # this client's event loop is busy: what arrives waits in its kernel
             return await task
 
     async def idle_client():
         async with TracedClient(url, tracer_provider=TracerProvider()) as client:
-            return await client.stream("completions", {"model": "m", "prompt": "p", "max_tokens": 2})
+            return await client.stream("completions", body)
 
     try:
-        blocked, idle = asyncio.run(blocked_client()), asyncio.run(idle_client())
+        return asyncio.run(blocked_client()), asyncio.run(idle_client())
     finally:
         stop.set()
         thread.join(10)
+
+
+def test_the_clients_own_lateness_is_client_read_not_network():
+    first_chunk_ms = 60
+    steps = [
+        Step(first_chunk_ms, completion_chunk("Hi")),
+        Step(5, completion_chunk("!", finish="stop") + usage_chunk(3, 2) + DONE_EVENT),
+    ]
+    blocked, idle = _blocked_and_idle(steps, 0.02)  # the request is out; the first chunk comes at ~60 ms
     assert blocked.ok and idle.ok
     assert blocked.ttft_ms >= BLOCK_S * 1e3
     # held by the client, not the wire: most of the hold (the rest covers the server thread's late sleeps)
@@ -462,30 +468,11 @@ def test_the_clients_lateness_at_the_streams_end_is_client_end_read_not_network(
     """The same at the stream's end: the last content chunk waits in the kernel while the client's
     loop is busy (`end_read`), and only the wire's part stays in the end-to-end time beside it."""
     first_chunk_ms, last_chunk_ms = 10, 60
-    url, stop, thread, _ = _stream_in_a_thread(
-        [
-            Step(first_chunk_ms, completion_chunk("Hi")),
-            Step(last_chunk_ms, completion_chunk("!", finish="stop") + usage_chunk(3, 2) + DONE_EVENT),
-        ]
-    )
-    body = {"model": "m", "prompt": "p", "max_tokens": 2}
-
-    async def blocked_client():
-        async with TracedClient(url, tracer_provider=TracerProvider()) as client:
-            task = asyncio.create_task(client.stream("completions", body))
-            await asyncio.sleep(0.04)  # the first chunk is read; the last one comes at ~70 ms
-            time.sleep(BLOCK_S)
-            return await task
-
-    async def idle_client():
-        async with TracedClient(url, tracer_provider=TracerProvider()) as client:
-            return await client.stream("completions", body)
-
-    try:
-        blocked, idle = asyncio.run(blocked_client()), asyncio.run(idle_client())
-    finally:
-        stop.set()
-        thread.join(10)
+    steps = [
+        Step(first_chunk_ms, completion_chunk("Hi")),
+        Step(last_chunk_ms, completion_chunk("!", finish="stop") + usage_chunk(3, 2) + DONE_EVENT),
+    ]
+    blocked, idle = _blocked_and_idle(steps, 0.04)  # the first chunk is read; the last one comes at ~70 ms
     assert blocked.ok and idle.ok
     assert blocked.ttft_ms < 0.5 * BLOCK_S * 1e3 and blocked.e2e_ms >= BLOCK_S * 1e3  # held between the two
     assert blocked.end_read_ms >= 0.5 * BLOCK_S * 1e3
