@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, free_port, terminate
+from phaselens.common.process import BIND_ATTEMPTS, LOOPBACK, restartable_port, terminate
 
 
 class RotelError(RuntimeError):
@@ -61,8 +61,8 @@ class RotelAgent:
         return self._proc.pid if self._proc is not None else None
 
     def argv(self) -> list[str]:
-        self.grpc_port = self.grpc_port or free_port(LOOPBACK)
-        self.http_port = self.http_port or free_port(LOOPBACK)
+        self.grpc_port = self.grpc_port or restartable_port(LOOPBACK)  # kept across restarts
+        self.http_port = self.http_port or restartable_port(LOOPBACK)
         return [
             agent_path(),
             "start",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ LOOPBACK = "127.0.0.1"
 # Starts on a port from free_port(): another process may bind it before the child does, so a child
 # that then exits is started again on fresh ports, this many times in all.
 BIND_ATTEMPTS = 3
+_RESTARTABLE_FLOOR = 20000  # restartable_port's lowest pick: above the well-known servers' ports
 
 T = TypeVar("T")
 
@@ -37,6 +39,32 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def restartable_port(host: str = LOOPBACK) -> int:
+    """A free port below the kernel's ephemeral range, for a server that is stopped and started again
+    on its ports (a supervisor's restart, a fault scenario). A port from `free_port` lies in that
+    range, where the kernel also draws every outgoing connection's local port: between the stop and
+    the restart one may take it, and the restart fails. Below the range only an explicit bind can."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(_RESTARTABLE_FLOOR, low) if low > _RESTARTABLE_FLOOR + 1024 else 0
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    return free_port(host)
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of `net.ipv4.ip_local_port_range` (Linux's default when it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def port_in_use(port: int, host: str = LOOPBACK) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phaselens.collectors.rotel_agent import RotelAgent
+from phaselens.common.process import restartable_port
 from phaselens.faults.load import Ledger, SpanLoad
 from phaselens.faults.outcome import Outcome
 from phaselens.faults.params import Params
@@ -52,7 +53,8 @@ class Pipeline:
     def start(self) -> Pipeline:
         from phaselens.collectors import schema
 
-        self.clickhouse = EmbeddedClickHouse(str(self.work_dir / "clickhouse")).start()
+        ports = {"http_port": restartable_port(), "tcp_port": restartable_port()}  # the outage restarts on them
+        self.clickhouse = EmbeddedClickHouse(str(self.work_dir / "clickhouse"), **ports).start()
         with connect(self.clickhouse.url) as client:
             schema.apply(client, schema.statements(self.database))
         return self

@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phaselens.common.process import LOOPBACK
+from phaselens.common.process import LOOPBACK, restartable_port
 from phaselens.stack import Child, StackError, collector_flags, collector_ports, spawn_collector
 
 
@@ -51,8 +51,9 @@ def http_ok(url: str) -> bool:
 
 @dataclass(slots=True)
 class CollectorProcess:
-    """`python -m phaselens.commands.collector` on a fixed spool, on ports the OS picks as it binds at
-    the first start (named on its READY line) and keeps for every restart."""
+    """`python -m phaselens.commands.collector` on a fixed spool, on ports picked at the first start
+    below the ephemeral range (`restartable_port`: no outgoing connection takes one while it is
+    down) and kept for every restart."""
 
     clickhouse_url: str
     spool_dir: str
@@ -71,7 +72,9 @@ class CollectorProcess:
         return bool(self.http_port) and http_ok(f"http://{LOOPBACK}:{self.http_port}/health")
 
     def start(self) -> None:
-        """Spawns at once (no waiting); `healthy()` says when it serves (once its ports are known)."""
+        """Spawns at once (no waiting); `healthy()` says when it serves."""
+        self.grpc_port = self.grpc_port or restartable_port()
+        self.http_port = self.http_port or restartable_port()
         flags = collector_flags(self.clickhouse_url, self.database, self.spool_dir, self.grpc_port, self.http_port)
         flags += ["--max-spool-bytes", str(self.max_spool_bytes), "--flush-interval", "0.1"]
         self._child = spawn_collector(flags, Path(self.log_path))

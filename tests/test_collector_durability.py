@@ -13,6 +13,7 @@ from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.service import Collector
 from phaselens.collectors.spool import Spool, SpoolLocked
 from phaselens.collectors.writer import ClickHouseSink, SpoolWriter
+from phaselens.common.process import restartable_port
 from phaselens.faults.parts import wait_until
 from phaselens.storage.clickhouse_url import connect
 from phaselens.storage.embedded import EmbeddedClickHouse
@@ -40,8 +41,8 @@ def _counts(client, database: str) -> tuple[int, int]:
 
 def test_clickhouse_down_mid_stream_loses_and_duplicates_nothing(tmp_path):
     data = str(tmp_path / "ch")
-    server = EmbeddedClickHouse(data).start()  # ports picked as it starts, kept for its restart
-    http_port, tcp_port = server.http_port, server.tcp_port
+    http_port, tcp_port = restartable_port(), restartable_port()  # kept for its restart
+    server = EmbeddedClickHouse(data, http_port=http_port, tcp_port=tcp_port).start()
     client = connect(server.url)
     schema.apply(client, schema.statements("durable"))
     bodies = _payloads(12, 50)

@@ -21,8 +21,9 @@ from phaselens.collectors.ingest import Ingest
 from phaselens.collectors.metrics import CollectorMetrics
 from phaselens.collectors.service import Collector
 from phaselens.collectors.spool import Spool
+from phaselens.common import process
 from phaselens.common.ports import PortInUse, bind_reusable
-from phaselens.common.process import LOOPBACK, free_port
+from phaselens.common.process import LOOPBACK, free_port, restartable_port
 from phaselens.faults.load import Ledger, SpanLoad
 from phaselens.faults.parts import CollectorProcess, wait_until
 from phaselens.storage.clickhouse_url import connect
@@ -171,7 +172,8 @@ def test_a_grpc_bind_that_fails_for_another_reason_does_not_blame_a_taken_port(t
 
 def test_embedded_clickhouse_restarts_on_its_ports_at_once_after_sigkill(tmp_path):
     started = time.monotonic()
-    server = EmbeddedClickHouse(str(tmp_path / "ch")).start()
+    ports = {"http_port": restartable_port(), "tcp_port": restartable_port()}
+    server = EmbeddedClickHouse(str(tmp_path / "ch"), **ports).start()
     cold_start_s = time.monotonic() - started
     client = connect(server.url)
     client.command("CREATE TABLE t (x UInt8) ENGINE = MergeTree ORDER BY x")
@@ -213,3 +215,19 @@ def test_a_large_spool_replays_behind_the_listeners(clickhouse, ch_client, trace
     # replay's duration), i.e. fewer spans written than spooled. A wall-clock bound here would only
     # say how loaded the machine was (here 0.26 s to serve, 0 of 268,000 spans written by then).
     assert written < records * 1000, f"served after {serving_s:.2f} s, when the replay had finished"
+
+
+def test_a_restartable_port_lies_below_the_ephemeral_range_and_binds(monkeypatch):
+    """Outgoing connections take their local ports from the ephemeral range: a server restarted on a
+    port below it cannot lose the port to one while it is down."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    ports = [restartable_port() for _ in range(20)]
+    assert all(20000 <= port < low for port in ports), (ports, low)
+    assert len(set(ports)) > 1  # drawn, not one fixed port every process would want
+    for port in ports:
+        with socket.socket() as s:
+            bind_reusable(s, LOOPBACK, port, "test")
+    # no room below the range: a port the OS picks, as free_port gives
+    monkeypatch.setattr(process, "_ephemeral_low", lambda: 20500)
+    assert restartable_port() >= low
