@@ -53,8 +53,8 @@ class Pipeline:
     def start(self) -> Pipeline:
         from phaselens.collectors import schema
 
-        ports = {"http_port": restartable_port(), "tcp_port": restartable_port()}  # the outage restarts on them
-        self.clickhouse = EmbeddedClickHouse(str(self.work_dir / "clickhouse"), **ports).start()
+        ports = restartable_port(), restartable_port()  # the outage restarts it on them
+        self.clickhouse = EmbeddedClickHouse(str(self.work_dir / "clickhouse"), *ports).start()
         with connect(self.clickhouse.url) as client:
             schema.apply(client, schema.statements(self.database))
         return self

@@ -172,8 +172,7 @@ def test_a_grpc_bind_that_fails_for_another_reason_does_not_blame_a_taken_port(t
 
 def test_embedded_clickhouse_restarts_on_its_ports_at_once_after_sigkill(tmp_path):
     started = time.monotonic()
-    ports = {"http_port": restartable_port(), "tcp_port": restartable_port()}
-    server = EmbeddedClickHouse(str(tmp_path / "ch"), **ports).start()
+    server = EmbeddedClickHouse(str(tmp_path / "ch"), restartable_port(), restartable_port()).start()
     cold_start_s = time.monotonic() - started
     client = connect(server.url)
     client.command("CREATE TABLE t (x UInt8) ENGINE = MergeTree ORDER BY x")
