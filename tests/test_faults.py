@@ -75,10 +75,13 @@ def test_killed_span_builders_lose_no_span_and_no_request(outcomes):
     assert outcome.acknowledged == outcome.sent  # serving went on: every request answered 200
     assert outcome.detail["child_restarts"] == suite.SHORT.builder_kills
     assert (outcome.lost, outcome.detail["telemetry_spans_dropped"]) == (0, 0), outcome  # replayed, not lost
-    # at-least-once: a replay repeats what a dead child exported after its last progress line,
-    # rare as the child exports only at its checkpoints: at most a tenth of the requests here
-    assert outcome.duplicated <= outcome.sent // 10, outcome
-    assert outcome.detail["duplicated_spans"] <= outcome.detail["request_spans_stored"] // 10, outcome
+    # at-least-once: a replay repeats what a dead child exported after its last progress line, so a
+    # copy is only ever of a replayed record. How many depends on where the kill lands: the rig's
+    # child exports every 100 ms (its 200 ms schedule delay), and a kill during an export whose
+    # answer it never read repeats that whole export (40 of 168 requests in one run, 0 in most); a
+    # replay that ignored the progress lines would copy about every span the dead children had built
+    assert outcome.duplicated <= outcome.detail["records_replayed"], outcome
+    assert outcome.detail["duplicated_spans"] < outcome.detail["request_spans_stored"] // 2, outcome
 
 
 def test_overload_is_refused_with_503_in_bounded_memory_and_passes(outcomes):
