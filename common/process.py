@@ -47,14 +47,15 @@ def restartable_port(host: str = LOOPBACK) -> int:
     range, where the kernel also draws every outgoing connection's local port: between the stop and
     the restart one may take it, and the restart fails. Below the range only an explicit bind can."""
     low = _ephemeral_low()
-    for _ in range(64):
-        port = random.randrange(_RESTARTABLE_FLOOR, low) if low > _RESTARTABLE_FLOOR + 1024 else 0
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
+    if low > _RESTARTABLE_FLOOR + 1024:  # else no room below the range: a port as free_port gives
+        for _ in range(64):
+            port = random.randrange(_RESTARTABLE_FLOOR, low)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     return free_port(host)
 
 

@@ -7,8 +7,9 @@ both our collector and Rotel, each into a database of its own in the session's e
 A few requests the server refuses (400) come with a traceparent: sampled in the first run, not in
 the second. The server's tail threshold is out of reach (only failures are tail-kept there); in the
 5 % run the load generator's TTFT threshold is the median client TTFT of a run sampled like it just
-before (into a database of its own), so its own tail rule splits the run. Every request must be counted and budgeted from its compact record; the full
-trees must be the head sample plus every failed or slow request.
+before (into a database of its own), so its own tail rule splits the run. Every request must be
+counted and budgeted from its compact record; the full trees must be the head sample plus every
+failed or slow request.
 """
 
 from __future__ import annotations
