@@ -44,6 +44,11 @@ setup(
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
         ),
         Extension(
+            "phaselens.instrumentation.pipeline._handoff",
+            ["instrumentation/pipeline/_handoff.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        ),
+        Extension(
             "phaselens.instrumentation.pipeline._token_gaps",
             ["instrumentation/pipeline/_token_gaps.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],

@@ -53,6 +53,9 @@ from phaselens.common.threads import THREAD_PREFIX
 BATCH = 4  # requests in flight, each step's outputs
 PROMPT_TOKENS = OUTPUT_TOKENS = 64
 CONFIGS = ("off", "hooks", "plugin")
+# vLLM's JSON (pydantic's `model_dump_json`) has no spaces; one encoder (json.dumps with separators
+# makes one a call)
+COMPACT_JSON = json.JSONEncoder(separators=(",", ":")).encode
 TRACEPARENT = dict(SCOPE["headers"])[b"traceparent"].decode()
 # what `vllm serve` has in its argv, where the plugin reads the model's name and the middleware
 VLLM_ARGV = [
@@ -154,7 +157,11 @@ class Replay:
             output = queue.get_nowait() or await queue.get()
             event = {"id": request.external_req_id, "choices": [{"index": 0, "text": output.outputs[0].text}]}
             await send(
-                {"type": "http.response.body", "body": f"data: {json.dumps(event)}\n\n".encode(), "more_body": True}
+                {
+                    "type": "http.response.body",
+                    "body": f"data: {COMPACT_JSON(event)}\n\n".encode(),
+                    "more_body": True,
+                }
             )
             if output.finished:
                 break

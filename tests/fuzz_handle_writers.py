@@ -1,6 +1,6 @@
 """Random and broken calls on the C modules that write a request's handle on the event loop, meant to
 run under sanitizers (tests/test_collector_render_asan.py builds them so): the vLLM plugin's
-`integrations/vllm/_outputs.c` (`output_taken`, `open_outputs`, `stamp_tokens`, `engine_step`,
+`integrations/vllm/_outputs.c` (`output_taken`, `Batch`'s `before` / `after` / `step`, `BatchHook`,
 `Taking`, `CollectorHook`) or the ingress middleware's `instrumentation/server/_send_guard.c`
 (`BodySender`, `SendGuard`), whichever `--module` is (a build of the one named by its file's stem).
 
@@ -120,22 +120,27 @@ def _outputs_call(rng: random.Random, module: Any, handles: list) -> None:
             SimpleNamespace(request_id=rng.choice(("a", "b", "c")), new_token_ids=[1] * rng.randrange(3))
             for _ in range(rng.randrange(4))
         ]
-        seen = module.open_outputs(outputs if rng.random() < 0.9 else _value(rng), {"a": handles[0], "b": handles[1]})
+        batch = module.Batch({"a": handles[0], "b": handles[1]}, None, time.monotonic_ns)
+        seen = batch.before(outputs if rng.random() < 0.9 else _value(rng), 1.5, None, {})
         if seen is not None:
-            module.stamp_tokens(seen, _value(rng) if rng.random() < 0.1 else 10, [])
+            batch.after(seen, _value(rng) if rng.random() < 0.1 else 10)
     elif choice < 0.5:
         seen = [rng.choice((*handles, None)), _value(rng), rng.choice((None, 1))] * rng.randrange(3)
-        module.stamp_tokens(seen, 10, [])
+        module.Batch({}, None, time.monotonic_ns).after(seen if rng.random() < 0.9 else _value(rng), 10)
     elif choice < 0.65:
         observer = SimpleNamespace(step=lambda stats, members: None) if rng.random() < 0.9 else object()
         iteration = SimpleNamespace(
             num_prompt_tokens=_value(rng), num_generation_tokens=_value(rng), num_preempted_reqs=1
         )
-        scheduler = SimpleNamespace(kv_cache_usage=rng.choice((0.25, 1, None, "x")), num_waiting_reqs=_value(rng))
-        module.engine_step(
-            observer, handles, rng.choice((scheduler, None)), rng.choice((iteration, None)),
-            rng.choice((1.5, None, 0.0, "x")), _value(rng), _value(rng), rng.choice((time.monotonic_ns, {}.__getitem__)),
-        )  # fmt: skip
+        scheduler = SimpleNamespace(kv_cache_usage=rng.choice((0.25, 1, None, "x")), num_waiting_reqs=_value(rng),
+                                    kv_connector_stats=rng.choice((None, {})))  # fmt: skip
+        batch = module.Batch({}, observer, rng.choice((time.monotonic_ns, {}.__getitem__)))
+        batch.before([], rng.choice((1.5, None, 0.0, "x")), rng.choice((iteration, None)), {})
+        batch.members.extend(handles)
+        batch.scheduled_ts, batch.first_tokens = _value(rng), _value(rng)
+        batch.step(rng.choice((scheduler, None)))
+    elif choice < 0.75:
+        _batch_hook_call(rng, module, handles)
     elif choice < 0.85:
         _drive(rng, module.Taking(_steps(rng, _output(rng)), handle, lambda exc: None))
     else:
@@ -147,6 +152,34 @@ def _outputs_call(rng: random.Random, module: Any, handles: list) -> None:
             _drive(rng, hook(None))
         finally:
             CURRENT.reset(token)
+
+
+def _batch_hook_call(rng: random.Random, module: Any, handles: list) -> None:
+    """A BatchHook of either kind around a stand-in of vLLM's method, on a tracker whose Python parts
+    may raise, called with fitting or odd arguments."""
+    batch = module.Batch(
+        {"a": handles[0], "b": handles[1]}, SimpleNamespace(step=lambda stats, members: None), time.monotonic_ns
+    )
+
+    def python_part(*args: Any) -> Any:
+        if rng.random() < 0.2:
+            raise RuntimeError("tracker")
+        return [handles[2], 1, None] if rng.random() < 0.5 else []
+
+    tracker = SimpleNamespace(batch=batch if rng.random() < 0.9 else _value(rng), first_sights=python_part,
+                              after_first_sights=python_part, step_work=python_part)  # fmt: skip
+    namespace = {"tracker": lambda: tracker} if rng.random() < 0.95 else {}
+    kind = rng.choice((module.OUTPUTS_HOOK, module.STATS_HOOK))
+    hook = module.BatchHook(kind, lambda *args, **kwargs: "vllm", namespace, lambda: None, lambda exc: None)
+    processor = SimpleNamespace(tracing_enabled=rng.random() < 0.9, request_states={})
+    outputs = [
+        SimpleNamespace(request_id=rng.choice(("a", "b", "c")), new_token_ids=[1] * rng.randrange(3))
+        for _ in range(rng.randrange(4))
+    ]
+    args = (processor, outputs if rng.random() < 0.9 else _value(rng), rng.choice((1.5, None, "x")), None)
+    hook(*args[: rng.randrange(5)])
+    if rng.random() < 0.3:
+        hook(processor, outputs, engine_core_timestamp=1.5, iteration_stats=None)
 
 
 def _send_guard_call(rng: random.Random, module: Any, handles: list) -> None:

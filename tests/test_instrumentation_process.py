@@ -483,7 +483,6 @@ def test_records_are_frozen_plain_data_that_cross_the_pipe_unchanged():
 
     submitted = []
     rig = make_rig(capture_content=True, poll_interval_s=3600)
-    rig.telemetry._sink.submit = submitted.append  # the records as the sink receives them
     rig.telemetry._closer._submit = submitted.append
     rig.telemetry.step_observer.submit = submitted.append
     traced = script_request(rig, prompt=[{"role": "user", "content": "hi"}])

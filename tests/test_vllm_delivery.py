@@ -25,10 +25,14 @@ from phaselens.integrations.vllm.tracker import VllmTracker
 from tests.instrumentation_fixtures import http_scope, make_rig
 
 
-def sse(*events: dict | str) -> dict:
-    """One ASGI body message as vLLM's StreamingResponse sends it: `data: JSON` events."""
-    body = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+def sse(*events: dict | str, separators: tuple[str, str] | None = None) -> dict:
+    """One ASGI body message as vLLM's StreamingResponse sends it: `data: JSON` events (vLLM's own
+    JSON is compact: `separators=(",", ":")`)."""
+    body = "".join(f"data: {e if isinstance(e, str) else json.dumps(e, separators=separators)}\n\n" for e in events)
     return {"type": "http.response.body", "body": body.encode(), "more_body": True}
+
+
+COMPACT = (",", ":")
 
 
 ROLE_ONLY = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
@@ -52,6 +56,20 @@ TEXT = {"choices": [{"index": 0, "text": "é"}]}
         (sse(CHAT_REASONING), True),
         (sse(TEXT), True),
         (sse(ROLE_ONLY, CHAT_CONTENT), True),
+        # vLLM's compact JSON, read by its bytes when it carries text
+        (sse(ROLE_ONLY, separators=COMPACT), False),
+        (sse(EMPTY_TEXT, separators=COMPACT), False),
+        (sse(TEXT, separators=COMPACT), True),
+        (sse(CHAT_CONTENT, separators=COMPACT), True),
+        (sse(CHAT_REASONING, separators=COMPACT), True),
+        (sse({"choices": [{"index": 0, "delta": {"reasoning": "hm"}}]}, separators=COMPACT), True),
+        (sse({"choices": [{"index": 0, "text": '"'}]}, separators=COMPACT), True),  # an escaped quote
+        (sse({"choices": [{"index": 0, "text": ""}, {"index": 1, "text": "b"}]}, separators=COMPACT), True),
+        (
+            sse({"choices": [{"index": 0, "text": "", "logprobs": {"tokens": ['"text":""']}}]}, separators=COMPACT),
+            False,
+        ),
+        (sse({"choices": [{"index": 0, "delta": {"tool_calls": [{"id": "t"}]}}]}, separators=COMPACT), True),
         # a whole answer (not streamed), even one whose only token renders no text: a P/D prefill half
         ({"type": "http.response.body", "body": json.dumps(EMPTY_TEXT).encode()}, True),
     ],
@@ -175,16 +193,25 @@ def request_state(req_id: str, queued_s: float) -> SimpleNamespace:
     )
 
 
+def output_batch(processor, outputs: list) -> None:
+    """One EngineCore output batch as vLLM's output handler hands it to the hooks (`hooks.tracker()`
+    the test's): `process_outputs`, then `update_scheduler_stats`, vLLM's own methods doing nothing."""
+    process = hooks.WRAPPERS["process_outputs"](lambda self, outputs, timestamp=None, iteration_stats=None: None)
+    process(processor, outputs, time.monotonic(), None)
+    hooks.WRAPPERS["update_scheduler_stats"](lambda self, scheduler_stats: None)(processor, None)
+
+
 @pytest.mark.parametrize("vllm_aborts", [True, False], ids=["vllm-aborted-it", "vllm-runs-on"])
-def test_a_request_whose_client_left_before_its_first_output_is_client_disconnected(vllm_aborts):
+def test_a_request_whose_client_left_before_its_first_output_is_client_disconnected(vllm_aborts, monkeypatch):
     """The client goes away while vLLM adds its request (before any output): the HTTP request ends
     with the vLLM request claimed, not opened. It is closed as `client_disconnected`, finish reason
     `abort` — whether vLLM aborted it or, cancelled inside `add_request`, runs it on (then its later
     outputs and its finish open no second SERVER span)."""
     rig = make_rig()
     tracker = VllmTracker(rig.telemetry, "tiny")
+    monkeypatch.setattr(hooks, "tracker", lambda: tracker)
     states: dict = {}
-    processor = SimpleNamespace(request_states=states)
+    processor = SimpleNamespace(request_states=states, tracing_enabled=True)
 
     async def app(scope, receive, send):  # vLLM's app as the plugin sees it, ended before any output
         states["r1"] = request_state("r1", queued_s=0.0)
@@ -201,9 +228,7 @@ def test_a_request_whose_client_left_before_its_first_output_is_client_disconnec
 
     asyncio.run(IngressMiddleware(app, rig.telemetry, sse_carries_content)(http_scope(), receive, send))
     if not vllm_aborts:  # its outputs go on arriving, to its end
-        output = SimpleNamespace(request_id="r1", new_token_ids=[5], trace_headers=None)
-        tracker.after_outputs(tracker.before_outputs(processor, [output], time.monotonic(), None))
-        tracker.step_done(None)
+        output_batch(processor, [SimpleNamespace(request_id="r1", new_token_ids=[5], trace_headers=None)])
         tracker.finished(states.pop("r1"), "length")
     (root,) = [s for s in rig.spans() if s.kind == SpanKind.SERVER]
     assert root.attributes[names.ERROR_TYPE] == names.ERROR_CLIENT_DISCONNECTED
@@ -250,8 +275,7 @@ def test_a_request_the_middleware_claimed_goes_to_the_engine_core_without_its_tr
     outputs = [
         SimpleNamespace(request_id=r.request_id, new_token_ids=[5], trace_headers=r.trace_headers) for r in requests
     ]
-    tracker.after_outputs(tracker.before_outputs(processor, outputs, time.monotonic(), None))
-    tracker.step_done(None)
+    output_batch(processor, outputs)
     for request in requests:
         tracker.finished(processor.request_states.pop(request.request_id), "length")
     handle.close()

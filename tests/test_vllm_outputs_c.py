@@ -1,7 +1,10 @@
 """The vLLM hooks' C part (`integrations/vllm/_outputs.c`): `output_taken` on a request's handle;
 `Taking`, the awaitable the `get` wrapper returns around vLLM's coroutine: the output it returns
 taken, everything else (what it yields, a cancellation, an error, `send` / `throw` / `close` driven
-by hand) passed through as by the coroutine itself; `engine_step`'s record against its formulas."""
+by hand) passed through as by the coroutine itself; `Batch`, the output batch in hand: its triples,
+its token stamps, its engine step's record against its formulas and the work it leaves to Python;
+`BatchHook`, vLLM's `process_outputs` / `update_scheduler_stats` wrapped around it (the tracker's
+Python called for what the batch leaves, its failures to `on_error`, vLLM's methods always run)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,16 @@ from types import SimpleNamespace
 import pytest
 
 from phaselens.instrumentation.hotpath.records import StepStats
-from phaselens.integrations.vllm._outputs import KV_SCALE, Taking, engine_step, output_taken
+from phaselens.integrations.vllm._outputs import (
+    KV_SCALE,
+    OUTPUTS_HOOK,
+    STATS_HOOK,
+    SWEEP_EVERY_STEPS,
+    Batch,
+    BatchHook,
+    Taking,
+    output_taken,
+)
 from tests.instrumentation_fixtures import http_scope, make_rig
 
 
@@ -208,6 +220,16 @@ class Observer:
         self.steps.append((stats, members))
 
 
+def batch_of(end_s=1.0, iteration=None, clock=lambda: 900, **state) -> tuple[Batch, Observer]:
+    """A Batch that has seen one (empty) output batch stamped `end_s`, its state set from `state`."""
+    observer = Observer()
+    batch = Batch({}, observer, clock)
+    assert batch.before([], end_s, iteration, {}) == []
+    for name, value in state.items():
+        setattr(batch, name, value)
+    return batch, observer
+
+
 @pytest.mark.parametrize(
     ("end_s", "floor_ts", "iteration", "scheduler", "expected"),
     [
@@ -240,19 +262,177 @@ class Observer:
     ],
 )
 def test_an_engine_step_is_recorded_by_its_formulas(end_s, floor_ts, iteration, scheduler, expected):
-    observer, members = Observer(), [object()]
-    end = engine_step(observer, members, scheduler, iteration, end_s, floor_ts, 2, lambda: 900)
+    batch, observer = batch_of(end_s, iteration, scheduled_ts=floor_ts, first_tokens=2)
+    members = batch.members
+    members.append(object())
+    assert batch.step(scheduler) is False  # no KV stats, nothing finished, no sweep due
     ((stats, got_members),) = observer.steps
     assert type(stats) is StepStats and tuple(stats) == expected
-    assert got_members is members and end == stats.end_ts
+    assert got_members is members
+    # the step's state taken: the next starts empty, its start floored at this one's end
+    assert (batch.members, batch.first_tokens, batch.scheduled_ts, batch.prev_end_ts) == ([], 0, 0, stats.end_ts)
 
 
-def test_an_engine_step_that_cannot_be_read_records_nothing():
-    observer = Observer()
+def test_a_step_starts_at_the_later_of_the_previous_end_and_a_new_requests_scheduling():
+    batch, observer = batch_of(1.0)
+    batch.members.append(object())
+    batch.step(None)
+    for scheduled_ts, end_s in ((500_000_000, 2.0), (2_500_000_000, 3.0)):
+        batch.before([], end_s, None, {})
+        batch.members.append(object())
+        batch.scheduled_ts = scheduled_ts
+        batch.step(None)
+    assert [(s.start_ts, s.end_ts) for s, _ in observer.steps] == [
+        (1_000_000_000, 1_000_000_000),
+        (1_000_000_000, 2_000_000_000),  # busy since the previous batch
+        (2_500_000_000, 3_000_000_000),  # idle until it scheduled the new request
+    ]
+
+
+def test_a_step_without_members_or_while_idle_records_nothing_and_says_what_python_has_to_do():
+    batch, observer = batch_of()
+    assert batch.step(SimpleNamespace(kv_connector_stats=None)) is False
+    assert batch.step(SimpleNamespace(kv_connector_stats={"records": 1})) is True  # the KV records
+    batch.finished_now["r1"] = object()
+    assert batch.step(None) is True  # a request finished in the step
+    batch.finished_now.clear()
+    batch.idle = True
+    batch.members.append(object())
+    dues = [batch.step(None) for _ in range(SWEEP_EVERY_STEPS)]
+    assert batch.steps_seen == 3 + SWEEP_EVERY_STEPS and batch.members == []
+    assert [i for i, due in enumerate(dues, start=4) if due] == [SWEEP_EVERY_STEPS]  # the sweep
+    assert observer.steps == [] and batch.before([object()], 1.0, None, {}) == []
+
+
+def test_a_step_that_cannot_be_read_records_nothing_and_the_next_starts_clean():
+    batch, observer = batch_of(1.0, SimpleNamespace(num_prompt_tokens=1))
+    batch.members.append(object())
     with pytest.raises(AttributeError):
-        engine_step(observer, [], None, SimpleNamespace(num_prompt_tokens=1), 1.0, 0, 0, lambda: 1)
+        batch.step(None)
+    batch.before([], "soon", None, {})
+    batch.members.append(object())
     with pytest.raises(TypeError):
-        engine_step(observer, [], None, None, "soon", 0, 0, lambda: 1)
-    with pytest.raises(ValueError):
-        engine_step(observer, [], None, None, 1.0, -1, 0, lambda: 1)
-    assert observer.steps == []
+        batch.step(None)
+    assert observer.steps == [] and batch.members == [] and batch.prev_end_ts == 0
+
+
+def test_before_gives_the_open_requests_triples_and_after_stamps_them(rig):
+    known, other = handle_of(rig), handle_of(rig)
+    batch = Batch({"a": known, "b": other}, Observer(), lambda: 900)
+    outputs = [SimpleNamespace(request_id="a", new_token_ids=[1, 2]), SimpleNamespace(request_id="b", new_token_ids=[])]
+    states = {"a": "its state"}
+    seen = batch.before(outputs, 1.5, "stats", states)
+    assert seen == [known, 2, None, other, 0, None] and batch.states is states
+    assert batch.after(seen, 5_000) is True
+    assert batch.members == [known, other]
+    assert (known.token_ts.tolist(), known.token_n.tolist(), other.token_ts.tolist()) == ([5_000], [2], [])
+    # a request seen for the first time: None, for the tracker's Python
+    assert batch.before([*outputs, SimpleNamespace(request_id="new", new_token_ids=[1])], 1.6, None, states) is None
+    # a first sight's triple (stats) or a handle that is no timeline: False, nothing done
+    assert batch.after([known, 1, "stats"], 6_000) is False
+    assert batch.after([object(), 1, None], 6_000) is False
+    assert known.token_ts.tolist() == [5_000] and len(batch.members) == 2
+
+
+class Tracker:
+    """What a BatchHook calls of the tracker: its batch, and the Python for what the batch leaves."""
+
+    def __init__(self, batch: Batch, fail: str = "") -> None:
+        self.batch, self.fail, self.calls = batch, fail, []
+
+    def _called(self, name: str, *args):
+        self.calls.append((name, *args))
+        if name == self.fail:
+            raise RuntimeError(name)
+
+    def first_sights(self, outputs):
+        self._called("first_sights", len(outputs))
+        return []
+
+    def after_first_sights(self, seen, now):
+        self._called("after_first_sights", now)
+
+    def step_work(self, scheduler_stats):
+        self._called("step_work", scheduler_stats)
+
+
+def hooked(rig, fail: str = "") -> SimpleNamespace:
+    """vLLM's two methods (recording their calls) wrapped by BatchHooks on a tracker of `rig`'s handle."""
+    observer, handle = Observer(), handle_of(rig)
+    tracker = Tracker(Batch({"a": handle}, observer, lambda: 5_000), fail)
+    errors, untraced, vllm = [], [], []
+
+    def process_outputs(self, outputs, engine_core_timestamp=None, iteration_stats=None):
+        vllm.append(("process_outputs", engine_core_timestamp))
+        return "processed"
+
+    def update_scheduler_stats(self, scheduler_stats):
+        vllm.append(("update_scheduler_stats", scheduler_stats))
+        return "updated"
+
+    namespace = {"tracker": lambda: tracker}
+    outputs_hook, stats_hook = (
+        BatchHook(kind, original, namespace, lambda: untraced.append(1), errors.append)
+        for kind, original in ((OUTPUTS_HOOK, process_outputs), (STATS_HOOK, update_scheduler_stats))
+    )
+    return SimpleNamespace(
+        handle=handle, tracker=tracker, observer=observer, errors=errors, untraced=untraced, vllm=vllm,
+        process_outputs=outputs_hook, update_scheduler_stats=stats_hook,
+    )  # fmt: skip
+
+
+def processor(tracing: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(tracing_enabled=tracing, request_states={"a": "state"})
+
+
+def known(*request_ids: str) -> list:
+    return [SimpleNamespace(request_id=r, new_token_ids=[1, 2]) for r in request_ids]
+
+
+def test_the_hooks_note_stamp_and_record_around_vllms_own_methods(rig):
+    h = hooked(rig)
+    stats = SimpleNamespace(kv_connector_stats=None)
+    assert h.process_outputs(processor(), known("a"), engine_core_timestamp=1.5) == "processed"
+    assert h.update_scheduler_stats(processor(), stats) == "updated"
+    assert h.vllm == [("process_outputs", 1.5), ("update_scheduler_stats", stats)]
+    assert (h.handle.token_ts.tolist(), h.handle.token_n.tolist()) == ([5_000], [2])
+    ((step, members),) = h.observer.steps
+    assert (step.end_ts, members) == (1_500_000_000, [h.handle])
+    assert h.tracker.calls == [] and h.errors == [] and h.untraced == []
+    assert h.tracker.batch.states == {"a": "state"}
+
+
+def test_the_hooks_leave_a_first_sight_and_a_steps_work_to_the_trackers_python(rig):
+    h = hooked(rig)
+    h.process_outputs(processor(), known("a", "new"), 1.0, None)
+    h.tracker.batch.finished_now["a"] = h.handle
+    stats = SimpleNamespace(kv_connector_stats=None)
+    h.update_scheduler_stats(processor(), stats)
+    assert h.tracker.calls == [("first_sights", 2), ("step_work", stats)]
+    assert h.handle.token_ts.tolist() == []  # first_sights gave nothing to stamp
+
+
+@pytest.mark.parametrize("fail", ["first_sights", "step_work"])
+def test_a_failure_in_the_trackers_part_goes_to_on_error_and_vllm_serves_on(rig, fail):
+    h = hooked(rig, fail)
+    h.tracker.batch.finished_now["a"] = h.handle
+    assert h.process_outputs(processor(), known("new"), 1.0, None) == "processed"
+    assert h.update_scheduler_stats(processor(), None) == "updated"
+    assert [str(e) for e in h.errors] == [fail] and len(h.vllm) == 2
+
+
+def test_a_processor_that_does_not_trace_warns_and_is_only_vllms(rig):
+    h = hooked(rig)
+    assert h.process_outputs(processor(tracing=False), known("a"), 1.0, None) == "processed"
+    assert h.update_scheduler_stats(processor(tracing=False), None) == "updated"
+    assert h.untraced == [1] and h.observer.steps == [] and h.handle.token_ts.tolist() == []
+
+
+def test_a_broken_tracker_or_batch_goes_to_on_error(rig):
+    h = hooked(rig)
+    h.tracker.batch = "not a batch"
+    assert h.process_outputs(processor(), known("a"), 1.0, None) == "processed"
+    assert h.update_scheduler_stats(processor(), None) == "updated"
+    assert [type(e) for e in h.errors] == [TypeError, TypeError]
+    with pytest.raises(TypeError, match="namespace: dict"):
+        BatchHook(OUTPUTS_HOOK, print, [], print, print)

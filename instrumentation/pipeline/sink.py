@@ -1,90 +1,50 @@
 """Where records go: one protocol, two places the spans are built.
 
-    sink.start()               its thread (and process) start
-    sink.submit(record)        hot path: one bounded deque append, never blocks, never raises
-    sink.flush(timeout_s)      every record submitted so far is built (and, for a process, exported)
-    sink.stop(timeout_s)       build what is left, stop; later submits are counted as dropped
-    sink.counters()            every count of the records' way: hand-off, shipping, building, export
+    sink.start()                 its thread (and process) start
+    sink.submit_request(record)  hot path: one bounded hand-off's append, never blocks, never raises
+    sink.submit_step(record)     the same for an engine step's record
+    sink.flush(timeout_s)        every record submitted so far is built (and, for a process, exported)
+    sink.stop(timeout_s)         build what is left, stop; later submits are counted as dropped
+    sink.counters()              every count of the records' way: hand-off, shipping, building, export
 
 `ThreadSink` builds on a thread of this process; `shipper.ProcessSink` ships the records to a
 span-builder process. Both feed the same `builder.SpanBuilder`, and both poll their hand-offs
-(producers do one deque append: no Event, no lock on the loop thread).
+(producers do one append in C, `_handoff.c`: no Python frame, no Event, no lock on the loop thread).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from phaselens.instrumentation.hotpath.records import Record, RequestRecord, StepRecord
+from phaselens.instrumentation.pipeline._handoff import BoundedHandOff
 from phaselens.instrumentation.pipeline.builder import SpanBuilder
 
 NICE = 10  # span building runs at a lower CPU priority: on a busy machine the serving loop goes first
 
 
-class BoundedHandOff:
-    """A bounded single-consumer queue: `offer` is one GIL-atomic deque append, never blocks.
-
-    When `capacity` items are waiting, the new item is dropped and counted in `dropped` (the count
-    is written by producers only; a lost increment under a thread race under-counts by one at most
-    per race, it never raises).
-    """
-
-    __slots__ = ("_items", "capacity", "dropped", "offered")
-
-    def __init__(self, capacity: int) -> None:
-        self._items: deque[Any] = deque()
-        self.capacity = capacity
-        self.offered = 0
-        self.dropped = 0
-
-    def offer(self, item: Any) -> bool:
-        self.offered += 1
-        if len(self._items) >= self.capacity:
-            self.dropped += 1
-            return False
-        self._items.append(item)
-        return True
-
-    def drain(self) -> list[Any]:
-        """Every item waiting, oldest first (consumer thread only). Producers only append on the
-        right, so the first len() items stay there to pop: no Python call per item."""
-        popleft = self._items.popleft
-        return [popleft() for _ in itertools.repeat(None, len(self._items))]
-
-    def close(self) -> None:
-        """Refuse (and count) every later offer; what is still queued is counted as dropped too."""
-        self.capacity = 0
-        self.dropped += len(self.drain())
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
 class Sink(Protocol):
     def start(self) -> None: ...
-    def submit(self, record: Record) -> None: ...
+    def submit_request(self, record: RequestRecord) -> bool: ...  # False: dropped (full, or stopped), counted
+    def submit_step(self, record: StepRecord) -> bool: ...
     def flush(self, timeout_s: float) -> bool: ...
     def stop(self, timeout_s: float) -> None: ...
     def counters(self) -> dict[str, int]: ...
 
 
 class HandOffs:
-    """A sink's bounded hand-offs, one per record kind (each `capacity` long), drops counted per kind."""
+    """A sink's bounded hand-offs, one per record kind (each `capacity` long), drops counted per kind.
+    The producers call each one's `offer` (C, `_handoff.c`) as the sink's `submit_request` /
+    `submit_step`: no Python frame between the loop and the append."""
 
-    __slots__ = ("_by_type", "requests", "steps")
+    __slots__ = ("requests", "steps")
 
     def __init__(self, capacity: int) -> None:
         self.requests, self.steps = BoundedHandOff(capacity), BoundedHandOff(capacity)
-        self._by_type = {RequestRecord: self.requests, StepRecord: self.steps}
-
-    def submit(self, record: Record) -> None:
-        self._by_type[type(record)].offer(record)
 
     def take(self) -> list[Record]:
         """Everything waiting, steps first (consumer thread only)."""
@@ -137,7 +97,7 @@ class ThreadSink:
     def __init__(self, builder: SpanBuilder, capacity: int, poll_interval_s: float, tick: Callable[[], None]) -> None:
         self._builder = builder
         self._handoffs = HandOffs(capacity)
-        self.submit = self._handoffs.submit  # the hot path, one call level less
+        self.submit_request, self.submit_step = self._handoffs.requests.offer, self._handoffs.steps.offer
         self._poll_interval_s = poll_interval_s
         self._tick = tick
         self._done = 0  # records built (or failed)

@@ -114,7 +114,7 @@ class ProcessSink:
         tick: Callable[[], None],
     ) -> None:
         self._handoffs = HandOffs(capacity)
-        self.submit = self._handoffs.submit  # the hot path, one call level less
+        self.submit_request, self.submit_step = self._handoffs.requests.offer, self._handoffs.steps.offer
         self._tick = tick
         wait_s = wait_interval_s()
         self._interval_s = max(poll_interval_s, wait_s)

@@ -100,8 +100,8 @@ class ServerTelemetry:
         self._tail = TailRule.from_env()
         make_sink = self._process_sink if builder == BUILDER_PROCESS else self._thread_sink
         self._roots, self._sink = make_sink(service_name, token_events, queue_capacity, poll_interval_s)
-        self._closer = Closer(self._sink.submit, clock_ns, int(engine_grace_s * 1e9))
-        self.step_observer = StepRecorder(self._sink.submit)
+        self._closer = Closer(self._sink.submit_request, clock_ns, int(engine_grace_s * 1e9))
+        self.step_observer = StepRecorder(self._sink.submit_step)
         self._incoming = IncomingExtractor()
         self.inbound = InboundStamps(clock_ns)  # filled by an `inbound.InboundProtocol` when the server has one
         self._owns_providers = owns_providers

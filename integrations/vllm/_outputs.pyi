@@ -28,19 +28,39 @@ class CollectorHook:
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def __get__(self, obj: Any, owner: type | None = None) -> Any: ...
 
-def open_outputs(outputs: Sequence[Any], open: dict[str, Any], /) -> list[Any] | None: ...
-def stamp_tokens(seen: list[Any], now: int, members: list[Any], /) -> bool: ...
-
 KV_SCALE: int
+SWEEP_EVERY_STEPS: int
 
-def engine_step(
-    observer: Any,
-    members: list[Any],
-    scheduler_stats: Any,
-    iteration_stats: Any,
-    end_s: float | None,
-    start_floor_ts: int,
-    first_tokens: int,
-    clock_ns: Callable[[], int],
-    /,
-) -> MonoTs: ...
+class Batch:
+    open: dict[str, Any]
+    members: list[Any]
+    finished_now: dict[str, Any]
+    states: dict[str, Any] | None
+    first_tokens: int
+    scheduled_ts: int
+    prev_end_ts: MonoTs
+    steps_seen: int
+    idle: bool
+    def __init__(self, open: dict[str, Any], observer: Any, clock_ns: Callable[[], int], /) -> None: ...
+    def before(
+        self, outputs: Sequence[Any], end_s: float | None, iteration_stats: Any, states: dict[str, Any], /
+    ) -> list[Any] | None: ...
+    def after(self, seen: list[Any], now: int, /) -> bool: ...
+    def step(self, scheduler_stats: Any, /) -> bool: ...
+
+OUTPUTS_HOOK: int
+STATS_HOOK: int
+
+class BatchHook:
+    __wrapped__: Callable[..., Any]
+    def __init__(
+        self,
+        kind: int,
+        original: Callable[..., Any],
+        namespace: dict[str, Any],
+        untraced: Callable[[], Any],
+        on_error: Callable[[BaseException], Any],
+        /,
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __get__(self, obj: Any, owner: type | None = None) -> Any: ...

@@ -47,6 +47,7 @@ from phaselens.instrumentation.server import (
     Send,
 )
 
+from . import hooks
 from .http_request import HTTP_REQUEST, MIDDLEWARE_PATH
 
 __all__ = ["MIDDLEWARE_PATH", "FirstChunkMiddleware", "sse_carries_content", "use_inbound_protocol"]
@@ -55,6 +56,9 @@ GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"  # vLLM sets it from --otlp-traces-endpoint
 CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")  # a chat delta's output
 SSE_DATA, SSE_DONE = b"data: ", b"data: [DONE]"
+# a non-empty string of output, as vLLM's compact JSON writes it: a key's quote and a value's
+# opening quote, then anything but the closing quote (inside a JSON string a quote is escaped)
+CONTENT_MARKS = tuple(f'"{key}":"'.encode() for key in ("text", "content", "reasoning_content", "reasoning"))
 
 
 def sse_carries_content(message: Message) -> bool:
@@ -62,9 +66,10 @@ def sse_carries_content(message: Message) -> bool:
     non-empty `text`, or a delta with content, reasoning or tool calls (not a role-only chunk, not
     the empty-text chunk of a token that renders no text yet); a whole JSON answer (not streamed)
     always does: it is the output. Called only between `output_ready` and the first such chunk:
-    once or twice per request."""
+    once or twice per request. A chunk with a non-empty text or content string in vLLM's compact
+    JSON is found by its bytes (`CONTENT_MARKS`); any other is parsed."""
     body = message.get("body") or b""
-    if body.startswith(b"{"):
+    if body.startswith(b"{") or _marked_content(body):
         return True
     for line in body.split(b"\n"):
         if not line.startswith(SSE_DATA) or line.startswith(SSE_DONE):
@@ -80,11 +85,21 @@ def sse_carries_content(message: Message) -> bool:
     return False
 
 
+def _marked_content(body: bytes) -> bool:
+    """Whether a `CONTENT_MARKS` key holds a non-empty string: `"text":"` not followed by `"`."""
+    for mark in CONTENT_MARKS:
+        at = body.find(mark)
+        while at >= 0:
+            end = at + len(mark)
+            if body[end : end + 1] != b'"':
+                return True
+            at = body.find(mark, end)
+    return False
+
+
 def traced_telemetry() -> ServerTelemetry | None:
     """The plugin's telemetry in this process while the plugin traces (installed, vLLM started with
     `--otlp-traces-endpoint`, not idle), else None."""
-    from . import hooks
-
     if not hooks.installed() or not os.environ.get(TRACES_ENDPOINT) or hooks.tracker().idle_reason:
         return None
     return hooks.tracker().telemetry
@@ -101,11 +116,10 @@ class FirstChunkMiddleware:
     def __init__(self, app: Any) -> None:
         self.app = app
         self._ingress: IngressMiddleware | None = None
+        self._traced: ServerTelemetry | None = None  # the telemetry the ingress middleware was made for
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        from . import hooks
-
-        telemetry = traced_telemetry() if scope.get("type") == "http" else None
+        telemetry = self._telemetry() if scope.get("type") == "http" else None
         if telemetry is None:
             return self.app(scope, receive, send)
         if scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
@@ -115,7 +129,15 @@ class FirstChunkMiddleware:
             self._ingress = IngressMiddleware(
                 self.app, telemetry, sse_carries_content, current=HTTP_REQUEST, ended=hooks.http_done
             )
+            self._traced = telemetry
         return self._ingress(scope, receive, send)
+
+    def _telemetry(self) -> ServerTelemetry | None:
+        """`traced_telemetry()`, its installation and environment read once they hold (they do not
+        change in a running server: ~5k instructions a request less); only going idle is asked each time."""
+        if self._traced is None:
+            return traced_telemetry()
+        return None if hooks.tracker().idle_reason else self._traced
 
 
 class VllmInboundProtocol(InboundProtocol):

@@ -5,12 +5,16 @@ in phaselens's part is logged once and never reaches vLLM.
 
     process_outputs(outputs, timestamp, iteration_stats)  before: which requests are in the batch;
                                                            after: first-token / token stamps
+                                                           (`_outputs.BatchHook` on `tracker.batch`,
+                                                           C: Python only for a request's first sight)
     do_tracing(output, req_state, iteration_stats)         the request finished: EngineCore stamps,
                                                            description, usage → the span builder.
                                                            vLLM's own `llm_request` span is NOT made:
                                                            the phaselens SERVER span replaces it and
                                                            carries the same gen_ai.latency.* keys
     update_scheduler_stats(scheduler_stats)                once per EngineCore output batch: one step
+                                                           (`_outputs.BatchHook`, C; its KV records
+                                                           and the sweep in Python when due)
     add_request(request, ...)                              in the HTTP request's task: the delivery
                                                            middleware's handle (`delivery.py`) becomes
                                                            the request's, and the request goes on to
@@ -36,7 +40,7 @@ from typing import Any
 
 from phaselens.instrumentation import names
 
-from ._outputs import CollectorHook
+from ._outputs import OUTPUTS_HOOK, STATS_HOOK, BatchHook, CollectorHook
 from .http_request import HTTP_REQUEST, MIDDLEWARE_PATH
 from .tracker import VllmTracker
 
@@ -111,7 +115,7 @@ def _output_ready_failed(exc: BaseException) -> None:
 
 def _guard(what: str, fn: Callable, *args: Any) -> Any:
     """Run phaselens's part; on an exception log it once per hook and go on serving. (The hooks run
-    per output or step inline the same `try`: one Python call less there, many times a request.)"""
+    per output or step are C, `_outputs.c`, and hand their exceptions to `_failed` themselves.)"""
     try:
         return fn(*args)
     except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
@@ -119,30 +123,17 @@ def _guard(what: str, fn: Callable, *args: Any) -> Any:
         return None
 
 
-def _process_outputs(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None, *args, **kwargs):
-        if not self.tracing_enabled:  # vLLM drops traceparent and never calls do_tracing without it
-            _warn_once(
-                "untraced",
-                "phaselens: no spans from this vLLM: start it with --otlp-traces-endpoint URL to turn tracing on",
-            )
-            return original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
-        t = tracker()
-        try:
-            seen = t.before_outputs(self, engine_core_outputs, engine_core_timestamp, iteration_stats)
-        except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
-            _failed("process_outputs")
-            seen = None
-        result = original(self, engine_core_outputs, engine_core_timestamp, iteration_stats, *args, **kwargs)
-        if seen:
-            try:
-                t.after_outputs(seen)
-            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
-                _failed("process_outputs")
-        return result
+def _untraced() -> None:
+    # vLLM drops traceparent and never calls do_tracing without tracing on
+    _warn_once(
+        "untraced", "phaselens: no spans from this vLLM: start it with --otlp-traces-endpoint URL to turn tracing on"
+    )
 
-    return process_outputs
+
+def _process_outputs(original: Callable) -> Callable:
+    """vLLM's `process_outputs`, the batch noted before it and its tokens stamped after it by the
+    tracker's batch (C: `_outputs.BatchHook`, no frame of ours per output batch)."""
+    return BatchHook(OUTPUTS_HOOK, original, globals(), _untraced, functools.partial(_failed, "process_outputs"))
 
 
 def _do_tracing(original: Callable) -> Callable:
@@ -154,17 +145,9 @@ def _do_tracing(original: Callable) -> Callable:
 
 
 def _update_scheduler_stats(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def update_scheduler_stats(self, scheduler_stats):
-        result = original(self, scheduler_stats)
-        if self.tracing_enabled:
-            try:
-                tracker().step_done(scheduler_stats)
-            except Exception:  # noqa: BLE001 — logged once by _failed; vLLM serves on
-                _failed("update_scheduler_stats")
-        return result
-
-    return update_scheduler_stats
+    """vLLM's `update_scheduler_stats`, then the batch's engine step recorded (C: `_outputs.BatchHook`),
+    and the tracker's `step_work` when the step leaves it some."""
+    return BatchHook(STATS_HOOK, original, globals(), _untraced, functools.partial(_failed, "update_scheduler_stats"))
 
 
 def http_done(handle: Any) -> None:

@@ -31,17 +31,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from phaselens.common.clocks import NOT_STAMPED, MonoTs, WallTs
+from phaselens.common.clocks import MonoTs, WallTs
 from phaselens.instrumentation import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, RequestInfo
 from phaselens.instrumentation import names as n
 
-from ._outputs import engine_step, open_outputs, stamp_tokens
+from ._outputs import SWEEP_EVERY_STEPS, Batch
 from .kv_timing import SAVE, records_of
 
 _logger = logging.getLogger("vllm.phaselens")  # vLLM's handlers print it in its log format
 # vLLM's FinishReason names → the observer's reasons
 FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH, "abort": FINISH_ABORT, "error": FINISH_ERROR}
-SWEEP_EVERY_STEPS = 32  # how often requests that vanished without finishing (aborts) are closed
 
 
 def _mono_ts(seconds: float) -> MonoTs:
@@ -55,23 +54,18 @@ def _wall_ts(seconds: float) -> WallTs:
 
 
 class VllmTracker:
-    """Open handles by vLLM request id, the current step's members, and the step recorder."""
+    """Open handles by vLLM request id and the output batch in hand (`batch`: its handles, stamps and
+    engine step, in C; the hooks, `_outputs.BatchHook`, work on it directly and call the methods
+    below only for what it leaves to Python)."""
 
     __slots__ = (
         "_abandoned",
         "_claimed",
-        "_finished_now",
         "_idle_reason",
+        "_joined",
         "_open",
-        "_prev_step_end_ts",
-        "_states",
         "_states_of",
-        "_step_end_s",
-        "_step_first_tokens",
-        "_step_handles",
-        "_step_iteration",
-        "_step_scheduled_ts",
-        "_steps_seen",
+        "batch",
         "clock_ns",
         "model",
         "telemetry",
@@ -83,18 +77,14 @@ class VllmTracker:
         self.clock_ns = telemetry.clock_ns
         self._open: dict[str, Any] = {}  # vLLM request id → its handle (its vLLM state in `_states_of`)
         self._claimed: dict[str, Any] = {}  # vLLM request id → the HTTP request's handle, before its first output
+        # a claimed handle → its vLLM request id, while it is claimed or open: a claim and the end of
+        # its HTTP request find it at once, however many requests are in flight
+        self._joined: dict[Any, str] = {}
         self._states_of: dict[str, Any] = {}  # vLLM request id → vLLM's RequestState, kept for aborts
         self._abandoned: set[str] = set()  # closed with their HTTP request while vLLM still runs them
-        # finished in the current output batch: its KV records come after (update_scheduler_stats)
-        self._finished_now: dict[str, Any] = {}
-        self._states: dict | None = None  # the output processor's live requests (its own dict)
-        self._step_handles: list = []
-        self._step_first_tokens = 0
-        self._step_scheduled_ts = NOT_STAMPED  # latest first scheduling among the step's new requests
-        self._step_end_s: float | None = None  # the EngineCore's stamp of the current output batch
-        self._step_iteration: Any = None  # vLLM's IterationStats of the current output batch
-        self._prev_step_end_ts = NOT_STAMPED
-        self._steps_seen = 0
+        # the batch's state: the step's members and stamps, `finished_now` (finished in the current
+        # output batch: its KV records come after, update_scheduler_stats), vLLM's live requests
+        self.batch = Batch(self._open, telemetry.step_observer, self.clock_ns)
         self._idle_reason: str | None = None
 
     @property
@@ -105,25 +95,17 @@ class VllmTracker:
         """Stop tracking (one log line): vLLM runs without what the plugin needs."""
         if self._idle_reason is None:
             self._idle_reason = reason
+            self.batch.idle = True
             _logger.warning("phaselens: no spans from this vLLM: %s", reason)
 
-    # --- per output batch (process_outputs) -----------------------------------------------------
-    def before_outputs(self, processor: Any, outputs: list, timestamp_s: float | None, iteration_stats: Any) -> list:
-        """Before vLLM processes (a slice of) a batch: flat (handle, new tokens, stats on a first sight,
-        else None) triples, one per output of a known request (`_outputs.open_outputs` when every
-        output's request is open, the usual batch). `timestamp_s`, the EngineCore's monotonic stamp
-        of the batch, is the step's end."""
+    # --- per output batch (process_outputs): what `batch.before` / `batch.after` leave to Python ---
+    def first_sights(self, outputs: list) -> list:
+        """`batch.before` for a batch in which some request has no open handle yet: flat (handle, new
+        tokens, stats on a first sight, else None) triples, one per output of a known request, each
+        request opened here (or skipped: not vLLM's any more, or abandoned)."""
         if self._idle_reason is not None:
             return []
-        self._step_end_s, self._step_iteration = timestamp_s, iteration_stats
-        self._states = states = processor.request_states
-        seen = open_outputs(outputs, self._open)
-        return seen if seen is not None else self._first_sights(states, outputs)
-
-    def _first_sights(self, states: dict, outputs: list) -> list:
-        """`before_outputs` for a batch in which some request has no open handle yet: opened here
-        (or skipped: not vLLM's any more, or abandoned)."""
-        opened = self._open
+        opened, states = self._open, self.batch.states or {}
         seen: list[Any] = []
         for output in outputs:
             req_id = output.request_id
@@ -140,33 +122,31 @@ class VllmTracker:
             seen += (handle, len(output.new_token_ids), stats)
         return seen
 
-    def after_outputs(self, seen: list) -> None:
-        """The batch is in the requests' streams: stamp first token / tokens, remember the step's
-        members and, from a request first scheduled in it, when the step started (in C,
-        `_outputs.stamp_tokens`, unless a request was first seen in it)."""
-        now = self.clock_ns()
-        if stamp_tokens(seen, now, self._step_handles):
-            return
+    def after_first_sights(self, seen: list, now: MonoTs) -> None:
+        """`batch.after` for a batch with a first sight: stamp first token / tokens at `now`, add the
+        handles to the step's members and, from a request first scheduled in it, when the step started."""
+        batch = self.batch
         triples = iter(seen)
         for handle, tokens, first_stats in zip(triples, triples, triples, strict=True):
             if first_stats is not None:
                 handle.first_token_ts = now
-                self._step_first_tokens += 1
-                self._step_scheduled_ts = max(self._step_scheduled_ts, _mono_ts(first_stats.scheduled_ts))
+                batch.first_tokens += 1
+                batch.scheduled_ts = max(batch.scheduled_ts, _mono_ts(first_stats.scheduled_ts))
                 if tokens > 1:
                     handle.token_at(now, tokens - 1)
             elif tokens:
                 handle.token_at(now, tokens)
-            self._step_handles.append(handle)
+            batch.members.append(handle)
 
     def claim(self, req_id: str, handle: Any, states: dict) -> bool:
         """vLLM added request `req_id` (its state in the output processor's `states`) while running
         the HTTP request of `handle` (opened by the delivery middleware): that handle becomes the
         request's, True. With n > 1 the first child takes it (False for the others)."""
-        self._states = states
-        if any(h is handle for h in self._claimed.values()) or any(h is handle for h in self._open.values()):
+        self.batch.states = states
+        if handle in self._joined:
             return False
         self._claimed[req_id] = handle
+        self._joined[handle] = req_id
         self._states_of[req_id] = states.get(req_id)
         return True
 
@@ -194,7 +174,8 @@ class VllmTracker:
         self._abandoned.discard(req_state.request_id)  # its handle was closed when its client left
         if handle is None:
             return
-        self._finished_now[req_state.request_id] = handle
+        self._joined.pop(handle, None)
+        self.batch.finished_now[req_state.request_id] = handle
         reason = str(getattr(finish_reason, "name", finish_reason) or "").lower()
         self._settle(handle, req_state, FINISH_REASONS.get(reason, reason))
         handle.complete(
@@ -237,47 +218,23 @@ class VllmTracker:
         if scheduled and first:
             handle.prefill_chunk(scheduled, first, prompt_tokens, cached_tokens)
 
-    # --- per engine iteration (update_scheduler_stats) -------------------------------------------
-    def step_done(self, scheduler_stats: Any) -> None:
-        """One EngineCore output batch was processed: one `llm.engine_step`, linked to its requests.
-
-        vLLM does not hand the API server a step's start, so it is inferred on the EngineCore's clock:
-            start = max(end of the previous output batch, first scheduling of a request new in this one)
-        (the engine was busy since the previous batch, or idle until it scheduled the new request);
-        `prefill_tokens` are the prompt tokens of the requests whose prefill ended in this step;
-        `decode_tokens` = max(0, generated tokens − first tokens); KV use = round(kv_cache_usage ×
-        KV_SCALE) per KV_SCALE; end = the batch's EngineCore stamp (now, without one)."""
+    # --- per engine iteration (update_scheduler_stats): `batch.step` records it ---------------------
+    def step_work(self, scheduler_stats: Any) -> None:
+        """What `batch.step` leaves to Python, when it says so: the KV connector's records of the step
+        and the requests finished in it, and every SWEEP_EVERY_STEPS steps the sweep of requests that
+        vanished without finishing."""
         kv_stats = getattr(scheduler_stats, "kv_connector_stats", None)
-        if kv_stats is not None or self._finished_now:  # most steps have neither: two calls less
+        if kv_stats is not None or self.batch.finished_now:
             self._kv_moved(records_of(kv_stats))
-        end_s, iteration_stats = self._step_end_s, self._step_iteration
-        self._step_end_s = self._step_iteration = None
-        members, self._step_handles = self._step_handles, []
-        first_tokens, self._step_first_tokens = self._step_first_tokens, 0
-        self._steps_seen += 1
-        if self._steps_seen % SWEEP_EVERY_STEPS == 0:
+        if self.batch.steps_seen % SWEEP_EVERY_STEPS == 0:
             self._close_vanished()
-        if not members or self._idle_reason is not None:
-            return
-        # the record made and handed on in C, by the formulas above (`_outputs.engine_step`)
-        floor_ts = max(self._prev_step_end_ts, self._step_scheduled_ts)
-        self._prev_step_end_ts = engine_step(
-            self.telemetry.step_observer,
-            members,
-            scheduler_stats,
-            iteration_stats,
-            end_s,
-            floor_ts,
-            first_tokens,
-            self.clock_ns,
-        )
-        self._step_scheduled_ts = NOT_STAMPED
 
     def _kv_moved(self, records: list[list[Any]]) -> None:
         """The KV connector's records of this batch's step (`kv_timing.py`) into the requests' handles:
         open, claimed, or finished in this batch (its record arrives after `do_tracing`; the handle
         is the delivery middleware's, closed only when the response ends)."""
-        finished, self._finished_now = self._finished_now, {}
+        finished = dict(self.batch.finished_now)
+        self.batch.finished_now.clear()
         for req_id, op, start_ts, end_ts, busy_ns, nbytes in records:
             handle = self._open.get(req_id) or self._claimed.get(req_id) or finished.get(req_id)
             if handle is not None:
@@ -285,7 +242,7 @@ class VllmTracker:
 
     def _close_vanished(self) -> None:
         """Requests aborted before finishing never reach `do_tracing`: close them as aborted."""
-        live = self._states
+        live = self.batch.states
         if live is None:
             return
         for req_id in [r for r in self._open if r not in live]:
@@ -299,14 +256,16 @@ class VllmTracker:
         output (claimed) or after (open): closed as aborted now, before the middleware hands the
         handle on. One vLLM still runs (it was cancelled while vLLM added it, so vLLM never aborts
         it) is `abandoned`: its later outputs open no second handle."""
-        live = self._states or {}
-        for req_id in [r for r, h in (*self._open.items(), *self._claimed.items()) if h is handle]:
-            self._abort(req_id)
-            if req_id in live:
-                self._abandoned.add(req_id)
+        req_id = self._joined.get(handle)
+        if req_id is None:
+            return
+        self._abort(req_id)
+        if req_id in (self.batch.states or {}):
+            self._abandoned.add(req_id)
 
     def _abort(self, req_id: str) -> None:
         handle = self._open.pop(req_id) if req_id in self._open else self._claimed.pop(req_id)
+        self._joined.pop(handle, None)
         state = self._states_of.pop(req_id, None)
         if state is not None:
             self._settle(handle, state, FINISH_ABORT)
