@@ -164,6 +164,8 @@ def _batch_hook_call(rng: random.Random, module: Any, handles: list) -> None:
     def python_part(*args: Any) -> Any:
         if rng.random() < 0.2:
             raise RuntimeError("tracker")
+        if rng.random() < 0.2:  # the batch the hook holds, replaced under it
+            tracker.batch = module.Batch({}, None, time.monotonic_ns)
         return [handles[2], 1, None] if rng.random() < 0.5 else []
 
     tracker = SimpleNamespace(batch=batch if rng.random() < 0.9 else _value(rng), first_sights=python_part,

@@ -347,6 +347,9 @@ class Tracker:
 
     def first_sights(self, outputs):
         self._called("first_sights", len(outputs))
+        if self.fail == "replace":  # the tracker's Python replaces its batch while the hook holds it
+            self.batch = Batch({}, None, lambda: 1)
+            return [self.handle, 1, None]
         return []
 
     def after_first_sights(self, seen, now):
@@ -360,6 +363,7 @@ def hooked(rig, fail: str = "") -> SimpleNamespace:
     """vLLM's two methods (recording their calls) wrapped by BatchHooks on a tracker of `rig`'s handle."""
     observer, handle = Observer(), handle_of(rig)
     tracker = Tracker(Batch({"a": handle}, observer, lambda: 5_000), fail)
+    tracker.handle = handle
     errors, untraced, vllm = [], [], []
 
     def process_outputs(self, outputs, engine_core_timestamp=None, iteration_stats=None):
@@ -436,3 +440,11 @@ def test_a_broken_tracker_or_batch_goes_to_on_error(rig):
     assert [type(e) for e in h.errors] == [TypeError, TypeError]
     with pytest.raises(TypeError, match="namespace: dict"):
         BatchHook(OUTPUTS_HOOK, print, [], print, print)
+
+
+def test_a_batch_the_tracker_replaces_during_the_call_stays_the_calls(rig):
+    h = hooked(rig, "replace")
+    held = h.tracker.batch
+    assert h.process_outputs(processor(), known("new"), 1.0, None) == "processed"
+    assert h.tracker.batch is not held and held.members == [h.handle]  # stamped into the batch it began with
+    assert h.handle.token_ts.tolist() == [5_000] and h.errors == []

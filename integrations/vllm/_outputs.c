@@ -733,7 +733,8 @@ typedef struct {
     vectorcallfunc vectorcall;
 } BatchHook;
 
-/* the tracker (a new reference) and its batch (borrowed from it); NULL with an exception set */
+/* the tracker and its batch (new references: the tracker's Python may replace its batch meanwhile);
+ * NULL with an exception set */
 static PyObject *hook_tracker(BatchHook *self, Batch **batch) {
     PyObject *tracker_of = PyDict_GetItemWithError(self->namespace, str_tracker);
     if (tracker_of == NULL) {
@@ -752,7 +753,6 @@ static PyObject *hook_tracker(BatchHook *self, Batch **batch) {
         return NULL;
     }
     *batch = (Batch *)found;
-    Py_DECREF(found); /* the tracker holds it */
     return tracker;
 }
 
@@ -830,6 +830,7 @@ static PyObject *outputs_hook_call(BatchHook *self, PyObject *const *args, size_
     if (result != NULL && seen != NULL && PyList_Check(seen) && PyList_GET_SIZE(seen) > 0)
         outputs_stamped(self, tracker, batch, seen);
     Py_XDECREF(seen);
+    Py_XDECREF(batch);
     Py_XDECREF(tracker);
     return result;
 }
@@ -858,6 +859,7 @@ static PyObject *stats_hook_call(BatchHook *self, PyObject *const *args, size_t 
             report(self->on_error);
         Py_XDECREF(done);
     }
+    Py_XDECREF(batch);
     Py_XDECREF(tracker);
     return result;
 }
