@@ -109,10 +109,6 @@ def _failed(what: str, exc: BaseException | None = None) -> None:
         _logger.error("phaselens: the %s hook failed; vLLM keeps serving (logged once)", what, exc_info=exc or True)
 
 
-def _output_ready_failed(exc: BaseException) -> None:
-    _failed("output_ready", exc)
-
-
 def _guard(what: str, fn: Callable, *args: Any) -> Any:
     """Run phaselens's part; on an exception log it once per hook and go on serving. (The hooks run
     per output or step are C, `_outputs.c`, and hand their exceptions to `_failed` themselves.)"""
@@ -174,13 +170,13 @@ def _collector_get(original: Callable) -> Callable:
     """vLLM's `get`, its coroutine awaited through `Taking` in an HTTP request the middleware opened:
     the output it returns is `output_taken` (the context is the request's task's, before and after
     the await alike). A C method descriptor (`_outputs.CollectorHook`): no frame of ours per call."""
-    return CollectorHook(original, HTTP_REQUEST, _output_ready_failed, True)
+    return CollectorHook(original, HTTP_REQUEST, functools.partial(_failed, "output_ready"), True)
 
 
 def _collector_get_nowait(original: Callable) -> Callable:
     """vLLM's `get_nowait`; output it returns in an HTTP request the middleware opened is
     `output_taken` (vLLM tries it before each `await get()`: mostly nothing there, passed at once)."""
-    return CollectorHook(original, HTTP_REQUEST, _output_ready_failed, False)
+    return CollectorHook(original, HTTP_REQUEST, functools.partial(_failed, "output_ready"), False)
 
 
 WRAPPERS = {

@@ -66,7 +66,6 @@ class VllmTracker:
         "_open",
         "_states_of",
         "batch",
-        "clock_ns",
         "model",
         "telemetry",
     )
@@ -74,7 +73,6 @@ class VllmTracker:
     def __init__(self, telemetry: Any, model: str) -> None:
         self.telemetry = telemetry
         self.model = model
-        self.clock_ns = telemetry.clock_ns
         self._open: dict[str, Any] = {}  # vLLM request id → its handle (its vLLM state in `_states_of`)
         self._claimed: dict[str, Any] = {}  # vLLM request id → the HTTP request's handle, before its first output
         # a claimed handle → its vLLM request id, while it is claimed or open: a claim and the end of
@@ -84,7 +82,7 @@ class VllmTracker:
         self._abandoned: set[str] = set()  # closed with their HTTP request while vLLM still runs them
         # the batch's state: the step's members and stamps, `finished_now` (finished in the current
         # output batch: its KV records come after, update_scheduler_stats), vLLM's live requests
-        self.batch = Batch(self._open, telemetry.step_observer, self.clock_ns)
+        self.batch = Batch(self._open, telemetry.step_observer, telemetry.clock_ns)
         self._idle_reason: str | None = None
 
     @property
@@ -102,9 +100,8 @@ class VllmTracker:
     def first_sights(self, outputs: list) -> list:
         """`batch.before` for a batch in which some request has no open handle yet: flat (handle, new
         tokens, stats on a first sight, else None) triples, one per output of a known request, each
-        request opened here (or skipped: not vLLM's any more, or abandoned)."""
-        if self._idle_reason is not None:
-            return []
+        request opened here (or skipped: not vLLM's any more, or abandoned). Never called once idle:
+        `batch.before` answers [] then."""
         opened, states = self._open, self.batch.states or {}
         seen: list[Any] = []
         for output in outputs:
