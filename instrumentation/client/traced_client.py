@@ -156,6 +156,12 @@ class StreamResult:
         return (self.done_ts - self.sent_ts) / 1e6
 
 
+def _read_ms(sent_ts: MonoTs, arrived_ts: MonoTs, read_ts: MonoTs) -> float | None:
+    """read − the kernel's receive stamp of those bytes (ms): the client's own lateness reading them;
+    None when the stamp is not within [sent, read] (not observed)."""
+    return (read_ts - arrived_ts) / 1e6 if sent_ts <= arrived_ts <= read_ts else None
+
+
 def compute_metrics(result: StreamResult) -> None:
     """Fill the derived figures of `result` from its stamps (formulas in the module docstring)."""
     sent = result.sent_ts
@@ -163,13 +169,11 @@ def compute_metrics(result: StreamResult) -> None:
         result.schedule_lag_ms = (sent - result.intended_ts) / 1e6
     if result.first_chunk_ts is not None and result.last_chunk_ts is not None:  # set together
         result.ttft_ms = (result.first_chunk_ts - sent) / 1e6
-        if sent <= result.first_chunk_arrived_ts <= result.first_chunk_ts:
-            result.read_ms = (result.first_chunk_ts - result.first_chunk_arrived_ts) / 1e6
+        result.read_ms = _read_ms(sent, result.first_chunk_arrived_ts, result.first_chunk_ts)
         if sent + result.connect_ns <= result.written_ts <= result.first_chunk_ts:
             result.send_ms = (result.written_ts - sent - result.connect_ns) / 1e6
         result.e2e_ms = (result.last_chunk_ts - sent) / 1e6
-        if sent <= result.last_chunk_arrived_ts <= result.last_chunk_ts:
-            result.end_read_ms = (result.last_chunk_ts - result.last_chunk_arrived_ts) / 1e6
+        result.end_read_ms = _read_ms(sent, result.last_chunk_arrived_ts, result.last_chunk_ts)
     if result.first_output_ts is not None:
         result.ttfo_ms = (result.first_output_ts - sent) / 1e6
     times, tokens = result.chunk_ts, result.chunk_tokens
