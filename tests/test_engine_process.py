@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -24,6 +25,7 @@ from opentelemetry.trace import SpanKind
 
 from phaselens.instrumentation import names
 from phaselens.instrumentation.hotpath.observer import NULL_REQUEST
+from phaselens.instrumentation.pipeline.sink import wait_until
 from phaselens.instrumentation.server.telemetry import ServerTelemetry
 from phaselens.reference_server import Engine, EngineConfig, SamplingParams, SeqOutput
 from phaselens.reference_server.process.engine_client import EngineClient
@@ -139,11 +141,11 @@ def _stream(url: str, max_tokens: int) -> list[dict]:
 
 def test_budget_identity_is_exact_with_stamps_from_both_processes(traced_server):
     url, telemetry, exporter = traced_server
-    threads = [threading.Thread(target=_stream, args=(url, 12)) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: _stream(url, 12), range(4)))
+    assert [r[-1]["choices"][0]["finish_reason"] for r in replies] == ["length"] * 4
+    # a client can read the last chunk before the app returns and the server closes the request
+    assert wait_until(lambda: _closed(telemetry) == 4, 30), telemetry.stats()
     assert telemetry.flush(30)
     spans = exporter.get_finished_spans()
     servers = [s for s in spans if s.kind == SpanKind.SERVER]
@@ -161,6 +163,12 @@ def test_budget_identity_is_exact_with_stamps_from_both_processes(traced_server)
     steps = [s for s in spans if s.name == names.SPAN_ENGINE_STEP]
     linked = {(link.context.trace_id, link.context.span_id) for s in steps for link in s.links}
     assert steps and linked == server_ids
+
+
+def _closed(telemetry: ServerTelemetry) -> int:
+    """Requests the server has closed: handed to the span builder, or waiting for the engine."""
+    stats = telemetry.stats()
+    return stats.requests_offered + stats.requests_pending
 
 
 def _proc_state(pid: int) -> str | None:
