@@ -55,8 +55,9 @@ SETTLE_S = 3  # past the child's checkpoint interval (2 s)
 
 
 def seconds_of_frames(rate: int, seconds: int, every_s: int) -> tuple[bytes, list[bytes]]:
-    """(hello, one bytes of frames a write: `rate` requests with the step records before each);
-    the hello sets the child's checkpoint interval to the writes' `every_s`, as the shipper's does."""
+    """(hello, one bytes of frames a write: `rate` requests after the LIFE / BATCH step records each
+    of them ran in, steps first as the shipper's hand-offs give them); the hello sets the child's
+    checkpoint interval to the writes' `every_s`, as the shipper's does."""
     steps = (seconds * rate + BATCH) * LIFE // BATCH
     paused = paused_telemetry(4 * steps * BATCH, "thread")
     shape = (BATCH, steps, LIFE)
@@ -65,17 +66,16 @@ def seconds_of_frames(rate: int, seconds: int, every_s: int) -> tuple[bytes, lis
     close = lambda req: req.complete(LIFE, FINISH_LENGTH)  # noqa: E731
     run_engine(open_request, close, lambda req: req.token(), paused.step_observer, *shape, ModelStandIn(0), opened)
     paused._closer.expire(force=True)  # a benchmark's look at the records the loop closed
-    records = paused._sink._handoffs.take()
-    chunks, current, requests = [], [], 0
-    for record in records:
-        current.append(record)
-        if isinstance(record, RequestRecord):
-            requests += 1
-            if requests % rate == 0:
-                chunks.append(wire.pack(current).data)
-                current = []
+    records = paused._sink._handoffs.take()  # every step, then every request
+    requests = [record for record in records if isinstance(record, RequestRecord)]
+    step_records = records[: len(records) - len(requests)]
+    per_write = rate * LIFE // BATCH
+    chunks = [
+        wire.pack(step_records[k * per_write : (k + 1) * per_write] + requests[k * rate : (k + 1) * rate]).data
+        for k in range(seconds)
+    ]
     anchor = paused.anchor
-    return wire.hello("bench", anchor.mono_ts, anchor.wall_ts, False, float(every_s)), chunks[:seconds]
+    return wire.hello("bench", anchor.mono_ts, anchor.wall_ts, False, float(every_s)), chunks
 
 
 def schedstat(pid: int) -> tuple[int, int]:
