@@ -79,7 +79,7 @@ class Rig:
         # close counts what waited as dropped: every item kept is drained or still waiting
         kept = handoff.offered - handoff.dropped
         assert kept == self.drained + len(handoff), (self.kind, kept, self.drained, len(handoff))
-        assert len(handoff) <= max(handoff.capacity, 0) or handoff.capacity == 0
+        assert len(handoff) <= handoff.capacity  # 0 once closed
 
 
 def main() -> None:
