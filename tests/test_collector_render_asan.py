@@ -1,6 +1,6 @@
 """The C modules under AddressSanitizer and UBSan: built here with gcc, the collector's decoder fed
 mutated requests by tests/fuzz_render.py, the span encoder random and broken inputs by
-tests/fuzz_encode.py, the shipper's packer random and broken records by tests/fuzz_wire_pack.py, the timeline's token stamps random and broken calls by tests/fuzz_stamps.py, the C modules that write a request's handle on the event loop (the vLLM plugin's `_outputs.c`, the middleware's `_send_guard.c`) by tests/fuzz_handle_writers.py, the sinks' hand-off and its half-full callback by tests/fuzz_handoff.py. Any out-of-bounds access, use after free or undefined behaviour aborts the run."""
+tests/fuzz_encode.py, the shipper's packer random and broken records by tests/fuzz_wire_pack.py, the timeline's token stamps random and broken calls by tests/fuzz_stamps.py, the C modules that write a request's handle on the event loop (the vLLM plugin's `_outputs.c`, the middleware's `_send_guard.c`) by tests/fuzz_handle_writers.py. Any out-of-bounds access, use after free or undefined behaviour aborts the run."""
 
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ def _runtime(name: str) -> str:
         ("instrumentation/hotpath/_stamps.c", "tests/fuzz_stamps.py", 20000),
         ("integrations/vllm/_outputs.c", "tests/fuzz_handle_writers.py", 5000),
         ("instrumentation/server/_send_guard.c", "tests/fuzz_handle_writers.py", 5000),
-        ("instrumentation/pipeline/_handoff.c", "tests/fuzz_handoff.py", 20000),
     ],
 )
 def test_c_module_is_clean_under_sanitizers(tmp_path, source, fuzzer, iterations):

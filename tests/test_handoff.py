@@ -73,23 +73,3 @@ def test_producers_on_threads_lose_nothing_to_a_draining_consumer() -> None:
     for index in range(producers):  # each producer's items in the order it offered them
         mine = [n for i, n in taken if i == index]
         assert mine == sorted(mine)
-
-
-def test_on_half_full_is_called_once_a_fill_and_what_it_raises_is_discarded() -> None:
-    seen: list[int] = []
-    handoff = BoundedHandOff(5, lambda: seen.append(len(handoff)))
-    assert [handoff.offer(i) for i in range(7)] == [True] * 5 + [False] * 2
-    assert seen == [3]  # the offer that filled it to half, after its append; not again while full
-    handoff.drain()
-    handoff.offer("again")
-    handoff.offer("again")
-    assert seen == [3] and handoff.offer("again") and seen == [3, 3]  # each refill after a drain
-
-    def wake() -> None:
-        raise RuntimeError("a wake-up already pending")
-
-    failing = BoundedHandOff(2, wake)
-    assert failing.offer(1) and failing.offer(2) and not failing.offer(3)  # the offers stand
-    assert (failing.offered, failing.dropped) == (3, 1)
-    with pytest.raises(TypeError, match="on_half_full"):
-        BoundedHandOff(2, on_half_full=5)  # type: ignore[arg-type]

@@ -389,25 +389,6 @@ def test_a_backlog_is_packed_and_written_a_slice_at_a_time_and_all_of_it_arrives
     rig.telemetry.shutdown()
 
 
-def test_a_burst_past_the_capacity_wakes_the_asleep_shipper_at_half_and_nothing_is_dropped(receiver):
-    """Hand-offs of 16 records each and a shipper asleep (a long interval): 40 requests' 80 records
-    (a request and its step each) would drop 48 at its next timed wake-up; a hand-off at half its
-    capacity wakes it, so all are shipped before any flush asks."""
-    rig = make_rig(builder="process", poll_interval_s=3600, queue_capacity=16)
-    try:
-        handles = []
-        for _ in range(40):
-            handles.append(script_request(rig))
-            time.sleep(0.02)  # the loop's pace: the woken shipper gets the GIL between requests
-        assert wait_until(lambda: rig.telemetry.stats().records_shipped == 80, 10), rig.telemetry.stats()
-        stats = rig.telemetry.stats()
-        assert (stats.requests_dropped, stats.steps_dropped, stats.spans_dropped) == (0, 0, 0)
-        assert rig.telemetry.flush(20)
-        assert set(_exported_roots(receiver)) == _root_ids(handles)
-    finally:
-        rig.telemetry.shutdown()
-
-
 def test_the_retention_evicts_oldest_first_and_tells_sent_from_unsent():
     kept = retention.Retained(limit_bytes=10)
     assert kept.add(b"aaaabbbb", [4, 8]) == retention.Evicted()

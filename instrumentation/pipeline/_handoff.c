@@ -5,15 +5,11 @@
  * (`dropped` += 1, False), else appended (True). Never blocks, never raises for a full queue.
  * `drain()` -> list: every item waiting, oldest first, the queue left empty. `close()`: every later
  * offer is dropped and what was waiting is counted dropped. `len()`: the items waiting.
- * `on_half_full` (optional, no arguments): called by the offer whose item fills the queue to half
- * its capacity, so a consumer that wakes on a long timer (the span shipper's 2 s) drains a burst
- * before it overflows; what it raises is discarded (a wake-up is best effort, the offer stands).
  *
  * Why C: the producers are the hot path (the loop's closed requests, one record per engine step):
- * a Python `offer` was one more frame per record, ~1.2k instructions. Each method's own work runs
- * under the GIL with no call back into Python, so it is atomic for the producer threads and the one
- * consumer (`on_half_full` runs after the append); `drain` swaps the list for an empty one (no
- * per-item work, as the deque's pops were).
+ * a Python `offer` was one more frame per record, ~1.2k instructions. Each method runs under the GIL
+ * with no call back into Python, so each is atomic for the producer threads and the one consumer;
+ * `drain` swaps the list for an empty one (no per-item work, as the deque's pops were).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,21 +21,15 @@ typedef struct {
     Py_ssize_t capacity;
     Py_ssize_t offered;
     Py_ssize_t dropped;
-    PyObject *on_half_full; /* a callable, or NULL */
 } HandOff;
 
 static PyObject *handoff_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"capacity", "on_half_full", NULL};
+    static char *keywords[] = {"capacity", NULL};
     Py_ssize_t capacity;
-    PyObject *on_half_full = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n|O:BoundedHandOff", keywords, &capacity, &on_half_full))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n:BoundedHandOff", keywords, &capacity))
         return NULL;
     if (capacity < 0) {
         PyErr_SetString(PyExc_ValueError, "BoundedHandOff(capacity): capacity must be >= 0");
-        return NULL;
-    }
-    if (on_half_full != Py_None && !PyCallable_Check(on_half_full)) {
-        PyErr_SetString(PyExc_TypeError, "BoundedHandOff(on_half_full): expected a callable or None");
         return NULL;
     }
     HandOff *self = (HandOff *)type->tp_alloc(type, 0);
@@ -50,19 +40,16 @@ static PyObject *handoff_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         return NULL;
     }
     self->capacity = capacity;
-    self->on_half_full = on_half_full == Py_None ? NULL : Py_NewRef(on_half_full);
     return (PyObject *)self;
 }
 
 static int handoff_traverse(HandOff *self, visitproc visit, void *arg) {
     Py_VISIT(self->items);
-    Py_VISIT(self->on_half_full);
     return 0;
 }
 
 static int handoff_clear(HandOff *self) {
     Py_CLEAR(self->items);
-    Py_CLEAR(self->on_half_full);
     return 0;
 }
 
@@ -82,14 +69,6 @@ static PyObject *handoff_offer(HandOff *self, PyObject *item) {
         PyErr_Clear();
         self->dropped++;
         Py_RETURN_FALSE;
-    }
-    if (self->on_half_full && PyList_GET_SIZE(self->items) == (self->capacity + 1) / 2) {
-        PyObject *wake = Py_NewRef(self->on_half_full); /* held: the call may clear the hand-off */
-        PyObject *woken = PyObject_CallNoArgs(wake);
-        if (woken == NULL)
-            PyErr_Clear();
-        Py_XDECREF(woken);
-        Py_DECREF(wake);
     }
     Py_RETURN_TRUE;
 }
@@ -133,7 +112,7 @@ static PyTypeObject HandOffType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "phaselens.instrumentation.pipeline._handoff.BoundedHandOff",
     .tp_basicsize = sizeof(HandOff),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "BoundedHandOff(capacity, on_half_full=None): a bounded single-consumer queue (module comment).",
+    .tp_doc = "BoundedHandOff(capacity): a bounded single-consumer queue (module comment).",
     .tp_new = handoff_new,
     .tp_traverse = (traverseproc)handoff_traverse,
     .tp_clear = (inquiry)handoff_clear,

@@ -39,14 +39,12 @@ class Sink(Protocol):
 class HandOffs:
     """A sink's bounded hand-offs, one per record kind (each `capacity` long), drops counted per kind.
     The producers call each one's `offer` (C, `_handoff.c`) as the sink's `submit_request` /
-    `submit_step`: no Python frame between the loop and the append. `on_half_full`: called when
-    either fills to half its capacity (a consumer on a long timer wakes before a burst overflows)."""
+    `submit_step`: no Python frame between the loop and the append."""
 
     __slots__ = ("requests", "steps")
 
-    def __init__(self, capacity: int, on_half_full: Callable[[], object] | None = None) -> None:
-        self.requests = BoundedHandOff(capacity, on_half_full)
-        self.steps = BoundedHandOff(capacity, on_half_full)
+    def __init__(self, capacity: int) -> None:
+        self.requests, self.steps = BoundedHandOff(capacity), BoundedHandOff(capacity)
 
     def take(self) -> list[Record]:
         """Everything waiting, steps first (consumer thread only)."""

@@ -113,17 +113,15 @@ class ProcessSink:
         poll_interval_s: float,
         tick: Callable[[], None],
     ) -> None:
-        # held while no wake-up is pending; `_nudge` releases it, the shipper's timed acquire takes it
-        # back: one C call a wake-up (an Event's wait and clear were ~60 µs of Python and locks, cold)
-        self._wake = threading.Lock()
-        self._wake.acquire()
-        # a hand-off half full wakes the shipper (its RuntimeError when a wake-up is pending is
-        # discarded by the hand-off): a burst past `capacity` records an interval is shipped, not dropped
-        self._handoffs = HandOffs(capacity, self._wake.release)
+        self._handoffs = HandOffs(capacity)
         self.submit_request, self.submit_step = self._handoffs.requests.offer, self._handoffs.steps.offer
         self._tick = tick
         wait_s = wait_interval_s()
         self._interval_s = max(poll_interval_s, wait_s)
+        # held while no wake-up is pending; `_nudge` releases it, the shipper's timed acquire takes it
+        # back: one C call a wake-up (an Event's wait and clear were ~60 µs of Python and locks, cold)
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._hello = wire.hello(service_name, anchor.mono_ts, anchor.wall_ts, token_events, wait_s)
         self._counts = {
             "records_shipped": 0,
