@@ -54,6 +54,16 @@ def test_contracts_name_every_column_and_observer_method():
     assert [m for m in methods if f"`{m}(" not in text] == []
 
 
+def test_contracts_state_the_hand_offs_bound_as_the_code_sets_it():
+    from phaselens.instrumentation.process.process_sink import SHIP_INTERVAL_S
+    from phaselens.instrumentation.server.telemetry import DEFAULT_QUEUE_CAPACITY
+
+    text = " ".join(_page("contracts.md").split())
+    assert f"they hold {DEFAULT_QUEUE_CAPACITY:,} records of each kind" in text
+    assert f"the shipper takes them every {SHIP_INTERVAL_S:g} s" in text
+    assert f"a sustained rate past {DEFAULT_QUEUE_CAPACITY / SHIP_INTERVAL_S:,.0f} requests" in text
+
+
 def test_every_citation_of_a_page_resolves():
     cited = [
         (path, page, anchor)
