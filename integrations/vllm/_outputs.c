@@ -729,8 +729,7 @@ typedef struct {
     PyObject *namespace; /* the hooks module's dict: its `tracker()` is the process's tracker */
     PyObject *untraced;
     PyObject *on_error;
-    int kind;
-    vectorcallfunc vectorcall;
+    vectorcallfunc vectorcall; /* the kind's: outputs_hook_call or stats_hook_call */
 } BatchHook;
 
 /* the tracker and its batch (new references: the tracker's Python may replace its batch meanwhile);
@@ -883,7 +882,6 @@ static PyObject *batch_hook_new(PyTypeObject *type, PyObject *args, PyObject *kw
     self->namespace = Py_NewRef(namespace);
     self->untraced = Py_NewRef(untraced);
     self->on_error = Py_NewRef(on_error);
-    self->kind = kind;
     self->vectorcall = (vectorcallfunc)(kind == OUTPUTS_HOOK ? outputs_hook_call : stats_hook_call);
     return (PyObject *)self;
 }
